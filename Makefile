@@ -1,0 +1,46 @@
+# pybk-spark: the two commands are `make demo` and `make test`.
+PY        ?= python3
+VENV      ?= .venv
+VPY       := $(VENV)/bin/python
+STAMP     := $(VENV)/.installed
+export PYSPARK_PYTHON := $(abspath $(VPY))
+export PYSPARK_DRIVER_PYTHON := $(abspath $(VPY))
+export SPARK_LOCAL_IP := 127.0.0.1
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+
+.PHONY: venv demo test test-fast proto proto-check bench chaos standalone clean
+
+venv: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(VPY) || $(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q -e '.[dev,bench]' --config-settings editable_mode=compat
+	touch $(STAMP)
+
+demo: venv
+	$(VPY) -m pybk_spark.demo
+
+test: venv
+	$(VPY) -m pytest -q tests $(PYTEST_ARGS)
+
+test-fast: venv
+	$(VPY) -m pytest -q -m "not slow" tests $(PYTEST_ARGS)
+
+proto: venv
+	$(VPY) -m pybk_spark.wire.build
+
+proto-check: venv
+	$(VPY) -m pybk_spark.wire.build --check
+
+standalone: venv
+	$(VENV)/bin/pybk standalone --data-dir $(or $(DATA_DIR),./data)
+
+bench: venv
+	$(VPY) -m bench.run $(if $(QUICK),--quick,)
+
+chaos: venv
+	$(VPY) -m tests.chaos.runner --duration $(or $(DURATION),120) $(if $(SEED),--seed $(SEED),)
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

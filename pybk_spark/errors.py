@@ -1,0 +1,188 @@
+"""One error vocabulary for client, bookie and tools.
+
+Every failure that crosses a module boundary is one of these classes.  Each
+class carries the integer ``code`` of its Apache BookKeeper counterpart
+(``BKException.Code``), so logs and ``--json`` output line up with what a
+BookKeeper operator already knows.
+
+Translation happens in exactly two places:
+  * gRPC status/response codes  <->  errors: ``pybk_spark.wire.codes``
+  * etcd exceptions             ->   errors: ``pybk_spark.metadata.etcd_store``
+
+Outcome rule (Jepsen's ok / fail / info):  an error whose ``outcome_known`` is
+False (timeouts, LedgerFenced on an add, lost connections) means the operation
+MAY have taken effect.  Callers must treat it as "unknown", never as "failed".
+"""
+from __future__ import annotations
+
+
+class BKError(Exception):
+    """Base class.  ``code`` mirrors BookKeeper's BKException.Code."""
+
+    code = -1
+    outcome_known = True
+
+    def __init__(self, message: str = "", **context):
+        self.context = context
+        text = message or (self.__class__.__doc__ or self.__class__.__name__).splitlines()[0]
+        if context:
+            text = f"{text} ({', '.join(f'{k}={v}' for k, v in sorted(context.items()))})"
+        super().__init__(text)
+
+
+# -- request / parameter errors ------------------------------------------------
+class IncorrectParameter(BKError):
+    """Incorrect parameter."""
+    code = -14
+
+
+class BadRequest(BKError):
+    """Malformed request."""
+    code = -100
+
+
+class TooLarge(BKError):
+    """Entry or batch exceeds the configured size limit."""
+    code = -29
+
+
+class Unauthorized(BKError):
+    """Wrong password / master key for this ledger."""
+    code = -102
+
+
+class IllegalOp(BKError):
+    """Operation not allowed in the current state."""
+    code = -100
+
+
+# -- ledger / entry state --------------------------------------------------------
+class NoSuchLedger(BKError):
+    """No such ledger."""
+    code = -7
+
+
+class NoSuchEntry(BKError):
+    """No such entry."""
+    code = -13
+
+
+class LedgerClosed(BKError):
+    """Ledger is closed; no more adds."""
+    code = -11
+
+
+class LedgerExists(BKError):
+    """Ledger already exists."""
+    code = -20
+
+
+class LedgerFenced(BKError):
+    """Ledger is fenced.  For an add this means UNKNOWN outcome, like a timeout."""
+    code = -101
+    outcome_known = False
+
+
+class LedgerRecoveryError(BKError):
+    """Ledger recovery could not complete."""
+    code = -10
+
+
+class DuplicateEntryId(BKError):
+    """Entry id already written with different content."""
+    code = -114
+
+
+class BadDigest(BKError):
+    """Entry digest mismatch (corrupt replica)."""
+    code = -5
+
+
+# -- bookie / cluster ----------------------------------------------------------------
+class NotEnoughBookies(BKError):
+    """Not enough writable bookies for the requested ensemble."""
+    code = -6
+
+
+class BookieUnavailable(BKError):
+    """Bookie handle not available (connection refused / closed)."""
+    code = -8
+    outcome_known = False
+
+
+class ReadOnly(BKError):
+    """Write on a read-only bookie."""
+    code = -104
+
+
+class TooManyRequests(BKError):
+    """Bookie is overloaded."""
+    code = -105
+
+
+class BookieIOError(BKError):
+    """Bookie-side I/O error (disk full, EIO)."""
+    code = -12
+
+
+class InvalidCookie(BKError):
+    """Bookie identity cookie mismatch (wiped or foreign data dir)."""
+    code = -21
+
+
+class WriteError(BKError):
+    """Write could not reach the ack quorum."""
+    code = -12
+
+
+class ReadError(BKError):
+    """Read failed on every replica."""
+    code = -1
+
+
+class Timeout(BKError):
+    """Operation timed out: outcome UNKNOWN."""
+    code = -23
+    outcome_known = False
+
+
+# -- metadata store --------------------------------------------------------------------
+class MetadataError(BKError):
+    """Metadata store error."""
+    code = -9
+
+
+class MetadataVersion(MetadataError):
+    """Compare-and-swap conflict: the metadata changed since it was read."""
+    code = -17
+
+
+class MetadataUnavailable(MetadataError):
+    """Metadata store unreachable: outcome of a pending write UNKNOWN."""
+    code = -9
+    outcome_known = False
+
+
+class ClientClosed(BKError):
+    """Client already closed."""
+    code = -19
+
+
+# -- logs ---------------------------------------------------------------------------------
+class LogNotFound(BKError):
+    """No such log."""
+    code = -7
+
+
+class LogTruncated(BKError):
+    """Requested position was truncated away."""
+    code = -25
+
+
+class SchemaMismatch(BKError):
+    """DataFrame schema incompatible with the log's recorded schema."""
+    code = -14
+
+
+ALL_ERRORS = [c for c in list(globals().values())
+              if isinstance(c, type) and issubclass(c, BKError)]

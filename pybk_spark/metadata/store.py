@@ -1,0 +1,146 @@
+"""The metadata store port: what the client, bookies and tools need of etcd.
+
+Two adapters implement it and ONE conformance suite (tests/conformance/
+test_metadata_store.py) runs against both:
+  * ``EtcdMetadataStore``   (pybk_spark/metadata/etcd_store.py) - the real thing
+  * ``MemoryMetadataStore`` (pybk_spark/metadata/memory_store.py) - the twin
+
+Versions are etcd ``mod_revision``s (opaque ints to callers).  Every write is
+conditional: put-if-absent or compare-and-swap on a version.  Conflicts raise
+``errors.MetadataVersion``; unreachable store raises
+``errors.MetadataUnavailable`` (outcome unknown).
+
+Key layout under the scope prefix ``/<scope>/``:
+  ledgers/<id:020d>              ledger metadata JSON
+  idgen                          ledger id counter (CAS)
+  bookies/writable/<bookie_id>   registration JSON, under the bookie's lease
+  bookies/readonly/<bookie_id>   registration JSON, under the bookie's lease
+  cookies/<bookie_id>            identity cookie JSON
+  instanceid                     cluster instance id
+  writers/<ledger id:020d>       writer liveness, under the writer's lease
+  logs/<name>                    log metadata JSON
+  spark/pending/<...>            Spark write attempts in flight
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Callable, Iterator, Optional, TypeVar
+
+from pybk_spark import errors
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Versioned:
+    value: bytes
+    version: int          # etcd mod_revision
+
+
+class Lease(abc.ABC):
+    """A TTL lease; keys put under it vanish when it expires or is revoked."""
+
+    id: int
+    ttl: int
+
+    @abc.abstractmethod
+    def refresh(self) -> None: ...
+
+    @abc.abstractmethod
+    def revoke(self) -> None: ...
+
+
+class MetadataStore(abc.ABC):
+    """Minimal CAS key-value store.  Keys are str relative to the scope."""
+
+    @abc.abstractmethod
+    def get(self, key: str) -> Optional[Versioned]: ...
+
+    @abc.abstractmethod
+    def put_if_absent(self, key: str, value: bytes, lease: Lease | None = None) -> int:
+        """Create; raises MetadataVersion if the key exists.  Returns version."""
+
+    @abc.abstractmethod
+    def compare_and_swap(self, key: str, value: bytes, expected_version: int,
+                         lease: Lease | None = None) -> int:
+        """Replace iff current version == expected; raises MetadataVersion
+        otherwise (including when the key is gone).  Returns the new version."""
+
+    @abc.abstractmethod
+    def put(self, key: str, value: bytes, lease: Lease | None = None) -> int:
+        """Unconditional put.  ONLY for keys owned by one process (registrations
+        under its own lease); never for shared metadata."""
+
+    @abc.abstractmethod
+    def delete(self, key: str, expected_version: int | None = None) -> bool:
+        """Delete; with expected_version a CAS delete (MetadataVersion on
+        mismatch).  Returns False if the key was already absent."""
+
+    @abc.abstractmethod
+    def list_prefix(self, prefix: str) -> list[tuple[str, Versioned]]:
+        """All keys under prefix, sorted by key."""
+
+    @abc.abstractmethod
+    def grant_lease(self, ttl_seconds: int) -> Lease: ...
+
+    @abc.abstractmethod
+    def wait_for_change(self, prefix: str, after_revision: int, timeout: float) -> bool:
+        """Block until something under prefix changes after ``after_revision``
+        or timeout; True if it changed."""
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    # -- helpers built on the primitives (shared by both adapters) -------------
+    def update(self, key: str, transform: Callable[[bytes], bytes], *,
+               max_attempts: int = 100) -> tuple[bytes, int]:
+        """Read-transform-CAS loop.  ``transform`` is re-run on every conflict,
+        so it must decide from the value it is given (never from stale state).
+        If transform returns the value unchanged no write is made."""
+        for _ in range(max_attempts):
+            current = self.get(key)
+            if current is None:
+                raise errors.NoSuchLedger(f"no metadata at {key}")
+            new_value = transform(current.value)
+            if new_value == current.value:
+                return current.value, current.version
+            try:
+                return new_value, self.compare_and_swap(key, new_value, current.version)
+            except errors.MetadataVersion:
+                continue
+        raise errors.MetadataVersion(f"gave up after {max_attempts} CAS conflicts on {key}")
+
+    def next_id(self, key: str = "idgen") -> int:
+        """Allocate a unique 64-bit id with a CAS counter."""
+        while True:
+            current = self.get(key)
+            if current is None:
+                try:
+                    self.put_if_absent(key, b"1")
+                    return 1
+                except errors.MetadataVersion:
+                    continue
+            value = int(current.value) + 1
+            try:
+                self.compare_and_swap(key, str(value).encode(), current.version)
+                return value
+            except errors.MetadataVersion:
+                continue
+
+
+def ledger_key(ledger_id: int) -> str:
+    return f"ledgers/{ledger_id:020d}"
+
+
+def writer_key(ledger_id: int) -> str:
+    return f"writers/{ledger_id:020d}"
+
+
+def log_key(name: str) -> str:
+    return f"logs/{name}"
+
+
+def iter_ids(keys: Iterator[str]) -> Iterator[int]:
+    for k in keys:
+        yield int(k.rsplit("/", 1)[1])

@@ -1,0 +1,69 @@
+"""The ONE place where wire status codes and gRPC errors become typed errors.
+
+Both directions live here:
+  * ``error_to_code(exc)``  (bookie side)  BKError -> (StatusCode, message)
+  * ``raise_for_code(code, message)``  (client side)  StatusCode -> BKError
+  * ``translate_rpc_error(rpc_error)``  (client side)  grpc.RpcError -> BKError
+"""
+from __future__ import annotations
+
+from pybk_spark import errors
+from pybk_spark.wire import bookie_wire_pb2 as pb
+
+OK = pb.OK
+
+_CODE_TO_ERROR = {
+    pb.NO_SUCH_LEDGER: errors.NoSuchLedger,
+    pb.NO_SUCH_ENTRY: errors.NoSuchEntry,
+    pb.BAD_REQUEST: errors.BadRequest,
+    pb.TOO_LARGE: errors.TooLarge,
+    pb.IO_ERROR: errors.BookieIOError,
+    pb.UNAUTHORIZED: errors.Unauthorized,
+    pb.FENCED: errors.LedgerFenced,
+    pb.READ_ONLY: errors.ReadOnly,
+    pb.TOO_MANY_REQUESTS: errors.TooManyRequests,
+    pb.INVALID_COOKIE: errors.InvalidCookie,
+}
+_ERROR_TO_CODE = {cls: code for code, cls in _CODE_TO_ERROR.items()}
+
+
+def error_to_code(exc: BaseException) -> tuple[int, str]:
+    """Bookie side: map any exception raised while serving to a wire code."""
+    for cls in type(exc).__mro__:
+        if cls in _ERROR_TO_CODE:
+            return _ERROR_TO_CODE[cls], str(exc)
+    if isinstance(exc, errors.IncorrectParameter):
+        return pb.BAD_REQUEST, str(exc)
+    if isinstance(exc, OSError):
+        return pb.IO_ERROR, f"{type(exc).__name__}: {exc}"
+    return pb.BAD_REQUEST, f"{type(exc).__name__}: {exc}"
+
+
+def error_for_code(code: int, message: str = "", **context) -> errors.BKError:
+    cls = _CODE_TO_ERROR.get(code, errors.BKError)
+    return cls(message or f"bookie returned status {code}", **context)
+
+
+def raise_for_code(code: int, message: str = "", **context) -> None:
+    """Client side: raise the typed error for a non-OK response code."""
+    if code != OK:
+        raise error_for_code(code, message, **context)
+
+
+def translate_rpc_error(exc: Exception, **context) -> errors.BKError:
+    """Client side: a transport failure.  Outcome of a write is UNKNOWN."""
+    import grpc
+
+    if isinstance(exc, grpc.RpcError) and hasattr(exc, "code"):
+        status = exc.code()
+        detail = exc.details() if hasattr(exc, "details") else ""
+        if status == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return errors.Timeout(f"bookie rpc timed out: {detail}", **context)
+        if status == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            return errors.TooLarge(f"grpc message limit: {detail}", **context)
+        if status == grpc.StatusCode.UNAUTHENTICATED:
+            return errors.Unauthorized(detail, **context)
+        return errors.BookieUnavailable(f"{status.name}: {detail}", **context)
+    if isinstance(exc, errors.BKError):
+        return exc
+    return errors.BookieUnavailable(f"{type(exc).__name__}: {exc}", **context)

@@ -1,0 +1,83 @@
+"""Arrow encoding of entry batches: the payload format of Add/Read messages.
+
+A batch is one Arrow record batch with ENTRY_SCHEMA, serialized as an Arrow
+IPC stream.  Whole batches are built and parsed with vectorised Arrow calls;
+nothing here loops over entries in Python except where a caller asks for
+Python objects (``to_entries``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import pyarrow as pa
+
+from pybk_spark import errors
+
+ENTRY_SCHEMA = pa.schema([
+    pa.field("ledger_id", pa.int64(), nullable=False),
+    pa.field("entry_id", pa.int64(), nullable=False),
+    pa.field("lac", pa.int64(), nullable=False),
+    pa.field("payload", pa.binary(), nullable=False),
+    pa.field("digest", pa.binary(), nullable=False),
+])
+
+
+@dataclass(frozen=True)
+class Entry:
+    ledger_id: int
+    entry_id: int
+    payload: bytes
+    lac: int = -1
+
+
+def make_batch(ledger_id: int, entry_ids: Sequence[int], lacs: Sequence[int],
+               payloads: Sequence[bytes], digests: Sequence[bytes]) -> pa.RecordBatch:
+    n = len(entry_ids)
+    return pa.RecordBatch.from_arrays([
+        pa.array([ledger_id] * n, pa.int64()),
+        pa.array(entry_ids, pa.int64()),
+        pa.array(lacs, pa.int64()),
+        pa.array(payloads, pa.binary()),
+        pa.array(digests, pa.binary()),
+    ], schema=ENTRY_SCHEMA)
+
+
+def batch_to_bytes(batch: pa.RecordBatch) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, ENTRY_SCHEMA) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def empty_batch() -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays([pa.array([], f.type) for f in ENTRY_SCHEMA],
+                                      schema=ENTRY_SCHEMA)
+
+
+def batch_from_bytes(data: bytes) -> pa.RecordBatch:
+    """Parse and validate one entry batch.  Raises BadRequest on anything odd."""
+    if not data:
+        return empty_batch()
+    try:
+        reader = pa.ipc.open_stream(pa.py_buffer(data))
+        table = reader.read_all()
+    except Exception as exc:  # pyarrow raises several types for garbage
+        raise errors.BadRequest(f"malformed Arrow IPC entry batch: {exc}") from None
+    if not table.schema.equals(ENTRY_SCHEMA, check_metadata=False):
+        # accept nullable-vs-not differences only if types match exactly
+        types_ok = (table.schema.names == ENTRY_SCHEMA.names and
+                    all(a.type == b.type for a, b in zip(table.schema, ENTRY_SCHEMA)))
+        if not types_ok:
+            raise errors.BadRequest(f"entry batch schema {table.schema} != {ENTRY_SCHEMA}")
+        table = table.cast(ENTRY_SCHEMA)
+    if table.num_rows == 0:
+        return empty_batch()
+    batches = table.combine_chunks().to_batches()
+    return batches[0]
+
+
+def to_entries(batch: pa.RecordBatch) -> list[Entry]:
+    cols = batch.to_pydict()
+    return [Entry(l, e, p, c) for l, e, p, c in
+            zip(cols["ledger_id"], cols["entry_id"], cols["payload"], cols["lac"])]
