@@ -1,0 +1,225 @@
+"""Log metadata: the ordered ledger list of a named log ("Ledgers to logs").
+
+Theory of operation
+-------------------
+A log is an ordered list of segments, one ledger each, stored as one JSON
+value in etcd and changed only by compare-and-swap.  Every change below is a
+pure transform ``old -> new`` that the adapter re-runs on a fresh read after a
+CAS conflict, so each decides from the value it is given.
+
+Ordering obligations (the seed's):
+  * open as leader: read list -> fence+recover the LAST TWO ledgers -> create a
+    ledger -> append it -> CAS.  ``open_as_leader`` is the step-4 transform; it
+    refuses (``LeaderConflict``) if the tail it fenced is no longer the tail,
+    which sends the caller back to step 1.
+  * roll: create ledger -> ``roll`` (CAS-add) -> close previous.  The previous
+    segment stays ``open`` in the list until a later CAS records its count.
+  * truncate: CAS the list first (``truncate_before``), then delete ledgers.
+  * Spark commits: all task ledgers of one write are appended in ONE CAS, with
+    the (query, batch) id recorded in that same CAS for exactly-once sinks.
+
+Positions are (ledger_id, entry_id); they order by the ledger's index in the
+list, then by entry id.  ``start_offset`` of a segment is the number of
+entries in the log before it when that is known (all earlier segments
+closed); it lets readers seek without opening every ledger.
+
+This module imports no I/O, no clock and no threads.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Mapping, Optional
+
+from pybk_spark import errors
+
+SEGMENT_OPEN = "open"
+SEGMENT_CLOSED = "closed"
+
+
+class LeaderConflict(errors.MetadataVersion):
+    """Another writer changed the log's tail since we fenced it: restart at step 1."""
+
+
+@dataclass(frozen=True, order=True)
+class Position:
+    ledger_index: int      # index of the segment in the log's list (for ordering)
+    ledger_id: int
+    entry_id: int
+
+    def as_tuple(self) -> tuple[int, int]:
+        return (self.ledger_id, self.entry_id)
+
+
+@dataclass(frozen=True)
+class Segment:
+    ledger_id: int
+    state: str = SEGMENT_OPEN
+    entry_count: int = -1          # known once closed
+    byte_count: int = -1
+    start_offset: int = -1         # log offset of this segment's first entry, if known
+    rows: int = -1                 # rows in the segment (Arrow-table logs), if known
+
+    def to_dict(self) -> dict:
+        return {"ledger_id": self.ledger_id, "state": self.state,
+                "entry_count": self.entry_count, "byte_count": self.byte_count,
+                "start_offset": self.start_offset, "rows": self.rows}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "Segment":
+        return cls(int(d["ledger_id"]), d.get("state", SEGMENT_OPEN),
+                   int(d.get("entry_count", -1)), int(d.get("byte_count", -1)),
+                   int(d.get("start_offset", -1)), int(d.get("rows", -1)))
+
+
+@dataclass(frozen=True)
+class LogMetadata:
+    name: str
+    segments: tuple[Segment, ...] = ()
+    schema: Optional[str] = None                 # base64 Arrow IPC schema, Arrow-table logs
+    truncated_offset: int = 0                    # entries before this log offset are gone
+    truncated_ledgers: int = 0                   # how many segments truncation removed
+    epoch: int = 0                               # bumped by every leader open
+    sink_commits: Mapping[str, int] = field(default_factory=dict)   # query id -> last batch id
+    properties: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def ledger_ids(self) -> list[int]:
+        return [s.ledger_id for s in self.segments]
+
+    def segment_index(self, ledger_id: int) -> int:
+        for i, s in enumerate(self.segments):
+            if s.ledger_id == ledger_id:
+                return i
+        raise errors.LogTruncated("ledger not in log (truncated or never part of it)",
+                                  log=self.name, ledger_id=ledger_id)
+
+    def position(self, ledger_id: int, entry_id: int) -> Position:
+        return Position(self.truncated_ledgers + self.segment_index(ledger_id), ledger_id, entry_id)
+
+    def to_json(self) -> bytes:
+        return json.dumps({
+            "name": self.name, "segments": [s.to_dict() for s in self.segments],
+            "schema": self.schema, "truncated_offset": self.truncated_offset,
+            "truncated_ledgers": self.truncated_ledgers, "epoch": self.epoch,
+            "sink_commits": dict(self.sink_commits), "properties": dict(self.properties),
+        }, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> "LogMetadata":
+        try:
+            d = json.loads(data)
+            return cls(
+                name=d["name"], segments=tuple(Segment.from_dict(s) for s in d["segments"]),
+                schema=d.get("schema"), truncated_offset=int(d.get("truncated_offset", 0)),
+                truncated_ledgers=int(d.get("truncated_ledgers", 0)),
+                epoch=int(d.get("epoch", 0)),
+                sink_commits={k: int(v) for k, v in d.get("sink_commits", {}).items()},
+                properties=dict(d.get("properties", {})))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise errors.MetadataError(f"corrupt log metadata: {exc}") from None
+
+
+def _with_offsets(segments: Iterable[Segment], first_offset: int) -> tuple[Segment, ...]:
+    """Fill start_offset for every segment whose predecessors are all closed."""
+    out, offset = [], first_offset
+    for s in segments:
+        out.append(replace(s, start_offset=offset) if offset >= 0 else replace(s, start_offset=-1))
+        offset = offset + s.entry_count if (offset >= 0 and s.state == SEGMENT_CLOSED) else -1
+    return tuple(out)
+
+
+def new_log(name: str) -> LogMetadata:
+    if not name or "/" in name or len(name) > 200:
+        raise errors.IncorrectParameter(f"bad log name {name!r}: non-empty, no '/', <= 200 chars")
+    return LogMetadata(name=name)
+
+
+def tail_ids(md: LogMetadata, n: int = 2) -> tuple[int, ...]:
+    """The ledgers a new leader must fence and recover (the last two)."""
+    return tuple(md.ledger_ids[-n:])
+
+
+def record_closed(md: LogMetadata, closed: Mapping[int, tuple[int, int]]) -> LogMetadata:
+    """Record (last_entry_id, byte_count) of closed ledgers still marked open."""
+    segs = []
+    for s in md.segments:
+        if s.ledger_id in closed and s.state == SEGMENT_OPEN:
+            last, nbytes = closed[s.ledger_id]
+            s = replace(s, state=SEGMENT_CLOSED, entry_count=last + 1, byte_count=nbytes)
+        segs.append(s)
+    return replace(md, segments=_with_offsets(segs, md.truncated_offset))
+
+
+def open_as_leader(md: LogMetadata, fenced_tail: tuple[int, ...],
+                   closed: Mapping[int, tuple[int, int]], new_ledger_id: int) -> LogMetadata:
+    """Seed step 4: append the new ledger, provided the tail we fenced is still
+    the tail.  Also records the recovered ledgers' final sizes."""
+    if tail_ids(md, len(fenced_tail) or 2) != tuple(fenced_tail):
+        raise LeaderConflict("log tail changed since it was fenced", log=md.name)
+    md = record_closed(md, closed)
+    segs = md.segments + (Segment(new_ledger_id),)
+    return replace(md, segments=_with_offsets(segs, md.truncated_offset), epoch=md.epoch + 1)
+
+
+def roll(md: LogMetadata, current_ledger_id: int, new_ledger_id: int) -> LogMetadata:
+    """Seed roll step 2-3: append the new ledger; only the current tail's owner may."""
+    if not md.segments or md.segments[-1].ledger_id != current_ledger_id:
+        raise errors.LedgerFenced("log tail is no longer ours: another leader took over",
+                                  log=md.name, ledger_id=current_ledger_id)
+    return replace(md, segments=_with_offsets(md.segments + (Segment(new_ledger_id),),
+                                              md.truncated_offset))
+
+
+def truncate_before(md: LogMetadata, ledger_id: int) -> tuple[LogMetadata, list[int]]:
+    """Drop every whole segment before ``ledger_id``; returns (new, dropped ids).
+    Only closed segments can be dropped."""
+    idx = md.segment_index(ledger_id)
+    dropped = md.segments[:idx]
+    if any(s.state != SEGMENT_CLOSED for s in dropped):
+        raise errors.IllegalOp("cannot truncate an open segment", log=md.name)
+    offset = md.truncated_offset + sum(s.entry_count for s in dropped)
+    new = replace(md, segments=_with_offsets(md.segments[idx:], offset),
+                  truncated_offset=offset, truncated_ledgers=md.truncated_ledgers + len(dropped))
+    return new, [s.ledger_id for s in dropped]
+
+
+def append_closed(md: LogMetadata, ledgers: Iterable[tuple[int, int, int, int]], *,
+                  schema: Optional[str] = None, sink: Optional[tuple[str, int]] = None,
+                  overwrite: bool = False) -> tuple[LogMetadata, list[int]]:
+    """Atomic batch commit (Spark writer/sink): append closed ledgers given as
+    (ledger_id, entry_count, byte_count, rows) in one step.
+
+    ``sink=(query_id, batch_id)``: if that batch (or a later one) is already
+    recorded, the commit is a no-op (exactly-once replay); returns ([], ...).
+    ``overwrite``: replace the whole list; returns the ids that were replaced,
+    for the caller to delete AFTER the CAS.
+    ``schema``: recorded if the log has none; must match if it has one.
+    """
+    if sink is not None:
+        query_id, batch_id = sink
+        if md.sink_commits.get(query_id, -1) >= batch_id:
+            return md, []
+    if schema is not None and md.schema is not None and md.schema != schema and not overwrite:
+        raise errors.SchemaMismatch("DataFrame schema differs from the log's schema", log=md.name)
+    new_segs = tuple(Segment(lid, SEGMENT_CLOSED, count, nbytes, rows=rows)
+                     for lid, count, nbytes, rows in ledgers)
+    replaced: list[int] = []
+    if overwrite:
+        replaced = md.ledger_ids
+        segs, offset = new_segs, md.truncated_offset + sum(
+            max(s.entry_count, 0) for s in md.segments)
+        truncated = md.truncated_ledgers + len(md.segments)
+        md = replace(md, truncated_offset=offset, truncated_ledgers=truncated,
+                     schema=schema if schema is not None else md.schema)
+    else:
+        # Always at the end: if a leader's ledger is still open, batch ledgers
+        # follow it and readers reach them once that ledger is closed.
+        segs = md.segments + new_segs
+    if md.schema is None and schema is not None:
+        md = replace(md, schema=schema)
+    commits = dict(md.sink_commits)
+    if sink is not None:
+        commits[sink[0]] = sink[1]
+    return replace(md, segments=_with_offsets(segs, md.truncated_offset),
+                   sink_commits=commits), replaced

@@ -1,0 +1,66 @@
+"""The wire contract: generated stubs are fresh, entry batches validate, and
+every wire code maps to exactly one typed error and back."""
+import pyarrow as pa
+import pytest
+
+from pybk_spark import errors
+from pybk_spark.wire import bookie_wire_pb2 as pb
+from pybk_spark.wire import build, codes, entries
+
+
+def test_generated_stubs_are_not_stale():
+    assert build.stale_outputs() == [], "run `make proto` and commit the stubs"
+
+
+def test_proto_is_not_registered_under_an_etcd_clashing_name():
+    assert pb.DESCRIPTOR.name == "pybk_spark/wire/bookie_wire.proto"
+
+
+def test_entry_batch_round_trip():
+    batch = entries.make_batch(7, [0, 1, 2], [-1, 0, 1], [b"a", b"", b"c" * 1000], [b"d"] * 3)
+    back = entries.batch_from_bytes(entries.batch_to_bytes(batch))
+    assert back.equals(batch)
+    assert [e.entry_id for e in entries.to_entries(back)] == [0, 1, 2]
+    assert entries.to_entries(back)[2].payload == b"c" * 1000
+
+
+def test_empty_bytes_give_an_empty_batch():
+    assert entries.batch_from_bytes(b"").num_rows == 0
+
+
+@pytest.mark.parametrize("garbage", [b"\x00", b"not arrow at all", b"\xff" * 100])
+def test_malformed_bytes_are_a_bad_request(garbage):
+    with pytest.raises(errors.BadRequest):
+        entries.batch_from_bytes(garbage)
+
+
+def test_wrong_column_types_are_a_bad_request():
+    wrong = pa.RecordBatch.from_pydict({"ledger_id": pa.array([1], pa.int32()),
+                                        "entry_id": [0], "lac": [0],
+                                        "payload": [b"x"], "digest": [b""]})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, wrong.schema) as w:
+        w.write_batch(wrong)
+    with pytest.raises(errors.BadRequest):
+        entries.batch_from_bytes(sink.getvalue().to_pybytes())
+
+
+def test_every_status_code_round_trips_through_its_error():
+    for name, value in pb.StatusCode.items():
+        if value == pb.OK:
+            codes.raise_for_code(value)
+            continue
+        err = codes.error_for_code(value, "boom")
+        assert isinstance(err, errors.BKError)
+        assert codes.error_to_code(err)[0] == value, name
+
+
+def test_unknown_exceptions_never_escape_as_ok():
+    assert codes.error_to_code(ValueError("x"))[0] == pb.BAD_REQUEST
+    assert codes.error_to_code(OSError(28, "No space left"))[0] == pb.IO_ERROR
+
+
+def test_timeouts_and_fencing_are_unknown_outcomes():
+    assert errors.Timeout().outcome_known is False
+    assert errors.LedgerFenced().outcome_known is False
+    assert errors.NoSuchEntry().outcome_known is True
