@@ -8,7 +8,7 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(VPY))
 export SPARK_LOCAL_IP := 127.0.0.1
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: venv demo test test-fast proto proto-check bench chaos standalone clean
+.PHONY: venv demo test test-fast proto proto-check bench bench-peers chaos standalone clean
 
 venv: $(STAMP)
 
@@ -21,7 +21,7 @@ $(STAMP): setup.cfg pyproject.toml
 demo: venv
 	$(VPY) -m pybk_spark.demo
 
-test: venv
+test: venv bench-peers
 	$(VPY) -m pytest -q tests $(PYTEST_ARGS)
 
 test-fast: venv
@@ -36,7 +36,14 @@ proto-check: venv
 standalone: venv
 	$(VENV)/bin/pybk standalone --data-dir $(or $(DATA_DIR),./data)
 
-bench: venv
+# The benchmark's peer (Redis Streams, appendfsync always) comes from Debian.
+bench-peers:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  echo "installing redis-server (benchmark peer) with apt-get"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server) >/dev/null \
+	  || echo "WARNING: could not install redis-server; Redis figures will be skipped"; }
+
+bench: venv bench-peers
 	$(VPY) -m bench.run $(if $(QUICK),--quick,)
 
 chaos: venv

@@ -1,0 +1,112 @@
+"""Bookie append throughput with fdatasync on, against the disk's own limits.
+
+Run: ``.venv/bin/python -m bench.bookie_ingest [--quick] [--data-dir DIR]``.
+Starts one real ``bookie-server`` (standalone), streams Arrow batches of N x
+1 KiB entries over the pipelined AddStream RPC (every ack means the batch is
+fdatasync'd in the journal), for N in 1, 100, 1000; in the same run measures
+4 KiB write+fdatasync and sequential write bandwidth of the same disk.
+``run()`` returns a dict; the table goes to stdout.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+
+import numpy as np
+import pyarrow as pa
+
+from bench import disk
+from pybk_spark.testing.bookie_process import BookieProcess
+from pybk_spark.wire import bookie_wire_pb2 as pb
+from pybk_spark.wire.entries import ENTRY_SCHEMA, batch_to_bytes
+
+ENTRY_BYTES = 1024
+
+
+def _requests(ledger_id: int, n_per_batch: int, n_batches: int, key: bytes):
+    payload = pa.array([os.urandom(ENTRY_BYTES)] * n_per_batch, pa.binary())
+    digest = pa.array([b"\0" * 8] * n_per_batch, pa.binary())
+    lid = pa.array(np.full(n_per_batch, ledger_id, np.int64))
+    for b in range(n_batches):
+        ids = np.arange(b * n_per_batch, (b + 1) * n_per_batch, dtype=np.int64)
+        batch = pa.RecordBatch.from_arrays([lid, pa.array(ids), pa.array(ids - 1), payload,
+                                            digest], schema=ENTRY_SCHEMA)
+        yield pb.AddRequest(ledger_id=ledger_id, master_key=key, entries=batch_to_bytes(batch),
+                            request_id=b)
+
+
+def stream_adds(stub, ledger_id: int, n_per_batch: int, n_batches: int, streams: int = 1) -> dict:
+    """Pre-serialises the batches, then times the pipelined stream(s)."""
+    reqs = list(_requests(ledger_id, n_per_batch, n_batches, b"bench"))
+    chunks = [reqs[i::streams] for i in range(streams)]
+    import threading
+    errors = []
+
+    def one(chunk):
+        for resp in stub.AddStream(iter(chunk)):
+            if resp.code != 0:
+                errors.append(resp.message)
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=one, args=(c,)) for c in chunks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    if errors:
+        raise RuntimeError(f"adds failed: {errors[:3]}")
+    entries = n_per_batch * n_batches
+    return {"entries_per_s": entries / elapsed, "mb_per_s": entries * ENTRY_BYTES / elapsed / 1e6,
+            "batches_per_s": n_batches / elapsed, "seconds": elapsed}
+
+
+def run(quick: bool = False, data_dir: str | None = None) -> dict:
+    plan = {1: 500 if quick else 3000, 100: 100 if quick else 600, 1000: 60 if quick else 400}
+    results: dict = {}
+    with tempfile.TemporaryDirectory(dir=data_dir) as d:
+        results["disk"] = disk.measure(d, quick=quick)
+        bookie = BookieProcess(os.path.join(d, "bookie"), conf={"flush_interval_s": 2.0})
+        bookie.start()
+        try:
+            stub = bookie.stub()
+            for ledger, (n, batches) in enumerate(plan.items(), start=1):
+                stream_adds(stub, 1000 + ledger, n, max(5, batches // 10))   # warm-up
+                results[f"add_batch_{n}"] = stream_adds(stub, ledger, n, batches)
+        finally:
+            bookie.terminate()
+    seq = results["disk"]["seq_write"]["mb_per_s"]
+    results["ratio_1000_vs_seq"] = results["add_batch_1000"]["mb_per_s"] / seq
+    results["ratio_1_vs_fsync"] = (results["add_batch_1"]["batches_per_s"] /
+                                   results["disk"]["fsync_4k"]["ops_per_s"])
+    return results
+
+
+def print_table(r: dict) -> None:
+    dk = r["disk"]
+    print(f"disk: 4 KiB write+fdatasync {dk['fsync_4k']['ops_per_s']:.0f}/s "
+          f"(p50 {dk['fsync_4k']['p50_ms']:.2f} ms, p99 {dk['fsync_4k']['p99_ms']:.2f} ms); "
+          f"sequential write {dk['seq_write']['mb_per_s']:.0f} MB/s")
+    print(f"{'batch':>6} {'entries/s':>12} {'MB/s':>8} {'batches/s':>10}")
+    for n in (1, 100, 1000):
+        x = r[f"add_batch_{n}"]
+        print(f"{n:>6} {x['entries_per_s']:>12.0f} {x['mb_per_s']:>8.1f} {x['batches_per_s']:>10.0f}")
+    print(f"bookie(1000 x 1 KiB) / disk sequential = {r['ratio_1000_vs_seq']:.2f} (target >= 0.50)")
+    print(f"bookie(1 x 1 KiB) batches/s / disk fdatasync/s = {r['ratio_1_vs_fsync']:.2f}")
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser()
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--data-dir")
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    r = run(a.quick, a.data_dir)
+    print(json.dumps(r, indent=1)) if a.json else print_table(r)
+    return r
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""``bookie-server``: run a bookie (or ``bookie-server format``).
+
+    bookie-server --conf conf/bookie.conf [--port N] [--data-dir DIR]
+                  [--metadata-uri etcd://HOST:PORT/SCOPE] [--bookie-id ID]
+                  [--metrics-port N]
+    bookie-server format --conf ... [--metadata-uri ...]   # delete cookie + data
+
+Without a metadata URI the bookie runs standalone (no registration, no GC).
+SIGTERM/SIGINT: unregister, stop accepting, flush, exit 0.  SIGHUP: reload
+the disk thresholds from the conf file.  Exit code 2: refused to start
+(invalid cookie / bad config).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+
+from bookie_server import cookie
+from bookie_server.background import DiskChecker, GarbageCollector
+from bookie_server.bookie import Bookie
+from bookie_server.config import load_config
+from bookie_server.registration import Registrar
+from bookie_server.service import make_server
+from pybk_spark import errors
+
+log = logging.getLogger("bookie.main")
+
+
+def _parse(argv):
+    p = argparse.ArgumentParser(prog="bookie-server", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("command", nargs="?", choices=["run", "format"], default="run")
+    p.add_argument("--conf")
+    p.add_argument("--port", type=int)
+    p.add_argument("--bind-address")
+    p.add_argument("--data-dir")
+    p.add_argument("--metadata-uri")
+    p.add_argument("--bookie-id")
+    p.add_argument("--metrics-port", type=int)
+    p.add_argument("--log-level", default="INFO")
+    return p.parse_args(argv)
+
+
+def _open_store(uri: str):
+    if not uri:
+        return None
+    from pybk_spark.metadata import open_store
+    return open_store(uri)
+
+
+def main(argv=None) -> int:
+    args = _parse(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
+    overrides = {"port": args.port, "bind_address": args.bind_address,
+                 "data_dir": args.data_dir, "metadata_uri": args.metadata_uri,
+                 "bookie_id": args.bookie_id, "metrics_port": args.metrics_port}
+    try:
+        cfg = load_config(args.conf, overrides)
+    except (OSError, ValueError, TypeError) as exc:
+        print(f"bookie-server: bad configuration: {exc}", file=sys.stderr)
+        return 2
+    bookie_id = cfg.effective_bookie_id()
+    store = _open_store(cfg.metadata_uri)
+    try:
+        if args.command == "format":
+            cookie.format_bookie(cfg.data_dir, bookie_id, store)
+            print(f"bookie-server: formatted {bookie_id} (cookie deleted, data dir emptied)")
+            return 0
+        try:
+            cookie.check_or_create(cfg.data_dir, bookie_id, store)
+        except errors.InvalidCookie as exc:
+            print(f"bookie-server: refusing to start: {exc}", file=sys.stderr)
+            return 2
+        return _serve(cfg, bookie_id, store, args.conf)
+    finally:
+        if store is not None:
+            store.close()
+
+
+def _serve(cfg, bookie_id: str, store, conf_path) -> int:
+    stop = threading.Event()
+    reload_wanted = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGHUP, lambda *_: (reload_wanted.set(), stop.set()))
+
+    bookie = Bookie(cfg).open()
+    server, port = make_server(bookie, cfg, bookie_id)
+    server.start()
+    if cfg.metrics_port:
+        bookie.metrics.serve(cfg.metrics_port, cfg.bind_address)
+    registrar = None
+    if store is not None:
+        registrar = Registrar(store, bookie_id, f"{cfg.bind_address}:{port}", cfg.rack,
+                              cfg.metrics_port, cfg.registration_ttl_s)
+    checker = DiskChecker(bookie, cfg, on_change=(registrar.set_read_only if registrar
+                                                   else (lambda ro: None)))
+    checker.start()
+    if registrar is not None:
+        registrar.start(read_only=bookie.read_only)
+    gc = GarbageCollector(bookie, store, cfg.gc_interval_s) if store is not None else None
+    if gc is not None:
+        gc.start()
+    log.info("event=bookie_ready bookie_id=%s port=%d data_dir=%s read_only=%s",
+             bookie_id, port, cfg.data_dir, bookie.read_only)
+    print(f"bookie-server ready bookie_id={bookie_id} port={port}", flush=True)
+
+    while True:
+        stop.wait()
+        if reload_wanted.is_set():
+            reload_wanted.clear()
+            stop.clear()
+            try:
+                if not conf_path:
+                    raise ValueError("no --conf file to reload")
+                new = load_config(conf_path, {})
+                checker.set_thresholds(new.disk_usage_threshold, new.disk_usage_lwm)
+                log.info("event=config_reloaded threshold=%s lwm=%s",
+                         new.disk_usage_threshold, new.disk_usage_lwm)
+                checker.check_once()
+            except Exception as exc:  # noqa: BLE001
+                log.error("event=config_reload_failed error=%r", exc)
+            continue
+        break
+
+    log.info("event=bookie_stopping bookie_id=%s", bookie_id)
+    if registrar is not None:
+        registrar.stop()
+    server.stop(grace=2).wait()
+    checker.stop()
+    if gc is not None:
+        gc.stop()
+    bookie.close()
+    log.info("event=bookie_stopped bookie_id=%s", bookie_id)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

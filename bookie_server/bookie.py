@@ -1,0 +1,397 @@
+"""The bookie core: journal + entry store + per-ledger states.  No gRPC here.
+
+Theory of operation
+-------------------
+Write path (``add_async``): validate the Arrow batch in the caller's thread
+(vectorised), then under the state lock decide (``ledger_state.decide_add``),
+update the in-memory state and submit the journal records - MASTER_KEY first
+if the key is new, then ADD_BATCH.  Deciding and submitting under one lock
+makes journal order equal decision order: a fence decided before an add is
+durable no later than it.  The journal thread, after the group's fdatasync,
+runs ``_on_durable``: entries go into the store's write cache and the LAC is
+advanced (readers and long polls see only durable entries), then the futures
+complete and the caller answers.
+
+Fence / explicit LAC: journaled and fdatasync'd BEFORE the reply.
+
+Checkpoint (flusher thread, or on demand): snapshot the store's write cache
+together with the journal position P it reflects, write segments, persist the
+run index + ledger states + P atomically (``checkpoint.json`` names its index
+file), then delete journal files before P and dead segments.  Restart loads
+the checkpoint and replays the journal from P; replay is idempotent
+(duplicate entries are kept-first, fences/keys/LACs are monotone).
+
+GC deletes a ledger by journaling LEDGER_DELETED and then dropping it, so a
+replay from an older checkpoint cannot resurrect it.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from bookie_server import ledger_state as ls
+from bookie_server.config import BookieConfig
+from bookie_server.entry_store import EntryStore
+from bookie_server.journal import LEDGER, LEDGER_LAC, Journal, Position, RecordType
+from bookie_server.metrics import BookieMetrics
+from pybk_spark import errors
+from pybk_spark.wire.entries import batch_from_bytes
+
+log = logging.getLogger("bookie.core")
+
+CHECKPOINT = "checkpoint.json"
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    batch: pa.RecordBatch
+    end: str            # "COMPLETE" | "LIMIT" | "MISSING"
+    lac: int
+    fenced: bool
+
+
+@dataclass(frozen=True)
+class LacResult:
+    lac: int
+    last_entry_id: int
+    fenced: bool
+
+
+def validate_batch(data: bytes, ledger_id: int, cfg: BookieConfig) -> pa.RecordBatch:
+    """Parse + check one add batch without a per-entry Python loop."""
+    if len(data) > cfg.max_batch_bytes:
+        raise errors.TooLarge(f"batch of {len(data)} bytes > max_batch_bytes {cfg.max_batch_bytes}")
+    batch = batch_from_bytes(data)
+    if batch.num_rows == 0:
+        raise errors.BadRequest("empty entry batch")
+    lids = batch.column(0)
+    if pc.min(lids).as_py() != ledger_id or pc.max(lids).as_py() != ledger_id:
+        raise errors.BadRequest(f"batch rows must all belong to ledger {ledger_id}")
+    ids = batch.column(1).to_numpy()
+    if ids[0] < 0 or (len(ids) > 1 and not (np.diff(ids) > 0).all()):
+        raise errors.BadRequest("entry ids must be >= 0 and strictly ascending")
+    biggest = pc.max(pc.binary_length(batch.column(3))).as_py()
+    if biggest > cfg.max_entry_bytes:
+        raise errors.TooLarge(f"entry payload of {biggest} bytes > max_entry_bytes {cfg.max_entry_bytes}")
+    return batch
+
+
+class Bookie:
+    def __init__(self, cfg: BookieConfig, *, metrics: Optional[BookieMetrics] = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.cfg = cfg
+        self.clock = clock
+        self.metrics = metrics or BookieMetrics()
+        self.data_dir = cfg.data_dir
+        os.makedirs(self.data_dir, exist_ok=True)
+        self.store = EntryStore(os.path.join(self.data_dir, "store"),
+                                segment_max_bytes=cfg.segment_max_bytes)
+        self.journal = Journal(os.path.join(self.data_dir, "journal"),
+                               max_group_wait_s=cfg.journal_max_group_wait_ms / 1000.0,
+                               max_group_bytes=cfg.journal_max_group_bytes,
+                               flush_when_queue_empty=cfg.journal_flush_when_queue_empty,
+                               sync_data=cfg.journal_sync_data,
+                               max_file_bytes=cfg.journal_max_file_bytes,
+                               prealloc_bytes=cfg.journal_prealloc_bytes,
+                               clock=clock, metrics=self.metrics)
+        self.states: dict[int, ls.LedgerState] = {}
+        self.cond = threading.Condition(threading.RLock())
+        self.read_only = False
+        self._applied = Position(0, 0)
+        self._ckpt_lock = threading.Lock()
+        self._ckpt_gen = 0
+        self._flush_wanted = threading.Event()
+        self._stop = threading.Event()
+        self._flusher: Optional[threading.Thread] = None
+        self.replayed_records = 0
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def open(self, *, background: bool = True) -> "Bookie":
+        start = self._load_checkpoint()
+        for pos, rtype, body in self.journal.replay(start):
+            self._apply_record(rtype, body)
+            self._applied = pos
+            self.replayed_records += 1
+        self.journal.start(self._on_durable)
+        self.metrics.bind_gauges(self.journal.queue_depth, lambda: self.store.write_cache_bytes)
+        if background:
+            self._flusher = threading.Thread(target=self._flush_loop, name="flusher", daemon=True)
+            self._flusher.start()
+        log.info("event=bookie_open ledgers=%d entries=%d replayed_records=%d",
+                 len(self.store.ledgers), self.store.entry_count(), self.replayed_records)
+        return self
+
+    def close(self, *, checkpoint: bool = True) -> None:
+        self._stop.set()
+        self._flush_wanted.set()
+        if self._flusher is not None:
+            self._flusher.join()
+        self.journal.close()
+        if checkpoint:
+            self.checkpoint()
+
+    # -- state helpers -------------------------------------------------------------------
+    def _state(self, ledger_id: int) -> ls.LedgerState:
+        return self.states.get(ledger_id) or ls.empty(ledger_id)
+
+    def _known(self, ledger_id: int) -> bool:
+        return ledger_id in self.states or self.store.has_ledger(ledger_id)
+
+    def _key_records(self, plan: ls.Plan, ledger_id: int, key: bytes) -> list:
+        recs = []
+        if plan.record_key:
+            recs.append((RecordType.MASTER_KEY, LEDGER.pack(ledger_id) + bytes(key)))
+        if plan.record_fence:
+            recs.append((RecordType.FENCE, LEDGER.pack(ledger_id)))
+        return recs
+
+    # -- durable application (journal thread and replay) ---------------------------------
+    def _on_durable(self, group, position: Position) -> None:
+        with self.cond:
+            for sub in group:
+                if sub.payload is not None:
+                    kind, ledger_id, batch = sub.payload
+                    if kind == "add":
+                        self._apply_batch(ledger_id, batch)
+                    elif kind == "delete":
+                        self._apply_delete(ledger_id)
+                    elif kind == "lac":
+                        self.states[ledger_id] = ls.apply_explicit_lac(self._state(ledger_id), batch)
+            self._applied = position
+            self.cond.notify_all()
+        if self.store.write_cache_bytes > self.cfg.write_cache_max_bytes:
+            self._flush_wanted.set()
+
+    def _apply_batch(self, ledger_id: int, batch: pa.RecordBatch) -> None:
+        self.store.add(ledger_id, batch)
+        max_lac = pc.max(batch.column(2)).as_py()
+        max_id = batch.column(1)[batch.num_rows - 1].as_py()
+        self.states[ledger_id] = ls.apply_entries(self._state(ledger_id), max_lac, max_id)
+
+    def _apply_delete(self, ledger_id: int) -> None:
+        self.states.pop(ledger_id, None)
+        self.store.drop_ledger(ledger_id)
+
+    def _apply_record(self, rtype: int, body: bytes) -> None:
+        if rtype == RecordType.ADD_BATCH:
+            try:
+                batch = batch_from_bytes(body)
+            except errors.BadRequest as exc:
+                log.error("event=replay_bad_batch error=%r", exc)
+                return
+            if batch.num_rows:
+                self._apply_batch(batch.column(0)[0].as_py(), batch)
+            return
+        (ledger_id,) = LEDGER.unpack_from(body)
+        if rtype == RecordType.FENCE:
+            self.states[ledger_id] = ls.apply_fence(self._state(ledger_id))
+        elif rtype == RecordType.MASTER_KEY:
+            self.states[ledger_id] = ls.apply_key(self._state(ledger_id), body[LEDGER.size:])
+        elif rtype == RecordType.EXPLICIT_LAC:
+            _, lac = LEDGER_LAC.unpack(body)
+            self.states[ledger_id] = ls.apply_explicit_lac(self._state(ledger_id), lac)
+        elif rtype == RecordType.LEDGER_DELETED:
+            self._apply_delete(ledger_id)
+
+    # -- operations ------------------------------------------------------------------------
+    def add_async(self, ledger_id: int, master_key: bytes, data: bytes,
+                  recovery: bool = False) -> tuple[Future, int, int]:
+        """Returns (future completing when durable+visible, first id, last id)."""
+        batch = validate_batch(data, ledger_id, self.cfg)
+        first, last = batch.column(1)[0].as_py(), batch.column(1)[batch.num_rows - 1].as_py()
+        with self.cond:
+            plan = ls.decide_add(self._state(ledger_id), master_key, recovery=recovery,
+                                 read_only=self.read_only)
+            records = self._key_records(plan, ledger_id, master_key)
+            records.append((RecordType.ADD_BATCH, data))
+            self.states[ledger_id] = plan.state
+            fut = self.journal.submit(records, ("add", ledger_id, batch))
+        return fut, first, last
+
+    def add(self, ledger_id: int, master_key: bytes, data: bytes, recovery: bool = False,
+            timeout: Optional[float] = None) -> tuple[int, int]:
+        fut, first, last = self.add_async(ledger_id, master_key, data, recovery)
+        fut.result(timeout)
+        return first, last
+
+    def fence(self, ledger_id: int, master_key: bytes) -> LacResult:
+        with self.cond:
+            plan = ls.decide_fence(self._state(ledger_id), master_key)
+            records = self._key_records(plan, ledger_id, master_key)
+            self.states[ledger_id] = plan.state
+            fut = self.journal.submit(records) if records else None
+        if fut is not None:
+            fut.result()
+        else:
+            self._wait_applied()
+        return self.lac_of(ledger_id)
+
+    def _wait_applied(self) -> None:
+        """An already-fenced ledger: wait until the fence we saw is durable."""
+        self.journal.submit([]).result()
+
+    def write_lac(self, ledger_id: int, master_key: bytes, lac: int) -> None:
+        with self.cond:
+            if self.read_only:
+                raise errors.ReadOnly("bookie is read-only")
+            plan = ls.decide_write_lac(self._state(ledger_id), master_key, lac)
+            records = self._key_records(plan, ledger_id, master_key)
+            records.append((RecordType.EXPLICIT_LAC, LEDGER_LAC.pack(ledger_id, lac)))
+            self.states[ledger_id] = ls.apply_key(self._state(ledger_id), master_key)
+            fut = self.journal.submit(records, ("lac", ledger_id, lac))
+        fut.result()
+
+    def lac_of(self, ledger_id: int) -> LacResult:
+        with self.cond:
+            s = self._state(ledger_id)
+            return LacResult(s.lac, max(s.last_entry_id, self.store.max_entry(ledger_id)), s.fenced)
+
+    def read_lac(self, ledger_id: int, *, fence: bool = False, master_key: bytes = b"",
+                 wait_for_lac_above: int = -2, timeout_s: float = 0.0) -> LacResult:
+        if fence:
+            return self.fence(ledger_id, master_key)
+        if wait_for_lac_above >= -1 and timeout_s > 0:
+            timeout_s = min(timeout_s, self.cfg.long_poll_max_timeout_ms / 1000.0)
+            with self.cond:
+                self.cond.wait_for(lambda: self._state(ledger_id).lac > wait_for_lac_above
+                                   or self._stop.is_set(), timeout_s)
+        with self.cond:
+            if not self._known(ledger_id):
+                raise errors.NoSuchLedger(ledger_id=ledger_id)
+        return self.lac_of(ledger_id)
+
+    def read(self, ledger_id: int, first: int, last: int, *, max_entries: int = 0,
+             max_bytes: int = 0, fence: bool = False, master_key: bytes = b"") -> ReadResult:
+        if fence:
+            self.fence(ledger_id, master_key)
+        if first < 0 or last < first:
+            raise errors.BadRequest(f"bad entry range [{first}, {last}]")
+        max_entries = min(max_entries or self.cfg.max_read_entries, self.cfg.max_read_entries)
+        max_bytes = min(max_bytes or self.cfg.max_read_bytes, self.cfg.max_read_bytes)
+        with self.cond:
+            if not self._known(ledger_id):
+                raise errors.NoSuchLedger(ledger_id=ledger_id)
+        batch, limited = self.store.read(ledger_id, first, last, max_entries, max_bytes)
+        lac = self.lac_of(ledger_id)
+        if batch.num_rows == 0:
+            raise errors.NoSuchEntry(ledger_id=ledger_id, entry_id=first)
+        got_last = first + batch.num_rows - 1
+        end = "COMPLETE" if got_last >= last else ("LIMIT" if limited else "MISSING")
+        return ReadResult(batch, end, lac.lac, lac.fenced)
+
+    def set_read_only(self, value: bool) -> bool:
+        """Returns True if the mode changed."""
+        with self.cond:
+            changed = self.read_only != value
+            self.read_only = value
+        if changed:
+            self.metrics.read_only.set(1 if value else 0)
+            log.warning("event=bookie_mode read_only=%s", value)
+        return changed
+
+    def ledger_ids(self) -> list[int]:
+        with self.cond:
+            return sorted(set(self.states) | set(self.store.ledger_ids()))
+
+    def disk_usage(self) -> tuple[int, int]:
+        du = shutil.disk_usage(self.data_dir)
+        return du.free, du.total
+
+    # -- GC ------------------------------------------------------------------------------------
+    def delete_ledger(self, ledger_id: int) -> None:
+        """Reclaim a ledger (GC only, after it has confirmed the metadata is gone)."""
+        fut = self.journal.submit([(RecordType.LEDGER_DELETED, LEDGER.pack(ledger_id))],
+                                  ("delete", ledger_id, None))
+        fut.result()
+        self.metrics.gc_ledgers.inc()
+        log.info("event=gc_ledger_deleted ledger_id=%d", ledger_id)
+
+    # -- checkpoint ------------------------------------------------------------------------------
+    def _flush_loop(self) -> None:
+        while not self._stop.is_set():
+            self._flush_wanted.wait(self.cfg.flush_interval_s)
+            self._flush_wanted.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self.checkpoint()
+            except Exception as exc:  # noqa: BLE001 - keep serving; journal still holds data
+                log.error("event=checkpoint_failed error=%r", exc)
+
+    def checkpoint(self) -> Position:
+        with self._ckpt_lock:
+            with self.cond:
+                position = self._applied
+                snap = self.store.flush_begin()
+                states = [s.to_json() for s in self.states.values()]
+            if snap.by_ledger:
+                self.store.write_snapshot(snap)
+            self.store.flush_commit(snap)
+            if self.cfg.compaction_min_live_ratio > 0:
+                self.store.compact(self.cfg.compaction_min_live_ratio)
+            self._write_checkpoint(position, states)
+            self.journal.delete_before(position)
+            dead = self.store.dead_segments()
+            if dead:
+                self.store.delete_segments(dead)
+            self.metrics.checkpoints.inc()
+            return position
+
+    def _write_checkpoint(self, position: Position, states: list[dict]) -> None:
+        self._ckpt_gen += 1
+        index_name = f"index-{self._ckpt_gen:010d}.arrow"
+        index_path = os.path.join(self.data_dir, index_name)
+        table = self.store.index_table()
+        with pa.OSFile(index_path, "wb") as sink:
+            with pa.ipc.new_file(sink, table.schema) as w:
+                w.write_table(table)
+        _fsync_path(index_path)
+        doc = {"version": 1, "generation": self._ckpt_gen, "journal_seq": position.seq,
+               "journal_offset": position.offset, "index": index_name, "states": states}
+        tmp = os.path.join(self.data_dir, CHECKPOINT + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, os.path.join(self.data_dir, CHECKPOINT))
+        _fsync_path(self.data_dir)
+        for name in os.listdir(self.data_dir):
+            if name.startswith("index-") and name != index_name:
+                os.unlink(os.path.join(self.data_dir, name))
+
+    def _load_checkpoint(self) -> Position:
+        path = os.path.join(self.data_dir, CHECKPOINT)
+        if not os.path.exists(path):
+            self.store.load_index(pa.table({n: pa.array([], pa.int64()) for n in
+                                            ("ledger", "start", "end", "segment", "offset",
+                                             "length", "row")}))
+            return Position(0, 0)
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+        self._ckpt_gen = int(doc["generation"])
+        with pa.OSFile(os.path.join(self.data_dir, doc["index"]), "rb") as src:
+            table = pa.ipc.open_file(src).read_all()
+        self.store.load_index(table)
+        for d in doc["states"]:
+            s = ls.LedgerState.from_json(d)
+            self.states[s.ledger_id] = s
+        return Position(int(doc["journal_seq"]), int(doc["journal_offset"]))
+
+
+def _fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

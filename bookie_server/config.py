@@ -1,0 +1,119 @@
+"""Bookie configuration: defaults, conf-file parsing, CLI overrides.
+
+``conf/bookie.conf`` is ``key = value`` lines with ``#`` comments; every key
+of ``BookieConfig`` may appear there.  Command-line flags override the file.
+Unknown keys are rejected (a typo must not silently fall back to a default).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+from typing import Any
+
+MiB = 1024 * 1024
+
+
+@dataclass
+class BookieConfig:
+    port: int = 3181
+    bind_address: str = "127.0.0.1"
+    data_dir: str = "./data/bookie"
+    metadata_uri: str = ""               # empty = standalone (no registration, no GC)
+    bookie_id: str = ""                  # empty = "<bind_address>:<port>"
+    rack: str = "/default-rack"
+    # journal / group commit
+    journal_max_group_wait_ms: float = 2.0
+    journal_max_group_bytes: int = 512 * 1024
+    journal_flush_when_queue_empty: bool = True
+    journal_sync_data: bool = True
+    journal_max_file_bytes: int = 256 * MiB
+    journal_prealloc_bytes: int = 64 * MiB
+    # limits
+    max_entry_bytes: int = 5 * MiB
+    max_batch_bytes: int = 64 * MiB
+    max_read_entries: int = 10000
+    max_read_bytes: int = 16 * MiB
+    max_inflight_per_stream: int = 64
+    # entry store
+    segment_max_bytes: int = 256 * MiB
+    write_cache_max_bytes: int = 128 * MiB
+    flush_interval_s: float = 5.0
+    compaction_min_live_ratio: float = 0.5
+    # disk
+    disk_usage_threshold: float = 0.95
+    disk_usage_lwm: float = 0.90
+    disk_check_interval_s: float = 2.0
+    # gc / registration
+    gc_interval_s: float = 60.0
+    registration_ttl_s: int = 5
+    # service
+    grpc_threads: int = 64
+    long_poll_max_timeout_ms: int = 60000
+    metrics_port: int = 0                # 0 = no Prometheus endpoint
+
+    def effective_bookie_id(self) -> str:
+        return self.bookie_id or f"{self.bind_address}:{self.port}"
+
+    def grpc_message_limit(self) -> int:
+        return self.max_batch_bytes + 4 * MiB
+
+
+def _coerce(field_type: Any, raw: str, key: str) -> Any:
+    text = raw.strip()
+    kind = field_type if isinstance(field_type, str) else getattr(field_type, "__name__", str(field_type))
+    try:
+        if kind == "bool":
+            if text.lower() in ("1", "true", "yes", "on"):
+                return True
+            if text.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(text)
+        if kind == "int":
+            return int(float(text)) if "e" in text.lower() else int(text, 0)
+        if kind == "float":
+            return float(text)
+        return text
+    except ValueError:
+        raise ValueError(f"bad value for {key}: {raw!r} (expected {kind})") from None
+
+
+def parse_conf_text(text: str) -> dict[str, Any]:
+    types = {f.name: f.type for f in fields(BookieConfig)}
+    out: dict[str, Any] = {}
+    for lineno, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if "=" not in line:
+            raise ValueError(f"conf line {lineno}: expected 'key = value': {line!r}")
+        key, value = (p.strip() for p in line.split("=", 1))
+        if key not in types:
+            raise ValueError(f"conf line {lineno}: unknown key {key!r}")
+        out[key] = _coerce(types[key], value, key)
+    return out
+
+
+def load_config(conf_path: str | None = None, overrides: dict[str, Any] | None = None) -> BookieConfig:
+    values: dict[str, Any] = {}
+    if conf_path:
+        with open(conf_path, encoding="utf-8") as fh:
+            values.update(parse_conf_text(fh.read()))
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            values[key] = value
+    cfg = BookieConfig(**values)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: BookieConfig) -> None:
+    if not 0 < cfg.disk_usage_lwm <= cfg.disk_usage_threshold:
+        raise ValueError("need 0 < disk_usage_lwm <= disk_usage_threshold")
+    if cfg.max_entry_bytes <= 0 or cfg.max_batch_bytes < cfg.max_entry_bytes:
+        raise ValueError("need 0 < max_entry_bytes <= max_batch_bytes")
+    if cfg.journal_max_group_bytes <= 0:
+        raise ValueError("journal_max_group_bytes must be > 0")
+
+
+def replace(cfg: BookieConfig, **changes: Any) -> BookieConfig:
+    return dataclasses.replace(cfg, **changes)

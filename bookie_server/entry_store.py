@@ -1,0 +1,484 @@
+"""Entry storage: Arrow record batches in a write cache and in segment files.
+
+Theory of operation
+-------------------
+Entries arrive as whole Arrow batches (already durable in the journal).  The
+store never loops over entries in Python: per ledger it keeps an index of
+*runs* - maximal ranges of consecutive entry ids stored contiguously in one
+batch - as sorted numpy arrays ``(start, end, ref, row)``.  A ``ref`` is one
+stored batch: either still in memory (write cache) or at ``(segment, offset,
+length)`` in a segment file, where it is a self-contained Arrow IPC stream.
+A contiguous ledger batch of 1000 entries costs one run, so memory grows with
+batches, not entries.
+
+Ordering obligations:
+  * ``add`` keeps the FIRST copy of an entry: ids already indexed are
+    filtered out with a vectorised membership test (duplicate adds are
+    idempotent, never an error).
+  * ``flush`` = ``flush_begin`` (snapshot the write cache under the lock) ->
+    ``write_snapshot`` (one concatenated, id-sorted batch per ledger appended
+    to the current segment, fsync'd; no lock held) -> ``flush_commit``
+    (swap the ledger's memory runs for segment runs under the lock).  Readers
+    and duplicate checks see the memory runs until the swap.
+  * Segments whose live bytes drop to zero (GC) or below the compaction ratio
+    are dropped / rewritten; files are deleted only after the caller has
+    persisted an index that no longer references them (``dead_segments``).
+  * ``index_table``/``load_index`` persist and restore the run index
+    (segment runs only; memory runs are rebuilt by journal replay).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pybk_spark import errors
+from pybk_spark.wire.entries import ENTRY_SCHEMA, batch_to_bytes, empty_batch
+
+log = logging.getLogger("bookie.store")
+
+INDEX_SCHEMA = pa.schema([(n, pa.int64()) for n in
+                          ("ledger", "start", "end", "segment", "offset", "length", "row")])
+
+
+class Ref:
+    """One stored batch: in memory (``batch``) or in a segment file."""
+    __slots__ = ("ledger", "batch", "segment", "offset", "length")
+
+    def __init__(self, ledger: int, batch: Optional[pa.RecordBatch] = None,
+                 segment: int = -1, offset: int = 0, length: int = 0):
+        self.ledger, self.batch = ledger, batch
+        self.segment, self.offset, self.length = segment, offset, length
+
+
+def runs_of(entry_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Split ascending ids into runs of consecutive ids: (starts, ends, first rows)."""
+    if len(entry_ids) == 0:
+        e = np.empty(0, np.int64)
+        return e, e, e
+    breaks = np.flatnonzero(np.diff(entry_ids) != 1) + 1
+    first_rows = np.concatenate(([0], breaks)).astype(np.int64)
+    last_rows = np.concatenate((breaks - 1, [len(entry_ids) - 1])).astype(np.int64)
+    return entry_ids[first_rows], entry_ids[last_rows], first_rows
+
+
+class LedgerIndex:
+    """Sorted, non-overlapping runs of one ledger."""
+
+    def __init__(self):
+        empty = np.empty(0, np.int64)
+        self.starts = self.ends = self.refs = self.rows = empty
+        self._pending: list[tuple[np.ndarray, ...]] = []
+        self.max_entry = -1
+        self.count = 0
+
+    def add_runs(self, starts, ends, refs, rows) -> None:
+        if len(starts) == 0:
+            return
+        self._pending.append((starts, ends, refs, rows))
+        self.max_entry = max(self.max_entry, int(ends.max()))
+        self.count += int((ends - starts + 1).sum())
+
+    def _settle(self) -> None:
+        if not self._pending:
+            return
+        parts = [(self.starts, self.ends, self.refs, self.rows)] + self._pending
+        cols = [np.concatenate([p[i] for p in parts]) for i in range(4)]
+        order = np.argsort(cols[0], kind="stable")
+        self.starts, self.ends, self.refs, self.rows = (c[order] for c in cols)
+        self._pending = []
+
+    def contains(self, ids: np.ndarray) -> np.ndarray:
+        self._settle()
+        if len(self.starts) == 0:
+            return np.zeros(len(ids), bool)
+        i = np.searchsorted(self.starts, ids, side="right") - 1
+        ok = i >= 0
+        return ok & (ids <= self.ends[np.maximum(i, 0)])
+
+    def locate(self, first: int, last: int, max_entries: int) -> list[tuple[int, int, int]]:
+        """(ref, row, count) pieces covering a contiguous run from ``first``."""
+        self._settle()
+        i = int(np.searchsorted(self.starts, first, side="right")) - 1
+        if i < 0 or self.ends[i] < first:
+            return []
+        out, want, eid = [], min(last - first + 1, max_entries), first
+        n = len(self.starts)
+        while want > 0 and i < n and self.starts[i] <= eid:
+            count = min(int(self.ends[i]) - eid + 1, want)
+            out.append((int(self.refs[i]), int(self.rows[i]) + eid - int(self.starts[i]), count))
+            want -= count
+            eid += count
+            i += 1
+        return out
+
+    def remove_refs(self, ref_ids: np.ndarray) -> None:
+        self._settle()
+        keep = ~np.isin(self.refs, ref_ids)
+        self.count -= int((self.ends[~keep] - self.starts[~keep] + 1).sum())
+        self.starts, self.ends, self.refs, self.rows = (
+            a[keep] for a in (self.starts, self.ends, self.refs, self.rows))
+
+    def table_parts(self):
+        self._settle()
+        return self.starts, self.ends, self.refs, self.rows
+
+
+@dataclass
+class FlushSnapshot:
+    by_ledger: dict[int, list[int]]      # ledger -> memory ref ids
+    results: dict[int, tuple] = None     # ledger -> (new Ref, starts, ends, rows, old refs)
+
+
+class EntryStore:
+    def __init__(self, directory: str, *, segment_max_bytes: int = 256 << 20,
+                 batch_cache_size: int = 256, mmap_cache_size: int = 32):
+        self.dir = directory
+        self.seg_dir = os.path.join(directory, "segments")
+        os.makedirs(self.seg_dir, exist_ok=True)
+        self.segment_max_bytes = segment_max_bytes
+        self.lock = threading.RLock()
+        self.ledgers: dict[int, LedgerIndex] = {}
+        self.refs: dict[int, Ref] = {}
+        self.mem_refs: dict[int, list[int]] = {}       # ledger -> memory ref ids
+        self.segment_live: dict[int, int] = {}         # segment -> live bytes
+        self.segment_size: dict[int, int] = {}
+        self.write_cache_bytes = 0
+        self._next_ref = 1
+        self._cur_seg = -1
+        self._batch_cache: "OrderedDict[int, pa.RecordBatch]" = OrderedDict()
+        self._batch_cache_size = batch_cache_size
+        self._mmaps: "OrderedDict[int, pa.MemoryMappedFile]" = OrderedDict()
+        self._mmap_cache_size = mmap_cache_size
+        self._io_lock = threading.Lock()
+
+    # -- writes -----------------------------------------------------------------
+    def add(self, ledger_id: int, batch: pa.RecordBatch) -> int:
+        """Index a validated batch (ascending ids).  Returns rows kept."""
+        if batch.num_rows == 0:
+            return 0
+        ids = batch.column(1).to_numpy()
+        with self.lock:
+            idx = self.ledgers.get(ledger_id)
+            if idx is None:
+                idx = self.ledgers[ledger_id] = LedgerIndex()
+            if ids[0] <= idx.max_entry:
+                dup = idx.contains(ids)
+                if dup.all():
+                    return 0
+                if dup.any():
+                    keep = ~dup
+                    batch = batch.filter(pa.array(keep))
+                    ids = ids[keep]
+            ref_id = self._new_ref(Ref(ledger_id, batch))
+            starts, ends, rows = runs_of(ids)
+            idx.add_runs(starts, ends, np.full(len(starts), ref_id, np.int64), rows)
+            self.mem_refs.setdefault(ledger_id, []).append(ref_id)
+            self.write_cache_bytes += batch.nbytes
+            return len(ids)
+
+    def _new_ref(self, ref: Ref) -> int:
+        ref_id = self._next_ref
+        self._next_ref += 1
+        self.refs[ref_id] = ref
+        return ref_id
+
+    # -- reads ------------------------------------------------------------------
+    def has_ledger(self, ledger_id: int) -> bool:
+        return ledger_id in self.ledgers
+
+    def read(self, ledger_id: int, first: int, last: int, max_entries: int,
+             max_bytes: int) -> tuple[pa.RecordBatch, bool]:
+        """Contiguous entries from ``first``; (batch, hit_limit).  Empty batch
+        means ``first`` is not stored here."""
+        with self.lock:
+            idx = self.ledgers.get(ledger_id)
+            pieces = idx.locate(first, last, max_entries) if idx is not None else []
+            located = [(self.refs[r], row, n) for r, row, n in pieces]
+        if not located:
+            return empty_batch(), False
+        slices = [self._batch_of(ref_id_ref).slice(row, n) for ref_id_ref, row, n in located]
+        table = pa.Table.from_batches(slices, schema=ENTRY_SCHEMA)
+        got = table.num_rows
+        limited = got >= max_entries and got < last - first + 1
+        sizes = pc.binary_length(table.column("payload")).to_numpy(zero_copy_only=False)
+        cum = np.cumsum(sizes)
+        if cum[-1] > max_bytes:
+            keep = max(1, int(np.searchsorted(cum, max_bytes, side="right")))
+            if keep < got:
+                table = table.slice(0, keep)
+                limited = True
+        return table.combine_chunks().to_batches()[0], limited
+
+    def _batch_of(self, ref: Ref) -> pa.RecordBatch:
+        batch = ref.batch
+        if batch is not None:
+            return batch
+        key = (ref.segment << 40) | ref.offset
+        with self._io_lock:
+            cached = self._batch_cache.get(key)
+            if cached is not None:
+                self._batch_cache.move_to_end(key)
+                return cached
+            buf = self._segment_map(ref.segment, ref.offset + ref.length).read_at(ref.length, ref.offset)
+            batch = pa.ipc.open_stream(buf).read_next_batch()
+            self._batch_cache[key] = batch
+            if len(self._batch_cache) > self._batch_cache_size:
+                self._batch_cache.popitem(last=False)
+            return batch
+
+    def _segment_map(self, seg: int, needed: int) -> pa.MemoryMappedFile:
+        mm = self._mmaps.get(seg)
+        if mm is None or mm.size() < needed:
+            mm = pa.memory_map(self._seg_path(seg), "r")
+            self._mmaps[seg] = mm
+            if len(self._mmaps) > self._mmap_cache_size:
+                self._mmaps.popitem(last=False)
+        self._mmaps.move_to_end(seg)
+        return mm
+
+    def _seg_path(self, seg: int) -> str:
+        return os.path.join(self.seg_dir, f"{seg:08d}.seg")
+
+    # -- flush --------------------------------------------------------------------
+    def flush_begin(self) -> FlushSnapshot:
+        with self.lock:
+            snap = FlushSnapshot({l: list(r) for l, r in self.mem_refs.items() if r})
+            self.mem_refs = {}
+            return snap
+
+    def write_snapshot(self, snap: FlushSnapshot) -> None:
+        """Append one sorted batch per ledger to segments; fsync.  No lock held."""
+        snap.results = {}
+        touched: set[int] = set()
+        fh = None
+        try:
+            for ledger_id, ref_ids in snap.by_ledger.items():
+                with self.lock:
+                    idx = self.ledgers.get(ledger_id)
+                    if idx is None:     # dropped by GC meanwhile
+                        continue
+                    sel = np.isin(idx.refs, ref_ids) if not idx._pending else None
+                    if sel is None:
+                        idx._settle()
+                        sel = np.isin(idx.refs, ref_ids)
+                    parts = [(self.refs[int(r)], int(row), int(e - s + 1)) for s, e, r, row in
+                             zip(idx.starts[sel], idx.ends[sel], idx.refs[sel], idx.rows[sel])]
+                if not parts:
+                    continue
+                slices = [ref.batch.slice(row, n) for ref, row, n in parts]
+                batch = pa.Table.from_batches(slices, schema=ENTRY_SCHEMA).combine_chunks().to_batches()[0]
+                data = batch_to_bytes(batch)
+                if fh is None or self.segment_size.get(self._cur_seg, 0) >= self.segment_max_bytes:
+                    if fh is not None:
+                        os.fsync(fh.fileno())
+                        fh.close()
+                    fh = self._open_segment_for_append()
+                offset = self.segment_size[self._cur_seg]
+                fh.write(data)
+                self.segment_size[self._cur_seg] = offset + len(data)
+                touched.add(self._cur_seg)
+                new_ref = Ref(ledger_id, None, self._cur_seg, offset, len(data))
+                starts, ends, rows = runs_of(batch.column(1).to_numpy())
+                snap.results[ledger_id] = (new_ref, starts, ends, rows, np.array(ref_ids, np.int64))
+            if fh is not None:
+                fh.flush()
+                os.fsync(fh.fileno())
+        finally:
+            if fh is not None:
+                fh.close()
+        if touched:
+            dfd = os.open(self.seg_dir, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+
+    def _open_segment_for_append(self):
+        if self._cur_seg < 0 or self.segment_size.get(self._cur_seg, 0) >= self.segment_max_bytes:
+            self._cur_seg = max(self.segment_size, default=0) + 1
+            self.segment_size[self._cur_seg] = 0
+            self.segment_live.setdefault(self._cur_seg, 0)
+        fh = open(self._seg_path(self._cur_seg), "ab")
+        fh.seek(0, os.SEEK_END)
+        self.segment_size[self._cur_seg] = fh.tell()
+        return fh
+
+    def flush_commit(self, snap: FlushSnapshot) -> None:
+        with self.lock:
+            for ledger_id, ref_ids in snap.by_ledger.items():
+                result = (snap.results or {}).get(ledger_id)
+                idx = self.ledgers.get(ledger_id)
+                old = np.array(ref_ids, np.int64)
+                if idx is not None:
+                    idx.remove_refs(old)
+                    if result is not None:
+                        new_ref, starts, ends, rows, _ = result
+                        rid = self._new_ref(new_ref)
+                        idx.add_runs(starts, ends, np.full(len(starts), rid, np.int64), rows)
+                        self.segment_live[new_ref.segment] = \
+                            self.segment_live.get(new_ref.segment, 0) + new_ref.length
+                for r in ref_ids:
+                    ref = self.refs.pop(r, None)
+                    if ref is not None and ref.batch is not None:
+                        self.write_cache_bytes -= ref.batch.nbytes
+
+    def flush(self) -> None:
+        snap = self.flush_begin()
+        if snap.by_ledger:
+            self.write_snapshot(snap)
+        self.flush_commit(snap)
+
+    # -- GC -----------------------------------------------------------------------
+    def drop_ledger(self, ledger_id: int) -> None:
+        with self.lock:
+            idx = self.ledgers.pop(ledger_id, None)
+            self.mem_refs.pop(ledger_id, None)
+            if idx is None:
+                return
+            for r in np.unique(idx.table_parts()[2]):
+                ref = self.refs.pop(int(r), None)
+                if ref is None:
+                    continue
+                if ref.batch is not None:
+                    self.write_cache_bytes -= ref.batch.nbytes
+                else:
+                    self.segment_live[ref.segment] -= ref.length
+
+    def dead_segments(self) -> list[int]:
+        with self.lock:
+            return [s for s, live in self.segment_live.items()
+                    if live <= 0 and s != self._cur_seg]
+
+    def delete_segments(self, segs: list[int]) -> None:
+        with self.lock, self._io_lock:
+            for s in segs:
+                self._mmaps.pop(s, None)
+                self.segment_live.pop(s, None)
+                self.segment_size.pop(s, None)
+                try:
+                    os.unlink(self._seg_path(s))
+                except FileNotFoundError:
+                    pass
+            self._batch_cache.clear()
+
+    def compact(self, min_live_ratio: float) -> int:
+        """Copy live batches of sparse segments into the current segment (raw
+        bytes, no decode).  Old segments become dead; caller checkpoints, then
+        deletes them.  Returns the number of segments compacted."""
+        with self.lock:
+            victims = [s for s, live in self.segment_live.items()
+                       if self.segment_size.get(s, 0) > 0
+                       and live / self.segment_size[s] < min_live_ratio]
+            if self._cur_seg in victims:        # roll away from a sparse current segment
+                self._cur_seg = -1
+            victims = [s for s in victims if self.segment_live.get(s, 0) > 0]
+            moving = [(rid, ref) for rid, ref in self.refs.items()
+                      if ref.batch is None and ref.segment in victims]
+        if not moving:
+            return 0
+        fh = self._open_segment_for_append()
+        moved = []
+        try:
+            for rid, ref in moving:
+                data = self._segment_map(ref.segment, ref.offset + ref.length).read_at(
+                    ref.length, ref.offset)
+                off = self.segment_size[self._cur_seg]
+                fh.write(data)
+                self.segment_size[self._cur_seg] = off + ref.length
+                moved.append((rid, ref, self._cur_seg, off))
+            fh.flush()
+            os.fsync(fh.fileno())
+        finally:
+            fh.close()
+        with self.lock:
+            for rid, ref, seg, off in moved:
+                if self.refs.get(rid) is ref:
+                    self.segment_live[ref.segment] -= ref.length
+                    self.segment_live[seg] = self.segment_live.get(seg, 0) + ref.length
+                    self.refs[rid] = Ref(ref.ledger, None, seg, off, ref.length)
+        return len(victims)
+
+    # -- persistence of the index ---------------------------------------------------
+    def index_table(self) -> pa.Table:
+        """Segment runs of every ledger (memory runs are not persisted)."""
+        cols: list[list[np.ndarray]] = [[] for _ in INDEX_SCHEMA]
+        with self.lock:
+            disk = sorted((rid, r.segment, r.offset, r.length) for rid, r in self.refs.items()
+                          if r.batch is None)
+            loc = np.array(disk, np.int64).reshape(-1, 4)
+            for ledger_id, idx in self.ledgers.items():
+                starts, ends, refs, rows = idx.table_parts()
+                if len(refs) == 0 or len(loc) == 0:
+                    continue
+                pos = np.minimum(np.searchsorted(loc[:, 0], refs), len(loc) - 1)
+                on_disk = loc[pos, 0] == refs
+                if not on_disk.any():
+                    continue
+                p = pos[on_disk]
+                cols[0].append(np.full(len(p), ledger_id, np.int64))
+                cols[1].append(starts[on_disk])
+                cols[2].append(ends[on_disk])
+                cols[3].append(loc[p, 1])
+                cols[4].append(loc[p, 2])
+                cols[5].append(loc[p, 3])
+                cols[6].append(rows[on_disk])
+        arrays = [pa.array(np.concatenate(c) if c else np.empty(0, np.int64), pa.int64())
+                  for c in cols]
+        return pa.Table.from_arrays(arrays, schema=INDEX_SCHEMA)
+
+    def load_index(self, table: pa.Table) -> None:
+        if table.num_rows == 0:
+            self._scan_segments()
+            return
+        c = {n: table.column(n).to_numpy() for n in INDEX_SCHEMA.names}
+        key = (c["segment"] << 40) | c["offset"]
+        uniq, first_pos, inverse = np.unique(key, return_index=True, return_inverse=True)
+        base = self._next_ref
+        ref_ids = inverse.astype(np.int64) + base
+        with self.lock:
+            for j, pos in enumerate(first_pos):
+                self.refs[base + j] = Ref(int(c["ledger"][pos]), None, int(c["segment"][pos]),
+                                          int(c["offset"][pos]), int(c["length"][pos]))
+            self._next_ref = base + len(uniq)
+            order = np.lexsort((c["start"], c["ledger"]))
+            ledgers = c["ledger"][order]
+            bounds = np.flatnonzero(np.diff(ledgers)) + 1
+            for lo, hi in zip(np.concatenate(([0], bounds)), np.concatenate((bounds, [len(order)]))):
+                sel = order[lo:hi]
+                idx = self.ledgers.setdefault(int(ledgers[lo]), LedgerIndex())
+                idx.add_runs(c["start"][sel], c["end"][sel], ref_ids[sel], c["row"][sel])
+            seg_live = np.bincount(c["segment"][first_pos],
+                                   weights=c["length"][first_pos]).astype(np.int64)
+            for s in np.flatnonzero(seg_live):
+                self.segment_live[int(s)] = int(seg_live[s])
+        self._scan_segments()
+
+    def _scan_segments(self) -> None:
+        for name in os.listdir(self.seg_dir):
+            if name.endswith(".seg"):
+                s = int(name[:-4])
+                self.segment_size[s] = os.path.getsize(self._seg_path(s))
+                self.segment_live.setdefault(s, 0)
+        self._cur_seg = -1   # always append to a fresh segment after restart
+
+    # -- info -----------------------------------------------------------------------
+    def ledger_ids(self) -> list[int]:
+        with self.lock:
+            return sorted(self.ledgers)
+
+    def entry_count(self) -> int:
+        with self.lock:
+            return sum(i.count for i in self.ledgers.values())
+
+    def max_entry(self, ledger_id: int) -> int:
+        with self.lock:
+            idx = self.ledgers.get(ledger_id)
+            return idx.max_entry if idx is not None else -1

@@ -1,0 +1,118 @@
+"""Per-ledger state on one bookie and the decisions taken from it.  Pure: no I/O.
+
+Theory of operation
+-------------------
+A bookie knows, per ledger: the master key (recorded by the first add or
+fence), whether it is fenced, the highest LAC carried by any stored entry,
+the highest explicitly written LAC and the highest entry id stored.
+
+Decisions (called under the bookie's state lock, in journal-submission order,
+so that a fence submitted before an add is also before it on disk):
+  * ``check_key``: a recorded key must match exactly -> else Unauthorized.
+    An empty key on a ledger with a recorded key is also Unauthorized.
+  * ``decide_add``: read-only bookie -> ReadOnly (recovery adds are allowed,
+    like BookKeeper's high-priority writes); fenced ledger + plain add ->
+    LedgerFenced; recovery adds bypass the fence.
+  * ``decide_fence``: key check only; fencing twice is a no-op.
+The returned ``Plan`` says which journal records must precede the operation
+(MASTER_KEY when the key is new, FENCE when the ledger was not yet fenced).
+LAC = max(entry lacs, explicit lac).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from pybk_spark import errors
+
+
+@dataclass(frozen=True)
+class LedgerState:
+    ledger_id: int
+    master_key: bytes | None = None
+    fenced: bool = False
+    entry_lac: int = -1
+    explicit_lac: int = -1
+    last_entry_id: int = -1
+
+    @property
+    def lac(self) -> int:
+        return max(self.entry_lac, self.explicit_lac)
+
+    def to_json(self) -> dict:
+        return {"ledger_id": self.ledger_id,
+                "master_key": self.master_key.hex() if self.master_key is not None else None,
+                "fenced": self.fenced, "entry_lac": self.entry_lac,
+                "explicit_lac": self.explicit_lac, "last_entry_id": self.last_entry_id}
+
+    @staticmethod
+    def from_json(d: dict) -> "LedgerState":
+        key = d.get("master_key")
+        return LedgerState(int(d["ledger_id"]), bytes.fromhex(key) if key is not None else None,
+                           bool(d["fenced"]), int(d["entry_lac"]), int(d["explicit_lac"]),
+                           int(d["last_entry_id"]))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to journal before the operation itself, and the new state."""
+    state: LedgerState
+    record_key: bool = False
+    record_fence: bool = False
+
+
+def empty(ledger_id: int) -> LedgerState:
+    return LedgerState(ledger_id)
+
+
+def check_key(state: LedgerState, key: bytes) -> bool:
+    """Raise Unauthorized on mismatch; True if the key must be recorded now."""
+    if state.master_key is None:
+        return True
+    if bytes(key) != state.master_key:
+        raise errors.Unauthorized("wrong master key", ledger_id=state.ledger_id)
+    return False
+
+
+def decide_add(state: LedgerState, key: bytes, *, recovery: bool, read_only: bool) -> Plan:
+    if read_only and not recovery:
+        raise errors.ReadOnly("bookie is read-only", ledger_id=state.ledger_id)
+    new_key = check_key(state, key)
+    if state.fenced and not recovery:
+        raise errors.LedgerFenced("ledger is fenced", ledger_id=state.ledger_id)
+    if new_key:
+        return Plan(replace(state, master_key=bytes(key)), record_key=True)
+    return Plan(state)
+
+
+def decide_fence(state: LedgerState, key: bytes) -> Plan:
+    new_key = check_key(state, key)
+    new_state = replace(state, master_key=bytes(key)) if new_key else state
+    if state.fenced:
+        return Plan(new_state, record_key=new_key)
+    return Plan(replace(new_state, fenced=True), record_key=new_key, record_fence=True)
+
+
+def decide_write_lac(state: LedgerState, key: bytes, lac: int) -> Plan:
+    new_key = check_key(state, key)
+    s = replace(state, master_key=bytes(key)) if new_key else state
+    return Plan(replace(s, explicit_lac=max(s.explicit_lac, lac)), record_key=new_key)
+
+
+# -- applying durable facts (journal replay and live path share these) ----------
+def apply_key(state: LedgerState, key: bytes) -> LedgerState:
+    return state if state.master_key is not None else replace(state, master_key=bytes(key))
+
+
+def apply_fence(state: LedgerState) -> LedgerState:
+    return state if state.fenced else replace(state, fenced=True)
+
+
+def apply_explicit_lac(state: LedgerState, lac: int) -> LedgerState:
+    return state if lac <= state.explicit_lac else replace(state, explicit_lac=lac)
+
+
+def apply_entries(state: LedgerState, max_lac: int, max_entry_id: int) -> LedgerState:
+    if max_lac <= state.entry_lac and max_entry_id <= state.last_entry_id:
+        return state
+    return replace(state, entry_lac=max(state.entry_lac, max_lac),
+                   last_entry_id=max(state.last_entry_id, max_entry_id))

@@ -1,0 +1,213 @@
+"""gRPC shell around the Bookie core: requests in, core calls, codes out.
+
+Every handler catches every exception and answers with the code chosen by
+``pybk_spark.wire.codes.error_to_code`` - a request can never crash the
+server.  AddStream is pipelined: a reader thread submits each request as it
+arrives (bounded by ``max_inflight_per_stream``) and responses are streamed
+back as their journal groups become durable, matched by request_id.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from concurrent import futures
+from typing import Iterator
+
+import grpc
+
+from bookie_server.bookie import Bookie
+from bookie_server.config import BookieConfig
+from pybk_spark.wire import bookie_wire_pb2 as pb
+from pybk_spark.wire import bookie_wire_pb2_grpc as pb_grpc
+from pybk_spark.wire.codes import error_to_code
+from pybk_spark.wire.entries import batch_to_bytes
+
+log = logging.getLogger("bookie.service")
+
+PROTOCOL_VERSION = 1
+_END = {"COMPLETE": pb.COMPLETE, "LIMIT": pb.LIMIT, "MISSING": pb.MISSING}
+_DONE = object()
+
+
+def _code(exc: BaseException, op: str) -> tuple[int, str]:
+    code, msg = error_to_code(exc)
+    if code == pb.BAD_REQUEST and not hasattr(exc, "code"):
+        log.exception("event=unexpected_error op=%s", op)
+    return code, msg
+
+
+class BookieService(pb_grpc.BookieServicer):
+    def __init__(self, bookie: Bookie, cfg: BookieConfig, bookie_id: str):
+        self.bookie = bookie
+        self.cfg = cfg
+        self.bookie_id = bookie_id
+        self.m = bookie.metrics
+
+    # -- adds ---------------------------------------------------------------------------
+    def _submit_add(self, req: pb.AddRequest, done) -> None:
+        """Submit one add; ``done(response)`` is called exactly once."""
+        t0 = time.perf_counter()
+        try:
+            fut, first, last = self.bookie.add_async(req.ledger_id, req.master_key,
+                                                     req.entries, req.recovery)
+        except BaseException as exc:  # noqa: BLE001
+            code, msg = _code(exc, "add")
+            self.m.add_requests.labels("error").inc()
+            done(pb.AddResponse(code=code, message=msg, ledger_id=req.ledger_id,
+                                request_id=req.request_id))
+            return
+        nbytes = len(req.entries)
+
+        def finished(f: futures.Future) -> None:
+            exc = f.exception()
+            if exc is not None:
+                code, msg = _code(exc, "add")
+                self.m.add_requests.labels("error").inc()
+                done(pb.AddResponse(code=code, message=msg, ledger_id=req.ledger_id,
+                                    request_id=req.request_id))
+                return
+            self.m.add_requests.labels("ok").inc()
+            self.m.add_entries.inc(last - first + 1)
+            self.m.add_bytes.inc(nbytes)
+            self.m.add_latency.observe(time.perf_counter() - t0)
+            done(pb.AddResponse(code=pb.OK, ledger_id=req.ledger_id, first_entry_id=first,
+                                last_entry_id=last, request_id=req.request_id))
+
+        fut.add_done_callback(finished)
+
+    def AddEntries(self, request, context):
+        box: "queue.Queue[pb.AddResponse]" = queue.Queue(1)
+        try:
+            self._submit_add(request, box.put)
+            return box.get()
+        except BaseException as exc:  # noqa: BLE001
+            code, msg = _code(exc, "add")
+            return pb.AddResponse(code=code, message=msg, request_id=request.request_id)
+
+    def AddStream(self, request_iterator, context) -> Iterator[pb.AddResponse]:
+        out: "queue.Queue" = queue.Queue()
+        slots = threading.BoundedSemaphore(max(1, self.cfg.max_inflight_per_stream))
+        pending = [0]
+        lock = threading.Lock()
+
+        def respond(resp) -> None:
+            slots.release()
+            out.put(resp)
+
+        def reader() -> None:
+            try:
+                for req in request_iterator:
+                    slots.acquire()
+                    with lock:
+                        pending[0] += 1
+                    self._submit_add(req, respond)
+            except BaseException as exc:  # noqa: BLE001 - client went away / cancelled
+                if context.is_active():
+                    log.debug("event=add_stream_reader_error error=%r", exc)
+            finally:
+                out.put(_DONE)
+
+        threading.Thread(target=reader, name="add-stream-reader", daemon=True).start()
+        reader_done = False
+        while True:
+            with lock:
+                if reader_done and pending[0] == 0:
+                    return
+            item = out.get()
+            if item is _DONE:
+                reader_done = True
+                continue
+            with lock:
+                pending[0] -= 1
+            yield item
+
+    # -- reads ----------------------------------------------------------------------------
+    def ReadEntries(self, request, context):
+        t0 = time.perf_counter()
+        try:
+            res = self.bookie.read(request.ledger_id, request.first_entry_id,
+                                   request.last_entry_id, max_entries=request.max_entries,
+                                   max_bytes=request.max_bytes, fence=request.fence,
+                                   master_key=request.master_key)
+            self.m.read_requests.labels("ok").inc()
+            self.m.read_entries.inc(res.batch.num_rows)
+            self.m.read_latency.observe(time.perf_counter() - t0)
+            return pb.ReadResponse(code=pb.OK, entries=batch_to_bytes(res.batch),
+                                   end=_END[res.end], lac=res.lac, fenced=res.fenced)
+        except BaseException as exc:  # noqa: BLE001
+            code, msg = _code(exc, "read")
+            self.m.read_requests.labels("error").inc()
+            lac, fenced = -1, False
+            try:
+                r = self.bookie.lac_of(request.ledger_id)
+                lac, fenced = r.lac, r.fenced
+            except BaseException:  # noqa: BLE001
+                pass
+            return pb.ReadResponse(code=code, message=msg, end=pb.MISSING, lac=lac, fenced=fenced)
+
+    def ReadLac(self, request, context):
+        try:
+            r = self.bookie.read_lac(request.ledger_id, fence=request.fence,
+                                     master_key=request.master_key,
+                                     wait_for_lac_above=request.wait_for_lac_above,
+                                     timeout_s=request.timeout_ms / 1000.0)
+            return pb.ReadLacResponse(code=pb.OK, lac=r.lac, last_entry_id=r.last_entry_id,
+                                      fenced=r.fenced)
+        except BaseException as exc:  # noqa: BLE001
+            code, msg = _code(exc, "read_lac")
+            return pb.ReadLacResponse(code=code, message=msg, lac=-1, last_entry_id=-1)
+
+    def Fence(self, request, context):
+        try:
+            r = self.bookie.fence(request.ledger_id, request.master_key)
+            return pb.FenceResponse(code=pb.OK, lac=r.lac, last_entry_id=r.last_entry_id)
+        except BaseException as exc:  # noqa: BLE001
+            code, msg = _code(exc, "fence")
+            return pb.FenceResponse(code=code, message=msg, lac=-1, last_entry_id=-1)
+
+    def WriteLac(self, request, context):
+        try:
+            self.bookie.write_lac(request.ledger_id, request.master_key, request.lac)
+            return pb.WriteLacResponse(code=pb.OK)
+        except BaseException as exc:  # noqa: BLE001
+            code, msg = _code(exc, "write_lac")
+            return pb.WriteLacResponse(code=code, message=msg)
+
+    # -- info -------------------------------------------------------------------------------
+    def GetBookieInfo(self, request, context):
+        try:
+            free, total = self.bookie.disk_usage()
+            return pb.BookieInfoResponse(
+                code=pb.OK, bookie_id=self.bookie_id, free_bytes=free, total_bytes=total,
+                state=pb.READ_ONLY_STATE if self.bookie.read_only else pb.WRITABLE,
+                ledger_count=len(self.bookie.ledger_ids()),
+                entry_count=self.bookie.store.entry_count(), protocol_version=PROTOCOL_VERSION)
+        except BaseException as exc:  # noqa: BLE001
+            code, msg = _code(exc, "info")
+            return pb.BookieInfoResponse(code=code, message=msg, bookie_id=self.bookie_id)
+
+    def ListLedgers(self, request, context):
+        try:
+            return pb.ListLedgersResponse(code=pb.OK, ledger_ids=self.bookie.ledger_ids())
+        except BaseException as exc:  # noqa: BLE001
+            code, msg = _code(exc, "list")
+            return pb.ListLedgersResponse(code=code, message=msg)
+
+    def Health(self, request, context):
+        return pb.HealthResponse(serving=True, bookie_id=self.bookie_id)
+
+
+def make_server(bookie: Bookie, cfg: BookieConfig, bookie_id: str) -> tuple[grpc.Server, int]:
+    limit = cfg.grpc_message_limit()
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=cfg.grpc_threads, thread_name_prefix="grpc"),
+        options=[("grpc.max_send_message_length", limit),
+                 ("grpc.max_receive_message_length", limit),
+                 ("grpc.so_reuseport", 0)])
+    pb_grpc.add_BookieServicer_to_server(BookieService(bookie, cfg, bookie_id), server)
+    port = server.add_insecure_port(f"{cfg.bind_address}:{cfg.port}")
+    if port == 0:
+        raise OSError(f"cannot bind {cfg.bind_address}:{cfg.port}")
+    return server, port

@@ -1,0 +1,69 @@
+"""Client configuration: defaults, and a loader for conf/client.conf."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Mapping
+
+from pybk_spark import errors
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    add_timeout_s: float = 5.0
+    read_timeout_s: float = 5.0
+    metadata_timeout_s: float = 5.0
+    speculative_read_timeout_ms: int = 500
+    explicit_lac_interval_ms: int = 1000
+    add_batch_entries: int = 1000
+    add_batch_bytes: int = 4 << 20
+    max_inflight_adds: int = 64
+    read_batch_entries: int = 1000
+    read_batch_bytes: int = 16 << 20
+    max_message_bytes: int = 64 << 20
+    placement_policy: str = "random"
+    writer_lease_ttl_s: int = 10
+    metadata_retries: int = 100
+
+    def with_overrides(self, values: Mapping[str, object]) -> "ClientConfig":
+        known = {f.name: f.type for f in fields(self)}
+        conv = {}
+        for key, raw in values.items():
+            if key not in known:
+                raise errors.IncorrectParameter(f"unknown client config key {key!r}")
+            default = getattr(self, key)
+            try:
+                conv[key] = type(default)(raw)
+            except (TypeError, ValueError):
+                raise errors.IncorrectParameter(f"bad value for {key}: {raw!r}") from None
+        return replace(self, **conv)
+
+
+def parse_conf_text(text: str) -> dict[str, str]:
+    out = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if "=" not in line:
+            raise errors.IncorrectParameter(f"client.conf line {n}: expected key = value")
+        k, v = line.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def load_client_conf(path: str | None = None, **overrides) -> ClientConfig:
+    cfg = ClientConfig()
+    if path:
+        with open(path, encoding="utf-8") as f:
+            cfg = cfg.with_overrides(parse_conf_text(f.read()))
+    return cfg.with_overrides(overrides) if overrides else cfg
+
+
+def as_config(conf) -> ClientConfig:
+    if conf is None:
+        return ClientConfig()
+    if isinstance(conf, ClientConfig):
+        return conf
+    if isinstance(conf, str):
+        return load_client_conf(conf)
+    return ClientConfig().with_overrides(conf)

@@ -1,0 +1,158 @@
+"""``LedgerHandle``: the single writer of an OPEN ledger.
+
+Theory of operation
+-------------------
+Payloads are cut into chunks (``add_batch_entries`` / ``add_batch_bytes``);
+each chunk gets consecutive ids and the current LAC in one core step, its
+digests are computed, and it becomes one Arrow batch sent to every bookie of
+its write sets (``LedgerWriter``).  Futures complete in id order.
+
+``close()`` waits for outstanding adds, then CASes CLOSED with last entry =
+LAC following the seed's three outcomes (``close_by_writer``); the writer
+lease key is revoked.  An idle handle sends an explicit LAC (driven by the
+client's background ticker, ``tick()``).
+"""
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from typing import Iterable
+
+import pyarrow as pa
+
+from pybk_spark import errors
+from pybk_spark.digest import Digester
+from pybk_spark.ledger_writer import LedgerWriter, Waiter
+from pybk_spark.metadata.store import ledger_key
+from pybk_spark.protocol import ledger_metadata as lm
+from pybk_spark.read_handle import ReadHandle
+from pybk_spark.wire.entries import make_batch
+
+
+class LedgerHandle:
+    def __init__(self, bk, md: lm.LedgerMetadata, password: bytes, lease=None):
+        self.bk = bk
+        self.ledger_id = md.ledger_id
+        self._password = password
+        self._key = lm.master_key(password)
+        self._digester = Digester(md.digest_type, password)
+        self._writer = LedgerWriter(bk, md, self._key, recovery=False)
+        self._lease = lease
+        self._submit_lock = threading.Lock()   # ids assigned and sent in order
+        self._closed = False
+        self._explicit_lac_sent = -1
+
+    # -- properties -------------------------------------------------------------------
+    @property
+    def metadata(self) -> lm.LedgerMetadata:
+        return self._writer.md
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._writer.lac
+
+    @property
+    def length(self) -> int:
+        return self._writer.length
+
+    # -- adds ---------------------------------------------------------------------------
+    def add_entry(self, payload: bytes) -> int:
+        return self.add_entry_async(payload).result()
+
+    def add_entry_async(self, payload: bytes) -> "Future[int]":
+        fut: Future = Future()
+        self._submit_chunk([bytes(payload)], fut, single=True)
+        return fut
+
+    def add_entries(self, payloads: Iterable[bytes]) -> list[int]:
+        futs = [f for f in self.add_entries_async(payloads)]
+        out: list[int] = []
+        for f in futs:
+            out.extend(f.result())
+        return out
+
+    def add_entries_async(self, payloads: Iterable[bytes]) -> list[Future]:
+        conf = self.bk.conf
+        futs: list[Future] = []
+        chunk: list[bytes] = []
+        size = 0
+        for p in payloads:
+            p = bytes(p)
+            if chunk and (len(chunk) >= conf.add_batch_entries or size + len(p) > conf.add_batch_bytes):
+                futs.append(self._chunk_future(chunk))
+                chunk, size = [], 0
+            chunk.append(p)
+            size += len(p)
+        if chunk:
+            futs.append(self._chunk_future(chunk))
+        return futs
+
+    def _chunk_future(self, chunk: list[bytes]) -> Future:
+        fut: Future = Future()
+        self._submit_chunk(chunk, fut, single=False)
+        return fut
+
+    def _submit_chunk(self, payloads: list[bytes], fut: Future, *, single: bool) -> None:
+        if self._closed:
+            fut.set_exception(errors.LedgerClosed("ledger handle is closed", ledger_id=self.ledger_id))
+            return
+        with self._submit_lock:
+            try:
+                first, lac = self._writer.assign(len(payloads))
+            except errors.BKError as exc:
+                fut.set_exception(exc)
+                return
+            n = len(payloads)
+            ids = list(range(first, first + n))
+            lacs = [lac] * n
+            digests = self._digester.compute(self.ledger_id, ids, lacs, payloads)
+            batch = make_batch(self.ledger_id, ids, lacs, payloads, digests)
+            last = first + n - 1
+            result = (lambda: first) if single else (lambda: list(range(first, last + 1)))
+            self._writer.submit(batch, Waiter(last, fut, result))
+
+    # -- explicit LAC --------------------------------------------------------------------
+    def tick(self, now: float) -> None:
+        """Called periodically by the client: send an explicit LAC when idle."""
+        interval = self.bk.conf.explicit_lac_interval_ms / 1000.0
+        w = self._writer
+        if self._closed or not interval or w.error is not None:
+            return
+        lac = w.lac
+        if lac > self._explicit_lac_sent and now - w.last_activity >= interval:
+            self._explicit_lac_sent = lac
+            for b in w.md.current_ensemble:
+                self.bk.transports.get(b).write_lac(self.ledger_id, self._key, lac)
+
+    # -- reads by the writer ----------------------------------------------------------------
+    def read(self, first: int, last: int):
+        return ReadHandle(self.bk, self.metadata, self._password, self.last_add_confirmed).read(first, last)
+
+    # -- close ------------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._writer.wait_idle()
+            lac, length = self._writer.lac, self._writer.length
+
+            def transform(raw: bytes) -> bytes:
+                md = lm.LedgerMetadata.from_json(raw)
+                return lm.close_by_writer(md, lac, length).to_json()
+            raw, _ = self.bk.metadata_store.update(ledger_key(self.ledger_id), transform)
+            self._writer.md = lm.LedgerMetadata.from_json(raw)
+            self._writer.fail(errors.LedgerClosed("ledger closed", ledger_id=self.ledger_id))
+        finally:
+            self.bk._forget_handle(self)
+            if self._lease is not None:
+                try:
+                    self._lease.revoke()
+                except errors.BKError:
+                    pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

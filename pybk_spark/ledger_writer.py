@@ -1,0 +1,284 @@
+"""The I/O shell around ``protocol.pending_adds.PendingAdds``.
+
+Theory of operation
+-------------------
+All protocol decisions are taken by the pure core under ``self._lock``; this
+module only turns them into bookie requests, metadata CAS and completed
+futures (never completing a future while holding the lock).
+
+* ``submit(batch)``: a contiguous run of entries (ENTRY_SCHEMA, ids assigned
+  by the caller via ``assign``) is split per bookie with vectorised Arrow
+  ``take`` and sent as one Add per bookie.  ``Waiter``s are completed in id
+  order when the core's LAC passes their last id.
+* A failed add (not fenced) becomes ``core.on_failure``; a decided change runs
+  on the client's executor: pick replacements (placement policy), CAS
+  ``replace_bookies`` through ``store.update`` (which re-reads and re-decides
+  on conflict; a non-OPEN ledger raises LedgerFenced), then
+  ``core.commit_change`` and the resends.  Nothing is released before the CAS
+  succeeded (#1591).
+* LedgerFenced / Unauthorized from a bookie, or a failed change, aborts: every
+  pending add fails with an unknown-outcome error.
+The writer serves both the application writer (``recovery=False``, ensemble
+changes need OPEN) and recovery adds (``recovery=True``, need IN_RECOVERY).
+"""
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pybk_spark import errors
+from pybk_spark.metadata.store import ledger_key
+from pybk_spark.placement import writable_bookies
+from pybk_spark.protocol import ledger_metadata as lm
+from pybk_spark.protocol.pending_adds import EnsembleChange, PendingAdds
+from pybk_spark.wire.entries import batch_to_bytes
+
+
+@dataclass
+class Waiter:
+    last: int
+    future: Future
+    result: Callable[[], object]
+
+
+@dataclass
+class _Chunk:
+    first: int
+    last: int
+    batch: pa.RecordBatch
+    nbytes: int = 0
+
+
+class LedgerWriter:
+    def __init__(self, bk, md: lm.LedgerMetadata, master_key: bytes, *, recovery: bool,
+                 last_released: int = -1, on_metadata: Callable | None = None):
+        self.bk = bk
+        self.md = md
+        self.ledger_id = md.ledger_id
+        self.master_key = master_key
+        self.recovery = recovery
+        self.core = PendingAdds(md.write_quorum, md.ack_quorum, md.current_ensemble, last_released)
+        self._lock = threading.Lock()
+        self._waiters: list[Waiter] = []
+        self._chunks: list[_Chunk] = []
+        self._error: errors.BKError | None = None
+        self._failed_bookies: set[str] = set()
+        self._inflight = threading.BoundedSemaphore(max(1, bk.conf.max_inflight_adds))
+        self._on_metadata = on_metadata
+        self.length = 0
+        self.last_activity = bk.clock()
+
+    # -- public -----------------------------------------------------------------------
+    @property
+    def lac(self) -> int:
+        return self.core.lac
+
+    @property
+    def error(self) -> errors.BKError | None:
+        return self._error
+
+    def assign(self, count: int) -> tuple[int, int]:
+        """Reserve ids; returns (first id, LAC to carry).  Caller holds no lock."""
+        with self._lock:
+            if self._error is not None:
+                raise self._error
+            ids = self.core.assign(count)
+            return ids[0], self.core.lac
+
+    def submit(self, batch: pa.RecordBatch, waiter: Waiter) -> None:
+        """Send the entries of ``batch`` (ids already assigned, contiguous)."""
+        first = int(batch.column("entry_id")[0].as_py())
+        last = first + batch.num_rows - 1
+        nbytes = pc.sum(pc.binary_length(batch.column("payload"))).as_py() or 0
+        with self._lock:
+            if self._error is not None:
+                err = self._error
+            else:
+                err = None
+                self._chunks.append(_Chunk(first, last, batch, nbytes))
+                self._waiters.append(waiter)
+                ensemble = self.core.ensemble
+                bad = self.core.unavailable_slots
+                self.last_activity = self.bk.clock()
+        if err is not None:
+            waiter.future.set_exception(err)
+            return
+        self._send(batch, ensemble, bad, wait=True)
+
+    def wait_idle(self) -> None:
+        """Block until every submitted entry is released or failed."""
+        with self._lock:
+            pending = [w.future for w in self._waiters]
+        for f in pending:
+            try:
+                f.result()
+            except errors.BKError:
+                pass
+
+    def fail(self, error: errors.BKError) -> None:
+        self._abort(error)
+
+    # -- sending ------------------------------------------------------------------------
+    def _send(self, batch: pa.RecordBatch, ensemble, bad, *, wait: bool, only_slots=None) -> None:
+        E, Qw = len(ensemble), self.md.write_quorum
+        ids = batch.column("entry_id").to_numpy()
+        for slot, bookie in enumerate(ensemble):
+            if slot in bad or (only_slots is not None and slot not in only_slots):
+                continue
+            mask = ((slot - ids % E) % E) < Qw
+            count = int(mask.sum())
+            if count == 0:
+                continue
+            part = batch if count == len(ids) else batch.filter(pa.array(mask))
+            # a bookie stores contiguous-by-id runs; a filtered part is still ascending
+            self._send_one(slot, bookie, part, wait)
+
+    def _send_one(self, slot: int, bookie: str, part: pa.RecordBatch, wait: bool) -> None:
+        if wait:
+            self._inflight.acquire()
+        released_sem = [not wait]
+        data = batch_to_bytes(part)
+        ids = part.column("entry_id").to_numpy()
+        transport = self.bk.transports.get(bookie)
+        fut = transport.add(self.ledger_id, self.master_key, data, recovery=self.recovery,
+                            timeout=self.bk.conf.add_timeout_s)
+
+        def done(f: Future) -> None:
+            if not released_sem[0]:
+                released_sem[0] = True
+                self._inflight.release()
+            exc = f.exception()
+            if exc is None:
+                self._on_acked(ids, slot, bookie)
+            else:
+                self._on_failed(slot, bookie, exc)
+        fut.add_done_callback(done)
+
+    def _on_acked(self, ids: np.ndarray, slot: int, bookie: str) -> None:
+        # split into contiguous runs (a striped part has gaps)
+        breaks = np.nonzero(np.diff(ids) != 1)[0]
+        starts = np.concatenate(([0], breaks + 1))
+        ends = np.concatenate((breaks, [len(ids) - 1]))
+        with self._lock:
+            released = []
+            for s, e in zip(starts, ends):
+                released += self.core.on_ack_range(int(ids[s]), int(ids[e]), slot, bookie)
+            done = self._collect_done()
+        self._complete(done)
+
+    def _on_failed(self, slot: int, bookie: str, exc: BaseException) -> None:
+        if isinstance(exc, (errors.LedgerFenced, errors.Unauthorized, errors.LedgerClosed)):
+            err = exc if isinstance(exc, errors.LedgerFenced) else exc
+            self._abort(err)
+            return
+        if isinstance(exc, errors.BookieUnavailable):
+            self.bk.transports.invalidate(bookie)
+        with self._lock:
+            if self._error is not None:
+                return
+            self._failed_bookies.add(bookie)
+            change = self.core.on_failure(slot, bookie)
+        if change is not None:
+            self.bk.executor.submit(self._run_change, change)
+
+    # -- ensemble change ------------------------------------------------------------------
+    def _run_change(self, change: EnsembleChange) -> None:
+        store = self.bk.metadata_store
+        while change is not None:
+            try:
+                new_md = self._cas_change(store, change)
+            except errors.BKError as exc:
+                err = exc if not exc.outcome_known else errors.LedgerFenced(
+                    f"ensemble change failed: {exc}", ledger_id=self.ledger_id)
+                self._abort(err)
+                return
+            except Exception as exc:  # never leave adds hanging
+                self._abort(errors.LedgerFenced(f"ensemble change failed: {exc!r}",
+                                                ledger_id=self.ledger_id))
+                return
+            with self._lock:
+                if self._error is not None:
+                    return
+                self.md = new_md
+                _released, resends, change = self.core.commit_change(new_md.current_ensemble)
+                done = self._collect_done()
+                chunks = list(self._chunks)
+                ensemble = self.core.ensemble
+                bad = self.core.unavailable_slots
+            if self._on_metadata is not None:
+                self._on_metadata(new_md)
+            self._complete(done)
+            slots = {s.slot for s in resends}
+            for ch in chunks:
+                if slots:
+                    self._send(ch.batch, ensemble, bad, wait=False, only_slots=slots)
+
+    def _cas_change(self, store, change: EnsembleChange) -> lm.LedgerMetadata:
+        policy = self.bk.placement
+        for _ in range(self.bk.conf.metadata_retries):
+            bookies = writable_bookies(store)
+            exclude = set(self._failed_bookies)
+            repl: dict[int, str] = {}
+            ens = list(change.ensemble)
+            for slot in change.slots:
+                b = policy.replace(tuple(ens), slot, bookies, exclude=exclude | set(repl.values()))
+                repl[slot] = b
+            by_writer = not self.recovery
+
+            def transform(raw: bytes) -> bytes:
+                md = lm.LedgerMetadata.from_json(raw)
+                if md.current_ensemble != change.ensemble:
+                    raise _Stale()
+                return lm.replace_bookies(md, change.first_entry, repl, by_writer=by_writer).to_json()
+            try:
+                raw, _version = store.update(ledger_key(self.ledger_id), transform)
+            except _Stale:
+                raise errors.LedgerFenced("ledger ensemble changed by someone else",
+                                          ledger_id=self.ledger_id)
+            except errors.IllegalOp:
+                if by_writer:
+                    raise
+                md = lm.LedgerMetadata.from_json(store.get(ledger_key(self.ledger_id)).value)
+                if md.state != lm.IN_RECOVERY:
+                    raise errors.LedgerFenced("ledger no longer in recovery", ledger_id=self.ledger_id)
+                continue
+            return lm.LedgerMetadata.from_json(raw)
+        raise errors.MetadataVersion("too many retries of an ensemble change")
+
+    # -- completion ------------------------------------------------------------------------
+    def _collect_done(self) -> list[Waiter]:
+        lac = self.core.lac
+        done = []
+        while self._waiters and self._waiters[0].last <= lac:
+            done.append(self._waiters.pop(0))
+        while self._chunks and self._chunks[0].last <= lac:
+            self.length += self._chunks.pop(0).nbytes
+        return done
+
+    @staticmethod
+    def _complete(done: list[Waiter]) -> None:
+        for w in done:
+            if not w.future.done():
+                w.future.set_result(w.result())
+
+    def _abort(self, error: BaseException) -> None:
+        with self._lock:
+            if self._error is None:
+                self._error = error if isinstance(error, errors.BKError) else errors.LedgerFenced(str(error))
+            self.core.abort()
+            waiters, self._waiters = self._waiters, []
+            self._chunks = []
+            err = self._error
+        for w in waiters:
+            if not w.future.done():
+                w.future.set_exception(err)
+
+
+class _Stale(Exception):
+    pass

@@ -1,0 +1,287 @@
+"""Named logs built from ledgers: a fenced single leader, rolling, truncation,
+and non-fencing tailing readers.
+
+Theory of operation (the seed's "Ledgers to logs", in this order)
+------------------------------------------------------------------
+Leader open (``LogWriter.open``):
+  1. read the ledger list;  2. fence AND recover the last two ledgers (the
+  previous leader may be writing to the second-to-last while adding the last);
+  3. create a new ledger;  4. append it;  5. CAS the list back.  On a CAS
+  conflict (or the tail moved) start again at 1.  No append is served before
+  step 5 succeeds.  Two would-be leaders: each one's open fences the other's
+  ledger, so a deposed leader's adds fail with LedgerFenced (unknown outcome)
+  and ``is_leader()`` tells it that it lost.
+Roll: create ledger -> CAS-add -> close the previous ledger (after its
+  in-flight adds settle), then a best-effort CAS recording its final size.
+Truncate: CAS the list first, then delete the dropped ledgers.
+Reader: non-fencing; reads each closed segment to its last entry and the open
+  tail up to its LAC, long-polling the LAC (no busy polling); when the tail
+  ledger is closed it moves to the next segment, so there is no gap and no
+  duplicate across ledger boundaries.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Callable, Iterator, Optional, Union
+
+from pybk_spark import errors
+from pybk_spark.metadata.store import log_key
+from pybk_spark.protocol import log_metadata as logmd
+from pybk_spark.protocol.ledger_metadata import CLOSED
+from pybk_spark.protocol.log_metadata import LogMetadata, Position
+
+Start = Union[str, Position, tuple]
+
+
+@dataclass(frozen=True)
+class RollPolicy:
+    max_entries: int = 0          # 0 = no limit
+    max_bytes: int = 0
+    max_age_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class LogRecord:
+    position: Position
+    payload: bytes
+
+
+# -- metadata access ------------------------------------------------------------------
+def read_log(store, name: str) -> tuple[LogMetadata, int]:
+    got = store.get(log_key(name))
+    if got is None:
+        raise errors.LogNotFound(f"no log named {name!r}")
+    return LogMetadata.from_json(got.value), got.version
+
+
+def read_or_create_log(store, name: str) -> tuple[LogMetadata, int]:
+    while True:
+        got = store.get(log_key(name))
+        if got is not None:
+            return LogMetadata.from_json(got.value), got.version
+        md = logmd.new_log(name)
+        try:
+            return md, store.put_if_absent(log_key(name), md.to_json())
+        except errors.MetadataVersion:
+            continue
+
+
+def update_log(store, name: str, transform: Callable[[LogMetadata], LogMetadata]) -> LogMetadata:
+    value, _ = store.update(log_key(name),
+                            lambda raw: transform(LogMetadata.from_json(raw)).to_json())
+    return LogMetadata.from_json(value)
+
+
+def list_logs(store) -> list[str]:
+    return [k.split("/", 1)[1] for k, _ in store.list_prefix("logs/")]
+
+
+def recover_tail(bk, md: LogMetadata, password: bytes) -> dict[int, tuple[int, int]]:
+    """Seed step 2: fence and recover the last two ledgers; their final sizes."""
+    closed = {}
+    for ledger_id in logmd.tail_ids(md):
+        try:
+            rh = bk.open_ledger(ledger_id, password=password, recovery=True)
+        except errors.NoSuchLedger:
+            continue
+        meta = rh.metadata
+        closed[ledger_id] = (meta.last_entry_id, meta.length)
+        rh.close()
+    return closed
+
+
+# -- writer ---------------------------------------------------------------------------------
+class LogWriter:
+    """The single leader of a log.  Create with ``BookKeeper.open_log_writer``."""
+
+    def __init__(self, bk, name: str, *, ensemble: int = 3, write_quorum: int = 2,
+                 ack_quorum: int = 2, password: bytes = b"", roll_policy: RollPolicy = RollPolicy(),
+                 clock: Callable[[], float] = time.monotonic):
+        self._bk, self.name, self._password = bk, name, password
+        self._quorums = (ensemble, write_quorum, ack_quorum)
+        self._policy, self._clock = roll_policy, clock
+        self._lock = threading.RLock()
+        self._handle = None
+        self._index = -1                 # absolute segment index of the current ledger
+        self._entries = self._bytes = 0
+        self._opened_at = 0.0
+        self._lost = False
+
+    # seed steps 1-5
+    def open(self, max_attempts: int = 50) -> "LogWriter":
+        store = self._bk.metadata_store
+        for _ in range(max_attempts):
+            md, _ = read_or_create_log(store, self.name)                     # 1
+            fenced_tail = logmd.tail_ids(md)
+            closed = recover_tail(self._bk, md, self._password)               # 2
+            handle = self._create_ledger()                                    # 3
+            try:
+                new = update_log(store, self.name, lambda m: logmd.open_as_leader(   # 4 + 5
+                    m, fenced_tail, closed, handle.ledger_id))
+            except logmd.LeaderConflict:
+                self._discard(handle)
+                continue
+            except BaseException:
+                self._discard(handle)
+                raise
+            self._install(handle, new)
+            return self
+        raise errors.MetadataVersion(f"could not become leader of {self.name!r}: tail kept moving")
+
+    def _create_ledger(self):
+        e, w, a = self._quorums
+        return self._bk.create_ledger(ensemble=e, write_quorum=w, ack_quorum=a,
+                                      password=self._password,
+                                      custom_metadata={"log": self.name})
+
+    def _discard(self, handle) -> None:
+        try:
+            handle.close()
+        finally:
+            self._bk.delete_ledger(handle.ledger_id)
+
+    def _install(self, handle, md: LogMetadata) -> None:
+        self._handle = handle
+        self._index = md.truncated_ledgers + md.segment_index(handle.ledger_id)
+        self._entries = self._bytes = 0
+        self._opened_at = self._clock()
+
+    @property
+    def current_ledger_id(self) -> int:
+        return self._handle.ledger_id
+
+    def _position(self, index: int, ledger_id: int, entry_id: int) -> Position:
+        return Position(index, ledger_id, entry_id)
+
+    def _check_open(self):
+        if self._handle is None:
+            raise errors.IllegalOp("log writer not open (call open())")
+        if self._lost:
+            raise errors.LedgerFenced("this writer lost leadership of the log", log=self.name)
+
+    def append(self, payload: bytes) -> Position:
+        return self.append_async(payload).result()
+
+    def append_async(self, payload: bytes) -> "Future[Position]":
+        with self._lock:
+            self._check_open()
+            self._maybe_roll()
+            handle, index = self._handle, self._index
+            inner = handle.add_entry_async(payload)
+            self._entries += 1
+            self._bytes += len(payload)
+        outer: Future = Future()
+
+        def done(f):
+            try:
+                outer.set_result(self._position(index, handle.ledger_id, f.result()))
+            except errors.LedgerFenced as exc:
+                self._lost = True
+                outer.set_exception(exc)
+            except BaseException as exc:  # noqa: BLE001 - propagate to the caller's future
+                outer.set_exception(exc)
+        inner.add_done_callback(done)
+        return outer
+
+    def append_batch(self, payloads) -> list[Position]:
+        payloads = list(payloads)
+        with self._lock:
+            self._check_open()
+            self._maybe_roll()
+            handle, index = self._handle, self._index
+            try:
+                ids = handle.add_entries(payloads)
+            except errors.LedgerFenced:
+                self._lost = True
+                raise
+            self._entries += len(payloads)
+            self._bytes += sum(map(len, payloads))
+        return [self._position(index, handle.ledger_id, i) for i in ids]
+
+    def _maybe_roll(self) -> None:
+        p = self._policy
+        if ((p.max_entries and self._entries >= p.max_entries)
+                or (p.max_bytes and self._bytes >= p.max_bytes)
+                or (p.max_age_s and self._clock() - self._opened_at >= p.max_age_s)):
+            self.roll()
+
+    def roll(self) -> int:
+        """create -> CAS-add -> close previous.  Returns the new ledger id."""
+        with self._lock:
+            self._check_open()
+            previous = self._handle
+            handle = self._create_ledger()
+            try:
+                md = update_log(self._bk.metadata_store, self.name,
+                                lambda m: logmd.roll(m, previous.ledger_id, handle.ledger_id))
+            except errors.LedgerFenced:
+                self._lost = True
+                self._discard(handle)
+                raise
+            except BaseException:
+                self._discard(handle)
+                raise
+            self._install(handle, md)
+        previous.close()                       # waits for its in-flight adds
+        self._record_closed(previous)
+        return handle.ledger_id
+
+    def _record_closed(self, handle) -> None:
+        try:
+            meta = self._bk.get_ledger_metadata(handle.ledger_id)
+            if meta.state == CLOSED:
+                update_log(self._bk.metadata_store, self.name, lambda m: logmd.record_closed(
+                    m, {handle.ledger_id: (meta.last_entry_id, meta.length)}))
+        except errors.BKError:
+            pass  # best effort: readers fall back to ledger metadata
+
+    def is_leader(self) -> bool:
+        """False once another writer has fenced us or taken the tail."""
+        if self._lost or self._handle is None:
+            return False
+        try:
+            md, _ = read_log(self._bk.metadata_store, self.name)
+            meta = self._bk.get_ledger_metadata(self._handle.ledger_id)
+        except errors.BKError:
+            return False
+        still = md.ledger_ids[-1:] == [self._handle.ledger_id] and meta.state != CLOSED \
+            and meta.state == "OPEN"
+        self._lost = not still
+        return still
+
+    def close(self) -> None:
+        with self._lock:
+            if self._handle is None:
+                return
+            handle, self._handle = self._handle, None
+        try:
+            handle.close()
+        finally:
+            self._record_closed(handle)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+# -- truncation -------------------------------------------------------------------------------
+def truncate_log(bk, name: str, before_ledger_id: int) -> list[int]:
+    """CAS the list first, then delete the dropped ledgers."""
+    dropped: list[int] = []
+
+    def transform(m: LogMetadata) -> LogMetadata:
+        new, ids = logmd.truncate_before(m, before_ledger_id)
+        dropped[:] = ids
+        return new
+    update_log(bk.metadata_store, name, transform)
+    for ledger_id in dropped:
+        try:
+            bk.delete_ledger(ledger_id)
+        except errors.NoSuchLedger:
+            pass
+    return dropped

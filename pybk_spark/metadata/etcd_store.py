@@ -1,0 +1,325 @@
+"""The real MetadataStore: etcd v3 through ``pyetcd`` (etcd-sdk-python).
+
+Theory of operation:
+  * Keys are ``/<scope>/<key>``; versions are etcd ``mod_revision``s.
+  * put-if-absent = txn(version(k) == 0 -> put); compare-and-swap =
+    txn(version(k) > 0 and mod_revision(k) == expected -> put); CAS delete
+    likewise.  A failed compare raises ``errors.MetadataVersion``; callers
+    re-read and re-decide (``MetadataStore.update``).
+  * This module is the ONLY place etcd / gRPC exceptions become
+    ``pybk_spark.errors``: an unreachable or timing-out etcd is
+    ``MetadataUnavailable`` (outcome unknown - a write may have landed).
+    Idempotent reads are retried for ``read_retry`` seconds first.
+  * The client is built as ``MultiEndpointEtcd3Client([Endpoint(host, port,
+    secure=False, time_retry=0.5)], failover=True)`` so that after an etcd
+    restart it retries the endpoint within half a second instead of marking
+    it dead for 300 s.
+  * Leases refresh themselves from a daemon thread owned by the lease object
+    (every ttl/3); ``revoke()`` stops the thread and revokes the lease.  If
+    etcd reports the lease gone, ``lease.lost`` is set and ``on_lost`` runs.
+  * ``wait_for_change`` is a one-shot watch from ``after_revision + 1``.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from typing import Callable, Iterable, Optional
+
+import grpc
+import pyetcd
+from pyetcd import exceptions as etcd_exc
+
+from pybk_spark import errors
+from pybk_spark.metadata.store import Lease, MetadataStore, Versioned
+
+
+def _translate(fn):
+    """Turn every etcd/gRPC failure raised by ``fn`` into a pybk error."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except errors.BKError:
+            raise
+        except (etcd_exc.ConnectionFailedError, etcd_exc.ConnectionTimeoutError,
+                etcd_exc.NoServerAvailableError, etcd_exc.InternalServerError,
+                etcd_exc.WatchTimedOut) as exc:
+            raise errors.MetadataUnavailable(f"etcd unavailable: {exc or type(exc).__name__}") from exc
+        except etcd_exc.Etcd3Exception as exc:
+            raise errors.MetadataError(f"etcd error: {type(exc).__name__} {exc}") from exc
+        except grpc.RpcError as exc:
+            code = exc.code() if hasattr(exc, "code") else None
+            detail = exc.details() if hasattr(exc, "details") else str(exc)
+            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                        grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN):
+                raise errors.MetadataUnavailable(f"etcd unavailable: {code} {detail}") from exc
+            if code == grpc.StatusCode.NOT_FOUND:
+                raise errors.MetadataError(f"etcd: {detail}") from exc
+            if code == grpc.StatusCode.INVALID_ARGUMENT:
+                raise errors.IncorrectParameter(f"etcd rejected request: {detail}") from exc
+            raise errors.MetadataError(f"etcd error: {code} {detail}") from exc
+    return wrapper
+
+
+def parse_endpoints(endpoints: str | Iterable) -> list[tuple[str, int]]:
+    """``"h:p,h:p"`` or an iterable of ``"h:p"`` / ``(h, p)`` -> [(h, p)]."""
+    if isinstance(endpoints, str):
+        endpoints = [e for e in endpoints.split(",") if e.strip()]
+    out = []
+    for ep in endpoints:
+        if isinstance(ep, tuple):
+            host, port = ep
+        else:
+            host, _, port = str(ep).strip().rpartition(":")
+        try:
+            port = int(port)
+        except ValueError:
+            raise errors.IncorrectParameter(f"bad etcd endpoint {ep!r}") from None
+        if not host or not 0 < port < 65536:
+            raise errors.IncorrectParameter(f"bad etcd endpoint {ep!r}")
+        out.append((host, port))
+    if not out:
+        raise errors.IncorrectParameter("no etcd endpoints given")
+    return out
+
+
+class EtcdLease(Lease):
+    """A lease that keeps itself alive until revoked (or found lost)."""
+
+    def __init__(self, store: "EtcdMetadataStore", lease_id: int, ttl: int,
+                 keepalive: bool, on_lost: Callable[["EtcdLease"], None] | None):
+        self._store = store
+        self.id = lease_id
+        self.ttl = ttl
+        self.lost = threading.Event()
+        self._on_lost = on_lost
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        if keepalive:
+            self._thread = threading.Thread(target=self._keepalive_loop,
+                                            name=f"etcd-lease-{lease_id:x}", daemon=True)
+            self._thread.start()
+
+    def refresh(self) -> None:
+        """One keep-alive; raises MetadataError if the lease no longer exists."""
+        ttl = self._store._refresh_lease(self.id)
+        if ttl <= 0:
+            self._mark_lost()
+            raise errors.MetadataError("lease expired", lease=self.id)
+
+    def _mark_lost(self) -> None:
+        if not self.lost.is_set():
+            self.lost.set()
+            if self._on_lost is not None:
+                try:
+                    self._on_lost(self)
+                except Exception:       # a callback bug must not kill the refresher
+                    pass
+
+    def _keepalive_loop(self) -> None:
+        period = max(self.ttl / 3.0, 0.2)
+        while not self._stop.wait(period):
+            try:
+                self.refresh()
+            except errors.MetadataUnavailable:
+                period = min(max(self.ttl / 3.0, 0.2), 0.5)   # etcd away: retry soon
+                continue
+            except errors.BKError:
+                return                                       # lease gone
+            period = max(self.ttl / 3.0, 0.2)
+
+    def stop_keepalive(self) -> None:
+        self._stop.set()
+
+    def revoke(self) -> None:
+        self._stop.set()
+        self._store._forget_lease(self)
+        try:
+            self._store._revoke_lease(self.id)
+        except errors.MetadataError as exc:
+            if isinstance(exc, errors.MetadataUnavailable):
+                raise            # unknown: the keys may still be there until the TTL ends
+            # already gone (expired): same end state
+
+
+class EtcdMetadataStore(MetadataStore):
+    """MetadataStore on etcd; thread-safe (one gRPC channel, shared)."""
+
+    def __init__(self, endpoints: str | Iterable, scope: str, *, timeout: float = 10.0,
+                 read_retry: float = 5.0):
+        scope = scope.strip("/")
+        if not scope:
+            raise errors.IncorrectParameter("empty metadata scope")
+        self.scope = scope
+        self.endpoints = parse_endpoints(endpoints)
+        self._prefix = f"/{scope}/"
+        self._read_retry = read_retry
+        self._client = pyetcd.MultiEndpointEtcd3Client(
+            [pyetcd.Endpoint(host, port, secure=False, time_retry=0.5)
+             for host, port in self.endpoints],
+            failover=True, timeout=timeout)
+        self._tx = self._client.transactions
+        self._leases: list[EtcdLease] = []
+        self._leases_lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def uri(self) -> str:
+        eps = ",".join(f"{h}:{p}" for h, p in self.endpoints)
+        return f"etcd://{eps}/{self.scope}"
+
+    # -- helpers --------------------------------------------------------------
+    def _k(self, key: str) -> bytes:
+        return (self._prefix + key).encode()
+
+    def _check(self) -> None:
+        if self._closed:
+            raise errors.ClientClosed("metadata store closed")
+
+    def _retrying_read(self, fn):
+        deadline = time.monotonic() + self._read_retry
+        delay = 0.05
+        while True:
+            try:
+                return fn()
+            except errors.MetadataUnavailable:
+                if time.monotonic() + delay > deadline or self._closed:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+
+    @_translate
+    def _txn(self, compare, success):
+        ok, responses = self._client.transaction(compare=compare, success=success, failure=[])
+        return ok, responses
+
+    # -- the port -------------------------------------------------------------
+    def get(self, key: str) -> Optional[Versioned]:
+        self._check()
+        resp = self._retrying_read(_translate(lambda: self._client.get_response(self._k(key))))
+        if not resp.kvs:
+            return None
+        kv = resp.kvs[0]
+        return Versioned(bytes(kv.value), kv.mod_revision)
+
+    def current_revision(self) -> int:
+        """The store's revision now (use as ``after_revision`` for waits)."""
+        self._check()
+        resp = self._retrying_read(_translate(
+            lambda: self._client.get_response(self._k(""), count_only=True)))
+        return resp.header.revision
+
+    def put_if_absent(self, key: str, value: bytes, lease: Lease | None = None) -> int:
+        self._check()
+        k = self._k(key)
+        ok, responses = self._txn([self._tx.version(k) == 0],
+                                  [self._tx.put(k, bytes(value), lease=_lease_id(lease))])
+        if not ok:
+            raise errors.MetadataVersion("key exists", key=key)
+        return responses[0].response_put.header.revision
+
+    def compare_and_swap(self, key: str, value: bytes, expected_version: int,
+                         lease: Lease | None = None) -> int:
+        self._check()
+        k = self._k(key)
+        ok, responses = self._txn(
+            [self._tx.version(k) > 0, self._tx.mod(k) == int(expected_version)],
+            [self._tx.put(k, bytes(value), lease=_lease_id(lease))])
+        if not ok:
+            raise errors.MetadataVersion("version conflict", key=key, expected=expected_version)
+        return responses[0].response_put.header.revision
+
+    def put(self, key: str, value: bytes, lease: Lease | None = None) -> int:
+        self._check()
+        resp = _translate(self._client.put)(self._k(key), bytes(value), lease=_lease_id(lease))
+        return resp.header.revision
+
+    def delete(self, key: str, expected_version: int | None = None) -> bool:
+        self._check()
+        k = self._k(key)
+        if expected_version is None:
+            resp = _translate(self._client.delete)(k, return_response=True)
+            return resp.deleted >= 1
+        ok, responses = self._txn(
+            [self._tx.version(k) > 0, self._tx.mod(k) == int(expected_version)],
+            [self._tx.delete(k)])
+        if not ok:
+            raise errors.MetadataVersion("version conflict on delete", key=key,
+                                         expected=expected_version)
+        return responses[0].response_delete_range.deleted >= 1
+
+    def list_prefix(self, prefix: str) -> list[tuple[str, Versioned]]:
+        self._check()
+        full = self._k(prefix)
+        resp = self._retrying_read(_translate(
+            lambda: self._client.get_prefix_response(full, sort_order="ascend",
+                                                     sort_target="key")))
+        n = len(self._prefix.encode())
+        return [(bytes(kv.key)[n:].decode(), Versioned(bytes(kv.value), kv.mod_revision))
+                for kv in resp.kvs]
+
+    def grant_lease(self, ttl_seconds: int, *, keepalive: bool = True,
+                    on_lost: Callable[[EtcdLease], None] | None = None) -> EtcdLease:
+        """A lease refreshed by its own daemon thread (unless keepalive=False)."""
+        self._check()
+        if ttl_seconds < 1:
+            raise errors.IncorrectParameter("lease ttl must be >= 1 s", ttl=ttl_seconds)
+        raw = _translate(self._client.lease)(int(ttl_seconds))
+        lease = EtcdLease(self, raw.id, int(raw.ttl), keepalive, on_lost)
+        with self._leases_lock:
+            self._leases.append(lease)
+        return lease
+
+    def _forget_lease(self, lease: EtcdLease) -> None:
+        with self._leases_lock:
+            if lease in self._leases:
+                self._leases.remove(lease)
+
+    @_translate
+    def _refresh_lease(self, lease_id: int) -> int:
+        responses = list(self._client.refresh_lease(lease_id))
+        return responses[-1].TTL if responses else 0
+
+    @_translate
+    def _revoke_lease(self, lease_id: int) -> None:
+        self._client.revoke_lease(lease_id)
+
+    def wait_for_change(self, prefix: str, after_revision: int, timeout: float) -> bool:
+        self._check()
+        full = self._k(prefix)
+        if timeout <= 0:
+            return False
+        try:
+            resp = _translate(self._client.watch_prefix_once_response)(
+                full, timeout=timeout, start_revision=int(after_revision) + 1)
+        except errors.MetadataUnavailable as exc:
+            if isinstance(exc.__cause__, etcd_exc.WatchTimedOut):
+                return False
+            raise
+        except errors.MetadataError as exc:
+            if isinstance(exc.__cause__, etcd_exc.RevisionCompactedError):
+                return True        # history gone: something may have changed
+            raise
+        if isinstance(resp, etcd_exc.RevisionCompactedError):
+            return True
+        if isinstance(resp, BaseException):
+            raise errors.MetadataUnavailable(f"etcd watch failed: {resp}") from resp
+        return True
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with self._leases_lock:
+            leases, self._leases = self._leases, []
+        for lease in leases:
+            lease.stop_keepalive()
+        try:
+            self._client.close()
+        except Exception:
+            pass
+
+
+def _lease_id(lease: Lease | None) -> int:
+    return 0 if lease is None else int(lease.id)

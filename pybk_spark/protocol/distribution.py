@@ -1,0 +1,86 @@
+"""Round-robin distribution: write sets, ack quorums and quorum coverage.
+
+Theory of operation
+-------------------
+A ledger fragment has an ensemble of E bookies (slots 0..E-1).  Entry ``e`` is
+written to its *write set*: the Qw slots starting at ``e % E`` (wrapping).
+There are therefore exactly E distinct write quorums, one per start slot.
+
+* Ack quorum: an entry is durable once Qa slots of its write set acked it.
+* Coverage (BookKeeper's RRQuorumCoverageSet): a set of slots that *answered*
+  covers the ensemble when every one of the E write quorums holds at least
+  (Qw - Qa) + 1 answering slots.  Then no write quorum has Qa slots left that
+  did not answer, so an old writer can no longer reach Qa anywhere (fencing),
+  and the highest LAC among the answers bounds every acknowledged entry.
+  "Answered" includes NoSuchLedger / NoSuchEntry; errors and silence do not.
+* Missing entry: entry ``e`` is absent iff (Qw - Qa) + 1 slots of ITS write
+  set answered NoSuchEntry (then at most Qa - 1 could hold it: it was never
+  acknowledged).
+
+Pure arithmetic: no I/O, no clock, no threads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+
+def write_set(entry_id: int, ensemble_size: int, write_quorum: int) -> tuple[int, ...]:
+    """Slots holding ``entry_id``: Qw slots starting at entry_id % E."""
+    start = entry_id % ensemble_size
+    return tuple((start + i) % ensemble_size for i in range(write_quorum))
+
+
+def write_quorums(ensemble_size: int, write_quorum: int) -> list[tuple[int, ...]]:
+    """The E distinct write quorums of an ensemble (one per start slot)."""
+    return [write_set(s, ensemble_size, write_quorum) for s in range(ensemble_size)]
+
+
+def coverage_threshold(write_quorum: int, ack_quorum: int) -> int:
+    return write_quorum - ack_quorum + 1
+
+
+def is_covered(ensemble_size: int, write_quorum: int, ack_quorum: int,
+               answered: Iterable[int]) -> bool:
+    """True iff every write quorum holds >= (Qw-Qa)+1 answering slots."""
+    got = set(answered)
+    need = coverage_threshold(write_quorum, ack_quorum)
+    return all(sum(1 for s in q if s in got) >= need
+               for q in write_quorums(ensemble_size, write_quorum))
+
+
+def can_still_cover(ensemble_size: int, write_quorum: int, ack_quorum: int,
+                    answered: Iterable[int], failed: Iterable[int]) -> bool:
+    """False once so many slots failed that coverage is impossible."""
+    bad = set(failed) - set(answered)
+    return is_covered(ensemble_size, write_quorum, ack_quorum,
+                      [s for s in range(ensemble_size) if s not in bad])
+
+
+def entry_missing(entry_id: int, ensemble_size: int, write_quorum: int, ack_quorum: int,
+                  no_entry_slots: Iterable[int]) -> bool:
+    """True iff (Qw-Qa)+1 slots of the entry's write set answered NoSuchEntry."""
+    ws = set(write_set(entry_id, ensemble_size, write_quorum))
+    return len(ws & set(no_entry_slots)) >= coverage_threshold(write_quorum, ack_quorum)
+
+
+@dataclass
+class AckSet:
+    """Acks for one entry: complete once ``ack_quorum`` distinct slots of the
+    write set acked.  Slots outside the write set are ignored."""
+
+    write_set: tuple[int, ...]
+    ack_quorum: int
+    acked: set = field(default_factory=set)
+
+    def ack(self, slot: int) -> bool:
+        if slot in self.write_set:
+            self.acked.add(slot)
+        return self.complete
+
+    def forget(self, slot: int) -> None:
+        self.acked.discard(slot)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.acked) >= self.ack_quorum

@@ -1,0 +1,107 @@
+"""Recovery decisions (BookKeeper LedgerRecoveryOp / ReadLastConfirmedOp), no I/O.
+
+Theory of operation
+-------------------
+Recovery of an IN_RECOVERY ledger runs in two phases over the LAST fragment:
+
+1. Fence + LAC.  A fenced ReadLac is sent to every bookie of the last
+   fragment.  ``FenceLacPhase`` collects answers; it is done as soon as the
+   answering slots *cover* the ensemble ((Qw-Qa)+1 per write quorum), never
+   waiting for a hanging bookie (#1067).  The LAC is the max over bookies
+   that answered the FENCED read (#2614); NoSuchLedger answers count for
+   coverage with LAC -1.  If coverage becomes impossible the phase fails.
+2. Read forward.  ``recovery_start`` = max(max LAC, first entry of the last
+   fragment - 1) (#2615): every id <= start is known acknowledged.  For each
+   id > start, ``EntryProbe`` classifies the answers of its write set: any
+   positive answer => EXISTS (it must be re-written to its whole write set
+   with recovery adds); (Qw-Qa)+1 NoSuchEntry => MISSING (end of ledger: the
+   ledger closes at the previous id); otherwise UNDECIDED (ask more bookies /
+   retry; if all answered and still undecided the recovery cannot finish).
+
+Pure: no I/O, no clock, no threads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pybk_spark.protocol.distribution import coverage_threshold, is_covered, write_set
+
+OK = "ok"
+NO_LEDGER = "no_ledger"
+NO_ENTRY = "no_entry"
+ERROR = "error"
+
+EXISTS = "exists"
+MISSING = "missing"
+UNDECIDED = "undecided"
+UNRECOVERABLE = "unrecoverable"
+
+
+@dataclass
+class FenceLacPhase:
+    ensemble_size: int
+    write_quorum: int
+    ack_quorum: int
+    answered: set = field(default_factory=set)
+    failed: set = field(default_factory=set)
+    max_lac: int = -1
+
+    def on_answer(self, slot: int, kind: str, lac: int = -1) -> None:
+        """kind: OK (fenced read answered with ``lac``), NO_LEDGER, or ERROR."""
+        if kind == OK:
+            self.answered.add(slot)
+            self.max_lac = max(self.max_lac, lac)
+        elif kind == NO_LEDGER:
+            self.answered.add(slot)
+        else:
+            self.failed.add(slot)
+
+    @property
+    def covered(self) -> bool:
+        return is_covered(self.ensemble_size, self.write_quorum, self.ack_quorum, self.answered)
+
+    @property
+    def impossible(self) -> bool:
+        alive = [s for s in range(self.ensemble_size) if s not in self.failed or s in self.answered]
+        return not is_covered(self.ensemble_size, self.write_quorum, self.ack_quorum, alive)
+
+
+def recovery_start(max_lac: int, last_fragment_first: int) -> int:
+    """Highest id known acknowledged; read forward from the id after it (#2615)."""
+    return max(max_lac, last_fragment_first - 1)
+
+
+@dataclass
+class EntryProbe:
+    entry_id: int
+    ensemble_size: int
+    write_quorum: int
+    ack_quorum: int
+    found: set = field(default_factory=set)
+    no_entry: set = field(default_factory=set)
+    failed: set = field(default_factory=set)
+
+    @property
+    def slots(self) -> tuple[int, ...]:
+        return write_set(self.entry_id, self.ensemble_size, self.write_quorum)
+
+    def on_answer(self, slot: int, kind: str) -> str:
+        if slot in self.slots:
+            {OK: self.found, NO_ENTRY: self.no_entry, NO_LEDGER: self.no_entry}.get(
+                kind, self.failed).add(slot)
+        return self.status
+
+    @property
+    def status(self) -> str:
+        if self.found:
+            return EXISTS
+        if len(self.no_entry) >= coverage_threshold(self.write_quorum, self.ack_quorum):
+            return MISSING
+        if len(self.no_entry) + len(self.failed) >= len(self.slots):
+            return UNRECOVERABLE
+        return UNDECIDED
+
+
+def closing_entry(first_missing: int) -> int:
+    """The ledger closes at the entry before the first missing one."""
+    return first_missing - 1

@@ -1,0 +1,224 @@
+"""Reading a ledger: ``ReadHandle`` (range reads, LAC, long-poll tail).
+
+Theory of operation
+-------------------
+A range [first, last] is read fragment by fragment.  For the next wanted id
+``e`` the replicas are the write set of ``e`` in its fragment's ensemble; one
+replica is asked for the run [e, min(last, fragment end, e + batch - 1)]
+(bookies answer the contiguous run they hold).  If it has not answered after
+the speculative delay, the next replica is asked as well; the first usable
+answer wins.  A replica is skipped when it errors, lacks ``e``, or returns a
+row whose digest does not verify (rows after the first corrupt one are
+dropped); BadDigest only if every replica was corrupt, NoSuchEntry if every
+replica lacks the entry.  Batches are verified and projected with Arrow.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+from typing import Iterator
+
+import pyarrow as pa
+
+from pybk_spark import errors
+from pybk_spark.digest import Digester
+from pybk_spark.protocol import ledger_metadata as lm
+from pybk_spark.protocol.distribution import is_covered, write_set
+from pybk_spark.wire.entries import Entry, to_entries
+
+OUT_COLUMNS = ["ledger_id", "entry_id", "payload"]
+
+
+class ReadHandle:
+    def __init__(self, bk, md: lm.LedgerMetadata, password: bytes, lac: int):
+        self.bk = bk
+        self.metadata = md
+        self.ledger_id = md.ledger_id
+        self._password = password
+        self._master_key = lm.master_key(password)
+        self._digester = Digester(md.digest_type, password)
+        self._lac = lac
+        self._rr = 0
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._lac
+
+    @property
+    def is_closed(self) -> bool:
+        return self.metadata.is_closed
+
+    def _refresh_metadata(self) -> None:
+        md = self.bk.get_ledger_metadata(self.ledger_id)
+        self.metadata = md
+        if md.is_closed:
+            self._lac = md.last_entry_id
+
+    # -- LAC ---------------------------------------------------------------------------
+    def read_last_add_confirmed(self) -> int:
+        """Max LAC over the last fragment once the answers cover it (non-fencing)."""
+        self._refresh_metadata()
+        if self.metadata.is_closed:
+            return self._lac
+        lac = query_lac(self.bk, self.metadata, self._master_key, fence=False)
+        self._lac = max(self._lac, lac)
+        return self._lac
+
+    def wait_for_lac(self, above: int, timeout: float) -> int:
+        """Long poll: return as soon as the LAC exceeds ``above`` or at timeout."""
+        if self._lac > above:
+            return self._lac
+        deadline = self.bk.clock() + timeout
+        while True:
+            self._refresh_metadata()
+            if self.metadata.is_closed or self._lac > above:
+                return self._lac
+            remaining = deadline - self.bk.clock()
+            if remaining <= 0:
+                return self._lac
+            wait_ms = int(min(remaining, 10.0) * 1000)
+            futs = [self.bk.transports.get(b).read_lac(
+                self.ledger_id, master_key=self._master_key, wait_for_lac_above=above,
+                wait_ms=wait_ms) for b in self.metadata.current_ensemble]
+            for f in cf.as_completed(futs, timeout=None):
+                try:
+                    res = f.result()
+                except errors.BKError:
+                    continue
+                self._lac = max(self._lac, res.lac)
+                if self._lac > above:
+                    return self._lac
+            if not futs:
+                return self._lac
+
+    # -- reads ---------------------------------------------------------------------------
+    def read(self, first: int, last: int) -> list[Entry]:
+        out: list[Entry] = []
+        for batch in self._raw_batches(first, last, self.bk.conf.read_batch_entries):
+            out.extend(to_entries(batch))
+        return out
+
+    def read_batches(self, first: int, last: int, max_entries: int | None = None
+                     ) -> Iterator[pa.RecordBatch]:
+        """Arrow batches (ledger_id, entry_id, payload) covering [first, last]."""
+        for batch in self._raw_batches(first, last, max_entries or self.bk.conf.read_batch_entries):
+            yield batch.select(OUT_COLUMNS)
+
+    def _check_range(self, first: int, last: int) -> None:
+        if first < 0 or last < first:
+            raise errors.IncorrectParameter(f"bad entry range [{first}, {last}]")
+        if last > self._lac:
+            self._refresh_metadata()
+            if last > self._lac:
+                raise errors.NoSuchEntry("entry beyond the last add confirmed",
+                                         ledger_id=self.ledger_id, entry_id=last, lac=self._lac)
+
+    def _raw_batches(self, first: int, last: int, max_entries: int) -> Iterator[pa.RecordBatch]:
+        self._check_range(first, last)
+        nxt = first
+        while nxt <= last:
+            batch = self._read_run(nxt, min(last, nxt + max_entries - 1))
+            nxt += batch.num_rows
+            yield batch
+
+    def _fragment_end(self, entry_id: int) -> int:
+        for first, _b in reversed(self.metadata.ensembles):
+            if first > entry_id:
+                continue
+            break
+        later = [f for f, _ in self.metadata.ensembles if f > entry_id]
+        return (min(later) - 1) if later else 1 << 62
+
+    def _read_run(self, e: int, last: int) -> pa.RecordBatch:
+        md = self.metadata
+        ensemble = md.ensemble_for(e)
+        last = min(last, self._fragment_end(e))
+        slots = list(write_set(e, len(ensemble), md.write_quorum))
+        self._rr += 1
+        k = self._rr % len(slots)
+        slots = slots[k:] + slots[:k]
+        conf = self.bk.conf
+        spec = conf.speculative_read_timeout_ms / 1000.0 if conf.speculative_read_timeout_ms else None
+        pending: dict[cf.Future, str] = {}
+        tried = 0
+        corrupt = no_entry = 0
+        last_exc: BaseException | None = None
+
+        def launch() -> None:
+            nonlocal tried
+            b = ensemble[slots[tried]]
+            tried += 1
+            f = self.bk.transports.get(b).read(
+                self.ledger_id, e, last, max_entries=last - e + 1, max_bytes=conf.read_batch_bytes,
+                master_key=self._master_key, timeout=conf.read_timeout_s)
+            pending[f] = b
+
+        launch()
+        while pending:
+            done, _ = cf.wait(list(pending), timeout=spec if tried < len(slots) else None,
+                              return_when=cf.FIRST_COMPLETED)
+            if not done:
+                launch()  # speculative read to the next replica
+                continue
+            for f in done:
+                bookie = pending.pop(f)
+                exc = f.exception()
+                if exc is None:
+                    batch = f.result().batch
+                    good = self._verified_prefix(batch, e)
+                    if good is not None:
+                        return good
+                    corrupt += 1
+                else:
+                    last_exc = exc
+                    if isinstance(exc, (errors.NoSuchEntry, errors.NoSuchLedger)):
+                        no_entry += 1
+                    elif isinstance(exc, errors.BookieUnavailable):
+                        self.bk.transports.invalidate(bookie)
+                    if isinstance(exc, errors.Unauthorized):
+                        raise exc
+            if not pending and tried < len(slots):
+                launch()
+        if corrupt and corrupt + no_entry == len(slots) and no_entry == 0:
+            raise errors.BadDigest("every replica is corrupt", ledger_id=self.ledger_id, entry_id=e)
+        if no_entry == len(slots):
+            raise errors.NoSuchEntry(ledger_id=self.ledger_id, entry_id=e)
+        if corrupt:
+            raise errors.BadDigest("no intact replica", ledger_id=self.ledger_id, entry_id=e)
+        raise errors.ReadError(f"read failed on every replica: {last_exc}",
+                               ledger_id=self.ledger_id, entry_id=e)
+
+    def _verified_prefix(self, batch: pa.RecordBatch, e: int) -> pa.RecordBatch | None:
+        if batch.num_rows == 0 or batch.column("entry_id")[0].as_py() != e:
+            return None
+        ok = self._digester.verify_batch(batch)
+        if ok.all():
+            return batch
+        bad = int((~ok).argmax())
+        return batch.slice(0, bad) if bad > 0 else None
+
+
+def query_lac(bk, md: lm.LedgerMetadata, key: bytes, *, fence: bool) -> int:
+    """Max LAC of the last fragment's bookies, returning once they cover it."""
+    ensemble = md.current_ensemble
+    futs = {bk.transports.get(b).read_lac(md.ledger_id, fence=fence, master_key=key,
+                                           timeout=bk.conf.read_timeout_s): i
+            for i, b in enumerate(ensemble)}
+    answered: set[int] = set()
+    lac = md.last_fragment_first_entry - 1
+    for f in cf.as_completed(futs):
+        slot = futs[f]
+        try:
+            lac = max(lac, f.result().lac)
+            answered.add(slot)
+        except (errors.NoSuchLedger, errors.NoSuchEntry):
+            answered.add(slot)
+        except errors.Unauthorized:
+            raise
+        except errors.BKError:
+            continue
+        if is_covered(len(ensemble), md.write_quorum, md.ack_quorum, answered):
+            return lac
+    if not is_covered(len(ensemble), md.write_quorum, md.ack_quorum, answered):
+        raise errors.ReadError("could not read the LAC from enough bookies",
+                               ledger_id=md.ledger_id)
+    return lac

@@ -1,0 +1,170 @@
+"""Fencing open: recover an OPEN/IN_RECOVERY ledger and close it.
+
+Theory of operation (pure decisions in ``protocol.recovery``)
+----------------------------------------------------------------
+1. CAS the metadata to IN_RECOVERY (``to_in_recovery``; a writer's later
+   ensemble change or close then fails).
+2. Fenced ReadLac to every bookie of the last fragment; stop waiting as soon
+   as the answers cover the ensemble (#1067); LAC only from fenced answers
+   (#2614).
+3. start = max(LAC, last fragment first - 1) (#2615).  Probe ids > start:
+   each bookie of the id's write set is asked for the run from that id (the
+   rows returned also settle later ids).  EXISTS -> keep the row; MISSING ->
+   stop; UNRECOVERABLE -> LedgerRecoveryError (retry later).
+4. Re-write every found entry to its whole write set with recovery adds
+   through ``LedgerWriter(recovery=True)`` (ensemble changes allowed while
+   IN_RECOVERY), and wait for Qa acks of each.
+5. CAS CLOSED at the last found id (``close_by_recovery``: if another
+   recoverer closed first, its value stands: all converge).
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+from concurrent.futures import Future
+
+import pyarrow as pa
+
+from pybk_spark import errors
+from pybk_spark.digest import Digester
+from pybk_spark.ledger_writer import LedgerWriter, Waiter
+from pybk_spark.metadata.store import ledger_key
+from pybk_spark.protocol import ledger_metadata as lm
+from pybk_spark.protocol import recovery as rc
+from pybk_spark.read_handle import ReadHandle
+
+
+def recover(bk, md: lm.LedgerMetadata, password: bytes) -> ReadHandle:
+    store = bk.metadata_store
+    key = lm.master_key(password)
+    if md.is_closed:
+        return ReadHandle(bk, md, password, md.last_entry_id)
+    raw, _ = store.update(ledger_key(md.ledger_id),
+                          lambda r: lm.to_in_recovery(lm.LedgerMetadata.from_json(r)).to_json())
+    md = lm.LedgerMetadata.from_json(raw)
+    if md.is_closed:
+        return ReadHandle(bk, md, password, md.last_entry_id)
+
+    max_lac = fence_and_read_lac(bk, md, key)
+    start = rc.recovery_start(max_lac, md.last_fragment_first_entry)
+    rows = read_forward(bk, md, key, Digester(md.digest_type, password), start)
+    last = start
+    if rows is not None and rows.num_rows:
+        last = start + rows.num_rows
+        rewrite(bk, md, key, start, rows)
+    raw, _ = store.update(ledger_key(md.ledger_id),
+                          lambda r: lm.close_by_recovery(lm.LedgerMetadata.from_json(r), last, 0).to_json())
+    md = lm.LedgerMetadata.from_json(raw)
+    return ReadHandle(bk, md, password, md.last_entry_id)
+
+
+def fence_and_read_lac(bk, md: lm.LedgerMetadata, key: bytes) -> int:
+    ensemble = md.current_ensemble
+    phase = rc.FenceLacPhase(len(ensemble), md.write_quorum, md.ack_quorum)
+    futs = {bk.transports.get(b).read_lac(md.ledger_id, fence=True, master_key=key,
+                                           timeout=bk.conf.read_timeout_s): i
+            for i, b in enumerate(ensemble)}
+    for f in cf.as_completed(futs):
+        slot = futs[f]
+        exc = f.exception()
+        if exc is None:
+            phase.on_answer(slot, rc.OK, f.result().lac)
+        elif isinstance(exc, errors.NoSuchLedger):
+            phase.on_answer(slot, rc.NO_LEDGER)
+        elif isinstance(exc, errors.Unauthorized):
+            raise exc
+        else:
+            phase.on_answer(slot, rc.ERROR)
+        if phase.covered:
+            return phase.max_lac
+        if phase.impossible:
+            break
+    raise errors.LedgerRecoveryError("could not fence enough bookies",
+                                     ledger_id=md.ledger_id, answered=len(phase.answered))
+
+
+def read_forward(bk, md: lm.LedgerMetadata, key: bytes, digester: Digester,
+                 start: int) -> pa.RecordBatch | None:
+    """Rows of every existing entry after ``start`` up to the first missing."""
+    ensemble = md.current_ensemble
+    E, Qw, Qa = len(ensemble), md.write_quorum, md.ack_quorum
+    batch_n = max(1, bk.conf.read_batch_entries)
+    found: dict[int, pa.RecordBatch] = {}   # first id -> verified run
+    known_upto = start
+    pieces: list[pa.RecordBatch] = []
+    e = start + 1
+    while True:
+        if e <= known_upto:
+            e += 1
+            continue
+        probe = rc.EntryProbe(e, E, Qw, Qa)
+        futs = {bk.transports.get(ensemble[s]).read(
+            md.ledger_id, e, e + batch_n - 1, max_entries=batch_n, master_key=key,
+            timeout=bk.conf.read_timeout_s): s for s in probe.slots}
+        best: pa.RecordBatch | None = None
+        seen: set = set()
+        for f in _completed_preferring_done(futs):
+            if f in seen:
+                continue
+            seen.add(f)
+            slot = futs[f]
+            exc = f.exception()
+            if exc is None:
+                batch = f.result().batch
+                ok = digester.verify_batch(batch)
+                good = batch if ok.all() else batch.slice(0, int((~ok).argmax()))
+                if good.num_rows and good.column("entry_id")[0].as_py() == e:
+                    probe.on_answer(slot, rc.OK)
+                    if best is None or good.num_rows > best.num_rows:
+                        best = good
+                else:
+                    probe.on_answer(slot, rc.ERROR)
+            elif isinstance(exc, errors.NoSuchEntry):
+                probe.on_answer(slot, rc.NO_ENTRY)
+            elif isinstance(exc, errors.NoSuchLedger):
+                probe.on_answer(slot, rc.NO_LEDGER)
+            else:
+                probe.on_answer(slot, rc.ERROR)
+            if probe.status == rc.MISSING:
+                # a positive answer that already arrived wins (it must be re-replicated)
+                if not any(g.done() and g.exception() is None and g not in seen for g in futs):
+                    break
+            if probe.status == rc.EXISTS and best is not None and best.num_rows >= batch_n:
+                break
+            if probe.status == rc.UNRECOVERABLE:
+                raise errors.LedgerRecoveryError("cannot decide whether an entry exists",
+                                                 ledger_id=md.ledger_id, entry_id=e)
+        status = probe.status
+        if status == rc.MISSING:
+            break
+        if status != rc.EXISTS:
+            raise errors.LedgerRecoveryError("cannot decide whether an entry exists",
+                                             ledger_id=md.ledger_id, entry_id=e)
+        pieces.append(best)
+        known_upto = e + best.num_rows - 1
+        e = known_upto + 1
+    if not pieces:
+        return None
+    return pa.Table.from_batches(pieces).combine_chunks().to_batches()[0]
+
+
+def rewrite(bk, md: lm.LedgerMetadata, key: bytes, start: int, rows: pa.RecordBatch) -> None:
+    """Recovery adds of ``rows`` (ids start+1..) to their whole write sets."""
+    writer = LedgerWriter(bk, md, key, recovery=True, last_released=start)
+    first, _lac = writer.assign(rows.num_rows)
+    assert first == start + 1
+    fut: Future = Future()
+    writer.submit(rows, Waiter(start + rows.num_rows, fut, lambda: None))
+    try:
+        fut.result()
+    except errors.BKError as exc:
+        raise errors.LedgerRecoveryError(f"recovery adds failed: {exc}",
+                                         ledger_id=md.ledger_id) from exc
+
+
+def _completed_preferring_done(futs):
+    """Already-finished futures first (deterministic order), then as they finish."""
+    done = [f for f in futs if f.done()]
+    yield from done
+    rest = [f for f in futs if f not in done]
+    if rest:
+        yield from cf.as_completed(rest)

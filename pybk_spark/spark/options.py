@@ -1,0 +1,214 @@
+"""Options of the ``bookkeeper`` Spark data source, parsed and validated.
+
+Theory of operation
+-------------------
+Spark hands a data source a case-insensitive ``str -> str`` map.  This module
+turns it into a frozen :class:`ReadOptions` value, or raises
+``errors.IncorrectParameter`` naming the option and what was expected, before
+any I/O happens (rule 4: bad input gets a clear typed error).
+
+Offsets follow Spark's Kafka connector:
+  * ``startingOffsets`` is inclusive, ``endingOffsets`` is exclusive;
+  * ``earliest`` / ``latest`` apply to every ledger;
+  * JSON ``{"<ledgerId>": entryId, ...}`` sets single ledgers; ledgers not
+    named keep the default (earliest for start, latest for end);
+    in JSON, ``-2`` means earliest and ``-1`` means latest.
+"Latest" is the end of what may be read: last entry + 1 for a CLOSED ledger,
+LAC + 1 for a ledger that is still OPEN (recovery=false).
+
+Pure: no I/O, no clock.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Mapping, Optional
+
+from pybk_spark import errors
+
+EARLIEST = -2
+LATEST = -1
+
+DEFAULT_MAX_ENTRIES_PER_PARTITION = 100_000
+DEFAULT_READ_BATCH_ENTRIES = 1000
+
+KNOWN_READ_OPTIONS = (
+    "metadataServiceUri", "ledgers", "log", "startingOffsets", "endingOffsets",
+    "recovery", "maxEntriesPerPartition", "readBatchEntries", "password", "path",
+)
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    metadata_uri: str
+    ledgers: tuple[int, ...] = ()
+    log: Optional[str] = None
+    starting: Mapping[int, int] = field(default_factory=dict)   # ledger -> first entry / EARLIEST / LATEST
+    starting_default: int = EARLIEST
+    ending: Mapping[int, int] = field(default_factory=dict)     # ledger -> end (exclusive) / LATEST
+    ending_default: int = LATEST
+    recovery: bool = False
+    max_entries_per_partition: int = DEFAULT_MAX_ENTRIES_PER_PARTITION
+    read_batch_entries: int = DEFAULT_READ_BATCH_ENTRIES
+    password: bytes = b""
+
+    def start_for(self, ledger_id: int) -> int:
+        return self.starting.get(ledger_id, self.starting_default)
+
+    def end_for(self, ledger_id: int) -> int:
+        return self.ending.get(ledger_id, self.ending_default)
+
+
+def _get(options: Mapping[str, str], name: str) -> Optional[str]:
+    """Case-insensitive lookup (Spark passes a CaseInsensitiveDict; plain dicts
+    from tests and jobs are accepted too)."""
+    if name in options:
+        return options[name]
+    lowered = name.lower()
+    for key, value in options.items():
+        if key.lower() == lowered:
+            return value
+    return None
+
+
+def parse_bool(name: str, text: Optional[str], default: bool) -> bool:
+    if text is None:
+        return default
+    value = str(text).strip().lower()
+    if value in ("true", "1", "yes"):
+        return True
+    if value in ("false", "0", "no"):
+        return False
+    raise errors.IncorrectParameter(f"option {name!r} must be true or false, got {text!r}")
+
+
+def parse_positive_int(name: str, text: Optional[str], default: int) -> int:
+    if text is None:
+        return default
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        raise errors.IncorrectParameter(
+            f"option {name!r} must be a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise errors.IncorrectParameter(f"option {name!r} must be a positive integer, got {text!r}")
+    return value
+
+
+def parse_ledgers(text: str) -> tuple[int, ...]:
+    ids = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            ledger_id = int(part)
+        except ValueError:
+            raise errors.IncorrectParameter(
+                f"option 'ledgers' must be 'ID[,ID...]' of integers, got {text!r}") from None
+        if ledger_id < 0:
+            raise errors.IncorrectParameter(f"option 'ledgers' has a negative ledger id: {ledger_id}")
+        if ledger_id not in ids:
+            ids.append(ledger_id)
+    if not ids:
+        raise errors.IncorrectParameter("option 'ledgers' names no ledger")
+    return tuple(ids)
+
+
+def parse_offsets(name: str, text: Optional[str], *, default: int,
+                  allow_earliest: bool, allow_latest: bool) -> tuple[int, dict[int, int]]:
+    """-> (default for unnamed ledgers, {ledger_id: offset})."""
+    if text is None:
+        return default, {}
+    stripped = str(text).strip()
+    word = stripped.lower()
+    if word in ("earliest", "latest"):
+        value = EARLIEST if word == "earliest" else LATEST
+        _check_special(name, value, allow_earliest, allow_latest)
+        return value, {}
+    try:
+        parsed = json.loads(stripped)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise errors.IncorrectParameter(
+            f"option {name!r} must be 'earliest', 'latest' or JSON "
+            f"{{\"<ledgerId>\": entryId, ...}}, got {text!r}")
+    out: dict[int, int] = {}
+    for key, value in parsed.items():
+        try:
+            ledger_id = int(key)
+        except ValueError:
+            raise errors.IncorrectParameter(
+                f"option {name!r}: key {key!r} is not a ledger id") from None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise errors.IncorrectParameter(
+                f"option {name!r}: offset for ledger {ledger_id} must be an integer, got {value!r}")
+        if value < 0:
+            if value not in (EARLIEST, LATEST):
+                raise errors.IncorrectParameter(
+                    f"option {name!r}: offset {value} for ledger {ledger_id} is invalid "
+                    "(use an entry id >= 0, -2 for earliest or -1 for latest)")
+            _check_special(name, value, allow_earliest, allow_latest)
+        out[ledger_id] = value
+    return default, out
+
+
+def _check_special(name: str, value: int, allow_earliest: bool, allow_latest: bool) -> None:
+    if value == EARLIEST and not allow_earliest:
+        raise errors.IncorrectParameter(f"option {name!r} cannot be 'earliest'")
+    if value == LATEST and not allow_latest:
+        raise errors.IncorrectParameter(f"option {name!r} cannot be 'latest'")
+
+
+def parse_read_options(options: Mapping[str, str]) -> ReadOptions:
+    uri = _get(options, "metadataServiceUri")
+    if uri is None or not str(uri).strip():
+        raise errors.IncorrectParameter(
+            "option 'metadataServiceUri' is required, e.g. "
+            ".option('metadataServiceUri', 'etcd://127.0.0.1:2379/pybk')")
+    uri = str(uri).strip()
+    if not uri.startswith("etcd://"):
+        raise errors.IncorrectParameter(
+            f"option 'metadataServiceUri' must look like etcd://HOST:PORT/SCOPE, got {uri!r}")
+
+    ledgers_text = _get(options, "ledgers")
+    log = _get(options, "log")
+    if ledgers_text is None and log is None and _get(options, "path"):
+        ledgers_text = _get(options, "path")      # .load("12,13") is a shorthand for ledgers
+    if ledgers_text is not None and log is not None:
+        raise errors.IncorrectParameter("options 'ledgers' and 'log' are mutually exclusive")
+    if ledgers_text is None and log is None:
+        raise errors.IncorrectParameter("one of the options 'ledgers' or 'log' is required")
+    ledgers = parse_ledgers(ledgers_text) if ledgers_text is not None else ()
+    if log is not None and not str(log).strip():
+        raise errors.IncorrectParameter("option 'log' must name a log")
+
+    start_default, starting = parse_offsets(
+        "startingOffsets", _get(options, "startingOffsets"), default=EARLIEST,
+        allow_earliest=True, allow_latest=True)
+    end_default, ending = parse_offsets(
+        "endingOffsets", _get(options, "endingOffsets"), default=LATEST,
+        allow_earliest=False, allow_latest=True)
+    if ledgers:
+        for name, named in (("startingOffsets", starting), ("endingOffsets", ending)):
+            unknown = sorted(set(named) - set(ledgers))
+            if unknown:
+                raise errors.IncorrectParameter(
+                    f"option {name!r} names ledgers not listed in 'ledgers': {unknown}")
+
+    password = _get(options, "password")
+    return ReadOptions(
+        metadata_uri=uri,
+        ledgers=ledgers,
+        log=str(log).strip() if log is not None else None,
+        starting=starting, starting_default=start_default,
+        ending=ending, ending_default=end_default,
+        recovery=parse_bool("recovery", _get(options, "recovery"), False),
+        max_entries_per_partition=parse_positive_int(
+            "maxEntriesPerPartition", _get(options, "maxEntriesPerPartition"),
+            DEFAULT_MAX_ENTRIES_PER_PARTITION),
+        read_batch_entries=parse_positive_int(
+            "readBatchEntries", _get(options, "readBatchEntries"), DEFAULT_READ_BATCH_ENTRIES),
+        password=password.encode() if password else b"",
+    )

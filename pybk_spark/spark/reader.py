@@ -1,0 +1,247 @@
+"""Batch reader of raw ledgers: plan on the driver, read slices on executors.
+
+Theory of operation
+-------------------
+``partitions()`` runs once, on the driver's Python worker.  It opens a client,
+and for every requested ledger fixes the readable prefix BEFORE planning:
+  * CLOSED ledger: up to its last entry;
+  * OPEN (or IN_RECOVERY) ledger, ``recovery=false``: up to the LAC read by a
+    non-fencing open (the writer is not disturbed); the metadata is re-read
+    after the LAC so that the fragments cover every entry up to it (an ensemble
+    change is durable in the metadata before any entry of it is acknowledged);
+  * OPEN ledger, ``recovery=true``: fencing open first (recovery closes the
+    ledger), then up to the recovered last entry.
+It then cuts the prefix into fragment slices (``planning.plan_slices``) and
+ships each slice as one picklable :class:`LedgerSlicePartition`.
+
+``read(partition)`` runs on an executor: a non-fencing open of the slice's
+ledger and ``read_batches(first, last)``; every batch is relabelled to the
+declared Arrow schema (no per-row Python).  A slice that yields fewer or other
+entries than planned raises ``ReadError``: a read never silently loses data.
+
+DataSource and reader objects are pickled between processes, so no client is
+held on them; each Python worker keeps one lazily opened client per
+metadata URI (workers are reused across tasks).
+"""
+from __future__ import annotations
+
+import atexit
+from typing import Iterator
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceReader, InputPartition
+from pyspark.sql.types import BinaryType, LongType, StructField, StructType
+
+from pybk_spark import errors
+from pybk_spark.spark.options import ReadOptions
+from pybk_spark.spark.planning import LedgerView, Slice, plan_slices
+from pybk_spark.spark.pushdown import Bounds, push
+
+RAW_SCHEMA = StructType([
+    StructField("ledger_id", LongType(), True),
+    StructField("entry_id", LongType(), True),
+    StructField("payload", BinaryType(), True),
+])
+RAW_SCHEMA_DDL = "ledger_id long, entry_id long, payload binary"
+RAW_ARROW_SCHEMA = pa.schema([
+    pa.field("ledger_id", pa.int64(), nullable=True),
+    pa.field("entry_id", pa.int64(), nullable=True),
+    pa.field("payload", pa.binary(), nullable=True),
+])
+
+CLOSED_STATE = "CLOSED"
+
+
+class LedgerSlicePartition(InputPartition):
+    """Entries [first, last] of one ledger, inside one fragment."""
+
+    def __init__(self, ledger_id: int, first: int, last: int, bookies: tuple[str, ...]):
+        super().__init__((ledger_id, first, last))
+        self.ledger_id, self.first, self.last, self.bookies = ledger_id, first, last, tuple(bookies)
+
+    @classmethod
+    def of(cls, s: Slice) -> "LedgerSlicePartition":
+        return cls(s.ledger_id, s.first, s.last, s.bookies)
+
+    def __repr__(self) -> str:
+        return (f"LedgerSlicePartition(ledger={self.ledger_id}, entries={self.first}..{self.last}, "
+                f"bookies={list(self.bookies)})")
+
+
+# -- per-process client cache (never pickled) ---------------------------------------------
+_CLIENTS: dict[str, object] = {}
+
+
+def _client(uri: str):
+    bk = _CLIENTS.get(uri)
+    if bk is None:
+        from pybk_spark.client import BookKeeper
+        bk = BookKeeper(uri)
+        _CLIENTS[uri] = bk
+    return bk
+
+
+def _drop_client(uri: str) -> None:
+    bk = _CLIENTS.pop(uri, None)
+    if bk is not None:
+        try:
+            bk.close()
+        except Exception:        # closing a broken client must not hide the real error
+            pass
+
+
+@atexit.register
+def _close_clients() -> None:
+    for uri in list(_CLIENTS):
+        _drop_client(uri)
+
+
+def _open(bk, ledger_id: int, *, recovery: bool, password: bytes):
+    if password:
+        return bk.open_ledger(ledger_id, recovery=recovery, password=password)
+    return bk.open_ledger(ledger_id, recovery=recovery)
+
+
+def _close_handle(handle) -> None:
+    close = getattr(handle, "close", None)
+    if close is not None:
+        close()
+
+
+# -- Arrow ------------------------------------------------------------------------------------
+def to_raw_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """Select and relabel the client's columns to exactly RAW_ARROW_SCHEMA
+    (int64, binary, nullable) - columnar casts only, no per-row work."""
+    arrays = []
+    for field in RAW_ARROW_SCHEMA:
+        column = batch.column(field.name)
+        if column.type != field.type:
+            column = column.cast(field.type)
+        arrays.append(column)
+    return pa.RecordBatch.from_arrays(arrays, schema=RAW_ARROW_SCHEMA)
+
+
+def check_schema(schema: StructType) -> None:
+    """A user-supplied schema must be the raw schema (names, types, order)."""
+    got = [(f.name, f.dataType) for f in schema.fields]
+    want = [(f.name, f.dataType) for f in RAW_SCHEMA.fields]
+    if got != want:
+        raise errors.IncorrectParameter(
+            f"the bookkeeper source reads ledgers with schema '{RAW_SCHEMA_DDL}', "
+            f"got {schema.simpleString()}")
+
+
+# -- driver side: planning ---------------------------------------------------------------------
+def ledger_view(bk, ledger_id: int, opts: ReadOptions) -> LedgerView:
+    """Fix the readable prefix of one ledger (see module docstring)."""
+    md = bk.get_ledger_metadata(ledger_id)
+    if md.state == CLOSED_STATE:
+        return LedgerView(ledger_id, tuple(md.fragments()), md.last_entry_id)
+    handle = _open(bk, ledger_id, recovery=opts.recovery, password=opts.password)
+    try:
+        readable_last = None if opts.recovery else handle.last_add_confirmed
+    finally:
+        _close_handle(handle)
+    md = bk.get_ledger_metadata(ledger_id)      # after the LAC / after recovery closed it
+    if opts.recovery:
+        if md.state != CLOSED_STATE:
+            raise errors.LedgerRecoveryError("ledger still not closed after recovery",
+                                             ledger_id=ledger_id, state=md.state)
+        readable_last = md.last_entry_id
+    elif md.state == CLOSED_STATE:
+        readable_last = md.last_entry_id        # closed meanwhile: still a prefix >= LAC
+    return LedgerView(ledger_id, tuple(md.fragments()), int(readable_last))
+
+
+def resolve_ledgers(bk, opts: ReadOptions) -> tuple[int, ...]:
+    """The ledgers to read: option 'ledgers', or the segments of option 'log'
+    (raw logs, whose entries are plain payloads) in log order."""
+    if opts.log is None:
+        return opts.ledgers
+    from pybk_spark.log import read_log
+    md, _ = read_log(bk.metadata_store, opts.log)
+    if md.schema is not None:
+        raise errors.IllegalOp(
+            "log holds DataFrame rows (it has a schema); reading them back as columns "
+            "is not implemented yet", log=opts.log)
+    ids = tuple(md.ledger_ids)
+    for name, named in (("startingOffsets", opts.starting), ("endingOffsets", opts.ending)):
+        unknown = sorted(set(named) - set(ids))
+        if unknown:
+            raise errors.IncorrectParameter(
+                f"option {name!r} names ledgers that are not segments of log {opts.log!r}: {unknown}")
+    return ids
+
+
+def plan(bk, opts: ReadOptions, ledger_ids, bounds: Bounds = Bounds()) -> list[Slice]:
+    """Slices to read; ``bounds`` (pushed filters) drop ledgers before any I/O
+    on them (no LAC read, no recovery) and narrow the entry range."""
+    ledger_ids = [lid for lid in ledger_ids if bounds.allows_ledger(lid)]
+    if bounds.entry_hi is not None and bounds.entry_hi < bounds.entry_lo:
+        return []
+    views = [ledger_view(bk, lid, opts) for lid in ledger_ids]
+    return plan_slices(views, [opts.start_for(lid) for lid in ledger_ids],
+                       [opts.end_for(lid) for lid in ledger_ids],
+                       opts.max_entries_per_partition, bounds.entry_lo, bounds.entry_hi)
+
+
+# -- executor side: reading ----------------------------------------------------------------------
+def read_slice(bk, part: LedgerSlicePartition, opts: ReadOptions) -> Iterator[pa.RecordBatch]:
+    handle = _open(bk, part.ledger_id, recovery=False, password=opts.password)
+    try:
+        expected = part.first
+        for batch in handle.read_batches(part.first, part.last, max_entries=opts.read_batch_entries):
+            if batch.num_rows == 0:
+                continue
+            out = to_raw_batch(batch)
+            ids = out.column(1)
+            first_id, last_id = ids[0].as_py(), ids[-1].as_py()
+            if first_id != expected or last_id != expected + out.num_rows - 1:
+                raise errors.ReadError("ledger read returned unexpected entry ids",
+                                       ledger_id=part.ledger_id, expected_first=expected,
+                                       got_first=first_id, got_last=last_id)
+            expected = last_id + 1
+            yield out
+        if expected != part.last + 1:
+            raise errors.ReadError("ledger read ended early", ledger_id=part.ledger_id,
+                                   planned_last=part.last, read_up_to=expected - 1)
+    finally:
+        _close_handle(handle)
+
+
+class BookKeeperBatchReader(DataSourceReader):
+    def __init__(self, opts: ReadOptions):
+        self.opts = opts
+        self.bounds = Bounds()
+
+    def partitions(self) -> list[InputPartition]:
+        from pybk_spark.client import BookKeeper
+        bk = BookKeeper(self.opts.metadata_uri)
+        try:
+            ledger_ids = resolve_ledgers(bk, self.opts)
+            return [LedgerSlicePartition.of(s) for s in plan(bk, self.opts, ledger_ids, self.bounds)]
+        finally:
+            bk.close()
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, LedgerSlicePartition):
+            return iter(())            # Spark's placeholder partition when nothing is planned
+        return self._read(partition)
+
+    def _read(self, partition: LedgerSlicePartition) -> Iterator[pa.RecordBatch]:
+        uri = self.opts.metadata_uri
+        try:
+            yield from read_slice(_client(uri), partition, self.opts)
+        except Exception:
+            _drop_client(uri)          # next task in this worker starts from a fresh client
+            raise
+
+
+class BookKeeperPushdownReader(BookKeeperBatchReader):
+    """The same reader, taking filters on ledger_id / entry_id (pushdown.py).
+    Handed out only when Spark's Python filter pushdown is on: Spark refuses
+    a reader that implements pushFilters while it is off."""
+
+    def pushFilters(self, filters):
+        self.bounds, unhandled = push(filters)
+        return iter(unhandled)

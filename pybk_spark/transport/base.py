@@ -1,0 +1,63 @@
+"""The bookie transport port.
+
+Every call returns a ``concurrent.futures.Future``; a failed future holds a
+``pybk_spark.errors.BKError`` (a timeout is ``Timeout``: outcome unknown).
+``TransportPool`` maps bookie ids to transports (resolving addresses lazily).
+"""
+from __future__ import annotations
+
+import abc
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    batch: pa.RecordBatch     # ENTRY_SCHEMA rows, contiguous from the first id asked
+    end: str                  # "COMPLETE" | "LIMIT" | "MISSING"
+    lac: int
+    fenced: bool
+
+
+@dataclass(frozen=True)
+class LacResult:
+    lac: int
+    last_entry_id: int
+    fenced: bool
+
+
+class BookieTransport(abc.ABC):
+    @abc.abstractmethod
+    def add(self, ledger_id: int, master_key: bytes, entries: bytes,
+            recovery: bool = False, timeout: float | None = None) -> "Future[tuple[int, int]]":
+        """Future of the (first, last) entry ids made durable."""
+
+    @abc.abstractmethod
+    def read(self, ledger_id: int, first: int, last: int, *, max_entries: int = 0,
+             max_bytes: int = 0, fence: bool = False, master_key: bytes = b"",
+             timeout: float | None = None) -> "Future[ReadResult]": ...
+
+    @abc.abstractmethod
+    def read_lac(self, ledger_id: int, *, fence: bool = False, master_key: bytes = b"",
+                 wait_for_lac_above: int = -2, wait_ms: int = 0,
+                 timeout: float | None = None) -> "Future[LacResult]": ...
+
+    @abc.abstractmethod
+    def write_lac(self, ledger_id: int, master_key: bytes, lac: int,
+                  timeout: float | None = None) -> "Future[None]": ...
+
+    def close(self) -> None:
+        pass
+
+
+class TransportPool(abc.ABC):
+    @abc.abstractmethod
+    def get(self, bookie_id: str) -> BookieTransport: ...
+
+    def invalidate(self, bookie_id: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,187 @@
+"""gRPC adapter of the bookie transport, and the registry-backed pool.
+
+Non-OK response codes become typed errors via ``wire.codes.raise_for_code``;
+gRPC failures via ``wire.codes.translate_rpc_error`` (deadline => Timeout,
+outcome unknown).  Channels get explicit send/receive message limits.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from concurrent.futures import Future
+from typing import Callable
+
+import grpc
+
+from pybk_spark import errors
+from pybk_spark.metadata.store import MetadataStore
+from pybk_spark.transport.base import BookieTransport, LacResult, ReadResult, TransportPool
+from pybk_spark.wire import bookie_wire_pb2 as pb
+from pybk_spark.wire import bookie_wire_pb2_grpc as pbg
+from pybk_spark.wire import codes
+from pybk_spark.wire.entries import batch_from_bytes
+
+_END = {pb.COMPLETE: "COMPLETE", pb.LIMIT: "LIMIT", pb.MISSING: "MISSING"}
+
+
+class BookieClient(BookieTransport):
+    def __init__(self, address: str, max_message_bytes: int = 64 << 20,
+                 default_timeout: float = 5.0, bookie_id: str = ""):
+        self.address = address
+        self.bookie_id = bookie_id or address
+        self.default_timeout = default_timeout
+        self._channel = grpc.insecure_channel(address, options=[
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", max_message_bytes),
+        ])
+        self._stub = pbg.BookieStub(self._channel)
+
+    def _call(self, method, request, timeout, convert: Callable) -> Future:
+        out: Future = Future()
+        ctx = {"bookie": self.bookie_id}
+        try:
+            gfut = method.future(request, timeout=timeout or self.default_timeout)
+        except Exception as exc:  # channel closed etc.
+            out.set_exception(codes.translate_rpc_error(exc, **ctx))
+            return out
+
+        def done(f) -> None:
+            try:
+                resp = f.result()
+            except Exception as exc:
+                out.set_exception(codes.translate_rpc_error(exc, **ctx))
+                return
+            try:
+                out.set_result(convert(resp))
+            except errors.BKError as exc:
+                out.set_exception(exc)
+            except Exception as exc:  # malformed answer
+                out.set_exception(errors.BadRequest(f"bad bookie response: {exc}", **ctx))
+        gfut.add_done_callback(done)
+        return out
+
+    def _check(self, resp, **ctx) -> None:
+        codes.raise_for_code(resp.code, resp.message, bookie=self.bookie_id, **ctx)
+
+    def add(self, ledger_id, master_key, entries, recovery=False, timeout=None):
+        req = pb.AddRequest(ledger_id=ledger_id, master_key=master_key, entries=entries,
+                            recovery=recovery)
+
+        def conv(resp):
+            self._check(resp, ledger_id=ledger_id)
+            return resp.first_entry_id, resp.last_entry_id
+        return self._call(self._stub.AddEntries, req, timeout, conv)
+
+    def read(self, ledger_id, first, last, *, max_entries=0, max_bytes=0, fence=False,
+             master_key=b"", timeout=None):
+        req = pb.ReadRequest(ledger_id=ledger_id, first_entry_id=first, last_entry_id=last,
+                             max_entries=max_entries, max_bytes=max_bytes, fence=fence,
+                             master_key=master_key)
+
+        def conv(resp):
+            self._check(resp, ledger_id=ledger_id, entry_id=first)
+            return ReadResult(batch_from_bytes(resp.entries), _END.get(resp.end, "MISSING"),
+                              resp.lac, resp.fenced)
+        return self._call(self._stub.ReadEntries, req, timeout, conv)
+
+    def read_lac(self, ledger_id, *, fence=False, master_key=b"", wait_for_lac_above=-2,
+                 wait_ms=0, timeout=None):
+        req = pb.ReadLacRequest(ledger_id=ledger_id, fence=fence, master_key=master_key,
+                                wait_for_lac_above=wait_for_lac_above, timeout_ms=wait_ms)
+
+        def conv(resp):
+            self._check(resp, ledger_id=ledger_id)
+            return LacResult(resp.lac, resp.last_entry_id, resp.fenced)
+        if timeout is None and wait_ms:
+            timeout = self.default_timeout + wait_ms / 1000.0
+        return self._call(self._stub.ReadLac, req, timeout, conv)
+
+    def write_lac(self, ledger_id, master_key, lac, timeout=None):
+        req = pb.WriteLacRequest(ledger_id=ledger_id, master_key=master_key, lac=lac)
+
+        def conv(resp):
+            self._check(resp, ledger_id=ledger_id)
+        return self._call(self._stub.WriteLac, req, timeout, conv)
+
+    def info(self, timeout=None) -> Future:
+        def conv(resp):
+            self._check(resp)
+            return resp
+        return self._call(self._stub.GetBookieInfo, pb.BookieInfoRequest(), timeout, conv)
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+def registration_of(store: MetadataStore, bookie_id: str) -> dict | None:
+    for state in ("writable", "readonly"):
+        v = store.get(f"bookies/{state}/{bookie_id}")
+        if v is not None:
+            try:
+                return json.loads(v.value)
+            except ValueError:
+                return None
+    return None
+
+
+class GrpcTransportPool(TransportPool):
+    """bookie id -> BookieClient, address resolved from the registry and cached."""
+
+    def __init__(self, store: MetadataStore, *, max_message_bytes: int = 64 << 20,
+                 timeout: float = 5.0):
+        self._store = store
+        self._max = max_message_bytes
+        self._timeout = timeout
+        self._lock = threading.Lock()
+        self._clients: dict[str, BookieClient] = {}
+
+    def get(self, bookie_id: str) -> BookieTransport:
+        with self._lock:
+            client = self._clients.get(bookie_id)
+        if client is not None:
+            return client
+        reg = registration_of(self._store, bookie_id)
+        if reg is None or not reg.get("address"):
+            return _Unavailable(bookie_id)
+        client = BookieClient(reg["address"], self._max, self._timeout, bookie_id)
+        with self._lock:
+            old = self._clients.setdefault(bookie_id, client)
+        if old is not client:
+            client.close()
+        return old
+
+    def invalidate(self, bookie_id: str) -> None:
+        with self._lock:
+            client = self._clients.pop(bookie_id, None)
+        if client is not None:
+            client.close()
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for c in clients:
+            c.close()
+
+
+class _Unavailable(BookieTransport):
+    """A bookie that is not registered (dead): every call fails at once."""
+
+    def __init__(self, bookie_id: str):
+        self.bookie_id = bookie_id
+
+    def _fail(self) -> Future:
+        f: Future = Future()
+        f.set_exception(errors.BookieUnavailable("bookie not registered", bookie=self.bookie_id))
+        return f
+
+    def add(self, *a, **k):
+        return self._fail()
+
+    def read(self, *a, **k):
+        return self._fail()
+
+    def read_lac(self, *a, **k):
+        return self._fail()
+
+    def write_lac(self, *a, **k):
+        return self._fail()

@@ -1,0 +1,149 @@
+"""In-memory bookies and transport (unit tests and simulations only).
+
+``MemoryBookie`` obeys the bookie semantics the client relies on: the master
+key is recorded on first use and checked afterwards; a fence is sticky and
+rejects non-recovery adds with LedgerFenced; duplicate entry ids keep the
+first copy; reads return the contiguous run held from the first id asked;
+ReadLac answers max(LAC carried by entries, explicit LAC).
+
+``MemoryTransportPool`` answers synchronously (futures are already done)
+unless a bookie is ``down`` (BookieUnavailable) or ``hung`` (Timeout).
+"""
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+
+import pyarrow as pa
+
+from pybk_spark import errors
+from pybk_spark.transport.base import BookieTransport, LacResult, ReadResult, TransportPool
+from pybk_spark.wire.entries import ENTRY_SCHEMA, batch_from_bytes, empty_batch
+
+
+class _Ledger:
+    def __init__(self, key: bytes):
+        self.key = key
+        self.fenced = False
+        self.rows: dict[int, dict] = {}
+        self.lac = -1
+        self.explicit_lac = -1
+
+
+class MemoryBookie:
+    def __init__(self, bookie_id: str):
+        self.bookie_id = bookie_id
+        self.ledgers: dict[int, _Ledger] = {}
+        self.lock = threading.Lock()
+
+    def _ledger(self, lid: int, key: bytes, create: bool = True) -> _Ledger:
+        led = self.ledgers.get(lid)
+        if led is None:
+            if not create:
+                raise errors.NoSuchLedger(ledger_id=lid)
+            led = self.ledgers[lid] = _Ledger(bytes(key))
+        elif key != led.key:
+            raise errors.Unauthorized(ledger_id=lid, bookie=self.bookie_id)
+        return led
+
+    def add(self, lid: int, key: bytes, data: bytes, recovery: bool) -> tuple[int, int]:
+        batch = batch_from_bytes(data)
+        with self.lock:
+            led = self._ledger(lid, key)
+            if led.fenced and not recovery:
+                raise errors.LedgerFenced(ledger_id=lid, bookie=self.bookie_id)
+            cols = batch.to_pydict()
+            for i, e in enumerate(cols["entry_id"]):
+                if e not in led.rows:
+                    led.rows[e] = {k: cols[k][i] for k in cols}
+                led.lac = max(led.lac, cols["lac"][i])
+            ids = cols["entry_id"]
+            return (ids[0], ids[-1]) if ids else (-1, -1)
+
+    def read(self, lid: int, first: int, last: int, max_entries: int = 0,
+             fence: bool = False, key: bytes = b"") -> ReadResult:
+        with self.lock:
+            if fence:
+                self._ledger(lid, key).fenced = True
+            led = self.ledgers.get(lid)
+            if led is None:
+                raise errors.NoSuchLedger(ledger_id=lid)
+            rows = []
+            e = first
+            limit = max_entries or 1 << 30
+            while e <= last and e in led.rows and len(rows) < limit:
+                rows.append(led.rows[e])
+                e += 1
+            if not rows:
+                raise errors.NoSuchEntry(ledger_id=lid, entry_id=first)
+            batch = pa.RecordBatch.from_pylist(rows, schema=ENTRY_SCHEMA) if rows else empty_batch()
+            end = "COMPLETE" if e > last else ("LIMIT" if len(rows) >= limit else "MISSING")
+            return ReadResult(batch, end, max(led.lac, led.explicit_lac), led.fenced)
+
+    def read_lac(self, lid: int, fence: bool = False, key: bytes = b"") -> LacResult:
+        with self.lock:
+            if fence:
+                self._ledger(lid, key).fenced = True
+            led = self.ledgers.get(lid)
+            if led is None:
+                raise errors.NoSuchLedger(ledger_id=lid)
+            return LacResult(max(led.lac, led.explicit_lac), max(led.rows, default=-1), led.fenced)
+
+    def write_lac(self, lid: int, key: bytes, lac: int) -> None:
+        with self.lock:
+            led = self._ledger(lid, key)
+            led.explicit_lac = max(led.explicit_lac, lac)
+
+
+def _run(fn) -> Future:
+    f: Future = Future()
+    try:
+        f.set_result(fn())
+    except errors.BKError as exc:
+        f.set_exception(exc)
+    return f
+
+
+class MemoryTransport(BookieTransport):
+    def __init__(self, pool: "MemoryTransportPool", bookie_id: str):
+        self.pool = pool
+        self.bookie_id = bookie_id
+
+    def _do(self, fn) -> Future:
+        if self.bookie_id in self.pool.down or self.bookie_id not in self.pool.bookies:
+            f: Future = Future()
+            f.set_exception(errors.BookieUnavailable(bookie=self.bookie_id))
+            return f
+        if self.bookie_id in self.pool.hung:
+            f = Future()
+            f.set_exception(errors.Timeout(bookie=self.bookie_id))
+            return f
+        return _run(lambda: fn(self.pool.bookies[self.bookie_id]))
+
+    def add(self, ledger_id, master_key, entries, recovery=False, timeout=None):
+        return self._do(lambda b: b.add(ledger_id, master_key, entries, recovery))
+
+    def read(self, ledger_id, first, last, *, max_entries=0, max_bytes=0, fence=False,
+             master_key=b"", timeout=None):
+        return self._do(lambda b: b.read(ledger_id, first, last, max_entries, fence, master_key))
+
+    def read_lac(self, ledger_id, *, fence=False, master_key=b"", wait_for_lac_above=-2,
+                 wait_ms=0, timeout=None):
+        return self._do(lambda b: b.read_lac(ledger_id, fence, master_key))
+
+    def write_lac(self, ledger_id, master_key, lac, timeout=None):
+        return self._do(lambda b: b.write_lac(ledger_id, master_key, lac))
+
+
+class MemoryTransportPool(TransportPool):
+    def __init__(self, bookies: dict[str, MemoryBookie] | None = None):
+        self.bookies: dict[str, MemoryBookie] = dict(bookies or {})
+        self.down: set[str] = set()
+        self.hung: set[str] = set()
+
+    def add_bookie(self, bookie_id: str) -> MemoryBookie:
+        b = self.bookies[bookie_id] = MemoryBookie(bookie_id)
+        return b
+
+    def get(self, bookie_id: str) -> BookieTransport:
+        return MemoryTransport(self, bookie_id)

@@ -1,0 +1,173 @@
+"""Client behaviour against in-memory bookies and the metadata twin (fast).
+
+The same behaviours run against real etcd + bookie-server processes in
+test_client_real.py."""
+import json
+import random
+import uuid
+
+import pytest
+
+from pybk_spark import errors
+from pybk_spark.client import BookKeeper
+from pybk_spark.metadata.memory_store import MemoryMetadataStore
+from pybk_spark.protocol import ledger_metadata as lm
+from pybk_spark.transport.memory import MemoryTransportPool
+
+
+@pytest.fixture
+def env():
+    store = MemoryMetadataStore()
+    pool = MemoryTransportPool()
+    for i in range(5):
+        bid = f"b{i}"
+        pool.add_bookie(bid)
+        store.put(f"bookies/writable/{bid}", json.dumps({"bookie_id": bid, "address": "",
+                                                         "rack": f"r{i % 2}"}).encode())
+    bk = BookKeeper(store=store, transports=pool, rng=random.Random(1), background=False)
+    yield bk, store, pool
+    bk.close()
+
+
+def test_create_add_close_read(env):
+    bk, _, _ = env
+    lh = bk.create_ledger(3, 2, 2)
+    assert [lh.add_entry(b"e%d" % i) for i in range(5)] == list(range(5))
+    assert lh.add_entries(b"x%d" % i for i in range(100)) == list(range(5, 105))
+    assert lh.last_add_confirmed == 104
+    lh.close()
+    md = bk.get_ledger_metadata(lh.ledger_id)
+    assert md.state == lm.CLOSED and md.last_entry_id == 104
+    rh = bk.open_ledger(lh.ledger_id)
+    entries = rh.read(0, 104)
+    assert [e.entry_id for e in entries] == list(range(105))
+    assert entries[3].payload == b"e3" and entries[5].payload == b"x0"
+    batches = list(rh.read_batches(0, 104, max_entries=10))
+    assert sum(b.num_rows for b in batches) == 105
+    assert batches[0].schema.names == ["ledger_id", "entry_id", "payload"]
+
+
+def test_incorrect_parameter_before_metadata(env):
+    bk, store, _ = env
+    rev = store.revision() if hasattr(store, "revision") else None
+    for e, w, a in [(2, 3, 2), (3, 2, 3), (3, 0, 0), (0, 0, 0)]:
+        with pytest.raises(errors.IncorrectParameter):
+            bk.create_ledger(e, w, a)
+    if rev is not None:
+        assert store.revision() == rev
+
+
+def test_not_enough_bookies(env):
+    bk, _, _ = env
+    with pytest.raises(errors.NotEnoughBookies):
+        bk.create_ledger(6, 2, 2)
+
+
+def test_wrong_password_unauthorized(env):
+    bk, _, _ = env
+    lh = bk.create_ledger(3, 3, 2, password=b"secret", digest="hmac")
+    lh.add_entry(b"a")
+    lh.close()
+    with pytest.raises(errors.Unauthorized):
+        bk.open_ledger(lh.ledger_id, password=b"wrong")
+    assert bk.open_ledger(lh.ledger_id, password=b"secret").read(0, 0)[0].payload == b"a"
+
+
+def test_recovery_closes_open_ledger_and_fences_writer(env):
+    bk, _, _ = env
+    lh = bk.create_ledger(3, 2, 2)
+    lh.add_entries([b"p%d" % i for i in range(12)])
+    rh = bk.open_ledger(lh.ledger_id)          # fencing open
+    assert rh.last_add_confirmed == 11 and rh.metadata.state == lm.CLOSED
+    with pytest.raises(errors.LedgerFenced) as ei:
+        lh.add_entry(b"late")
+    assert ei.value.outcome_known is False
+    lh.close()       # CLOSED at the writer's own LAC: the seed says success
+    assert bk.get_ledger_metadata(lh.ledger_id).last_entry_id == 11
+
+
+def test_recovery_rewrites_partial_entry(env):
+    bk, _, pool = env
+    lh = bk.create_ledger(3, 2, 2)
+    lh.add_entries([b"p%d" % i for i in range(12)])
+    md = lh.metadata
+    # entry 12 reached only one bookie of its write set (partial write)
+    from pybk_spark.protocol.distribution import write_set
+    from pybk_spark.digest import Digester
+    from pybk_spark.wire.entries import make_batch, batch_to_bytes
+    slot = write_set(12, 3, 2)[0]
+    d = Digester("crc32c").compute(lh.ledger_id, [12], [11], [b"p12"])
+    pool.bookies[md.current_ensemble[slot]].add(
+        lh.ledger_id, lm.master_key(b""), batch_to_bytes(make_batch(lh.ledger_id, [12], [11], [b"p12"], d)), False)
+    rh = bk.open_ledger(lh.ledger_id)
+    assert rh.last_add_confirmed == 12
+    assert rh.read(12, 12)[0].payload == b"p12"
+    other = md.current_ensemble[write_set(12, 3, 2)[1]]
+    assert 12 in pool.bookies[other].ledgers[lh.ledger_id].rows   # re-replicated
+    assert bk.open_ledger(lh.ledger_id).last_add_confirmed == 12   # converges
+
+
+def test_ensemble_change_on_failed_bookie(env):
+    bk, _, pool = env
+    lh = bk.create_ledger(3, 2, 2)
+    lh.add_entries([b"a%d" % i for i in range(10)])
+    victim = lh.metadata.current_ensemble[1]
+    pool.down.add(victim)
+    ids = lh.add_entries([b"b%d" % i for i in range(10)])
+    assert ids == list(range(10, 20))
+    md = lh.metadata
+    assert victim not in md.current_ensemble and len(md.ensembles) == 2
+    assert md.ensembles[1][0] == 10
+    lh.close()
+    rh = bk.open_ledger(lh.ledger_id)
+    assert [e.payload for e in rh.read(0, 19)] == [b"a%d" % i for i in range(10)] + [b"b%d" % i for i in range(10)]
+
+
+def test_non_recovery_open_reads_up_to_lac(env):
+    bk, _, _ = env
+    lh = bk.create_ledger(3, 2, 2)
+    for _ in range(10):
+        lh.add_entry(b"x")
+    rh = bk.open_ledger(lh.ledger_id, recovery=False)
+    # LAC carried by entries lags by one: entry 9 carries LAC 8
+    assert rh.last_add_confirmed >= 8
+    assert bk.get_ledger_metadata(lh.ledger_id).state == lm.OPEN
+    lh.add_entry(b"y")
+    assert lh.add_entry(b"z") == 11                       # writer not disturbed
+    lh.tick(bk.clock() + 100)                              # idle -> explicit LAC
+    assert rh.read_last_add_confirmed() == 11
+    with pytest.raises(errors.NoSuchEntry):
+        rh.read(0, 50)
+
+
+def test_corrupt_replica_skipped_bad_digest_when_all(env):
+    bk, _, pool = env
+    lh = bk.create_ledger(3, 3, 2)
+    lh.add_entries([b"v%d" % i for i in range(4)])
+    lh.close()
+    md = lh.metadata
+    b0 = pool.bookies[md.current_ensemble[0]].ledgers[lh.ledger_id]
+    b0.rows[2] = dict(b0.rows[2], payload=b"garbage")
+    rh = bk.open_ledger(lh.ledger_id)
+    for _ in range(3):   # whichever replica is tried first
+        assert [e.payload for e in rh.read(0, 3)] == [b"v%d" % i for i in range(4)]
+    for b in md.current_ensemble:
+        led = pool.bookies[b].ledgers[lh.ledger_id]
+        led.rows[2] = dict(led.rows[2], payload=b"garbage")
+    with pytest.raises(errors.BadDigest):
+        rh.read(2, 2)
+
+
+def test_delete_list_custom(env):
+    bk, _, _ = env
+    lh = bk.create_ledger(3, 2, 2, custom_metadata={"app": "t"})
+    assert lh.ledger_id in bk.list_ledgers()
+    assert bk.is_writer_alive(lh.ledger_id)
+    md = bk.set_custom_metadata(lh.ledger_id, {"k": "v"})
+    assert md.custom == {"app": "t", "k": "v"}
+    lh.close()
+    assert not bk.is_writer_alive(lh.ledger_id)
+    bk.delete_ledger(lh.ledger_id)
+    assert lh.ledger_id not in bk.list_ledgers()
+    with pytest.raises(errors.NoSuchLedger):
+        bk.open_ledger(lh.ledger_id)

@@ -1,0 +1,184 @@
+"""The client against real etcd + real bookie-server processes (LocalCluster).
+
+Scenarios of issue 4: basic lifecycle, fencing-and-recovery.txt with a
+SIGSTOPped bookie, SIGKILL mid-stream -> ensemble change, concurrent
+recoveries agree, wrong password, IncorrectParameter before etcd.
+No timing thresholds: waits are on futures/conditions; timeouts only bound
+how long a hung bookie is waited for."""
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from pybk_spark import errors
+from pybk_spark.client import BookKeeper
+from pybk_spark.protocol import ledger_metadata as lm
+from pybk_spark.protocol.distribution import write_set
+
+
+def _bk(cluster, **conf):
+    base = {"explicit_lac_interval_ms": 0}
+    base.update(conf)
+    return BookKeeper(cluster.metadata_uri, conf=base)
+
+
+def _ensure_bookies(cluster, n):
+    while len(cluster.bookie_ids) < n:
+        cluster.add_bookie()
+
+
+def test_basic_lifecycle(cluster):
+    bk = _bk(cluster)
+    try:
+        lh = bk.create_ledger(3, 2, 2)
+        assert [lh.add_entry(b"hello-%d" % i) for i in range(3)] == [0, 1, 2]
+        ids = lh.add_entries(b"bulk-%d" % i for i in range(2000))
+        assert ids == list(range(3, 2003))
+        f = lh.add_entry_async(b"async")
+        assert f.result() == 2003
+        lh.close()
+        md = bk.get_ledger_metadata(lh.ledger_id)
+        assert md.state == lm.CLOSED and md.last_entry_id == 2003
+        for recovery in (False, True):
+            rh = bk.open_ledger(lh.ledger_id, recovery=recovery)
+            assert rh.last_add_confirmed == 2003
+            got = rh.read(0, 2003)
+            assert got[0].payload == b"hello-0" and got[2003].payload == b"async"
+            assert [e.entry_id for e in got] == list(range(2004))
+            rows = sum(b.num_rows for b in rh.read_batches(0, 2003, max_entries=500))
+            assert rows == 2004
+    finally:
+        bk.close()
+
+
+def test_wrong_password_unauthorized(cluster):
+    bk = _bk(cluster)
+    try:
+        lh = bk.create_ledger(3, 2, 2, password=b"pw", digest="hmac")
+        lh.add_entry(b"x")
+        lh.close()
+        with pytest.raises(errors.Unauthorized):
+            bk.open_ledger(lh.ledger_id, password=b"nope")
+        assert bk.open_ledger(lh.ledger_id, password=b"pw").read(0, 0)[0].payload == b"x"
+    finally:
+        bk.close()
+
+
+def test_incorrect_parameter_before_etcd(cluster):
+    bk = _bk(cluster)
+    try:
+        before = bk.metadata_store.get("idgen")
+        for e, w, a in [(2, 3, 2), (3, 2, 3), (3, 1, 0)]:
+            with pytest.raises(errors.IncorrectParameter):
+                bk.create_ledger(e, w, a)
+        after = bk.metadata_store.get("idgen")
+        assert (before is None and after is None) or before.version == after.version
+    finally:
+        bk.close()
+
+
+def test_fencing_and_recovery_scenario(cluster):
+    """fencing-and-recovery.txt: up to 11 acked, 12 partial, a reader recovers,
+    the ledger closes consistently, the old writer is fenced."""
+    _ensure_bookies(cluster, 4)           # a spare for recovery's ensemble change
+    writer_bk = _bk(cluster, add_timeout_s=60.0)
+    reader_bk = _bk(cluster, read_timeout_s=3.0, add_timeout_s=3.0)
+    stopped = None
+    try:
+        lh = writer_bk.create_ledger(3, 2, 2)
+        for i in range(12):
+            assert lh.add_entry(b"e%d" % i) == i
+        ens = lh.metadata.current_ensemble
+        stopped = ens[write_set(12, 3, 2)[1]]
+        cluster.stop_bookie(stopped)
+        fut12 = lh.add_entry_async(b"e12")   # reaches one bookie only: partial
+        rh = reader_bk.open_ledger(lh.ledger_id)    # fencing open, hung bookie
+        md = reader_bk.get_ledger_metadata(lh.ledger_id)
+        assert md.state == lm.CLOSED
+        assert md.last_entry_id == 12 == rh.last_add_confirmed
+        assert [e.payload for e in rh.read(0, 12)] == [b"e%d" % i for i in range(13)]
+        cluster.resume_bookie(stopped)
+        stopped = None
+        try:
+            r = fut12.result(timeout=120)
+            assert r <= md.last_entry_id     # a success must be inside the ledger
+        except errors.LedgerFenced as exc:
+            assert exc.outcome_known is False
+        with pytest.raises(errors.LedgerFenced):
+            lh.add_entry(b"e13")
+        again = reader_bk.open_ledger(lh.ledger_id)
+        assert again.last_add_confirmed == 12
+    finally:
+        if stopped:
+            cluster.resume_bookie(stopped)
+        writer_bk.close()
+        reader_bk.close()
+
+
+def test_sigkill_mid_stream_ensemble_change(cluster):
+    _ensure_bookies(cluster, 4)
+    bk = _bk(cluster, add_timeout_s=5.0, add_batch_entries=50)
+    try:
+        lh = bk.create_ledger(3, 2, 2)
+        victim = lh.metadata.current_ensemble[0]
+        futs = []
+        for chunk in range(40):
+            futs += lh.add_entries_async([b"c%d-%d" % (chunk, i) for i in range(50)])
+            if chunk == 10:
+                cluster.kill_bookie(victim)
+        acked = []
+        for f in futs:
+            acked += f.result(timeout=120)
+        assert acked == list(range(2000))
+        md = lh.metadata
+        assert victim not in md.current_ensemble and len(md.ensembles) >= 2
+        lh.close()
+        rh = bk.open_ledger(lh.ledger_id)
+        assert rh.last_add_confirmed == 1999
+        got = rh.read(0, 1999)
+        assert [e.payload for e in got] == [b"c%d-%d" % (c, i) for c in range(40) for i in range(50)]
+    finally:
+        bk.close()
+
+
+def test_concurrent_recoveries_agree(cluster):
+    writer = _bk(cluster)
+    readers = [_bk(cluster), _bk(cluster)]
+    try:
+        lh = writer.create_ledger(3, 2, 2)
+        for i in range(30):
+            lh.add_entry(b"r%d" % i)
+        barrier = threading.Barrier(2)
+
+        def recover(bk):
+            barrier.wait()
+            return bk.open_ledger(lh.ledger_id).last_add_confirmed
+        with ThreadPoolExecutor(2) as ex:
+            results = list(ex.map(recover, readers))
+        md = writer.get_ledger_metadata(lh.ledger_id)
+        assert results == [md.last_entry_id, md.last_entry_id]
+        assert md.last_entry_id == 29
+        with pytest.raises(errors.LedgerFenced):
+            lh.add_entry(b"late")
+    finally:
+        writer.close()
+        for r in readers:
+            r.close()
+
+
+def test_tailing_reader_long_poll(cluster):
+    bk = _bk(cluster, explicit_lac_interval_ms=100)
+    try:
+        lh = bk.create_ledger(3, 2, 2)
+        rh = bk.open_ledger(lh.ledger_id, recovery=False)
+        assert rh.last_add_confirmed == -1
+        for i in range(5):
+            lh.add_entry(b"t%d" % i)
+        lac = rh.wait_for_lac(3, timeout=30)     # explicit LAC makes 4 visible
+        assert lac == 4
+        assert [e.payload for e in rh.read(0, 4)] == [b"t%d" % i for i in range(5)]
+        lh.close()
+    finally:
+        bk.close()

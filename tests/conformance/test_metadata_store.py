@@ -1,0 +1,270 @@
+"""ONE conformance suite for the MetadataStore port, run against the real
+etcd adapter (a real etcd process) and the in-memory twin.  If the twin
+passes here, simulations built on it mean something for etcd."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from pybk_spark import errors
+from pybk_spark.metadata import open_store, parse_uri
+from pybk_spark.metadata.memory_store import MemoryMetadataStore
+from pybk_spark.testing.fixtures import unique_scope
+
+HANG_GUARD = 30.0      # a deadline against hangs, never a performance threshold
+
+
+@pytest.fixture(params=["memory", "etcd"])
+def store(request):
+    if request.param == "memory":
+        s = MemoryMetadataStore(unique_scope("mem"))
+    else:
+        s = open_store(request.getfixturevalue("etcd").uri(unique_scope()))
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def poll_until(predicate, what: str):
+    deadline = time.monotonic() + HANG_GUARD
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"gave up waiting for {what}")
+        time.sleep(0.05)
+
+
+# -- get / put_if_absent --------------------------------------------------------
+def test_get_missing_is_none(store):
+    assert store.get("nope") is None
+
+
+def test_put_if_absent_creates_once(store):
+    v = store.put_if_absent("k", b"one")
+    got = store.get("k")
+    assert got.value == b"one" and got.version == v
+    with pytest.raises(errors.MetadataVersion) as info:
+        store.put_if_absent("k", b"two")
+    assert info.value.outcome_known
+    assert store.get("k").value == b"one"
+
+
+def test_versions_are_global_revisions(store):
+    va = store.put_if_absent("a", b"1")
+    vb = store.put_if_absent("b", b"1")
+    assert vb > va
+    assert store.current_revision() >= vb
+
+
+# -- compare and swap -------------------------------------------------------------
+def test_cas_succeeds_on_current_version(store):
+    v1 = store.put_if_absent("k", b"1")
+    v2 = store.compare_and_swap("k", b"2", v1)
+    assert v2 > v1
+    assert store.get("k") == store.get("k") and store.get("k").value == b"2"
+    assert store.get("k").version == v2
+
+
+def test_cas_conflict_on_stale_version(store):
+    v1 = store.put_if_absent("k", b"1")
+    store.compare_and_swap("k", b"2", v1)
+    with pytest.raises(errors.MetadataVersion):
+        store.compare_and_swap("k", b"stale", v1)
+    assert store.get("k").value == b"2"
+
+
+def test_cas_on_missing_key_conflicts_even_with_version_zero(store):
+    for version in (0, 1, 12345):
+        with pytest.raises(errors.MetadataVersion):
+            store.compare_and_swap("ghost", b"x", version)
+    assert store.get("ghost") is None
+
+
+def test_plain_put_is_unconditional(store):
+    v1 = store.put("own", b"1")
+    v2 = store.put("own", b"2")
+    assert v2 > v1 and store.get("own").value == b"2"
+
+
+# -- delete -------------------------------------------------------------------------
+def test_delete(store):
+    assert store.delete("absent") is False
+    v = store.put_if_absent("k", b"1")
+    with pytest.raises(errors.MetadataVersion):
+        store.delete("k", expected_version=v + 1000)
+    assert store.get("k") is not None
+    assert store.delete("k", expected_version=v) is True
+    assert store.get("k") is None
+    with pytest.raises(errors.MetadataVersion):
+        store.delete("k", expected_version=v)
+    store.put_if_absent("k", b"again")
+    assert store.delete("k") is True
+
+
+# -- list_prefix ----------------------------------------------------------------------
+def test_list_prefix_sorted_and_scoped(store):
+    for key in ["ledgers/00000000000000000003", "ledgers/00000000000000000001",
+                "ledgers/00000000000000000002", "ledgersX", "logs/a"]:
+        store.put_if_absent(key, key.encode())
+    listed = store.list_prefix("ledgers/")
+    assert [k for k, _ in listed] == ["ledgers/00000000000000000001",
+                                      "ledgers/00000000000000000002",
+                                      "ledgers/00000000000000000003"]
+    assert all(v.value == k.encode() for k, v in listed)
+    assert [k for k, _ in store.list_prefix("logs/")] == ["logs/a"]
+    assert store.list_prefix("nothing/") == []
+
+
+def test_scopes_are_isolated(store, etcd):
+    store.put_if_absent("shared-name", b"mine")
+    other = (MemoryMetadataStore(unique_scope("mem")) if isinstance(store, MemoryMetadataStore)
+             else open_store(etcd.uri(unique_scope())))
+    try:
+        assert other.get("shared-name") is None
+        assert other.list_prefix("") == []
+    finally:
+        other.close()
+
+
+# -- leases ---------------------------------------------------------------------------
+def test_lease_expiry_removes_keys(store):
+    lease = store.grant_lease(2, keepalive=False)
+    store.put("bookies/writable/b1", b"reg", lease=lease)
+    assert store.get("bookies/writable/b1") is not None
+    poll_until(lambda: store.get("bookies/writable/b1") is None, "lease expiry")
+
+
+def test_lease_keepalive_keeps_keys(store):
+    lease = store.grant_lease(2)
+    try:
+        store.put("alive", b"x", lease=lease)
+        until = time.monotonic() + 2 * lease.ttl + 1
+        while time.monotonic() < until:           # outlive the TTL twice over
+            assert store.get("alive") is not None
+            time.sleep(0.2)
+    finally:
+        lease.revoke()
+
+
+def test_revoke_removes_keys_and_lease_becomes_unusable(store):
+    lease = store.grant_lease(30)
+    store.put_if_absent("a", b"1", lease=lease)
+    store.put("b", b"2", lease=lease)
+    store.put_if_absent("unleased", b"3")
+    lease.revoke()
+    assert store.get("a") is None and store.get("b") is None
+    assert store.get("unleased").value == b"3"
+    with pytest.raises(errors.MetadataError):
+        store.put("c", b"3", lease=lease)
+    lease.revoke()                                   # idempotent
+
+
+def test_bad_lease_ttl(store):
+    with pytest.raises(errors.IncorrectParameter):
+        store.grant_lease(0)
+
+
+# -- update loop / next_id --------------------------------------------------------------
+def test_update_rereads_and_redecides_on_conflict(store):
+    store.put_if_absent("counter", b"0")
+    calls = []
+
+    def transform(value: bytes) -> bytes:
+        calls.append(value)
+        if len(calls) == 1:                       # a rival writer sneaks in
+            current = store.get("counter")
+            store.compare_and_swap("counter", b"10", current.version)
+        return str(int(value) + 1).encode()
+
+    value, version = store.update("counter", transform)
+    assert calls == [b"0", b"10"]
+    assert value == b"11" and store.get("counter") == type(store.get("counter"))(b"11", version)
+
+
+def test_update_without_change_writes_nothing(store):
+    v = store.put_if_absent("k", b"same")
+    assert store.update("k", lambda b: b) == (b"same", v)
+    assert store.get("k").version == v
+
+
+def test_update_missing_key(store):
+    with pytest.raises(errors.NoSuchLedger):
+        store.update("missing", lambda b: b + b"x")
+
+
+def test_next_id_unique_under_threads(store):
+    got: list[int] = []
+    lock = threading.Lock()
+    failures = []
+
+    def worker():
+        try:
+            for _ in range(15):
+                i = store.next_id()
+                with lock:
+                    got.append(i)
+        except Exception as exc:          # surfaced below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(HANG_GUARD)
+    assert not failures
+    assert sorted(got) == list(range(1, 61))
+
+
+# -- wait_for_change ----------------------------------------------------------------------
+def test_wait_for_change_times_out_without_change(store):
+    rev = store.current_revision()
+    store.put("elsewhere/x", b"1")                   # outside the watched prefix
+    assert store.wait_for_change("watched/", rev, 0.2) is False
+
+
+def test_wait_for_change_sees_past_and_future_changes(store):
+    v = store.put("watched/a", b"1")
+    assert store.wait_for_change("watched/", v - 1, 5.0) is True   # already happened
+    rev = store.current_revision()
+    timer = threading.Timer(0.1, lambda: store.put("watched/b", b"2"))
+    timer.start()
+    try:
+        assert store.wait_for_change("watched/", rev, HANG_GUARD) is True
+    finally:
+        timer.join()
+
+
+def test_wait_for_change_sees_deletes(store):
+    store.put("watched/a", b"1")
+    rev = store.current_revision()
+    store.delete("watched/a")
+    assert store.wait_for_change("watched/", rev, HANG_GUARD) is True
+
+
+# -- URIs ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("uri", ["", "nope", "zk://h:1/s", "etcd://h:1", "etcd://h:1/",
+                                 "etcd://h:notaport/s", "etcd:///s", "memory://"])
+def test_bad_uri_is_incorrect_parameter(uri):
+    with pytest.raises(errors.IncorrectParameter):
+        open_store(uri)
+
+
+def test_uri_parsing():
+    assert parse_uri("etcd://127.0.0.1:1,127.0.0.1:2/pybk") == ("etcd", "127.0.0.1:1,127.0.0.1:2",
+                                                               "pybk")
+    assert parse_uri("memory://x") == ("memory", "x", "")
+
+
+def test_memory_uri_shares_one_store_per_name():
+    name = unique_scope("shared")
+    a, b = open_store(f"memory://{name}"), open_store(f"memory://{name}")
+    try:
+        a.put_if_absent("k", b"v")
+        assert b.get("k").value == b"v"
+        a.close()
+        assert b.get("k").value == b"v"          # closing one handle keeps the data
+    finally:
+        b.close()
+        MemoryMetadataStore.forget(name)

@@ -1,0 +1,92 @@
+"""Pending-add ordering and ensemble-change decisions (property tests)."""
+from hypothesis import given, settings, strategies as st
+
+from pybk_spark.protocol.pending_adds import PendingAdds
+
+
+def test_release_in_order_only():
+    p = PendingAdds(2, 2, ("a", "b", "c"))
+    ids = p.assign(3)
+    assert ids == [0, 1, 2]
+    # entry 1 fully acked first: not released before 0
+    for t in p.targets(1):
+        assert p.on_ack(1, t.slot, t.bookie) == []
+    t0 = p.targets(0)
+    assert p.on_ack(0, t0[0].slot, t0[0].bookie) == []
+    assert p.on_ack(0, t0[1].slot, t0[1].bookie) == [0, 1]
+    assert p.lac == 1
+
+
+def test_ensemble_change_boundary_and_hold():
+    p = PendingAdds(2, 2, ("a", "b", "c"))
+    p.assign(4)
+    for e in (0,):
+        for t in p.targets(e):
+            p.on_ack(e, t.slot, t.bookie)
+    assert p.lac == 0
+    ch = p.on_failure(1, "b")
+    assert ch.first_entry == 1 and ch.slots == (1,)
+    assert p.on_failure(1, "b") is None                  # duplicate report
+    # acks from healthy slots are held while the change is pending (#1591)
+    for e in (2, 3):
+        for t in p.targets(e):
+            assert t.slot != 1
+            assert p.on_ack(e, t.slot, t.bookie) == []
+    assert p.on_ack(1, 1, "b") == []                     # replaced slot ignored (#4651)
+    released, resends, nxt = p.commit_change(("a", "d", "c"))
+    assert nxt is None
+    assert {(s.entry_id, s.bookie) for s in resends} == {(1, "d"), (3, "d")}  # write sets with slot 1
+    assert released == []                                # 1 still needs slot 1 (now d)
+    assert p.on_ack(1, 1, "b") == []                     # old bookie, same slot: ignored
+    assert p.on_ack(1, 2, "c") == []
+    assert p.on_ack(1, 1, "d") == [1, 2]                 # 2 was complete on slots 2, 0
+    assert p.on_ack(3, 1, "d") == [3]
+    assert p.lac == 3
+
+
+def test_failure_queued_during_pending_change():
+    p = PendingAdds(3, 2, ("a", "b", "c"))
+    p.assign(2)
+    ch = p.on_failure(0, "a")
+    assert p.on_failure(2, "c") is None
+    _, resends, nxt = p.commit_change(("x", "b", "c"))
+    assert nxt is not None and nxt.slots == (2,) and nxt.first_entry == ch.first_entry
+    assert all(s.slot != 2 for s in resends)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_released_prefix_property(data):
+    """Random ack/failure interleavings: releases are ascending and gap-free,
+    and every released entry had Qa acks from the durable ensemble slots."""
+    E = data.draw(st.integers(1, 5))
+    Qw = data.draw(st.integers(1, E))
+    Qa = data.draw(st.integers(1, Qw))
+    ens = tuple(f"b{i}" for i in range(E))
+    p = PendingAdds(Qw, Qa, ens)
+    n = data.draw(st.integers(1, 12))
+    p.assign(n)
+    fresh = iter(f"n{i}" for i in range(100))
+    released = []
+    acks = {}
+    for _ in range(data.draw(st.integers(0, 60))):
+        op = data.draw(st.sampled_from(["ack", "ack", "ack", "fail", "commit"]))
+        if op == "ack":
+            e = data.draw(st.integers(0, n - 1))
+            slot = data.draw(st.integers(0, E - 1))
+            bookie = p.ensemble[slot]
+            got = p.on_ack(e, slot, bookie)
+            if e in p.pending or got:
+                acks.setdefault(e, set()).add((slot, bookie))
+            released += got
+        elif op == "fail":
+            slot = data.draw(st.integers(0, E - 1))
+            p.on_failure(slot, p.ensemble[slot])
+        elif p.change is not None:
+            new = list(p.ensemble)
+            for s in p.change.slots:
+                new[s] = next(fresh)
+            got, _, _ = p.commit_change(tuple(new))
+            released += got
+    assert released == list(range(len(released)))
+    assert p.lac == len(released) - 1

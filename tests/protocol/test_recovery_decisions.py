@@ -1,0 +1,71 @@
+"""Recovery decisions: coverage-based fencing, LAC from fenced answers, start
+point (#2615), missing-entry rule."""
+import itertools
+
+from pybk_spark.protocol import recovery as rc
+from pybk_spark.protocol.distribution import is_covered, write_set
+
+
+def test_fence_phase_done_on_coverage_not_everyone():
+    ph = rc.FenceLacPhase(3, 2, 2)
+    ph.on_answer(0, rc.OK, 10)
+    assert not ph.covered
+    ph.on_answer(1, rc.OK, 11)
+    assert ph.covered and ph.max_lac == 11      # slot 2 hangs: not needed (#1067)
+
+
+def test_lac_only_from_fenced_answers_and_no_ledger_counts():
+    ph = rc.FenceLacPhase(3, 3, 2)
+    ph.on_answer(0, rc.ERROR)
+    ph.on_answer(1, rc.NO_LEDGER)
+    assert not ph.covered and not ph.impossible
+    ph.on_answer(2, rc.OK, 4)
+    assert ph.covered and ph.max_lac == 4
+
+
+def test_fence_phase_impossible():
+    ph = rc.FenceLacPhase(3, 2, 2)
+    ph.on_answer(0, rc.ERROR)
+    ph.on_answer(1, rc.ERROR)
+    assert ph.impossible
+
+
+def test_fence_phase_exhaustive_matches_coverage():
+    for E in range(1, 6):
+        for Qw in range(1, E + 1):
+            for Qa in range(1, Qw + 1):
+                for kinds in itertools.product([rc.OK, rc.NO_LEDGER, rc.ERROR, None], repeat=E):
+                    ph = rc.FenceLacPhase(E, Qw, Qa)
+                    for s, k in enumerate(kinds):
+                        if k is not None:
+                            ph.on_answer(s, k, s)
+                    answered = {s for s, k in enumerate(kinds) if k in (rc.OK, rc.NO_LEDGER)}
+                    assert ph.covered == is_covered(E, Qw, Qa, answered)
+                    alive = {s for s, k in enumerate(kinds) if k != rc.ERROR}
+                    assert ph.impossible == (not is_covered(E, Qw, Qa, alive))
+
+
+def test_recovery_start_2615():
+    assert rc.recovery_start(-1, 0) == -1
+    assert rc.recovery_start(7, 0) == 7
+    assert rc.recovery_start(-1, 12) == 11      # empty new fragment answers -1
+    assert rc.recovery_start(20, 12) == 20
+
+
+def test_entry_probe():
+    p = rc.EntryProbe(12, 3, 2, 2)
+    a, b = p.slots
+    assert p.on_answer(a, rc.NO_ENTRY) == rc.MISSING          # Qw-Qa+1 = 1
+    p = rc.EntryProbe(12, 3, 2, 2)
+    assert p.on_answer(b, rc.OK) == rc.EXISTS
+    assert p.on_answer(a, rc.NO_ENTRY) == rc.EXISTS           # any positive wins
+    p = rc.EntryProbe(5, 5, 3, 2)
+    s = p.slots
+    assert p.on_answer(s[0], rc.NO_ENTRY) == rc.UNDECIDED
+    assert p.on_answer(s[1], rc.ERROR) == rc.UNDECIDED
+    assert p.on_answer(s[2], rc.ERROR) == rc.UNRECOVERABLE
+    p = rc.EntryProbe(5, 5, 3, 2)
+    p.on_answer(s[0], rc.NO_ENTRY)
+    assert p.on_answer(s[1], rc.NO_ENTRY) == rc.MISSING
+    assert p.on_answer((s[2] + 1) % 5, rc.OK) == rc.MISSING    # outside the write set: ignored
+    assert write_set(5, 5, 3) == s

@@ -1,0 +1,133 @@
+"""``pybk standalone`` as a user runs it: a subprocess that prints the metadata
+URI, is used from outside, stops on SIGTERM leaving no process behind, and
+keeps its data across a restart on the same data dir."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from pybk_spark.metadata import open_store
+from pybk_spark.testing import procs
+from pybk_spark.testing.fixtures import bookie_server_available
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not bookie_server_available(),
+                                 reason="bookie_server is not available yet")]
+
+HANG_GUARD = 90.0
+
+
+class Standalone:
+    """``pybk standalone`` in a subprocess, its output read by a thread."""
+
+    def __init__(self, data_dir, bookies=3):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pybk_spark.cli", "standalone", "--bookies", str(bookies),
+             "--data-dir", str(data_dir)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            text=True)
+        procs.register(self.proc)
+        self.lines: list[str] = []
+        self._cond = threading.Condition()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self):
+        for line in self.proc.stdout:
+            with self._cond:
+                self.lines.append(line.rstrip("\n"))
+                self._cond.notify_all()
+        with self._cond:
+            self._cond.notify_all()
+
+    def wait_for(self, pattern: str) -> re.Match:
+        deadline = time.monotonic() + HANG_GUARD
+        with self._cond:
+            while True:
+                for line in self.lines:
+                    m = re.fullmatch(pattern, line)
+                    if m:
+                        return m
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"no line matching {pattern!r}; output:\n" + "\n".join(self.lines))
+                self._cond.wait(0.2)
+
+    def child_pids(self) -> list[int]:
+        """Pids the standalone reported for its etcd and bookies (cross-checked in /proc)."""
+        pids = [int(m) for line in self.lines for m in re.findall(r"pid=(\d+)", line)]
+        assert sorted(pids) == sorted(procs.children_of(self.proc.pid))
+        return pids
+
+    def terminate(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(HANG_GUARD)
+        finally:
+            procs.terminate(self.proc, grace=0)
+
+
+def assert_all_gone(pids):
+    deadline = time.monotonic() + HANG_GUARD
+    while any(procs.pid_alive(p) for p in pids):
+        if time.monotonic() > deadline:
+            pytest.fail(f"orphans left: {[p for p in pids if procs.pid_alive(p)]}")
+        time.sleep(0.05)
+
+
+def test_standalone_serves_stops_cleanly_and_keeps_data(tmp_path):
+    data_dir = tmp_path / "standalone"
+    sa = Standalone(data_dir)
+    try:
+        uri = sa.wait_for(r"metadataServiceUri=(etcd://127\.0\.0\.1:\d+/pybk)").group(1)
+        sa.wait_for(r"standalone ready: .*")
+        pids = sa.child_pids()
+        assert len(pids) == 4                          # etcd + 3 bookies
+
+        store = open_store(uri)                        # used from outside
+        try:
+            bookies = [k for k, _ in store.list_prefix("bookies/writable/")]
+            assert bookies == [f"bookies/writable/bookie-{i}" for i in range(3)]
+            store.put_if_absent("ledgers/00000000000000000042", b"kept")
+        finally:
+            store.close()
+
+        out = subprocess.run([sys.executable, "-m", "pybk_spark.cli", "--json", "listbookies",
+                              "--metadata-uri", uri], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert sorted(b["bookie_id"] for b in json.loads(out.stdout)) == \
+            ["bookie-0", "bookie-1", "bookie-2"]
+    finally:
+        rc = sa.terminate()
+    assert rc == 0
+    assert_all_gone(pids + [sa.proc.pid])
+
+    again = Standalone(data_dir)
+    try:
+        uri2 = again.wait_for(r"metadataServiceUri=(etcd://127\.0\.0\.1:\d+/pybk)").group(1)
+        again.wait_for(r"standalone ready: .*")
+        assert uri2 == uri                             # same ports remembered
+        store = open_store(uri2)
+        try:
+            assert store.get("ledgers/00000000000000000042").value == b"kept"
+        finally:
+            store.close()
+        pids2 = again.child_pids()
+    finally:
+        again.terminate()
+    assert_all_gone(pids2 + [again.proc.pid])
+
+
+def test_listbookies_without_uri_is_a_clear_error():
+    env = {k: v for k, v in os.environ.items() if k != "PYBK_METADATA_URI"}
+    out = subprocess.run([sys.executable, "-m", "pybk_spark.cli", "--json", "listbookies"],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 1
+    err = json.loads(out.stdout)
+    assert err["error"] == "IncorrectParameter" and err["code"] == -14
