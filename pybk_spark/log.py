@@ -89,7 +89,6 @@ def recover_tail(bk, md: LogMetadata, password: bytes) -> dict[int, tuple[int, i
             continue
         meta = rh.metadata
         closed[ledger_id] = (meta.last_entry_id, meta.length)
-        rh.close()
     return closed
 
 
@@ -225,9 +224,14 @@ class LogWriter:
                 self._discard(handle)
                 raise
             self._install(handle, md)
+        self._after_roll_cas(previous.ledger_id, handle.ledger_id)
         previous.close()                       # waits for its in-flight adds
         self._record_closed(previous)
         return handle.ledger_id
+
+    def _after_roll_cas(self, previous_ledger_id: int, new_ledger_id: int) -> None:
+        """Extension point between the roll's CAS and the close of the previous
+        ledger (the window the seed says is safe; crash tests stop here)."""
 
     def _record_closed(self, handle) -> None:
         try:

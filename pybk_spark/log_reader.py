@@ -26,8 +26,8 @@ import pyarrow as pa
 
 from pybk_spark import errors
 from pybk_spark.log import LogRecord, read_log
-from pybk_spark.metadata.store import log_key
-from pybk_spark.protocol.ledger_metadata import CLOSED
+from pybk_spark.metadata.store import ledger_key, log_key
+from pybk_spark.protocol.ledger_metadata import CLOSED, LedgerMetadata
 from pybk_spark.protocol.log_metadata import LogMetadata, Position
 
 
@@ -75,11 +75,18 @@ class LogReader:
 
     def _drop_handle(self, ledger_id: int) -> None:
         rh = self._handles.pop(ledger_id, None)
-        if rh is not None:
-            rh.close()
+        close = getattr(rh, "close", None)
+        if close is not None:
+            close()
 
     def _refresh(self) -> None:
         self._md, self._md_version = read_log(self._bk.metadata_store, self.name)
+
+    def _wait_for_ledger_change(self, ledger_id: int, timeout_s: float) -> None:
+        store = self._bk.metadata_store
+        got = store.get(ledger_key(ledger_id))
+        if got is not None and LedgerMetadata.from_json(got.value).state != CLOSED:
+            store.wait_for_change(ledger_key(ledger_id), got.version, timeout_s)
 
     # -- reading --------------------------------------------------------------------------
     def read_batch(self, timeout_s: Optional[float] = None) -> tuple[int, int, Optional[pa.RecordBatch]]:
@@ -117,7 +124,12 @@ class LogReader:
                 continue
             if waited or budget <= 0:
                 return self._segment, ledger_id, None
-            rh.wait_for_lac(self._next - 1, budget)
+            if rel + 1 < len(self._md.segments):
+                # A later segment exists, so this ledger is being closed (by a
+                # roll or by a new leader's recovery): wait for its metadata.
+                self._wait_for_ledger_change(ledger_id, budget)
+            else:
+                rh.wait_for_lac(self._next - 1, budget)
             waited = True
             self._refresh()
         raise errors.ClientClosed("log reader closed")

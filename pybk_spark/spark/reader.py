@@ -50,6 +50,7 @@ RAW_ARROW_SCHEMA = pa.schema([
 ])
 
 CLOSED_STATE = "CLOSED"
+LAC_CATCH_UP_TIMEOUT_S = 30.0
 
 
 class LedgerSlicePartition(InputPartition):
@@ -186,9 +187,20 @@ def plan(bk, opts: ReadOptions, ledger_ids, bounds: Bounds = Bounds()) -> list[S
 
 
 # -- executor side: reading ----------------------------------------------------------------------
+def _catch_up_lac(handle, planned_last: int) -> None:
+    """The driver saw LAC >= planned_last, but this open's covering quorum may
+    have answered a lower one (LACs differ per bookie).  Some bookie holds the
+    higher LAC, so a long poll for it returns at once; if it does not come the
+    read fails with NoSuchEntry and Spark retries the task."""
+    if handle.is_closed or handle.last_add_confirmed >= planned_last:
+        return
+    handle.wait_for_lac(planned_last - 1, LAC_CATCH_UP_TIMEOUT_S)
+
+
 def read_slice(bk, part: LedgerSlicePartition, opts: ReadOptions) -> Iterator[pa.RecordBatch]:
     handle = _open(bk, part.ledger_id, recovery=False, password=opts.password)
     try:
+        _catch_up_lac(handle, part.last)
         expected = part.first
         for batch in handle.read_batches(part.first, part.last, max_entries=opts.read_batch_entries):
             if batch.num_rows == 0:

@@ -7,7 +7,8 @@ first copy; reads return the contiguous run held from the first id asked;
 ReadLac answers max(LAC carried by entries, explicit LAC).
 
 ``MemoryTransportPool`` answers synchronously (futures are already done)
-unless a bookie is ``down`` (BookieUnavailable) or ``hung`` (Timeout).
+unless a bookie is ``down`` (BookieUnavailable), ``hung`` (Timeout at once)
+or ``stalled`` (the future never completes, like a SIGSTOPped bookie).
 """
 from __future__ import annotations
 
@@ -118,6 +119,10 @@ class MemoryTransport(BookieTransport):
             f = Future()
             f.set_exception(errors.Timeout(bookie=self.bookie_id))
             return f
+        if self.bookie_id in self.pool.stalled:      # never answers (SIGSTOP)
+            f = Future()
+            self.pool.stalled_futures.append(f)
+            return f
         return _run(lambda: fn(self.pool.bookies[self.bookie_id]))
 
     def add(self, ledger_id, master_key, entries, recovery=False, timeout=None):
@@ -140,6 +145,8 @@ class MemoryTransportPool(TransportPool):
         self.bookies: dict[str, MemoryBookie] = dict(bookies or {})
         self.down: set[str] = set()
         self.hung: set[str] = set()
+        self.stalled: set[str] = set()
+        self.stalled_futures: list[Future] = []
 
     def add_bookie(self, bookie_id: str) -> MemoryBookie:
         b = self.bookies[bookie_id] = MemoryBookie(bookie_id)

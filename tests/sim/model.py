@@ -77,7 +77,8 @@ class SimBookie:
 
 
 class Sim:
-    def __init__(self, seed: int, *, coverage_wait: bool = True, faults: bool = True):
+    def __init__(self, seed: int, *, coverage_wait: bool = True, faults: bool = True,
+                 drop_p: float | None = None):
         self.seed = seed
         self.rng = random.Random(seed)
         self.coverage_wait = coverage_wait
@@ -90,6 +91,8 @@ class Sim:
         self.E, self.Qw, self.Qa = self.rng.choice(CONFIGS)
         self.drop_p = self.rng.choice([0.0, 0.02, 0.1]) if faults else 0.0
         self.slow_p = self.rng.choice([0.0, 0.05, 0.2]) if faults else 0.0
+        if drop_p is not None:
+            self.drop_p = drop_p
         self.partitioned: set[str] = set()
         self.writer_acked: set[int] = set()        # released to the application
         self.closed_value: bytes | None = None

@@ -150,3 +150,12 @@ def test_pushdown_folds_exact_filters_and_returns_the_rest():
     eq, _ = push([EqualTo(("entry_id",), 7), EqualTo(("ledger_id",), 3)])
     assert (eq.entry_lo, eq.entry_hi, eq.allows_ledger(3), eq.allows_ledger(4)) == (7, 7, True, False)
     assert push([])[0] == Bounds()
+
+
+def test_load_path_is_shorthand_for_ledgers_and_user_schema_must_be_raw():
+    from pyspark.sql.types import LongType, StructField, StructType
+    from pybk_spark.spark.reader import RAW_SCHEMA, check_schema
+    assert parse_read_options({"metadataServiceUri": URI, "path": "4,5"}).ledgers == (4, 5)
+    check_schema(RAW_SCHEMA)
+    with pytest.raises(errors.IncorrectParameter, match="ledger_id long, entry_id long, payload binary"):
+        check_schema(StructType([StructField("entry_id", LongType())]))
