@@ -84,9 +84,9 @@ def redis_benchmark(port: int, clients: int, pipeline: int, requests: int) -> fl
 
 
 def measure(quick: bool = False) -> dict:
-    n_sync = 300 if quick else 5000
-    n_pipe = 20_000 if quick else 300_000
-    n_read = 20_000 if quick else 1_000_000
+    n_sync = 200 if quick else 5000
+    n_pipe = 5_000 if quick else 300_000
+    n_read = 5_000 if quick else 1_000_000
     with redis_server() as (port, client):
         latencies = []
         t0 = time.perf_counter()

@@ -8,7 +8,7 @@
 Without a metadata URI the bookie runs standalone (no registration, no GC).
 SIGTERM/SIGINT: unregister, stop accepting, flush, exit 0.  SIGHUP: reload
 the disk thresholds from the conf file.  Exit code 2: refused to start
-(invalid cookie / bad config).
+(invalid cookie / bad config); 3: metadata store unavailable.
 """
 from __future__ import annotations
 
@@ -64,7 +64,12 @@ def main(argv=None) -> int:
         print(f"bookie-server: bad configuration: {exc}", file=sys.stderr)
         return 2
     bookie_id = cfg.effective_bookie_id()
-    store = _open_store(cfg.metadata_uri)
+    try:
+        store = _open_store(cfg.metadata_uri)
+    except errors.BKError as exc:
+        print(f"bookie-server: cannot open metadata store {cfg.metadata_uri}: {exc}",
+              file=sys.stderr)
+        return 3
     try:
         if args.command == "format":
             cookie.format_bookie(cfg.data_dir, bookie_id, store)
@@ -75,6 +80,9 @@ def main(argv=None) -> int:
         except errors.InvalidCookie as exc:
             print(f"bookie-server: refusing to start: {exc}", file=sys.stderr)
             return 2
+        except errors.MetadataError as exc:
+            print(f"bookie-server: metadata store unavailable: {exc}", file=sys.stderr)
+            return 3
         return _serve(cfg, bookie_id, store, args.conf)
     finally:
         if store is not None:

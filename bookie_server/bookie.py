@@ -161,9 +161,9 @@ class Bookie:
         with self.cond:
             for sub in group:
                 if sub.payload is not None:
-                    kind, ledger_id, batch = sub.payload
+                    kind, ledger_id, batch = sub.payload[:3]
                     if kind == "add":
-                        self._apply_batch(ledger_id, batch)
+                        self._apply_batch(ledger_id, batch, sub.payload[3])
                     elif kind == "delete":
                         self._apply_delete(ledger_id)
                     elif kind == "lac":
@@ -173,8 +173,8 @@ class Bookie:
         if self.store.write_cache_bytes > self.cfg.write_cache_max_bytes:
             self._flush_wanted.set()
 
-    def _apply_batch(self, ledger_id: int, batch: pa.RecordBatch) -> None:
-        self.store.add(ledger_id, batch)
+    def _apply_batch(self, ledger_id: int, batch: pa.RecordBatch, raw: bytes | None) -> None:
+        self.store.add(ledger_id, batch, raw)
         max_lac = pc.max(batch.column(2)).as_py()
         max_id = batch.column(1)[batch.num_rows - 1].as_py()
         self.states[ledger_id] = ls.apply_entries(self._state(ledger_id), max_lac, max_id)
@@ -191,7 +191,7 @@ class Bookie:
                 log.error("event=replay_bad_batch error=%r", exc)
                 return
             if batch.num_rows:
-                self._apply_batch(batch.column(0)[0].as_py(), batch)
+                self._apply_batch(batch.column(0)[0].as_py(), batch, body)
             return
         (ledger_id,) = LEDGER.unpack_from(body)
         if rtype == RecordType.FENCE:
@@ -216,7 +216,7 @@ class Bookie:
             records = self._key_records(plan, ledger_id, master_key)
             records.append((RecordType.ADD_BATCH, data))
             self.states[ledger_id] = plan.state
-            fut = self.journal.submit(records, ("add", ledger_id, batch))
+            fut = self.journal.submit(records, ("add", ledger_id, batch, data))
         return fut, first, last
 
     def add(self, ledger_id: int, master_key: bytes, data: bytes, recovery: bool = False,

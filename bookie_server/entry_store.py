@@ -39,10 +39,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pybk_spark import errors
+from bookie_server.run_index import LedgerIndex, runs_of
 from pybk_spark.wire.entries import ENTRY_SCHEMA, batch_to_bytes, empty_batch
 
 log = logging.getLogger("bookie.store")
+
+RAW_MIN_ROWS = 128     # batches this big are written to segments as received
 
 INDEX_SCHEMA = pa.schema([(n, pa.int64()) for n in
                           ("ledger", "start", "end", "segment", "offset", "length", "row")])
@@ -50,85 +52,13 @@ INDEX_SCHEMA = pa.schema([(n, pa.int64()) for n in
 
 class Ref:
     """One stored batch: in memory (``batch``) or in a segment file."""
-    __slots__ = ("ledger", "batch", "segment", "offset", "length")
+    __slots__ = ("ledger", "batch", "segment", "offset", "length", "raw")
 
     def __init__(self, ledger: int, batch: Optional[pa.RecordBatch] = None,
-                 segment: int = -1, offset: int = 0, length: int = 0):
-        self.ledger, self.batch = ledger, batch
+                 segment: int = -1, offset: int = 0, length: int = 0,
+                 raw: Optional[bytes] = None):
+        self.ledger, self.batch, self.raw = ledger, batch, raw
         self.segment, self.offset, self.length = segment, offset, length
-
-
-def runs_of(entry_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Split ascending ids into runs of consecutive ids: (starts, ends, first rows)."""
-    if len(entry_ids) == 0:
-        e = np.empty(0, np.int64)
-        return e, e, e
-    breaks = np.flatnonzero(np.diff(entry_ids) != 1) + 1
-    first_rows = np.concatenate(([0], breaks)).astype(np.int64)
-    last_rows = np.concatenate((breaks - 1, [len(entry_ids) - 1])).astype(np.int64)
-    return entry_ids[first_rows], entry_ids[last_rows], first_rows
-
-
-class LedgerIndex:
-    """Sorted, non-overlapping runs of one ledger."""
-
-    def __init__(self):
-        empty = np.empty(0, np.int64)
-        self.starts = self.ends = self.refs = self.rows = empty
-        self._pending: list[tuple[np.ndarray, ...]] = []
-        self.max_entry = -1
-        self.count = 0
-
-    def add_runs(self, starts, ends, refs, rows) -> None:
-        if len(starts) == 0:
-            return
-        self._pending.append((starts, ends, refs, rows))
-        self.max_entry = max(self.max_entry, int(ends.max()))
-        self.count += int((ends - starts + 1).sum())
-
-    def _settle(self) -> None:
-        if not self._pending:
-            return
-        parts = [(self.starts, self.ends, self.refs, self.rows)] + self._pending
-        cols = [np.concatenate([p[i] for p in parts]) for i in range(4)]
-        order = np.argsort(cols[0], kind="stable")
-        self.starts, self.ends, self.refs, self.rows = (c[order] for c in cols)
-        self._pending = []
-
-    def contains(self, ids: np.ndarray) -> np.ndarray:
-        self._settle()
-        if len(self.starts) == 0:
-            return np.zeros(len(ids), bool)
-        i = np.searchsorted(self.starts, ids, side="right") - 1
-        ok = i >= 0
-        return ok & (ids <= self.ends[np.maximum(i, 0)])
-
-    def locate(self, first: int, last: int, max_entries: int) -> list[tuple[int, int, int]]:
-        """(ref, row, count) pieces covering a contiguous run from ``first``."""
-        self._settle()
-        i = int(np.searchsorted(self.starts, first, side="right")) - 1
-        if i < 0 or self.ends[i] < first:
-            return []
-        out, want, eid = [], min(last - first + 1, max_entries), first
-        n = len(self.starts)
-        while want > 0 and i < n and self.starts[i] <= eid:
-            count = min(int(self.ends[i]) - eid + 1, want)
-            out.append((int(self.refs[i]), int(self.rows[i]) + eid - int(self.starts[i]), count))
-            want -= count
-            eid += count
-            i += 1
-        return out
-
-    def remove_refs(self, ref_ids: np.ndarray) -> None:
-        self._settle()
-        keep = ~np.isin(self.refs, ref_ids)
-        self.count -= int((self.ends[~keep] - self.starts[~keep] + 1).sum())
-        self.starts, self.ends, self.refs, self.rows = (
-            a[keep] for a in (self.starts, self.ends, self.refs, self.rows))
-
-    def table_parts(self):
-        self._settle()
-        return self.starts, self.ends, self.refs, self.rows
 
 
 @dataclass
@@ -144,6 +74,7 @@ class EntryStore:
         self.seg_dir = os.path.join(directory, "segments")
         os.makedirs(self.seg_dir, exist_ok=True)
         self.segment_max_bytes = segment_max_bytes
+        self.raw_min_rows = RAW_MIN_ROWS
         self.lock = threading.RLock()
         self.ledgers: dict[int, LedgerIndex] = {}
         self.refs: dict[int, Ref] = {}
@@ -160,8 +91,9 @@ class EntryStore:
         self._io_lock = threading.Lock()
 
     # -- writes -----------------------------------------------------------------
-    def add(self, ledger_id: int, batch: pa.RecordBatch) -> int:
-        """Index a validated batch (ascending ids).  Returns rows kept."""
+    def add(self, ledger_id: int, batch: pa.RecordBatch, raw: Optional[bytes] = None) -> int:
+        """Index a validated batch (ascending ids).  Returns rows kept.  ``raw``
+        (the batch's IPC stream bytes) lets a big batch go to a segment as is."""
         if batch.num_rows == 0:
             return 0
         ids = batch.column(1).to_numpy()
@@ -177,7 +109,9 @@ class EntryStore:
                     keep = ~dup
                     batch = batch.filter(pa.array(keep))
                     ids = ids[keep]
-            ref_id = self._new_ref(Ref(ledger_id, batch))
+                    raw = None
+            ref_id = self._new_ref(Ref(ledger_id, batch,
+                                       raw=raw if batch.num_rows >= self.raw_min_rows else None))
             starts, ends, rows = runs_of(ids)
             idx.add_runs(starts, ends, np.full(len(starts), ref_id, np.int64), rows)
             self.mem_refs.setdefault(ledger_id, []).append(ref_id)
@@ -198,6 +132,13 @@ class EntryStore:
              max_bytes: int) -> tuple[pa.RecordBatch, bool]:
         """Contiguous entries from ``first``; (batch, hit_limit).  Empty batch
         means ``first`` is not stored here."""
+        try:
+            return self._read(ledger_id, first, last, max_entries, max_bytes)
+        except FileNotFoundError:   # raced with compaction + segment deletion: re-locate
+            return self._read(ledger_id, first, last, max_entries, max_bytes)
+
+    def _read(self, ledger_id: int, first: int, last: int, max_entries: int,
+              max_bytes: int) -> tuple[pa.RecordBatch, bool]:
         with self.lock:
             idx = self.ledgers.get(ledger_id)
             pieces = idx.locate(first, last, max_entries) if idx is not None else []
@@ -255,7 +196,8 @@ class EntryStore:
             return snap
 
     def write_snapshot(self, snap: FlushSnapshot) -> None:
-        """Append one sorted batch per ledger to segments; fsync.  No lock held."""
+        """Append the snapshot to segments; fsync.  No lock held.  Big batches
+        are written as received; small ones are merged per ledger."""
         snap.results = {}
         touched: set[int] = set()
         fh = None
@@ -265,29 +207,38 @@ class EntryStore:
                     idx = self.ledgers.get(ledger_id)
                     if idx is None:     # dropped by GC meanwhile
                         continue
-                    sel = np.isin(idx.refs, ref_ids) if not idx._pending else None
-                    if sel is None:
-                        idx._settle()
-                        sel = np.isin(idx.refs, ref_ids)
-                    parts = [(self.refs[int(r)], int(row), int(e - s + 1)) for s, e, r, row in
-                             zip(idx.starts[sel], idx.ends[sel], idx.refs[sel], idx.rows[sel])]
-                if not parts:
-                    continue
-                slices = [ref.batch.slice(row, n) for ref, row, n in parts]
-                batch = pa.Table.from_batches(slices, schema=ENTRY_SCHEMA).combine_chunks().to_batches()[0]
-                data = batch_to_bytes(batch)
-                if fh is None or self.segment_size.get(self._cur_seg, 0) >= self.segment_max_bytes:
-                    if fh is not None:
-                        os.fsync(fh.fileno())
-                        fh.close()
-                    fh = self._open_segment_for_append()
-                offset = self.segment_size[self._cur_seg]
-                fh.write(data)
-                self.segment_size[self._cur_seg] = offset + len(data)
-                touched.add(self._cur_seg)
-                new_ref = Ref(ledger_id, None, self._cur_seg, offset, len(data))
-                starts, ends, rows = runs_of(batch.column(1).to_numpy())
-                snap.results[ledger_id] = (new_ref, starts, ends, rows, np.array(ref_ids, np.int64))
+                    starts, ends, refs, rows = idx.table_parts()
+                    sel = np.isin(refs, ref_ids)
+                    starts, ends, refs, rows = starts[sel], ends[sel], refs[sel], rows[sel]
+                    objs = {int(r): self.refs[int(r)] for r in np.unique(refs)}
+                out = []
+                # big batches: their received IPC bytes go to the segment unchanged
+                raw_ids = [r for r, o in objs.items() if o.raw is not None]
+                for rid in raw_ids:
+                    m = refs == rid
+                    out.append((objs[rid].raw, starts[m], ends[m], rows[m]))
+                # small batches: one consolidated, id-sorted batch per ledger
+                small = [o.batch for r, o in objs.items() if o.raw is None]
+                if small:      # whole batches (every row is indexed), sorted by entry id
+                    table = pa.Table.from_batches(small, schema=ENTRY_SCHEMA)
+                    table = table.take(pc.sort_indices(table.column(1)))
+                    batch = table.combine_chunks().to_batches()[0]
+                    out.append((batch_to_bytes(batch), *runs_of(batch.column(1).to_numpy())))
+                written = []
+                for data, r_starts, r_ends, r_rows in out:
+                    if fh is None or self.segment_size.get(self._cur_seg, 0) >= self.segment_max_bytes:
+                        if fh is not None:
+                            fh.flush()
+                            os.fsync(fh.fileno())
+                            fh.close()
+                        fh = self._open_segment_for_append()
+                    offset = self.segment_size[self._cur_seg]
+                    fh.write(data)
+                    self.segment_size[self._cur_seg] = offset + len(data)
+                    touched.add(self._cur_seg)
+                    written.append((Ref(ledger_id, None, self._cur_seg, offset, len(data)),
+                                    r_starts, r_ends, r_rows))
+                snap.results[ledger_id] = written
             if fh is not None:
                 fh.flush()
                 os.fsync(fh.fileno())
@@ -314,13 +265,12 @@ class EntryStore:
     def flush_commit(self, snap: FlushSnapshot) -> None:
         with self.lock:
             for ledger_id, ref_ids in snap.by_ledger.items():
-                result = (snap.results or {}).get(ledger_id)
+                written = (snap.results or {}).get(ledger_id) or []
                 idx = self.ledgers.get(ledger_id)
                 old = np.array(ref_ids, np.int64)
                 if idx is not None:
                     idx.remove_refs(old)
-                    if result is not None:
-                        new_ref, starts, ends, rows, _ = result
+                    for new_ref, starts, ends, rows in written:
                         rid = self._new_ref(new_ref)
                         idx.add_runs(starts, ends, np.full(len(starts), rid, np.int64), rows)
                         self.segment_live[new_ref.segment] = \

@@ -61,6 +61,9 @@ class Registrar:
         with self._lock:
             if read_only == self.read_only:
                 return
+            if self._lease is None:          # not registered yet: start() uses the mode
+                self.read_only = read_only
+                return
             old = registration_key(self.bookie_id, self.read_only)
             self.read_only = read_only
             try:

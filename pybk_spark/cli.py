@@ -37,7 +37,10 @@ class Command:
 
 COMMANDS: list[Command] = []
 COMMAND_MODULES: tuple[str, ...] = ("pybk_spark.cli_ledgers", "pybk_spark.cli_logs",
-                                    "pybk_spark.cli_admin")
+                                    "pybk_spark.cli_admin",
+                                    "pybk_spark.admin.shell_recovery",
+                                    "pybk_spark.admin.shell_ledgers",
+                                    "pybk_spark.admin.shell_bookies")
 
 
 def register(name: str, help: str, add_arguments, run) -> None:

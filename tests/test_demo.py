@@ -1,14 +1,30 @@
 """`make demo` end to end: a fresh local cluster, spark-submit jobs/demo.py, teardown."""
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 
+def processes_mentioning(text: str) -> list[str]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append(f"{proc.name}: {cmdline[:200]}")
+    return found
+
+
 @pytest.mark.slow
 @pytest.mark.spark
-def test_demo_exits_zero_and_reports_a_match(tmp_path):
+def test_demo_exits_zero_reports_a_match_and_leaves_no_process(tmp_path):
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
                SPARK_LOCAL_IP="127.0.0.1")
     out = subprocess.run([sys.executable, "-m", "pybk_spark.demo", "--", "--ledgers", "2",
@@ -17,3 +33,6 @@ def test_demo_exits_zero_and_reports_a_match(tmp_path):
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     assert "RESULT: OK" in out.stdout
     assert "demo: PASSED" in out.stdout
+    data_dir = re.search(r"bookies in (\S+)", out.stdout).group(1)
+    assert processes_mentioning(data_dir) == []
+    assert not Path(data_dir).exists()

@@ -26,12 +26,16 @@ class BookieVsModel(RuleBasedStateMachine):
                                 journal_max_file_bytes=8192, journal_prealloc_bytes=16384,
                                 max_read_entries=7, flush_interval_s=3600,
                                 compaction_min_live_ratio=0.5)
-        self.bookie = Bookie(self.cfg).open(background=False)
+        self._open()
         self.entries: dict[int, dict[int, bytes]] = {}
         self.keys: dict[int, bytes] = {}
         self.fenced: set[int] = set()
         self.lac: dict[int, int] = {}
         self.version = 0
+
+    def _open(self):
+        self.bookie = Bookie(self.cfg).open(background=False)
+        self.bookie.store.raw_min_rows = 6     # exercise both segment write paths
 
     def teardown(self):
         try:
@@ -98,7 +102,7 @@ class BookieVsModel(RuleBasedStateMachine):
     @rule(clean=st.booleans())
     def restart(self, clean):
         self.bookie.close(checkpoint=clean)
-        self.bookie = Bookie(self.cfg).open(background=False)
+        self._open()
 
     @precondition(lambda self: bool(self.keys))
     @rule(data=st.data())
@@ -116,9 +120,9 @@ class BookieVsModel(RuleBasedStateMachine):
             expected = self.entries.get(ledger, {})
             got: dict[int, bytes] = {}
             eid = 0
-            while eid <= 60:
+            while eid <= 100:
                 try:
-                    r = b.read(ledger, eid, 60)
+                    r = b.read(ledger, eid, 100)
                 except (errors.NoSuchEntry, errors.NoSuchLedger):
                     eid += 1
                     continue

@@ -190,3 +190,61 @@ def test_clean_shutdown_and_foreign_data_dir(bookies, tmp_path):
         json.dump({"bookie_id": bp.bookie_id, "instance_id": "x", "version": 1}, fh)
     bp.start()
     assert read_all(bp.stub(), 1, 0, 5) == {e: payload_for(1, e) for e in range(3)}
+
+
+def test_metrics_endpoint(bookies):
+    import urllib.request
+    from pybk_spark.testing.bookie_process import free_port
+    port = free_port()
+    bp = bookies(conf={"metrics_port": port}).start()
+    stub = bp.stub()
+    assert _add(stub, 1, range(10)).code == 0
+    assert stub.ReadEntries(pb.ReadRequest(ledger_id=1, first_entry_id=0,
+                                           last_entry_id=9)).code == 0
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+    for name in ("bookie_add_requests_total", "bookie_add_entries_total 10.0",
+                 "bookie_read_entries_total 10.0", "bookie_journal_fdatasync_seconds_bucket",
+                 "bookie_journal_group_requests_bucket", "bookie_journal_queue_depth",
+                 "bookie_disk_usage_ratio", "bookie_add_latency_seconds_bucket"):
+        assert name in text, name
+
+
+def test_cancelled_stream_and_concurrent_clients(bookie):
+    stub = bookie.stub()
+    gate = threading.Event()
+
+    def requests():
+        for i in range(5):
+            yield pb.AddRequest(ledger_id=20, master_key=KEY, request_id=i,
+                                entries=entries_bytes(20, [i]))
+        gate.wait(60)               # hold the stream open, then the client cancels it
+
+    call = stub.AddStream(requests())
+    got = [next(call) for _ in range(5)]
+    assert all(r.code == 0 for r in got)
+    call.cancel()
+    gate.set()
+    # many concurrent unary and streaming clients on different ledgers
+    results = []
+
+    def unary(ledger):
+        for i in range(20):
+            results.append(_add(stub, ledger, [i]).code)
+
+    def streaming(ledger):
+        reqs = (pb.AddRequest(ledger_id=ledger, master_key=KEY, request_id=i,
+                              entries=entries_bytes(ledger, range(i * 10, i * 10 + 10)))
+                for i in range(20))
+        results.extend(r.code for r in stub.AddStream(reqs))
+    threads = [threading.Thread(target=unary, args=(30 + k,)) for k in range(4)] + \
+              [threading.Thread(target=streaming, args=(40 + k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert sorted(results) == [0] * 160
+    for k in range(4):
+        assert read_all(stub, 30 + k, 0, 100) == {e: payload_for(30 + k, e) for e in range(20)}
+        assert read_all(stub, 40 + k, 0, 500) == {e: payload_for(40 + k, e) for e in range(200)}
+    assert read_all(stub, 20, 0, 10) == {e: payload_for(20, e) for e in range(5)}
+    assert stub.Health(pb.HealthRequest()).serving

@@ -70,6 +70,14 @@ def test_reader_without_spark_yields_exact_arrow_schema(metadata_uri, two_ledger
     assert got == expected
 
 
+def test_empty_ledgers_plan_no_partition(metadata_uri, bk):
+    closed_empty = write_ledger(bk, []).ledger_id
+    open_empty = write_ledger(bk, [], close=False).ledger_id
+    source = BookKeeperDataSource({"metadataServiceUri": metadata_uri,
+                                   "ledgers": f"{closed_empty},{open_empty}"})
+    assert source.reader(source.schema()).partitions() == []
+
+
 def test_round_trip_with_partitions_per_fragment_and_slices(spark, metadata_uri, bk, two_ledgers):
     a, b, expected = two_ledgers
     df = load(spark, metadata_uri, [a, b])
@@ -81,6 +89,25 @@ def test_round_trip_with_partitions_per_fragment_and_slices(spark, metadata_uri,
     sliced = load(spark, metadata_uri, [a, b], maxEntriesPerPartition="100")
     assert sliced.rdd.getNumPartitions() == 3 + 2
     assert rows_of(sliced) == expected
+
+
+def test_partitions_follow_fragments_across_an_ensemble_change(spark, metadata_uri, bk, cluster):
+    """A bookie dies mid-ledger: the writer changes ensemble (a second fragment);
+    Spark plans one partition per fragment and reads both with that bookie still
+    down (the fixture restarts it after the test)."""
+    payloads = payloads_for(b"frag", 80)
+    lh = bk.create_ledger(ensemble=2, write_quorum=2, ack_quorum=2)
+    assert lh.add_entries(payloads[:40]) == list(range(40))
+    victim = bk.get_ledger_metadata(lh.ledger_id).current_ensemble[0]
+    cluster.kill_bookie(victim)
+    assert lh.add_entries(payloads[40:]) == list(range(40, 80))
+    lh.close()
+    fragments = bk.get_ledger_metadata(lh.ledger_id).fragments()
+    assert len(fragments) == 2 and victim not in fragments[1][2]
+
+    df = load(spark, metadata_uri, [lh.ledger_id])
+    assert df.rdd.getNumPartitions() == len(fragments) == 2
+    assert rows_of(df) == [(lh.ledger_id, i, p) for i, p in enumerate(payloads)]
 
 
 def test_starting_and_ending_offsets(spark, metadata_uri, two_ledgers):

@@ -1,0 +1,179 @@
+"""Turn one benchmark run (the dict ``bench.run`` builds) into a Markdown
+table, a PNG plot and the generated section of docs/performance.md.
+
+docs/performance.md keeps hand-written analysis outside the markers
+``<!-- bench:begin -->`` / ``<!-- bench:end -->``; only the text between them
+is regenerated.
+"""
+from __future__ import annotations
+
+import os
+
+BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+
+TARGETS = {
+    "append_vs_redis_pipelined_1c": (">=", 2.0, "(3) batched append E=3 Qw=3 Qa=2 / Redis 1-client pipelined"),
+    "append_vs_redis_50c": (">=", 1.0, "(3) batched append / Redis 50 clients (aim beyond the bar)"),
+    "sync_add_p99_ms": ("<=", 3.0, "(4) single-entry sync add p99, ms"),
+    "bookie_ingest_vs_disk": (">=", 0.5, "(2) bookie ingest 1000x1 KiB / disk sequential"),
+    "catchup_read_vs_redis_xrange": (">=", 1.0, "(5) catch-up read / Redis XRANGE"),
+    "spark_write_vs_parquet": (">=", 0.5, "(6) Spark write / Parquet write"),
+    "spark_read_vs_parquet": (">=", 0.5, "(6) Spark full scan / Parquet full scan"),
+}
+
+
+def verdict(key: str, value) -> str:
+    if value is None:
+        return "n/a"
+    op, target, _ = TARGETS[key]
+    ok = value >= target if op == ">=" else value <= target
+    return "met" if ok else "MISSED"
+
+
+def _f(x, digits=0, unit="") -> str:
+    if x is None:
+        return "null"
+    if isinstance(x, float):
+        return f"{x:,.{digits}f}{unit}"
+    return f"{x}{unit}"
+
+
+def _get(d, *path):
+    for p in path:
+        if not isinstance(d, dict) or p not in d or d[p] is None:
+            return None
+        d = d[p]
+    return d
+
+
+def markdown(r: dict) -> str:
+    f, m = r["figures"], r["machine"]
+    lines = [f"Run: `{r['command']}` ({r['mode']}), {r['started_at']}, {r['duration_s']:.0f} s; "
+             f"load average at start {m.get('loadavg_at_start')}, at end {r.get('loadavg_at_end')}.",
+             "", "### Ratios (ours / peer, higher is better; p99 in ms)", "",
+             "| Ratio | Value | Target | Verdict |", "|---|---|---|---|"]
+    for key, (op, target, what) in TARGETS.items():
+        v = r["ratios"].get(key)
+        why = r.get("missing", {}).get(key)
+        shown = _f(v, 2) if v is not None else f"null ({why})" if why else "null"
+        lines.append(f"| `{key}`: {what} | {shown} | {op} {target} | {verdict(key, v)} |")
+    lines += ["", "### Figures", "", "| # | What | Ours | Peer |", "|---|---|---|---|"]
+    d = f.get("1_disk") or {}
+    lines.append(f"| 1 | disk 4 KiB write+fdatasync | {_f(_get(d, 'fsync_4k', 'ops_per_s'))}/s, "
+                 f"p50 {_f(_get(d, 'fsync_4k', 'p50_ms'), 2)} ms, p99 {_f(_get(d, 'fsync_4k', 'p99_ms'), 2)} ms | - |")
+    lines.append(f"| 1 | disk sequential, fdatasync every 64 MiB | 1 writer {_f(_get(d, 'seq_write', 'mb_per_s'))} MB/s; "
+                 f"3 writers {_f(_get(d, 'seq_3_writers', 'total_mb_per_s_sum'))} MB/s total | - |")
+    bi = f.get("2_bookie_ingest") or {}
+    for n in ("1", "100", "1000"):
+        x = bi.get(f"add_batch_{n}") or {}
+        lines.append(f"| 2 | one bookie, batches of {n} x 1 KiB | {_f(x.get('entries_per_s'))} entries/s, "
+                     f"{_f(x.get('mb_per_s'), 1)} MB/s | disk seq {_f(_get(d, 'seq_write', 'mb_per_s'))} MB/s |")
+    a, red = f.get("3_append") or {}, f.get("peers_redis") or {}
+    for key, label in (("batched_E3Qw3Qa2", "add_entries E=3 Qw=3 Qa=2"),
+                       ("batched_E3Qw2Qa2", "add_entries E=3 Qw=2 Qa=2"),
+                       ("async_E3Qw3Qa2", "add_entry_async E=3 Qw=3 Qa=2"),
+                       ("async_E3Qw2Qa2", "add_entry_async E=3 Qw=2 Qa=2")):
+        lines.append(f"| 3 | {label}, 1 KiB | {_f(_get(a, key, 'entries_per_s'))} entries/s | "
+                     f"Redis P1000 1c {_f(red.get('redis_pipelined_1c_entries_per_s'))}/s, "
+                     f"50c x P100 {_f(red.get('redis_50c_entries_per_s'))}/s |")
+    s = f.get("4_sync_latency") or {}
+    rs = red.get("redis_sync_xadd") or {}
+    lines.append(f"| 4 | sync add_entry, 1 KiB, p50/p99/p999 ms | {_f(s.get('p50_ms'), 2)} / {_f(s.get('p99_ms'), 2)} / "
+                 f"{_f(s.get('p999_ms'), 2)} ({_f(s.get('entries_per_s'))}/s) | Redis sync XADD {_f(rs.get('p50_ms'), 2)} / "
+                 f"{_f(rs.get('p99_ms'), 2)} / {_f(rs.get('p999_ms'), 2)} ({_f(rs.get('entries_per_s'))}/s); "
+                 f"fdatasync p50 {_f(_get(d, 'fsync_4k', 'p50_ms'), 2)}, p99 {_f(_get(d, 'fsync_4k', 'p99_ms'), 2)} |")
+    c = f.get("5_catchup") or {}
+    lines.append(f"| 5 | catch-up read {_f(c.get('entries'))} x 1 KiB, non-fencing | {_f(c.get('entries_per_s'))} entries/s "
+                 f"({_f(c.get('mb_per_s'))} MB/s) | Redis XRANGE {_f(red.get('redis_xrange_entries_per_s'))}/s |")
+    sp = f.get("6_spark") or {}
+    rows = sp.get("rows")
+    lines.append(f"| 6 | Spark write {_f(rows)} rows x {sp.get('payload_bytes')} B | "
+                 f"{_f(_get(sp, 'bookkeeper_write', 'median_s'), 2, ' s') if sp.get('bookkeeper_write') else 'null (' + str(sp.get('bookkeeper_write_error')) + ')'} | "
+                 f"Parquet {_f(_get(sp, 'parquet_write', 'median_s'), 2, ' s')} |")
+    lines.append(f"| 6 | Spark count | {_f(_get(sp, 'bookkeeper_count', 'median_s'), 2, ' s')} | "
+                 f"Parquet {_f(_get(sp, 'parquet_count', 'median_s'), 2, ' s')} |")
+    lines.append(f"| 6 | Spark full scan (every column) | {_f(_get(sp, 'bookkeeper_scan', 'median_s'), 2, ' s')} | "
+                 f"Parquet {_f(_get(sp, 'parquet_scan', 'median_s'), 2, ' s')} |")
+    rc = f.get("7_recovery") or {}
+    for t in ("0", "1000"):
+        lines.append(f"| 7 | fence+recover+close, {t}-entry unconfirmed tail | "
+                     f"{_f(_get(rc, 'tail_' + t, 'median_ms'), 1, ' ms')} (median) | - |")
+    rr = f.get("8_rereplication") or {}
+    lines.append(f"| 8 | re-replication of a lost bookie | "
+                 + (f"{_f(rr.get('copy_mb_per_s'), 1)} MB/s copying, {_f(rr.get('total_mb_per_s'), 1)} MB/s with audit "
+                    f"({_f(rr.get('bytes'))} B, {rr.get('fragments')} fragments)" if rr.get("available")
+                    else f"null ({rr.get('reason')})") + " | - |")
+    errs = r.get("errors") or {}
+    if errs:
+        lines += ["", "Errors during the run:", ""] + [f"- {k}: {v}" for k, v in errs.items()]
+    return "\n".join(lines) + "\n"
+
+
+def machine_markdown(m: dict) -> str:
+    return ("| nproc | CPU | memory | disk free | Python | PySpark | PyArrow | grpcio | Redis | Java |\n"
+            "|---|---|---|---|---|---|---|---|---|---|\n"
+            f"| {m.get('nproc')} | {m.get('cpu_model')} | {m.get('memory_gib')} GiB | "
+            f"{m.get('disk_free_gib')} GiB of {m.get('disk_total_gib')} | {m.get('python')} | "
+            f"{m.get('pyspark')} | {m.get('pyarrow')} | {m.get('grpcio')} | {m.get('redis_server')} | "
+            f"{m.get('java')} |\n")
+
+
+def plot(r: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    sweep = r["figures"].get("sweep") or {}
+    ours, redis = sweep.get("ours") or {}, sweep.get("redis") or {}
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
+
+    def series(src, mode, key):
+        pts = sorted((int(n), v.get(key)) for n, v in (src.get(mode) or {}).items()
+                     if v.get(key) is not None)
+        return [p[0] for p in pts], [p[1] for p in pts]
+    for src, mode, label, style in ((ours, "pipelined", "pybk add_entries, pipelined chunks of N", "o-"),
+                                    (ours, "one_in_flight", "pybk add_entries(N), one in flight", "o--"),
+                                    (redis, "pipelined", "Redis redis-benchmark -c1 -P N", "s-"),
+                                    (redis, "one_in_flight", "Redis redis-py pipeline(N), one in flight", "s--")):
+        x, y = series(src, mode, "entries_per_s")
+        if x:
+            ax1.plot(x, y, style, label=label)
+    r50 = _get(r, "figures", "peers_redis", "redis_50c_entries_per_s")
+    if r50:
+        ax1.axhline(r50, color="grey", ls=":", label="Redis 50 clients x P100")
+    ax1.set(xscale="log", yscale="log", xlabel="batch / pipeline size N (1 KiB entries)",
+            ylabel="entries/s", title="Append throughput vs batch size")
+    ax1.legend(fontsize=7)
+    for src, label, style in ((ours, "pybk add_entries(N)", "o"), (redis, "Redis pipeline(N)", "s")):
+        for q, ls in (("p50_ms", "-"), ("p99_ms", "--")):
+            x, y = series(src, "one_in_flight", q)
+            if x:
+                ax2.plot(x, y, style + ls, label=f"{label} {q[:3]}")
+    fs = _get(r, "figures", "1_disk", "fsync_4k", "p50_ms")
+    if fs:
+        ax2.axhline(fs, color="grey", ls=":", label="disk fdatasync p50")
+    ax2.set(xscale="log", yscale="log", xlabel="batch / pipeline size N (1 KiB entries)",
+            ylabel="latency per batch, ms", title="Batch latency (one in flight)")
+    ax2.legend(fontsize=7)
+    fig.suptitle(f"pybk-spark vs Redis (appendfsync always), {r['mode']} run {r['started_at']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def update_docs(r: dict, doc_path: str, png_rel: str, md_table: str) -> None:
+    section = "\n".join([
+        BEGIN,
+        "<!-- generated by `make bench` (bench/report.py); edit outside the markers -->",
+        "", "## Latest run", "", md_table, f"![throughput and latency against batch size]({png_rel})", "",
+        "## Machine", "", machine_markdown(r["machine"]), END])
+    text = open(doc_path).read() if os.path.exists(doc_path) else "# Performance\n\n"
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        tail = rest.split(END, 1)[1]
+        text = head + section + tail
+    else:
+        text = text.rstrip() + "\n\n" + section + "\n"
+    tmp = doc_path + ".tmp"
+    with open(tmp, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, doc_path)

@@ -1,0 +1,228 @@
+"""``make bench`` / ``make bench QUICK=1``: every figure of issue 8, in one run,
+in a fixed order, each beside its peer measured in the same run.
+
+    .venv/bin/python -m bench.run [--quick] [--data-dir DIR] [--no-docs]
+
+Order: (1) disk limits, (2) bookie-only ingest (bench.bookie_ingest, which
+measures the disk of figure 1 too), the Redis peer (bench.redis_peer,
+bench.redis_sweep), then on one LocalCluster (etcd + 3 bookie-server
+processes): (3) client append throughput and the batch-size sweep, (4) sync
+add latency, (5) catch-up read of the ledger (3) wrote, (6) Spark vs Parquet,
+(7) recovery, (8) re-replication (adds a 4th bookie and kills one, so last).
+
+Outputs: full mode writes bench/results/latest.{json,md,png} and regenerates
+the marked section of docs/performance.md; ``--quick`` (tiny sizes, same code
+paths, checks the harness, not the figures) writes bench/results/quick.* and
+leaves latest.* and the docs alone.  A figure that fails is recorded under
+``errors`` and its ratios are null, with the reason under ``missing``; the
+run goes on.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+import traceback
+
+from bench import report
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(HERE, "results")
+DOC = os.path.join(os.path.dirname(HERE), "docs", "performance.md")
+RATIO_KEYS = ("append_vs_redis_pipelined_1c", "append_vs_redis_50c", "sync_add_p99_ms",
+              "bookie_ingest_vs_disk", "catchup_read_vs_redis_xrange", "spark_write_vs_parquet",
+              "spark_read_vs_parquet")
+
+
+def _log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+class Run:
+    def __init__(self, quick: bool):
+        self.quick = quick
+        self.figures: dict = {}
+        self.errors: dict = {}
+        self.timings: dict = {}
+
+    def step(self, name: str, fn):
+        _log(f"{name} ...")
+        t0 = time.perf_counter()
+        try:
+            value = fn()
+        except Exception as exc:  # noqa: BLE001 - record, go on with the other figures
+            value = None
+            self.errors[name] = f"{type(exc).__name__}: {str(exc).strip()[:500]}"
+            _log(f"{name} FAILED: {self.errors[name]}")
+            traceback.print_exc()
+        self.timings[name] = round(time.perf_counter() - t0, 1)
+        _log(f"{name} done in {self.timings[name]} s")
+        if value is not None:
+            self.figures[name] = value
+        return value
+
+
+def _ratio(num, den):
+    if num is None or den is None or den == 0:
+        return None
+    return num / den
+
+
+def _g(d, *path):
+    for p in path:
+        if not isinstance(d, dict) or d.get(p) is None:
+            return None
+        d = d[p]
+    return d
+
+
+def compute_ratios(f: dict, errors: dict) -> tuple[dict, dict]:
+    red = f.get("peers_redis") or {}
+    ours_batched = _g(f, "3_append", "batched_E3Qw3Qa2", "entries_per_s")
+    spark = f.get("6_spark") or {}
+    ratios = {
+        "append_vs_redis_pipelined_1c": _ratio(ours_batched, red.get("redis_pipelined_1c_entries_per_s")),
+        "append_vs_redis_50c": _ratio(ours_batched, red.get("redis_50c_entries_per_s")),
+        "sync_add_p99_ms": _g(f, "4_sync_latency", "p99_ms"),
+        "bookie_ingest_vs_disk": _g(f, "2_bookie_ingest", "ratio_1000_vs_seq"),
+        "catchup_read_vs_redis_xrange": _ratio(_g(f, "5_catchup", "entries_per_s"),
+                                               red.get("redis_xrange_entries_per_s")),
+        "spark_write_vs_parquet": spark.get("write_ratio"),
+        "spark_read_vs_parquet": spark.get("read_scan_ratio"),
+    }
+    needs = {"append_vs_redis_pipelined_1c": ("3_append", "peers_redis"),
+             "append_vs_redis_50c": ("3_append", "peers_redis"),
+             "sync_add_p99_ms": ("4_sync_latency",),
+             "bookie_ingest_vs_disk": ("2_bookie_ingest",),
+             "catchup_read_vs_redis_xrange": ("5_catchup", "peers_redis"),
+             "spark_write_vs_parquet": ("6_spark",), "spark_read_vs_parquet": ("6_spark",)}
+    missing = {}
+    for key, value in ratios.items():
+        if value is not None and isinstance(value, float) and not math.isfinite(value):
+            ratios[key] = value = None
+        if value is None:
+            why = [f"{n}: {errors[n]}" for n in needs[key] if n in errors]
+            if key == "spark_write_vs_parquet" and spark and not spark.get("bookkeeper_write_available"):
+                why.append("Spark batch writer (df.write.format('bookkeeper')) not available: "
+                           f"{spark.get('bookkeeper_write_error')}")
+            missing[key] = "; ".join(why) or "component missing"
+    return ratios, missing
+
+
+def run(quick: bool, data_dir: str | None) -> dict:
+    from bench import (bookie_ingest, catchup, client_append, disk_writers, machine,
+                       recovery_bench, redis_peer, redis_sweep, rereplication)
+    started = dt.datetime.now().astimezone().isoformat(timespec="seconds")
+    t_start = time.perf_counter()
+    base = data_dir or tempfile.gettempdir()
+    r = Run(quick)
+    work = tempfile.mkdtemp(prefix="pybk-bench-", dir=base)
+    try:
+        desc = machine.describe(work)
+        ingest = r.step("2_bookie_ingest", lambda: bookie_ingest.run(quick, work))
+        if ingest is not None:
+            r.figures["1_disk"] = ingest.pop("disk")
+            three = r.step("1_disk_3_writers", lambda: disk_writers.seq_bandwidth_writers(
+                work, 3, (32 if quick else 512) << 20))
+            r.figures.pop("1_disk_3_writers", None)
+            if three is not None:
+                r.figures["1_disk"]["seq_3_writers"] = three
+        r.step("peers_redis", lambda: redis_peer.measure(quick))
+        redis_sw = r.step("sweep_redis", lambda: redis_sweep.measure(quick))
+        r.figures.pop("sweep_redis", None)
+        _cluster_figures(r, quick, work, redis_sw, client_append, catchup, recovery_bench,
+                         rereplication)
+    finally:
+        import shutil
+        shutil.rmtree(work, ignore_errors=True)
+    ratios, missing = compute_ratios(r.figures, r.errors)
+    return {"mode": "quick" if quick else "full",
+            "command": "make bench QUICK=1" if quick else "make bench",
+            "started_at": started, "duration_s": time.perf_counter() - t_start,
+            "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
+            "machine": desc, "ratios": ratios, "missing": missing,
+            "targets": {k: f"{op} {t}" for k, (op, t, _) in report.TARGETS.items()},
+            "figures": r.figures, "errors": r.errors, "step_seconds": r.timings}
+
+
+def _cluster_figures(r: Run, quick: bool, work: str, redis_sw, client_append, catchup,
+                     recovery_bench, rereplication) -> None:
+    from pybk_spark.testing.cluster import LocalCluster
+    catchup_entries = 20_000 if quick else 1_000_000
+    with LocalCluster(os.path.join(work, "cluster"), num_bookies=3) as cluster:
+        uri = cluster.metadata_uri
+        writer = [None]
+
+        def append():
+            out, writer[0] = client_append.throughput(uri, quick, catchup_entries)
+            return out
+        r.step("3_append", append)
+        ours_sw = r.step("sweep_ours", lambda: client_append.batch_sweep(uri, quick))
+        r.figures.pop("sweep_ours", None)
+        r.figures["sweep"] = {"ours": ours_sw, "redis": redis_sw}
+        r.step("4_sync_latency", lambda: client_append.sync_latency(uri, quick))
+        appended = r.figures.get("3_append") or {}
+        if "catchup_ledger" in appended:
+            r.step("5_catchup", lambda: catchup.measure(uri, appended["catchup_ledger"],
+                                                        appended["catchup_ledger_entries"]))
+        else:
+            r.errors["5_catchup"] = "no ledger: figure 3 failed"
+        if writer[0] is not None:
+            writer[0][0].close()
+        r.step("6_spark", lambda: _spark(uri, quick, work))
+        r.step("7_recovery", lambda: recovery_bench.measure(uri, quick))
+        r.step("8_rereplication", lambda: rereplication.measure(cluster, quick))
+
+
+def _spark(uri: str, quick: bool, work: str) -> dict:
+    from bench import spark_bench
+    spark = spark_bench.spark_session()
+    try:
+        return spark_bench.measure(spark, uri, quick, work)
+    finally:
+        spark.stop()
+
+
+def write_outputs(result: dict, quick: bool, docs: bool) -> dict:
+    os.makedirs(RESULTS, exist_ok=True)
+    stem = "quick" if quick else "latest"
+    paths = {k: os.path.join(RESULTS, f"{stem}.{k}") for k in ("json", "md", "png")}
+    with open(paths["json"], "w") as fh:
+        json.dump(result, fh, indent=1, sort_keys=False, default=str)
+        fh.write("\n")
+    table = report.markdown(result)
+    with open(paths["md"], "w") as fh:
+        fh.write(f"# Benchmark ({result['mode']})\n\n{table}\n## Machine\n\n"
+                 f"{report.machine_markdown(result['machine'])}")
+    try:
+        report.plot(result, paths["png"])
+    except Exception as exc:  # noqa: BLE001 - a plot failure must not lose the figures
+        _log(f"plot failed: {exc}")
+    if docs and not quick:
+        report.update_docs(result, DOC, "../bench/results/latest.png", table)
+    return paths
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.run")
+    p.add_argument("--quick", action="store_true", help="tiny sizes: checks the harness")
+    p.add_argument("--data-dir", help="where the cluster and probes write (default: $TMPDIR)")
+    p.add_argument("--no-docs", action="store_true", help="do not touch docs/performance.md")
+    a = p.parse_args(argv)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    result = run(a.quick, a.data_dir)
+    paths = write_outputs(result, a.quick, not a.no_docs)
+    print(report.markdown(result))
+    _log(f"wrote {', '.join(paths.values())}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

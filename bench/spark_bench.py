@@ -1,0 +1,182 @@
+"""Figure 6: Spark write and read through the ``bookkeeper`` source vs Parquet.
+
+One DataFrame of ``rows`` rows (``id long, payload binary``, 100 B random
+payloads: incompressible), built from Arrow on the driver, cached and counted
+before any clock starts; both sinks get exactly that DataFrame.
+
+* write: ``df.write.parquet(tmp)`` vs ``df.write.format("bookkeeper")
+  .option("log", name)``; if the bookkeeper writer is not available the figure
+  is null with the reason, and the ledgers for the read figure are written
+  with the client (``add_entries``, E=3 Qw=3 Qa=2, closed) instead.
+* read: ``count()`` and a full scan touching every column
+  (``sum(length(payload))`` plus ``sum`` of every integer column).  Parquet's
+  count is answered from file footers, so the read ratio uses the full scan.
+
+Each timed query runs ``reps`` times after one untimed warm-up (none in quick mode) (the first
+Python data source query of a session costs ~3 s of worker start-up, which is
+reported separately as ``cold_*``); the median is the figure.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import tempfile
+import time
+
+import numpy as np
+import pyarrow as pa
+
+PAYLOAD_BYTES = 100
+
+
+def spark_session():
+    os.environ.setdefault("PYSPARK_PYTHON", _venv_python())
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", _venv_python())
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+    spark = (SparkSession.builder.master("local[2]").appName("pybk-bench")
+             .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.driver.memory", "4g")
+             .config("spark.sql.shuffle.partitions", "2")
+             .config("spark.driver.host", "127.0.0.1")
+             .config("spark.driver.bindAddress", "127.0.0.1")
+             .config("spark.python.worker.reuse", "true")
+             .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def _venv_python() -> str:
+    import sys
+    return sys.executable
+
+
+def random_table(rows: int, seed: int = 8) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    blob = rng.bytes(rows * PAYLOAD_BYTES)
+    offsets = pa.array(np.arange(0, (rows + 1) * PAYLOAD_BYTES, PAYLOAD_BYTES, dtype=np.int32))
+    payload = pa.BinaryArray.from_buffers(pa.binary(), rows, [None, offsets.buffers()[1],
+                                                              pa.py_buffer(blob)])
+    return pa.table({"id": pa.array(np.arange(rows, dtype=np.int64)), "payload": payload})
+
+
+def _timed(fn, reps: int) -> dict:
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return {"median_s": statistics.median(samples), "samples_s": samples}
+
+
+def _scan(df, int_cols):
+    from pyspark.sql import functions as F
+    aggs = [F.sum(F.length("payload")).alias("payload_bytes")] + [F.sum(c) for c in int_cols]
+    return df.agg(*aggs).collect()[0]
+
+
+def _bk_reader(spark, uri: str, ledgers: list[int] | None, log: str | None):
+    r = spark.read.format("bookkeeper").option("metadataServiceUri", uri)
+    return r.option("log", log).load() if log else r.option("ledgers", ",".join(map(str, ledgers))).load()
+
+
+def _write_ledgers_with_client(uri: str, table: pa.Table) -> list[int]:
+    from pybk_spark.client import BookKeeper
+    payloads = table.column("payload").to_pylist()
+    with BookKeeper(uri) as bk:
+        lh = bk.create_ledger(3, 3, 2)     # Qw < E stripes entries: see docs/performance.md
+        lh.add_entries(payloads)
+        lh.close()
+        return [lh.ledger_id]
+
+
+def measure(spark, uri: str, quick: bool, work_dir: str) -> dict:
+    rows = 20_000 if quick else 1_000_000
+    reps = 1 if quick else 3
+    out: dict = {"rows": rows, "payload_bytes": PAYLOAD_BYTES, "reps": reps}
+    table = random_table(rows)
+    df = spark.createDataFrame(table).repartition(2).cache()
+    if df.count() != rows:
+        raise RuntimeError("DataFrame row count mismatch")
+    expected_bytes = rows * PAYLOAD_BYTES
+
+    # -- write ----------------------------------------------------------------------------
+    pq_dir = tempfile.mkdtemp(prefix="parquet-", dir=work_dir)
+    counter = iter(range(1_000_000))
+
+    def write_parquet():
+        df.write.mode("overwrite").parquet(os.path.join(pq_dir, "t"))
+    if not quick:
+        write_parquet()                                       # warm-up (cold first write)
+    out["parquet_write"] = _timed(write_parquet, reps)
+
+    log_name = None
+
+    def write_bk():
+        name = f"bench-log-{os.getpid()}-{next(counter)}"
+        df.write.format("bookkeeper").option("metadataServiceUri", uri) \
+            .option("log", name).mode("append").save()
+        return name
+    try:
+        t0 = time.perf_counter()
+        write_bk()
+        out["bookkeeper_cold_write_s"] = time.perf_counter() - t0
+        names = []
+        out["bookkeeper_write"] = _timed(lambda: names.append(write_bk()), reps)
+        log_name = names[-1]
+        out["bookkeeper_write_available"] = True
+    except Exception as exc:   # the batch writer is not built yet, or failed
+        out["bookkeeper_write"] = None
+        out["bookkeeper_write_available"] = False
+        out["bookkeeper_write_error"] = _first_line(exc)
+    ledgers = None
+    if log_name is None:
+        t0 = time.perf_counter()
+        ledgers = _write_ledgers_with_client(uri, table)
+        out["read_data_written_by"] = "client add_entries (E=3 Qw=3 Qa=2), Spark writer unavailable"
+        out["client_fill_s"] = time.perf_counter() - t0
+    else:
+        out["read_data_written_by"] = "spark bookkeeper writer"
+
+    # -- read -----------------------------------------------------------------------------
+    pq = spark.read.parquet(os.path.join(pq_dir, "t"))
+    bk_df = lambda: _bk_reader(spark, uri, ledgers, log_name)   # noqa: E731
+    t0 = time.perf_counter()
+    n_cold = bk_df().count()
+    out["bookkeeper_cold_count_s"] = time.perf_counter() - t0
+    if n_cold != rows:
+        raise RuntimeError(f"bookkeeper source counted {n_cold} rows, expected {rows}")
+    if not quick:
+        pq.count()
+    out["parquet_count"] = _timed(lambda: pq.count(), reps)
+    out["bookkeeper_count"] = _timed(lambda: bk_df().count(), reps)
+
+    def scan_check(frame, cols):
+        got = _scan(frame, cols)
+        if got["payload_bytes"] != expected_bytes:
+            raise RuntimeError(f"scan saw {got['payload_bytes']} payload bytes, want {expected_bytes}")
+    if not quick:
+        scan_check(pq, ["id"])
+    out["parquet_scan"] = _timed(lambda: scan_check(pq, ["id"]), reps)
+    out["bookkeeper_scan"] = _timed(lambda: scan_check(bk_df(), ["ledger_id", "entry_id"]), reps)
+    out["partitions"] = bk_df().rdd.getNumPartitions()
+
+    def ratio(peer, ours):
+        return None if out.get(ours) is None else out[peer]["median_s"] / out[ours]["median_s"]
+    out["write_ratio"] = ratio("parquet_write", "bookkeeper_write")
+    out["read_scan_ratio"] = ratio("parquet_scan", "bookkeeper_scan")
+    out["read_count_ratio"] = ratio("parquet_count", "bookkeeper_count")
+    df.unpersist()
+    shutil.rmtree(pq_dir, ignore_errors=True)
+    return out
+
+
+def _first_line(exc: BaseException) -> str:
+    """The most telling line of a (possibly Python-traceback-carrying) error."""
+    lines = [ln.strip() for ln in f"{type(exc).__name__}: {exc}".splitlines() if ln.strip()]
+    errs = [ln for ln in lines if ("Error" in ln or "Exception" in ln) and not ln.startswith("File ")]
+    picked = errs[-1] if errs else (lines[0] if lines else repr(exc))
+    return picked[:300]

@@ -1,0 +1,85 @@
+"""Per-ledger run index: which stored batch holds which entry ids.  Pure numpy.
+
+A *run* is a maximal range of consecutive entry ids stored contiguously in one
+batch: ``(start, end, ref, row)`` = ids start..end are rows row..row+(end-start)
+of stored batch ``ref``.  Runs of a ledger never overlap (the store filters
+duplicates before adding), are appended cheaply to a pending list and merged
+(sorted by start) lazily before the next lookup.  Every operation is
+vectorised over runs or ids; ``locate`` steps once per run, never per entry.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def runs_of(entry_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Split ascending ids into runs of consecutive ids: (starts, ends, first rows)."""
+    if len(entry_ids) == 0:
+        e = np.empty(0, np.int64)
+        return e, e, e
+    breaks = np.flatnonzero(np.diff(entry_ids) != 1) + 1
+    first_rows = np.concatenate(([0], breaks)).astype(np.int64)
+    last_rows = np.concatenate((breaks - 1, [len(entry_ids) - 1])).astype(np.int64)
+    return entry_ids[first_rows], entry_ids[last_rows], first_rows
+
+
+class LedgerIndex:
+    """Sorted, non-overlapping runs of one ledger."""
+
+    def __init__(self):
+        empty = np.empty(0, np.int64)
+        self.starts = self.ends = self.refs = self.rows = empty
+        self._pending: list[tuple[np.ndarray, ...]] = []
+        self.max_entry = -1
+        self.count = 0
+
+    def add_runs(self, starts, ends, refs, rows) -> None:
+        if len(starts) == 0:
+            return
+        self._pending.append((starts, ends, refs, rows))
+        self.max_entry = max(self.max_entry, int(ends.max()))
+        self.count += int((ends - starts + 1).sum())
+
+    def _settle(self) -> None:
+        if not self._pending:
+            return
+        parts = [(self.starts, self.ends, self.refs, self.rows)] + self._pending
+        cols = [np.concatenate([p[i] for p in parts]) for i in range(4)]
+        order = np.argsort(cols[0], kind="stable")
+        self.starts, self.ends, self.refs, self.rows = (c[order] for c in cols)
+        self._pending = []
+
+    def contains(self, ids: np.ndarray) -> np.ndarray:
+        self._settle()
+        if len(self.starts) == 0:
+            return np.zeros(len(ids), bool)
+        i = np.searchsorted(self.starts, ids, side="right") - 1
+        ok = i >= 0
+        return ok & (ids <= self.ends[np.maximum(i, 0)])
+
+    def locate(self, first: int, last: int, max_entries: int) -> list[tuple[int, int, int]]:
+        """(ref, row, count) pieces covering a contiguous run from ``first``."""
+        self._settle()
+        i = int(np.searchsorted(self.starts, first, side="right")) - 1
+        if i < 0 or self.ends[i] < first:
+            return []
+        out, want, eid = [], min(last - first + 1, max_entries), first
+        n = len(self.starts)
+        while want > 0 and i < n and self.starts[i] <= eid:
+            count = min(int(self.ends[i]) - eid + 1, want)
+            out.append((int(self.refs[i]), int(self.rows[i]) + eid - int(self.starts[i]), count))
+            want -= count
+            eid += count
+            i += 1
+        return out
+
+    def remove_refs(self, ref_ids: np.ndarray) -> None:
+        self._settle()
+        keep = ~np.isin(self.refs, ref_ids)
+        self.count -= int((self.ends[~keep] - self.starts[~keep] + 1).sum())
+        self.starts, self.ends, self.refs, self.rows = (
+            a[keep] for a in (self.starts, self.ends, self.refs, self.rows))
+
+    def table_parts(self):
+        self._settle()
+        return self.starts, self.ends, self.refs, self.rows

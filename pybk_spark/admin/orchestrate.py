@@ -1,0 +1,120 @@
+"""The two operator jobs end to end, independent of where tasks run.
+
+``run_recover`` / ``run_rereplicate`` take a *mapper*: ``mapper(task, items,
+label) -> results`` applies a picklable top-level ``task(item)`` to every
+item.  ``local_mapper`` runs them in this process with a progress line;
+``spark_mapper`` (jobs/) runs one Spark task per item.  Tasks open their own
+client from the metadata URI (clients are not picklable) and never raise:
+each returns one summary row.
+"""
+from __future__ import annotations
+
+import functools
+import time
+from typing import Callable, Iterable, Optional
+
+from pybk_spark.admin import recover as rec
+from pybk_spark.admin import rereplicate as rr
+from pybk_spark.admin.report import Progress, table
+
+Mapper = Callable[[Callable, list, str], list]
+
+
+def local_mapper(progress: bool = True) -> Mapper:
+    def mapper(task, items, label):
+        out = []
+        with Progress(label, len(items), enabled=progress) as p:
+            for item in items:
+                out.append(task(item))
+                p.step(_row_label(out[-1]))
+        return out
+    return mapper
+
+
+def _row_label(row) -> str:
+    if isinstance(row, dict):
+        return f"ledger {row.get('ledger')}: {row.get('outcome', '')}"
+    return ""
+
+
+# -- picklable tasks -------------------------------------------------------------------------------
+def _client(metadata_uri: str):
+    from pybk_spark.client import BookKeeper
+    return BookKeeper(metadata_uri, background=False)
+
+
+def recover_task(metadata_uri: str, password: Optional[bytes], ledger_id: int) -> dict:
+    with _client(metadata_uri) as bk:
+        return rec.recover_with(bk, ledger_id, password)
+
+
+def copy_task(metadata_uri: str, password: Optional[bytes], work) -> dict:
+    with _client(metadata_uri) as bk:
+        return rr.copy_fragment(bk, work, password)
+
+
+def verify_task(metadata_uri: str, password: Optional[bytes], ledger_id: int) -> list[dict]:
+    with _client(metadata_uri) as bk:
+        return rr.verify_ledger(bk, ledger_id, password)
+
+
+# -- recover ----------------------------------------------------------------------------------------
+def run_recover(bk, metadata_uri: str, mapper: Mapper, *, log: str | None = None,
+                min_idle_s: float = 0.0, force: bool = False,
+                password: Optional[bytes] = None) -> tuple[dict, str, int]:
+    """(json report, human text, exit status)."""
+    ids, skipped = rec.list_candidates(bk, log=log, min_idle_s=min_idle_s, force=force)
+    rows = mapper(functools.partial(recover_task, metadata_uri, password), ids,
+                  "recover") if ids else []
+    text, status = rec.summary(rows, skipped)
+    return rec.report_json(rows, skipped), text, status
+
+
+# -- rereplicate --------------------------------------------------------------------------------------
+def run_rereplicate(bk, metadata_uri: str, mapper: Mapper, *, bookies: Iterable[str] = (),
+                    delay_s: float = 0.0, grace_s: float = 30.0, verify: bool = False,
+                    password: Optional[bytes] = None,
+                    clock: Callable[[], float] = time.monotonic) -> tuple[dict, str, int]:
+    named = list(bookies)
+    first = rr.run_audit(bk, delay_s=delay_s, grace_s=grace_s, named=named, plan=False)
+    fenced = []
+    if first.fence:
+        fenced = mapper(functools.partial(recover_task, metadata_uri, password), first.fence,
+                        "fence")
+    result = rr.run_audit(bk, delay_s=delay_s, grace_s=grace_s, named=named)
+    t0 = clock()
+    copies = mapper(functools.partial(copy_task, metadata_uri, password), result.work,
+                    "rereplicate") if result.work else []
+    copies = copies + result.unplaced
+    summary = rr.copy_summary(copies, clock() - t0)
+    under: list[dict] = []
+    if verify:
+        ids = bk.list_ledgers()
+        for rows in mapper(functools.partial(verify_task, metadata_uri, password), ids,
+                           "verify"):
+            under.extend(rows)
+    report = {"lost": sorted(result.lost), "fenced": fenced, "deferred": result.deferred,
+              "copies": copies, "summary": summary, "ledgers": result.ledgers}
+    if verify:
+        report["under_replicated"] = under
+    failed = [r for r in copies if r["outcome"] == "failed"] + \
+             [r for r in fenced if r["outcome"] == "failed"]
+    lines = [f"lost bookies: {', '.join(sorted(result.lost)) or '(none)'}  "
+             f"(ledgers audited: {result.ledgers})"]
+    if fenced:
+        lines.append("fenced open ledgers:\n" + table(fenced, rec.SUMMARY_COLUMNS))
+    if result.deferred:
+        lines.append("deferred (still being written): " + ", ".join(
+            f"{d['ledger']} ({d['reason']})" for d in result.deferred))
+    lines.append(table(copies, rr.COPY_COLUMNS, empty="no fragments to re-replicate"))
+    lines.append(f"copied {summary['entries']} entries, {summary['bytes'] / 1e6:.2f} MB in "
+                 f"{summary['seconds']:.2f}s ({summary['mb_per_s']:.2f} MB/s), "
+                 f"{summary['fragments']} fragments, {summary['failed']} failed")
+    if verify:
+        lines.append("verify: " + ("every entry has its Qw replicas" if not under else
+                                   "UNDER-REPLICATED:\n" + table(under, rr.VERIFY_COLUMNS)))
+    if failed:
+        lines.append("FAILED: " + "; ".join(
+            f"ledger {r['ledger']}: {r['error']}" for r in failed))
+    status = 1 if (failed or under) else 0
+    return report, "\n".join(lines), status

@@ -1,0 +1,311 @@
+"""Re-replication of fragments that had a replica on a lost (or decommissioned)
+bookie, and the ``--verify`` replicas check (``pybk rereplicate``,
+``pybk decommission``, jobs/rereplicate.py).
+
+Theory of operation
+-------------------
+Driver (``run_audit``, pure decisions in ``admin.audit``):
+  1. registered = writable + read-only registrations; known = cookies +
+     every bookie named in some ensemble.  Missing bookies get their
+     first-seen time recorded (``audit/missing/<id>``, put-if-absent), ones
+     that came back have it removed (CAS delete).  Lost = missing for
+     >= ``delay_s``, decommissioned (``audit/decommissioned/<id>``) or named.
+  2. Per ledger: complete fragments touching a lost bookie become work; the
+     last fragment of a not-closed ledger is DEFERred or FENCEd (recovered,
+     which closes it; then the driver audits again).
+  3. A replacement per work item from the placement policy, outside the
+     fragment's ensemble and every lost bookie.
+Task (``copy_fragment``, one per work item; a Spark task or in-process):
+  4. The ids the lost slot must hold (``entry_sets.slot_entries``) are read
+     from replicas, largest holder first (the lost bookie itself first when
+     it is still up, as in a decommission), digests verified, rows kept
+     byte-for-byte (lac and digest unchanged).
+  5. They are written to the replacement with RECOVERY adds (the ledger may
+     be fenced) in Arrow batches of up to ``batch_entries`` rows, each one
+     durable before it is acknowledged.
+  6. Only then the fragment's ensemble is CASed (``replace_fragment_bookie``;
+     re-decided on every conflict, a no-op if someone already did it).
+Verify (``verify_ledger``): every slot of every complete fragment is read
+for the ids it must hold; ids it lacks are reported (bookie, ranges).
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Optional
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pybk_spark import errors
+from pybk_spark.admin import audit, entry_sets as es
+from pybk_spark.admin.recover import ledger_password, recover_with
+from pybk_spark.admin.replica_reads import read_ids
+from pybk_spark.digest import Digester
+from pybk_spark.metadata.store import ledger_key
+from pybk_spark.placement import writable_bookies
+from pybk_spark.protocol import ledger_metadata as lm
+from pybk_spark.wire.entries import batch_to_bytes
+
+COPY_COLUMNS = ["ledger", "fragment", "lost", "replacement", "entries", "mb", "seconds",
+                "outcome", "error"]
+VERIFY_COLUMNS = ["ledger", "fragment", "bookie", "missing", "entries"]
+
+
+# -- registry / marks -------------------------------------------------------------------------
+def registered_bookies(store) -> set[str]:
+    out = set()
+    for mode in ("writable", "readonly"):
+        out |= {k.rsplit("/", 1)[1] for k, _ in store.list_prefix(f"bookies/{mode}/")}
+    return out
+
+
+def read_marks(store, prefix: str) -> dict[str, tuple[float, int]]:
+    """bookie -> (time, version) recorded under ``prefix``."""
+    out = {}
+    for key, v in store.list_prefix(prefix):
+        try:
+            t = float(json.loads(v.value)["since"])
+        except (ValueError, KeyError, TypeError):
+            t = 0.0
+        out[key.rsplit("/", 1)[1]] = (t, v.version)
+    return out
+
+
+def mark_decommissioned(store, bookie_id: str, now: float) -> None:
+    try:
+        store.put_if_absent(audit.DECOMMISSIONED_PREFIX + bookie_id,
+                            json.dumps({"since": now}).encode())
+    except errors.MetadataVersion:
+        pass  # already marked
+
+
+def clear_decommissioned(store, bookie_id: str) -> None:
+    store.delete(audit.DECOMMISSIONED_PREFIX + bookie_id)
+
+
+# -- audit ----------------------------------------------------------------------------------------
+@dataclass
+class AuditResult:
+    lost: dict = field(default_factory=dict)          # bookie -> lost since
+    registered: set = field(default_factory=set)
+    work: list = field(default_factory=list)          # [FragmentWork] with replacements
+    fence: list = field(default_factory=list)         # ledger ids to fence+recover
+    deferred: list = field(default_factory=list)      # [{ledger, reason}]
+    unplaced: list = field(default_factory=list)      # [copy rows] no replacement available
+    ledgers: int = 0
+
+
+def run_audit(bk, *, delay_s: float = 0.0, grace_s: float = 30.0, named: Iterable[str] = (),
+              now: float | None = None, mark: bool = True, plan: bool = True) -> AuditResult:
+    store = bk.metadata_store
+    now = time.time() if now is None else now
+    res = AuditResult(registered=registered_bookies(store))
+    mds = []
+    for lid in bk.list_ledgers():
+        try:
+            mds.append(bk.get_ledger_metadata(lid))
+        except errors.NoSuchLedger:
+            continue
+    res.ledgers = len(mds)
+    cookies = [k.rsplit("/", 1)[1] for k, _ in store.list_prefix("cookies/")]
+    known = audit.known_bookies(cookies, mds)
+    marks = read_marks(store, audit.MISSING_PREFIX)
+    if mark:
+        changes = audit.track_missing(known, res.registered, {b: t for b, (t, _v) in marks.items()})
+        for b in changes.mark:
+            try:
+                store.put_if_absent(audit.MISSING_PREFIX + b, json.dumps({"since": now}).encode())
+            except errors.MetadataVersion:
+                pass                      # another auditor saw it first: its time stands
+        for b in changes.clear:
+            try:
+                store.delete(audit.MISSING_PREFIX + b, expected_version=marks[b][1])
+            except errors.MetadataVersion:
+                pass
+        marks = read_marks(store, audit.MISSING_PREFIX)
+    first_seen = {b: t for b, (t, _v) in marks.items() if b not in res.registered}
+    decom = {b: t for b, (t, _v) in read_marks(store, audit.DECOMMISSIONED_PREFIX).items()}
+    res.lost = audit.lost_bookies(first_seen, now, delay_s, decommissioned=list(decom),
+                                  named=list(named))
+    for b, t in decom.items():
+        res.lost[b] = min(res.lost[b], t)
+    work = []
+    for md in mds:
+        la = audit.audit_ledger(md, res.lost, now, grace_s, bk.is_writer_alive(md.ledger_id))
+        work.extend(la.work)
+        if la.open_action == audit.FENCE:
+            res.fence.append(md.ledger_id)
+        elif la.open_action == audit.DEFER:
+            res.deferred.append({"ledger": md.ledger_id, "reason": la.reason})
+    if plan and work:
+        candidates = {b: reg for b, reg in writable_bookies(store).items() if b not in res.lost}
+        res.work, unplaced = audit.plan_replacements(
+            work, res.lost, lambda ens, slot, ex: bk.placement.replace(ens, slot, candidates, ex))
+        res.unplaced = [{"ledger": w.ledger_id, "fragment": f"{w.first}-{w.last}",
+                         "lost": w.lost, "replacement": None, "entries": 0, "bytes": 0,
+                         "mb": 0.0, "seconds": 0.0, "outcome": "failed", "error": why}
+                        for w, why in unplaced]
+    else:
+        res.work = work
+    return res
+
+
+# -- copy one fragment -------------------------------------------------------------------------
+def copy_fragment(bk, w: audit.FragmentWork, password: Optional[bytes] = None, *,
+                  batch_entries: int = 5000, batch_bytes: int = 8 << 20,
+                  clock: Callable[[], float] = time.monotonic) -> dict:
+    """Copy the lost slot's entries to the replacement, then CAS the fragment.
+    Never raises: the outcome is in the row."""
+    t0 = clock()
+    row = {"ledger": w.ledger_id, "fragment": f"{w.first}-{w.last}", "lost": w.lost,
+           "replacement": w.replacement, "entries": 0, "bytes": 0, "mb": 0.0, "seconds": 0.0,
+           "outcome": "failed", "error": ""}
+    try:
+        md = bk.get_ledger_metadata(w.ledger_id)
+        if not _fragment_still_has(md, w):
+            row["outcome"] = "already-done"
+            return row
+        pw = ledger_password(md, password)
+        lm.check_password(md, pw)
+        key = lm.master_key(pw)
+        rows = _gather(bk, md, w, key, Digester(md.digest_type, pw))
+        row["entries"], row["bytes"] = rows.num_rows, int(rows.nbytes)
+        _write(bk, w, key, rows, batch_entries, batch_bytes)
+        store = bk.metadata_store
+        store.update(ledger_key(w.ledger_id), lambda raw: lm.replace_fragment_bookie(
+            lm.LedgerMetadata.from_json(raw), w.first, w.lost, w.replacement).to_json())
+        row["outcome"] = "replicated"
+    except errors.NoSuchLedger:
+        row.update(outcome="deleted", error="ledger deleted meanwhile")
+    except errors.BKError as exc:
+        row["error"] = f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # noqa: BLE001 - a task reports, it does not crash the job
+        row["error"] = f"unexpected {type(exc).__name__}: {exc}"
+    finally:
+        row["seconds"] = round(clock() - t0, 3)
+        row["mb"] = round(row["bytes"] / 1e6, 3)
+    return row
+
+
+def _fragment_still_has(md: lm.LedgerMetadata, w: audit.FragmentWork) -> bool:
+    for first, bookies in md.ensembles:
+        if first == w.first:
+            return w.lost in bookies
+    return False
+
+
+def _gather(bk, md: lm.LedgerMetadata, w: audit.FragmentWork, key: bytes,
+            digester: Digester) -> pa.Table:
+    E, Qw = len(w.ensemble), md.write_quorum
+    remaining = es.slot_entries(w.first, w.last, E, Qw, w.slot)
+    pieces: list[pa.Table] = []
+    tried: set[int] = set()
+    conf = bk.conf
+    # the lost bookie itself first (decommission: it is alive and holds them all)
+    order = [w.slot] if w.lost in registered_bookies(bk.metadata_store) else []
+    tried_errors = []
+    while len(remaining):
+        if order:
+            slot, ids = order.pop(), remaining
+        else:
+            nxt = es.next_source(remaining, E, Qw, tried | {w.slot})
+            if nxt is None:
+                break
+            slot, ids = nxt
+        tried.add(slot)
+        got = read_ids(bk.transports.get(w.ensemble[slot]), w.ledger_id, ids, key,
+                       max_entries=conf.read_batch_entries, max_bytes=conf.read_batch_bytes,
+                       timeout=conf.read_timeout_s)
+        if got.unreachable:
+            tried_errors.append(f"{w.ensemble[slot]}: {got.unreachable}")
+        t = got.table()
+        if t is None:
+            continue
+        ok = digester.verify_batch(t.combine_chunks().to_batches()[0]) if t.num_rows else None
+        if ok is not None and not ok.all():
+            t = t.filter(pa.array(ok))
+        t = t.filter(pa.array(np.isin(t.column("entry_id").to_numpy(), remaining)))
+        pieces.append(t)
+        remaining = np.setdiff1d(remaining, t.column("entry_id").to_numpy())
+    if len(remaining):
+        raise errors.ReadError(f"no surviving intact replica for entries "
+                               f"{es.ranges_text(remaining)}" +
+                               (f" ({'; '.join(tried_errors)})" if tried_errors else ""),
+                               ledger_id=w.ledger_id)
+    if not pieces:
+        from pybk_spark.wire.entries import ENTRY_SCHEMA
+        return ENTRY_SCHEMA.empty_table()
+    table = pa.concat_tables(pieces)
+    return table.sort_by("entry_id").combine_chunks()
+
+
+def _write(bk, w: audit.FragmentWork, key: bytes, rows: pa.Table, batch_entries: int,
+           batch_bytes: int) -> None:
+    if rows.num_rows == 0:
+        return
+    target = bk.transports.get(w.replacement)
+    futs = []
+    for batch in _chunks(rows, batch_entries, batch_bytes):
+        futs.append(target.add(w.ledger_id, key, batch_to_bytes(batch), recovery=True,
+                               timeout=max(bk.conf.add_timeout_s, 30.0)))
+    for f in futs:
+        f.result()            # raises the typed error of a failed add
+
+
+def _chunks(rows: pa.Table, max_entries: int, max_bytes: int):
+    batch = rows.combine_chunks().to_batches()[0] if rows.num_rows else None
+    if batch is None:
+        return
+    sizes = np.cumsum(pc.binary_length(batch.column("payload")).to_numpy(
+        zero_copy_only=False))
+    start = 0
+    n = batch.num_rows
+    while start < n:
+        base = sizes[start - 1] if start else 0
+        by_bytes = int(np.searchsorted(sizes, base + max_bytes, side="right"))
+        end = max(start + 1, min(n, start + max_entries, by_bytes))
+        yield batch.slice(start, end - start)
+        start = end
+
+
+# -- verify ------------------------------------------------------------------------------------------
+def verify_ledger(bk, ledger_id: int, password: Optional[bytes] = None) -> list[dict]:
+    """Under-replicated (fragment, bookie) rows of one ledger; [] if healthy."""
+    try:
+        md = bk.get_ledger_metadata(ledger_id)
+    except errors.NoSuchLedger:
+        return []
+    key = lm.master_key(ledger_password(md, password))
+    conf = bk.conf
+    out = []
+    for first, last, bookies in md.fragments():
+        if last == -1:
+            continue            # still being written: checked once closed
+        E, Qw = len(bookies), md.write_quorum
+        for slot, b in enumerate(bookies):
+            want = es.slot_entries(first, last, E, Qw, slot)
+            got = read_ids(bk.transports.get(b), ledger_id, want, key,
+                           max_entries=conf.read_batch_entries,
+                           max_bytes=conf.read_batch_bytes, timeout=conf.read_timeout_s)
+            missing = np.setdiff1d(want, got.present_ids())
+            if len(missing):
+                out.append({"ledger": ledger_id, "fragment": f"{first}-{last}", "bookie": b,
+                            "missing": int(len(missing)), "entries": es.ranges_text(missing),
+                            "error": got.unreachable})
+    return out
+
+
+# -- in-process driver ----------------------------------------------------------------------------
+def fence_open_ledgers(bk, ids: Iterable[int], password: Optional[bytes] = None) -> list[dict]:
+    return [recover_with(bk, lid, password) for lid in ids]
+
+
+def copy_summary(rows: list[dict], seconds: float) -> dict:
+    total = sum(r["bytes"] for r in rows)
+    return {"fragments": len(rows), "entries": sum(r["entries"] for r in rows),
+            "bytes": total, "seconds": round(seconds, 3),
+            "mb_per_s": round((total / 1e6) / seconds, 2) if seconds > 0 else 0.0,
+            "failed": sum(1 for r in rows if r["outcome"] == "failed")}

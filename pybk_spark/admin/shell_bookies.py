@@ -1,0 +1,166 @@
+"""``pybk bookieinfo`` and the log commands ``listlogs | logmetadata | readlog``."""
+from __future__ import annotations
+
+import json
+
+from pybk_spark import cli, errors
+from pybk_spark.admin.report import table
+from pybk_spark.admin.shell_recovery import client, password_arg, password_of
+
+
+# -- bookieinfo ----------------------------------------------------------------------------------
+def _bookieinfo_args(p):
+    cli.add_metadata_uri(p)
+    p.add_argument("--bookie", help="only this bookie")
+
+
+def _bookieinfo(args) -> int:
+    from pybk_spark.transport.grpc_bookie import BookieClient
+    store = cli.open_store_from(args)
+    try:
+        regs = []
+        for mode in ("writable", "readonly"):
+            for key, v in store.list_prefix(f"bookies/{mode}/"):
+                try:
+                    reg = json.loads(v.value)
+                except ValueError:
+                    reg = {}
+                reg["bookie_id"] = key.rsplit("/", 1)[1]
+                regs.append(reg)
+    finally:
+        store.close()
+    if args.bookie:
+        regs = [r for r in regs if r["bookie_id"] == args.bookie]
+        if not regs:
+            raise errors.BookieUnavailable(f"bookie {args.bookie!r} is not registered")
+    rows = []
+    for reg in regs:
+        row = {"bookie": reg["bookie_id"], "address": reg.get("address"), "rack": reg.get("rack")}
+        c = BookieClient(reg.get("address", ""), bookie_id=reg["bookie_id"], default_timeout=5.0)
+        try:
+            info = c.info().result()
+            row.update(state="readonly" if info.state == 1 else "writable",
+                       free_gb=round(info.free_bytes / 2**30, 2),
+                       total_gb=round(info.total_bytes / 2**30, 2),
+                       ledgers=info.ledger_count, entries=info.entry_count,
+                       protocol=info.protocol_version, error="")
+        except errors.BKError as exc:
+            row.update(state="unreachable", error=f"{type(exc).__name__}: {exc}")
+        finally:
+            c.close()
+        rows.append(row)
+    cli.emit(args, rows, table(rows, ["bookie", "address", "rack", "state", "free_gb",
+                                      "total_gb", "ledgers", "entries", "error"],
+                               empty="(no bookies registered)"))
+    return 1 if any(r["state"] == "unreachable" for r in rows) else 0
+
+
+# -- logs ------------------------------------------------------------------------------------------
+def _listlogs(args) -> int:
+    from pybk_spark.log import list_logs, read_log
+    store = cli.open_store_from(args)
+    try:
+        rows = []
+        for name in list_logs(store):
+            try:
+                md, _ = read_log(store, name)
+            except errors.BKError:
+                continue
+            rows.append({"log": name, "segments": len(md.segments), "epoch": md.epoch,
+                         "ledgers": md.ledger_ids,
+                         "truncated_ledgers": md.truncated_ledgers})
+    finally:
+        store.close()
+    cli.emit(args, rows, table(rows, ["log", "segments", "epoch", "truncated_ledgers",
+                                      "ledgers"], empty="(no logs)"))
+    return 0
+
+
+def _log_name_args(p):
+    cli.add_metadata_uri(p)
+    p.add_argument("name", metavar="NAME")
+
+
+def _logmetadata(args) -> int:
+    from pybk_spark.log import read_log
+    store = cli.open_store_from(args)
+    try:
+        md, version = read_log(store, args.name)
+    finally:
+        store.close()
+    data = json.loads(md.to_json())
+    data["version"] = version
+    seg_rows = [s.to_dict() for s in md.segments]
+    text = (f"log {md.name}: epoch={md.epoch} truncated_ledgers={md.truncated_ledgers} "
+            f"truncated_offset={md.truncated_offset} schema={'yes' if md.schema else 'no'}\n"
+            + table(seg_rows, ["ledger_id", "state", "entry_count", "byte_count",
+                               "start_offset"], empty="(no segments)"))
+    cli.emit(args, data, text)
+    return 0
+
+
+def _readlog_args(p):
+    _log_name_args(p)
+    p.add_argument("--from", dest="start", default="earliest", metavar="POS",
+                   help="earliest (default), latest, or LEDGER:ENTRY")
+    p.add_argument("--follow", "-f", action="store_true", help="keep tailing (Ctrl-C stops)")
+    p.add_argument("--max", type=int, default=0, metavar="N", help="stop after N records")
+    password_arg(p)
+
+
+def _parse_position(text: str):
+    if text in ("earliest", "latest"):
+        return text
+    try:
+        ledger, entry = text.split(":")
+        return int(ledger), int(entry)
+    except ValueError:
+        raise errors.IncorrectParameter(f"bad position {text!r}: earliest, latest or "
+                                        "LEDGER:ENTRY") from None
+
+
+def _readlog(args) -> int:
+    from pybk_spark.log_reader import LogReader, _records
+    start = _parse_position(args.start)
+    limit = args.max if args.max > 0 else None
+    as_json = getattr(args, "json", False)
+    count = 0
+    records = []
+    with client(args) as bk:
+        reader = LogReader(bk, args.name, start, password=password_of(args) or b"")
+        try:
+            while limit is None or count < limit:
+                want = 100_000 if limit is None else limit - count
+                got = reader.read_available(want)[:want]
+                if not got:
+                    if not args.follow:
+                        break
+                    index, _lid, batch = reader.read_batch(timeout_s=1.0)
+                    if batch is None:
+                        continue
+                    got = _records(index, batch)[:want]
+                for r in got:
+                    count += 1
+                    row = {"ledger": r.position.ledger_id, "entry": r.position.entry_id,
+                           "size": len(r.payload),
+                           "payload": r.payload.decode("utf-8", errors="replace")[:200]}
+                    if as_json:
+                        records.append(row)
+                    else:
+                        print(f"{row['ledger']}:{row['entry']}\t{row['payload']}", flush=True)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            reader.close()
+    if as_json:
+        cli.emit(args, {"log": args.name, "records": records})
+    else:
+        print(f"({count} records)", flush=True)
+    return 0
+
+
+cli.register("bookieinfo", "disk, mode and counts of every registered bookie",
+             _bookieinfo_args, _bookieinfo)
+cli.register("listlogs", "list logs", lambda p: cli.add_metadata_uri(p), _listlogs)
+cli.register("logmetadata", "show a log's segments", _log_name_args, _logmetadata)
+cli.register("readlog", "print a log's records (optionally tail it)", _readlog_args, _readlog)

@@ -1,0 +1,173 @@
+"""``pybk listledgers | ledgermetadata | readledger | deleteledger | simpletest``."""
+from __future__ import annotations
+
+import json
+import time
+
+from pybk_spark import cli, errors
+from pybk_spark.admin.report import Progress, table
+from pybk_spark.admin.shell_recovery import client, password_arg, password_of
+
+
+def _ledger_row(md) -> dict:
+    return {"ledger": md.ledger_id, "state": md.state,
+            "last_entry": md.last_entry_id if md.is_closed else None,
+            "length": md.length if md.is_closed else None,
+            "quorum": f"{md.ensemble_size}/{md.write_quorum}/{md.ack_quorum}",
+            "fragments": len(md.ensembles), "bookies": sorted(md.all_bookies()),
+            "custom": dict(md.custom)}
+
+
+def _md_dict(md) -> dict:
+    return json.loads(md.to_json())
+
+
+# -- listledgers ---------------------------------------------------------------------------------
+def _listledgers_args(p):
+    cli.add_metadata_uri(p)
+    p.add_argument("--bookie", help="only ledgers with a fragment on this bookie")
+
+
+def _listledgers(args) -> int:
+    with client(args) as bk:
+        rows = []
+        for lid in bk.list_ledgers():
+            try:
+                md = bk.get_ledger_metadata(lid)
+            except errors.NoSuchLedger:
+                continue
+            if args.bookie and args.bookie not in md.all_bookies():
+                continue
+            rows.append(_ledger_row(md))
+    cli.emit(args, rows, table(rows, ["ledger", "state", "last_entry", "length", "quorum",
+                                      "fragments", "bookies"], empty="(no ledgers)"))
+    return 0
+
+
+# -- ledgermetadata ------------------------------------------------------------------------------
+def _ledger_id_arg(p):
+    cli.add_metadata_uri(p)
+    p.add_argument("ledger_id", type=int, metavar="ID")
+
+
+def _ledgermetadata(args) -> int:
+    with client(args) as bk:
+        md = bk.get_ledger_metadata(args.ledger_id)
+        alive = bk.is_writer_alive(args.ledger_id)
+    data = _md_dict(md)
+    data["writer_alive"] = alive
+    lines = [f"ledger {md.ledger_id}: state={md.state} E/Qw/Qa={md.ensemble_size}/"
+             f"{md.write_quorum}/{md.ack_quorum} digest={md.digest_type} writer_alive={alive}",
+             f"last_entry={md.last_entry_id if md.is_closed else '(open)'} "
+             f"length={md.length} ctime_ms={md.ctime_ms} custom={dict(md.custom)}",
+             table([{"first_entry": f, "ensemble": list(b)} for f, b in md.ensembles],
+                   ["first_entry", "ensemble"])]
+    cli.emit(args, data, "\n".join(lines))
+    return 0
+
+
+# -- readledger ------------------------------------------------------------------------------------
+def _readledger_args(p):
+    _ledger_id_arg(p)
+    p.add_argument("--first", type=int, default=0, metavar="N", help="first entry (default 0)")
+    p.add_argument("--last", type=int, default=None, metavar="M",
+                   help="last entry (default: last confirmed)")
+    p.add_argument("--force-recovery", action="store_true",
+                   help="fencing open: recover and close the ledger first")
+    p.add_argument("--hex", action="store_true", help="print payloads as hex")
+    password_arg(p)
+
+
+def _preview(payload: bytes, as_hex: bool, width: int = 60) -> str:
+    if as_hex:
+        text = payload.hex()
+    else:
+        text = payload.decode("utf-8", errors="replace")
+        text = "".join(c if c.isprintable() else "." for c in text)
+    return text if len(text) <= width else text[:width] + "..."
+
+
+def _readledger(args) -> int:
+    from pybk_spark.admin.recover import ledger_password
+    with client(args) as bk:
+        md = bk.get_ledger_metadata(args.ledger_id)
+        pw = ledger_password(md, password_of(args))
+        rh = bk.open_ledger(args.ledger_id, password=pw, recovery=args.force_recovery)
+        last = rh.last_add_confirmed if args.last is None else args.last
+        rows = []
+        if last >= args.first:
+            total = last - args.first + 1
+            with Progress("read", total, enabled=not getattr(args, "json", False)
+                          and total > 10000) as p:
+                for batch in rh.read_batches(args.first, last):
+                    ids = batch.column("entry_id").to_pylist()
+                    pays = batch.column("payload").to_pylist()
+                    rows.extend({"entry": e, "size": len(pl), "payload": _preview(pl, args.hex)}
+                                for e, pl in zip(ids, pays))
+                    p.step(n=batch.num_rows)
+    data = {"ledger": args.ledger_id, "last_add_confirmed": rh.last_add_confirmed,
+            "entries": rows}
+    header = (f"ledger {args.ledger_id} entries {args.first}..{last} "
+              f"(last add confirmed {rh.last_add_confirmed})")
+    cli.emit(args, data, header + "\n" + table(rows, ["entry", "size", "payload"],
+                                               empty="(no entries)"))
+    return 0
+
+
+# -- deleteledger --------------------------------------------------------------------------------
+def _deleteledger(args) -> int:
+    with client(args) as bk:
+        bk.delete_ledger(args.ledger_id)
+    cli.emit(args, {"deleted": args.ledger_id}, f"deleted ledger {args.ledger_id}")
+    return 0
+
+
+# -- simpletest ------------------------------------------------------------------------------------
+def _simpletest_args(p):
+    cli.add_metadata_uri(p)
+    p.add_argument("--ensemble", "-e", type=int, default=3)
+    p.add_argument("--write-quorum", "-w", type=int, default=2)
+    p.add_argument("--ack-quorum", "-a", type=int, default=2)
+    p.add_argument("--entries", "-n", type=int, default=100)
+    p.add_argument("--entry-size", type=int, default=100)
+    p.add_argument("--keep", action="store_true", help="do not delete the test ledger")
+
+
+def _simpletest(args) -> int:
+    if args.entries < 1 or args.entry_size < 0:
+        raise errors.IncorrectParameter("--entries must be >= 1 and --entry-size >= 0")
+    t0 = time.monotonic()
+    with client(args) as bk:
+        lh = bk.create_ledger(args.ensemble, args.write_quorum, args.ack_quorum,
+                              custom_metadata={"purpose": "pybk simpletest"})
+        lid = lh.ledger_id
+        payloads = [(f"simpletest-{i}-".encode() + b"x" * args.entry_size)[:max(
+            args.entry_size, 16)] for i in range(args.entries)]
+        lh.add_entries(payloads)
+        lh.close()
+        t_write = time.monotonic() - t0
+        rh = bk.open_ledger(lid, recovery=False)
+        got = [e.payload for e in rh.read(0, rh.last_add_confirmed)]
+        if got != payloads:
+            raise errors.ReadError(f"simpletest read back {len(got)} entries that differ from "
+                                   f"the {len(payloads)} written", ledger_id=lid)
+        md = rh.metadata
+        if not args.keep:
+            bk.delete_ledger(lid)
+    data = {"ledger": lid, "entries": args.entries, "ensemble": list(md.current_ensemble),
+            "write_seconds": round(t_write, 3), "seconds": round(time.monotonic() - t0, 3),
+            "ok": True, "deleted": not args.keep}
+    cli.emit(args, data, f"simpletest OK: ledger {lid} on {','.join(md.current_ensemble)}: "
+                         f"wrote and read back {args.entries} entries in {data['seconds']:.2f}s"
+                         + ("" if args.keep else " (ledger deleted)"))
+    return 0
+
+
+cli.register("listledgers", "list ledgers with state and ensemble", _listledgers_args,
+             _listledgers)
+cli.register("ledgermetadata", "show one ledger's metadata", _ledger_id_arg, _ledgermetadata)
+cli.register("readledger", "print a ledger's entries", _readledger_args, _readledger)
+cli.register("deleteledger", "delete a ledger (bookies garbage-collect its entries)",
+             _ledger_id_arg, _deleteledger)
+cli.register("simpletest", "create, write, read back and delete a ledger", _simpletest_args,
+             _simpletest)

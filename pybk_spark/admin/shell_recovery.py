@@ -1,0 +1,170 @@
+"""``pybk recover | rereplicate | decommission | listunderreplicated``."""
+from __future__ import annotations
+
+import argparse
+import time
+
+from pybk_spark import cli
+from pybk_spark.admin import audit
+from pybk_spark.admin import orchestrate as orch
+from pybk_spark.admin import rereplicate as rr
+from pybk_spark.admin.report import table
+
+
+def password_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--password", default=None,
+                   help="ledger password (default: the ledger's custom metadata "
+                        "'password', else empty)")
+
+
+def password_of(args) -> bytes | None:
+    return None if args.password is None else args.password.encode()
+
+
+def client(args):
+    from pybk_spark.client import BookKeeper
+    return BookKeeper(cli.require_metadata_uri(args), background=False)
+
+
+def _progress(args) -> bool:
+    return not getattr(args, "json", False)
+
+
+# -- recover -----------------------------------------------------------------------------------
+def _recover_args(p):
+    cli.add_metadata_uri(p)
+    p.add_argument("--log", help="only the ledgers of this log")
+    p.add_argument("--min-idle", type=float, default=0.0, metavar="SECONDS",
+                   help="skip ledgers created less than SECONDS ago")
+    p.add_argument("--force", action="store_true", help="ignore the writer lease (fences a "
+                   "live writer's ledger)")
+    password_arg(p)
+
+
+def _recover(args) -> int:
+    with client(args) as bk:
+        report, text, status = orch.run_recover(
+            bk, args.metadata_uri, orch.local_mapper(_progress(args)), log=args.log,
+            min_idle_s=args.min_idle, force=args.force, password=password_of(args))
+    cli.emit(args, report, text)
+    return status
+
+
+# -- rereplicate ---------------------------------------------------------------------------------
+def rereplicate_arguments(p):
+    cli.add_metadata_uri(p)
+    p.add_argument("--bookie", action="append", default=[], metavar="ID",
+                   help="treat this bookie as lost (repeatable)")
+    p.add_argument("--verify", action="store_true",
+                   help="afterwards check that every entry has its Qw replicas")
+    p.add_argument("--delay", type=float, default=0.0, metavar="SECONDS",
+                   help="lostBookieRecoveryDelay: a bookie unregistered this long is lost")
+    p.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
+                   help="openLedgerRereplicationGracePeriod before fencing a live writer's "
+                        "ledger whose last fragment has a lost bookie")
+    password_arg(p)
+
+
+def _rereplicate(args) -> int:
+    with client(args) as bk:
+        report, text, status = orch.run_rereplicate(
+            bk, args.metadata_uri, orch.local_mapper(_progress(args)), bookies=args.bookie,
+            delay_s=args.delay, grace_s=args.grace, verify=args.verify,
+            password=password_of(args))
+    cli.emit(args, report, text)
+    return status
+
+
+# -- decommission -----------------------------------------------------------------------------
+def _decommission_args(p):
+    cli.add_metadata_uri(p)
+    p.add_argument("--bookie", required=True, metavar="ID", help="bookie to decommission")
+    p.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
+                   help="grace before fencing open ledgers that still write to it")
+    p.add_argument("--cancel", action="store_true",
+                   help="withdraw the decommission mark (moves nothing back)")
+    password_arg(p)
+
+
+def _decommission(args) -> int:
+    from pybk_spark import errors
+    with client(args) as bk:
+        store = bk.metadata_store
+        known = set(rr.registered_bookies(store)) | {
+            k.rsplit("/", 1)[1] for k, _ in store.list_prefix("cookies/")}
+        if args.bookie not in known:
+            raise errors.IncorrectParameter(f"unknown bookie {args.bookie!r} (no registration "
+                                            "and no cookie)")
+        if args.cancel:
+            rr.clear_decommissioned(store, args.bookie)
+            cli.emit(args, {"bookie": args.bookie, "decommissioned": False},
+                     f"{args.bookie} is no longer marked decommissioned")
+            return 0
+        rr.mark_decommissioned(store, args.bookie, time.time())
+        report, text, status = orch.run_rereplicate(
+            bk, args.metadata_uri, orch.local_mapper(_progress(args)), bookies=[args.bookie],
+            grace_s=args.grace, password=password_of(args))
+        remaining = [lid for lid in bk.list_ledgers()
+                     if args.bookie in _bookies_of(bk, lid)]
+    report["remaining_ledgers"] = remaining
+    if remaining:
+        text += (f"\n{args.bookie} still holds fragments of ledgers {remaining} "
+                 "(still being written); run decommission again later")
+        status = status or 1
+    else:
+        text += f"\n{args.bookie} holds no fragment any more: safe to stop it"
+    cli.emit(args, report, text)
+    return status
+
+
+def _bookies_of(bk, lid):
+    from pybk_spark import errors
+    try:
+        return bk.get_ledger_metadata(lid).all_bookies()
+    except errors.NoSuchLedger:
+        return set()
+
+
+# -- listunderreplicated ------------------------------------------------------------------------
+def _lur_args(p):
+    cli.add_metadata_uri(p)
+    p.add_argument("--delay", type=float, default=0.0, metavar="SECONDS",
+                   help="count a bookie as lost only after this long unregistered")
+
+
+def _listunderreplicated(args) -> int:
+    with client(args) as bk:
+        # read-only: no marks written; with --delay 0 every unregistered known bookie counts
+        named = _unregistered(bk) if args.delay <= 0 else []
+        res = rr.run_audit(bk, delay_s=args.delay, grace_s=float("inf"), mark=False,
+                           plan=False, named=named)
+    rows = [{"ledger": w.ledger_id, "fragment": f"{w.first}-{w.last}", "bookie": w.lost,
+             "state": "complete"} for w in res.work]
+    rows += [{"ledger": d["ledger"], "fragment": "last (open)", "bookie": "",
+              "state": "being written"} for d in res.deferred]
+    rows += [{"ledger": lid, "fragment": "last (open)", "bookie": "",
+              "state": "writer gone"} for lid in res.fence]
+    data = {"lost": sorted(res.lost), "under_replicated": rows}
+    text = (f"lost/unregistered bookies: {', '.join(sorted(res.lost)) or '(none)'}\n"
+            + table(rows, ["ledger", "fragment", "bookie", "state"],
+                    empty="no under-replicated fragments"))
+    cli.emit(args, data, text)
+    return 0
+
+
+def _unregistered(bk) -> list[str]:
+    store = bk.metadata_store
+    reg = rr.registered_bookies(store)
+    known = audit.known_bookies([k.rsplit("/", 1)[1] for k, _ in store.list_prefix("cookies/")],
+                                [bk.get_ledger_metadata(l) for l in bk.list_ledgers()])
+    return sorted(known - reg)
+
+
+cli.register("recover", "fence, recover and close ledgers whose writer is gone",
+             _recover_args, _recover)
+cli.register("rereplicate", "re-replicate fragments of lost bookies (auditor + copy)",
+             rereplicate_arguments, _rereplicate)
+cli.register("decommission", "move every fragment off a bookie", _decommission_args,
+             _decommission)
+cli.register("listunderreplicated", "fragments with a replica on a lost bookie",
+             _lur_args, _listunderreplicated)

@@ -1,0 +1,67 @@
+"""Run admin tasks as Spark tasks (used by jobs/recover_ledgers.py and
+jobs/rereplicate.py): one partition per item, results collected on the
+driver, a progress line on stderr from Spark's status tracker.
+
+The SparkSession is created only when there is work, so a no-op run (e.g.
+a second recovery pass) costs no Spark start-up.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Callable, Optional
+
+
+class SparkMapper:
+    def __init__(self, app_name: str, progress: bool = True):
+        self.app_name = app_name
+        self.progress = progress
+        self._spark = None
+
+    @property
+    def spark(self):
+        if self._spark is None:
+            from pyspark.sql import SparkSession
+            self._spark = SparkSession.builder.appName(self.app_name).getOrCreate()
+        return self._spark
+
+    def __call__(self, task: Callable, items: list, label: str) -> list:
+        if not items:
+            return []
+        sc = self.spark.sparkContext
+        sc.setJobDescription(f"{self.app_name}: {label} ({len(items)} tasks)")
+        stop = threading.Event()
+        watcher = None
+        if self.progress:
+            watcher = threading.Thread(target=self._watch, args=(sc, label, len(items), stop),
+                                       daemon=True)
+            watcher.start()
+        try:
+            return sc.parallelize(list(items), len(items)).map(task).collect()
+        finally:
+            stop.set()
+            if watcher is not None:
+                watcher.join(timeout=2)
+            print(f"{label}: {len(items)}/{len(items)} tasks done", file=sys.stderr, flush=True)
+
+    @staticmethod
+    def _watch(sc, label: str, total: int, stop: threading.Event) -> None:
+        last: Optional[int] = None
+        while not stop.wait(1.0):
+            try:
+                tracker = sc.statusTracker()
+                done = 0
+                for sid in tracker.getActiveStageIds():
+                    info = tracker.getStageInfo(sid)
+                    if info is not None:
+                        done += info.numCompletedTasks
+            except Exception:  # noqa: BLE001 - progress is best effort
+                return
+            if done != last:
+                last = done
+                print(f"{label}: {done}/{total} tasks done", file=sys.stderr, flush=True)
+
+    def stop(self) -> None:
+        if self._spark is not None:
+            self._spark.stop()
+            self._spark = None

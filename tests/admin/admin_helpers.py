@@ -1,0 +1,76 @@
+"""Helpers for the operator-tool tests (imported as ``admin_helpers``): run ``pybk`` in-process, run a job
+through spark-submit (whole process group killed on timeout), a private
+4-bookie cluster for destructive tests, and polling with a deadline."""
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+from pybk_spark import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Result:
+    def __init__(self, rc, out, err):
+        self.rc, self.out, self.err = rc, out, err
+
+    def json(self):
+        return json.loads(self.out)
+
+
+def pybk(*argv) -> Result:
+    """Run ``pybk`` in this process; returns exit status, stdout, stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            rc = cli.main([str(a) for a in argv])
+        except SystemExit as exc:      # argparse usage errors
+            rc = exc.code
+    return Result(rc, out.getvalue(), err.getvalue())
+
+
+def wait_until(predicate, timeout: float = 60.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    delay = 0.05
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.5)
+
+
+def spark_submit(job: str, *args, timeout: float = 300.0) -> Result:
+    from pybk_spark.demo import _kill_group, spark_env, spark_submit_path
+    cmd = [spark_submit_path(), "--master", "local[2]",
+           "--conf", "spark.ui.enabled=false",
+           "--conf", "spark.driver.host=127.0.0.1",
+           "--conf", "spark.driver.bindAddress=127.0.0.1",
+           "--conf", "spark.log.level=WARN",
+           str(ROOT / "jobs" / job), *[str(a) for a in args]]
+    proc = subprocess.Popen(cmd, env=spark_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            cwd="/tmp")
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        out, err = proc.communicate()
+        raise AssertionError(f"spark-submit {job} timed out; stderr tail:\n{err[-3000:]}")
+    finally:
+        if proc.poll() is None:
+            _kill_group(proc)
+    return Result(proc.returncode, out, err)
+
+
+def registered(store, bookie_id: str) -> bool:
+    return any(store.get(f"bookies/{m}/{bookie_id}") is not None
+               for m in ("writable", "readonly"))

@@ -1,0 +1,18 @@
+"""Fixtures for the operator-tool tests."""
+import pytest
+
+
+@pytest.fixture(scope="module")
+def own_cluster(tmp_path_factory):
+    """A private etcd + 4 bookies: destructive tests (wiped bookies) use it so
+    the shared ``cluster`` stays healthy."""
+    from pybk_spark.testing.fixtures import bookie_server_available
+    if not bookie_server_available():
+        pytest.skip("bookie_server is not available")
+    from pybk_spark.testing.cluster import LocalCluster
+    local = LocalCluster(tmp_path_factory.mktemp("admin-cluster"), num_bookies=4)
+    try:
+        local.start()
+        yield local
+    finally:
+        local.stop()

@@ -1,0 +1,156 @@
+"""Unit tests of the bookie's pure parts and of the journal in isolation."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+
+import numpy as np
+import pytest
+
+from bookie_server import cookie
+from bookie_server import ledger_state as ls
+from bookie_server.background import gc_candidates, next_read_only
+from bookie_server.config import BookieConfig, load_config, parse_conf_text
+from bookie_server.run_index import runs_of
+from bookie_server.journal import Journal, Position, RecordType
+from pybk_spark import errors
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+# -- ledger_state ------------------------------------------------------------------------
+def test_add_decisions():
+    s = ls.empty(1)
+    plan = ls.decide_add(s, b"k", recovery=False, read_only=False)
+    assert plan.record_key and plan.state.master_key == b"k"
+    s = plan.state
+    assert not ls.decide_add(s, b"k", recovery=False, read_only=False).record_key
+    with pytest.raises(errors.Unauthorized):
+        ls.decide_add(s, b"x", recovery=True, read_only=False)
+    with pytest.raises(errors.Unauthorized):
+        ls.decide_add(s, b"", recovery=False, read_only=False)
+    with pytest.raises(errors.ReadOnly):
+        ls.decide_add(s, b"k", recovery=False, read_only=True)
+    assert ls.decide_add(s, b"k", recovery=True, read_only=True).state == s
+    f = ls.decide_fence(s, b"k")
+    assert f.record_fence and not f.record_key and f.state.fenced
+    with pytest.raises(errors.LedgerFenced) as exc:
+        ls.decide_add(f.state, b"k", recovery=False, read_only=False)
+    assert exc.value.outcome_known is False
+    assert ls.decide_add(f.state, b"k", recovery=True, read_only=False).state.fenced
+    again = ls.decide_fence(f.state, b"k")
+    assert not again.record_fence and not again.record_key
+
+
+def test_fence_records_key_of_unknown_ledger_and_lac_is_max():
+    f = ls.decide_fence(ls.empty(2), b"k")
+    assert f.record_key and f.record_fence
+    s = ls.apply_entries(ls.empty(2), max_lac=5, max_entry_id=7)
+    s = ls.apply_explicit_lac(s, 3)
+    assert s.lac == 5 and s.last_entry_id == 7
+    s = ls.apply_explicit_lac(s, 9)
+    assert s.lac == 9
+    assert ls.LedgerState.from_json(s.to_json()) == s
+
+
+# -- cookie ----------------------------------------------------------------------------------
+def test_cookie_decisions():
+    c = {"bookie_id": "b", "instance_id": "1"}
+    assert cookie.decide("b", None, None, False, standalone=False) == cookie.CREATE
+    assert cookie.decide("b", c, c, True, standalone=False) == cookie.OK
+    for local, remote, data in [(None, c, False), (None, c, True), (c, None, True),
+                                (c, {**c, "instance_id": "2"}, True), (None, None, True),
+                                ({**c, "bookie_id": "other"}, c, True)]:
+        with pytest.raises(errors.InvalidCookie):
+            cookie.decide("b", local, remote, data, standalone=False)
+    assert cookie.decide("b", None, None, False, standalone=True) == cookie.CREATE
+    assert cookie.decide("b", c, None, True, standalone=True) == cookie.OK
+
+
+# -- background decisions -----------------------------------------------------------------------
+def test_read_only_hysteresis():
+    assert next_read_only(False, 0.96, 0.95, 0.90) is True
+    assert next_read_only(True, 0.93, 0.95, 0.90) is True
+    assert next_read_only(True, 0.89, 0.95, 0.90) is False
+    assert next_read_only(False, 0.93, 0.95, 0.90) is False
+
+
+def test_gc_candidates():
+    keys = ["ledgers/00000000000000000001", "ledgers/00000000000000000003", "ledgers/junk"]
+    assert gc_candidates([1, 2, 3, 4], keys) == [2, 4]
+
+
+def test_runs_of():
+    s, e, r = runs_of(np.array([0, 1, 2, 5, 6, 9], np.int64))
+    assert s.tolist() == [0, 5, 9] and e.tolist() == [2, 6, 9] and r.tolist() == [0, 3, 5]
+
+
+# -- config -------------------------------------------------------------------------------------
+def test_conf_file_documents_every_key_with_its_default():
+    text = open(os.path.join(ROOT, "conf", "bookie.conf")).read()
+    documented = dict(re.findall(r"^# (\w+) = ?(\S*)", text, re.M))
+    defaults = BookieConfig()
+    for f in dataclasses.fields(BookieConfig):
+        assert f.name in documented, f.name
+        shown = parse_conf_text(f"{f.name} = {documented[f.name]}").get(f.name, "")
+        assert shown == getattr(defaults, f.name), f.name
+    assert load_config(os.path.join(ROOT, "conf", "bookie.conf")) == defaults
+
+
+def test_conf_rejects_unknown_keys_and_bad_values():
+    with pytest.raises(ValueError):
+        parse_conf_text("no_such_key = 1")
+    with pytest.raises(ValueError):
+        parse_conf_text("port = eighty")
+    assert parse_conf_text("port = 1  # comment\njournal_sync_data = false") == \
+        {"port": 1, "journal_sync_data": False}
+
+
+# -- journal ------------------------------------------------------------------------------------
+class _Recorder:
+    def __init__(self):
+        self.groups = []
+
+    def journal_fsync(self, seconds, group_len, nbytes):
+        self.groups.append(group_len)
+
+
+def test_journal_group_commit_and_replay(tmp_path):
+    rec = _Recorder()
+    j = Journal(str(tmp_path), metrics=rec, max_group_bytes=1 << 20, prealloc_bytes=1 << 16)
+    durable = []
+    futs = [j.submit([(RecordType.FENCE, i.to_bytes(8, "little"))]) for i in range(10)]
+    j.start(lambda group, pos: durable.extend(group))     # all 10 queued before start
+    positions = [f.result() for f in futs]
+    assert rec.groups[0] == 10, "queued submissions share one fdatasync"
+    assert len(set(positions)) == 1 and len(durable) == 10
+    big = j.submit([(RecordType.ADD_BATCH, b"x" * 100)]).result()
+    assert big > positions[0]
+    j.close()
+    j2 = Journal(str(tmp_path))
+    got = list(j2.replay(Position(0, 0)))
+    assert [r[1] for r in got] == [RecordType.FENCE] * 10 + [RecordType.ADD_BATCH]
+    assert [int.from_bytes(r[2], "little") for r in got[:10]] == list(range(10))
+    # replay from a checkpoint position skips what is before it
+    assert len(list(j2.replay(positions[0]))) == 1
+
+
+def test_journal_rolls_and_deletes_before_checkpoint(tmp_path):
+    j = Journal(str(tmp_path), max_file_bytes=300, prealloc_bytes=0)
+    j.start(lambda group, pos: None)
+    pos = [j.submit([(RecordType.ADD_BATCH, b"y" * 200)]).result() for _ in range(5)]
+    assert len({p.seq for p in pos}) >= 3
+    removed = j.delete_before(pos[-1])
+    assert removed >= 2
+    j.close()
+    left = list(Journal(str(tmp_path)).replay(Position(0, 0)))
+    assert 1 <= len(left) < 5
+
+
+def test_journal_submissions_fail_after_close(tmp_path):
+    j = Journal(str(tmp_path))
+    j.start(lambda group, pos: None)
+    j.close()
+    with pytest.raises(errors.BookieIOError):
+        j.submit([(RecordType.FENCE, b"\0" * 8)]).result()

@@ -1,0 +1,470 @@
+"""The correctness checker: judges a merged history against the final state.
+
+Two halves.  ``collect_final_state`` (I/O) runs after everything is healed:
+it recovers every ledger that is not CLOSED (counting recoveries), reads
+every closed ledger completely through the client, probes every bookie of
+the write set directly for ids last+1..last+k, reads every log's ledger list
+and, if asked, counts the replicas of every entry.  ``check`` (pure) takes
+the paired history (history.pair_ops), that final state and the metadata
+snapshots taken during the run, and returns violations:
+
+  I1 acked      every ok add/append is in its CLOSED ledger at its id, byte-
+                identical (digest); entries appear in each writer's invoke
+                order; no entry comes from a failed op or from nowhere; no
+                payload appears twice.
+  I2 beyond     last+1 is not held by an ack quorum (Qa bookies of its write
+                set): it could have been acknowledged after the close (a
+                fencing hole; later ids cannot be acked before it); no reader
+                ever returned an id > last (I3).
+  I3 readers    every ok ledger read returned, at each id, the final entry
+                at that id (so every reader saw a prefix of one sequence);
+                each log-reader session's records are a prefix of the log.
+  I4 metadata   once a ledger is seen CLOSED, its state, last entry, length,
+                quorums and fragment boundaries never change.
+  I5 logs       every ok append is in the log exactly once; no duplicates;
+                each writer's appends in order.
+  I6 replicas   (after rereplication) every entry has Qw replicas.
+
+A violation carries the ledger/log/entry; ``minimal_history`` prints the
+operations touching it.  The seed is printed by the runner.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+from pybk_spark import errors
+from pybk_spark.protocol import ledger_metadata as lm
+from pybk_spark.protocol.distribution import write_set
+
+from .history import FAIL, OK, UNKNOWN, digest
+
+
+@dataclass
+class Violation:
+    invariant: str
+    message: str
+    ledger: Optional[int] = None
+    entry: Optional[int] = None
+    log: Optional[str] = None
+
+    def __str__(self) -> str:
+        where = " ".join(f"{k}={v}" for k, v in (("ledger", self.ledger), ("entry", self.entry),
+                                                   ("log", self.log)) if v is not None)
+        return f"[{self.invariant}] {where}: {self.message}"
+
+
+@dataclass
+class FinalLedger:
+    ledger_id: int
+    state: str
+    last: int
+    ack_quorum: int
+    write_quorum: int
+    digests: Optional[list] = None        # digest per id 0..last; None = unreadable
+    read_error: str = ""
+    beyond_quorum: dict = field(default_factory=dict)   # id > last -> holders in its write set
+    replicas: dict = field(default_factory=dict)        # id -> replica count (I6)
+    lacking: dict = field(default_factory=dict)         # id -> bookies of its write set lacking it
+    snapshot: Optional[tuple] = None
+
+
+@dataclass
+class FinalState:
+    ledgers: dict = field(default_factory=dict)          # id -> FinalLedger
+    logs: dict = field(default_factory=dict)             # name -> [ledger ids]
+    recoveries: int = 0
+    recovery_failures: list = field(default_factory=list)
+    replicas_checked: bool = False
+
+
+def snapshot_of(md: lm.LedgerMetadata) -> tuple:
+    """The parts of ledger metadata that must never change once CLOSED."""
+    return (md.state, md.last_entry_id, md.length, md.ensemble_size, md.write_quorum,
+            md.ack_quorum, tuple(first for first, _ in md.ensembles))
+
+
+# -- pure checks ----------------------------------------------------------------------------
+def check(ops: list[dict], final: FinalState, snapshots: Iterable[tuple] = (),
+          strict_replicas: bool = True) -> list[Violation]:
+    out: list[Violation] = []
+    out += check_acked(ops, final)
+    out += check_beyond(final)
+    out += check_readers(ops, final)
+    out += check_metadata(snapshots, final)
+    out += check_logs(ops, final)
+    if final.replicas_checked:
+        out += check_replicas(final, strict_replicas)
+    return out
+
+
+def _entry_ops(ops):
+    """(op, index in op, digest) for every add/append payload invoked."""
+    for op in ops:
+        if op.get("op") in ("add", "append"):
+            for i, d in enumerate(op.get("digests") or []):
+                yield op, i, d
+
+
+def check_acked(ops: list[dict], final: FinalState) -> list[Violation]:
+    out = []
+    origin: dict[str, tuple[dict, int]] = {}
+    for op, i, d in _entry_ops(ops):
+        origin[d] = (op, i)
+    for op, i, d in _entry_ops(ops):
+        if op["outcome"] != OK:
+            continue
+        lid = op.get("ledger")
+        e = op.get("entry") + i if op.get("entry") is not None else None
+        fl = final.ledgers.get(lid)
+        if fl is None:
+            out.append(Violation("I1", f"acked {op['op']} by {op['proc']} but the ledger is gone",
+                                 lid, e))
+        elif fl.state != lm.CLOSED:
+            out.append(Violation("I1", f"ledger not CLOSED after recovery ({fl.state})", lid, e))
+        elif e is None or e > fl.last:
+            out.append(Violation("I1", f"acked entry beyond the ledger's last entry {fl.last} "
+                                       f"(acked by {op['proc']} op {op['id']})", lid, e))
+        elif fl.digests is None:
+            out.append(Violation("I1", f"acked entry unreadable: {fl.read_error}", lid, e))
+        elif fl.digests[e] != d:
+            out.append(Violation("I1", f"acked payload differs at this id (acked by {op['proc']} "
+                                       f"op {op['id']})", lid, e))
+    seen: dict[str, tuple[int, int]] = {}
+    for lid, fl in sorted(final.ledgers.items()):
+        if fl.digests is None:
+            continue
+        last_index: dict[str, tuple] = {}
+        for e, d in enumerate(fl.digests):
+            if d in seen:
+                out.append(Violation("I1", f"payload duplicated (also at ledger {seen[d][0]} "
+                                           f"entry {seen[d][1]})", lid, e))
+            seen[d] = (lid, e)
+            src = origin.get(d)
+            if src is None:
+                out.append(Violation("I1", "entry written by no invoked operation", lid, e))
+                continue
+            op, i = src
+            if op["outcome"] == FAIL:
+                out.append(Violation("I1", f"entry of a FAILED op ({op.get('error')}) is in the "
+                                           f"ledger (op {op['proc']}#{op['id']})", lid, e))
+            key = (op["proc"], op["id"], i)
+            prev = last_index.get(op["proc"])
+            if prev is not None and prev >= key:
+                out.append(Violation("I1", f"entries of {op['proc']} out of invoke order", lid, e))
+            last_index[op["proc"]] = key
+    return out
+
+
+def check_beyond(final: FinalState) -> list[Violation]:
+    """Only last+1 matters: an add is acknowledged only after every lower id
+    is, so a later id on Qa bookies (with last+1 short of Qa) was never acked;
+    last+1 on Qa bookies of its write set could have been acked after the
+    close (recovery saw (Qw-Qa)+1 NoSuchEntry for it, so Qa copies means a
+    write got through a fence: TLA+ defect 1 / #2614)."""
+    out = []
+    for lid, fl in sorted(final.ledgers.items()):
+        e = fl.last + 1
+        holders = fl.beyond_quorum.get(e, 0)
+        if fl.state == lm.CLOSED and holders >= fl.ack_quorum:
+            out.append(Violation("I2", f"entry last+1 is on {holders} bookies of its write set "
+                                       f"(Qa={fl.ack_quorum}): it could have been acknowledged "
+                                       f"after the close", lid, e))
+    return out
+
+
+def check_readers(ops: list[dict], final: FinalState) -> list[Violation]:
+    out = []
+    sessions: dict[tuple, list] = {}
+    for op in ops:
+        if op.get("op") != "read" or op["outcome"] != OK:
+            continue
+        if op.get("log") is not None:
+            sessions.setdefault((op["proc"], op["log"], op.get("session")), []).append(op)
+            continue
+        lid, first = op.get("ledger"), op.get("entry", 0)
+        fl = final.ledgers.get(lid)
+        for i, d in enumerate(op.get("digests") or []):
+            e = first + i
+            if fl is None or fl.digests is None:
+                out.append(Violation("I3", f"{op['proc']} read an entry of a ledger that is gone "
+                                           f"or unreadable", lid, e))
+                break
+            if e > fl.last:
+                out.append(Violation("I3", f"{op['proc']} read an entry beyond the last entry "
+                                           f"{fl.last} (op {op['id']})", lid, e))
+                break
+            if fl.digests[e] != d:
+                out.append(Violation("I3", f"{op['proc']} read a different payload than the "
+                                           f"final ledger holds (op {op['id']})", lid, e))
+                break
+    logs = {name: _log_sequence(final, name) for name in final.logs}
+    for (proc, name, session), reads in sessions.items():
+        seq = logs.get(name)
+        if seq is None:
+            continue
+        got = []
+        for op in sorted(reads, key=lambda r: r.get("offset", 0)):
+            if op.get("offset", 0) != len(got):
+                out.append(Violation("I3", f"{proc} session {session}: offset gap", log=name))
+                break
+            got.extend(op.get("digests") or [])
+        for k, d in enumerate(got):
+            if k >= len(seq) or seq[k][2] != d:
+                where = f"log offset {k}" + (f" (ledger {seq[k][0]} entry {seq[k][1]})"
+                                             if k < len(seq) else " (past the end)")
+                out.append(Violation("I3", f"{proc} session {session} diverges from the log "
+                                           f"at {where}", log=name))
+                break
+    return out
+
+
+def check_metadata(snapshots: Iterable[tuple], final: FinalState) -> list[Violation]:
+    """snapshots: (t, ledger id, snapshot_of(md)) observed during the run."""
+    out = []
+    first_closed: dict[int, tuple] = {}
+    obs = list(snapshots) + [(float("inf"), lid, fl.snapshot) for lid, fl in final.ledgers.items()
+                             if fl.snapshot is not None]
+    for t, lid, snap in sorted(obs, key=lambda x: x[0]):
+        if lid in first_closed:
+            if snap != first_closed[lid]:
+                out.append(Violation("I4", f"closed metadata changed: {first_closed[lid]} -> "
+                                           f"{snap}", lid))
+                first_closed[lid] = snap
+        elif snap[0] == lm.CLOSED:
+            first_closed[lid] = snap
+    return out
+
+
+def _log_sequence(final: FinalState, name: str) -> list[tuple]:
+    seq = []
+    for lid in final.logs.get(name, []):
+        fl = final.ledgers.get(lid)
+        if fl is None or fl.digests is None:
+            continue
+        seq.extend((lid, e, d) for e, d in enumerate(fl.digests))
+    return seq
+
+
+def check_logs(ops: list[dict], final: FinalState) -> list[Violation]:
+    out = []
+    for name in sorted(final.logs):
+        seq = _log_sequence(final, name)
+        where: dict[str, list] = {}
+        for lid, e, d in seq:
+            where.setdefault(d, []).append((lid, e))
+        for d, places in where.items():
+            if len(places) > 1:
+                out.append(Violation("I5", f"payload appears {len(places)} times: {places}",
+                                     places[0][0], places[0][1], name))
+        last_key: dict[str, tuple] = {}
+        index = {d: k for k, (_l, _e, d) in enumerate(seq)}
+        for op in ops:
+            if op.get("op") != "append" or op.get("log") != name:
+                continue
+            d = (op.get("digests") or [None])[0]
+            if op["outcome"] == OK:
+                pos = (op.get("ledger"), op.get("entry"))
+                if pos not in where.get(d, []):
+                    out.append(Violation("I5", f"acked append of {op['proc']} (op {op['id']}) "
+                                               f"missing from the log (found at "
+                                               f"{where.get(d, [])})", pos[0], pos[1], name))
+            if d in index and op["outcome"] != FAIL:
+                prev = last_key.get(op["proc"])
+                if prev is not None and index[d] < prev:
+                    out.append(Violation("I5", f"appends of {op['proc']} out of order", log=name))
+                last_key[op["proc"]] = index[d]
+    return out
+
+
+def check_replicas(final: FinalState, strict: bool = True) -> list[Violation]:
+    """< Qa replicas is always a violation (the durability floor); < Qw only
+    when ``strict`` (the issue's "every entry has Qw replicas")."""
+    out = []
+    for lid, fl in sorted(final.ledgers.items()):
+        for e, n in sorted(fl.replicas.items()):
+            if n < fl.ack_quorum or (strict and n < fl.write_quorum):
+                out.append(Violation("I6", f"{n} replicas < Qw={fl.write_quorum} (Qa="
+                                           f"{fl.ack_quorum}); lacking on "
+                                           f"{fl.lacking.get(e, '?')}", lid, e))
+                break
+    return out
+
+
+def under_replicated(final: FinalState) -> dict:
+    """{'below_qw': n entries, 'below_qa': n entries} (for the totals)."""
+    below_qw = below_qa = 0
+    for fl in final.ledgers.values():
+        for n in fl.replicas.values():
+            below_qw += n < fl.write_quorum
+            below_qa += n < fl.ack_quorum
+    return {"below_qw": below_qw, "below_qa": below_qa}
+
+
+def minimal_history(ops: list[dict], v: Violation, limit: int = 40) -> list[dict]:
+    """The operations touching the violating ledger / log (and entry)."""
+    def touches(op) -> bool:
+        if v.log is not None and op.get("log") == v.log and v.ledger is None:
+            return True
+        if v.ledger is None or op.get("ledger") != v.ledger:
+            return False
+        if v.entry is None or op.get("op") in ("recover", "close", "create", "lead"):
+            return True
+        first = op.get("entry")
+        n = len(op.get("digests") or [])
+        return first is None or first <= v.entry < first + max(n, 1)
+    hit = [op for op in ops if touches(op)]
+    return hit[-limit:]
+
+
+def format_op(op: dict) -> str:
+    keep = ("invoke_t", "proc", "id", "op", "outcome", "ledger", "log", "entry", "last",
+            "error", "session", "offset")
+    parts = [f"{k}={op[k]:.3f}" if k == "invoke_t" else f"{k}={op[k]}"
+             for k in keep if op.get(k) is not None]
+    n = len(op.get("digests") or [])
+    if n:
+        parts.append(f"n={n} digests={op['digests'][:3]}{'...' if n > 3 else ''}")
+    return " ".join(parts)
+
+
+# -- final state (I/O) ---------------------------------------------------------------------------
+def collect_final_state(bk, *, probe_k: int = 5, count_replicas: bool = False,
+                        recover_attempts: int = 8, log=print) -> FinalState:
+    final = FinalState(replicas_checked=count_replicas)
+    store = bk.metadata_store
+    for lid in sorted(bk.list_ledgers()):
+        md = _recover(bk, lid, final, recover_attempts, log)
+        if md is None:
+            continue
+        fl = FinalLedger(lid, md.state, md.last_entry_id if md.is_closed else -2,
+                         md.ack_quorum, md.write_quorum, snapshot=snapshot_of(md))
+        final.ledgers[lid] = fl
+        if not md.is_closed:
+            fl.read_error = "not closed"
+            continue
+        try:
+            rh = bk.open_ledger(lid, recovery=False)
+            got = rh.read(0, fl.last) if fl.last >= 0 else []
+            fl.digests = [digest(x.payload) for x in got]
+            if len(fl.digests) != fl.last + 1:
+                fl.read_error = f"read {len(fl.digests)} of {fl.last + 1} entries"
+                fl.digests = None
+        except Exception as exc:  # noqa: BLE001
+            fl.read_error = repr(exc)
+        fl.beyond_quorum = probe_beyond(bk, md, probe_k)
+        if count_replicas:
+            fl.replicas = count_entry_replicas(bk, md)
+    for key, value in store.list_prefix("logs/"):
+        from pybk_spark.protocol.log_metadata import LogMetadata
+        lmd = LogMetadata.from_json(value.value)
+        final.logs[lmd.name] = [s.ledger_id for s in lmd.segments]
+    return final
+
+
+def _recover(bk, lid, final: FinalState, attempts: int, log) -> Optional[lm.LedgerMetadata]:
+    for attempt in range(attempts):
+        try:
+            md = bk.get_ledger_metadata(lid)
+            if md.is_closed:
+                return md
+            bk.open_ledger(lid, recovery=True)
+            final.recoveries += 1
+            return bk.get_ledger_metadata(lid)
+        except errors.NoSuchLedger:
+            return None
+        except Exception as exc:  # noqa: BLE001 - retried; a bookie may still be restarting
+            if attempt == attempts - 1:
+                final.recovery_failures.append((lid, repr(exc)))
+                log(f"checker: recovery of ledger {lid} failed: {exc!r}")
+                try:
+                    return bk.get_ledger_metadata(lid)
+                except Exception:  # noqa: BLE001
+                    return None
+            time.sleep(min(2.0, 0.25 * (attempt + 1)))
+    return None
+
+
+def _holds(bk, bookie: str, lid: int, e: int) -> Optional[bool]:
+    try:
+        res = bk.transports.get(bookie).read(lid, e, e, max_entries=1,
+                                             timeout=bk.conf.read_timeout_s).result()
+    except (errors.NoSuchEntry, errors.NoSuchLedger):
+        return False
+    except errors.BKError:
+        return None
+    b = res.batch
+    return b.num_rows > 0 and b.column("entry_id")[0].as_py() == e
+
+
+def probe_beyond(bk, md: lm.LedgerMetadata, k: int) -> dict:
+    """id -> how many bookies of its write set hold it, for last+1..last+k."""
+    out = {}
+    ensemble = md.current_ensemble
+    for e in range(md.last_entry_id + 1, md.last_entry_id + 1 + k):
+        slots = write_set(e, len(ensemble), md.write_quorum)
+        held = sum(1 for s in slots if _holds(bk, ensemble[s], md.ledger_id, e))
+        if held:
+            out[e] = held
+    return out
+
+
+def _runs(ids: list[int]) -> list[tuple[int, int]]:
+    out: list[list[int]] = []
+    for e in ids:
+        if out and out[-1][1] == e - 1:
+            out[-1][1] = e
+        else:
+            out.append([e, e])
+    return [(a, b) for a, b in out]
+
+
+def _held_ids(bk, bookie: str, lid: int, ids: list[int]) -> set:
+    """Which of ``ids`` one bookie holds (run reads; a short answer resumes
+    after the hole).  Unreachable bookie: holds nothing."""
+    held: set = set()
+    todo = _runs(ids)
+    while todo:
+        a, b = todo.pop()
+        try:
+            res = bk.transports.get(bookie).read(lid, a, b, max_entries=b - a + 1,
+                                                 timeout=bk.conf.read_timeout_s).result()
+        except errors.NoSuchEntry:
+            if a < b:
+                todo.append((a + 1, b))
+            continue
+        except errors.BKError:
+            return held
+        got = res.batch.column("entry_id").to_pylist() if res.batch.num_rows else []
+        held.update(got)
+        nxt = (got[-1] + 1) if got else a + 1
+        if nxt <= b:
+            todo.append((nxt, b))
+    return held
+
+
+def count_entry_replicas(bk, md: lm.LedgerMetadata, lacking: dict | None = None) -> dict:
+    """id -> how many bookies of its write set (per the current metadata) hold
+    it; ``lacking`` (if given) gets id -> [bookies of its write set without it]."""
+    out = {e: 0 for e in range(md.last_entry_id + 1)}
+    jobs = []
+    for first, last, ensemble in md.fragments():
+        last = min(last, md.last_entry_id)
+        for slot, bookie in enumerate(ensemble):
+            ids = [e for e in range(first, last + 1)
+                   if slot in write_set(e, len(ensemble), md.write_quorum)]
+            if ids:
+                jobs.append((bookie, ids))
+    with cf.ThreadPoolExecutor(8) as pool:
+        for (bookie, ids), held in zip(jobs, pool.map(
+                lambda j: _held_ids(bk, j[0], md.ledger_id, j[1]), jobs)):
+            for e in held:
+                if e in out:
+                    out[e] += 1
+            if lacking is not None:
+                for e in ids:
+                    if e not in held:
+                        lacking.setdefault(e, []).append(bookie)
+    return out

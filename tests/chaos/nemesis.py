@@ -1,0 +1,250 @@
+"""Seeded fault injection against a LocalCluster and the chaos workers.
+
+Fault kinds (``KINDS``):
+  bookie_kill      SIGKILL a bookie, restart it 1-6 s later (same data dir).
+  bookie_pause     SIGSTOP a bookie (GC pause / partition), SIGCONT 1-8 s later
+                   (longer than the client's 5 s add timeout now and then, so
+                   the writer's ensemble change runs against a live bookie).
+  bookie_torn_tail SIGKILL a bookie, then damage the bytes right after the
+                   last complete record of its newest journal file (random
+                   garbage, a torn header, a header promising more body than
+                   exists, or a record with a wrong CRC), restart 1-4 s later.
+                   Only bytes after the last durable record are touched: what
+                   a crash in the middle of a group write leaves behind.
+                   Destroying fdatasynced records would be a disk loss, which
+                   the cookie check (not this harness) covers.
+  bookie_disk_full the bookie's disk pushed over its threshold: the shared
+                   conf file is rewritten with disk_usage_threshold/lwm =
+                   0.001, the bookie is sent SIGHUP (documented: reload the
+                   thresholds), the conf is restored as soon as the bookie has
+                   re-registered read-only; 3-8 s later SIGHUP again -> the
+                   real thresholds -> writable.
+  etcd_restart     SIGTERM etcd and start it again on the same data dir/port.
+  writer_kill      SIGKILL a ledger writer or the current leader of a log
+                   (the runner starts a successor, which fences the log).
+  leader_takeover  start a second leader for a log while the first is alive
+                   (the old one must be fenced off: its adds end unknown).
+
+Bound (the rule): at most ``max_bookie_faults`` bookies are faulty at once
+(killed, paused, torn or read-only), default min(Qa) - 1 over the ledger
+configs, so every acknowledged entry keeps a live, writable replica and the
+guarantee being checked (Qa - 1 failures lose nothing) is the one promised;
+and never more than N - max(E), so an ensemble change always finds a
+replacement.  etcd and client faults do not count against it (a client is
+not a replica; etcd is restarted, never wiped).  All processes are on
+127.0.0.1.  The loop is bounded by ``until`` and by ``max_faults``; pending
+repairs are always carried out (``heal_all``), also on error.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+KINDS = ["bookie_kill", "bookie_pause", "bookie_torn_tail", "bookie_disk_full",
+         "etcd_restart", "writer_kill", "leader_takeover"]
+WEIGHTS = [4, 4, 2, 2, 1, 2, 1]
+BOOKIE_KINDS = {"bookie_kill", "bookie_pause", "bookie_torn_tail", "bookie_disk_full"}
+
+
+@dataclass
+class _Repair:
+    due: float
+    bookie: str
+    kind: str
+
+
+class Nemesis:
+    def __init__(self, cluster, workers, rng, *, max_bookie_faults: int = 1,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep,
+                 kinds: list[str] | None = None, log: Callable[[str], None] = print):
+        self.cluster = cluster
+        self.workers = workers          # runner.Workers (kill_writer / takeover) or None
+        self.rng = rng
+        self.max_bookie_faults = max(0, max_bookie_faults)
+        self.clock, self.sleep, self.log = clock, sleep, log
+        self.kinds = kinds or KINDS
+        self.counts: dict[str, int] = {k: 0 for k in KINDS}
+        self._repairs: list[_Repair] = []
+        self._stop = False
+
+    def stop(self) -> None:
+        self._stop = True
+
+    # -- main loop ----------------------------------------------------------------------
+    def run(self, until: float, max_faults: int = 10_000) -> dict[str, int]:
+        try:
+            injected = 0
+            while not self._stop and self.clock() < until and injected < max_faults:
+                self._do_repairs(self.clock())
+                kinds = [k for k in self.kinds if self._allowed(k)]
+                if kinds:
+                    weights = [WEIGHTS[KINDS.index(k)] for k in kinds]
+                    kind = self.rng.choices(kinds, weights)[0]
+                    try:
+                        if getattr(self, "_" + kind)():
+                            self.counts[kind] += 1
+                            injected += 1
+                    except Exception as exc:  # noqa: BLE001 - a fault that failed is logged
+                        self.log(f"nemesis: {kind} failed: {exc!r}")
+                self._wait(self.rng.uniform(1.0, 4.0), until)
+        finally:
+            self.heal_all()
+        return dict(self.counts)
+
+    def _wait(self, seconds: float, until: float) -> None:
+        end = min(self.clock() + seconds, until)
+        while not self._stop and self.clock() < end:
+            self._do_repairs(self.clock())
+            self.sleep(min(0.2, max(0.0, end - self.clock())))
+
+    def _allowed(self, kind: str) -> bool:
+        if kind in BOOKIE_KINDS:
+            return len(self._repairs) < self.max_bookie_faults
+        if kind in ("writer_kill", "leader_takeover"):
+            return self.workers is not None
+        return True
+
+    def _do_repairs(self, now: float) -> None:
+        for r in [r for r in self._repairs if r.due <= now]:
+            self._repair(r)
+
+    def _repair(self, r: _Repair) -> None:
+        try:
+            if r.kind == "pause":
+                self.cluster.resume_bookie(r.bookie)
+            elif r.kind == "disk":
+                self._sighup(r.bookie)
+                self.cluster.wait_registered(r.bookie, read_only=False, timeout=60)
+            else:
+                self.cluster.start_bookie(r.bookie)
+        except Exception as exc:  # noqa: BLE001 - heal_all retries via cluster.heal
+            self.log(f"nemesis: repair of {r.bookie} ({r.kind}) failed: {exc!r}")
+        finally:
+            self._repairs.remove(r)
+
+    def heal_all(self) -> None:
+        for r in list(self._repairs):
+            self._repair(r)
+        self.cluster.heal()
+
+    def _victim(self) -> str:
+        busy = {r.bookie for r in self._repairs}
+        return self.rng.choice([b for b in self.cluster.bookie_ids if b not in busy])
+
+    # -- faults -------------------------------------------------------------------------
+    def _bookie_kill(self) -> bool:
+        b = self._victim()
+        self.cluster.kill_bookie(b, signal.SIGKILL)
+        self._repairs.append(_Repair(self.clock() + self.rng.uniform(1, 6), b, "kill"))
+        self.log(f"nemesis: SIGKILL {b}")
+        return True
+
+    def _bookie_pause(self) -> bool:
+        b = self._victim()
+        self.cluster.stop_bookie(b)
+        self._repairs.append(_Repair(self.clock() + self.rng.uniform(1, 8), b, "pause"))
+        self.log(f"nemesis: SIGSTOP {b}")
+        return True
+
+    def _bookie_torn_tail(self) -> bool:
+        b = self._victim()
+        self.cluster.kill_bookie(b, signal.SIGKILL)
+        how = tear_journal_tail(self.cluster.bookie_data_dir(b), self.rng)
+        self._repairs.append(_Repair(self.clock() + self.rng.uniform(1, 4), b, "torn"))
+        self.log(f"nemesis: SIGKILL {b} + journal tail {how}")
+        return True
+
+    def _bookie_disk_full(self) -> bool:
+        b = self._victim()
+        conf = self.cluster.data_dir / "bookie.conf"
+        original = conf.read_text()
+        self._repairs.append(_Repair(self.clock() + self.rng.uniform(3, 8), b, "disk"))
+        try:
+            conf.write_text(original + "disk_usage_threshold = 0.001\ndisk_usage_lwm = 0.001\n")
+            self._sighup(b)
+            self.cluster.wait_registered(b, read_only=True, timeout=30)
+        finally:
+            conf.write_text(original)
+        self.log(f"nemesis: disk of {b} over threshold (read-only)")
+        return True
+
+    def _sighup(self, b: str) -> None:
+        pid = self.cluster.bookie_pid(b)
+        if pid is not None:
+            os.kill(pid, signal.SIGHUP)
+
+    def _etcd_restart(self) -> bool:
+        self.cluster.restart_etcd()
+        self.log("nemesis: etcd restarted")
+        return True
+
+    def _writer_kill(self) -> bool:
+        name = self.workers.kill_random_writer(self.rng)
+        if name:
+            self.log(f"nemesis: SIGKILL writer {name}")
+        return bool(name)
+
+    def _leader_takeover(self) -> bool:
+        name = self.workers.takeover(self.rng)
+        if name:
+            self.log(f"nemesis: new leader {name} while the old one is alive")
+        return bool(name)
+
+
+# -- journal tail damage ----------------------------------------------------------------------
+def tear_journal_tail(data_dir: Path, rng) -> str:
+    """Damage the bytes after the last complete record of the newest journal
+    file of a STOPPED bookie; returns a description."""
+    from bookie_server.journal import HEADER, crc_of, list_files, file_name
+    jdir = _journal_dir(Path(data_dir))
+    if jdir is None:
+        return "(no journal)"
+    seqs = [s for s in list_files(str(jdir)) if (jdir / file_name(s)).stat().st_size > 0]
+    if not seqs:
+        return "(empty journal)"
+    path = jdir / file_name(seqs[-1])
+    end = _end_of_records(path, HEADER, crc_of)
+    how = rng.choice(["garbage", "torn_header", "short_body", "bad_crc"])
+    if how == "garbage":
+        junk = bytes([rng.randrange(1, 256)]) + rng.randbytes(rng.randrange(1, 300))
+    elif how == "torn_header":
+        junk = HEADER.pack(100, 12345, 1)[: rng.randrange(1, HEADER.size)]
+    elif how == "short_body":
+        junk = HEADER.pack(4096, 0, 1) + rng.randbytes(rng.randrange(1, 100))
+    else:
+        body = rng.randbytes(rng.randrange(1, 200))
+        junk = HEADER.pack(len(body), crc_of(1, body) ^ 0x5A5A, 1) + body
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, junk, end)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return f"{how} ({len(junk)} bytes at {path.name}:{end})"
+
+
+def _journal_dir(data_dir: Path) -> Path | None:
+    for cand in [data_dir / "journal", data_dir]:
+        if cand.is_dir() and any(p.suffix == ".jnl" for p in cand.iterdir()):
+            return cand
+    found = sorted({p.parent for p in data_dir.rglob("*.jnl")})
+    return found[0] if found else None
+
+
+def _end_of_records(path: Path, header, crc_of) -> int:
+    data = path.read_bytes()
+    pos = 0
+    while pos + header.size <= len(data):
+        length, crc, rtype = header.unpack_from(data, pos)
+        if length == 0 and crc == 0 and rtype == 0:
+            break
+        body = data[pos + header.size: pos + header.size + length]
+        if len(body) < length or crc_of(rtype, body) != crc:
+            break
+        pos += header.size + length
+    return pos

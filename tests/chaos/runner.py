@@ -1,0 +1,335 @@
+"""Chaos run: real etcd + N bookie-server processes + writer/reader processes
++ a seeded nemesis for --duration seconds, then heal, recover and check.
+
+    .venv/bin/python -m tests.chaos.runner --duration 120 [--seed S]
+    make chaos DURATION=600 SEED=S
+
+Prints the seed first (replay: same --seed and --duration; the fault
+schedule and every worker's choices derive from it, process timing does
+not), then totals: operations by kind and outcome, faults by kind,
+recoveries.  Exit status 0 = no violation, 1 = violation (the seed and the
+minimal failing history are printed), 2 = the run itself broke.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from pybk_spark.client import BookKeeper
+from pybk_spark.protocol import ledger_metadata as lm
+from pybk_spark.testing import procs
+from pybk_spark.testing.cluster import LocalCluster
+
+from . import checker as chk
+from .history import load_histories, pair_ops
+from .nemesis import KINDS, Nemesis
+from .workers import CONFIGS
+
+REPO = Path(__file__).resolve().parents[2]
+BOOKIE_CONF = {"disk_check_interval_s": 0.5, "flush_interval_s": 2.0, "gc_interval_s": 30.0}
+
+
+class Workers:
+    """The worker processes; thread-safe (nemesis and supervisor share it)."""
+
+    def __init__(self, uri: str, hist_dir: Path, log_dir: Path, seed: int, until: float,
+                 env: dict | None = None):
+        self.uri, self.hist_dir, self.log_dir = uri, hist_dir, log_dir
+        self.seed, self.until = seed, until
+        self.env = dict(os.environ, **(env or {}))
+        self._lock = threading.Lock()
+        self._n = collections.Counter()
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.kind_of: dict[str, str] = {}
+        self.leader: dict[str, str] = {}     # log -> current leader's proc name
+        self.spawned = collections.Counter()
+
+    def spawn(self, kind: str, log: str | None = None) -> str:
+        with self._lock:
+            base = {"ledger-writer": "lw", "log-writer": f"log{log}", "tail-reader": "tail",
+                    "recoverer": "rec"}[kind]
+            n = self._n[base]
+            self._n[base] += 1
+            name = f"{base}-{n}"
+            seed = random.Random(f"{self.seed}/{name}").randrange(1 << 31)
+            args = [sys.executable, "-m", "tests.chaos.workers", kind, "--uri", self.uri,
+                    "--hist", str(self.hist_dir / f"{name}.jsonl"), "--proc", name,
+                    "--seed", str(seed), "--until", str(self.until)]
+            if log:
+                args += ["--log", log]
+            out = open(self.log_dir / f"{name}.log", "ab")
+            p = subprocess.Popen(args, cwd=REPO, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, start_new_session=True)
+            out.close()
+            procs.register(p)
+            self.procs[name] = p
+            self.kind_of[name] = kind
+            self.spawned[kind] += 1
+            if log:
+                self.leader[log] = name
+            return name
+
+    def alive(self, name: str) -> bool:
+        return self.procs[name].poll() is None
+
+    def kill_random_writer(self, rng) -> str | None:
+        with self._lock:
+            cands = sorted(n for n, p in self.procs.items() if p.poll() is None
+                           and self.kind_of[n] in ("ledger-writer", "log-writer"))
+        if not cands:
+            return None
+        name = rng.choice(cands)
+        p = self.procs[name]
+        try:
+            p.send_signal(signal.SIGKILL)
+            p.wait(30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+        procs.unregister(p)
+        return name
+
+    def takeover(self, rng) -> str | None:
+        logs = sorted(self.leader)
+        if not logs or time.time() > self.until - 5:
+            return None
+        return self.spawn("log-writer", rng.choice(logs))
+
+    def supervise(self) -> None:
+        """Keep one writer per log and the ledger-writer count (successors)."""
+        if time.time() > self.until - 3:
+            return
+        with self._lock:
+            dead_leaders = [log for log, n in self.leader.items() if self.procs[n].poll() is not None]
+            lw_dead = [n for n, k in self.kind_of.items() if k == "ledger-writer"
+                       and self.procs[n].poll() is not None and not n.endswith("+")]
+        for log in dead_leaders:
+            self.spawn("log-writer", log)
+        for n in lw_dead:
+            with self._lock:
+                self.kind_of[n + "+"] = self.kind_of.pop(n)   # mark replaced
+                self.procs[n + "+"] = self.procs.pop(n)
+            self.spawn("ledger-writer")
+
+    def wait_all(self, grace: float) -> list[str]:
+        """Wait for every worker to stop by itself; SIGKILL stragglers."""
+        deadline = time.monotonic() + grace
+        stragglers = []
+        for name, p in list(self.procs.items()):
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                stragglers.append(name)
+                p.send_signal(signal.SIGUSR1)      # thread dump into its log
+                time.sleep(0.5)
+                p.kill()
+                p.wait()
+            procs.unregister(p)
+        return stragglers
+
+
+def _watch_metadata(uri: str, stop: threading.Event, out: list) -> None:
+    """Record every observed change of ledger metadata (for I4)."""
+    last: dict[int, tuple] = {}
+    bk = None
+    while not stop.wait(0.5):
+        try:
+            if bk is None:
+                bk = BookKeeper(uri, background=False)
+            for key, value in bk.metadata_store.list_prefix("ledgers/"):
+                md = lm.LedgerMetadata.from_json(value.value)
+                snap = chk.snapshot_of(md)
+                if last.get(md.ledger_id) != snap:
+                    last[md.ledger_id] = snap
+                    out.append((time.time(), md.ledger_id, snap))
+        except Exception:  # noqa: BLE001 - etcd restarting
+            continue
+    if bk is not None:
+        bk.close()
+
+
+def run(duration: float, seed: int, *, workdir: str | None = None, bookies: int = 5,
+        ledger_writers: int = 2, logs: int = 2, tail_readers: int = 1, recoverers: int = 1,
+        nemesis: bool = True, rereplicate: bool = True, worker_env: dict | None = None, kinds: list | None = None,
+        out=print) -> dict:
+    """One chaos run; returns a summary dict (``violations`` is a list of str)."""
+    t_start = time.time()
+    base = Path(workdir or tempfile.mkdtemp(prefix="pybk-chaos-"))
+    hist_dir, log_dir = base / "history", base / "logs"
+    hist_dir.mkdir(parents=True, exist_ok=True)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    out(f"chaos: seed={seed} duration={duration}s workdir={base}")
+    rng = random.Random(seed)
+    min_qa = min(c[2] for c in CONFIGS)
+    max_e = max(c[0] for c in CONFIGS)
+    max_faults = max(0, min(min_qa - 1, bookies - max_e))
+    cluster = LocalCluster(base / "cluster", num_bookies=bookies, bookie_conf=BOOKIE_CONF)
+    summary: dict = {"seed": seed, "workdir": str(base)}
+    snapshots: list = []
+    stop_watch = threading.Event()
+    workers = None
+    try:
+        cluster.start()
+        until = time.time() + duration
+        workers = Workers(cluster.metadata_uri, hist_dir, log_dir, seed, until, worker_env)
+        for _ in range(ledger_writers):
+            workers.spawn("ledger-writer")
+        for i in range(logs):
+            workers.spawn("log-writer", chr(ord("a") + i))
+        for _ in range(tail_readers):
+            workers.spawn("tail-reader")
+        for _ in range(recoverers):
+            workers.spawn("recoverer")
+        watcher = threading.Thread(target=_watch_metadata,
+                                   args=(cluster.metadata_uri, stop_watch, snapshots), daemon=True)
+        watcher.start()
+        t0 = time.monotonic()
+        nem = Nemesis(cluster, workers, random.Random(rng.randrange(1 << 31)),
+                      max_bookie_faults=max_faults, kinds=kinds,
+                      log=lambda m: out(f"[{time.monotonic() - t0:7.1f}s] {m}"))
+        nem_thread = threading.Thread(
+            target=lambda: nem.run(time.monotonic() + duration) if nemesis else None, daemon=True)
+        nem_thread.start()
+        while time.time() < until:
+            workers.supervise()
+            time.sleep(0.5)
+        nem.stop()
+        nem_thread.join(300)
+        nem.heal_all()
+        stragglers = workers.wait_all(grace=HANG_GRACE_S)
+        if stragglers:
+            out(f"chaos: SIGKILLed workers that did not stop by themselves: {stragglers}")
+        stop_watch.set()
+        watcher.join(30)
+        out("chaos: healed; recovering every ledger and checking")
+        ops = pair_ops(load_histories(str(hist_dir)))
+        bk = BookKeeper(cluster.metadata_uri, background=False)
+        try:
+            final = chk.collect_final_state(bk, log=out)
+            t_check = time.time()
+            if rereplicate:
+                _rereplicate_phase(cluster, bk, final, rng, out)
+            summary["rereplicate_s"] = round(time.time() - t_check, 1)
+        finally:
+            bk.close()
+        violations = chk.check(ops, final, snapshots)
+        summary.update(_totals(ops, final, nem.counts, workers))
+        summary["violations"] = [str(v) for v in violations]
+        summary["elapsed_s"] = round(time.time() - t_start, 1)
+        _report(out, seed, duration, ops, violations, summary)
+        return summary
+    finally:
+        stop_watch.set()
+        if workers is not None:
+            workers.wait_all(grace=0.1)
+        cluster.stop()
+
+
+HANG_GRACE_S = 100.0
+
+
+def _rereplicate_phase(cluster, bk, final, rng, out) -> str | None:
+    """I6: stop one bookie for good, run the re-replication tool (if it exists)
+    naming it lost, then count every entry's replicas in its write set."""
+    try:
+        from pybk_spark.admin import orchestrate
+    except ImportError:
+        out("chaos: no pybk_spark.admin.orchestrate; I6 skipped")
+        return None
+    victim = rng.choice(sorted(cluster.bookie_ids))
+    cluster.kill_bookie(victim, signal.SIGTERM)
+    try:
+        report, _text, status = orchestrate.run_rereplicate(
+            bk, cluster.metadata_uri, orchestrate.local_mapper(progress=False), bookies=[victim])
+    except Exception as exc:  # noqa: BLE001
+        out(f"chaos: rereplicate raised {exc!r}")
+        report, status = {}, -1
+    s = report.get("summary", {})
+    out(f"chaos: rereplicated away from {victim}: status={status} "
+        f"copies={len(report.get('copies', []))} entries={s.get('entries')}")
+    for lid, fl in final.ledgers.items():
+        if fl.state != lm.CLOSED:
+            continue
+        md = bk.get_ledger_metadata(lid)
+        fl.snapshot = chk.snapshot_of(md)
+        fl.replicas = chk.count_entry_replicas(bk, md, fl.lacking)
+    final.replicas_checked = True
+    return victim
+
+
+def _totals(ops, final, faults, workers) -> dict:
+    by = collections.Counter((op.get("op"), op.get("outcome")) for op in ops)
+    entries = collections.Counter()
+    for op in ops:
+        if op.get("op") in ("add", "append"):
+            entries[op["outcome"]] += len(op.get("digests") or [])
+    return {
+        "operations": len(ops),
+        "ops": {f"{k[0]}:{k[1]}": v for k, v in sorted(by.items())},
+        "entries": dict(entries),
+        "faults": {k: v for k, v in faults.items() if v},
+        "faults_total": sum(faults.values()),
+        "recoveries_during_run": by.get(("recover", "ok"), 0),
+        "recoveries_final": final.recoveries,
+        "recovery_failures_final": len(final.recovery_failures),
+        "ledgers": len(final.ledgers),
+        "logs": {k: len(v) for k, v in final.logs.items()},
+        "workers_started": dict(workers.spawned),
+    }
+
+
+def _report(out, seed, duration, ops, violations, summary) -> None:
+    out("chaos: totals " + json.dumps({k: v for k, v in summary.items() if k != "violations"},
+                                      sort_keys=True))
+    if not violations:
+        out(f"chaos: OK, no violation (seed={seed})")
+        return
+    out(f"chaos: {len(violations)} VIOLATION(S)  seed={seed}  replay: "
+        f".venv/bin/python -m tests.chaos.runner --duration {duration:g} --seed {seed}")
+    for v in violations[:10]:
+        out(f"  {v}")
+        for op in chk.minimal_history(ops, v):
+            out(f"      {chk.format_op(op)}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="tests.chaos.runner", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--duration", type=float, default=120)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--workdir")
+    p.add_argument("--bookies", type=int, default=5)
+    p.add_argument("--ledger-writers", type=int, default=2)
+    p.add_argument("--logs", type=int, default=2)
+    p.add_argument("--no-nemesis", action="store_true")
+    p.add_argument("--no-rereplicate", action="store_true")
+    p.add_argument("--faults", help="comma-separated subset of " + ",".join(KINDS))
+    p.add_argument("--json", help="write the summary here")
+    a = p.parse_args(argv)
+    seed = a.seed if a.seed is not None else random.SystemRandom().randrange(1 << 31)
+    print(f"chaos: seed {seed}", flush=True)
+    procs_out = lambda m: print(m, flush=True)  # noqa: E731
+    try:
+        summary = run(a.duration, seed, workdir=a.workdir, bookies=a.bookies,
+                      ledger_writers=a.ledger_writers, logs=a.logs, nemesis=not a.no_nemesis,
+                      rereplicate=not a.no_rereplicate,
+                      kinds=a.faults.split(",") if a.faults else None, out=procs_out)
+    except Exception as exc:  # noqa: BLE001
+        print(f"chaos: run broke (seed {seed}): {exc!r}", flush=True)
+        return 2
+    if a.json:
+        Path(a.json).write_text(json.dumps(summary, indent=2, sort_keys=True))
+    return 1 if summary["violations"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

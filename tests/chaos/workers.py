@@ -1,0 +1,334 @@
+"""Chaos worker processes: each records its own history (history.py).
+
+    python -m tests.chaos.workers KIND --uri URI --hist FILE --proc NAME
+                                  --seed S --until EPOCH [--log NAME]
+
+KIND:
+  ledger-writer  creates ledgers with (E, Qw, Qa) drawn from CONFIGS, adds
+                 pipelined single entries and batches, closes most ledgers and
+                 abandons some (a crashed writer); a handle that failed is
+                 abandoned too (its ledger is left to the recoverers).
+  log-writer     becomes leader of ``--log`` (fencing the previous leader's
+                 ledgers), appends until ``--until`` or until it loses the
+                 log (LedgerFenced / any error: it then exits and the runner
+                 starts a successor, like a leader-election loop).
+  tail-reader    non-fencing: follows OPEN ledgers up to their LAC and tails
+                 every log from the earliest position with LogReader.
+  recoverer      fencing: recovers OPEN ledgers whose writer's lease is gone,
+                 and now and then one whose writer is alive (a false
+                 suspicion, the fencing wiki's scenario); reads each
+                 recovered ledger completely.
+Every worker stops by itself at ``--until``; all randomness comes from --seed.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import concurrent.futures as cf
+import faulthandler
+import os
+import signal
+import random
+import sys
+import time
+
+from pybk_spark import errors
+from pybk_spark.client import BookKeeper
+from pybk_spark.log import LogWriter, RollPolicy
+from pybk_spark.log_reader import LogReader
+from pybk_spark.protocol import ledger_metadata as lm
+
+from .history import History, digest, make_payload
+
+# (E, Qw, Qa): every config has Qa >= 2 (one bookie fault never loses an ack),
+# E <= 4 so that with 5 bookies and one faulty an ensemble change always finds
+# a replacement.
+CONFIGS = [(3, 2, 2), (3, 3, 2), (4, 3, 2), (4, 2, 2), (3, 3, 3)]
+CLIENT_CONF = {"explicit_lac_interval_ms": 500}
+WINDOW = 16                 # pipelined operations per writer
+HANG_GUARD_S = 60.0         # a client future not done by then: dump threads, exit 3
+
+
+class HungClient(RuntimeError):
+    pass
+
+
+def _bk(uri: str) -> BookKeeper:
+    return BookKeeper(uri, conf=CLIENT_CONF)
+
+
+def _settle(fut: cf.Future) -> None:
+    try:
+        fut.result(timeout=HANG_GUARD_S)
+    except cf.TimeoutError:
+        print(f"worker: a client future did not complete in {HANG_GUARD_S}s", flush=True)
+        faulthandler.dump_traceback(all_threads=True)
+        raise HungClient("client future hung") from None
+    except BaseException:  # noqa: BLE001 - recorded by the callback
+        pass
+
+
+# -- ledger writer ------------------------------------------------------------------------
+def ledger_writer(uri, hist: History, rng: random.Random, until: float) -> None:
+    bk = _bk(uri)
+    seq = 0
+    while time.time() < until:
+        e, qw, qa = rng.choice(CONFIGS)
+        op = hist.invoke("create", ensemble=e, wq=qw, aq=qa)
+        try:
+            lh = bk.create_ledger(e, qw, qa)
+        except Exception as exc:  # noqa: BLE001
+            hist.error(op, "create", exc)
+            time.sleep(rng.uniform(0.2, 1.0))
+            continue
+        lid = lh.ledger_id
+        hist.ok(op, "create", ledger=lid, ensemble=e, wq=qw, aq=qa)
+        bad = []
+        pending: collections.deque = collections.deque()
+        for _ in range(rng.randrange(20, 150)):
+            if bad or time.time() >= until:
+                break
+            n = 1 if rng.random() < 0.6 else rng.randrange(2, 25)
+            payloads = [make_payload(hist.proc, seq + i, rng) for i in range(n)]
+            seq += n
+            op = hist.invoke("add", ledger=lid, digests=[digest(p) for p in payloads])
+            if n == 1:
+                fut = lh.add_entry_async(payloads[0])
+            else:
+                fut = lh.add_entries_async(payloads)[0]  # < add_batch_entries: one chunk
+            fut.add_done_callback(_add_done(hist, op, lid, bad))
+            pending.append(fut)
+            while len(pending) > WINDOW:
+                _settle(pending.popleft())
+            if rng.random() < 0.05:
+                time.sleep(rng.uniform(0.0, 0.3))
+        for fut in pending:
+            _settle(fut)
+        if bad or rng.random() < 0.15:
+            hist.note("abandon", ledger=lid)
+            continue            # left OPEN: a recoverer must close it
+        op = hist.invoke("close", ledger=lid)
+        try:
+            lh.close()
+            hist.ok(op, "close", ledger=lid, last=lh.metadata.last_entry_id)
+        except Exception as exc:  # noqa: BLE001
+            hist.error(op, "close", exc, ledger=lid)
+    bk.close()
+
+
+def _add_done(hist: History, op: int, lid: int, bad: list):
+    def done(f: cf.Future) -> None:
+        exc = f.exception()
+        if exc is None:
+            res = f.result()
+            first = res if isinstance(res, int) else res[0]
+            hist.ok(op, "add", ledger=lid, entry=first)
+        else:
+            bad.append(hist.error(op, "add", exc, ledger=lid))
+    return done
+
+
+# -- log writer -----------------------------------------------------------------------------
+def log_writer(uri, hist: History, rng: random.Random, until: float, log: str) -> None:
+    bk = _bk(uri)
+    e, qw, qa = rng.choice(CONFIGS)
+    writer = LogWriter(bk, log, ensemble=e, write_quorum=qw, ack_quorum=qa,
+                       roll_policy=RollPolicy(max_entries=rng.randrange(30, 150)))
+    op = hist.invoke("lead", log=log)
+    try:
+        writer.open()
+    except Exception as exc:  # noqa: BLE001
+        hist.error(op, "lead", exc, log=log)
+        return
+    hist.ok(op, "lead", log=log, ledger=writer.current_ledger_id)
+    bad: list = []
+    pending: collections.deque = collections.deque()
+    seq = 0
+    while time.time() < until and not bad:
+        payload = make_payload(hist.proc, seq, rng)
+        seq += 1
+        op = hist.invoke("append", log=log, digests=[digest(payload)])
+        try:
+            fut = writer.append_async(payload)
+        except Exception as exc:  # noqa: BLE001 - roll failed / lost leadership
+            bad.append(hist.error(op, "append", exc, log=log))
+            break
+        fut.add_done_callback(_append_done(hist, op, log, bad))
+        pending.append(fut)
+        while len(pending) > WINDOW // 2:
+            _settle(pending.popleft())
+        if rng.random() < 0.05:
+            time.sleep(rng.uniform(0.0, 0.2))
+    for fut in pending:
+        _settle(fut)
+    if not bad:
+        op = hist.invoke("close", log=log)
+        try:
+            writer.close()
+            hist.ok(op, "close", log=log)
+        except Exception as exc:  # noqa: BLE001
+            hist.error(op, "close", exc, log=log)
+    bk.close()
+
+
+def _append_done(hist: History, op: int, log: str, bad: list):
+    def done(f: cf.Future) -> None:
+        exc = f.exception()
+        if exc is None:
+            p = f.result()
+            hist.ok(op, "append", log=log, ledger=p.ledger_id, entry=p.entry_id,
+                    pos=[p.ledger_index, p.ledger_id, p.entry_id])
+        else:
+            bad.append(hist.error(op, "append", exc, log=log))
+    return done
+
+
+# -- readers --------------------------------------------------------------------------------
+def _read_range(hist: History, rh, lid: int, first: int, last: int) -> int:
+    """Read [first, last] recording one read op; returns the next id to read."""
+    op = hist.invoke("read", ledger=lid, entry=first)
+    try:
+        got = rh.read(first, last)
+    except Exception as exc:  # noqa: BLE001
+        hist.error(op, "read", exc, ledger=lid, entry=first)
+        return first
+    hist.ok(op, "read", ledger=lid, entry=first, digests=[digest(x.payload) for x in got])
+    return first + len(got)
+
+
+def tail_reader(uri, hist: History, rng: random.Random, until: float) -> None:
+    bk = _bk(uri)
+    log_readers: dict[str, list] = {}     # log -> [LogReader, session, offset]
+    sessions = 0
+    while time.time() < until:
+        try:
+            _tail_one_ledger(bk, hist, rng, until)
+        except Exception:  # noqa: BLE001 - metadata hiccup etc.
+            pass
+        try:
+            logs = [k.split("/", 1)[1] for k, _ in bk.metadata_store.list_prefix("logs/")]
+        except Exception:  # noqa: BLE001
+            logs = []
+        for name in logs:
+            state = log_readers.get(name)
+            if state is None:
+                try:
+                    state = [LogReader(bk, name, poll_timeout_s=0.5), sessions, 0]
+                except Exception:  # noqa: BLE001
+                    continue
+                sessions += 1
+                log_readers[name] = state
+            reader, session, offset = state
+            op = hist.invoke("read", log=name, session=session, offset=offset)
+            try:
+                recs = reader.read_available(max_entries=2000)
+            except Exception as exc:  # noqa: BLE001 - restart this reader from scratch
+                hist.error(op, "read", exc, log=name, session=session, offset=offset)
+                log_readers.pop(name, None)
+                continue
+            hist.ok(op, "read", log=name, session=session, offset=offset,
+                    digests=[digest(r.payload) for r in recs])
+            state[2] = offset + len(recs)
+        time.sleep(rng.uniform(0.1, 0.5))
+    bk.close()
+
+
+def _tail_one_ledger(bk, hist, rng, until) -> None:
+    ids = bk.list_ledgers()
+    if not ids:
+        return
+    lid = rng.choice(ids[-20:])
+    try:
+        rh = bk.open_ledger(lid, recovery=False)
+    except errors.NoSuchLedger:
+        return
+    nxt = 0
+    for _ in range(rng.randrange(1, 6)):
+        if time.time() >= until:
+            return
+        lac = rh.read_last_add_confirmed()
+        if lac >= nxt:
+            nxt = _read_range(hist, rh, lid, nxt, min(lac, nxt + 999))
+        if rh.is_closed and nxt > rh.last_add_confirmed:
+            return
+        time.sleep(rng.uniform(0.05, 0.3))
+
+
+def recoverer(uri, hist: History, rng: random.Random, until: float,
+              p_fence_live: float = 0.03) -> None:
+    bk = _bk(uri)
+    while time.time() < until:
+        try:
+            ids = bk.list_ledgers()
+        except Exception:  # noqa: BLE001
+            ids = []
+        rng.shuffle(ids)
+        for lid in ids[:30]:
+            if time.time() >= until:
+                break
+            try:
+                md = bk.get_ledger_metadata(lid)
+                if md.state == lm.CLOSED:
+                    continue
+                if bk.is_writer_alive(lid) and rng.random() >= p_fence_live:
+                    continue
+            except Exception:  # noqa: BLE001
+                continue
+            recover_and_read(bk, hist, lid)
+        time.sleep(rng.uniform(0.3, 1.0))
+    bk.close()
+
+
+def recover_and_read(bk, hist: History, lid: int):
+    op = hist.invoke("recover", ledger=lid)
+    try:
+        rh = bk.open_ledger(lid, recovery=True)
+    except Exception as exc:  # noqa: BLE001
+        hist.error(op, "recover", exc, ledger=lid)
+        return None
+    last = rh.last_add_confirmed
+    hist.ok(op, "recover", ledger=lid, last=last)
+    nxt = 0
+    while nxt <= last:
+        got = _read_range(hist, rh, lid, nxt, min(last, nxt + 999))
+        if got == nxt:
+            break
+        nxt = got
+    return rh
+
+
+# -- entry point ------------------------------------------------------------------------------
+KINDS = {"ledger-writer": ledger_writer, "log-writer": log_writer,
+         "tail-reader": tail_reader, "recoverer": recoverer}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="tests.chaos.workers")
+    p.add_argument("kind", choices=sorted(KINDS))
+    p.add_argument("--uri", required=True)
+    p.add_argument("--hist", required=True)
+    p.add_argument("--proc", required=True)
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--until", type=float, required=True)
+    p.add_argument("--log")
+    a = p.parse_args(argv)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    hist = History(a.hist, a.proc)
+    rng = random.Random(a.seed)
+    try:
+        if a.kind == "log-writer":
+            log_writer(a.uri, hist, rng, a.until, a.log)
+        else:
+            KINDS[a.kind](a.uri, hist, rng, a.until)
+    except HungClient:
+        hist.note("hung")
+        hist.close()
+        sys.stdout.flush()
+        os._exit(3)   # pending operations stay invoke-only = unknown
+    finally:
+        hist.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
