@@ -130,24 +130,27 @@ def plot(r: dict, path: str) -> None:
         pts = sorted((int(n), v.get(key)) for n, v in (src.get(mode) or {}).items()
                      if v.get(key) is not None)
         return [p[0] for p in pts], [p[1] for p in pts]
-    for src, mode, label, style in ((ours, "pipelined", "pybk add_entries, pipelined chunks of N", "o-"),
-                                    (ours, "one_in_flight", "pybk add_entries(N), one in flight", "o--"),
-                                    (redis, "pipelined", "Redis redis-benchmark -c1 -P N", "s-"),
-                                    (redis, "one_in_flight", "Redis redis-py pipeline(N), one in flight", "s--")):
+    for src, mode, label, style, color in (
+            (ours, "pipelined", "pybk add_entries, pipelined chunks of N", "o-", "tab:blue"),
+            (ours, "one_in_flight", "pybk add_entries(N), one in flight", "o--", "tab:cyan"),
+            (redis, "pipelined", "Redis redis-benchmark -c1 -P N", "s-", "tab:red"),
+            (redis, "one_in_flight", "Redis redis-py pipeline(N), one in flight", "s--", "tab:orange")):
         x, y = series(src, mode, "entries_per_s")
         if x:
-            ax1.plot(x, y, style, label=label)
+            ax1.plot(x, y, style, label=label, color=color)
     r50 = _get(r, "figures", "peers_redis", "redis_50c_entries_per_s")
     if r50:
         ax1.axhline(r50, color="grey", ls=":", label="Redis 50 clients x P100")
     ax1.set(xscale="log", yscale="log", xlabel="batch / pipeline size N (1 KiB entries)",
             ylabel="entries/s", title="Append throughput vs batch size")
     ax1.legend(fontsize=7)
-    for src, label, style in ((ours, "pybk add_entries(N)", "o"), (redis, "Redis pipeline(N)", "s")):
+    for src, label, style, color in ((ours, "pybk add_entries(N)", "o", "tab:blue"),
+                                     (redis, "Redis pipeline(N)", "s", "tab:red")):
         for q, ls in (("p50_ms", "-"), ("p99_ms", "--")):
             x, y = series(src, "one_in_flight", q)
             if x:
-                ax2.plot(x, y, style + ls, label=f"{label} {q[:3]}")
+                ax2.plot(x, y, style + ls, label=f"{label} {q[:3]}", color=color,
+                         alpha=1.0 if q == "p50_ms" else 0.6)
     fs = _get(r, "figures", "1_disk", "fsync_4k", "p50_ms")
     if fs:
         ax2.axhline(fs, color="grey", ls=":", label="disk fdatasync p50")

@@ -272,7 +272,8 @@ class Bookie:
         return self.lac_of(ledger_id)
 
     def read(self, ledger_id: int, first: int, last: int, *, max_entries: int = 0,
-             max_bytes: int = 0, fence: bool = False, master_key: bytes = b"") -> ReadResult:
+             max_bytes: int = 0, fence: bool = False, master_key: bytes = b"",
+             sparse: bool = False) -> ReadResult:
         if fence:
             self.fence(ledger_id, master_key)
         if first < 0 or last < first:
@@ -282,8 +283,11 @@ class Bookie:
         with self.cond:
             if not self._known(ledger_id):
                 raise errors.NoSuchLedger(ledger_id=ledger_id)
-        batch, limited = self.store.read(ledger_id, first, last, max_entries, max_bytes)
+        batch, limited = self.store.read(ledger_id, first, last, max_entries, max_bytes,
+                                         sparse=sparse)
         lac = self.lac_of(ledger_id)
+        if sparse:   # every stored id in range; an empty answer is not an error
+            return ReadResult(batch, "LIMIT" if limited else "COMPLETE", lac.lac, lac.fenced)
         if batch.num_rows == 0:
             raise errors.NoSuchEntry(ledger_id=ledger_id, entry_id=first)
         got_last = first + batch.num_rows - 1

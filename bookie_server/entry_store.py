@@ -44,6 +44,7 @@ from pybk_spark.wire.entries import ENTRY_SCHEMA, batch_to_bytes, empty_batch
 
 log = logging.getLogger("bookie.store")
 
+_EMPTY = empty_batch()
 RAW_MIN_ROWS = 128     # batches this big are written to segments as received
 
 INDEX_SCHEMA = pa.schema([(n, pa.int64()) for n in
@@ -129,13 +130,47 @@ class EntryStore:
         return ledger_id in self.ledgers
 
     def read(self, ledger_id: int, first: int, last: int, max_entries: int,
-             max_bytes: int) -> tuple[pa.RecordBatch, bool]:
+             max_bytes: int, sparse: bool = False) -> tuple[pa.RecordBatch, bool]:
         """Contiguous entries from ``first``; (batch, hit_limit).  Empty batch
-        means ``first`` is not stored here."""
+        means ``first`` is not stored here.  ``sparse``: every stored entry in
+        [first, last] instead, gaps skipped (re-replication / replicas check)."""
+        fn = self._read_sparse if sparse else self._read
         try:
-            return self._read(ledger_id, first, last, max_entries, max_bytes)
+            return fn(ledger_id, first, last, max_entries, max_bytes)
         except FileNotFoundError:   # raced with compaction + segment deletion: re-locate
-            return self._read(ledger_id, first, last, max_entries, max_bytes)
+            return fn(ledger_id, first, last, max_entries, max_bytes)
+
+    def _read_sparse(self, ledger_id: int, first: int, last: int, max_entries: int,
+                     max_bytes: int) -> tuple[pa.RecordBatch, bool]:
+        with self.lock:
+            idx = self.ledgers.get(ledger_id)
+            if idx is None:
+                return empty_batch(), False
+            refs, rows, counts = idx.locate_sparse(first, last, max_entries)
+            ref_objs = [self.refs[int(r)] for r in np.unique(refs)]
+            by_id = dict(zip(np.unique(refs).tolist(), ref_objs))
+        if len(counts) == 0:
+            return empty_batch(), False
+        # one take() per run of pieces in the same stored batch (not one slice per piece)
+        offsets = np.cumsum(counts) - counts
+        take_rows = np.repeat(rows - offsets, counts) + np.arange(int(counts.sum()))
+        piece_of_row = np.repeat(np.arange(len(counts)), counts)
+        ref_of_row = refs[piece_of_row]
+        cuts = np.flatnonzero(np.diff(ref_of_row)) + 1
+        bounds = np.concatenate(([0], cuts, [len(ref_of_row)]))
+        parts = [self._batch_of(by_id[int(ref_of_row[a])]).take(pa.array(take_rows[a:b]))
+                 for a, b in zip(bounds[:-1], bounds[1:])]
+        table = pa.Table.from_batches(parts, schema=ENTRY_SCHEMA)
+        got = table.num_rows
+        limited = got >= max_entries and int(table.column("entry_id")[-1].as_py()) < last
+        sizes = pc.binary_length(table.column("payload")).to_numpy(zero_copy_only=False)
+        cum = np.cumsum(sizes)
+        if cum[-1] > max_bytes:
+            keep = max(1, int(np.searchsorted(cum, max_bytes, side="right")))
+            if keep < got:
+                table = table.slice(0, keep)
+                limited = True
+        return table.combine_chunks().to_batches()[0], limited
 
     def _read(self, ledger_id: int, first: int, last: int, max_entries: int,
               max_bytes: int) -> tuple[pa.RecordBatch, bool]:
@@ -144,7 +179,7 @@ class EntryStore:
             pieces = idx.locate(first, last, max_entries) if idx is not None else []
             located = [(self.refs[r], row, n) for r, row, n in pieces]
         if not located:
-            return empty_batch(), False
+            return _EMPTY, False
         slices = [self._batch_of(ref_id_ref).slice(row, n) for ref_id_ref, row, n in located]
         table = pa.Table.from_batches(slices, schema=ENTRY_SCHEMA)
         got = table.num_rows

@@ -8,13 +8,17 @@ Files are ``<seq:016x>.jnl`` in the journal directory; a position is
 ``(seq, offset)``.
 
 Ordering obligations:
-  * One writer thread owns the file.  Submissions are taken from a FIFO queue,
-    written in submission order, and made durable with ONE ``os.fdatasync``
-    per group (group commit, bounded by ``max_group_wait_s`` and
-    ``max_group_bytes``).  Only then is the ``on_durable`` hook run for the
-    group (in order) and the submitters' futures completed.  So every
-    acknowledged record is on disk, and a record submitted before another is
-    never durable after it.
+  * Two stages, like BookKeeper's journal + force-write threads.  The writer
+    thread owns the file: it takes submissions from a FIFO queue, forms groups
+    (bounded by ``max_group_wait_s`` and ``max_group_bytes``), writes them in
+    submission order and hands each written group to the sync thread.  The
+    sync thread takes every group written so far, makes them durable with ONE
+    ``os.fdatasync``, and only then runs the ``on_durable`` hook per group (in
+    order) and completes the submitters' futures.  So every acknowledged
+    record is on disk, a record submitted before another is never durable
+    after it, and writing the next groups overlaps the current fdatasync.
+  * Rolling to a new file waits (barrier) until the sync thread is done with
+    the old file descriptor.
   * A write or fsync failure poisons the journal: that group and every later
     submission fail with BookieIOError (after a failed fsync the page cache
     can no longer be trusted).
@@ -45,6 +49,8 @@ log = logging.getLogger("bookie.journal")
 
 HEADER = struct.Struct("<IIB")
 MAX_RECORD = 1 << 31
+# chaos-test fault flag (tests/chaos): acknowledge groups without writing them
+_FAULT_ACK_BEFORE_FSYNC = os.environ.get("PYBK_FAULT") == "ack_before_fsync"
 
 
 class RecordType(enum.IntEnum):
@@ -126,6 +132,8 @@ class Journal:
         self.durable_position = Position(0, 0)
         self._submit_lock = threading.Lock()
         self._closed = False
+        self._sync_q: "queue.Queue[Any]" = queue.Queue()
+        self._syncer: Optional[threading.Thread] = None
 
     # -- replay ---------------------------------------------------------------
     def replay(self, start: Position) -> Iterator[tuple[Position, int, bytes]]:
@@ -184,6 +192,8 @@ class Journal:
         files = list_files(self.dir)
         self._open_file((files[-1] + 1) if files else 1)
         self._on_durable = on_durable
+        self._syncer = threading.Thread(target=self._sync_run, name="journal-sync", daemon=True)
+        self._syncer.start()
         self._thread = threading.Thread(target=self._run, name="journal-writer", daemon=True)
         self._thread.start()
 
@@ -247,6 +257,7 @@ class Journal:
         return group, stop
 
     def _run(self) -> None:
+        """Writer stage: group, frame, pwritev; hand the group to the sync stage."""
         stop = False
         while not stop:
             item = self._q.get()
@@ -254,42 +265,94 @@ class Journal:
                 break
             group, stop = self._collect(item)
             self._write_group(group)
+        self._sync_barrier()
+        self._sync_q.put(_STOP)
+        self._syncer.join()
         self._finish_file()
+
+    def _fail(self, group: list[Submission], why: str) -> None:
+        for sub in group:
+            if not sub.future.done():
+                sub.future.set_exception(errors.BookieIOError(why))
 
     def _write_group(self, group: list[Submission]) -> None:
         if self._failed is not None:
-            for sub in group:
-                sub.future.set_exception(errors.BookieIOError(f"journal failed: {self._failed}"))
+            self._fail(group, f"journal failed: {self._failed}")
             return
         pieces: list[bytes] = []
         for sub in group:
             for rtype, body in sub.records:
                 pieces.extend(frame(rtype, body))
+        if _FAULT_ACK_BEFORE_FSYNC:
+            pieces = []
         try:
             total = self._write_all(pieces)
-            t0 = time.perf_counter()
-            if self.sync_data:
-                os.fdatasync(self._fd)
-            if self.metrics is not None:
-                self.metrics.journal_fsync(time.perf_counter() - t0, len(group), total)
-            self._offset += total
-            position = Position(self._seq, self._offset)
-            self.durable_position = position
-            self._on_durable(group, position)
         except BaseException as exc:  # noqa: BLE001 - poison and fail the group
-            self._failed = exc
-            log.error("event=journal_failed error=%r", exc)
-            for sub in group:
-                if not sub.future.done():
-                    sub.future.set_exception(errors.BookieIOError(f"journal write failed: {exc}"))
+            self._poison(exc)
+            self._fail(group, f"journal write failed: {exc}")
             return
-        for sub in group:
-            if not sub.future.done():
-                sub.future.set_result(position)
+        self._offset += total
+        self._sync_q.put((group, Position(self._seq, self._offset), self._fd, total))
         if self._offset >= self.max_file_bytes:
             self._roll()
         elif self.prealloc_bytes:
             self._preallocate()
+
+    def _poison(self, exc: BaseException) -> None:
+        if self._failed is None:
+            self._failed = exc
+            log.error("event=journal_failed error=%r", exc)
+
+    def _sync_barrier(self) -> None:
+        """Wait until the sync stage has finished everything handed to it."""
+        done = threading.Event()
+        self._sync_q.put(done)
+        done.wait()
+
+    def _sync_run(self) -> None:
+        """Sync stage (BookKeeper's force-write thread): ONE fdatasync covers
+        every group written so far, then groups are applied and answered in
+        order.  Writing the next groups overlaps with this fdatasync."""
+        while True:
+            items = [self._sync_q.get()]
+            while True:
+                try:
+                    items.append(self._sync_q.get_nowait())
+                except queue.Empty:
+                    break
+            groups = []
+            for item in items + [None]:
+                if isinstance(item, tuple):
+                    groups.append(item)
+                    continue
+                if groups:
+                    self._sync_groups(groups)
+                    groups = []
+                if item is _STOP:
+                    return
+                if isinstance(item, threading.Event):
+                    item.set()
+
+    def _sync_groups(self, groups: list) -> None:
+        subs = [sub for g in groups for sub in g[0]]
+        if self._failed is None:
+            try:
+                t0 = time.perf_counter()
+                if self.sync_data:
+                    os.fdatasync(groups[-1][2])
+                if self.metrics is not None:
+                    self.metrics.journal_fsync(time.perf_counter() - t0, len(subs),
+                                               sum(g[3] for g in groups))
+                for group, position, _, _ in groups:
+                    self.durable_position = position
+                    self._on_durable(group, position)
+                    for sub in group:
+                        if not sub.future.done():
+                            sub.future.set_result(position)
+                return
+            except BaseException as exc:  # noqa: BLE001 - poison and fail
+                self._poison(exc)
+        self._fail(subs, f"journal failed: {self._failed}")
 
     def _write_all(self, pieces: list[bytes]) -> int:
         offset = self._offset
@@ -317,6 +380,7 @@ class Journal:
                 self._fd = -1
 
     def _roll(self) -> None:
+        self._sync_barrier()        # the sync stage must be done with the old fd
         self._finish_file()
         self._open_file(self._seq + 1)
 

@@ -1,5 +1,5 @@
 """spark-submit jobs/recover_ledgers.py --metadata-uri URI [--log NAME]
-[--min-idle SECONDS] [--force] [--password PW] [--json]
+[--ledger ID]... [--min-idle SECONDS] [--force] [--password PW] [--json]
 
 Fences, recovers and closes every not-closed ledger whose writer is gone
 (its etcd lease expired), one Spark task per ledger; prints a summary table
@@ -19,6 +19,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="recover_ledgers.py", description=__doc__.splitlines()[0])
     p.add_argument("--metadata-uri", required=True)
     p.add_argument("--log", help="only the ledgers of this log")
+    p.add_argument("--ledger", type=int, action="append", default=None, metavar="ID",
+                   help="only this ledger (repeatable)")
     p.add_argument("--min-idle", type=float, default=0.0, metavar="SECONDS")
     p.add_argument("--force", action="store_true", help="ignore writer leases")
     p.add_argument("--password", default=None)
@@ -28,7 +30,8 @@ def main(argv=None) -> int:
     try:
         with BookKeeper(args.metadata_uri, background=False) as bk:
             report, text, status = orchestrate.run_recover(
-                bk, args.metadata_uri, mapper, log=args.log, min_idle_s=args.min_idle,
+                bk, args.metadata_uri, mapper, log=args.log, ledgers=args.ledger,
+                min_idle_s=args.min_idle,
                 force=args.force,
                 password=None if args.password is None else args.password.encode())
     except errors.BKError as exc:

@@ -21,24 +21,12 @@ from typing import Callable, Mapping
 from pybk_spark import errors
 from pybk_spark.config import ClientConfig, as_config
 from pybk_spark.ledger_handle import LedgerHandle
+from pybk_spark.metadata import open_store
 from pybk_spark.metadata.store import MetadataStore, iter_ids, ledger_key, writer_key
 from pybk_spark.placement import make_policy, writable_bookies
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.read_handle import ReadHandle, query_lac
 from pybk_spark.transport.base import TransportPool
-
-
-def _open_store(uri: str) -> MetadataStore:
-    try:
-        from pybk_spark.metadata import open_store
-    except ImportError:
-        open_store = None
-    if open_store is not None:
-        return open_store(uri)
-    if uri.startswith("memory://"):
-        from pybk_spark.metadata.memory_store import MemoryMetadataStore
-        return MemoryMetadataStore.named(uri[len("memory://"):])
-    raise errors.IncorrectParameter(f"unsupported metadata URI {uri!r}")
 
 
 class BookKeeper:
@@ -52,7 +40,7 @@ class BookKeeper:
         self.clock = clock
         self.rng = rng or random.Random()
         self._own_store = store is None
-        self.metadata_store = store if store is not None else _open_store(metadata_uri)
+        self.metadata_store = store if store is not None else open_store(metadata_uri)
         if transports is None:
             from pybk_spark.transport.grpc_bookie import GrpcTransportPool
             transports = GrpcTransportPool(self.metadata_store,
@@ -138,6 +126,22 @@ class BookKeeper:
 
     def is_writer_alive(self, ledger_id: int) -> bool:
         return self.metadata_store.get(writer_key(ledger_id)) is not None
+
+    # -- logs ---------------------------------------------------------------------------------
+    def open_log_writer(self, name: str, **options):
+        """Become the leader of log ``name`` (the seed's fence-then-CAS open)."""
+        from pybk_spark.log import LogWriter
+        return LogWriter(self, name, **options).open()
+
+    def open_log_reader(self, name: str, start="earliest", **options):
+        """A non-fencing reader of log ``name`` from ``start`` ("earliest",
+        "latest" or a position)."""
+        from pybk_spark.log_reader import LogReader
+        return LogReader(self, name, start, **options)
+
+    def list_logs(self) -> list[str]:
+        from pybk_spark.log import list_logs
+        return list_logs(self.metadata_store)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def _forget_handle(self, lh: LedgerHandle) -> None:

@@ -174,8 +174,7 @@ class LedgerWriter:
 
     def _on_failed(self, slot: int, bookie: str, exc: BaseException) -> None:
         if isinstance(exc, (errors.LedgerFenced, errors.Unauthorized, errors.LedgerClosed)):
-            err = exc if isinstance(exc, errors.LedgerFenced) else exc
-            self._abort(err)
+            self._abort(exc)        # fenced: every pending add has an UNKNOWN outcome
             return
         if isinstance(exc, errors.BookieUnavailable):
             self.bk.transports.invalidate(bookie)
@@ -185,7 +184,11 @@ class LedgerWriter:
             self._failed_bookies.add(bookie)
             change = self.core.on_failure(slot, bookie)
         if change is not None:
-            self.bk.executor.submit(self._run_change, change)
+            try:
+                self.bk.executor.submit(self._run_change, change)
+            except RuntimeError:            # the client was closed under us
+                self._abort(errors.Timeout("client closed while adds were in flight",
+                                                ledger_id=self.ledger_id))
 
     # -- ensemble change ------------------------------------------------------------------
     def _run_change(self, change: EnsembleChange) -> None:

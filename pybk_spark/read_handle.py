@@ -11,12 +11,15 @@ answer wins.  A replica is skipped when it errors, lacks ``e``, or returns a
 row whose digest does not verify (rows after the first corrupt one are
 dropped); BadDigest only if every replica was corrupt, NoSuchEntry if every
 replica lacks the entry.  Batches are verified and projected with Arrow.
+Striped fragments (E > Qw), where no bookie holds a long contiguous run, are
+read with one sparse read per bookie, merged and deduplicated with Arrow.
 """
 from __future__ import annotations
 
 import concurrent.futures as cf
 from typing import Iterator
 
+import numpy as np
 import pyarrow as pa
 
 from pybk_spark import errors
@@ -26,6 +29,7 @@ from pybk_spark.protocol.distribution import is_covered, write_set
 from pybk_spark.wire.entries import Entry, to_entries
 
 OUT_COLUMNS = ["ledger_id", "entry_id", "payload"]
+STRIPED_WINDOW = 1 << 20   # (ids per striped read are bounded by max_entries)
 
 
 class ReadHandle:
@@ -46,6 +50,15 @@ class ReadHandle:
     @property
     def is_closed(self) -> bool:
         return self.metadata.is_closed
+
+    def close(self) -> None:
+        """Readers hold no bookie-side state; kept for symmetry with BookKeeper's API."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     def _refresh_metadata(self) -> None:
         md = self.bk.get_ledger_metadata(self.ledger_id)
@@ -116,15 +129,59 @@ class ReadHandle:
         self._check_range(first, last)
         nxt = first
         while nxt <= last:
-            batch = self._read_run(nxt, min(last, nxt + max_entries - 1))
+            end = min(last, nxt + max_entries - 1)
+            ensemble = self.metadata.ensemble_for(nxt)
+            qw = self.metadata.write_quorum
+            if len(ensemble) > qw:      # striped: a bookie holds runs of Qw ids
+                end = min(end, self._fragment_end(nxt), nxt + STRIPED_WINDOW * qw - 1)
+                batch = self._read_striped(nxt, end, ensemble, qw)
+            else:
+                batch = self._read_run(nxt, end)
             nxt += batch.num_rows
             yield batch
 
-    def _fragment_end(self, entry_id: int) -> int:
-        for first, _b in reversed(self.metadata.ensembles):
-            if first > entry_id:
+    def _read_striped(self, first: int, last: int, ensemble, qw: int) -> pa.RecordBatch:
+        """Striped range: one SPARSE read per bookie of the ensemble (each
+        returns every id it holds in the range), merged with Arrow: first copy
+        of each id, digest-verified, longest gap-free prefix from ``first``.
+        Anything missing/corrupt at the front falls back to ``_read_run``
+        (per-replica failover, speculative reads, typed errors)."""
+        conf = self.bk.conf
+        futs = [self.bk.transports.get(b).read(
+            self.ledger_id, first, last, max_entries=last - first + 1,
+            max_bytes=conf.read_batch_bytes, master_key=self._master_key,
+            timeout=conf.read_timeout_s, sparse=True) for b in ensemble]
+        batches = []
+        for f in futs:
+            try:
+                batch = f.result()
+            except errors.Unauthorized:
+                raise
+            except errors.BKError:
                 continue
-            break
+            if batch.batch.num_rows:
+                batches.append(batch.batch)
+        if not batches:
+            return self._read_run(first, last)
+        table = pa.Table.from_batches(batches).combine_chunks()
+        ids = table.column("entry_id").to_numpy()
+        order = np.argsort(ids, kind="stable")
+        uniq, idx = np.unique(ids[order], return_index=True)
+        take = order[idx]
+        n = int(np.argmax(uniq != np.arange(first, first + len(uniq)))) \
+            if (uniq != np.arange(first, first + len(uniq))).any() else len(uniq)
+        if n == 0:
+            return self._read_run(first, last)
+        merged = table.take(pa.array(take[:n])).combine_chunks().to_batches()[0]
+        ok = self._digester.verify_batch(merged)
+        if not ok.all():
+            bad = int((~ok).argmax())
+            if bad == 0:
+                return self._read_run(first, last)
+            merged = merged.slice(0, bad)
+        return merged
+
+    def _fragment_end(self, entry_id: int) -> int:
         later = [f for f, _ in self.metadata.ensembles if f > entry_id]
         return (min(later) - 1) if later else 1 << 62
 

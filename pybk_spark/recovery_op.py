@@ -9,8 +9,10 @@ Theory of operation (pure decisions in ``protocol.recovery``)
    (#2614).
 3. start = max(LAC, last fragment first - 1) (#2615).  Probe ids > start:
    each bookie of the id's write set is asked for the run from that id (the
-   rows returned also settle later ids).  EXISTS -> keep the row; MISSING ->
-   stop; UNRECOVERABLE -> LedgerRecoveryError (retry later).
+   rows returned also settle later ids) with a FENCING read: a bookie that
+   answered NoSuchEntry can no longer accept that id (TLA+ defect 1).
+   EXISTS -> keep the row; MISSING -> stop; UNRECOVERABLE ->
+   LedgerRecoveryError (retry later).
 4. Re-write every found entry to its whole write set with recovery adds
    through ``LedgerWriter(recovery=True)`` (ensemble changes allowed while
    IN_RECOVERY), and wait for Qa acks of each.
@@ -98,7 +100,7 @@ def read_forward(bk, md: lm.LedgerMetadata, key: bytes, digester: Digester,
             continue
         probe = rc.EntryProbe(e, E, Qw, Qa)
         futs = {bk.transports.get(ensemble[s]).read(
-            md.ledger_id, e, e + batch_n - 1, max_entries=batch_n, master_key=key,
+            md.ledger_id, e, e + batch_n - 1, max_entries=batch_n, master_key=key, fence=True,
             timeout=bk.conf.read_timeout_s): s for s in probe.slots}
         best: pa.RecordBatch | None = None
         seen: set = set()
@@ -128,8 +130,8 @@ def read_forward(bk, md: lm.LedgerMetadata, key: bytes, digester: Digester,
                 # a positive answer that already arrived wins (it must be re-replicated)
                 if not any(g.done() and g.exception() is None and g not in seen for g in futs):
                     break
-            if probe.status == rc.EXISTS and best is not None and best.num_rows >= batch_n:
-                break
+            if probe.status == rc.EXISTS:
+                break       # never wait for the other replicas (a hung one would block)
             if probe.status == rc.UNRECOVERABLE:
                 raise errors.LedgerRecoveryError("cannot decide whether an entry exists",
                                                  ledger_id=md.ledger_id, entry_id=e)

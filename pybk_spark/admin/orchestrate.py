@@ -2,7 +2,8 @@
 
 ``run_recover`` / ``run_rereplicate`` take a *mapper*: ``mapper(task, items,
 label) -> results`` applies a picklable top-level ``task(item)`` to every
-item.  ``local_mapper`` runs them in this process with a progress line;
+item.  ``one_per_task=False`` lets a distributed mapper group many small items per
+task.  ``local_mapper`` runs them in this process with a progress line;
 ``spark_mapper`` (jobs/) runs one Spark task per item.  Tasks open their own
 client from the metadata URI (clients are not picklable) and never raise:
 each returns one summary row.
@@ -17,11 +18,11 @@ from pybk_spark.admin import recover as rec
 from pybk_spark.admin import rereplicate as rr
 from pybk_spark.admin.report import Progress, table
 
-Mapper = Callable[[Callable, list, str], list]
+Mapper = Callable[..., list]      # (task, items, label, one_per_task=True) -> results
 
 
 def local_mapper(progress: bool = True) -> Mapper:
-    def mapper(task, items, label):
+    def mapper(task, items, label, one_per_task=True):
         out = []
         with Progress(label, len(items), enabled=progress) as p:
             for item in items:
@@ -60,10 +61,11 @@ def verify_task(metadata_uri: str, password: Optional[bytes], ledger_id: int) ->
 
 # -- recover ----------------------------------------------------------------------------------------
 def run_recover(bk, metadata_uri: str, mapper: Mapper, *, log: str | None = None,
-                min_idle_s: float = 0.0, force: bool = False,
-                password: Optional[bytes] = None) -> tuple[dict, str, int]:
+                ledgers: Optional[Iterable[int]] = None, min_idle_s: float = 0.0,
+                force: bool = False, password: Optional[bytes] = None) -> tuple[dict, str, int]:
     """(json report, human text, exit status)."""
-    ids, skipped = rec.list_candidates(bk, log=log, min_idle_s=min_idle_s, force=force)
+    ids, skipped = rec.list_candidates(bk, log=log, ledgers=ledgers, min_idle_s=min_idle_s,
+                                       force=force)
     rows = mapper(functools.partial(recover_task, metadata_uri, password), ids,
                   "recover") if ids else []
     text, status = rec.summary(rows, skipped)
@@ -82,6 +84,8 @@ def run_rereplicate(bk, metadata_uri: str, mapper: Mapper, *, bookies: Iterable[
         fenced = mapper(functools.partial(recover_task, metadata_uri, password), first.fence,
                         "fence")
     result = rr.run_audit(bk, delay_s=delay_s, grace_s=grace_s, named=named)
+    if result.work and hasattr(mapper, "warm_up"):
+        mapper.warm_up()           # keep Spark start-up out of the copy rate
     t0 = clock()
     copies = mapper(functools.partial(copy_task, metadata_uri, password), result.work,
                     "rereplicate") if result.work else []
@@ -91,7 +95,7 @@ def run_rereplicate(bk, metadata_uri: str, mapper: Mapper, *, bookies: Iterable[
     if verify:
         ids = bk.list_ledgers()
         for rows in mapper(functools.partial(verify_task, metadata_uri, password), ids,
-                           "verify"):
+                           "verify", one_per_task=False):
             under.extend(rows)
     report = {"lost": sorted(result.lost), "fenced": fenced, "deferred": result.deferred,
               "copies": copies, "summary": summary, "ledgers": result.ledgers}

@@ -47,12 +47,16 @@ def ledgers_of_log(bk, log_name: str) -> list[int]:
     return list(md.ledger_ids)
 
 
-def list_candidates(bk, *, log: str | None = None, min_idle_s: float = 0.0,
-                    force: bool = False, now_ms: int | None = None
+def list_candidates(bk, *, log: str | None = None, ledgers: Iterable[int] | None = None,
+                    min_idle_s: float = 0.0, force: bool = False, now_ms: int | None = None
                     ) -> tuple[list[int], list[dict]]:
-    """(ledger ids to recover, [{ledger, reason}] skipped not-closed ones)."""
+    """(ledger ids to recover, [{ledger, reason}] skipped not-closed ones).
+    ``log`` / ``ledgers`` narrow the scan (both: their intersection)."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     ids = ledgers_of_log(bk, log) if log else bk.list_ledgers()
+    if ledgers is not None:
+        wanted = set(ledgers)
+        ids = [i for i in ids if i in wanted]
     chosen, skipped = [], []
     for lid in ids:
         try:

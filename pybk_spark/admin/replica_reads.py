@@ -1,12 +1,18 @@
 """Reading a given set of entry ids from ONE bookie, many reads in flight.
 
-A bookie read answers the contiguous run of entries it holds from the first
-id asked, so a set of ids is asked run by run (``entry_sets.runs``), with a
-bounded window of concurrent reads.  A short answer (MISSING) resumes after
-the hole, a LIMIT answer resumes right after the last row, NoSuchEntry skips
-one id; NoSuchLedger means the bookie holds none of them; any other error
-(bookie down, timeout) stops and reports the bookie unreachable, so callers
-fall back to another replica.  Rows come back as Arrow batches (ENTRY_SCHEMA).
+Sparse reads (``ReadRequest.sparse``): the bookie returns every entry it
+stores in a range, gaps skipped, so a striped fragment (E > Qw: a bookie
+holds runs of Qw ids) costs one read per ``max_entries`` ids, not one per
+run.  The span of the wanted ids is cut into chunks of ``max_entries`` ids,
+read with a bounded window of concurrent requests; a LIMIT answer resumes
+after its last row; rows not wanted are dropped (vectorised).  NoSuchLedger
+means the bookie holds none of them; any other error (bookie down, timeout)
+stops and reports the bookie unreachable, so callers fall back to another
+replica.  Rows come back as Arrow batches (ENTRY_SCHEMA).
+
+A bookie that predates sparse reads ignores the flag and answers with a
+contiguous run (end MISSING, or NoSuchEntry for an absent first id); then
+the ids are re-read run by run (``entry_sets.runs``), the slow path.
 """
 from __future__ import annotations
 
@@ -20,7 +26,7 @@ import pyarrow as pa
 from pybk_spark import errors
 from pybk_spark.admin.entry_sets import runs
 
-DEFAULT_WINDOW = 64
+DEFAULT_WINDOW = 8
 
 
 @dataclass
@@ -40,35 +46,78 @@ class ReplicaRead:
 
 
 def read_ids(transport, ledger_id: int, ids: np.ndarray, master_key: bytes, *,
-             max_entries: int = 1000, max_bytes: int = 16 << 20, timeout: float | None = None,
+             max_entries: int = 5000, max_bytes: int = 16 << 20, timeout: float | None = None,
              window: int = DEFAULT_WINDOW) -> ReplicaRead:
+    out = ReplicaRead()
+    ids = np.asarray(ids, dtype=np.int64)
+    if len(ids) == 0:
+        return out
+    lo, hi = int(ids[0]), int(ids[-1])
+    todo: deque = deque((a, min(hi, a + max_entries - 1))
+                        for a in range(lo, hi + 1, max_entries))
+    inflight: dict = {}
+    legacy = False
+    while (todo or inflight) and not out.unreachable and not legacy:
+        while todo and len(inflight) < window:
+            a, b = todo.popleft()
+            f = transport.read(ledger_id, a, b, max_entries=max_entries, max_bytes=max_bytes,
+                               master_key=master_key, timeout=timeout, sparse=True)
+            inflight[f] = (a, b)
+        done, _ = cf.wait(list(inflight), return_when=cf.FIRST_COMPLETED)
+        for f in done:
+            a, b = inflight.pop(f)
+            exc = f.exception()
+            if (exc is None and f.result().end == "MISSING") or isinstance(exc, errors.NoSuchEntry):
+                legacy = True          # the bookie ignored ``sparse``
+                break
+            if exc is None:
+                res = f.result()
+                batch = res.batch
+                if batch.num_rows:
+                    eids = batch.column("entry_id").to_numpy()
+                    keep = np.isin(eids, ids)
+                    out.batches.append(batch if keep.all() else batch.filter(pa.array(keep)))
+                    if res.end == "LIMIT" and int(eids[-1]) < b:
+                        todo.append((int(eids[-1]) + 1, b))
+            elif isinstance(exc, errors.NoSuchLedger):
+                continue
+            else:
+                out.unreachable = f"{type(exc).__name__}: {exc}"
+    for f in inflight:           # stopped early: let stragglers finish unobserved
+        f.cancel()
+    if legacy:
+        return _read_runs(transport, ledger_id, ids, master_key, max_entries=max_entries,
+                          max_bytes=max_bytes, timeout=timeout, window=4 * window)
+    return out
+
+
+def _read_runs(transport, ledger_id: int, ids: np.ndarray, master_key: bytes, *,
+               max_entries: int, max_bytes: int, timeout: float | None,
+               window: int) -> ReplicaRead:
+    """Slow path for bookies without sparse reads: one read per run of ids."""
     out = ReplicaRead()
     todo: deque = deque()
     for a, b in runs(ids):
-        while a <= b:                       # split long runs into bounded requests
+        while a <= b:
             end = min(b, a + max_entries - 1)
             todo.append((a, end))
             a = end + 1
     inflight: dict = {}
-
-    def launch(a: int, b: int) -> None:
-        f = transport.read(ledger_id, a, b, max_entries=b - a + 1, max_bytes=max_bytes,
-                           master_key=master_key, timeout=timeout)
-        inflight[f] = (a, b)
-
     while (todo or inflight) and not out.unreachable:
         while todo and len(inflight) < window:
-            launch(*todo.popleft())
+            a, b = todo.popleft()
+            inflight[transport.read(ledger_id, a, b, max_entries=b - a + 1,
+                                    max_bytes=max_bytes, master_key=master_key,
+                                    timeout=timeout)] = (a, b)
         done, _ = cf.wait(list(inflight), return_when=cf.FIRST_COMPLETED)
         for f in done:
             a, b = inflight.pop(f)
             exc = f.exception()
             if exc is None:
                 res = f.result()
-                batch = res.batch
-                got = batch.num_rows
+                got = res.batch.num_rows
                 if got:
-                    out.batches.append(batch)
+                    out.batches.append(res.batch)
                 nxt = a + got + (0 if res.end == "LIMIT" else 1)
                 if res.end != "COMPLETE" and nxt <= b:
                     todo.append((nxt, b))
@@ -79,6 +128,6 @@ def read_ids(transport, ledger_id: int, ids: np.ndarray, master_key: bytes, *,
                 todo.clear()
             else:
                 out.unreachable = f"{type(exc).__name__}: {exc}"
-    for f in inflight:           # stopped early: let stragglers finish unobserved
+    for f in inflight:
         f.cancel()
     return out

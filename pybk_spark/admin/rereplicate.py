@@ -47,8 +47,9 @@ from pybk_spark.digest import Digester
 from pybk_spark.metadata.store import ledger_key
 from pybk_spark.placement import writable_bookies
 from pybk_spark.protocol import ledger_metadata as lm
-from pybk_spark.wire.entries import batch_to_bytes
+from pybk_spark.wire.entries import ENTRY_SCHEMA, batch_to_bytes
 
+SPARSE_READ_ENTRIES = 5000      # ids per sparse read (bookie cap: max_read_entries)
 COPY_COLUMNS = ["ledger", "fragment", "lost", "replacement", "entries", "mb", "seconds",
                 "outcome", "error"]
 VERIFY_COLUMNS = ["ledger", "fragment", "bookie", "missing", "entries"]
@@ -217,7 +218,7 @@ def _gather(bk, md: lm.LedgerMetadata, w: audit.FragmentWork, key: bytes,
             slot, ids = nxt
         tried.add(slot)
         got = read_ids(bk.transports.get(w.ensemble[slot]), w.ledger_id, ids, key,
-                       max_entries=conf.read_batch_entries, max_bytes=conf.read_batch_bytes,
+                       max_entries=SPARSE_READ_ENTRIES, max_bytes=conf.read_batch_bytes,
                        timeout=conf.read_timeout_s)
         if got.unreachable:
             tried_errors.append(f"{w.ensemble[slot]}: {got.unreachable}")
@@ -236,7 +237,6 @@ def _gather(bk, md: lm.LedgerMetadata, w: audit.FragmentWork, key: bytes,
                                (f" ({'; '.join(tried_errors)})" if tried_errors else ""),
                                ledger_id=w.ledger_id)
     if not pieces:
-        from pybk_spark.wire.entries import ENTRY_SCHEMA
         return ENTRY_SCHEMA.empty_table()
     table = pa.concat_tables(pieces)
     return table.sort_by("entry_id").combine_chunks()
@@ -288,7 +288,7 @@ def verify_ledger(bk, ledger_id: int, password: Optional[bytes] = None) -> list[
         for slot, b in enumerate(bookies):
             want = es.slot_entries(first, last, E, Qw, slot)
             got = read_ids(bk.transports.get(b), ledger_id, want, key,
-                           max_entries=conf.read_batch_entries,
+                           max_entries=SPARSE_READ_ENTRIES,
                            max_bytes=conf.read_batch_bytes, timeout=conf.read_timeout_s)
             missing = np.setdiff1d(want, got.present_ids())
             if len(missing):

@@ -34,6 +34,8 @@ def _progress(args) -> bool:
 def _recover_args(p):
     cli.add_metadata_uri(p)
     p.add_argument("--log", help="only the ledgers of this log")
+    p.add_argument("--ledger", type=int, action="append", default=None, metavar="ID",
+                   help="only this ledger (repeatable)")
     p.add_argument("--min-idle", type=float, default=0.0, metavar="SECONDS",
                    help="skip ledgers created less than SECONDS ago")
     p.add_argument("--force", action="store_true", help="ignore the writer lease (fences a "
@@ -45,7 +47,7 @@ def _recover(args) -> int:
     with client(args) as bk:
         report, text, status = orch.run_recover(
             bk, args.metadata_uri, orch.local_mapper(_progress(args)), log=args.log,
-            min_idle_s=args.min_idle, force=args.force, password=password_of(args))
+            ledgers=args.ledger, min_idle_s=args.min_idle, force=args.force, password=password_of(args))
     cli.emit(args, report, text)
     return status
 

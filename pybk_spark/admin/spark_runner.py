@@ -25,24 +25,36 @@ class SparkMapper:
             self._spark = SparkSession.builder.appName(self.app_name).getOrCreate()
         return self._spark
 
-    def __call__(self, task: Callable, items: list, label: str) -> list:
+    def warm_up(self) -> None:
+        """Start the session and a Python worker, so timings of the real work
+        (the MB/s figure) exclude Spark start-up."""
+        self.spark.sparkContext.parallelize([0], 1).map(lambda x: x).collect()
+
+    def __call__(self, task: Callable, items: list, label: str,
+                 one_per_task: bool = True) -> list:
+        """One Spark task per item, or (``one_per_task=False``, for many small
+        items such as per-ledger verification) items grouped into about
+        2 x defaultParallelism tasks."""
         if not items:
             return []
         sc = self.spark.sparkContext
+        parts = len(items) if one_per_task else min(len(items),
+                                                    max(2, 2 * sc.defaultParallelism))
         sc.setJobDescription(f"{self.app_name}: {label} ({len(items)} tasks)")
         stop = threading.Event()
         watcher = None
         if self.progress:
-            watcher = threading.Thread(target=self._watch, args=(sc, label, len(items), stop),
+            watcher = threading.Thread(target=self._watch, args=(sc, label, parts, stop),
                                        daemon=True)
             watcher.start()
         try:
-            return sc.parallelize(list(items), len(items)).map(task).collect()
+            return sc.parallelize(list(items), parts).map(task).collect()
         finally:
             stop.set()
             if watcher is not None:
                 watcher.join(timeout=2)
-            print(f"{label}: {len(items)}/{len(items)} tasks done", file=sys.stderr, flush=True)
+            print(f"{label}: {parts}/{parts} tasks done ({len(items)} items)", file=sys.stderr,
+                  flush=True)
 
     @staticmethod
     def _watch(sc, label: str, total: int, stop: threading.Event) -> None:

@@ -20,6 +20,8 @@ Key layout under the scope prefix ``/<scope>/``:
   writers/<ledger id:020d>       writer liveness, under the writer's lease
   logs/<name>                    log metadata JSON
   spark/pending/<...>            Spark write attempts in flight
+  audit/missing/<bookie_id>      auditor: first time the bookie was seen unregistered
+  audit/decommissioned/<id>      operator: bookie being decommissioned (pybk decommission)
 """
 from __future__ import annotations
 

@@ -73,10 +73,10 @@ class BookieClient(BookieTransport):
         return self._call(self._stub.AddEntries, req, timeout, conv)
 
     def read(self, ledger_id, first, last, *, max_entries=0, max_bytes=0, fence=False,
-             master_key=b"", timeout=None):
+             master_key=b"", timeout=None, sparse=False):
         req = pb.ReadRequest(ledger_id=ledger_id, first_entry_id=first, last_entry_id=last,
                              max_entries=max_entries, max_bytes=max_bytes, fence=fence,
-                             master_key=master_key)
+                             master_key=master_key, sparse=sparse)
 
         def conv(resp):
             self._check(resp, ledger_id=ledger_id, entry_id=first)

@@ -1,12 +1,9 @@
-"""Helpers for the operator-tool tests (imported as ``admin_helpers``): run ``pybk`` in-process, run a job
-through spark-submit (whole process group killed on timeout), a private
-4-bookie cluster for destructive tests, and polling with a deadline."""
+"""Helpers for the operator-tool tests (imported as ``admin_helpers``): run
+``pybk`` in-process, run a job through spark-submit (whole process group
+killed on timeout), poll with a deadline, check a bookie's registration."""
 import io
 import json
-import os
-import signal
 import subprocess
-import sys
 import time
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path

@@ -1,5 +1,4 @@
 """Unit tests of the pure auditor / entry-set decisions (no I/O)."""
-import itertools
 
 import numpy as np
 import pytest

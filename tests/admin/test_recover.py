@@ -1,7 +1,6 @@
 """Dead-writer recovery against the real cluster: a SIGKILLed writer's ledger
 is closed with every acknowledged entry (once through spark-submit), a second
 run is a no-op, a live writer's ledger is left alone unless --force."""
-import os
 import signal
 import subprocess
 import sys
@@ -65,16 +64,16 @@ def test_dead_writer_recovered_by_spark_job_then_noop(cluster, bk):
     wait_until(lambda: not bk.is_writer_alive(ledger), 30, "writer lease expiry")
     assert not bk.get_ledger_metadata(ledger).is_closed
 
-    res = spark_submit("recover_ledgers.py", "--metadata-uri", uri, "--json")
+    res = spark_submit("recover_ledgers.py", "--metadata-uri", uri, "--ledger", ledger, "--json")
     assert res.rc == 0, res.err[-3000:]
     report = __import__("json").loads(res.out.strip().splitlines()[-1])
     row = [r for r in report["ledgers"] if r["ledger"] == ledger][0]
     assert row["outcome"] == "recovered" and row["last_entry"] >= acked
     _check_recovered(bk, ledger, acked)
 
-    again = pybk("--json", "recover", "--metadata-uri", uri)       # idempotent: no-op
+    again = pybk("--json", "recover", "--metadata-uri", uri, "--ledger", ledger)   # no-op
     assert again.rc == 0, again.out + again.err
-    assert ledger not in [r["ledger"] for r in again.json()["ledgers"]]
+    assert again.json()["ledgers"] == [] and again.json()["skipped"] == []
     _check_recovered(bk, ledger, acked)
 
 
@@ -82,14 +81,14 @@ def test_live_writer_left_alone_unless_force(cluster, bk):
     uri = cluster.metadata_uri
     lh = bk.create_ledger(3, 2, 2)
     lh.add_entries([b"a", b"b", b"c"])
-    res = pybk("--json", "recover", "--metadata-uri", uri)
-    assert res.rc == 0
+    res = pybk("--json", "recover", "--metadata-uri", uri, "--ledger", lh.ledger_id)
+    assert res.rc == 0 and res.json()["ledgers"] == []
     skipped = {s["ledger"]: s["reason"] for s in res.json()["skipped"]}
     assert "writer alive" in skipped[lh.ledger_id]
     assert bk.get_ledger_metadata(lh.ledger_id).state == "OPEN"
     lh.add_entry(b"d")                                          # writer still works
 
-    forced = pybk("--json", "recover", "--metadata-uri", uri, "--force")
+    forced = pybk("--json", "recover", "--metadata-uri", uri, "--force", "--ledger", lh.ledger_id)
     assert forced.rc == 0, forced.out
     row = [r for r in forced.json()["ledgers"] if r["ledger"] == lh.ledger_id][0]
     assert row["outcome"] == "recovered" and row["last_entry"] == 3
@@ -102,9 +101,31 @@ def test_recover_in_process_and_log_filter(cluster, bk):
     uri = cluster.metadata_uri
     ledger, acked = _start_writer(uri, acks_wanted=100, chunk=20)
     wait_until(lambda: not bk.is_writer_alive(ledger), 30, "writer lease expiry")
-    res = pybk("recover", "--metadata-uri", uri, "--min-idle", "0")
+    res = pybk("recover", "--metadata-uri", uri, "--min-idle", "0", "--ledger", ledger)
     assert res.rc == 0, res.err
     assert "recovered" in res.out and "ledger" in res.out     # human table
     _check_recovered(bk, ledger, acked)
     missing_log = pybk("recover", "--metadata-uri", uri, "--log", "no-such-log-xyz")
     assert missing_log.rc == 1 and "LogNotFound" in missing_log.err
+
+
+def test_recover_by_log_and_wrong_password_fails(cluster, bk):
+    import uuid
+    from pybk_spark.log import LogWriter
+    uri = cluster.metadata_uri
+    name = f"dead-log-{uuid.uuid4().hex[:8]}"
+    w = LogWriter(bk, name, password=b"logpw").open()
+    w.append_batch([b"r0", b"r1", b"r2"])
+    ledger = w.current_ledger_id
+    w._handle._lease.revoke()                  # the leader "dies" without closing
+    w._handle._lease = None
+    young = pybk("--json", "recover", "--metadata-uri", uri, "--log", name, "--min-idle", "3600")
+    assert young.rc == 0 and "min-idle" in young.json()["skipped"][0]["reason"]
+    wrong = pybk("--json", "recover", "--metadata-uri", uri, "--log", name)
+    assert wrong.rc == 1, wrong.out                 # no password given: Unauthorized
+    assert wrong.json()["failed"] == [ledger]
+    assert "Unauthorized" in wrong.json()["ledgers"][0]["error"]
+    ok = pybk("--json", "recover", "--metadata-uri", uri, "--log", name, "--password", "logpw")
+    assert ok.rc == 0, ok.out
+    row = ok.json()["ledgers"][0]
+    assert row["ledger"] == ledger and row["outcome"] == "recovered" and row["last_entry"] == 2

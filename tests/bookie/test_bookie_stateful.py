@@ -25,7 +25,8 @@ class BookieVsModel(RuleBasedStateMachine):
         self.cfg = BookieConfig(data_dir=self.dir, segment_max_bytes=4096,
                                 journal_max_file_bytes=8192, journal_prealloc_bytes=16384,
                                 max_read_entries=7, flush_interval_s=3600,
-                                compaction_min_live_ratio=0.5)
+                                compaction_min_live_ratio=0.5,
+                                journal_flush_when_queue_empty=True)
         self._open()
         self.entries: dict[int, dict[int, bytes]] = {}
         self.keys: dict[int, bytes] = {}
@@ -119,17 +120,37 @@ class BookieVsModel(RuleBasedStateMachine):
         for ledger in (1, 2, 3):
             expected = self.entries.get(ledger, {})
             got: dict[int, bytes] = {}
-            eid = 0
-            while eid <= 100:
+            starts = [e for e in sorted(expected) if e - 1 not in expected]
+            for eid in starts:                       # every run, following LIMITs
+                while True:
+                    try:
+                        r = b.read(ledger, eid, 10 ** 6)
+                    except errors.NoSuchEntry:       # a LIMIT exactly at the run's end
+                        break
+                    ids = r.batch.column(1).to_pylist()
+                    assert ids == list(range(eid, eid + len(ids)))
+                    got.update(zip(ids, r.batch.column(3).to_pylist()))
+                    eid = ids[-1] + 1
+                    if r.end != "LIMIT":
+                        break
+                assert eid not in expected
+            if expected:                              # sparse read: every stored id
+                sparse, nxt = {}, 0
+                while True:
+                    r = b.read(ledger, nxt, 10 ** 6, sparse=True)
+                    ids = r.batch.column(1).to_pylist()
+                    sparse.update(zip(ids, r.batch.column(3).to_pylist()))
+                    if r.end != "LIMIT" or not ids:
+                        break
+                    nxt = ids[-1] + 1
+                assert sparse == expected
+            absent = [e for e in range(0, 90) if e not in expected][:6]
+            for eid in absent:
                 try:
-                    r = b.read(ledger, eid, 100)
+                    b.read(ledger, eid, eid + 3)
+                    raise AssertionError(f"entry {eid} of ledger {ledger} should be missing")
                 except (errors.NoSuchEntry, errors.NoSuchLedger):
-                    eid += 1
-                    continue
-                ids = r.batch.column(1).to_pylist()
-                assert ids == list(range(eid, eid + len(ids)))
-                got.update(zip(ids, r.batch.column(3).to_pylist()))
-                eid = ids[-1] + 1
+                    pass
             assert got == expected, f"ledger {ledger}"
             known = ledger in self.keys or ledger in self.entries
             assert (ledger in b.ledger_ids()) == known

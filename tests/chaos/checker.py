@@ -332,10 +332,10 @@ def format_op(op: dict) -> str:
 
 # -- final state (I/O) ---------------------------------------------------------------------------
 def collect_final_state(bk, *, probe_k: int = 5, count_replicas: bool = False,
-                        recover_attempts: int = 8, log=print) -> FinalState:
+                        recover_attempts: int = 8, ledger_ids=None, log=print) -> FinalState:
     final = FinalState(replicas_checked=count_replicas)
     store = bk.metadata_store
-    for lid in sorted(bk.list_ledgers()):
+    for lid in sorted(bk.list_ledgers() if ledger_ids is None else ledger_ids):
         md = _recover(bk, lid, final, recover_attempts, log)
         if md is None:
             continue
@@ -357,7 +357,7 @@ def collect_final_state(bk, *, probe_k: int = 5, count_replicas: bool = False,
         fl.beyond_quorum = probe_beyond(bk, md, probe_k)
         if count_replicas:
             fl.replicas = count_entry_replicas(bk, md)
-    for key, value in store.list_prefix("logs/"):
+    for key, value in (store.list_prefix("logs/") if ledger_ids is None else []):
         from pybk_spark.protocol.log_metadata import LogMetadata
         lmd = LogMetadata.from_json(value.value)
         final.logs[lmd.name] = [s.ledger_id for s in lmd.segments]

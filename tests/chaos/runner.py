@@ -159,7 +159,7 @@ def _watch_metadata(uri: str, stop: threading.Event, out: list) -> None:
 
 def run(duration: float, seed: int, *, workdir: str | None = None, bookies: int = 5,
         ledger_writers: int = 2, logs: int = 2, tail_readers: int = 1, recoverers: int = 1,
-        nemesis: bool = True, rereplicate: bool = True, worker_env: dict | None = None, kinds: list | None = None,
+        nemesis: bool = True, rereplicate: bool = True, strict_replicas: bool = False, worker_env: dict | None = None, kinds: list | None = None,
         out=print) -> dict:
     """One chaos run; returns a summary dict (``violations`` is a list of str)."""
     t_start = time.time()
@@ -221,7 +221,8 @@ def run(duration: float, seed: int, *, workdir: str | None = None, bookies: int 
             summary["rereplicate_s"] = round(time.time() - t_check, 1)
         finally:
             bk.close()
-        violations = chk.check(ops, final, snapshots)
+        violations = chk.check(ops, final, snapshots, strict_replicas=strict_replicas)
+        summary["replication"] = chk.under_replicated(final)
         summary.update(_totals(ops, final, nem.counts, workers))
         summary["violations"] = [str(v) for v in violations]
         summary["elapsed_s"] = round(time.time() - t_start, 1)
@@ -312,6 +313,8 @@ def main(argv=None) -> int:
     p.add_argument("--logs", type=int, default=2)
     p.add_argument("--no-nemesis", action="store_true")
     p.add_argument("--no-rereplicate", action="store_true")
+    p.add_argument("--strict-replicas", action="store_true",
+                   help="I6: every entry needs Qw replicas (default: Qa, below-Qw counted)")
     p.add_argument("--faults", help="comma-separated subset of " + ",".join(KINDS))
     p.add_argument("--json", help="write the summary here")
     a = p.parse_args(argv)
@@ -321,7 +324,7 @@ def main(argv=None) -> int:
     try:
         summary = run(a.duration, seed, workdir=a.workdir, bookies=a.bookies,
                       ledger_writers=a.ledger_writers, logs=a.logs, nemesis=not a.no_nemesis,
-                      rereplicate=not a.no_rereplicate,
+                      rereplicate=not a.no_rereplicate, strict_replicas=a.strict_replicas,
                       kinds=a.faults.split(",") if a.faults else None, out=procs_out)
     except Exception as exc:  # noqa: BLE001
         print(f"chaos: run broke (seed {seed}): {exc!r}", flush=True)

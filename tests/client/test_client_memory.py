@@ -194,3 +194,18 @@ def test_client_conf_file_loads():
     assert load_client_conf(str(path)) == ClientConfig()
     with pytest.raises(errors.IncorrectParameter):
         ClientConfig().with_overrides({"nope": 1})
+
+
+def test_striped_sparse_read_with_bookie_down_and_corrupt_copy(env):
+    bk, _, pool = env
+    lh = bk.create_ledger(4, 2, 2)
+    lh.add_entries([b"w%d" % i for i in range(50)])
+    lh.close()
+    md = lh.metadata
+    led = pool.bookies[md.current_ensemble[1]].ledgers[lh.ledger_id]
+    for e in list(led.rows)[:3]:
+        led.rows[e] = dict(led.rows[e], payload=b"garbage")
+    pool.down.add(md.current_ensemble[3])
+    rh = bk.open_ledger(lh.ledger_id, recovery=False)
+    got = [p for b in rh.read_batches(0, 49, max_entries=20) for p in b.column("payload").to_pylist()]
+    assert got == [b"w%d" % i for i in range(50)]

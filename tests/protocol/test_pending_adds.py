@@ -54,6 +54,16 @@ def test_failure_queued_during_pending_change():
     assert all(s.slot != 2 for s in resends)
 
 
+def _check_durable_acks(p, released, acks, Qa, after_commit=False):
+    """Each released entry has Qa acks from bookies that hold its slots in the
+    (durable) ensemble at release time, and no change is pending (#1591)."""
+    if released and not after_commit:     # commit may decide the next queued change
+        assert p.change is None
+    for e in released:
+        live = {(s, b) for s, b in acks.get(e, ()) if p.ensemble[s] == b}
+        assert len(live) >= Qa, (e, acks.get(e), p.ensemble)
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.data())
 def test_released_prefix_property(data):
@@ -75,9 +85,10 @@ def test_released_prefix_property(data):
             e = data.draw(st.integers(0, n - 1))
             slot = data.draw(st.integers(0, E - 1))
             bookie = p.ensemble[slot]
-            got = p.on_ack(e, slot, bookie)
-            if e in p.pending or got:
+            if slot not in p.unavailable_slots and slot in p.write_set(e):
                 acks.setdefault(e, set()).add((slot, bookie))
+            got = p.on_ack(e, slot, bookie)
+            _check_durable_acks(p, got, acks, Qa)
             released += got
         elif op == "fail":
             slot = data.draw(st.integers(0, E - 1))
@@ -87,6 +98,7 @@ def test_released_prefix_property(data):
             for s in p.change.slots:
                 new[s] = next(fresh)
             got, _, _ = p.commit_change(tuple(new))
+            _check_durable_acks(p, got, acks, Qa, after_commit=True)
             released += got
     assert released == list(range(len(released)))
     assert p.lac == len(released) - 1

@@ -69,3 +69,20 @@ def test_entry_probe():
     assert p.on_answer(s[1], rc.NO_ENTRY) == rc.MISSING
     assert p.on_answer((s[2] + 1) % 5, rc.OK) == rc.MISSING    # outside the write set: ignored
     assert write_set(5, 5, 3) == s
+
+
+def test_pure_core_imports_no_io():
+    import ast
+    import pathlib
+    root = pathlib.Path(__file__).resolve().parents[2] / "pybk_spark" / "protocol"
+    forbidden = {"grpc", "pyetcd", "etcd3", "threading", "time", "socket", "asyncio", "random"}
+    for name in ("distribution.py", "pending_adds.py", "recovery.py"):
+        tree = ast.parse((root / name).read_text())
+        for node in ast.walk(tree):
+            mods = []
+            if isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                mods = [node.module or ""]
+            for m in mods:
+                assert m.split(".")[0] not in forbidden, (name, m)

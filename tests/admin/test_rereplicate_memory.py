@@ -1,0 +1,105 @@
+"""copy_fragment / verify_ledger / run_audit against the in-memory bookies and
+metadata twin (fast, deterministic); the same paths run against real
+processes in test_rereplicate.py."""
+import json
+import random
+
+import pytest
+
+from pybk_spark.admin import rereplicate as rr
+from pybk_spark.client import BookKeeper
+from pybk_spark.metadata.memory_store import MemoryMetadataStore
+from pybk_spark.transport.memory import MemoryTransportPool
+
+
+@pytest.fixture
+def env():
+    store = MemoryMetadataStore()
+    pool = MemoryTransportPool()
+    for i in range(5):
+        bid = f"b{i}"
+        pool.add_bookie(bid)
+        store.put(f"bookies/writable/{bid}", json.dumps({"bookie_id": bid}).encode())
+    bk = BookKeeper(store=store, transports=pool, rng=random.Random(7), background=False)
+    yield bk, store, pool
+    bk.close()
+
+
+def _lose(store, pool, bookie):
+    pool.down.add(bookie)
+    store.delete(f"bookies/writable/{bookie}")
+
+
+def _ledger(bk, n=100, e=3, w=2, a=2):
+    lh = bk.create_ledger(e, w, a)
+    lh.add_entries([f"v{i}".encode() for i in range(n)])
+    lh.close()
+    return bk.get_ledger_metadata(lh.ledger_id)
+
+
+def _read_all(bk, lid, n):
+    rh = bk.open_ledger(lid, recovery=False)
+    return [e.payload for e in rh.read(0, n - 1)]
+
+
+def test_lost_bookie_copied_and_verified(env):
+    bk, store, pool = env
+    md = _ledger(bk, 100)
+    lost = md.current_ensemble[1]
+    _lose(store, pool, lost)
+    assert rr.verify_ledger(bk, md.ledger_id)[0]["bookie"] == lost
+    res = rr.run_audit(bk, delay_s=0, now=1000.0)
+    assert lost in res.lost and len(res.work) == 1
+    w = res.work[0]
+    assert w.replacement not in md.current_ensemble and w.replacement != lost
+    row = rr.copy_fragment(bk, w)
+    assert row["outcome"] == "replicated", row
+    assert row["entries"] == len([e for e in range(100) if (1 - e) % 3 < 2])
+    new_md = bk.get_ledger_metadata(md.ledger_id)
+    assert lost not in new_md.all_bookies() and w.replacement in new_md.current_ensemble
+    assert rr.verify_ledger(bk, md.ledger_id) == []
+    assert _read_all(bk, md.ledger_id, 100) == [f"v{i}".encode() for i in range(100)]
+    again = rr.copy_fragment(bk, w)                 # idempotent
+    assert again["outcome"] == "already-done"
+
+
+def test_missing_mark_and_delay(env):
+    bk, store, pool = env
+    md = _ledger(bk, 10)
+    lost = md.current_ensemble[0]
+    _lose(store, pool, lost)
+    first = rr.run_audit(bk, delay_s=60, now=1000.0)
+    assert first.lost == {} and store.get(f"audit/missing/{lost}") is not None
+    later = rr.run_audit(bk, delay_s=60, now=1061.0)
+    assert lost in later.lost and later.lost[lost] == 1000.0
+    # it comes back: the mark is cleared
+    store.put(f"bookies/writable/{lost}", json.dumps({"bookie_id": lost}).encode())
+    back = rr.run_audit(bk, delay_s=60, now=1100.0)
+    assert back.lost == {} and store.get(f"audit/missing/{lost}") is None
+
+
+def test_entries_without_surviving_replica_fail_clearly(env):
+    bk, store, pool = env
+    md = _ledger(bk, 30)
+    a, b = md.current_ensemble[0], md.current_ensemble[1]    # entry 0's whole write set
+    _lose(store, pool, a)
+    _lose(store, pool, b)
+    res = rr.run_audit(bk, delay_s=0, now=1.0)
+    rows = [rr.copy_fragment(bk, w) for w in res.work]
+    assert {r["outcome"] for r in rows} == {"failed"}
+    assert all("no surviving intact replica" in r["error"] for r in rows)
+    assert a in bk.get_ledger_metadata(md.ledger_id).all_bookies()   # no CAS on failure
+
+
+def test_decommission_reads_from_the_live_bookie(env):
+    bk, store, pool = env
+    md = _ledger(bk, 50, e=3, w=3, a=2)
+    target = md.current_ensemble[2]
+    rr.mark_decommissioned(store, target, 5.0)
+    res = rr.run_audit(bk, now=10.0)
+    assert set(res.lost) == {target} and res.lost[target] == 5.0
+    row = rr.copy_fragment(bk, res.work[0])
+    assert row["outcome"] == "replicated" and row["entries"] == 50
+    assert target not in bk.get_ledger_metadata(md.ledger_id).all_bookies()
+    rr.clear_decommissioned(store, target)
+    assert target not in rr.run_audit(bk, now=11.0).lost

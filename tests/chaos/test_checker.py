@@ -1,0 +1,143 @@
+"""The checker on hand-built histories and final states (no processes):
+each invariant is shown to fire on a bad history and to stay quiet on a
+good one, including the unknown-outcome rules."""
+from __future__ import annotations
+
+from pybk_spark.protocol import ledger_metadata as lm
+
+from . import checker as chk
+from .history import History, digest, load_histories, pair_ops
+
+
+def _d(i):
+    return digest(f"w:{i}:x".encode())
+
+
+def _ops(tmp_path, records):
+    """records: (proc, op, outcome, fields) -> paired ops via real files."""
+    hists = {}
+    for proc, op, outcome, fields in records:
+        h = hists.setdefault(proc, History(str(tmp_path / f"{proc}.jsonl"), proc))
+        inv = {k: v for k, v in fields.items() if k in ("ledger", "digests", "log", "session",
+                                                        "offset")}
+        op_id = h.invoke(op, **inv)
+        if outcome is not None:
+            h.complete(op_id, op, outcome, **{k: v for k, v in fields.items() if k != "digests"
+                                               or op == "read"})
+    for h in hists.values():
+        h.close()
+    return pair_ops(load_histories(str(tmp_path)))
+
+
+def _ledger(lid, n, last=None, qa=2, qw=3, beyond=None):
+    last = n - 1 if last is None else last
+    fl = chk.FinalLedger(lid, lm.CLOSED, last, qa, qw, digests=[_d(i) for i in range(last + 1)])
+    fl.beyond_quorum = beyond or {}
+    fl.snapshot = (lm.CLOSED, last, 0, 3, qw, qa, (0,))
+    return fl
+
+
+def _adds(n, outcome="ok", lid=1, start=0):
+    return [("w", "add", outcome, {"ledger": lid, "digests": [_d(i)], "entry": i})
+            for i in range(start, start + n)]
+
+
+def test_good_history_has_no_violation(tmp_path):
+    ops = _ops(tmp_path, _adds(5) + [("r", "read", "ok", {"ledger": 1, "entry": 0,
+                                                         "digests": [_d(0), _d(1)]})])
+    final = chk.FinalState(ledgers={1: _ledger(1, 5)})
+    assert chk.check(ops, final) == []
+
+
+def test_lost_acked_entry_is_reported_with_its_history(tmp_path):
+    ops = _ops(tmp_path, _adds(5))
+    final = chk.FinalState(ledgers={1: _ledger(1, 5, last=2)})     # closed too early
+    vs = chk.check(ops, final)
+    assert {(v.invariant, v.entry) for v in vs} >= {("I1", 3), ("I1", 4)}
+    hist = chk.minimal_history(ops, vs[0])
+    assert hist and all(op["ledger"] == 1 for op in hist)
+
+
+def test_unknown_outcome_may_or_may_not_be_present(tmp_path):
+    ops = _ops(tmp_path, _adds(3) + _adds(2, outcome="unknown", start=3))
+    for last in (2, 3, 4):
+        assert chk.check(ops, chk.FinalState(ledgers={1: _ledger(1, 5, last=last)})) == []
+
+
+def test_killed_process_leaves_unknown_ops(tmp_path):
+    ops = _ops(tmp_path, _adds(2) + [("w", "add", None, {"ledger": 1, "digests": [_d(2)]})])
+    assert ops[-1]["outcome"] == "unknown"
+    assert chk.check(ops, chk.FinalState(ledgers={1: _ledger(1, 3)})) == []
+
+
+def test_failed_op_present_is_a_violation(tmp_path):
+    ops = _ops(tmp_path, _adds(2) + _adds(1, outcome="fail", start=2))
+    vs = chk.check(ops, chk.FinalState(ledgers={1: _ledger(1, 3)}))
+    assert [v.invariant for v in vs] == ["I1"] and "FAILED" in vs[0].message
+
+
+def test_different_payload_and_phantom_entry(tmp_path):
+    ops = _ops(tmp_path, _adds(3))
+    fl = _ledger(1, 3)
+    fl.digests[1] = digest(b"someone else")
+    vs = chk.check(ops, chk.FinalState(ledgers={1: fl}))
+    msgs = " ".join(v.message for v in vs)
+    assert "differs" in msgs and "no invoked operation" in msgs
+
+
+def test_out_of_order_entries(tmp_path):
+    ops = _ops(tmp_path, _adds(3, outcome="unknown"))
+    fl = _ledger(1, 3)
+    fl.digests = [_d(0), _d(2), _d(1)]
+    vs = chk.check(ops, chk.FinalState(ledgers={1: fl}))
+    assert any("out of invoke order" in v.message for v in vs)
+
+
+def test_beyond_last_on_an_ack_quorum(tmp_path):
+    ops = _ops(tmp_path, _adds(3))
+    ok_final = chk.FinalState(ledgers={1: _ledger(1, 3, beyond={3: 1, 4: 2})})
+    assert chk.check(ops, ok_final) == []          # 4 cannot be acked before 3
+    bad = chk.FinalState(ledgers={1: _ledger(1, 3, beyond={3: 2})})
+    assert [v.invariant for v in chk.check(ops, bad)] == ["I2"]
+
+
+def test_reader_saw_other_sequence_or_beyond_last(tmp_path):
+    ops = _ops(tmp_path, _adds(3) + [
+        ("r", "read", "ok", {"ledger": 1, "entry": 1, "digests": [_d(2)]}),
+        ("r", "read", "ok", {"ledger": 1, "entry": 2, "digests": [_d(2), _d(3)]})])
+    vs = chk.check(ops, chk.FinalState(ledgers={1: _ledger(1, 3)}))
+    assert [v.invariant for v in vs] == ["I3", "I3"]
+
+
+def test_closed_metadata_must_not_change():
+    snaps = [(1.0, 1, (lm.OPEN, -1, 0, 3, 3, 2, (0,))),
+             (2.0, 1, (lm.CLOSED, 4, 0, 3, 3, 2, (0,))),
+             (3.0, 1, (lm.CLOSED, 5, 0, 3, 3, 2, (0,)))]
+    vs = chk.check_metadata(snaps, chk.FinalState())
+    assert [v.invariant for v in vs] == ["I4"]
+    assert chk.check_metadata(snaps[:2], chk.FinalState()) == []
+
+
+def test_log_gap_duplicate_and_reader_prefix(tmp_path):
+    appends = [("lw", "append", "ok", {"log": "a", "digests": [_d(i)], "ledger": 1 + i // 2,
+                                       "entry": i % 2}) for i in range(4)]
+    reads = [("r", "read", "ok", {"log": "a", "session": 0, "offset": 0,
+                                  "digests": [_d(0), _d(1), _d(2)]})]
+    ops = _ops(tmp_path, appends + reads)
+    good = chk.FinalState(ledgers={1: _ledger(1, 2), 2: _ledger(2, 2)}, logs={"a": [1, 2]})
+    good.ledgers[2].digests = [_d(2), _d(3)]
+    assert chk.check(ops, good) == []
+    bad = chk.FinalState(ledgers={1: _ledger(1, 2), 2: _ledger(2, 2)}, logs={"a": [1, 2]})
+    bad.ledgers[2].digests = [_d(1), _d(3)]          # duplicate of 1, append 2 lost
+    kinds = sorted(v.invariant for v in chk.check(ops, bad))
+    assert "I5" in kinds and "I3" in kinds
+
+
+def test_replicas_floor_and_strict():
+    fl = _ledger(1, 2)
+    fl.replicas = {0: 3, 1: 2}
+    final = chk.FinalState(ledgers={1: fl}, replicas_checked=True)
+    assert chk.check_replicas(final, strict=False) == []
+    assert [v.entry for v in chk.check_replicas(final, strict=True)] == [1]
+    fl.replicas = {0: 1, 1: 3}
+    assert [v.entry for v in chk.check_replicas(final, strict=False)] == [0]
