@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pybk_spark.protocol.distribution import AckSet, write_set
+from pybk_spark.protocol.distribution import AckSet, write_quorums
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,7 @@ class PendingAdds:
         self.write_quorum = write_quorum
         self.ack_quorum = ack_quorum
         self.ensemble = tuple(ensemble)
+        self._write_sets: list[tuple[int, ...]] | None = None
         self.lac = last_released
         self.next_entry_id = last_released + 1
         self.pending: dict[int, AckSet] = {}
@@ -69,7 +70,11 @@ class PendingAdds:
         return out
 
     def write_set(self, entry_id: int) -> tuple[int, ...]:
-        return write_set(entry_id, self.ensemble_size, self.write_quorum)
+        # only E distinct write sets exist; computed once (hot path)
+        sets = self._write_sets
+        if sets is None or len(sets) != len(self.ensemble):
+            sets = self._write_sets = write_quorums(len(self.ensemble), self.write_quorum)
+        return sets[entry_id % len(sets)]
 
     # -- inputs ---------------------------------------------------------------------
     def assign(self, count: int) -> list[int]:
