@@ -65,11 +65,17 @@ def stream_adds(stub, ledger_id: int, n_per_batch: int, n_batches: int, streams:
             "client_cpu_per_s": client_cpu}
 
 
-def _cpu_seconds(pid: int) -> float:
-    """utime+stime of a process (Linux /proc), to show CPU-boundness."""
+def _cpu_split(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a process (Linux /proc)."""
     with open(f"/proc/{pid}/stat") as fh:
         fields = fh.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tck = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tck, int(fields[12]) / tck
+
+
+def _cpu_seconds(pid: int) -> float:
+    """utime+stime of a process, to show CPU-boundness."""
+    return sum(_cpu_split(pid))
 
 
 def run(quick: bool = False, data_dir: str | None = None, conf: dict | None = None,
@@ -87,10 +93,12 @@ def run(quick: bool = False, data_dir: str | None = None, conf: dict | None = No
                 if n not in sizes:
                     continue
                 stream_adds(stub, 1000 + ledger, n, max(5, batches // 10))   # warm-up
-                cpu0 = _cpu_seconds(bookie.proc.pid)
+                u0, s0 = _cpu_split(bookie.proc.pid)
                 results[f"add_batch_{n}"] = stream_adds(stub, ledger, n, batches)
                 x = results[f"add_batch_{n}"]
-                x["server_cpu_per_s"] = (_cpu_seconds(bookie.proc.pid) - cpu0) / x["seconds"]
+                u1, s1 = _cpu_split(bookie.proc.pid)
+                x["server_cpu_per_s"] = (u1 + s1 - u0 - s0) / x["seconds"]
+                x["server_sys_cpu_per_s"] = (s1 - s0) / x["seconds"]
         finally:
             bookie.terminate()
         if 1000 in sizes:   # same load with bigger group commits (8 MiB / 4 ms)
@@ -128,13 +136,14 @@ def print_table(r: dict) -> None:
               f"(p50 {dk['fsync_4k']['p50_ms']:.2f} ms, p99 {dk['fsync_4k']['p99_ms']:.2f} ms); "
               f"sequential write {dk['seq_write']['mb_per_s']:.0f} MB/s (fdatasync / 64 MiB), "
               f"{dk['sync_1m_write']['mb_per_s']:.0f} MB/s (fdatasync / 1 MiB)")
-    print(f"{'batch':>12} {'entries/s':>12} {'MB/s':>8} {'batches/s':>10} {'server CPU':>10} {'client CPU':>10}")
+    print(f"{'batch':>12} {'entries/s':>12} {'MB/s':>8} {'batches/s':>10} {'server CPU':>10} {'(kernel)':>8} {'client CPU':>10}")
     for n in ("1", "100", "1000", "1000_group8m"):
         x = r.get(f"add_batch_{n}")
         if x is None:
             continue
         print(f"{n:>12} {x['entries_per_s']:>12.0f} {x['mb_per_s']:>8.1f} "
               f"{x['batches_per_s']:>10.0f} {x['server_cpu_per_s']:>10.0%} "
+              f"{x.get('server_sys_cpu_per_s', float('nan')):>8.0%} "
               f"{x['client_cpu_per_s']:>10.0%}")
     if "ratio_1000_vs_seq" in r:
         print(f"bookie(1000 x 1 KiB) / disk sequential (mean) = {r['ratio_1000_vs_seq']:.2f} "

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
+import time
 import sys
 import threading
 
@@ -83,18 +85,26 @@ def main(argv=None) -> int:
         except errors.MetadataError as exc:
             print(f"bookie-server: metadata store unavailable: {exc}", file=sys.stderr)
             return 3
-        return _serve(cfg, bookie_id, store, args.conf)
+        rc = _serve(cfg, bookie_id, store, args.conf)
     finally:
         if store is not None:
             store.close()
+    # Everything durable is fsynced and the lease is revoked; do not let a
+    # library's lingering non-daemon thread keep a stopped bookie alive.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
 
 
 def _serve(cfg, bookie_id: str, store, conf_path) -> int:
-    stop = threading.Event()
-    reload_wanted = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    signal.signal(signal.SIGHUP, lambda *_: (reload_wanted.set(), stop.set()))
+    # Signal handlers only flip plain flags: taking a lock (Event.set) inside a
+    # handler can deadlock when the signal lands while the main thread holds
+    # that same lock.  The main loop polls the flags.
+    signals = {"stop": False, "reload": False}
+    signal.signal(signal.SIGTERM, lambda *_: signals.__setitem__("stop", True))
+    signal.signal(signal.SIGINT, lambda *_: signals.__setitem__("stop", True))
+    signal.signal(signal.SIGHUP, lambda *_: signals.__setitem__("reload", True))
 
     bookie = Bookie(cfg).open()
     server, port = make_server(bookie, cfg, bookie_id)
@@ -117,11 +127,10 @@ def _serve(cfg, bookie_id: str, store, conf_path) -> int:
              bookie_id, port, cfg.data_dir, bookie.read_only)
     print(f"bookie-server ready bookie_id={bookie_id} port={port}", flush=True)
 
-    while True:
-        stop.wait()
-        if reload_wanted.is_set():
-            reload_wanted.clear()
-            stop.clear()
+    while not signals["stop"]:
+        time.sleep(0.1)
+        if signals["reload"]:
+            signals["reload"] = False
             try:
                 if not conf_path:
                     raise ValueError("no --conf file to reload")
@@ -132,8 +141,6 @@ def _serve(cfg, bookie_id: str, store, conf_path) -> int:
                 checker.check_once()
             except Exception as exc:  # noqa: BLE001
                 log.error("event=config_reload_failed error=%r", exc)
-            continue
-        break
 
     log.info("event=bookie_stopping bookie_id=%s", bookie_id)
     if registrar is not None:

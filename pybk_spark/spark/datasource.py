@@ -15,31 +15,82 @@ from __future__ import annotations
 
 import sys
 
-from pyspark.sql.datasource import DataSource, DataSourceReader
+from typing import Optional
+
+from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStreamReader,
+                                    DataSourceStreamWriter, DataSourceWriter)
 from pyspark.sql.types import StructType
 
-from pybk_spark.spark.options import parse_read_options
-from pybk_spark.spark.reader import (RAW_SCHEMA, BookKeeperBatchReader, BookKeeperPushdownReader,
-                                     check_schema)
+from pybk_spark import errors
+from pybk_spark.spark.options import (parse_read_options, parse_stream_options,
+                                      parse_write_options)
+from pybk_spark.spark.reader import (BookKeeperBatchReader, BookKeeperPushdownReader,
+                                     check_schema, output_spark_schema)
+
+
+def _table_schema(uri: str, log: Optional[str]) -> Optional[str]:
+    """The DataFrame schema recorded in log metadata (None: raw ledgers/log)."""
+    if log is None:
+        return None
+    from pybk_spark.log import read_log
+    from pybk_spark.metadata import open_store
+    store = open_store(uri)
+    try:
+        return read_log(store, log)[0].schema
+    finally:
+        store.close()
 
 
 class BookKeeperDataSource(DataSource):
-    """Reads BookKeeper ledgers as ``ledger_id long, entry_id long, payload binary``."""
+    """Reads ledgers (``ledger_id long, entry_id long, payload binary``) and
+    logs (raw, or the DataFrame columns recorded in the log); writes
+    DataFrames to logs atomically; streams logs in and out."""
 
     @classmethod
     def name(cls) -> str:
         return "bookkeeper"
 
+    # -- batch read ----------------------------------------------------------------------
     def schema(self) -> StructType:
-        parse_read_options(self.options)       # fail at load(), not at the first action
-        return RAW_SCHEMA
+        opts = parse_read_options(self.options)      # fail at load(), not at the first action
+        return output_spark_schema(_table_schema(opts.metadata_uri, opts.log),
+                                   opts.include_metadata)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         opts = parse_read_options(self.options)
-        check_schema(schema)
+        table_schema = _table_schema(opts.metadata_uri, opts.log)
+        check_schema(schema, output_spark_schema(table_schema, opts.include_metadata))
         if _planning_with_filter_pushdown():
-            return BookKeeperPushdownReader(opts)
-        return BookKeeperBatchReader(opts)
+            return BookKeeperPushdownReader(opts, table_schema)
+        return BookKeeperBatchReader(opts, table_schema)
+
+    # -- batch write -----------------------------------------------------------------------
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        from pybk_spark.spark.writer import BookKeeperBatchWriter, prepare_log
+        from pybk_spark.client import BookKeeper
+        opts = parse_write_options(self.options)
+        with BookKeeper(opts.metadata_uri) as bk:
+            schema_text = prepare_log(bk, opts, schema, overwrite)   # SchemaMismatch: no data written
+        return BookKeeperBatchWriter(opts, schema_text, overwrite)
+
+    # -- streaming --------------------------------------------------------------------------
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        from pybk_spark.spark.stream_reader import BookKeeperStreamReader
+        opts = parse_stream_options(self.options)
+        table_schema = _table_schema(opts.read.metadata_uri, opts.read.log)
+        check_schema(schema, output_spark_schema(table_schema, opts.read.include_metadata))
+        return BookKeeperStreamReader(opts, table_schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        from pybk_spark.spark.writer import BookKeeperStreamWriter, prepare_log
+        from pybk_spark.client import BookKeeper
+        if overwrite:
+            raise errors.IncorrectParameter(
+                "the bookkeeper sink supports outputMode('append') only")
+        opts = parse_write_options(self.options, streaming=True)
+        with BookKeeper(opts.metadata_uri) as bk:
+            schema_text = prepare_log(bk, opts, schema, False)
+        return BookKeeperStreamWriter(opts, schema_text)
 
 
 def _planning_with_filter_pushdown() -> bool:

@@ -35,6 +35,7 @@ DEFAULT_READ_BATCH_ENTRIES = 1000
 KNOWN_READ_OPTIONS = (
     "metadataServiceUri", "ledgers", "log", "startingOffsets", "endingOffsets",
     "recovery", "maxEntriesPerPartition", "readBatchEntries", "password", "path",
+    "includeMetadata",
 )
 
 
@@ -51,6 +52,7 @@ class ReadOptions:
     max_entries_per_partition: int = DEFAULT_MAX_ENTRIES_PER_PARTITION
     read_batch_entries: int = DEFAULT_READ_BATCH_ENTRIES
     password: bytes = b""
+    include_metadata: bool = False          # DataFrame logs: add _ledger_id, _entry_id
 
     def start_for(self, ledger_id: int) -> int:
         return self.starting.get(ledger_id, self.starting_default)
@@ -211,4 +213,116 @@ def parse_read_options(options: Mapping[str, str]) -> ReadOptions:
         read_batch_entries=parse_positive_int(
             "readBatchEntries", _get(options, "readBatchEntries"), DEFAULT_READ_BATCH_ENTRIES),
         password=password.encode() if password else b"",
+        include_metadata=parse_bool("includeMetadata", _get(options, "includeMetadata"), False),
     )
+
+
+# -- write options ---------------------------------------------------------------------------
+DEFAULT_MAX_ROWS_PER_ENTRY = 10_000
+DEFAULT_MAX_BYTES_PER_ENTRY = 1 << 20
+MAX_BYTES_PER_ENTRY_LIMIT = 3 << 20           # stays under gRPC's default 4 MiB message
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    metadata_uri: str
+    log: str
+    ensemble: int = 3
+    write_quorum: int = 2
+    ack_quorum: int = 2
+    max_rows_per_entry: int = DEFAULT_MAX_ROWS_PER_ENTRY
+    max_bytes_per_entry: int = DEFAULT_MAX_BYTES_PER_ENTRY
+    password: bytes = b""
+    sink_id: Optional[str] = None            # streaming sink identity (exactly-once key)
+    test_fail_task_once: Optional[str] = None  # test hook: marker file path (see writer.py)
+
+
+def _uri(options: Mapping[str, str]) -> str:
+    uri = _get(options, "metadataServiceUri")
+    if uri is None or not str(uri).strip():
+        raise errors.IncorrectParameter(
+            "option 'metadataServiceUri' is required, e.g. "
+            ".option('metadataServiceUri', 'etcd://127.0.0.1:2379/pybk')")
+    uri = str(uri).strip()
+    if not uri.startswith("etcd://"):
+        raise errors.IncorrectParameter(
+            f"option 'metadataServiceUri' must look like etcd://HOST:PORT/SCOPE, got {uri!r}")
+    return uri
+
+
+def parse_write_options(options: Mapping[str, str], *, streaming: bool = False) -> WriteOptions:
+    uri = _uri(options)
+    log = _get(options, "log") or _get(options, "path")
+    if log is None or not str(log).strip():
+        raise errors.IncorrectParameter("option 'log' is required to write (the log to append to)")
+    log = str(log).strip()
+    if "/" in log:
+        raise errors.IncorrectParameter(f"option 'log' must not contain '/', got {log!r}")
+    ensemble = parse_positive_int("ensembleSize", _get(options, "ensembleSize"), 3)
+    write_quorum = parse_positive_int("writeQuorum", _get(options, "writeQuorum"), min(2, ensemble))
+    ack_quorum = parse_positive_int("ackQuorum", _get(options, "ackQuorum"), min(2, write_quorum))
+    if not ack_quorum <= write_quorum <= ensemble:
+        raise errors.IncorrectParameter(
+            "options must satisfy ackQuorum <= writeQuorum <= ensembleSize, got "
+            f"{ack_quorum} <= {write_quorum} <= {ensemble}")
+    max_bytes = parse_positive_int("maxBytesPerEntry", _get(options, "maxBytesPerEntry"),
+                                   DEFAULT_MAX_BYTES_PER_ENTRY)
+    if max_bytes > MAX_BYTES_PER_ENTRY_LIMIT:
+        raise errors.IncorrectParameter(
+            f"option 'maxBytesPerEntry' must be <= {MAX_BYTES_PER_ENTRY_LIMIT}, got {max_bytes}")
+    sink_id = None
+    if streaming:
+        sink_id = _get(options, "sinkId") or _get(options, "checkpointLocation")
+        if sink_id is None or not str(sink_id).strip():
+            raise errors.IncorrectParameter(
+                "the bookkeeper sink needs option 'checkpointLocation' (or 'sinkId'): it is the "
+                "identity under which committed batch ids are recorded for exactly-once")
+        sink_id = str(sink_id).strip()
+    password = _get(options, "password")
+    return WriteOptions(
+        metadata_uri=uri, log=log, ensemble=ensemble, write_quorum=write_quorum,
+        ack_quorum=ack_quorum,
+        max_rows_per_entry=parse_positive_int("maxRowsPerEntry", _get(options, "maxRowsPerEntry"),
+                                              DEFAULT_MAX_ROWS_PER_ENTRY),
+        max_bytes_per_entry=max_bytes,
+        password=password.encode() if password else b"",
+        sink_id=sink_id,
+        test_fail_task_once=_get(options, "_testFailTaskOnce"),
+    )
+
+
+# -- streaming read options ------------------------------------------------------------------
+@dataclass(frozen=True)
+class StreamOptions:
+    read: ReadOptions
+    starting: str = "earliest"                 # earliest | latest | JSON {"index": i, "entry": e}
+    max_entries_per_trigger: Optional[int] = None
+
+
+def parse_stream_options(options: Mapping[str, str]) -> StreamOptions:
+    if _get(options, "log") is None:
+        raise errors.IncorrectParameter("the streaming bookkeeper source needs option 'log'")
+    if _get(options, "endingOffsets") is not None:
+        raise errors.IncorrectParameter("option 'endingOffsets' is for batch reads only")
+    starting = _get(options, "startingOffsets") or "earliest"
+    stripped = str(starting).strip()
+    if stripped.lower() in ("earliest", "latest"):
+        starting = stripped.lower()
+    else:
+        try:
+            parsed = json.loads(stripped)
+            ok = isinstance(parsed, dict) and all(
+                isinstance(parsed.get(k), int) and parsed.get(k) >= 0 for k in ("index", "entry"))
+        except ValueError:
+            ok = False
+        if not ok:
+            raise errors.IncorrectParameter(
+                "option 'startingOffsets' of a stream must be 'earliest', 'latest' or JSON "
+                f"{{\"index\": SEGMENT_INDEX, \"entry\": ENTRY_ID}}, got {starting!r}")
+        starting = stripped
+    base = {k: v for k, v in dict(options).items() if k.lower() != "startingoffsets"}
+    limit = _get(options, "maxEntriesPerTrigger")
+    return StreamOptions(
+        read=parse_read_options(base), starting=starting,
+        max_entries_per_trigger=parse_positive_int("maxEntriesPerTrigger", limit, 1)
+        if limit is not None else None)

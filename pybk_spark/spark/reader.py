@@ -26,13 +26,15 @@ metadata URI (workers are reused across tasks).
 from __future__ import annotations
 
 import atexit
-from typing import Iterator
+import dataclasses
+from typing import Iterator, Optional
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 
 from pybk_spark import errors
+from pybk_spark.spark import arrow_codec
 from pybk_spark.spark.options import ReadOptions
 from pybk_spark.spark.planning import LedgerView, Slice, plan_slices
 from pybk_spark.spark.pushdown import Bounds, push
@@ -122,14 +124,49 @@ def to_raw_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, schema=RAW_ARROW_SCHEMA)
 
 
-def check_schema(schema: StructType) -> None:
-    """A user-supplied schema must be the raw schema (names, types, order)."""
+def check_schema(schema: StructType, expected: StructType = RAW_SCHEMA) -> None:
+    """A user-supplied schema must be the source's schema (names, types, order)."""
     got = [(f.name, f.dataType) for f in schema.fields]
-    want = [(f.name, f.dataType) for f in RAW_SCHEMA.fields]
+    want = [(f.name, f.dataType) for f in expected.fields]
     if got != want:
+        ddl = RAW_SCHEMA_DDL if expected is RAW_SCHEMA else expected.simpleString()
         raise errors.IncorrectParameter(
-            f"the bookkeeper source reads ledgers with schema '{RAW_SCHEMA_DDL}', "
+            f"the bookkeeper source reads this data with schema '{ddl}', "
             f"got {schema.simpleString()}")
+
+
+def table_schema_of(bk, opts: ReadOptions) -> Optional[str]:
+    """The recorded DataFrame schema of option 'log' (None: raw ledgers)."""
+    if opts.log is None:
+        return None
+    from pybk_spark.log import read_log
+    return read_log(bk.metadata_store, opts.log)[0].schema
+
+
+def output_arrow_schema(table_schema: Optional[str], include_metadata: bool) -> pa.Schema:
+    if table_schema is None:
+        return RAW_ARROW_SCHEMA
+    schema = arrow_codec.decode_schema(table_schema)
+    return arrow_codec.with_metadata_columns(schema) if include_metadata else schema
+
+
+def output_spark_schema(table_schema: Optional[str], include_metadata: bool) -> StructType:
+    if table_schema is None:
+        return RAW_SCHEMA
+    return arrow_codec.canonical_to_spark(output_arrow_schema(table_schema, include_metadata))
+
+
+def decode_slice(raw_batches: Iterator[pa.RecordBatch], table_schema: Optional[str],
+                 include_metadata: bool) -> Iterator[pa.RecordBatch]:
+    """Raw entry batches -> the declared output batches (no per-row Python)."""
+    if table_schema is None:
+        yield from raw_batches
+        return
+    schema = arrow_codec.decode_schema(table_schema)
+    for raw in raw_batches:
+        out = arrow_codec.decode_batch(raw, schema, include_metadata=include_metadata)
+        if out is not None and out.num_rows:
+            yield out
 
 
 # -- driver side: planning ---------------------------------------------------------------------
@@ -161,10 +198,6 @@ def resolve_ledgers(bk, opts: ReadOptions) -> tuple[int, ...]:
         return opts.ledgers
     from pybk_spark.log import read_log
     md, _ = read_log(bk.metadata_store, opts.log)
-    if md.schema is not None:
-        raise errors.IllegalOp(
-            "log holds DataFrame rows (it has a schema); reading them back as columns "
-            "is not implemented yet", log=opts.log)
     ids = tuple(md.ledger_ids)
     for name, named in (("startingOffsets", opts.starting), ("endingOffsets", opts.ending)):
         unknown = sorted(set(named) - set(ids))
@@ -222,8 +255,9 @@ def read_slice(bk, part: LedgerSlicePartition, opts: ReadOptions) -> Iterator[pa
 
 
 class BookKeeperBatchReader(DataSourceReader):
-    def __init__(self, opts: ReadOptions):
+    def __init__(self, opts: ReadOptions, table_schema: Optional[str] = None):
         self.opts = opts
+        self.table_schema = table_schema          # None: raw ledgers
         self.bounds = Bounds()
 
     def partitions(self) -> list[InputPartition]:
@@ -243,7 +277,8 @@ class BookKeeperBatchReader(DataSourceReader):
     def _read(self, partition: LedgerSlicePartition) -> Iterator[pa.RecordBatch]:
         uri = self.opts.metadata_uri
         try:
-            yield from read_slice(_client(uri), partition, self.opts)
+            yield from decode_slice(read_slice(_client(uri), partition, self.opts),
+                                    self.table_schema, self.opts.include_metadata)
         except Exception:
             _drop_client(uri)          # next task in this worker starts from a fresh client
             raise
@@ -255,5 +290,23 @@ class BookKeeperPushdownReader(BookKeeperBatchReader):
     a reader that implements pushFilters while it is off."""
 
     def pushFilters(self, filters):
-        self.bounds, unhandled = push(filters)
-        return iter(unhandled)
+        if self.table_schema is None:
+            self.bounds, unhandled = push(filters)
+            return iter(unhandled)
+        if not self.opts.include_metadata:
+            return iter(filters)               # the table's own columns: nothing to prune by
+        # DataFrame logs: position columns _ledger_id/_entry_id prune like the raw ones
+        renamed, originals = [], {}
+        for f in filters:
+            column = tuple(getattr(f, "attribute", ()))
+            target = {(arrow_codec.META_LEDGER,): ("ledger_id",),
+                      (arrow_codec.META_ENTRY,): ("entry_id",)}.get(column)
+            if target is None:
+                originals.setdefault(id(f), f)
+                renamed.append(f)
+                continue
+            g = dataclasses.replace(f, attribute=target)
+            originals[id(g)] = f
+            renamed.append(g)
+        self.bounds, unhandled = push(renamed)
+        return iter([originals[id(g)] for g in unhandled])

@@ -154,7 +154,9 @@ class GrpcTransportPool(TransportPool):
         with self._lock:
             client = self._clients.pop(bookie_id, None)
         if client is not None:
-            client.close()
+            # never close in place: callers run in gRPC callbacks on the channel's
+            # own thread, and channel.close() waits for that thread (deadlock)
+            threading.Thread(target=client.close, name="pybk-close-channel", daemon=True).start()
 
     def close(self) -> None:
         with self._lock:

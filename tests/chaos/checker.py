@@ -411,38 +411,24 @@ def probe_beyond(bk, md: lm.LedgerMetadata, k: int) -> dict:
     return out
 
 
-def _runs(ids: list[int]) -> list[tuple[int, int]]:
-    out: list[list[int]] = []
-    for e in ids:
-        if out and out[-1][1] == e - 1:
-            out[-1][1] = e
-        else:
-            out.append([e, e])
-    return [(a, b) for a, b in out]
-
-
 def _held_ids(bk, bookie: str, lid: int, ids: list[int]) -> set:
-    """Which of ``ids`` one bookie holds (run reads; a short answer resumes
-    after the hole).  Unreachable bookie: holds nothing."""
+    """Which of ``ids`` one bookie holds: sparse reads (every stored id in a
+    range, gaps skipped) over [min, max], resumed after a LIMIT.  An
+    unreachable bookie holds nothing."""
     held: set = set()
-    todo = _runs(ids)
-    while todo:
-        a, b = todo.pop()
+    a, b = ids[0], ids[-1]
+    while a <= b:
         try:
-            res = bk.transports.get(bookie).read(lid, a, b, max_entries=b - a + 1,
+            res = bk.transports.get(bookie).read(lid, a, b, max_entries=10_000, sparse=True,
                                                  timeout=bk.conf.read_timeout_s).result()
-        except errors.NoSuchEntry:
-            if a < b:
-                todo.append((a + 1, b))
-            continue
         except errors.BKError:
-            return held
+            break
         got = res.batch.column("entry_id").to_pylist() if res.batch.num_rows else []
         held.update(got)
-        nxt = (got[-1] + 1) if got else a + 1
-        if nxt <= b:
-            todo.append((nxt, b))
-    return held
+        if res.end != "LIMIT" or not got:
+            break
+        a = got[-1] + 1
+    return held.intersection(ids)
 
 
 def count_entry_replicas(bk, md: lm.LedgerMetadata, lacking: dict | None = None) -> dict:

@@ -122,6 +122,7 @@ class Nemesis:
                 self.cluster.wait_registered(r.bookie, read_only=False, timeout=60)
             else:
                 self.cluster.start_bookie(r.bookie)
+            self.log(f"nemesis: {r.bookie} repaired ({r.kind})")
         except Exception as exc:  # noqa: BLE001 - heal_all retries via cluster.heal
             self.log(f"nemesis: repair of {r.bookie} ({r.kind}) failed: {exc!r}")
         finally:

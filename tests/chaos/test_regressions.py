@@ -323,3 +323,29 @@ def test_bk1591_ensemble_change_metadata_write_stalls(cluster, hist_dir):
     finally:
         sigcont_etcd(cluster)
         bk.close()
+
+
+def test_chaos_found_invalidate_inside_a_grpc_callback_does_not_deadlock(cluster):
+    """Found by the 12-minute chaos run (seed 2026, worker loga-28 hung):
+    LedgerWriter._on_failed runs in a gRPC callback (the channel's own spin
+    thread) and calls transports.invalidate(bookie), which closed the
+    channel in place; grpc's channel.close() waits for that very thread, so
+    the add never failed over and the writer hung forever."""
+    bk = client(cluster)
+    try:
+        b = cluster.bookie_ids[0]
+        invalidated = cf.Future()
+        # long polls on an unknown ledger: the short one's answer (an error)
+        # arrives later, so its callback runs on the channel's thread while
+        # the others are still in flight (close() must cancel them)
+        t = bk.transports.get(b)
+        others = [t.read_lac(987654321, wait_for_lac_above=5, wait_ms=10000) for _ in range(3)]
+        f = t.read_lac(987654321, wait_for_lac_above=5, wait_ms=300)
+
+        def on_done(_f):
+            bk.transports.invalidate(b)
+            invalidated.set_result(True)
+        f.add_done_callback(on_done)
+        assert invalidated.result(HANG_GUARD_S)
+    finally:
+        bk.close()

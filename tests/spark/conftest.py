@@ -16,7 +16,7 @@ def spark():
     os.environ.update(spark_env())
     from pyspark.sql import SparkSession
     session = (SparkSession.builder
-               .master("local[2]")
+               .master("local[2,2]")          # 2 cores, a failed task is retried once
                .appName("pybk-spark-tests")
                .config("spark.ui.enabled", "false")
                .config("spark.sql.shuffle.partitions", "2")

@@ -1,0 +1,174 @@
+"""Arrow <-> ledger entries for logs written from DataFrames.
+
+Theory of operation
+-------------------
+A DataFrame log stores one Arrow IPC *stream* (schema message + ONE record
+batch) per ledger entry, so every entry decodes on its own.  The log's
+metadata records the table schema once (``LogMetadata.schema`` = base64 of the
+IPC-serialized Arrow schema).
+
+The recorded schema is *canonical*: Spark's schema converted to Arrow with
+every field (and every nested child) nullable and no metadata.  Spark marks
+columns not-null when it can prove it; a later DataFrame with the same columns
+but other nullability is the same table, so nullability never causes a
+SchemaMismatch and a read never declares a column not-null that the next
+append might fill with nulls.  Two schemas are compatible iff their canonical
+forms are equal.
+
+Entries are bounded by rows AND serialized bytes: a batch is cut into slices
+of at most ``max_rows`` rows sized from its average row width; a slice whose
+IPC stream is still over ``max_bytes`` is halved until it fits (a single row
+larger than ``max_bytes`` becomes one entry of its own).  All work is
+per-slice / per-entry Arrow calls; never per row.
+
+Pure: no I/O, no clock.
+"""
+from __future__ import annotations
+
+import base64
+from typing import Iterator, Optional
+
+import pyarrow as pa
+
+from pybk_spark import errors
+
+META_LEDGER = "_ledger_id"
+META_ENTRY = "_entry_id"
+META_FIELDS = (pa.field(META_LEDGER, pa.int64()), pa.field(META_ENTRY, pa.int64()))
+
+
+# -- schemas ------------------------------------------------------------------------------
+def _nullable_type(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_struct(t):
+        return pa.struct([_nullable_field(t.field(i)) for i in range(t.num_fields)])
+    if pa.types.is_large_list(t):
+        return pa.large_list(_nullable_field(t.value_field))
+    if pa.types.is_list(t):
+        return pa.list_(_nullable_field(t.value_field))
+    if pa.types.is_map(t):
+        return pa.map_(t.key_type, _nullable_field(t.item_field))
+    return t
+
+
+def _nullable_field(f: pa.Field) -> pa.Field:
+    return pa.field(f.name, _nullable_type(f.type), nullable=True)
+
+
+def canonical_schema(schema: pa.Schema) -> pa.Schema:
+    """Every field nullable (recursively), no metadata."""
+    return pa.schema([_nullable_field(f) for f in schema])
+
+
+def spark_to_canonical(spark_schema) -> pa.Schema:
+    from pyspark.sql.pandas.types import to_arrow_schema
+    return canonical_schema(to_arrow_schema(spark_schema, timezone="UTC"))
+
+
+def canonical_to_spark(schema: pa.Schema):
+    from pyspark.sql.pandas.types import from_arrow_schema
+    return from_arrow_schema(schema, prefer_timestamp_ntz=True)
+
+
+def encode_schema(schema: pa.Schema) -> str:
+    return base64.b64encode(schema.serialize().to_pybytes()).decode("ascii")
+
+
+def decode_schema(text: str) -> pa.Schema:
+    try:
+        return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
+    except (ValueError, TypeError, pa.ArrowException) as exc:
+        raise errors.MetadataError(f"corrupt schema in log metadata: {exc}") from None
+
+
+def with_metadata_columns(schema: pa.Schema) -> pa.Schema:
+    clash = [f.name for f in META_FIELDS if f.name in schema.names]
+    if clash:
+        raise errors.IncorrectParameter(
+            f"option 'includeMetadata' adds columns {clash} that the log's schema already has")
+    return pa.schema(list(schema) + list(META_FIELDS))
+
+
+def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """Relabel/cast a batch to exactly ``schema`` (columnar, no per-row work)."""
+    if batch.schema.equals(schema):
+        return batch
+    if batch.schema.names != schema.names:
+        raise errors.SchemaMismatch("batch columns differ from the log's schema",
+                                    got=batch.schema.names, expected=schema.names)
+    try:
+        return pa.RecordBatch.from_arrays(batch.columns, schema=schema)
+    except (pa.ArrowException, ValueError, TypeError):
+        pass
+    try:
+        return batch.cast(schema)
+    except (pa.ArrowException, ValueError, TypeError) as exc:
+        raise errors.SchemaMismatch(f"batch does not conform to the log's schema: {exc}") from None
+
+
+# -- entries ---------------------------------------------------------------------------------
+def _ipc(batch: pa.RecordBatch) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def _fit(batch: pa.RecordBatch, max_bytes: int) -> Iterator[tuple[bytes, int]]:
+    payload = _ipc(batch)
+    if len(payload) <= max_bytes or batch.num_rows <= 1:
+        yield payload, batch.num_rows
+        return
+    half = batch.num_rows // 2
+    yield from _fit(batch.slice(0, half), max_bytes)
+    yield from _fit(batch.slice(half), max_bytes)
+
+
+def encode_entries(batch: pa.RecordBatch, max_rows: int, max_bytes: int
+                   ) -> Iterator[tuple[bytes, int]]:
+    """-> (entry payload, rows in it), in row order; empty batches yield nothing."""
+    n = batch.num_rows
+    if n == 0:
+        return
+    row_bytes = max(1, batch.nbytes // n)
+    step = max(1, min(max_rows, (max_bytes * 9 // 10) // row_bytes))
+    for offset in range(0, n, step):
+        yield from _fit(batch.slice(offset, step), max_bytes)
+
+
+def decode_entry(payload, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """One entry (bytes or pa.Buffer) -> its record batch(es) conformed to ``schema``."""
+    try:
+        reader = pa.ipc.open_stream(payload if isinstance(payload, pa.Buffer)
+                                    else pa.py_buffer(payload))
+        batches = list(reader)
+    except (pa.ArrowException, ValueError) as exc:
+        raise errors.ReadError(f"entry is not an Arrow IPC stream: {exc}") from None
+    for batch in batches:
+        yield conform(batch, schema)
+
+
+def decode_batch(raw: pa.RecordBatch, schema: pa.Schema, *, include_metadata: bool
+                 ) -> Optional[pa.RecordBatch]:
+    """A raw read batch (ledger_id, entry_id, payload) -> one table batch;
+    with ``include_metadata`` each row also carries its entry's position."""
+    payloads = raw.column("payload")
+    parts: list[pa.RecordBatch] = []
+    counts: list[int] = []
+    for i in range(len(payloads)):
+        rows = 0
+        for b in decode_entry(payloads[i].as_buffer(), schema):
+            parts.append(b)
+            rows += b.num_rows
+        counts.append(rows)
+    if not parts:
+        return None
+    table = pa.Table.from_batches(parts, schema=schema).combine_chunks()
+    if include_metadata:
+        import numpy as np
+        reps = np.asarray(counts, dtype=np.int64)
+        ledger = np.repeat(raw.column("ledger_id").to_numpy(zero_copy_only=False).astype(np.int64), reps)
+        entry = np.repeat(raw.column("entry_id").to_numpy(zero_copy_only=False).astype(np.int64), reps)
+        table = table.append_column(META_FIELDS[0], pa.array(ledger, pa.int64()))
+        table = table.append_column(META_FIELDS[1], pa.array(entry, pa.int64()))
+    batches = table.to_batches()           # one chunk per column after combine_chunks
+    return batches[0] if batches else None

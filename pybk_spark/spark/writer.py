@@ -1,0 +1,250 @@
+"""Atomic DataFrame writes into a log: batch writer and exactly-once stream sink.
+
+Theory of operation
+-------------------
+Driver, ``writer()`` / ``streamWriter()`` (before any task runs): read or
+create the log, convert the DataFrame schema to its canonical Arrow form
+(arrow_codec) and refuse an incompatible append with ``SchemaMismatch`` - no
+data has been written yet.
+
+Task, ``write(batches)``: on the first non-empty batch create a fresh ledger
+(tagged ``spark_job``), record it as pending in etcd (pending.py) BEFORE any
+entry is added, then add every batch cut into bounded Arrow IPC entries with
+pipelined ``add_entries_async``; wait for all acks, close the ledger and
+return ``(ledger id, entries, bytes, rows)``.  A task whose write fails
+deletes its own ledger (best effort; the driver cleans up in any case).
+
+Driver, ``commit(messages)``: ONE CAS on the log (``append_closed``) appends
+every task ledger in partition order - readers see all of the write or none
+of it; overwrite swaps the whole list in that CAS and deletes the replaced
+ledgers AFTER it.  Then :func:`pending.clean_job` deletes ledgers of failed or
+retried attempts (pending but not in the log) and the pending keys.
+``abort`` deletes every ledger of the job.  If the commit CAS's outcome is
+unknown (etcd unavailable / timeout), nothing is deleted: the log decides.
+
+Streaming sink: same task path; ``commit(messages, batchId)`` passes
+``sink=(sink id, batchId)`` to ``append_closed``, so the batch's ledgers and
+its batch id land in the same CAS and a replayed batch (id <= recorded) is a
+no-op whose fresh ledgers are deleted.
+"""
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass
+from typing import Iterator, List, Optional
+
+import pyarrow as pa
+from pyspark.sql.datasource import (DataSourceArrowWriter, DataSourceStreamArrowWriter,
+                                    WriterCommitMessage)
+
+from pybk_spark import errors
+from pybk_spark.log import read_or_create_log, update_log
+from pybk_spark.protocol import log_metadata as logmd
+from pybk_spark.spark import arrow_codec, pending
+from pybk_spark.spark.options import WriteOptions
+
+MAX_INFLIGHT_ADD_CHUNKS = 8
+
+
+@dataclass
+class LedgerCommitMessage(WriterCommitMessage):
+    partition: int
+    attempt: int
+    ledger_id: int            # -1: the task had no rows and created no ledger
+    entries: int
+    bytes: int
+    rows: int
+
+
+# -- driver: schema check -------------------------------------------------------------------
+def prepare_log(bk, opts: WriteOptions, spark_schema, overwrite: bool) -> str:
+    """Create the log if needed and check the schema; returns the encoded
+    schema to record (the log's own string when compatible)."""
+    schema = arrow_codec.spark_to_canonical(spark_schema)
+    md, _ = read_or_create_log(bk.metadata_store, opts.log)
+    if overwrite:
+        return arrow_codec.encode_schema(schema)
+    if md.schema is None:
+        if md.segments:
+            raise errors.SchemaMismatch(
+                "log holds raw entries (written by a LogWriter/ledger client), not DataFrame "
+                "rows; append a DataFrame only to an empty or DataFrame log, or use "
+                "mode('overwrite')", log=opts.log)
+        return arrow_codec.encode_schema(schema)
+    recorded = arrow_codec.decode_schema(md.schema)
+    if not recorded.equals(schema):
+        raise errors.SchemaMismatch(
+            f"DataFrame schema is incompatible with log {opts.log!r}: log has "
+            f"{arrow_codec.canonical_to_spark(recorded).simpleString()}, DataFrame has "
+            f"{arrow_codec.canonical_to_spark(schema).simpleString()}", log=opts.log)
+    return md.schema
+
+
+# -- task ---------------------------------------------------------------------------------------
+def _task_ids() -> tuple[int, int]:
+    from pyspark import TaskContext
+    ctx = TaskContext.get()
+    if ctx is None:                    # called outside Spark (unit tests)
+        return 0, 0
+    return ctx.partitionId(), ctx.attemptNumber()
+
+
+def _maybe_fail_for_test(opts: WriteOptions, partition: int, attempt: int) -> None:
+    """THE test hook: option ``_testFailTaskOnce=<marker file>`` fails attempt 0
+    of partition 0 once, after its ledger is written and closed (like a task
+    lost before reporting), so the retry and the orphan cleanup are exercised."""
+    marker = opts.test_fail_task_once
+    if not marker or partition != 0 or attempt != 0 or os.path.exists(marker):
+        return
+    with open(marker, "w") as f:
+        f.write("failed once\n")
+    raise RuntimeError("injected task failure (_testFailTaskOnce)")
+
+
+def write_task(opts: WriteOptions, job: str, schema_text: str,
+               batches: Iterator[pa.RecordBatch]) -> LedgerCommitMessage:
+    from pybk_spark.spark.reader import _client, _drop_client
+    partition, attempt = _task_ids()
+    schema = arrow_codec.decode_schema(schema_text)
+    bk = _client(opts.metadata_uri)
+    handle, key = None, None
+    entries = nbytes = rows = 0
+    try:
+        inflight: list = []
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            batch = arrow_codec.conform(batch, schema)
+            if handle is None:
+                handle = bk.create_ledger(
+                    ensemble=opts.ensemble, write_quorum=opts.write_quorum,
+                    ack_quorum=opts.ack_quorum, password=opts.password,
+                    custom_metadata={"log": opts.log, "spark_job": job})
+                key = pending.record(bk.metadata_store, opts.log, job, partition, attempt,
+                                     handle.ledger_id)
+            payloads = []
+            for payload, n in arrow_codec.encode_entries(batch, opts.max_rows_per_entry,
+                                                         opts.max_bytes_per_entry):
+                payloads.append(payload)
+                nbytes += len(payload)
+                rows += n
+            entries += len(payloads)
+            inflight.extend(handle.add_entries_async(payloads))
+            while len(inflight) > MAX_INFLIGHT_ADD_CHUNKS:
+                inflight.pop(0).result()
+        for fut in inflight:
+            fut.result()
+        if handle is not None:
+            handle.close()
+    except BaseException:
+        _abandon(bk, handle, key)
+        _drop_client(opts.metadata_uri)
+        raise
+    _maybe_fail_for_test(opts, partition, attempt)
+    ledger_id = handle.ledger_id if handle is not None else -1
+    return LedgerCommitMessage(partition, attempt, ledger_id, entries, nbytes, rows)
+
+
+def _abandon(bk, handle, key) -> None:
+    """Best effort: the driver's cleanup covers whatever this misses."""
+    if handle is None:
+        return
+    try:
+        handle.close()
+    except Exception:
+        pass
+    try:
+        pending.delete_ledgers(bk, [handle.ledger_id])
+        if key is not None:
+            bk.metadata_store.delete(key)
+    except Exception:
+        pass
+
+
+# -- driver: commit / abort ---------------------------------------------------------------------
+def committed_ledgers(messages) -> list[tuple[int, int, int, int]]:
+    good = sorted((m for m in messages if isinstance(m, LedgerCommitMessage) and m.ledger_id >= 0),
+                  key=lambda m: m.partition)
+    return [(m.ledger_id, m.entries, m.bytes, m.rows) for m in good]
+
+
+def message_ledger_ids(messages) -> list[int]:
+    return [m.ledger_id for m in messages or ()
+            if isinstance(m, LedgerCommitMessage) and m.ledger_id >= 0]
+
+
+def commit_job(bk, opts: WriteOptions, job: str, schema_text: str, messages, *,
+               overwrite: bool = False, sink: Optional[tuple[str, int]] = None
+               ) -> logmd.LogMetadata:
+    ledgers = committed_ledgers(messages)
+    replaced: list[int] = []
+
+    def transform(md: logmd.LogMetadata) -> logmd.LogMetadata:
+        new, old = logmd.append_closed(md, ledgers, schema=schema_text, sink=sink,
+                                       overwrite=overwrite)
+        replaced[:] = old
+        return new
+    store = bk.metadata_store
+    try:
+        md = update_log(store, opts.log, transform)
+    except errors.BKError as exc:
+        if getattr(exc, "outcome_known", True):
+            abort_job(bk, opts, job, messages)        # definitely not committed
+        raise
+    pending.delete_ledgers(bk, replaced)              # overwrite: after the CAS
+    pending.clean_job(bk, opts.log, job, md.ledger_ids, extra=[lid for lid, *_ in ledgers])
+    return md
+
+
+def abort_job(bk, opts: WriteOptions, job: str, messages) -> list[int]:
+    from pybk_spark.log import read_log
+    try:
+        in_log = read_log(bk.metadata_store, opts.log)[0].ledger_ids
+    except errors.LogNotFound:
+        in_log = []
+    return pending.clean_job(bk, opts.log, job, in_log, extra=message_ledger_ids(messages))
+
+
+def _driver_client(uri: str):
+    from pybk_spark.client import BookKeeper
+    return BookKeeper(uri)
+
+
+class BookKeeperBatchWriter(DataSourceArrowWriter):
+    def __init__(self, opts: WriteOptions, schema_text: str, overwrite: bool,
+                 job: Optional[str] = None):
+        self.opts, self.schema_text, self.overwrite = opts, schema_text, overwrite
+        self.job = job or uuid.uuid4().hex
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> LedgerCommitMessage:
+        return write_task(self.opts, self.job, self.schema_text, iterator)
+
+    def commit(self, messages: List[Optional[WriterCommitMessage]]) -> None:
+        with _driver_client(self.opts.metadata_uri) as bk:
+            commit_job(bk, self.opts, self.job, self.schema_text, messages,
+                       overwrite=self.overwrite)
+
+    def abort(self, messages: List[Optional[WriterCommitMessage]]) -> None:
+        with _driver_client(self.opts.metadata_uri) as bk:
+            abort_job(bk, self.opts, self.job, messages)
+
+
+class BookKeeperStreamWriter(DataSourceStreamArrowWriter):
+    """Exactly-once sink: (sink id, batchId) is recorded in the commit CAS."""
+
+    def __init__(self, opts: WriteOptions, schema_text: str):
+        self.opts, self.schema_text = opts, schema_text
+        self.job = pending.sink_job(opts.sink_id)
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> LedgerCommitMessage:
+        return write_task(self.opts, self.job, self.schema_text, iterator)
+
+    def commit(self, messages: List[Optional[WriterCommitMessage]], batchId: int) -> None:
+        with _driver_client(self.opts.metadata_uri) as bk:
+            commit_job(bk, self.opts, self.job, self.schema_text, messages,
+                       sink=(self.opts.sink_id, int(batchId)))
+
+    def abort(self, messages: List[Optional[WriterCommitMessage]], batchId: int) -> None:
+        with _driver_client(self.opts.metadata_uri) as bk:
+            abort_job(bk, self.opts, self.job, messages)

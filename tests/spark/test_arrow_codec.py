@@ -1,0 +1,51 @@
+"""Pure Arrow entry codec (no I/O, no Spark session)."""
+import pyarrow as pa
+import pytest
+
+from pybk_spark import errors
+from pybk_spark.spark import arrow_codec as ac
+
+
+def table_batch(n):
+    return pa.record_batch([pa.array(range(n), pa.int64()),
+                            pa.array([b"x" * (i % 50) for i in range(n)], pa.binary())],
+                           names=["id", "blob"])
+
+
+def test_entries_bounded_by_rows_and_bytes_and_decode_back():
+    batch = table_batch(1000)
+    entries = list(ac.encode_entries(batch, max_rows=64, max_bytes=2048))
+    assert all(rows <= 64 and (len(p) <= 2048 or rows == 1) for p, rows in entries)
+    assert sum(rows for _, rows in entries) == 1000
+    raw = pa.record_batch([pa.array([7] * len(entries), pa.int64()),
+                           pa.array(range(len(entries)), pa.int64()),
+                           pa.array([p for p, _ in entries], pa.binary())],
+                          names=["ledger_id", "entry_id", "payload"])
+    schema = ac.canonical_schema(batch.schema)
+    out = ac.decode_batch(raw, schema, include_metadata=True)
+    assert out.column("id").to_pylist() == list(range(1000))
+    assert out.column("blob").equals(batch.column("blob"))
+    counts = [rows for _, rows in entries]
+    assert out.column("_entry_id").to_pylist() == [e for e, c in enumerate(counts) for _ in range(c)]
+    assert set(out.column("_ledger_id").to_pylist()) == {7}
+
+
+def test_one_oversized_row_is_its_own_entry():
+    batch = pa.record_batch([pa.array([b"y" * 5000, b"z"], pa.binary())], names=["b"])
+    assert [rows for _, rows in ac.encode_entries(batch, 10, 1000)] == [1, 1]
+
+
+def test_canonical_schema_is_nullable_everywhere_and_round_trips():
+    s = pa.schema([pa.field("a", pa.int64(), nullable=False),
+                   pa.field("n", pa.struct([pa.field("x", pa.int32(), nullable=False)]),
+                            nullable=False)])
+    c = ac.canonical_schema(s)
+    assert all(f.nullable for f in c) and c.field("n").type.field("x").nullable
+    assert ac.decode_schema(ac.encode_schema(c)).equals(c)
+
+
+def test_bad_entry_and_metadata_clash_are_typed_errors():
+    with pytest.raises(errors.ReadError):
+        list(ac.decode_entry(b"not arrow", pa.schema([("a", pa.int64())])))
+    with pytest.raises(errors.IncorrectParameter):
+        ac.with_metadata_columns(pa.schema([("_entry_id", pa.int64())]))
