@@ -40,7 +40,8 @@ def proc_state(pid):
 def test_cluster_registers_every_bookie(cluster):
     store = open_store(cluster.metadata_uri)
     try:
-        assert cluster.bookie_ids == ["bookie-0", "bookie-1", "bookie-2"]
+        # other tests may have added bookies to the shared cluster
+        assert cluster.bookie_ids[:3] == ["bookie-0", "bookie-1", "bookie-2"]
         for bid in cluster.bookie_ids:
             reg = registration(store, bid)
             assert reg["bookie_id"] == bid
