@@ -67,7 +67,9 @@ class SimBookie:
         led.fenced = True
         return "ok", led.lac
 
-    def read(self, lid, eid):
+    def read(self, lid, eid, fence=False):
+        if fence:                       # recovery reads fence too (TLA+ defect 1)
+            self.led(lid).fenced = True
         led = self.ledgers.get(lid)
         if led is None:
             return "no_ledger", None
@@ -78,10 +80,11 @@ class SimBookie:
 
 class Sim:
     def __init__(self, seed: int, *, coverage_wait: bool = True, faults: bool = True,
-                 drop_p: float | None = None):
+                 drop_p: float | None = None, fencing_reads: bool = True):
         self.seed = seed
         self.rng = random.Random(seed)
         self.coverage_wait = coverage_wait
+        self.fencing_reads = fencing_reads      # False plants TLA+ defect 1 (pre-#2614 reads)
         self.faults = faults
         self.now = 0.0
         self.q: list = []
@@ -379,7 +382,7 @@ class SimRecoverer:
             else:
                 self._retry()
         for slot in probe.slots:
-            self._send_retrying(self.ens[slot], lambda bk: bk.read(sim.lid, e),
+            self._send_retrying(self.ens[slot], lambda bk: bk.read(sim.lid, e, fence=sim.fencing_reads),
                                 lambda reply, slot=slot: on_read(slot, reply),
                                 lambda slot=slot: on_read(slot, ("error", None)))
 
