@@ -13,7 +13,7 @@ class ClientConfig:
     read_timeout_s: float = 5.0
     metadata_timeout_s: float = 5.0
     speculative_read_timeout_ms: int = 500
-    explicit_lac_interval_ms: int = 1000
+    explicit_lac_interval_ms: int = 100
     add_batch_entries: int = 1000
     add_batch_bytes: int = 4 << 20
     max_inflight_adds: int = 64
