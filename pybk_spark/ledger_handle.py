@@ -38,7 +38,12 @@ class LedgerHandle:
         self._digester = Digester(md.digest_type, password)
         self._writer = LedgerWriter(bk, md, self._key, recovery=False)
         self._lease = lease
-        self._submit_lock = threading.Lock()   # ids assigned and sent in order
+        self._submit_lock = threading.RLock()  # ids assigned and sent in order
+        # add_entry_async calls made while earlier ones are being sent are
+        # coalesced into one Arrow batch per bookie (one RPC, not one per entry)
+        self._queued: list[tuple[bytes, Future]] = []
+        self._queue_lock = threading.Lock()
+        self._drain_scheduled = False
         self._closed = False
         self._explicit_lac_sent = -1
 
@@ -57,12 +62,56 @@ class LedgerHandle:
 
     # -- adds ---------------------------------------------------------------------------
     def add_entry(self, payload: bytes) -> int:
-        return self.add_entry_async(payload).result()
-
-    def add_entry_async(self, payload: bytes) -> "Future[int]":
         fut: Future = Future()
         self._submit_chunk([bytes(payload)], fut, single=True)
+        return fut.result()
+
+    def add_entry_async(self, payload: bytes) -> "Future[int]":
+        """Pipelined add.  Calls that arrive while earlier ones are being sent
+        are coalesced into one batch; entry ids follow call order."""
+        fut: Future = Future()
+        with self._queue_lock:
+            self._queued.append((bytes(payload), fut))
+            if self._drain_scheduled:
+                return fut
+            self._drain_scheduled = True
+        try:
+            self.bk.executor.submit(self._drain_queued)
+        except RuntimeError:            # client executor shut down: send inline
+            self._drain_queued()
         return fut
+
+    def _drain_queued(self) -> None:
+        with self._submit_lock:
+            self._send_queued_locked()
+
+    def _take_queued(self) -> list[tuple[bytes, Future]]:
+        """Pop one batch worth of queued adds; clears the drain flag when the
+        queue is empty (atomically with the check, so no add is stranded)."""
+        conf = self.bk.conf
+        with self._queue_lock:
+            take = size = 0
+            for payload, _ in self._queued:
+                if take and (take >= conf.add_batch_entries
+                             or size + len(payload) > conf.add_batch_bytes):
+                    break
+                take += 1
+                size += len(payload)
+            items, self._queued = self._queued[:take], self._queued[take:]
+            if not items:
+                self._drain_scheduled = False
+            return items
+
+    def _send_queued_locked(self) -> None:
+        """Caller holds _submit_lock: send every queued async add, in order."""
+        while True:
+            items = self._take_queued()
+            if not items:
+                return
+            chunk_fut: Future = Future()
+            self._assign_and_send([p for p, _ in items], chunk_fut, single=False)
+            chunk_fut.add_done_callback(
+                lambda f, futs=[fut for _, fut in items]: _fan_out(f, futs))
 
     def add_entries(self, payloads: Iterable[bytes]) -> list[int]:
         futs = [f for f in self.add_entries_async(payloads)]
@@ -93,6 +142,11 @@ class LedgerHandle:
         return fut
 
     def _submit_chunk(self, payloads: list[bytes], fut: Future, *, single: bool) -> None:
+        with self._submit_lock:
+            self._send_queued_locked()          # earlier async adds keep their place
+            self._assign_and_send(payloads, fut, single=single)
+
+    def _assign_and_send(self, payloads: list[bytes], fut: Future, *, single: bool) -> None:
         if self._closed:
             fut.set_exception(errors.LedgerClosed("ledger handle is closed", ledger_id=self.ledger_id))
             return
@@ -132,7 +186,9 @@ class LedgerHandle:
     def close(self) -> None:
         if self._closed:
             return
-        self._closed = True
+        with self._submit_lock:
+            self._send_queued_locked()          # queued async adds go out first
+            self._closed = True
         try:
             self._writer.wait_idle()
             lac, length = self._writer.lac, self._writer.length
@@ -156,3 +212,14 @@ class LedgerHandle:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _fan_out(chunk: Future, futures: list[Future]) -> None:
+    """Complete each coalesced add's future from its chunk's outcome."""
+    exc = chunk.exception()
+    if exc is not None:
+        for f in futures:
+            f.set_exception(exc)
+        return
+    for f, entry_id in zip(futures, chunk.result()):
+        f.set_result(entry_id)

@@ -209,3 +209,21 @@ def test_striped_sparse_read_with_bookie_down_and_corrupt_copy(env):
     rh = bk.open_ledger(lh.ledger_id, recovery=False)
     got = [p for b in rh.read_batches(0, 49, max_entries=20) for p in b.column("payload").to_pylist()]
     assert got == [b"w%d" % i for i in range(50)]
+
+
+def test_async_adds_are_coalesced_and_keep_call_order(env):
+    """add_entry_async calls queued while earlier ones are sent go out as one
+    batch; interleaved sync and batched adds never overtake them."""
+    bk, _, _ = env
+    lh = bk.create_ledger(3, 2, 2)
+    futs = [lh.add_entry_async(b"a%d" % i) for i in range(500)]
+    mid = lh.add_entry(b"sync")
+    more = lh.add_entries([b"b0", b"b1"])
+    futs += [lh.add_entry_async(b"c%d" % i) for i in range(100)]
+    lh.close()                                   # queued adds are sent before the close
+    ids = [f.result() for f in futs]
+    assert ids[:500] == list(range(500)) and mid == 500 and more == [501, 502]
+    assert ids[500:] == list(range(503, 603))
+    rh = bk.open_ledger(lh.ledger_id, recovery=False)
+    payloads = [e.payload for e in rh.read(0, 602)]
+    assert payloads[499:503] == [b"a499", b"sync", b"b0", b"b1"] and payloads[-1] == b"c99"
