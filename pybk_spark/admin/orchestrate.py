@@ -56,7 +56,7 @@ def copy_task(metadata_uri: str, password: Optional[bytes], work) -> dict:
 
 def verify_task(metadata_uri: str, password: Optional[bytes], ledger_id: int) -> list[dict]:
     with _client(metadata_uri) as bk:
-        return rr.verify_ledger(bk, ledger_id, password)
+        return rr.verify_ledger(bk, ledger_id, password, repair=True)
 
 
 # -- recover ----------------------------------------------------------------------------------------

@@ -199,14 +199,16 @@ def _fragment_still_has(md: lm.LedgerMetadata, w: audit.FragmentWork) -> bool:
 
 
 def _gather(bk, md: lm.LedgerMetadata, w: audit.FragmentWork, key: bytes,
-            digester: Digester) -> pa.Table:
+            digester: Digester, wanted: Optional[np.ndarray] = None) -> pa.Table:
+    """Entries of ``w.slot`` (or just ``wanted``) read from surviving replicas."""
     E, Qw = len(w.ensemble), md.write_quorum
-    remaining = es.slot_entries(w.first, w.last, E, Qw, w.slot)
+    remaining = es.slot_entries(w.first, w.last, E, Qw, w.slot) if wanted is None else wanted
     pieces: list[pa.Table] = []
     tried: set[int] = set()
     conf = bk.conf
     # the lost bookie itself first (decommission: it is alive and holds them all)
-    order = [w.slot] if w.lost in registered_bookies(bk.metadata_store) else []
+    order = [w.slot] if (wanted is None and
+                         w.lost in registered_bookies(bk.metadata_store)) else []
     tried_errors = []
     while len(remaining):
         if order:
@@ -272,13 +274,20 @@ def _chunks(rows: pa.Table, max_entries: int, max_bytes: int):
 
 
 # -- verify ------------------------------------------------------------------------------------------
-def verify_ledger(bk, ledger_id: int, password: Optional[bytes] = None) -> list[dict]:
-    """Under-replicated (fragment, bookie) rows of one ledger; [] if healthy."""
+def verify_ledger(bk, ledger_id: int, password: Optional[bytes] = None, *,
+                  repair: bool = False) -> list[dict]:
+    """Under-replicated (fragment, bookie) rows of one ledger; [] if healthy.
+
+    With ``repair``, copies a live bookie lacks (an entry acknowledged at Qa
+    whose other writes failed before an ensemble change) are filled in from
+    the other replicas with recovery adds, like BookKeeper's auditor does;
+    only what could not be repaired is reported."""
     try:
         md = bk.get_ledger_metadata(ledger_id)
     except errors.NoSuchLedger:
         return []
-    key = lm.master_key(ledger_password(md, password))
+    pw = ledger_password(md, password)
+    key = lm.master_key(pw)
     conf = bk.conf
     out = []
     for first, last, bookies in md.fragments():
@@ -291,11 +300,26 @@ def verify_ledger(bk, ledger_id: int, password: Optional[bytes] = None) -> list[
                            max_entries=SPARSE_READ_ENTRIES,
                            max_bytes=conf.read_batch_bytes, timeout=conf.read_timeout_s)
             missing = np.setdiff1d(want, got.present_ids())
+            if len(missing) and repair and not got.unreachable:
+                missing = _fill_in(bk, md, first, last, bookies, slot, missing, key, pw)
             if len(missing):
                 out.append({"ledger": ledger_id, "fragment": f"{first}-{last}", "bookie": b,
                             "missing": int(len(missing)), "entries": es.ranges_text(missing),
                             "error": got.unreachable})
     return out
+
+
+def _fill_in(bk, md: lm.LedgerMetadata, first: int, last: int, bookies, slot: int,
+             missing: np.ndarray, key: bytes, password: bytes) -> np.ndarray:
+    """Recovery-add ``missing`` to the live bookie at ``slot``; what is still missing."""
+    w = audit.FragmentWork(md.ledger_id, first, last, tuple(bookies), slot,
+                           lost=bookies[slot], replacement=bookies[slot])
+    try:
+        rows = _gather(bk, md, w, key, Digester(md.digest_type, password), wanted=missing)
+        _write(bk, w, key, rows, 5000, 8 << 20)
+    except errors.BKError:
+        return missing
+    return np.setdiff1d(missing, rows.column("entry_id").to_numpy())
 
 
 # -- in-process driver ----------------------------------------------------------------------------

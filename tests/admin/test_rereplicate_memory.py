@@ -103,3 +103,20 @@ def test_decommission_reads_from_the_live_bookie(env):
     assert target not in bk.get_ledger_metadata(md.ledger_id).all_bookies()
     rr.clear_decommissioned(store, target)
     assert target not in rr.run_audit(bk, now=11.0).lost
+
+
+def test_verify_repairs_missing_copies_on_live_bookies(env):
+    """An entry acknowledged at Qa whose third write failed keeps Qa copies;
+    verify with repair fills the live bookie in from the other replicas."""
+    bk, store, pool = env
+    md = _ledger(bk, 60, e=3, w=3, a=2)
+    holder = md.current_ensemble[2]
+    rows = pool.bookies[holder].ledgers[md.ledger_id].rows
+    for e in (5, 6, 40):
+        rows.pop(e)
+    found = rr.verify_ledger(bk, md.ledger_id)
+    assert found and found[0]["bookie"] == holder and found[0]["missing"] == 3
+    assert rr.verify_ledger(bk, md.ledger_id, repair=True) == []
+    assert rr.verify_ledger(bk, md.ledger_id) == []
+    assert {5, 6, 40} <= set(rows)
+    assert _read_all(bk, md.ledger_id, 60) == [f"v{i}".encode() for i in range(60)]

@@ -159,7 +159,7 @@ def _watch_metadata(uri: str, stop: threading.Event, out: list) -> None:
 
 def run(duration: float, seed: int, *, workdir: str | None = None, bookies: int = 5,
         ledger_writers: int = 2, logs: int = 2, tail_readers: int = 1, recoverers: int = 1,
-        nemesis: bool = True, rereplicate: bool = True, strict_replicas: bool = False, worker_env: dict | None = None, kinds: list | None = None,
+        nemesis: bool = True, rereplicate: bool = True, strict_replicas: bool = True, worker_env: dict | None = None, kinds: list | None = None,
         out=print) -> dict:
     """One chaos run; returns a summary dict (``violations`` is a list of str)."""
     t_start = time.time()
@@ -250,7 +250,8 @@ def _rereplicate_phase(cluster, bk, final, rng, out) -> str | None:
     cluster.kill_bookie(victim, signal.SIGTERM)
     try:
         report, _text, status = orchestrate.run_rereplicate(
-            bk, cluster.metadata_uri, orchestrate.local_mapper(progress=False), bookies=[victim])
+            bk, cluster.metadata_uri, orchestrate.local_mapper(progress=False), bookies=[victim],
+            verify=True)                 # verify also fills in copies live bookies lack
     except Exception as exc:  # noqa: BLE001
         out(f"chaos: rereplicate raised {exc!r}")
         report, status = {}, -1
@@ -313,8 +314,8 @@ def main(argv=None) -> int:
     p.add_argument("--logs", type=int, default=2)
     p.add_argument("--no-nemesis", action="store_true")
     p.add_argument("--no-rereplicate", action="store_true")
-    p.add_argument("--strict-replicas", action="store_true",
-                   help="I6: every entry needs Qw replicas (default: Qa, below-Qw counted)")
+    p.add_argument("--lenient-replicas", action="store_true",
+                   help="I6: accept Qa..Qw-1 replicas (default: every entry needs Qw)")
     p.add_argument("--faults", help="comma-separated subset of " + ",".join(KINDS))
     p.add_argument("--json", help="write the summary here")
     a = p.parse_args(argv)
@@ -324,7 +325,7 @@ def main(argv=None) -> int:
     try:
         summary = run(a.duration, seed, workdir=a.workdir, bookies=a.bookies,
                       ledger_writers=a.ledger_writers, logs=a.logs, nemesis=not a.no_nemesis,
-                      rereplicate=not a.no_rereplicate, strict_replicas=a.strict_replicas,
+                      rereplicate=not a.no_rereplicate, strict_replicas=not a.lenient_replicas,
                       kinds=a.faults.split(",") if a.faults else None, out=procs_out)
     except Exception as exc:  # noqa: BLE001
         print(f"chaos: run broke (seed {seed}): {exc!r}", flush=True)
