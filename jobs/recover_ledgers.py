@@ -6,13 +6,10 @@ Fences, recovers and closes every not-closed ledger whose writer is gone
 and exits non-zero if any ledger could not be recovered.  Idempotent.
 """
 import argparse
-import json
 import sys
 
-from pybk_spark import errors
 from pybk_spark.admin import orchestrate
-from pybk_spark.admin.spark_runner import SparkMapper
-from pybk_spark.client import BookKeeper
+from pybk_spark.admin.spark_runner import run_job
 
 
 def main(argv=None) -> int:
@@ -26,21 +23,11 @@ def main(argv=None) -> int:
     p.add_argument("--password", default=None)
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    mapper = SparkMapper("pybk-recover-ledgers")
-    try:
-        with BookKeeper(args.metadata_uri, background=False) as bk:
-            report, text, status = orchestrate.run_recover(
-                bk, args.metadata_uri, mapper, log=args.log, ledgers=args.ledger,
-                min_idle_s=args.min_idle,
-                force=args.force,
-                password=None if args.password is None else args.password.encode())
-    except errors.BKError as exc:
-        print(f"recover_ledgers: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-        return 2
-    finally:
-        mapper.stop()
-    print(json.dumps(report, sort_keys=True, default=str) if args.json else text, flush=True)
-    return status
+    password = None if args.password is None else args.password.encode()
+    return run_job("recover_ledgers", "pybk-recover-ledgers", args.metadata_uri, args.json,
+                   lambda bk, mapper: orchestrate.run_recover(
+                       bk, args.metadata_uri, mapper, log=args.log, ledgers=args.ledger,
+                       min_idle_s=args.min_idle, force=args.force, password=password))
 
 
 if __name__ == "__main__":

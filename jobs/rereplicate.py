@@ -9,13 +9,10 @@ every ledger has its Qw replicas.  Exits non-zero on any failure or any
 under-replicated entry.
 """
 import argparse
-import json
 import sys
 
-from pybk_spark import errors
 from pybk_spark.admin import orchestrate
-from pybk_spark.admin.spark_runner import SparkMapper
-from pybk_spark.client import BookKeeper
+from pybk_spark.admin.spark_runner import run_job
 
 
 def main(argv=None) -> int:
@@ -28,20 +25,11 @@ def main(argv=None) -> int:
     p.add_argument("--password", default=None)
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    mapper = SparkMapper("pybk-rereplicate")
-    try:
-        with BookKeeper(args.metadata_uri, background=False) as bk:
-            report, text, status = orchestrate.run_rereplicate(
-                bk, args.metadata_uri, mapper, bookies=args.bookie, delay_s=args.delay,
-                grace_s=args.grace, verify=args.verify,
-                password=None if args.password is None else args.password.encode())
-    except errors.BKError as exc:
-        print(f"rereplicate: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-        return 2
-    finally:
-        mapper.stop()
-    print(json.dumps(report, sort_keys=True, default=str) if args.json else text, flush=True)
-    return status
+    password = None if args.password is None else args.password.encode()
+    return run_job("rereplicate", "pybk-rereplicate", args.metadata_uri, args.json,
+                   lambda bk, mapper: orchestrate.run_rereplicate(
+                       bk, args.metadata_uri, mapper, bookies=args.bookie, delay_s=args.delay,
+                       grace_s=args.grace, verify=args.verify, password=password))
 
 
 if __name__ == "__main__":

@@ -77,3 +77,26 @@ class SparkMapper:
         if self._spark is not None:
             self._spark.stop()
             self._spark = None
+
+
+def run_job(prog: str, app_name: str, metadata_uri: str, as_json: bool, body) -> int:
+    """The shared driver of the spark-submit jobs: a SparkMapper and a client,
+    ``body(bk, mapper) -> (report, text, status)``, typed errors -> exit 2,
+    the report as text or JSON, the job's status as exit code."""
+    import json
+    import sys
+
+    from pybk_spark import errors
+    from pybk_spark.client import BookKeeper
+
+    mapper = SparkMapper(app_name)
+    try:
+        with BookKeeper(metadata_uri, background=False) as bk:
+            report, text, status = body(bk, mapper)
+    except errors.BKError as exc:
+        print(f"{prog}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return 2
+    finally:
+        mapper.stop()
+    print(json.dumps(report, sort_keys=True, default=str) if as_json else text, flush=True)
+    return status
