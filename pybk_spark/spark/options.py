@@ -164,15 +164,7 @@ def _check_special(name: str, value: int, allow_earliest: bool, allow_latest: bo
 
 
 def parse_read_options(options: Mapping[str, str]) -> ReadOptions:
-    uri = _get(options, "metadataServiceUri")
-    if uri is None or not str(uri).strip():
-        raise errors.IncorrectParameter(
-            "option 'metadataServiceUri' is required, e.g. "
-            ".option('metadataServiceUri', 'etcd://127.0.0.1:2379/pybk')")
-    uri = str(uri).strip()
-    if not uri.startswith("etcd://"):
-        raise errors.IncorrectParameter(
-            f"option 'metadataServiceUri' must look like etcd://HOST:PORT/SCOPE, got {uri!r}")
+    uri = _uri(options)
 
     ledgers_text = _get(options, "ledgers")
     log = _get(options, "log")
