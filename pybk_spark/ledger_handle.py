@@ -109,7 +109,15 @@ class LedgerHandle:
             if not items:
                 return
             chunk_fut: Future = Future()
-            self._assign_and_send([p for p, _ in items], chunk_fut, single=False)
+            try:
+                self._assign_and_send([p for p, _ in items], chunk_fut, single=False)
+            except BaseException as exc:  # noqa: BLE001 - e.g. a bookie address lookup
+                # while etcd is unreachable: these adds' outcome is unknown, and
+                # they must fail rather than strand in a background task
+                if not chunk_fut.done():
+                    chunk_fut.set_exception(exc if isinstance(exc, errors.BKError) else
+                                            errors.Timeout(f"add not sent: {exc!r}",
+                                                           ledger_id=self.ledger_id))
             chunk_fut.add_done_callback(
                 lambda f, futs=[fut for _, fut in items]: _fan_out(f, futs))
 
