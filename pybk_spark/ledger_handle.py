@@ -44,6 +44,8 @@ class LedgerHandle:
         self._queued: list[tuple[bytes, Future]] = []
         self._queue_lock = threading.Lock()
         self._drain_scheduled = False
+        self._async_inflight = 0
+        self._async_window = max(1, bk.conf.async_add_window)
         self._closed = False
         self._explicit_lac_sent = -1
 
@@ -67,29 +69,38 @@ class LedgerHandle:
         return fut.result()
 
     def add_entry_async(self, payload: bytes) -> "Future[int]":
-        """Pipelined add.  Calls that arrive while earlier ones are being sent
-        are coalesced into one batch; entry ids follow call order."""
+        """Pipelined add.  Calls are coalesced into batches (one Arrow batch and
+        one request per bookie each) with at most ``async_add_window`` batches
+        in flight: while they are out, new calls queue up and leave together
+        (Nagle's idea).  Entry ids follow call order."""
         fut: Future = Future()
         with self._queue_lock:
             self._queued.append((bytes(payload), fut))
-            if self._drain_scheduled:
+            if self._drain_scheduled or self._async_inflight >= self._async_window:
                 return fut
             self._drain_scheduled = True
+        self._schedule_drain()
+        return fut
+
+    def _schedule_drain(self) -> None:
         try:
             self.bk.executor.submit(self._drain_queued)
         except RuntimeError:            # client executor shut down: send inline
             self._drain_queued()
-        return fut
 
     def _drain_queued(self) -> None:
         with self._submit_lock:
-            self._send_queued_locked()
+            self._send_queued_locked(windowed=True)
 
-    def _take_queued(self) -> list[tuple[bytes, Future]]:
-        """Pop one batch worth of queued adds; clears the drain flag when the
-        queue is empty (atomically with the check, so no add is stranded)."""
+    def _take_queued(self, windowed: bool) -> list[tuple[bytes, Future]]:
+        """Pop one batch worth of queued adds.  Clears the drain flag when
+        nothing more may go now (atomically with the check: no add strands,
+        because a finishing batch re-schedules a drain)."""
         conf = self.bk.conf
         with self._queue_lock:
+            if windowed and self._async_inflight >= self._async_window:
+                self._drain_scheduled = False
+                return []
             take = size = 0
             for payload, _ in self._queued:
                 if take and (take >= conf.add_batch_entries
@@ -100,12 +111,25 @@ class LedgerHandle:
             items, self._queued = self._queued[:take], self._queued[take:]
             if not items:
                 self._drain_scheduled = False
+            else:
+                self._async_inflight += 1
             return items
 
-    def _send_queued_locked(self) -> None:
-        """Caller holds _submit_lock: send every queued async add, in order."""
+    def _async_batch_done(self, chunk: Future, futures: list[Future]) -> None:
+        with self._queue_lock:
+            self._async_inflight -= 1
+            again = bool(self._queued) and not self._drain_scheduled
+            if again:
+                self._drain_scheduled = True
+        _fan_out(chunk, futures)
+        if again:
+            self._schedule_drain()
+
+    def _send_queued_locked(self, windowed: bool = False) -> None:
+        """Caller holds _submit_lock: send queued async adds, in order (all of
+        them unless ``windowed``, e.g. before a sync add or close)."""
         while True:
-            items = self._take_queued()
+            items = self._take_queued(windowed)
             if not items:
                 return
             chunk_fut: Future = Future()
@@ -119,7 +143,7 @@ class LedgerHandle:
                                             errors.Timeout(f"add not sent: {exc!r}",
                                                            ledger_id=self.ledger_id))
             chunk_fut.add_done_callback(
-                lambda f, futs=[fut for _, fut in items]: _fan_out(f, futs))
+                lambda f, futs=[fut for _, fut in items]: self._async_batch_done(f, futs))
 
     def add_entries(self, payloads: Iterable[bytes]) -> list[int]:
         futs = [f for f in self.add_entries_async(payloads)]
@@ -171,7 +195,8 @@ class LedgerHandle:
             batch = make_batch(self.ledger_id, ids, lacs, payloads, digests)
             last = first + n - 1
             result = (lambda: first) if single else (lambda: list(range(first, last + 1)))
-            self._writer.submit(batch, Waiter(last, fut, result))
+            self._writer.submit(batch, Waiter(last, fut, result),
+                                nbytes=sum(map(len, payloads)))
 
     # -- explicit LAC --------------------------------------------------------------------
     def tick(self, now: float) -> None:

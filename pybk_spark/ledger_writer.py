@@ -88,14 +88,16 @@ class LedgerWriter:
         with self._lock:
             if self._error is not None:
                 raise self._error
-            ids = self.core.assign(count)
-            return ids[0], self.core.lac
+            first = self.core.assign_run(count)
+            return first, self.core.lac
 
-    def submit(self, batch: pa.RecordBatch, waiter: Waiter) -> None:
-        """Send the entries of ``batch`` (ids already assigned, contiguous)."""
+    def submit(self, batch: pa.RecordBatch, waiter: Waiter, nbytes: int | None = None) -> None:
+        """Send the entries of ``batch`` (ids already assigned, contiguous);
+        ``nbytes``: total payload bytes, if the caller knows it."""
         first = int(batch.column("entry_id")[0].as_py())
         last = first + batch.num_rows - 1
-        nbytes = pc.sum(pc.binary_length(batch.column("payload"))).as_py() or 0
+        if nbytes is None:
+            nbytes = pc.sum(pc.binary_length(batch.column("payload"))).as_py() or 0
         with self._lock:
             if self._error is not None:
                 err = self._error
@@ -128,6 +130,7 @@ class LedgerWriter:
     def _send(self, batch: pa.RecordBatch, ensemble, bad, *, wait: bool, only_slots=None) -> None:
         E, Qw = len(ensemble), self.md.write_quorum
         ids = batch.column("entry_id").to_numpy()
+        whole: list = []                    # the full batch, serialized once (Qw == E)
         for slot, bookie in enumerate(ensemble):
             if slot in bad or (only_slots is not None and slot not in only_slots):
                 continue
@@ -135,16 +138,19 @@ class LedgerWriter:
             count = int(mask.sum())
             if count == 0:
                 continue
-            part = batch if count == len(ids) else batch.filter(pa.array(mask))
-            # a bookie stores contiguous-by-id runs; a filtered part is still ascending
-            self._send_one(slot, bookie, part, wait)
+            if count == len(ids):
+                if not whole:
+                    whole.append(batch_to_bytes(batch))
+                self._send_one(slot, bookie, whole[0], ids, wait)
+            else:
+                # a bookie stores contiguous-by-id runs; a filtered part is still ascending
+                part = batch.filter(pa.array(mask))
+                self._send_one(slot, bookie, batch_to_bytes(part), ids[mask], wait)
 
-    def _send_one(self, slot: int, bookie: str, part: pa.RecordBatch, wait: bool) -> None:
+    def _send_one(self, slot: int, bookie: str, data: bytes, ids: np.ndarray, wait: bool) -> None:
         if wait:
             self._inflight.acquire()
         released_sem = [not wait]
-        data = batch_to_bytes(part)
-        ids = part.column("entry_id").to_numpy()
         transport = self.bk.transports.get(bookie)
         fut = transport.add(self.ledger_id, self.master_key, data, recovery=self.recovery,
                             timeout=self.bk.conf.add_timeout_s)
@@ -161,14 +167,11 @@ class LedgerWriter:
         fut.add_done_callback(done)
 
     def _on_acked(self, ids: np.ndarray, slot: int, bookie: str) -> None:
-        # split into contiguous runs (a striped part has gaps)
-        breaks = np.nonzero(np.diff(ids) != 1)[0]
-        starts = np.concatenate(([0], breaks + 1))
-        ends = np.concatenate((breaks, [len(ids) - 1]))
         with self._lock:
-            released = []
-            for s, e in zip(starts, ends):
-                released += self.core.on_ack_range(int(ids[s]), int(ids[e]), slot, bookie)
+            if len(ids) == ids[-1] - ids[0] + 1:       # contiguous (Qw == E)
+                self.core.on_ack_range(int(ids[0]), int(ids[-1]), slot, bookie)
+            else:                                      # striped part: gaps
+                self.core.on_ack_ids(ids, slot, bookie)
             done = self._collect_done()
         self._complete(done)
 

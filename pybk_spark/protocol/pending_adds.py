@@ -22,12 +22,20 @@ Ordering obligations:
     ``commit_change`` (after the CAS succeeded) installs the new ensemble,
     returns the resends to the replacements and releases what is complete.
   * More failures during a pending change are queued and decided after it.
+
+Representation: pending entries are kept per assigned run (``_Run``: first id
+plus an ``(n, E)`` boolean ack matrix), so assigning, acking and releasing a
+1000-entry chunk are a handful of vectorised numpy steps, not 1000 Python
+objects.  An ack marks only slots of the entry's own write set.
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
-from pybk_spark.protocol.distribution import AckSet, write_quorums
+import numpy as np
+
+from pybk_spark.protocol.distribution import write_quorums
 
 
 @dataclass(frozen=True)
@@ -44,6 +52,21 @@ class Send:
     bookie: str
 
 
+class _Run:
+    """Consecutive ids [first, first + n) assigned together; ``acks[i, s]`` is
+    True once slot s (of entry first+i's write set) acked it."""
+
+    __slots__ = ("first", "acks")
+
+    def __init__(self, first: int, count: int, ensemble_size: int):
+        self.first = first
+        self.acks = np.zeros((count, ensemble_size), dtype=bool)
+
+    @property
+    def last(self) -> int:
+        return self.first + len(self.acks) - 1
+
+
 class PendingAdds:
     def __init__(self, write_quorum: int, ack_quorum: int, ensemble: tuple[str, ...],
                  last_released: int = -1):
@@ -53,7 +76,7 @@ class PendingAdds:
         self._write_sets: list[tuple[int, ...]] | None = None
         self.lac = last_released
         self.next_entry_id = last_released + 1
-        self.pending: dict[int, AckSet] = {}
+        self._runs: deque[_Run] = deque()
         self.change: EnsembleChange | None = None
         self._queued: set[int] = set()
 
@@ -61,6 +84,15 @@ class PendingAdds:
     @property
     def ensemble_size(self) -> int:
         return len(self.ensemble)
+
+    @property
+    def pending(self) -> list[int]:
+        """Ids assigned and not yet released (ascending)."""
+        return [e for r in self._runs for e in range(max(r.first, self.lac + 1), r.last + 1)]
+
+    @property
+    def pending_count(self) -> int:
+        return sum(r.last - max(r.first, self.lac + 1) + 1 for r in self._runs)
 
     @property
     def unavailable_slots(self) -> set[int]:
@@ -76,14 +108,23 @@ class PendingAdds:
             sets = self._write_sets = write_quorums(len(self.ensemble), self.write_quorum)
         return sets[entry_id % len(sets)]
 
+    def holds(self, entry_ids: np.ndarray, slot: int) -> np.ndarray:
+        """Mask: which of ``entry_ids`` have ``slot`` in their write set."""
+        E = len(self.ensemble)
+        return ((slot - entry_ids % E) % E) < self.write_quorum
+
     # -- inputs ---------------------------------------------------------------------
     def assign(self, count: int) -> list[int]:
         """Allocate ``count`` consecutive entry ids (carrying LAC = self.lac)."""
-        ids = list(range(self.next_entry_id, self.next_entry_id + count))
-        for e in ids:
-            self.pending[e] = AckSet(self.write_set(e), self.ack_quorum)
+        first = self.assign_run(count)
+        return list(range(first, first + count))
+
+    def assign_run(self, count: int) -> int:
+        """Like ``assign``, returning only the first id (hot path)."""
+        first = self.next_entry_id
+        self._runs.append(_Run(first, count, len(self.ensemble)))
         self.next_entry_id += count
-        return ids
+        return first
 
     def targets(self, entry_id: int) -> list[Send]:
         """Where to send a freshly assigned entry now (skips slots being replaced)."""
@@ -92,20 +133,31 @@ class PendingAdds:
                 if s not in bad]
 
     def on_ack(self, entry_id: int, slot: int, bookie: str) -> list[int]:
-        acks = self.pending.get(entry_id)
-        if acks is None or self.ensemble[slot] != bookie or slot in self.unavailable_slots:
-            return []
-        acks.ack(slot)
-        return self._release()
+        return self.on_ack_range(entry_id, entry_id, slot, bookie)
 
     def on_ack_range(self, first: int, last: int, slot: int, bookie: str) -> list[int]:
-        """A bookie acknowledged the contiguous range [first, last]."""
+        """A bookie acknowledged every id of [first, last] it holds."""
         if self.ensemble[slot] != bookie or slot in self.unavailable_slots:
             return []
-        for e in range(max(first, self.lac + 1), last + 1):
-            acks = self.pending.get(e)
-            if acks is not None:
-                acks.ack(slot)
+        lo = max(first, self.lac + 1)
+        for run in self._runs:
+            a, b = max(lo, run.first), min(last, run.last)
+            if a > b:
+                continue
+            ids = np.arange(a, b + 1)
+            run.acks[a - run.first:b - run.first + 1, slot] |= self.holds(ids, slot)
+        return self._release()
+
+    def on_ack_ids(self, entry_ids: np.ndarray, slot: int, bookie: str) -> list[int]:
+        """A bookie acknowledged exactly ``entry_ids`` (ascending, any gaps)."""
+        if self.ensemble[slot] != bookie or slot in self.unavailable_slots or not len(entry_ids):
+            return []
+        ids = np.asarray(entry_ids, dtype=np.int64)
+        ids = ids[(ids > self.lac) & self.holds(ids, slot)]
+        for run in self._runs:
+            lo, hi = np.searchsorted(ids, [run.first, run.last + 1])
+            if lo < hi:
+                run.acks[ids[lo:hi] - run.first, slot] = True
         return self._release()
 
     def on_failure(self, slot: int, bookie: str) -> EnsembleChange | None:
@@ -126,7 +178,7 @@ class PendingAdds:
         self.ensemble = tuple(new_ensemble)
         self.change = None
         replaced = set(change.slots)
-        resends = [Send(e, s, self.ensemble[s]) for e in sorted(self.pending)
+        resends = [Send(e, s, self.ensemble[s]) for e in self.pending
                    for s in self.write_set(e) if s in replaced and s not in self._queued]
         released = self._release()
         nxt = None
@@ -138,8 +190,8 @@ class PendingAdds:
     def abort(self) -> list[int]:
         """The ledger can no longer be written (fenced / closed / no bookies):
         every pending entry fails (outcome unknown).  Returns their ids."""
-        ids = sorted(self.pending)
-        self.pending.clear()
+        ids = self.pending
+        self._runs.clear()
         self.change = None
         self._queued.clear()
         return ids
@@ -147,20 +199,27 @@ class PendingAdds:
     # -- internals ------------------------------------------------------------------
     def _decide(self, slots: set[int]) -> EnsembleChange:
         boundary = self.lac + 1
-        for e, acks in self.pending.items():
-            for s in slots:
-                acks.forget(s)
-        self.change = EnsembleChange(boundary, tuple(sorted(slots)), self.ensemble)
+        cols = sorted(slots)
+        for run in self._runs:
+            run.acks[:, cols] = False
+        self.change = EnsembleChange(boundary, tuple(cols), self.ensemble)
         return self.change
 
     def _release(self) -> list[int]:
         if self.change is not None:
             return []
-        out = []
-        while True:
-            acks = self.pending.get(self.lac + 1)
-            if acks is None or not acks.complete:
-                return out
-            del self.pending[self.lac + 1]
-            self.lac += 1
-            out.append(self.lac)
+        start = self.lac
+        runs = self._runs
+        while runs:
+            run = runs[0]
+            if not run.first <= self.lac + 1 <= run.last:
+                break                       # lac+1 was never assigned (after abort)
+            offset = self.lac + 1 - run.first
+            done = run.acks[offset:].sum(axis=1) >= self.ack_quorum
+            incomplete = np.flatnonzero(~done)
+            if len(incomplete):
+                self.lac = run.first + offset + int(incomplete[0]) - 1
+                break
+            self.lac = run.last
+            runs.popleft()
+        return list(range(start + 1, self.lac + 1))

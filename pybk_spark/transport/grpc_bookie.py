@@ -3,11 +3,14 @@
 Non-OK response codes become typed errors via ``wire.codes.raise_for_code``;
 gRPC failures via ``wire.codes.translate_rpc_error`` (deadline => Timeout,
 outcome unknown).  Channels get explicit send/receive message limits.
+Adds go over one bidirectional ``AddStream`` per bookie (``add_stream``); the
+pool's watchdog thread expires adds older than their timeout.
 """
 from __future__ import annotations
 
 import json
 import threading
+import time
 from concurrent.futures import Future
 from typing import Callable
 
@@ -15,6 +18,7 @@ import grpc
 
 from pybk_spark import errors
 from pybk_spark.metadata.store import MetadataStore
+from pybk_spark.transport.add_stream import AddStreamer
 from pybk_spark.transport.base import BookieTransport, LacResult, ReadResult, TransportPool
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import bookie_wire_pb2_grpc as pbg
@@ -26,7 +30,8 @@ _END = {pb.COMPLETE: "COMPLETE", pb.LIMIT: "LIMIT", pb.MISSING: "MISSING"}
 
 class BookieClient(BookieTransport):
     def __init__(self, address: str, max_message_bytes: int = 64 << 20,
-                 default_timeout: float = 5.0, bookie_id: str = ""):
+                 default_timeout: float = 5.0, bookie_id: str = "",
+                 clock: Callable[[], float] = time.monotonic):
         self.address = address
         self.bookie_id = bookie_id or address
         self.default_timeout = default_timeout
@@ -35,6 +40,7 @@ class BookieClient(BookieTransport):
             ("grpc.max_receive_message_length", max_message_bytes),
         ])
         self._stub = pbg.BookieStub(self._channel)
+        self._adds = AddStreamer(self._stub, self.bookie_id, clock)
 
     def _call(self, method, request, timeout, convert: Callable) -> Future:
         out: Future = Future()
@@ -70,7 +76,11 @@ class BookieClient(BookieTransport):
         def conv(resp):
             self._check(resp, ledger_id=ledger_id)
             return resp.first_entry_id, resp.last_entry_id
-        return self._call(self._stub.AddEntries, req, timeout, conv)
+        return self._adds.submit(req, timeout or self.default_timeout, conv)
+
+    def expire(self) -> None:
+        """Fail adds older than their timeout (called by the pool's watchdog)."""
+        self._adds.expire()
 
     def read(self, ledger_id, first, last, *, max_entries=0, max_bytes=0, fence=False,
              master_key=b"", timeout=None, sparse=False):
@@ -110,6 +120,7 @@ class BookieClient(BookieTransport):
         return self._call(self._stub.GetBookieInfo, pb.BookieInfoRequest(), timeout, conv)
 
     def close(self) -> None:
+        self._adds.close()
         self._channel.close()
 
 
@@ -128,12 +139,23 @@ class GrpcTransportPool(TransportPool):
     """bookie id -> BookieClient, address resolved from the registry and cached."""
 
     def __init__(self, store: MetadataStore, *, max_message_bytes: int = 64 << 20,
-                 timeout: float = 5.0):
+                 timeout: float = 5.0, clock: Callable[[], float] = time.monotonic):
         self._store = store
         self._max = max_message_bytes
         self._timeout = timeout
+        self._clock = clock
         self._lock = threading.Lock()
         self._clients: dict[str, BookieClient] = {}
+        self._stop = threading.Event()
+        self._watchdog: threading.Thread | None = None
+
+    def _watch(self) -> None:
+        interval = min(1.0, max(0.05, self._timeout / 10))
+        while not self._stop.wait(interval):
+            with self._lock:
+                clients = list(self._clients.values())
+            for c in clients:
+                c.expire()
 
     def get(self, bookie_id: str) -> BookieTransport:
         with self._lock:
@@ -143,9 +165,13 @@ class GrpcTransportPool(TransportPool):
         reg = registration_of(self._store, bookie_id)
         if reg is None or not reg.get("address"):
             return _Unavailable(bookie_id)
-        client = BookieClient(reg["address"], self._max, self._timeout, bookie_id)
+        client = BookieClient(reg["address"], self._max, self._timeout, bookie_id, self._clock)
         with self._lock:
             old = self._clients.setdefault(bookie_id, client)
+            if self._watchdog is None and not self._stop.is_set():
+                self._watchdog = threading.Thread(target=self._watch, daemon=True,
+                                                  name="pybk-add-watchdog")
+                self._watchdog.start()
         if old is not client:
             client.close()
         return old
@@ -159,6 +185,7 @@ class GrpcTransportPool(TransportPool):
             threading.Thread(target=client.close, name="pybk-close-channel", daemon=True).start()
 
     def close(self) -> None:
+        self._stop.set()
         with self._lock:
             clients, self._clients = list(self._clients.values()), {}
         for c in clients:

@@ -312,7 +312,7 @@ class SimWriter:
     def close(self):
         if self.dead:
             return
-        if self.core.pending:
+        if self.core.pending_count:
             self.sim.at(1.0, self.close)
             return
         lac = self.core.lac

@@ -1,0 +1,155 @@
+"""Adds over one long-lived bidirectional ``AddStream`` per bookie.
+
+Theory of operation
+-------------------
+A unary ``AddEntries`` call per chunk pays call set-up, a deadline timer and a
+completion-queue hand-off each time; one stream per bookie pays them once.
+Requests carry a ``request_id`` the bookie echoes, so answers are matched by id
+(the bookie answers as journal groups become durable, normally in order).
+
+* ``submit`` enqueues the request; gRPC's own thread drains the queue into the
+  stream, in submission order, so a bookie journals a writer's chunks in the
+  order they were sent.
+* One reader thread per stream completes futures as answers arrive.  It runs
+  the callers' callbacks, exactly like a unary future's callback thread.
+* When the stream ends or breaks (bookie died, channel closed) every
+  unanswered add fails with the translated transport error: its outcome is
+  UNKNOWN.  The next ``submit`` opens a fresh stream.
+* Timeouts: ``expire(now)`` (called by the pool's watchdog) cancels a stream
+  whose oldest unanswered add is older than its timeout; all its adds then fail
+  with ``Timeout`` (unknown outcome), as BookKeeper's addEntryTimeout does.
+  One slow bookie therefore never holds a writer longer than the timeout.
+"""
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+from concurrent.futures import Future
+from typing import Callable
+
+from pybk_spark import errors
+from pybk_spark.wire import bookie_wire_pb2 as pb
+from pybk_spark.wire import codes
+
+_CLOSE = object()
+
+
+class _Stream:
+    def __init__(self, stub, bookie_id: str):
+        self.bookie_id = bookie_id
+        self.requests: "queue.SimpleQueue" = queue.SimpleQueue()
+        self.pending: dict[int, tuple[Future, float, Callable]] = {}
+        self.lock = threading.Lock()
+        self.broken: errors.BKError | None = None
+        self.timed_out = False
+        self.call = stub.AddStream(self._iter_requests())
+        self.reader = threading.Thread(target=self._read, name=f"pybk-add-{bookie_id}",
+                                       daemon=True)
+        self.reader.start()
+
+    def _iter_requests(self):
+        while True:
+            req = self.requests.get()
+            if req is _CLOSE:
+                return
+            yield req
+
+    def _read(self) -> None:
+        err: errors.BKError
+        try:
+            for resp in self.call:
+                with self.lock:
+                    item = self.pending.pop(resp.request_id, None)
+                if item is None:
+                    continue
+                fut, _deadline, convert = item
+                try:
+                    fut.set_result(convert(resp))
+                except errors.BKError as exc:
+                    fut.set_exception(exc)
+                except Exception as exc:  # malformed answer
+                    fut.set_exception(errors.BadRequest(f"bad bookie response: {exc}",
+                                                        bookie=self.bookie_id))
+            err = errors.BookieUnavailable("add stream ended by the bookie", bookie=self.bookie_id)
+        except Exception as exc:  # noqa: BLE001 - gRPC error / cancellation
+            err = codes.translate_rpc_error(exc, bookie=self.bookie_id)
+        if self.timed_out:
+            err = errors.Timeout("add timed out (stream cancelled)", bookie=self.bookie_id)
+        self._fail_all(err)
+
+    def _fail_all(self, err: errors.BKError) -> None:
+        with self.lock:
+            self.broken = self.broken or err
+            items, self.pending = list(self.pending.values()), {}
+        for fut, _deadline, _convert in items:
+            if not fut.done():
+                fut.set_exception(err)
+
+    def add(self, req, fut: Future, deadline: float, convert: Callable) -> bool:
+        """False if the stream is already broken (caller opens a new one)."""
+        with self.lock:
+            if self.broken is not None:
+                return False
+            self.pending[req.request_id] = (fut, deadline, convert)
+        self.requests.put(req)
+        return True
+
+    def expire(self, now: float) -> None:
+        with self.lock:
+            late = any(deadline <= now for _f, deadline, _c in self.pending.values())
+        if late:
+            self.timed_out = True
+            self.call.cancel()
+
+    def close(self) -> None:
+        self.requests.put(_CLOSE)
+        self.call.cancel()
+
+
+class AddStreamer:
+    """The add side of one bookie client: a stream, reopened after a break."""
+
+    def __init__(self, stub, bookie_id: str, clock: Callable[[], float]):
+        self._stub = stub
+        self._bookie_id = bookie_id
+        self._clock = clock
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._stream: _Stream | None = None
+        self._closed = False
+
+    def submit(self, req: pb.AddRequest, timeout: float, convert: Callable) -> Future:
+        fut: Future = Future()
+        req.request_id = next(self._ids)
+        deadline = self._clock() + timeout
+        for _attempt in range(2):
+            with self._lock:
+                if self._closed:
+                    fut.set_exception(errors.BookieUnavailable("client closed",
+                                                               bookie=self._bookie_id))
+                    return fut
+                stream = self._stream
+                if stream is None or stream.broken is not None:
+                    try:
+                        stream = self._stream = _Stream(self._stub, self._bookie_id)
+                    except Exception as exc:  # channel closed
+                        fut.set_exception(codes.translate_rpc_error(exc, bookie=self._bookie_id))
+                        return fut
+            if stream.add(req, fut, deadline, convert):
+                return fut
+        fut.set_exception(errors.BookieUnavailable(
+            f"add stream keeps breaking: {stream.broken}", bookie=self._bookie_id))
+        return fut
+
+    def expire(self) -> None:
+        stream = self._stream
+        if stream is not None:
+            stream.expire(self._clock())
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.close()

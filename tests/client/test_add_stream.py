@@ -1,0 +1,74 @@
+"""Adds over the per-bookie AddStream, against real bookie processes.
+
+A stream that breaks or stalls must fail its unanswered adds with an
+unknown-outcome error (never hang, never report success), and the next add
+must go through a fresh stream.  No timing thresholds: the timeouts only
+bound how long a stopped bookie is waited for.
+"""
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from pybk_spark import errors
+from pybk_spark.client import BookKeeper
+from pybk_spark.protocol import ledger_metadata as lm
+from pybk_spark.wire.entries import batch_to_bytes, make_batch
+
+
+def _one_entry(ledger_id: int, entry_id: int) -> bytes:
+    return batch_to_bytes(make_batch(ledger_id, [entry_id], [entry_id - 1],
+                                     [b"e%d" % entry_id], [b""]))
+
+
+@pytest.fixture
+def bk(cluster):
+    client = BookKeeper(cluster.metadata_uri,
+                        conf={"explicit_lac_interval_ms": 0, "add_timeout_s": 1.0})
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def test_answers_are_matched_to_their_requests(bk, cluster):
+    bookie = cluster.bookie_ids[0]
+    t = bk.transports.get(bookie)
+    key = lm.master_key(b"")
+    futs = [t.add(990001, key, _one_entry(990001, e)) for e in range(200)]
+    assert [f.result(timeout=30) for f in futs] == [(e, e) for e in range(200)]
+
+
+def test_stopped_bookie_times_out_then_a_new_stream_works(bk, cluster):
+    bookie = cluster.bookie_ids[1]
+    t = bk.transports.get(bookie)
+    key = lm.master_key(b"")
+    assert t.add(990002, key, _one_entry(990002, 0)).result(timeout=30) == (0, 0)
+    cluster.stop_bookie(bookie)
+    try:
+        fut = t.add(990002, key, _one_entry(990002, 1), timeout=1.0)
+        with pytest.raises(errors.Timeout) as info:
+            fut.result(timeout=60)
+        assert not info.value.outcome_known
+    finally:
+        cluster.resume_bookie(bookie)
+    # same client object: the broken stream is replaced by a new one
+    assert t.add(990002, key, _one_entry(990002, 2)).result(timeout=30) == (2, 2)
+
+
+def test_killed_bookie_fails_pending_adds_with_unknown_outcome(bk, cluster):
+    bookie = cluster.bookie_ids[2]
+    t = bk.transports.get(bookie)
+    key = lm.master_key(b"")
+    assert t.add(990003, key, _one_entry(990003, 0)).result(timeout=30) == (0, 0)
+    cluster.kill_bookie(bookie, signal.SIGKILL)
+    fut = t.add(990003, key, _one_entry(990003, 1))
+    with pytest.raises(errors.BKError) as info:
+        fut.result(timeout=60)
+    assert not info.value.outcome_known
+    bk.transports.invalidate(bookie)        # what the writer does on BookieUnavailable
+    cluster.heal()
+    cluster.wait_registered(bookie)
+    t2 = bk.transports.get(bookie)          # re-resolved: the restarted bookie's address
+    assert t2.add(990003, key, _one_entry(990003, 5)).result(timeout=30) == (5, 5)
