@@ -21,10 +21,18 @@ from pybk_spark import errors
 from pybk_spark.metadata.store import MetadataStore
 
 
+DECOMMISSIONED_PREFIX = "audit/decommissioned/"
+
+
 def writable_bookies(store: MetadataStore) -> dict[str, dict]:
+    """Registered writable bookies, minus those an operator is decommissioning
+    (``pybk decommission``): no new ensemble or replacement lands on them."""
+    leaving = {key.rsplit("/", 1)[1] for key, _v in store.list_prefix(DECOMMISSIONED_PREFIX)}
     out = {}
     for key, v in store.list_prefix("bookies/writable/"):
         bookie_id = key.rsplit("/", 1)[1]
+        if bookie_id in leaving:
+            continue
         try:
             reg = json.loads(v.value)
         except ValueError:

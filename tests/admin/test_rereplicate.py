@@ -95,6 +95,10 @@ def test_decommission_moves_fragments_of_live_bookie(own_cluster, bk):
     assert "safe to stop it" in res.out
     assert _holders(bk, target) == []
     _assert_readable(bk, l5.ledger_id, "l5", 600)
+    for _ in range(5):                       # placement skips a bookie being decommissioned
+        fresh = bk.create_ledger(3, 2, 2)
+        assert target not in fresh.metadata.current_ensemble
+        fresh.close()
     own_cluster.kill_bookie(target)          # gone for good: data is elsewhere
     _assert_readable(bk, l5.ledger_id, "l5", 600)
     verify = pybk("--json", "rereplicate", "--metadata-uri", uri, "--verify")
