@@ -53,17 +53,21 @@ def _recover(args) -> int:
 
 
 # -- rereplicate ---------------------------------------------------------------------------------
+def _lost_bookie_timing_args(p):
+    p.add_argument("--delay", type=float, default=0.0, metavar="SECONDS",
+                   help="lostBookieRecoveryDelay: a bookie unregistered this long is lost")
+    p.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
+                   help="openLedgerRereplicationGracePeriod before fencing a live writer's "
+                        "ledger whose last fragment has a lost bookie")
+
+
 def rereplicate_arguments(p):
     cli.add_metadata_uri(p)
     p.add_argument("--bookie", action="append", default=[], metavar="ID",
                    help="treat this bookie as lost (repeatable)")
     p.add_argument("--verify", action="store_true",
                    help="afterwards check that every entry has its Qw replicas")
-    p.add_argument("--delay", type=float, default=0.0, metavar="SECONDS",
-                   help="lostBookieRecoveryDelay: a bookie unregistered this long is lost")
-    p.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
-                   help="openLedgerRereplicationGracePeriod before fencing a live writer's "
-                        "ledger whose last fragment has a lost bookie")
+    _lost_bookie_timing_args(p)
     password_arg(p)
 
 
@@ -170,3 +174,66 @@ cli.register("decommission", "move every fragment off a bookie", _decommission_a
              _decommission)
 cli.register("listunderreplicated", "fragments with a replica on a lost bookie",
              _lur_args, _listunderreplicated)
+
+
+# -- autorecovery ------------------------------------------------------------------------------
+def _autorecovery_args(p):
+    cli.add_metadata_uri(p)
+    p.add_argument("--interval", type=float, default=60.0, metavar="SECONDS",
+                   help="time between audit rounds (default 60)")
+    _lost_bookie_timing_args(p)
+    p.add_argument("--recover-abandoned", action="store_true",
+                   help="also recover and close OPEN ledgers whose writer lease is gone")
+    p.add_argument("--recover-idle", type=float, default=300.0, metavar="SECONDS",
+                   help="with --recover-abandoned: only ledgers created this long ago")
+    p.add_argument("--leader-ttl", type=int, default=15, metavar="SECONDS",
+                   help="lease TTL of the leadership key audit/leader")
+    p.add_argument("--rounds", type=int, default=None, metavar="N",
+                   help="stop after N rounds (default: until SIGTERM / Ctrl-C)")
+    password_arg(p)
+
+
+def _autorecovery(args) -> int:
+    import json
+    import signal
+    import threading
+
+    from pybk_spark.admin.autorecovery import AutoRecovery, AutoRecoveryConfig
+
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set())
+                for sig in (signal.SIGTERM, signal.SIGINT)}
+    conf = AutoRecoveryConfig(interval_s=args.interval, lost_bookie_delay_s=args.delay,
+                              grace_s=args.grace, leader_ttl_s=args.leader_ttl,
+                              recover_abandoned=args.recover_abandoned,
+                              recover_idle_s=args.recover_idle, password=password_of(args))
+    worst = [0]
+
+    def emit(row: dict) -> None:
+        worst[0] = max(worst[0], row.get("status", 0))
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+        if getattr(args, "json", False):
+            print(json.dumps({"time": stamp, **row}), flush=True)
+        elif not row.get("leader"):
+            print(f"{stamp} standby: another autorecovery process is the leader", flush=True)
+        elif "error" in row:
+            print(f"{stamp} round failed: {row['error']}", flush=True)
+        else:
+            print(f"{stamp} lost={','.join(row['lost']) or '-'} "
+                  f"copied={row['fragments_copied']} failed={row['fragments_failed']} "
+                  f"fenced={row['open_ledgers_fenced']} deferred={row['deferred']}"
+                  + (f" recovered={row['recovered']}" if "recovered" in row else "")
+                  + f" ({row['seconds']}s)", flush=True)
+
+    try:
+        with client(args) as bk:
+            AutoRecovery(bk, args.metadata_uri, conf).run_forever(stop.wait, emit,
+                                                                  rounds=args.rounds)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return worst[0] if args.rounds is not None else 0
+
+
+cli.register("autorecovery", "periodic auditor + re-replication daemon (leader-elected)",
+             _autorecovery_args, _autorecovery)

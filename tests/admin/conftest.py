@@ -16,3 +16,14 @@ def own_cluster(tmp_path_factory):
         yield local
     finally:
         local.stop()
+
+
+@pytest.fixture(scope="module")
+def bk(own_cluster):
+    """A client of the module's private cluster."""
+    from pybk_spark.client import BookKeeper
+    client = BookKeeper(own_cluster.metadata_uri)
+    try:
+        yield client
+    finally:
+        client.close()

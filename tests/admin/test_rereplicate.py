@@ -4,10 +4,8 @@ spark-submit; decommission runs in-process."""
 import json
 import shutil
 
-import pytest
 
 from pybk_spark.admin import rereplicate as rr
-from pybk_spark.client import BookKeeper
 
 from admin_helpers import pybk, registered, spark_submit, wait_until
 
@@ -33,15 +31,6 @@ def _assert_readable(bk, ledger_id, tag, n):
 
 def _holders(bk, bookie):
     return [l for l in bk.list_ledgers() if bookie in bk.get_ledger_metadata(l).all_bookies()]
-
-
-@pytest.fixture(scope="module")
-def bk(own_cluster):
-    client = BookKeeper(own_cluster.metadata_uri)
-    try:
-        yield client
-    finally:
-        client.close()
 
 
 def test_lost_bookie_rereplicated_by_spark_job(own_cluster, bk):

@@ -1,0 +1,136 @@
+"""``pybk autorecovery``: the periodic auditor + replication worker daemon.
+
+Theory of operation
+-------------------
+BookKeeper runs an Auditor (elected among the AutoRecovery processes) that
+notices lost bookies and has ReplicationWorkers copy their fragments.  Here
+one loop does both, and any number of copies may run for availability:
+
+* Election: a round runs only in the process holding ``audit/leader`` (a key
+  created with put-if-absent under a TTL lease, refreshed every round).  If
+  the leader dies, its lease expires and another process takes over; two
+  leaders can only coexist for less than one TTL, and that is harmless because
+  every step below is itself CAS-guarded (a re-replication CAS re-checks the
+  fragment, a recovery fences first).
+* A round = ``orchestrate.run_rereplicate`` with ``lost_bookie_delay``
+  (lostBookieRecoveryDelay) and ``grace`` (openLedgerRereplicationGracePeriod),
+  optionally followed by ``run_recover`` of ledgers whose writer lease is gone
+  and that were idle ``recover_idle`` seconds (``--recover-abandoned``).
+* A failed round is logged and retried next round; the loop never dies of a
+  metadata or bookie error.  ``stop`` (SIGTERM/SIGINT) ends it between rounds
+  and releases the leadership.
+
+Time is injected (``clock``, ``wait``) so tests drive rounds directly.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from pybk_spark import errors
+from pybk_spark.admin import orchestrate as orch
+
+LEADER_KEY = "audit/leader"
+
+
+@dataclass
+class AutoRecoveryConfig:
+    interval_s: float = 60.0
+    lost_bookie_delay_s: float = 0.0
+    grace_s: float = 30.0
+    leader_ttl_s: int = 15
+    recover_abandoned: bool = False
+    recover_idle_s: float = 300.0
+    password: Optional[bytes] = None
+
+
+class AutoRecovery:
+    def __init__(self, bk, metadata_uri: str, conf: AutoRecoveryConfig, *,
+                 mapper=None, identity: str | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.bk = bk
+        self.uri = metadata_uri
+        self.conf = conf
+        self.mapper = mapper or orch.local_mapper(progress=False)
+        self.identity = identity or f"{socket.gethostname()}:{os.getpid()}"
+        self.clock = clock
+        self._lease = None
+
+    # -- leadership -------------------------------------------------------------------
+    def is_leader(self) -> bool:
+        """Take or keep the leadership; False if another process holds it."""
+        store = self.bk.metadata_store
+        if self._lease is not None:
+            try:
+                self._lease.refresh()
+                cur = store.get(LEADER_KEY)
+                if cur is not None and json.loads(cur.value).get("id") == self.identity:
+                    return True
+            except errors.BKError:
+                pass
+            self._lease = None                 # lost it (expired or etcd was away)
+        lease = store.grant_lease(self.conf.leader_ttl_s)
+        try:
+            store.put_if_absent(LEADER_KEY, json.dumps({"id": self.identity}).encode(), lease)
+        except errors.MetadataVersion:
+            lease.revoke()
+            return False
+        self._lease = lease
+        return True
+
+    def resign(self) -> None:
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            try:
+                lease.revoke()
+            except errors.BKError:
+                pass
+
+    # -- rounds -------------------------------------------------------------------------
+    def run_round(self) -> dict:
+        """One audit + repair round if leader.  Never raises a BKError."""
+        t0 = self.clock()
+        try:
+            if not self.is_leader():
+                return {"leader": False}
+            report, _text, status = orch.run_rereplicate(
+                self.bk, self.uri, self.mapper, delay_s=self.conf.lost_bookie_delay_s,
+                grace_s=self.conf.grace_s, password=self.conf.password, clock=self.clock)
+            out = {"leader": True, "lost": report["lost"],
+                   "fragments_copied": sum(1 for c in report["copies"]
+                                           if c["outcome"] == "replicated"),
+                   "fragments_failed": sum(1 for c in report["copies"] if c["outcome"] == "failed"),
+                   "open_ledgers_fenced": len(report["fenced"]),
+                   "deferred": len(report["deferred"]), "status": status}
+            if self.conf.recover_abandoned:
+                rec_report, _t, rec_status = orch.run_recover(
+                    self.bk, self.uri, self.mapper, min_idle_s=self.conf.recover_idle_s,
+                    password=self.conf.password)
+                out["recovered"] = [r["ledger"] for r in rec_report["ledgers"]
+                                    if r["outcome"] == "recovered"]
+                out["status"] = max(status, rec_status)
+        except errors.BKError as exc:
+            out = {"leader": self._lease is not None, "error": f"{type(exc).__name__}: {exc}",
+                   "status": 1}
+        out["seconds"] = round(self.clock() - t0, 3)
+        return out
+
+    def run_forever(self, wait: Callable[[float], bool], emit: Callable[[dict], None],
+                    rounds: int | None = None) -> None:
+        """Rounds every ``interval_s`` until ``wait(timeout)`` returns True
+        (the stop event) or ``rounds`` were run."""
+        done = 0
+        try:
+            while rounds is None or done < rounds:
+                emit(self.run_round())
+                done += 1
+                if rounds is not None and done >= rounds:
+                    break
+                if wait(self.conf.interval_s):
+                    break
+        finally:
+            self.resign()

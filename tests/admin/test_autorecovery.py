@@ -1,0 +1,43 @@
+"""``pybk autorecovery``: leader election and a repair round against a
+private 4-bookie cluster (a bookie is SIGKILLed)."""
+
+from pybk_spark.admin.autorecovery import AutoRecovery, AutoRecoveryConfig
+
+from admin_helpers import pybk, registered, wait_until
+
+
+def test_one_leader_at_a_time(own_cluster, bk):
+    conf = AutoRecoveryConfig(leader_ttl_s=5)
+    a = AutoRecovery(bk, own_cluster.metadata_uri, conf, identity="a")
+    b = AutoRecovery(bk, own_cluster.metadata_uri, conf, identity="b")
+    try:
+        assert a.is_leader() and a.is_leader()        # taken, then kept
+        assert not b.is_leader()
+        assert b.run_round()["leader"] is False
+        a.resign()
+        assert b.is_leader() and not a.is_leader()
+    finally:
+        a.resign()
+        b.resign()
+
+
+def test_round_rereplicates_a_lost_bookie(own_cluster, bk):
+    uri = own_cluster.metadata_uri
+    lh = bk.create_ledger(3, 2, 2)
+    lh.add_entries(b"auto-%d" % i for i in range(500))
+    lh.close()
+    victim = sorted(lh.metadata.all_bookies())[0]
+    own_cluster.kill_bookie(victim)
+    wait_until(lambda: not registered(bk.metadata_store, victim), 60, f"{victim} unregistered")
+    res = pybk("--json", "autorecovery", "--metadata-uri", uri, "--rounds", "1",
+               "--interval", "0")
+    assert res.rc == 0, res.out + res.err
+    row = res.json()
+    assert row["leader"] and victim in row["lost"] and row["fragments_copied"] >= 1
+    md = bk.get_ledger_metadata(lh.ledger_id)
+    assert victim not in md.all_bookies()
+    rh = bk.open_ledger(lh.ledger_id, recovery=False)
+    assert [e.payload for e in rh.read(0, 499)] == [b"auto-%d" % i for i in range(500)]
+    # the round released the leadership: the next daemon can lead at once
+    again = pybk("--json", "autorecovery", "--metadata-uri", uri, "--rounds", "1")
+    assert again.rc == 0 and again.json()["leader"] and again.json()["fragments_copied"] == 0
