@@ -19,6 +19,9 @@ Requests carry a ``request_id`` the bookie echoes, so answers are matched by id
   whose oldest unanswered add is older than its timeout; all its adds then fail
   with ``Timeout`` (unknown outcome), as BookKeeper's addEntryTimeout does.
   One slow bookie therefore never holds a writer longer than the timeout.
+* An open stream holds one of the bookie's gRPC server threads, so a stream
+  idle for ``idle_close_s`` (no add pending) is closed by ``expire``; the next
+  add opens a new one.
 """
 from __future__ import annotations
 
@@ -36,8 +39,9 @@ _CLOSE = object()
 
 
 class _Stream:
-    def __init__(self, stub, bookie_id: str):
+    def __init__(self, stub, bookie_id: str, now: float):
         self.bookie_id = bookie_id
+        self.last_used = now
         self.requests: "queue.SimpleQueue" = queue.SimpleQueue()
         self.pending: dict[int, tuple[Future, float, Callable]] = {}
         self.lock = threading.Lock()
@@ -86,21 +90,29 @@ class _Stream:
             if not fut.done():
                 fut.set_exception(err)
 
-    def add(self, req, fut: Future, deadline: float, convert: Callable) -> bool:
+    def add(self, req, fut: Future, deadline: float, convert: Callable, now: float) -> bool:
         """False if the stream is already broken (caller opens a new one)."""
         with self.lock:
             if self.broken is not None:
                 return False
             self.pending[req.request_id] = (fut, deadline, convert)
+            self.last_used = now
         self.requests.put(req)
         return True
 
-    def expire(self, now: float) -> None:
+    def expire(self, now: float, idle_close_s: float) -> None:
         with self.lock:
             late = any(deadline <= now for _f, deadline, _c in self.pending.values())
+            idle = (not self.pending and self.broken is None
+                    and now - self.last_used >= idle_close_s)
+            if idle:
+                self.broken = errors.BookieUnavailable("idle add stream closed",
+                                                       bookie=self.bookie_id)
         if late:
             self.timed_out = True
             self.call.cancel()
+        elif idle:
+            self.close()
 
     def close(self) -> None:
         self.requests.put(_CLOSE)
@@ -110,8 +122,10 @@ class _Stream:
 class AddStreamer:
     """The add side of one bookie client: a stream, reopened after a break."""
 
-    def __init__(self, stub, bookie_id: str, clock: Callable[[], float]):
+    def __init__(self, stub, bookie_id: str, clock: Callable[[], float],
+                 idle_close_s: float = 30.0):
         self._stub = stub
+        self._idle_close_s = idle_close_s
         self._bookie_id = bookie_id
         self._clock = clock
         self._ids = itertools.count(1)
@@ -122,7 +136,8 @@ class AddStreamer:
     def submit(self, req: pb.AddRequest, timeout: float, convert: Callable) -> Future:
         fut: Future = Future()
         req.request_id = next(self._ids)
-        deadline = self._clock() + timeout
+        now = self._clock()
+        deadline = now + timeout
         for _attempt in range(2):
             with self._lock:
                 if self._closed:
@@ -132,11 +147,11 @@ class AddStreamer:
                 stream = self._stream
                 if stream is None or stream.broken is not None:
                     try:
-                        stream = self._stream = _Stream(self._stub, self._bookie_id)
+                        stream = self._stream = _Stream(self._stub, self._bookie_id, now)
                     except Exception as exc:  # channel closed
                         fut.set_exception(codes.translate_rpc_error(exc, bookie=self._bookie_id))
                         return fut
-            if stream.add(req, fut, deadline, convert):
+            if stream.add(req, fut, deadline, convert, now):
                 return fut
         fut.set_exception(errors.BookieUnavailable(
             f"add stream keeps breaking: {stream.broken}", bookie=self._bookie_id))
@@ -145,7 +160,7 @@ class AddStreamer:
     def expire(self) -> None:
         stream = self._stream
         if stream is not None:
-            stream.expire(self._clock())
+            stream.expire(self._clock(), self._idle_close_s)
 
     def close(self) -> None:
         with self._lock:

@@ -31,7 +31,7 @@ _END = {pb.COMPLETE: "COMPLETE", pb.LIMIT: "LIMIT", pb.MISSING: "MISSING"}
 class BookieClient(BookieTransport):
     def __init__(self, address: str, max_message_bytes: int = 64 << 20,
                  default_timeout: float = 5.0, bookie_id: str = "",
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, stream_idle_close_s: float = 30.0):
         self.address = address
         self.bookie_id = bookie_id or address
         self.default_timeout = default_timeout
@@ -40,7 +40,7 @@ class BookieClient(BookieTransport):
             ("grpc.max_receive_message_length", max_message_bytes),
         ])
         self._stub = pbg.BookieStub(self._channel)
-        self._adds = AddStreamer(self._stub, self.bookie_id, clock)
+        self._adds = AddStreamer(self._stub, self.bookie_id, clock, stream_idle_close_s)
 
     def _call(self, method, request, timeout, convert: Callable) -> Future:
         out: Future = Future()
@@ -139,8 +139,10 @@ class GrpcTransportPool(TransportPool):
     """bookie id -> BookieClient, address resolved from the registry and cached."""
 
     def __init__(self, store: MetadataStore, *, max_message_bytes: int = 64 << 20,
-                 timeout: float = 5.0, clock: Callable[[], float] = time.monotonic):
+                 timeout: float = 5.0, clock: Callable[[], float] = time.monotonic,
+                 stream_idle_close_s: float = 30.0):
         self._store = store
+        self._idle_close_s = stream_idle_close_s
         self._max = max_message_bytes
         self._timeout = timeout
         self._clock = clock
@@ -150,7 +152,7 @@ class GrpcTransportPool(TransportPool):
         self._watchdog: threading.Thread | None = None
 
     def _watch(self) -> None:
-        interval = min(1.0, max(0.05, self._timeout / 10))
+        interval = min(1.0, max(0.05, min(self._timeout, self._idle_close_s) / 10))
         while not self._stop.wait(interval):
             with self._lock:
                 clients = list(self._clients.values())
@@ -165,7 +167,8 @@ class GrpcTransportPool(TransportPool):
         reg = registration_of(self._store, bookie_id)
         if reg is None or not reg.get("address"):
             return _Unavailable(bookie_id)
-        client = BookieClient(reg["address"], self._max, self._timeout, bookie_id, self._clock)
+        client = BookieClient(reg["address"], self._max, self._timeout, bookie_id, self._clock,
+                              self._idle_close_s)
         with self._lock:
             old = self._clients.setdefault(bookie_id, client)
             if self._watchdog is None and not self._stop.is_set():

@@ -8,6 +8,7 @@ bound how long a stopped bookie is waited for.
 from __future__ import annotations
 
 import signal
+import time
 
 import pytest
 
@@ -72,3 +73,26 @@ def test_killed_bookie_fails_pending_adds_with_unknown_outcome(bk, cluster):
     cluster.wait_registered(bookie)
     t2 = bk.transports.get(bookie)          # re-resolved: the restarted bookie's address
     assert t2.add(990003, key, _one_entry(990003, 5)).result(timeout=30) == (5, 5)
+
+
+def test_idle_stream_is_closed_and_reopened(cluster):
+    client = BookKeeper(cluster.metadata_uri, conf={"explicit_lac_interval_ms": 0,
+                                                    "add_stream_idle_close_s": 0.2})
+    try:
+        t = client.transports.get(cluster.bookie_ids[0])
+        key = lm.master_key(b"")
+        assert t.add(990004, key, _one_entry(990004, 0)).result(timeout=30) == (0, 0)
+        first = t._adds._stream
+        wait_until(lambda: first.broken is not None, "idle stream closed")
+        assert t.add(990004, key, _one_entry(990004, 1)).result(timeout=30) == (1, 1)
+        assert t._adds._stream is not first
+    finally:
+        client.close()
+
+
+def wait_until(predicate, what, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for: {what}")
+        time.sleep(0.02)
