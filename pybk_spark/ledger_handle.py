@@ -189,7 +189,7 @@ class LedgerHandle:
                 fut.set_exception(exc)
                 return
             n = len(payloads)
-            ids = list(range(first, first + n))
+            ids = range(first, first + n)
             lacs = [lac] * n
             digests = self._digester.compute(self.ledger_id, ids, lacs, payloads)
             batch = make_batch(self.ledger_id, ids, lacs, payloads, digests)

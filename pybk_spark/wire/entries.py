@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import pyarrow as pa
 
 from pybk_spark import errors
@@ -35,9 +36,10 @@ def make_batch(ledger_id: int, entry_ids: Sequence[int], lacs: Sequence[int],
                payloads: Sequence[bytes], digests: Sequence[bytes]) -> pa.RecordBatch:
     n = len(entry_ids)
     return pa.RecordBatch.from_arrays([
-        pa.array([ledger_id] * n, pa.int64()),
-        pa.array(entry_ids, pa.int64()),
-        pa.array(lacs, pa.int64()),
+        pa.array(np.full(n, ledger_id, dtype=np.int64)),
+        pa.array(np.arange(entry_ids.start, entry_ids.stop, dtype=np.int64)
+                 if isinstance(entry_ids, range) else np.asarray(entry_ids, dtype=np.int64)),
+        pa.array(np.asarray(lacs, dtype=np.int64)),
         pa.array(payloads, pa.binary()),
         pa.array(digests, pa.binary()),
     ], schema=ENTRY_SCHEMA)
