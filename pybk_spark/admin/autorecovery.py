@@ -16,6 +16,9 @@ one loop does both, and any number of copies may run for availability:
   (lostBookieRecoveryDelay) and ``grace`` (openLedgerRereplicationGracePeriod),
   optionally followed by ``run_recover`` of ledgers whose writer lease is gone
   and that were idle ``recover_idle`` seconds (``--recover-abandoned``).
+  Every ``verify_every``-th round also reads which ids each bookie holds in
+  every complete fragment and fills in copies live bookies lack (BookKeeper's
+  periodic ledger check).
 * A failed round is logged and retried next round; the loop never dies of a
   metadata or bookie error.  ``stop`` (SIGTERM/SIGINT) ends it between rounds
   and releases the leadership.
@@ -45,6 +48,7 @@ class AutoRecoveryConfig:
     leader_ttl_s: int = 15
     recover_abandoned: bool = False
     recover_idle_s: float = 300.0
+    verify_every: int = 0          # every Nth round also checks all ledgers (0: never)
     password: Optional[bytes] = None
 
 
@@ -59,6 +63,7 @@ class AutoRecovery:
         self.identity = identity or f"{socket.gethostname()}:{os.getpid()}"
         self.clock = clock
         self._lease = None
+        self._rounds = 0
 
     # -- leadership -------------------------------------------------------------------
     def is_leader(self) -> bool:
@@ -97,15 +102,20 @@ class AutoRecovery:
         try:
             if not self.is_leader():
                 return {"leader": False}
+            self._rounds += 1
+            verify = bool(self.conf.verify_every) and self._rounds % self.conf.verify_every == 0
             report, _text, status = orch.run_rereplicate(
                 self.bk, self.uri, self.mapper, delay_s=self.conf.lost_bookie_delay_s,
-                grace_s=self.conf.grace_s, password=self.conf.password, clock=self.clock)
+                grace_s=self.conf.grace_s, verify=verify, password=self.conf.password,
+                clock=self.clock)
             out = {"leader": True, "lost": report["lost"],
                    "fragments_copied": sum(1 for c in report["copies"]
                                            if c["outcome"] == "replicated"),
                    "fragments_failed": sum(1 for c in report["copies"] if c["outcome"] == "failed"),
                    "open_ledgers_fenced": len(report["fenced"]),
                    "deferred": len(report["deferred"]), "status": status}
+            if verify:
+                out["under_replicated"] = len(report["under_replicated"])
             if self.conf.recover_abandoned:
                 rec_report, _t, rec_status = orch.run_recover(
                     self.bk, self.uri, self.mapper, min_idle_s=self.conf.recover_idle_s,

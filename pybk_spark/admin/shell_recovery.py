@@ -186,6 +186,9 @@ def _autorecovery_args(p):
                    help="also recover and close OPEN ledgers whose writer lease is gone")
     p.add_argument("--recover-idle", type=float, default=300.0, metavar="SECONDS",
                    help="with --recover-abandoned: only ledgers created this long ago")
+    p.add_argument("--verify-every", type=int, default=0, metavar="N",
+                   help="every Nth round also check every ledger's replicas and fill in "
+                        "missing copies (default 0: never)")
     p.add_argument("--leader-ttl", type=int, default=15, metavar="SECONDS",
                    help="lease TTL of the leadership key audit/leader")
     p.add_argument("--rounds", type=int, default=None, metavar="N",
@@ -206,7 +209,8 @@ def _autorecovery(args) -> int:
     conf = AutoRecoveryConfig(interval_s=args.interval, lost_bookie_delay_s=args.delay,
                               grace_s=args.grace, leader_ttl_s=args.leader_ttl,
                               recover_abandoned=args.recover_abandoned,
-                              recover_idle_s=args.recover_idle, password=password_of(args))
+                              recover_idle_s=args.recover_idle, verify_every=args.verify_every,
+                              password=password_of(args))
     worst = [0]
 
     def emit(row: dict) -> None:
@@ -223,6 +227,8 @@ def _autorecovery(args) -> int:
                   f"copied={row['fragments_copied']} failed={row['fragments_failed']} "
                   f"fenced={row['open_ledgers_fenced']} deferred={row['deferred']}"
                   + (f" recovered={row['recovered']}" if "recovered" in row else "")
+                  + (f" under_replicated={row['under_replicated']}"
+                     if "under_replicated" in row else "")
                   + f" ({row['seconds']}s)", flush=True)
 
     try:

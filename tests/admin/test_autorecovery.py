@@ -39,5 +39,8 @@ def test_round_rereplicates_a_lost_bookie(own_cluster, bk):
     rh = bk.open_ledger(lh.ledger_id, recovery=False)
     assert [e.payload for e in rh.read(0, 499)] == [b"auto-%d" % i for i in range(500)]
     # the round released the leadership: the next daemon can lead at once
-    again = pybk("--json", "autorecovery", "--metadata-uri", uri, "--rounds", "1")
-    assert again.rc == 0 and again.json()["leader"] and again.json()["fragments_copied"] == 0
+    again = pybk("--json", "autorecovery", "--metadata-uri", uri, "--rounds", "1",
+                 "--verify-every", "1")
+    assert again.rc == 0, again.out + again.err
+    row = again.json()
+    assert row["leader"] and row["fragments_copied"] == 0 and row["under_replicated"] == 0
