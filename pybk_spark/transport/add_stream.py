@@ -86,6 +86,7 @@ class _Stream:
         with self.lock:
             self.broken = self.broken or err
             items, self.pending = list(self.pending.values()), {}
+        self.requests.put(_CLOSE)           # lets gRPC's request thread finish
         for fut, _deadline, _convert in items:
             if not fut.done():
                 fut.set_exception(err)

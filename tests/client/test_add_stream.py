@@ -96,3 +96,21 @@ def wait_until(predicate, what, timeout=30.0):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for: {what}")
         time.sleep(0.02)
+
+
+def test_broken_streams_leave_no_threads_behind(cluster):
+    import threading
+    client = BookKeeper(cluster.metadata_uri, conf={"explicit_lac_interval_ms": 0})
+    try:
+        t = client.transports.get(cluster.bookie_ids[0])
+        key = lm.master_key(b"")
+        t.add(990005, key, _one_entry(990005, 0)).result(timeout=30)
+        before = threading.active_count()
+        for e in range(1, 11):                      # ten streams broken under the client
+            first = t._adds._stream
+            first.call.cancel()                     # as a dead connection would
+            wait_until(lambda: first.broken is not None, "stream seen broken")
+            t.add(990005, key, _one_entry(990005, e)).result(timeout=30)
+        wait_until(lambda: threading.active_count() <= before + 2, "stream threads gone")
+    finally:
+        client.close()
