@@ -17,7 +17,7 @@ class ClientConfig:
     add_batch_entries: int = 1000
     add_batch_bytes: int = 4 << 20
     max_inflight_adds: int = 64
-    async_add_window: int = 2
+    async_add_window: int = 8
     add_stream_idle_close_s: float = 30.0
     read_batch_entries: int = 1000
     read_batch_bytes: int = 16 << 20
