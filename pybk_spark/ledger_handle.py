@@ -224,6 +224,7 @@ class LedgerHandle:
             self._closed = True
         try:
             self._writer.wait_idle()
+            self._writer.wait_all_sent(self.bk.conf.add_timeout_s)   # the Qw - Qa stragglers
             lac, length = self._writer.lac, self._writer.length
 
             def transform(raw: bytes) -> bytes:

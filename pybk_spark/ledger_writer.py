@@ -70,6 +70,8 @@ class LedgerWriter:
         self._error: errors.BKError | None = None
         self._failed_bookies: set[str] = set()
         self._inflight = threading.BoundedSemaphore(max(1, bk.conf.max_inflight_adds))
+        self._sends = 0                         # requests to bookies not yet answered
+        self._sends_done = threading.Condition(self._lock)
         self._on_metadata = on_metadata
         self.length = 0
         self.last_activity = bk.clock()
@@ -123,6 +125,13 @@ class LedgerWriter:
             except errors.BKError:
                 pass
 
+    def wait_all_sent(self, timeout: float) -> bool:
+        """Block until every request sent to a bookie was answered (acked or
+        failed), at most ``timeout`` seconds; so a ledger closed while healthy
+        has all Qw copies, not just the Qa that released its entries."""
+        with self._lock:
+            return self._sends_done.wait_for(lambda: self._sends == 0, timeout)
+
     def fail(self, error: errors.BKError) -> None:
         self._abort(error)
 
@@ -151,14 +160,27 @@ class LedgerWriter:
         if wait:
             self._inflight.acquire()
         released_sem = [not wait]
-        transport = self.bk.transports.get(bookie)
-        fut = transport.add(self.ledger_id, self.master_key, data, recovery=self.recovery,
-                            timeout=self.bk.conf.add_timeout_s)
+        with self._lock:
+            self._sends += 1
+        try:
+            transport = self.bk.transports.get(bookie)
+            fut = transport.add(self.ledger_id, self.master_key, data, recovery=self.recovery,
+                                timeout=self.bk.conf.add_timeout_s)
+        except BaseException:
+            with self._lock:
+                self._sends -= 1
+                self._sends_done.notify_all()
+            if not released_sem[0]:
+                self._inflight.release()
+            raise
 
         def done(f: Future) -> None:
             if not released_sem[0]:
                 released_sem[0] = True
                 self._inflight.release()
+            with self._lock:
+                self._sends -= 1
+                self._sends_done.notify_all()
             exc = f.exception()
             if exc is None:
                 self._on_acked(ids, slot, bookie)

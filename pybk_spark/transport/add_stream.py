@@ -115,8 +115,12 @@ class _Stream:
         elif idle:
             self.close()
 
-    def close(self) -> None:
+    def close(self, drain_s: float = 2.0) -> None:
+        """Half-close, let the bookie answer what it already has (at most
+        ``drain_s``), then cancel."""
         self.requests.put(_CLOSE)
+        if self.reader is not threading.current_thread():
+            self.reader.join(drain_s)
         self.call.cancel()
 
 

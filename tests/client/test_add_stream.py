@@ -114,3 +114,15 @@ def test_broken_streams_leave_no_threads_behind(cluster):
         wait_until(lambda: threading.active_count() <= before + 2, "stream threads gone")
     finally:
         client.close()
+
+
+def test_close_waits_for_every_copy_not_just_the_ack_quorum(bk):
+    """Entries release at Qa; a healthy ledger's close also waits for the
+    Qw - Qa straggler copies, so every bookie of the ensemble holds them all."""
+    for _ in range(3):
+        lh = bk.create_ledger(3, 3, 2)
+        lh.add_entries(b"copy-%d" % i for i in range(3000))
+        lh.close()
+        for bookie in lh.metadata.current_ensemble:
+            got = bk.transports.get(bookie).read(lh.ledger_id, 0, 2999).result(timeout=30)
+            assert got.batch.num_rows == 3000, bookie
