@@ -45,7 +45,8 @@ from pybk_spark.wire.entries import ENTRY_SCHEMA, batch_to_bytes, empty_batch
 log = logging.getLogger("bookie.store")
 
 _EMPTY = empty_batch()
-RAW_MIN_ROWS = 128     # batches this big are written to segments as received
+RAW_MIN_ROWS = 128     # batches with this many rows, or of this many bytes, are
+RAW_MIN_BYTES = 64 << 10   # written to segments as received (no re-encoding)
 
 INDEX_SCHEMA = pa.schema([(n, pa.int64()) for n in
                           ("ledger", "start", "end", "segment", "offset", "length", "row")])
@@ -76,6 +77,7 @@ class EntryStore:
         os.makedirs(self.seg_dir, exist_ok=True)
         self.segment_max_bytes = segment_max_bytes
         self.raw_min_rows = RAW_MIN_ROWS
+        self.raw_min_bytes = RAW_MIN_BYTES
         self.lock = threading.RLock()
         self.ledgers: dict[int, LedgerIndex] = {}
         self.refs: dict[int, Ref] = {}
@@ -111,8 +113,9 @@ class EntryStore:
                     batch = batch.filter(pa.array(keep))
                     ids = ids[keep]
                     raw = None
-            ref_id = self._new_ref(Ref(ledger_id, batch,
-                                       raw=raw if batch.num_rows >= self.raw_min_rows else None))
+            as_received = raw is not None and (batch.num_rows >= self.raw_min_rows
+                                               or len(raw) >= self.raw_min_bytes)
+            ref_id = self._new_ref(Ref(ledger_id, batch, raw=raw if as_received else None))
             starts, ends, rows = runs_of(ids)
             idx.add_runs(starts, ends, np.full(len(starts), ref_id, np.int64), rows)
             self.mem_refs.setdefault(ledger_id, []).append(ref_id)

@@ -21,8 +21,9 @@ from bookie_server.bookie import Bookie
 from bookie_server.config import BookieConfig
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import bookie_wire_pb2_grpc as pb_grpc
+from pybk_spark.wire import framing
 from pybk_spark.wire.codes import error_to_code
-from pybk_spark.wire.entries import batch_to_bytes
+from pybk_spark.wire.entries import batch_to_buffer
 
 log = logging.getLogger("bookie.service")
 
@@ -134,8 +135,9 @@ class BookieService(pb_grpc.BookieServicer):
             self.m.read_requests.labels("ok").inc()
             self.m.read_entries.inc(res.batch.num_rows)
             self.m.read_latency.observe(time.perf_counter() - t0)
-            return pb.ReadResponse(code=pb.OK, entries=batch_to_bytes(res.batch),
-                                   end=_END[res.end], lac=res.lac, fenced=res.fenced)
+            return framing.with_payload(   # pre-framed: see pybk_spark/wire/framing.py
+                pb.ReadResponse(code=pb.OK, end=_END[res.end], lac=res.lac, fenced=res.fenced),
+                batch_to_buffer(res.batch))
         except BaseException as exc:  # noqa: BLE001
             code, msg = _code(exc, "read")
             self.m.read_requests.labels("error").inc()
@@ -206,7 +208,7 @@ def make_server(bookie: Bookie, cfg: BookieConfig, bookie_id: str) -> tuple[grpc
         options=[("grpc.max_send_message_length", limit),
                  ("grpc.max_receive_message_length", limit),
                  ("grpc.so_reuseport", 0)])
-    pb_grpc.add_BookieServicer_to_server(BookieService(bookie, cfg, bookie_id), server)
+    framing.add_bookie_servicer(BookieService(bookie, cfg, bookie_id), server)
     port = server.add_insecure_port(f"{cfg.bind_address}:{cfg.port}")
     if port == 0:
         raise OSError(f"cannot bind {cfg.bind_address}:{cfg.port}")

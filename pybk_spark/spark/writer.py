@@ -10,7 +10,8 @@ data has been written yet.
 Task, ``write(batches)``: on the first non-empty batch create a fresh ledger
 (tagged ``spark_job``), record it as pending in etcd (pending.py) BEFORE any
 entry is added, then add every batch cut into bounded Arrow IPC entries with
-pipelined ``add_entries_async``; wait for all acks, close the ledger and
+pipelined ``add_entries_async`` (entries of consecutive batches are grouped
+up to ``add_batch_bytes`` per request); wait for all acks, close the ledger and
 return ``(ledger id, entries, bytes, rows)``.  A task whose write fails
 deletes its own ledger (best effort; the driver cleans up in any case).
 
@@ -112,6 +113,12 @@ def write_task(opts: WriteOptions, job: str, schema_text: str,
     entries = nbytes = rows = 0
     try:
         inflight: list = []
+        # Spark hands over ~1 MB Arrow batches; entries from several of them
+        # go out as one add request (one journal record per bookie), because
+        # a bookie's cost is per request as much as per byte.
+        coalesce_bytes = bk.conf.add_batch_bytes
+        payloads: list = []
+        queued = 0
         for batch in batches:
             if batch.num_rows == 0:
                 continue
@@ -123,16 +130,17 @@ def write_task(opts: WriteOptions, job: str, schema_text: str,
                     custom_metadata={"log": opts.log, "spark_job": job})
                 key = pending.record(bk.metadata_store, opts.log, job, partition, attempt,
                                      handle.ledger_id)
-            payloads = []
             for payload, n in arrow_codec.encode_entries(batch, opts.max_rows_per_entry,
                                                          opts.max_bytes_per_entry):
+                if payloads and queued + len(payload) > coalesce_bytes:
+                    _send(handle, payloads, inflight)
+                    nbytes, entries, queued, payloads = nbytes + queued, entries + len(payloads), 0, []
                 payloads.append(payload)
-                nbytes += len(payload)
+                queued += len(payload)
                 rows += n
-            entries += len(payloads)
-            inflight.extend(handle.add_entries_async(payloads))
-            while len(inflight) > MAX_INFLIGHT_ADD_CHUNKS:
-                inflight.pop(0).result()
+        if payloads:
+            _send(handle, payloads, inflight)
+            nbytes, entries = nbytes + queued, entries + len(payloads)
         for fut in inflight:
             fut.result()
         if handle is not None:
@@ -144,6 +152,12 @@ def write_task(opts: WriteOptions, job: str, schema_text: str,
     _maybe_fail_for_test(opts, partition, attempt)
     ledger_id = handle.ledger_id if handle is not None else -1
     return LedgerCommitMessage(partition, attempt, ledger_id, entries, nbytes, rows)
+
+
+def _send(handle, payloads: list, inflight: list) -> None:
+    inflight.extend(handle.add_entries_async(payloads))
+    while len(inflight) > MAX_INFLIGHT_ADD_CHUNKS:
+        inflight.pop(0).result()
 
 
 def _abandon(bk, handle, key) -> None:

@@ -22,6 +22,9 @@ Requests carry a ``request_id`` the bookie echoes, so answers are matched by id
 * An open stream holds one of the bookie's gRPC server threads, so a stream
   idle for ``idle_close_s`` (no add pending) is closed by ``expire``; the next
   add opens a new one.
+* Requests travel pre-framed (wire/framing.py): the entries payload is
+  appended to the serialized request head, which avoids protobuf's slow
+  handling of large bytes fields.
 """
 from __future__ import annotations
 
@@ -33,13 +36,20 @@ from typing import Callable
 
 from pybk_spark import errors
 from pybk_spark.wire import bookie_wire_pb2 as pb
-from pybk_spark.wire import codes
+from pybk_spark.wire import codes, framing
 
 _CLOSE = object()
 
 
+def add_stream_opener(channel) -> Callable:
+    """The AddStream call of ``channel`` taking pre-framed request bytes."""
+    return channel.stream_stream(framing.ADD_STREAM_METHOD,
+                                 request_serializer=framing.serialize,
+                                 response_deserializer=pb.AddResponse.FromString)
+
+
 class _Stream:
-    def __init__(self, stub, bookie_id: str, now: float):
+    def __init__(self, open_call: Callable, bookie_id: str, now: float):
         self.bookie_id = bookie_id
         self.last_used = now
         self.requests: "queue.SimpleQueue" = queue.SimpleQueue()
@@ -47,7 +57,7 @@ class _Stream:
         self.lock = threading.Lock()
         self.broken: errors.BKError | None = None
         self.timed_out = False
-        self.call = stub.AddStream(self._iter_requests())
+        self.call = open_call(self._iter_requests())
         self.reader = threading.Thread(target=self._read, name=f"pybk-add-{bookie_id}",
                                        daemon=True)
         self.reader.start()
@@ -91,12 +101,13 @@ class _Stream:
             if not fut.done():
                 fut.set_exception(err)
 
-    def add(self, req, fut: Future, deadline: float, convert: Callable, now: float) -> bool:
+    def add(self, request_id: int, req: bytes, fut: Future, deadline: float, convert: Callable,
+            now: float) -> bool:
         """False if the stream is already broken (caller opens a new one)."""
         with self.lock:
             if self.broken is not None:
                 return False
-            self.pending[req.request_id] = (fut, deadline, convert)
+            self.pending[request_id] = (fut, deadline, convert)
             self.last_used = now
         self.requests.put(req)
         return True
@@ -127,9 +138,9 @@ class _Stream:
 class AddStreamer:
     """The add side of one bookie client: a stream, reopened after a break."""
 
-    def __init__(self, stub, bookie_id: str, clock: Callable[[], float],
+    def __init__(self, open_call: Callable, bookie_id: str, clock: Callable[[], float],
                  idle_close_s: float = 30.0):
-        self._stub = stub
+        self._open_call = open_call
         self._idle_close_s = idle_close_s
         self._bookie_id = bookie_id
         self._clock = clock
@@ -138,9 +149,11 @@ class AddStreamer:
         self._stream: _Stream | None = None
         self._closed = False
 
-    def submit(self, req: pb.AddRequest, timeout: float, convert: Callable) -> Future:
+    def submit(self, head: pb.AddRequest, entries, timeout: float, convert: Callable) -> Future:
+        """Send ``head`` (an AddRequest without its entries) + ``entries``."""
         fut: Future = Future()
-        req.request_id = next(self._ids)
+        request_id = head.request_id = next(self._ids)
+        req = framing.with_payload(head, entries)
         now = self._clock()
         deadline = now + timeout
         for _attempt in range(2):
@@ -152,11 +165,11 @@ class AddStreamer:
                 stream = self._stream
                 if stream is None or stream.broken is not None:
                     try:
-                        stream = self._stream = _Stream(self._stub, self._bookie_id, now)
+                        stream = self._stream = _Stream(self._open_call, self._bookie_id, now)
                     except Exception as exc:  # channel closed
                         fut.set_exception(codes.translate_rpc_error(exc, bookie=self._bookie_id))
                         return fut
-            if stream.add(req, fut, deadline, convert, now):
+            if stream.add(request_id, req, fut, deadline, convert, now):
                 return fut
         fut.set_exception(errors.BookieUnavailable(
             f"add stream keeps breaking: {stream.broken}", bookie=self._bookie_id))

@@ -18,7 +18,7 @@ import grpc
 
 from pybk_spark import errors
 from pybk_spark.metadata.store import MetadataStore
-from pybk_spark.transport.add_stream import AddStreamer
+from pybk_spark.transport.add_stream import AddStreamer, add_stream_opener
 from pybk_spark.transport.base import BookieTransport, LacResult, ReadResult, TransportPool
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import bookie_wire_pb2_grpc as pbg
@@ -40,7 +40,8 @@ class BookieClient(BookieTransport):
             ("grpc.max_receive_message_length", max_message_bytes),
         ])
         self._stub = pbg.BookieStub(self._channel)
-        self._adds = AddStreamer(self._stub, self.bookie_id, clock, stream_idle_close_s)
+        self._adds = AddStreamer(add_stream_opener(self._channel), self.bookie_id, clock,
+                                 stream_idle_close_s)
 
     def _call(self, method, request, timeout, convert: Callable) -> Future:
         out: Future = Future()
@@ -70,13 +71,12 @@ class BookieClient(BookieTransport):
         codes.raise_for_code(resp.code, resp.message, bookie=self.bookie_id, **ctx)
 
     def add(self, ledger_id, master_key, entries, recovery=False, timeout=None):
-        req = pb.AddRequest(ledger_id=ledger_id, master_key=master_key, entries=entries,
-                            recovery=recovery)
+        head = pb.AddRequest(ledger_id=ledger_id, master_key=master_key, recovery=recovery)
 
         def conv(resp):
             self._check(resp, ledger_id=ledger_id)
             return resp.first_entry_id, resp.last_entry_id
-        return self._adds.submit(req, timeout or self.default_timeout, conv)
+        return self._adds.submit(head, entries, timeout or self.default_timeout, conv)
 
     def expire(self) -> None:
         """Fail adds older than their timeout (called by the pool's watchdog)."""

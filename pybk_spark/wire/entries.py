@@ -45,11 +45,16 @@ def make_batch(ledger_id: int, entry_ids: Sequence[int], lacs: Sequence[int],
     ], schema=ENTRY_SCHEMA)
 
 
-def batch_to_bytes(batch: pa.RecordBatch) -> bytes:
+def batch_to_buffer(batch: pa.RecordBatch) -> pa.Buffer:
+    """The batch as one Arrow IPC stream, without a copy into ``bytes``."""
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, ENTRY_SCHEMA) as writer:
         writer.write_batch(batch)
-    return sink.getvalue().to_pybytes()
+    return sink.getvalue()
+
+
+def batch_to_bytes(batch: pa.RecordBatch) -> bytes:
+    return batch_to_buffer(batch).to_pybytes()
 
 
 def empty_batch() -> pa.RecordBatch:
