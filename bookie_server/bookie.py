@@ -273,7 +273,7 @@ class Bookie:
 
     def read(self, ledger_id: int, first: int, last: int, *, max_entries: int = 0,
              max_bytes: int = 0, fence: bool = False, master_key: bytes = b"",
-             sparse: bool = False) -> ReadResult:
+             sparse: bool = False, stripe: Optional[tuple[int, int]] = None) -> ReadResult:
         if fence:
             self.fence(ledger_id, master_key)
         if first < 0 or last < first:
@@ -283,8 +283,10 @@ class Bookie:
         with self.cond:
             if not self._known(ledger_id):
                 raise errors.NoSuchLedger(ledger_id=ledger_id)
+        if stripe is not None and not (sparse and 0 <= stripe[1] < stripe[0]):
+            raise errors.BadRequest(f"stripe {stripe} needs a sparse read and 0 <= slot < ensemble")
         batch, limited = self.store.read(ledger_id, first, last, max_entries, max_bytes,
-                                         sparse=sparse)
+                                         sparse=sparse, stripe=stripe)
         lac = self.lac_of(ledger_id)
         if sparse:   # every stored id in range; an empty answer is not an error
             return ReadResult(batch, "LIMIT" if limited else "COMPLETE", lac.lac, lac.fenced)

@@ -133,23 +133,30 @@ class EntryStore:
         return ledger_id in self.ledgers
 
     def read(self, ledger_id: int, first: int, last: int, max_entries: int,
-             max_bytes: int, sparse: bool = False) -> tuple[pa.RecordBatch, bool]:
+             max_bytes: int, sparse: bool = False,
+             stripe: Optional[tuple[int, int]] = None) -> tuple[pa.RecordBatch, bool]:
         """Contiguous entries from ``first``; (batch, hit_limit).  Empty batch
         means ``first`` is not stored here.  ``sparse``: every stored entry in
-        [first, last] instead, gaps skipped (re-replication / replicas check)."""
-        fn = self._read_sparse if sparse else self._read
+        [first, last] instead, gaps skipped (re-replication / replicas check,
+        striped reads); ``stripe=(E, slot)`` keeps only ids e % E == slot."""
+        if sparse:
+            def fn(*a):
+                return self._read_sparse(*a, stripe=stripe)
+        else:
+            fn = self._read
         try:
             return fn(ledger_id, first, last, max_entries, max_bytes)
         except FileNotFoundError:   # raced with compaction + segment deletion: re-locate
             return fn(ledger_id, first, last, max_entries, max_bytes)
 
     def _read_sparse(self, ledger_id: int, first: int, last: int, max_entries: int,
-                     max_bytes: int) -> tuple[pa.RecordBatch, bool]:
+                     max_bytes: int, stripe: Optional[tuple[int, int]] = None
+                     ) -> tuple[pa.RecordBatch, bool]:
         with self.lock:
             idx = self.ledgers.get(ledger_id)
             if idx is None:
                 return empty_batch(), False
-            refs, rows, counts = idx.locate_sparse(first, last, max_entries)
+            refs, rows, counts, piece_first = idx.locate_sparse(first, last, max_entries)
             ref_objs = [self.refs[int(r)] for r in np.unique(refs)]
             by_id = dict(zip(np.unique(refs).tolist(), ref_objs))
         if len(counts) == 0:
@@ -159,13 +166,20 @@ class EntryStore:
         take_rows = np.repeat(rows - offsets, counts) + np.arange(int(counts.sum()))
         piece_of_row = np.repeat(np.arange(len(counts)), counts)
         ref_of_row = refs[piece_of_row]
+        scanned_last = int(piece_first[-1] + counts[-1] - 1)
+        if stripe is not None:
+            ids_of_row = take_rows - rows[piece_of_row] + piece_first[piece_of_row]
+            mine = ids_of_row % stripe[0] == stripe[1]
+            take_rows, ref_of_row = take_rows[mine], ref_of_row[mine]
+            if len(take_rows) == 0:
+                return empty_batch(), scanned_last < last and int(counts.sum()) >= max_entries
         cuts = np.flatnonzero(np.diff(ref_of_row)) + 1
         bounds = np.concatenate(([0], cuts, [len(ref_of_row)]))
         parts = [self._batch_of(by_id[int(ref_of_row[a])]).take(pa.array(take_rows[a:b]))
                  for a, b in zip(bounds[:-1], bounds[1:])]
         table = pa.Table.from_batches(parts, schema=ENTRY_SCHEMA)
         got = table.num_rows
-        limited = got >= max_entries and int(table.column("entry_id")[-1].as_py()) < last
+        limited = int(counts.sum()) >= max_entries and scanned_last < last
         sizes = pc.binary_length(table.column("payload")).to_numpy(zero_copy_only=False)
         cum = np.cumsum(sizes)
         if cum[-1] > max_bytes:

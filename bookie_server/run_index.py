@@ -74,16 +74,16 @@ class LedgerIndex:
         return out
 
     def locate_sparse(self, first: int, last: int, max_entries: int
-                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(refs, rows, counts) of the pieces holding every stored id in
-        [first, last], ascending, at most ``max_entries`` ids (gaps skipped).
-        Vectorised over runs."""
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(refs, rows, counts, first ids) of the pieces holding every stored
+        id in [first, last], ascending, at most ``max_entries`` ids (gaps
+        skipped).  Vectorised over runs."""
         self._settle()
         i0 = int(np.searchsorted(self.ends, first, side="left"))
         i1 = int(np.searchsorted(self.starts, last, side="right"))
         if i1 <= i0 or max_entries <= 0:
             e = np.empty(0, np.int64)
-            return e, e, e
+            return e, e, e, e
         st = self.starts[i0:i1]
         lo = np.maximum(st, first)
         counts = np.minimum(self.ends[i0:i1], last) - lo + 1
@@ -94,7 +94,7 @@ class LedgerIndex:
             counts[k] -= int(cum[k]) - max_entries
             lo, st = lo[:k + 1], st[:k + 1]
         n = len(counts)
-        return self.refs[i0:i0 + n], self.rows[i0:i0 + n] + (lo - st), counts
+        return self.refs[i0:i0 + n], self.rows[i0:i0 + n] + (lo - st), counts, lo
 
     def remove_refs(self, ref_ids: np.ndarray) -> None:
         self._settle()

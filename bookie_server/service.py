@@ -131,7 +131,9 @@ class BookieService(pb_grpc.BookieServicer):
             res = self.bookie.read(request.ledger_id, request.first_entry_id,
                                    request.last_entry_id, max_entries=request.max_entries,
                                    max_bytes=request.max_bytes, fence=request.fence,
-                                   master_key=request.master_key, sparse=request.sparse)
+                                   master_key=request.master_key, sparse=request.sparse,
+                                   stripe=((request.stripe_ensemble, request.stripe_slot)
+                                           if request.stripe_ensemble else None))
             self.m.read_requests.labels("ok").inc()
             self.m.read_entries.inc(res.batch.num_rows)
             self.m.read_latency.observe(time.perf_counter() - t0)

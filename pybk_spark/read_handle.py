@@ -42,6 +42,7 @@ class ReadHandle:
         self._digester = Digester(md.digest_type, password)
         self._lac = lac
         self._rr = 0
+        self._stripe_reads_ok = True      # first-replica striped reads until one fails
 
     @property
     def last_add_confirmed(self) -> int:
@@ -141,16 +142,34 @@ class ReadHandle:
             yield batch
 
     def _read_striped(self, first: int, last: int, ensemble, qw: int) -> pa.RecordBatch:
-        """Striped range: one SPARSE read per bookie of the ensemble (each
-        returns every id it holds in the range), merged with Arrow: first copy
-        of each id, digest-verified, longest gap-free prefix from ``first``.
-        Anything missing/corrupt at the front falls back to ``_read_run``
-        (per-replica failover, speculative reads, typed errors)."""
+        """Striped range.  First try: ask each bookie only for the entries
+        whose write set starts at it (``stripe=(E, slot)``, BookKeeper's
+        first-replica read), so each entry crosses the wire once.  If that
+        leaves the front entry missing or corrupt (a bookie down or behind),
+        or after any failure on this handle, read every replica's copies
+        (one SPARSE read per bookie) and merge.  Either way: first copy of
+        each id, digest-verified, longest gap-free prefix from ``first``;
+        nothing usable at the front falls back to ``_read_run`` (per-replica
+        failover, speculative reads, typed errors)."""
+        if self._stripe_reads_ok:
+            merged = self._merge_sparse(first, self._sparse_reads(first, last, ensemble, True))
+            if merged is not None:
+                return merged
+            self._stripe_reads_ok = False
+        merged = self._merge_sparse(first, self._sparse_reads(first, last, ensemble, False))
+        return merged if merged is not None else self._read_run(first, last)
+
+    def _sparse_reads(self, first: int, last: int, ensemble, by_slot: bool) -> list:
         conf = self.bk.conf
-        futs = [self.bk.transports.get(b).read(
+        return [self.bk.transports.get(b).read(
             self.ledger_id, first, last, max_entries=last - first + 1,
             max_bytes=conf.read_batch_bytes, master_key=self._master_key,
-            timeout=conf.read_timeout_s, sparse=True) for b in ensemble]
+            timeout=conf.read_timeout_s, sparse=True,
+            stripe=(len(ensemble), slot) if by_slot else None)
+            for slot, b in enumerate(ensemble)]
+
+    def _merge_sparse(self, first: int, futs: list) -> pa.RecordBatch | None:
+        """The verified gap-free prefix from ``first`` of the answers, or None."""
         batches = []
         for f in futs:
             try:
@@ -158,26 +177,28 @@ class ReadHandle:
             except errors.Unauthorized:
                 raise
             except errors.BKError:
+                self._stripe_reads_ok = False
                 continue
             if batch.batch.num_rows:
                 batches.append(batch.batch)
         if not batches:
-            return self._read_run(first, last)
-        table = pa.Table.from_batches(batches).combine_chunks()
+            return None
+        table = pa.Table.from_batches(batches)
         ids = table.column("entry_id").to_numpy()
         order = np.argsort(ids, kind="stable")
         uniq, idx = np.unique(ids[order], return_index=True)
         take = order[idx]
-        n = int(np.argmax(uniq != np.arange(first, first + len(uniq)))) \
-            if (uniq != np.arange(first, first + len(uniq))).any() else len(uniq)
+        gaps = uniq != np.arange(first, first + len(uniq))
+        n = int(np.argmax(gaps)) if gaps.any() else len(uniq)
         if n == 0:
-            return self._read_run(first, last)
+            return None
         merged = table.take(pa.array(take[:n])).combine_chunks().to_batches()[0]
         ok = self._digester.verify_batch(merged)
         if not ok.all():
+            self._stripe_reads_ok = False
             bad = int((~ok).argmax())
             if bad == 0:
-                return self._read_run(first, last)
+                return None
             merged = merged.slice(0, bad)
         return merged
 

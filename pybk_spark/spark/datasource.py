@@ -67,9 +67,9 @@ class BookKeeperDataSource(DataSource):
     # -- batch write -----------------------------------------------------------------------
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         from pybk_spark.spark.writer import BookKeeperBatchWriter, prepare_log
-        from pybk_spark.client import BookKeeper
+        from pybk_spark.spark.reader import PlanningClient
         opts = parse_write_options(self.options)
-        with BookKeeper(opts.metadata_uri) as bk:
+        with PlanningClient(opts.metadata_uri) as bk:      # metadata only
             schema_text = prepare_log(bk, opts, schema, overwrite)   # SchemaMismatch: no data written
         return BookKeeperBatchWriter(opts, schema_text, overwrite)
 
@@ -83,12 +83,12 @@ class BookKeeperDataSource(DataSource):
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         from pybk_spark.spark.writer import BookKeeperStreamWriter, prepare_log
-        from pybk_spark.client import BookKeeper
+        from pybk_spark.spark.reader import PlanningClient
         if overwrite:
             raise errors.IncorrectParameter(
                 "the bookkeeper sink supports outputMode('append') only")
         opts = parse_write_options(self.options, streaming=True)
-        with BookKeeper(opts.metadata_uri) as bk:
+        with PlanningClient(opts.metadata_uri) as bk:      # metadata only
             schema_text = prepare_log(bk, opts, schema, False)
         return BookKeeperStreamWriter(opts, schema_text)
 

@@ -170,6 +170,47 @@ def decode_slice(raw_batches: Iterator[pa.RecordBatch], table_schema: Optional[s
 
 
 # -- driver side: planning ---------------------------------------------------------------------
+class PlanningClient:
+    """What planning needs of a client: metadata reads, and ``open_ledger``
+    for ledgers that are not closed (LAC read / recovery).  Spark runs each
+    planning step in a fresh Python worker, so the full client (bookie
+    transports, ledger handles, their imports) is built only when an open
+    ledger needs it; planning a closed log touches etcd only."""
+
+    def __init__(self, uri: str):
+        from pybk_spark.metadata import open_store
+        self.uri = uri
+        self.metadata_store = open_store(uri)
+        self._bk = None
+
+    def get_ledger_metadata(self, ledger_id: int):
+        from pybk_spark.metadata.store import ledger_key
+        from pybk_spark.protocol import ledger_metadata as lm
+        v = self.metadata_store.get(ledger_key(ledger_id))
+        if v is None:
+            raise errors.NoSuchLedger(ledger_id=ledger_id)
+        return lm.LedgerMetadata.from_json(v.value)
+
+    def open_ledger(self, ledger_id: int, **kwargs):
+        if self._bk is None:
+            from pybk_spark.client import BookKeeper
+            self._bk = BookKeeper(self.uri, store=self.metadata_store)
+        return self._bk.open_ledger(ledger_id, **kwargs)
+
+    def close(self) -> None:
+        try:
+            if self._bk is not None:
+                self._bk.close()
+        finally:
+            self.metadata_store.close()
+
+    def __enter__(self) -> "PlanningClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def ledger_view(bk, ledger_id: int, opts: ReadOptions) -> LedgerView:
     """Fix the readable prefix of one ledger (see module docstring)."""
     md = bk.get_ledger_metadata(ledger_id)
@@ -261,8 +302,7 @@ class BookKeeperBatchReader(DataSourceReader):
         self.bounds = Bounds()
 
     def partitions(self) -> list[InputPartition]:
-        from pybk_spark.client import BookKeeper
-        bk = BookKeeper(self.opts.metadata_uri)
+        bk = PlanningClient(self.opts.metadata_uri)
         try:
             ledger_ids = resolve_ledgers(bk, self.opts)
             return [LedgerSlicePartition.of(s) for s in plan(bk, self.opts, ledger_ids, self.bounds)]

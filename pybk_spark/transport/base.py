@@ -37,9 +37,11 @@ class BookieTransport(abc.ABC):
     @abc.abstractmethod
     def read(self, ledger_id: int, first: int, last: int, *, max_entries: int = 0,
              max_bytes: int = 0, fence: bool = False, master_key: bytes = b"",
-             timeout: float | None = None, sparse: bool = False) -> "Future[ReadResult]":
+             timeout: float | None = None, sparse: bool = False,
+             stripe: tuple[int, int] | None = None) -> "Future[ReadResult]":
         """Contiguous run from ``first``; ``sparse=True``: every stored entry in
-        [first, last], gaps skipped, end LIMIT/COMPLETE, empty answer is OK."""
+        [first, last], gaps skipped, end LIMIT/COMPLETE, empty answer is OK.
+        ``stripe=(E, slot)`` (with sparse): only ids e with e % E == slot."""
 
     @abc.abstractmethod
     def read_lac(self, ledger_id: int, *, fence: bool = False, master_key: bytes = b"",

@@ -83,10 +83,12 @@ class BookieClient(BookieTransport):
         self._adds.expire()
 
     def read(self, ledger_id, first, last, *, max_entries=0, max_bytes=0, fence=False,
-             master_key=b"", timeout=None, sparse=False):
+             master_key=b"", timeout=None, sparse=False, stripe=None):
         req = pb.ReadRequest(ledger_id=ledger_id, first_entry_id=first, last_entry_id=last,
                              max_entries=max_entries, max_bytes=max_bytes, fence=fence,
-                             master_key=master_key, sparse=sparse)
+                             master_key=master_key, sparse=sparse,
+                             stripe_ensemble=stripe[0] if stripe else 0,
+                             stripe_slot=stripe[1] if stripe else 0)
 
         def conv(resp):
             self._check(resp, ledger_id=ledger_id, entry_id=first)

@@ -82,7 +82,8 @@ class MemoryBookie:
             return ReadResult(batch, end, max(led.lac, led.explicit_lac), led.fenced)
 
     def read_sparse(self, lid: int, first: int, last: int, max_entries: int = 0,
-                    fence: bool = False, key: bytes = b"") -> ReadResult:
+                    fence: bool = False, key: bytes = b"",
+                    stripe: tuple[int, int] | None = None) -> ReadResult:
         with self.lock:
             if fence:
                 self._ledger(lid, key).fenced = True
@@ -91,7 +92,8 @@ class MemoryBookie:
                 raise errors.NoSuchLedger(ledger_id=lid)
             limit = max_entries or 1 << 30
             ids = sorted(e for e in led.rows if first <= e <= last)
-            rows = [led.rows[e] for e in ids[:limit]]
+            rows = [led.rows[e] for e in ids[:limit]
+                    if stripe is None or e % stripe[0] == stripe[1]]
             batch = pa.RecordBatch.from_pylist(rows, schema=ENTRY_SCHEMA) if rows else empty_batch()
             end = "LIMIT" if len(ids) > limit else "COMPLETE"
             return ReadResult(batch, end, max(led.lac, led.explicit_lac), led.fenced)
@@ -144,10 +146,10 @@ class MemoryTransport(BookieTransport):
         return self._do(lambda b: b.add(ledger_id, master_key, entries, recovery))
 
     def read(self, ledger_id, first, last, *, max_entries=0, max_bytes=0, fence=False,
-             master_key=b"", timeout=None, sparse=False):
+             master_key=b"", timeout=None, sparse=False, stripe=None):
         if sparse:
             return self._do(lambda b: b.read_sparse(ledger_id, first, last, max_entries,
-                                                    fence, master_key))
+                                                    fence, master_key, stripe))
         return self._do(lambda b: b.read(ledger_id, first, last, max_entries, fence, master_key))
 
     def read_lac(self, ledger_id, *, fence=False, master_key=b"", wait_for_lac_above=-2,

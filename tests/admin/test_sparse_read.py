@@ -34,11 +34,12 @@ def test_locate_sparse_matches_oracle(seed):
     first = rng.randrange(0, 220)
     last = first + rng.randrange(0, 80)
     limit = rng.randrange(1, 60)
-    refs, rows, counts = idx.locate_sparse(first, last, limit)
+    refs, rows, counts, piece_first = idx.locate_sparse(first, last, limit)
     got = []
     starts = idx.starts
     for r, row, n in zip(refs, rows, counts):
         got.extend(range(int(starts[r]) + int(row), int(starts[r]) + int(row) + int(n)))
+    assert [int(f) for f in piece_first] == [int(starts[r]) + int(row) for r, row in zip(refs, rows)]
     want = sorted(e for e in stored if first <= e <= last)[:limit]
     assert got == want, (seed, first, last, limit)
 
@@ -64,6 +65,13 @@ def _check_sparse(transport, ledger_id, key):
     assert empty.batch.num_rows == 0 and empty.end == "COMPLETE"
     with pytest.raises(errors.NoSuchLedger):
         transport.read(ledger_id + 10**9, 0, 5, sparse=True).result()
+    # striped by first replica: only ids e % E == slot; max_entries counts before the filter
+    mine = transport.read(ledger_id, 5, 27, max_entries=100, sparse=True, stripe=(3, 1)).result()
+    assert mine.batch.column("entry_id").to_pylist() == [7, 22] and mine.end == "COMPLETE"
+    mine = transport.read(ledger_id, 0, 29, max_entries=12, sparse=True, stripe=(3, 0)).result()
+    assert mine.batch.column("entry_id").to_pylist() == [0, 3, 6, 9, 21] and mine.end == "LIMIT"
+    none = transport.read(ledger_id, 0, 29, max_entries=2, sparse=True, stripe=(3, 2)).result()
+    assert none.batch.num_rows == 0 and none.end == "LIMIT"
     # the default (contiguous) read is unchanged
     run = transport.read(ledger_id, 20, 29, max_entries=100).result()
     assert run.batch.column("entry_id").to_pylist() == [20, 21, 22, 23, 24]
