@@ -115,8 +115,9 @@ def _serve(cfg, bookie_id: str, store, conf_path) -> int:
     if store is not None:
         registrar = Registrar(store, bookie_id, f"{cfg.bind_address}:{port}", cfg.rack,
                               cfg.metrics_port, cfg.registration_ttl_s)
-    checker = DiskChecker(bookie, cfg, on_change=(registrar.set_read_only if registrar
-                                                   else (lambda ro: None)))
+    if registrar is not None:          # disk full, journal failure: the registry follows
+        bookie.add_mode_listener(registrar.set_read_only)
+    checker = DiskChecker(bookie, cfg, on_change=lambda ro: None)
     checker.start()
     if registrar is not None:
         registrar.start(read_only=bookie.read_only)

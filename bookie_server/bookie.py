@@ -89,7 +89,8 @@ def validate_batch(data: bytes, ledger_id: int, cfg: BookieConfig) -> pa.RecordB
 
 class Bookie:
     def __init__(self, cfg: BookieConfig, *, metrics: Optional[BookieMetrics] = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 fsync: Callable[[int], None] = os.fdatasync):
         self.cfg = cfg
         self.clock = clock
         self.metrics = metrics or BookieMetrics()
@@ -104,10 +105,13 @@ class Bookie:
                                sync_data=cfg.journal_sync_data,
                                max_file_bytes=cfg.journal_max_file_bytes,
                                prealloc_bytes=cfg.journal_prealloc_bytes,
-                               clock=clock, metrics=self.metrics)
+                               clock=clock, metrics=self.metrics, fsync=fsync,
+                               on_failure=self._journal_failed)
         self.states: dict[int, ls.LedgerState] = {}
         self.cond = threading.Condition(threading.RLock())
         self.read_only = False
+        self.io_error: Optional[str] = None     # set once a journal write/fsync failed
+        self._mode_listeners: list[Callable[[bool], None]] = []
         self._applied = Position(0, 0)
         self._ckpt_lock = threading.Lock()
         self._ckpt_gen = 0
@@ -297,14 +301,36 @@ class Bookie:
         return ReadResult(batch, end, lac.lac, lac.fenced)
 
     def set_read_only(self, value: bool) -> bool:
-        """Returns True if the mode changed."""
+        """Returns True if the mode changed.  After a journal failure the
+        bookie stays read-only until it is restarted (and its journal
+        replayed): nothing may be acknowledged that was not made durable."""
         with self.cond:
+            if not value and self.io_error is not None:
+                value = True
             changed = self.read_only != value
             self.read_only = value
         if changed:
             self.metrics.read_only.set(1 if value else 0)
             log.warning("event=bookie_mode read_only=%s", value)
+            for listener in list(self._mode_listeners):
+                try:
+                    listener(value)
+                except Exception:  # noqa: BLE001 - e.g. etcd down: the registrar retries
+                    log.exception("event=mode_listener_error")
         return changed
+
+    def add_mode_listener(self, listener: Callable[[bool], None]) -> None:
+        """``listener(read_only)`` after every mode change (the registrar)."""
+        self._mode_listeners.append(listener)
+
+    def _journal_failed(self, exc: BaseException) -> None:
+        """Journal hook: a write or fdatasync failed (EIO, ENOSPC...).  Every
+        later add fails; turning read-only also tells clients (registry,
+        BookieInfo) to place new ensembles elsewhere.  Runs the switch on its
+        own thread: the journal thread must not wait for the bookie lock."""
+        self.io_error = repr(exc)
+        threading.Thread(target=self.set_read_only, args=(True,), name="journal-failed",
+                         daemon=True).start()
 
     def ledger_ids(self) -> list[int]:
         with self.cond:

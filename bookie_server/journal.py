@@ -111,7 +111,8 @@ class Journal:
                  max_group_bytes: int = 512 * 1024, flush_when_queue_empty: bool = True,
                  sync_data: bool = True, max_file_bytes: int = 256 << 20,
                  prealloc_bytes: int = 64 << 20, clock: Callable[[], float] = time.monotonic,
-                 metrics: Any = None):
+                 metrics: Any = None, fsync: Callable[[int], None] = os.fdatasync,
+                 on_failure: Optional[Callable[[BaseException], None]] = None):
         self.dir = directory
         os.makedirs(directory, exist_ok=True)
         self.max_group_wait_s = max_group_wait_s
@@ -122,6 +123,8 @@ class Journal:
         self.prealloc_bytes = prealloc_bytes
         self.clock = clock
         self.metrics = metrics
+        self._fsync = fsync                  # injected like the clock (fault tests)
+        self._on_failure = on_failure        # called once, on the failing journal thread
         self._q: "queue.Queue[Any]" = queue.Queue()
         self._thread: Optional[threading.Thread] = None
         self._failed: Optional[BaseException] = None
@@ -302,6 +305,11 @@ class Journal:
         if self._failed is None:
             self._failed = exc
             log.error("event=journal_failed error=%r", exc)
+            if self._on_failure is not None:
+                try:
+                    self._on_failure(exc)
+                except Exception:  # noqa: BLE001 - the journal stays failed regardless
+                    log.exception("event=journal_failure_hook_error")
 
     def _sync_barrier(self) -> None:
         """Wait until the sync stage has finished everything handed to it."""
@@ -339,7 +347,7 @@ class Journal:
             try:
                 t0 = time.perf_counter()
                 if self.sync_data:
-                    os.fdatasync(groups[-1][2])
+                    self._fsync(groups[-1][2])
                 if self.metrics is not None:
                     self.metrics.journal_fsync(time.perf_counter() - t0, len(subs),
                                                sum(g[3] for g in groups))

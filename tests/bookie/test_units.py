@@ -210,3 +210,50 @@ def test_fence_linearizes_with_concurrent_adds(tmp_path):
                 b.add(ledger, b"k", entries_bytes(ledger, [10 ** 6]))
     finally:
         b.close()
+
+
+def test_failed_fdatasync_turns_the_bookie_read_only_until_restart(tmp_path):
+    """A journal fdatasync that fails (EIO here, injected at the syscall the
+    journal is given) fails that add and every later one with a typed error,
+    turns the bookie read-only (listeners such as the registrar are told),
+    keeps what was acknowledged readable, and cannot be undone by the disk
+    checker; a restart replays the journal and the bookie is writable again."""
+    import errno
+    import threading
+
+    from bookie_server.bookie import Bookie
+    from pybk_spark.testing.bookie_process import entries_bytes
+
+    failing = threading.Event()
+
+    def fdatasync(fd):
+        if failing.is_set():
+            raise OSError(errno.EIO, "injected EIO")
+        os.fdatasync(fd)
+
+    cfg = BookieConfig(data_dir=str(tmp_path), flush_interval_s=3600)
+    b = Bookie(cfg, fsync=fdatasync).open()
+    modes = []
+    switched = threading.Event()
+    b.add_mode_listener(lambda ro: (modes.append(ro), switched.set()))
+    try:
+        assert b.add(7, b"k", entries_bytes(7, [0, 1])) == (0, 1)
+        failing.set()
+        with pytest.raises(errors.BookieIOError):
+            b.add(7, b"k", entries_bytes(7, [2]))
+        assert switched.wait(30) and modes == [True] and b.read_only
+        assert b.io_error and "EIO" in b.io_error
+        with pytest.raises((errors.BookieIOError, errors.ReadOnly)):
+            b.add(7, b"k", entries_bytes(7, [3]))
+        assert not b.set_read_only(False) and b.read_only       # the disk checker's call
+        got = b.read(7, 0, 1)
+        assert got.batch.column("entry_id").to_pylist() == [0, 1]
+    finally:
+        b.close(checkpoint=False)
+    b = Bookie(cfg).open()
+    try:
+        assert not b.read_only and b.io_error is None
+        assert b.read(7, 0, 1).batch.column("entry_id").to_pylist() == [0, 1]
+        assert b.add(7, b"k", entries_bytes(7, [2])) == (2, 2)
+    finally:
+        b.close()
