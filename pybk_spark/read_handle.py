@@ -111,10 +111,14 @@ class ReadHandle:
             out.extend(to_entries(batch))
         return out
 
-    def read_batches(self, first: int, last: int, max_entries: int | None = None
-                     ) -> Iterator[pa.RecordBatch]:
-        """Arrow batches (ledger_id, entry_id, payload) covering [first, last]."""
-        for batch in self._raw_batches(first, last, max_entries or self.bk.conf.read_batch_entries):
+    def read_batches(self, first: int, last: int, max_entries: int | None = None,
+                     max_bytes: int | None = None) -> Iterator[pa.RecordBatch]:
+        """Arrow batches (ledger_id, entry_id, payload) covering [first, last];
+        each batch holds at most ``max_entries`` entries and, past its first
+        entry, about ``max_bytes`` of payload (default: the client's
+        ``read_batch_entries`` / ``read_batch_bytes``)."""
+        for batch in self._raw_batches(first, last, max_entries or self.bk.conf.read_batch_entries,
+                                       max_bytes or self.bk.conf.read_batch_bytes):
             yield batch.select(OUT_COLUMNS)
 
     def _check_range(self, first: int, last: int) -> None:
@@ -126,7 +130,8 @@ class ReadHandle:
                 raise errors.NoSuchEntry("entry beyond the last add confirmed",
                                          ledger_id=self.ledger_id, entry_id=last, lac=self._lac)
 
-    def _raw_batches(self, first: int, last: int, max_entries: int) -> Iterator[pa.RecordBatch]:
+    def _raw_batches(self, first: int, last: int, max_entries: int,
+                     max_bytes: int | None = None) -> Iterator[pa.RecordBatch]:
         self._check_range(first, last)
         nxt = first
         while nxt <= last:
@@ -135,13 +140,14 @@ class ReadHandle:
             qw = self.metadata.write_quorum
             if len(ensemble) > qw:      # striped: a bookie holds runs of Qw ids
                 end = min(end, self._fragment_end(nxt), nxt + STRIPED_WINDOW * qw - 1)
-                batch = self._read_striped(nxt, end, ensemble, qw)
+                batch = self._read_striped(nxt, end, ensemble, qw, max_bytes)
             else:
-                batch = self._read_run(nxt, end)
+                batch = self._read_run(nxt, end, max_bytes)
             nxt += batch.num_rows
             yield batch
 
-    def _read_striped(self, first: int, last: int, ensemble, qw: int) -> pa.RecordBatch:
+    def _read_striped(self, first: int, last: int, ensemble, qw: int,
+                      max_bytes: int | None = None) -> pa.RecordBatch:
         """Striped range.  First try: ask each bookie only for the entries
         whose write set starts at it (``stripe=(E, slot)``, BookKeeper's
         first-replica read), so each entry crosses the wire once.  If that
@@ -152,18 +158,24 @@ class ReadHandle:
         nothing usable at the front falls back to ``_read_run`` (per-replica
         failover, speculative reads, typed errors)."""
         if self._stripe_reads_ok:
-            merged = self._merge_sparse(first, self._sparse_reads(first, last, ensemble, True))
+            merged = self._merge_sparse(first, self._sparse_reads(first, last, ensemble, True,
+                                                                  max_bytes))
             if merged is not None:
                 return merged
             self._stripe_reads_ok = False
-        merged = self._merge_sparse(first, self._sparse_reads(first, last, ensemble, False))
-        return merged if merged is not None else self._read_run(first, last)
+        merged = self._merge_sparse(first, self._sparse_reads(first, last, ensemble, False,
+                                                              max_bytes))
+        return merged if merged is not None else self._read_run(first, last, max_bytes)
 
-    def _sparse_reads(self, first: int, last: int, ensemble, by_slot: bool) -> list:
+    def _sparse_reads(self, first: int, last: int, ensemble, by_slot: bool,
+                      max_bytes: int | None) -> list:
         conf = self.bk.conf
+        budget = max_bytes or conf.read_batch_bytes
+        if by_slot:                  # each bookie returns ~1/E of the window
+            budget = max(1, budget // len(ensemble))
         return [self.bk.transports.get(b).read(
             self.ledger_id, first, last, max_entries=last - first + 1,
-            max_bytes=conf.read_batch_bytes, master_key=self._master_key,
+            max_bytes=budget, master_key=self._master_key,
             timeout=conf.read_timeout_s, sparse=True,
             stripe=(len(ensemble), slot) if by_slot else None)
             for slot, b in enumerate(ensemble)]
@@ -206,7 +218,7 @@ class ReadHandle:
         later = [f for f, _ in self.metadata.ensembles if f > entry_id]
         return (min(later) - 1) if later else 1 << 62
 
-    def _read_run(self, e: int, last: int) -> pa.RecordBatch:
+    def _read_run(self, e: int, last: int, max_bytes: int | None = None) -> pa.RecordBatch:
         md = self.metadata
         ensemble = md.ensemble_for(e)
         last = min(last, self._fragment_end(e))
@@ -226,7 +238,8 @@ class ReadHandle:
             b = ensemble[slots[tried]]
             tried += 1
             f = self.bk.transports.get(b).read(
-                self.ledger_id, e, last, max_entries=last - e + 1, max_bytes=conf.read_batch_bytes,
+                self.ledger_id, e, last, max_entries=last - e + 1,
+                max_bytes=max_bytes or conf.read_batch_bytes,
                 master_key=self._master_key, timeout=conf.read_timeout_s)
             pending[f] = b
 

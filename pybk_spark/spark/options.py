@@ -31,10 +31,11 @@ LATEST = -1
 
 DEFAULT_MAX_ENTRIES_PER_PARTITION = 100_000
 DEFAULT_READ_BATCH_ENTRIES = 1000
+DEFAULT_READ_BATCH_BYTES = 8 << 20      # one read window: Spark consumes it while the next is read
 
 KNOWN_READ_OPTIONS = (
     "metadataServiceUri", "ledgers", "log", "startingOffsets", "endingOffsets",
-    "recovery", "maxEntriesPerPartition", "readBatchEntries", "password", "path",
+    "recovery", "maxEntriesPerPartition", "readBatchEntries", "readBatchBytes", "password", "path",
     "includeMetadata",
 )
 
@@ -51,6 +52,7 @@ class ReadOptions:
     recovery: bool = False
     max_entries_per_partition: int = DEFAULT_MAX_ENTRIES_PER_PARTITION
     read_batch_entries: int = DEFAULT_READ_BATCH_ENTRIES
+    read_batch_bytes: int = DEFAULT_READ_BATCH_BYTES
     password: bytes = b""
     include_metadata: bool = False          # DataFrame logs: add _ledger_id, _entry_id
 
@@ -204,6 +206,8 @@ def parse_read_options(options: Mapping[str, str]) -> ReadOptions:
             DEFAULT_MAX_ENTRIES_PER_PARTITION),
         read_batch_entries=parse_positive_int(
             "readBatchEntries", _get(options, "readBatchEntries"), DEFAULT_READ_BATCH_ENTRIES),
+        read_batch_bytes=parse_positive_int(
+            "readBatchBytes", _get(options, "readBatchBytes"), DEFAULT_READ_BATCH_BYTES),
         password=password.encode() if password else b"",
         include_metadata=parse_bool("includeMetadata", _get(options, "includeMetadata"), False),
     )

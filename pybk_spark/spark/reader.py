@@ -276,7 +276,8 @@ def read_slice(bk, part: LedgerSlicePartition, opts: ReadOptions) -> Iterator[pa
     try:
         _catch_up_lac(handle, part.last)
         expected = part.first
-        for batch in handle.read_batches(part.first, part.last, max_entries=opts.read_batch_entries):
+        for batch in handle.read_batches(part.first, part.last, max_entries=opts.read_batch_entries,
+                                         max_bytes=opts.read_batch_bytes):
             if batch.num_rows == 0:
                 continue
             out = to_raw_batch(batch)

@@ -182,3 +182,24 @@ def test_tailing_reader_long_poll(cluster):
         lh.close()
     finally:
         bk.close()
+
+
+@pytest.mark.parametrize("write_quorum", [3, 2])
+def test_read_batches_keeps_to_the_byte_budget(cluster, write_quorum):
+    """A read window holds about ``max_bytes`` of payload (at least one
+    entry), for contiguous (Qw = E) and striped (Qw < E, first-replica reads)
+    ledgers; every entry comes back once, in order."""
+    bk = _bk(cluster)
+    try:
+        lh = bk.create_ledger(3, write_quorum, 2)
+        payloads = [bytes([i]) * 100_000 for i in range(12)]
+        lh.add_entries(payloads)
+        lh.close()
+        rh = bk.open_ledger(lh.ledger_id, recovery=False)
+        batches = list(rh.read_batches(0, 11, max_bytes=250_000))
+        assert [p for b in batches for p in b.column("payload").to_pylist()] == payloads
+        assert len(batches) >= 4 and all(b.num_rows <= 3 for b in batches)
+        whole = list(rh.read_batches(0, 11))              # default budget: one window
+        assert len(whole) == 1 and whole[0].num_rows == 12
+    finally:
+        bk.close()
