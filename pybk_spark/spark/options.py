@@ -31,7 +31,7 @@ LATEST = -1
 
 DEFAULT_MAX_ENTRIES_PER_PARTITION = 100_000
 DEFAULT_READ_BATCH_ENTRIES = 1000
-DEFAULT_READ_BATCH_BYTES = 8 << 20      # one read window: Spark consumes it while the next is read
+DEFAULT_READ_BATCH_BYTES = 16 << 20     # one read window (all bookies together)
 
 KNOWN_READ_OPTIONS = (
     "metadataServiceUri", "ledgers", "log", "startingOffsets", "endingOffsets",
