@@ -61,7 +61,11 @@ class BookKeeper:
     # -- ledgers ----------------------------------------------------------------------------
     def create_ledger(self, ensemble: int = 3, write_quorum: int = 2, ack_quorum: int = 2,
                       digest: str = "crc32c", password: bytes = b"",
-                      custom_metadata: Mapping[str, str] | None = None) -> LedgerHandle:
+                      custom_metadata: Mapping[str, str] | None = None,
+                      ledger_id: int | None = None) -> LedgerHandle:
+        """``ledger_id``: an id taken earlier from :meth:`reserve_ledger_id`
+        (so it can be recorded somewhere before the ledger exists); a ledger
+        that already has it -> LedgerExists."""
         self._check_open()
         lm.validate_quorums(ensemble, write_quorum, ack_quorum)
         if digest not in lm.DIGEST_TYPES:
@@ -69,10 +73,14 @@ class BookKeeper:
         password = _as_bytes(password)
         store = self.metadata_store
         bookies = self.placement.new_ensemble(ensemble, writable_bookies(store))
-        ledger_id = store.next_id()
+        if ledger_id is None:
+            ledger_id = self.reserve_ledger_id()
         md = lm.new_ledger(ledger_id, bookies, write_quorum, ack_quorum, digest, password,
                            custom_metadata, ctime_ms=int(time.time() * 1000))
-        store.put_if_absent(ledger_key(ledger_id), md.to_json())
+        try:
+            store.put_if_absent(ledger_key(ledger_id), md.to_json())
+        except errors.MetadataVersion:
+            raise errors.LedgerExists(ledger_id=ledger_id) from None
         lease = None
         try:
             lease = store.grant_lease(self.conf.writer_lease_ttl_s)
@@ -82,6 +90,10 @@ class BookKeeper:
         lh = LedgerHandle(self, md, password, lease)
         self._handles.add(lh)
         return lh
+
+    def reserve_ledger_id(self) -> int:
+        """A fresh ledger id (etcd CAS counter), never handed out again."""
+        return self.metadata_store.next_id()
 
     def open_ledger(self, ledger_id: int, password: bytes = b"", recovery: bool = True) -> ReadHandle:
         self._check_open()

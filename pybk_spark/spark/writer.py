@@ -7,9 +7,10 @@ create the log, convert the DataFrame schema to its canonical Arrow form
 (arrow_codec) and refuse an incompatible append with ``SchemaMismatch`` - no
 data has been written yet.
 
-Task, ``write(batches)``: on the first non-empty batch create a fresh ledger
-(tagged ``spark_job``), record it as pending in etcd (pending.py) BEFORE any
-entry is added, then add every batch cut into bounded Arrow IPC entries with
+Task, ``write(batches)``: on the first non-empty batch reserve a ledger id,
+record it as pending in etcd (pending.py), THEN create the ledger (tagged
+``spark_job``) with that id - a task lost in between leaves a pending key
+naming no ledger, never an untracked ledger - then add every batch cut into bounded Arrow IPC entries with
 pipelined ``add_entries_async`` (entries of consecutive batches are grouped
 up to ``add_batch_bytes`` per request); wait for all acks, close the ledger and
 return ``(ledger id, entries, bytes, rows)``.  A task whose write fails
@@ -124,12 +125,15 @@ def write_task(opts: WriteOptions, job: str, schema_text: str,
                 continue
             batch = arrow_codec.conform(batch, schema)
             if handle is None:
+                # pending first, ledger second: a task that dies in between
+                # leaves a pending key naming no ledger, never an unnamed ledger
+                ledger_id = bk.reserve_ledger_id()
+                key = pending.record(bk.metadata_store, opts.log, job, partition, attempt,
+                                     ledger_id)
                 handle = bk.create_ledger(
                     ensemble=opts.ensemble, write_quorum=opts.write_quorum,
                     ack_quorum=opts.ack_quorum, password=opts.password,
-                    custom_metadata={"log": opts.log, "spark_job": job})
-                key = pending.record(bk.metadata_store, opts.log, job, partition, attempt,
-                                     handle.ledger_id)
+                    custom_metadata={"log": opts.log, "spark_job": job}, ledger_id=ledger_id)
             for payload, n in arrow_codec.encode_entries(batch, opts.max_rows_per_entry,
                                                          opts.max_bytes_per_entry):
                 if payloads and queued + len(payload) > coalesce_bytes:

@@ -227,3 +227,26 @@ def test_async_adds_are_coalesced_and_keep_call_order(env):
     rh = bk.open_ledger(lh.ledger_id, recovery=False)
     payloads = [e.payload for e in rh.read(0, 602)]
     assert payloads[499:503] == [b"a499", b"sync", b"b0", b"b1"] and payloads[-1] == b"c99"
+
+
+def test_reserved_ledger_id_and_pending_cleanup_of_a_ledger_never_created(env):
+    """A Spark task records its ledger as pending BEFORE creating it (reserved
+    id): a task that dies in between leaves a pending key naming no ledger,
+    which the driver's cleanup removes; a reserved id cannot be created twice."""
+    from pybk_spark.spark import pending
+    bk, store, _ = env
+    lid = bk.reserve_ledger_id()
+    assert bk.reserve_ledger_id() != lid
+    pending.record(store, "lg", "job1", 0, 0, lid)          # the task died here
+    other = bk.reserve_ledger_id()
+    pending.record(store, "lg", "job1", 1, 0, other)
+    lh = bk.create_ledger(3, 2, 2, ledger_id=other)
+    assert lh.ledger_id == other
+    lh.add_entry(b"x")
+    lh.close()
+    with pytest.raises(errors.LedgerExists):
+        bk.create_ledger(3, 2, 2, ledger_id=other)
+    assert sorted(pending.clean_job(bk, "lg", "job1", in_log=[])) == sorted([lid, other])
+    assert store.list_prefix(pending.job_prefix("lg", "job1")) == []
+    with pytest.raises(errors.NoSuchLedger):
+        bk.get_ledger_metadata(other)
