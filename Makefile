@@ -6,7 +6,8 @@ STAMP     := $(VENV)/.installed
 export PYSPARK_PYTHON := $(abspath $(VPY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(VPY))
 export SPARK_LOCAL_IP := 127.0.0.1
-export GRPC_ENABLE_FORK_SUPPORT := false   # grpc/grpc#43055: see pybk_spark/__init__.py
+# grpc/grpc#43055: fork+exec children of a gRPC process can fail; see pybk_spark/__init__.py
+export GRPC_ENABLE_FORK_SUPPORT := false
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .PHONY: venv demo test test-fast proto proto-check bench bench-peers chaos standalone clean
