@@ -45,7 +45,7 @@ ENTRIES_FIELD = 3                     # AddRequest.entries and ReadResponse.entr
 SERVICE = pb.DESCRIPTOR.services_by_name["Bookie"]
 ADD_STREAM_METHOD = f"/{SERVICE.full_name}/AddStream"
 
-BytesLike = Union[bytes, bytearray, memoryview, "pyarrow.Buffer"]  # noqa: F821
+BytesLike = Union[bytes, bytearray, pa.Buffer]
 
 
 def _varint(n: int) -> bytes:
