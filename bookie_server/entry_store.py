@@ -28,6 +28,7 @@ Ordering obligations:
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -139,11 +140,7 @@ class EntryStore:
         means ``first`` is not stored here.  ``sparse``: every stored entry in
         [first, last] instead, gaps skipped (re-replication / replicas check,
         striped reads); ``stripe=(E, slot)`` keeps only ids e % E == slot."""
-        if sparse:
-            def fn(*a):
-                return self._read_sparse(*a, stripe=stripe)
-        else:
-            fn = self._read
+        fn = functools.partial(self._read_sparse, stripe=stripe) if sparse else self._read
         try:
             return fn(ledger_id, first, last, max_entries, max_bytes)
         except FileNotFoundError:   # raced with compaction + segment deletion: re-locate
@@ -166,20 +163,20 @@ class EntryStore:
         take_rows = np.repeat(rows - offsets, counts) + np.arange(int(counts.sum()))
         piece_of_row = np.repeat(np.arange(len(counts)), counts)
         ref_of_row = refs[piece_of_row]
-        scanned_last = int(piece_first[-1] + counts[-1] - 1)
+        # max_entries counts the ids scanned, before any stripe filter
+        limited = int(counts.sum()) >= max_entries and int(piece_first[-1] + counts[-1] - 1) < last
         if stripe is not None:
             ids_of_row = take_rows - rows[piece_of_row] + piece_first[piece_of_row]
             mine = ids_of_row % stripe[0] == stripe[1]
             take_rows, ref_of_row = take_rows[mine], ref_of_row[mine]
             if len(take_rows) == 0:
-                return empty_batch(), scanned_last < last and int(counts.sum()) >= max_entries
+                return empty_batch(), limited
         cuts = np.flatnonzero(np.diff(ref_of_row)) + 1
         bounds = np.concatenate(([0], cuts, [len(ref_of_row)]))
         parts = [self._batch_of(by_id[int(ref_of_row[a])]).take(pa.array(take_rows[a:b]))
                  for a, b in zip(bounds[:-1], bounds[1:])]
         table = pa.Table.from_batches(parts, schema=ENTRY_SCHEMA)
         got = table.num_rows
-        limited = int(counts.sum()) >= max_entries and scanned_last < last
         sizes = pc.binary_length(table.column("payload")).to_numpy(zero_copy_only=False)
         cum = np.cumsum(sizes)
         if cum[-1] > max_bytes:

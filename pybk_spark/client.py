@@ -22,7 +22,8 @@ from pybk_spark import errors
 from pybk_spark.config import ClientConfig, as_config
 from pybk_spark.ledger_handle import LedgerHandle
 from pybk_spark.metadata import open_store
-from pybk_spark.metadata.store import MetadataStore, iter_ids, ledger_key, writer_key
+from pybk_spark.metadata.store import (MetadataStore, iter_ids, ledger_key, read_ledger_metadata,
+                                       writer_key)
 from pybk_spark.placement import make_policy, writable_bookies
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.read_handle import ReadHandle, query_lac
@@ -109,10 +110,7 @@ class BookKeeper:
         return ReadHandle(self, md, password, lac)
 
     def get_ledger_metadata(self, ledger_id: int) -> lm.LedgerMetadata:
-        v = self.metadata_store.get(ledger_key(ledger_id))
-        if v is None:
-            raise errors.NoSuchLedger(ledger_id=ledger_id)
-        return lm.LedgerMetadata.from_json(v.value)
+        return read_ledger_metadata(self.metadata_store, ledger_id)
 
     def list_ledgers(self) -> list[int]:
         return list(iter_ids(k for k, _ in self.metadata_store.list_prefix("ledgers/")))

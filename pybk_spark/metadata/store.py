@@ -135,6 +135,15 @@ def ledger_key(ledger_id: int) -> str:
     return f"ledgers/{ledger_id:020d}"
 
 
+def read_ledger_metadata(store: "MetadataStore", ledger_id: int):
+    """The ledger's metadata, or NoSuchLedger."""
+    from pybk_spark.protocol.ledger_metadata import LedgerMetadata
+    v = store.get(ledger_key(ledger_id))
+    if v is None:
+        raise errors.NoSuchLedger(ledger_id=ledger_id)
+    return LedgerMetadata.from_json(v.value)
+
+
 def writer_key(ledger_id: int) -> str:
     return f"writers/{ledger_id:020d}"
 

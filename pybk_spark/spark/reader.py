@@ -184,12 +184,8 @@ class PlanningClient:
         self._bk = None
 
     def get_ledger_metadata(self, ledger_id: int):
-        from pybk_spark.metadata.store import ledger_key
-        from pybk_spark.protocol import ledger_metadata as lm
-        v = self.metadata_store.get(ledger_key(ledger_id))
-        if v is None:
-            raise errors.NoSuchLedger(ledger_id=ledger_id)
-        return lm.LedgerMetadata.from_json(v.value)
+        from pybk_spark.metadata.store import read_ledger_metadata
+        return read_ledger_metadata(self.metadata_store, ledger_id)
 
     def open_ledger(self, ledger_id: int, **kwargs):
         if self._bk is None:

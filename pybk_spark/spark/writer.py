@@ -138,13 +138,12 @@ def write_task(opts: WriteOptions, job: str, schema_text: str,
                                                          opts.max_bytes_per_entry):
                 if payloads and queued + len(payload) > coalesce_bytes:
                     _send(handle, payloads, inflight)
-                    nbytes, entries, queued, payloads = nbytes + queued, entries + len(payloads), 0, []
+                    payloads, queued = [], 0
                 payloads.append(payload)
                 queued += len(payload)
-                rows += n
+                nbytes, entries, rows = nbytes + len(payload), entries + 1, rows + n
         if payloads:
             _send(handle, payloads, inflight)
-            nbytes, entries = nbytes + queued, entries + len(payloads)
         for fut in inflight:
             fut.result()
         if handle is not None:
