@@ -25,6 +25,7 @@ class BookieConfig:
     journal_max_group_wait_ms: float = 2.0
     journal_max_group_bytes: int = 512 * 1024
     journal_flush_when_queue_empty: bool = True
+    journal_lead_max_bytes: int = 64 * 1024
     journal_sync_data: bool = True
     journal_max_file_bytes: int = 256 * MiB
     journal_prealloc_bytes: int = 64 * MiB

@@ -17,6 +17,18 @@ Ordering obligations:
     order) and completes the submitters' futures.  So every acknowledged
     record is on disk, a record submitted before another is never durable
     after it, and writing the next groups overlaps the current fdatasync.
+  * Leader fast path (leader/follower group commit).  A submitter that asks
+    for it (``submit(..., lead=True)`` then ``lead()``, outside its own locks)
+    does the work itself when the journal is idle: no group in the background
+    pipeline and no other leader.  It takes every queued submission (its own
+    and whatever queued behind it) as one group, writes, fdatasyncs, runs
+    ``on_durable`` and completes the futures on its own thread, which saves
+    the two thread hand-offs that dominate a lone add's latency.  Mutual
+    exclusion keeps the order: the leader takes a group only while the
+    background pipeline holds none, and the writer thread takes one only
+    while there is no leader; both take from the one FIFO under one lock.
+    Large submissions (> ``lead_max_bytes``) and anything arriving while busy
+    go through the pipeline, which groups them.
   * Rolling to a new file waits (barrier) until the sync thread is done with
     the old file descriptor.
   * A write or fsync failure poisons the journal: that group and every later
@@ -30,6 +42,7 @@ Ordering obligations:
 """
 from __future__ import annotations
 
+import collections
 import enum
 import logging
 import os
@@ -110,7 +123,8 @@ class Journal:
     def __init__(self, directory: str, *, max_group_wait_s: float = 0.002,
                  max_group_bytes: int = 512 * 1024, flush_when_queue_empty: bool = True,
                  sync_data: bool = True, max_file_bytes: int = 256 << 20,
-                 prealloc_bytes: int = 64 << 20, clock: Callable[[], float] = time.monotonic,
+                 prealloc_bytes: int = 64 << 20, lead_max_bytes: int = 64 * 1024,
+                 clock: Callable[[], float] = time.monotonic,
                  metrics: Any = None, fsync: Callable[[int], None] = os.fdatasync,
                  on_failure: Optional[Callable[[BaseException], None]] = None):
         self.dir = directory
@@ -121,11 +135,19 @@ class Journal:
         self.sync_data = sync_data
         self.max_file_bytes = max_file_bytes
         self.prealloc_bytes = prealloc_bytes
+        # the leader path only where a lone submission would not wait for company anyway
+        self.lead_max_bytes = lead_max_bytes if flush_when_queue_empty else -1
         self.clock = clock
         self.metrics = metrics
         self._fsync = fsync                  # injected like the clock (fault tests)
         self._on_failure = on_failure        # called once, on the failing journal thread
-        self._q: "queue.Queue[Any]" = queue.Queue()
+        self._cv = threading.Condition(threading.Lock())   # guards the fields below
+        self._pending: "collections.deque[Submission]" = collections.deque()
+        self._stopping = False               # close() asked the writer thread to finish
+        self._closed = False                 # no more submissions
+        self._leader = False                 # a submitter is writing a group itself
+        self._pipeline_groups = 0            # groups taken by the writer thread, not yet synced
+        self._started = False
         self._thread: Optional[threading.Thread] = None
         self._failed: Optional[BaseException] = None
         self._fd = -1
@@ -133,8 +155,6 @@ class Journal:
         self._offset = 0
         self._allocated = 0
         self.durable_position = Position(0, 0)
-        self._submit_lock = threading.Lock()
-        self._closed = False
         self._sync_q: "queue.Queue[Any]" = queue.Queue()
         self._syncer: Optional[threading.Thread] = None
 
@@ -199,6 +219,8 @@ class Journal:
         self._syncer.start()
         self._thread = threading.Thread(target=self._run, name="journal-writer", daemon=True)
         self._thread.start()
+        with self._cv:
+            self._started = True
 
     def _open_file(self, seq: int) -> None:
         path = os.path.join(self.dir, file_name(seq))
@@ -223,65 +245,128 @@ class Journal:
                 return
             self._allocated += self.prealloc_bytes
 
-    def submit(self, records: list[tuple[int, bytes]], payload: Any = None) -> Future:
+    def submit(self, records: list[tuple[int, bytes]], payload: Any = None, *,
+               lead: bool = False) -> Future:
+        """Queue records; the future completes with the position after them
+        once they are durable.  ``lead=True``: the caller promises to call
+        ``lead()`` right after releasing its own locks (the writer thread is
+        then not woken for this submission unless the caller cannot lead)."""
         sub = Submission(records, payload, nbytes=sum(HEADER.size + len(b) for _, b in records),
                          enqueued_at=self.clock())
-        if self._failed is not None:
-            sub.future.set_exception(errors.BookieIOError(f"journal failed: {self._failed}"))
-            return sub.future
-        if self._closed:
-            sub.future.set_exception(errors.BookieIOError("journal closed"))
-            return sub.future
-        self._q.put(sub)
+        with self._cv:
+            if self._failed is not None:
+                sub.future.set_exception(errors.BookieIOError(f"journal failed: {self._failed}"))
+                return sub.future
+            if self._closed:
+                sub.future.set_exception(errors.BookieIOError("journal closed"))
+                return sub.future
+            self._pending.append(sub)
+            if not (lead and sub.nbytes <= self.lead_max_bytes and self._can_lead_locked()):
+                self._cv.notify_all()
         return sub.future
 
-    def queue_depth(self) -> int:
-        return self._q.qsize()
+    def write(self, records: list[tuple[int, bytes]], payload: Any = None) -> Future:
+        """``submit`` + ``lead``, for a caller that holds no lock of its own."""
+        fut = self.submit(records, payload, lead=True)
+        self.lead()
+        return fut
 
-    def _collect(self, first: Submission) -> tuple[list[Submission], bool]:
-        group, nbytes, stop = [first], first.nbytes, False
-        deadline = self.clock() + self.max_group_wait_s
-        while nbytes < self.max_group_bytes:
-            try:
-                item = self._q.get_nowait()
-            except queue.Empty:
-                remaining = deadline - self.clock()
-                if self.flush_when_queue_empty or remaining <= 0:
+    def _can_lead_locked(self) -> bool:
+        return (self._started and not self._leader and self._pipeline_groups == 0
+                and not self._stopping)
+
+    def lead(self) -> None:
+        """Write and sync the queued submissions on this thread if the
+        journal is idle; otherwise leave them to the writer thread."""
+        with self._cv:
+            if not self._pending:
+                return
+            if (not self._can_lead_locked()
+                    or self._pending[0].nbytes > self.lead_max_bytes):
+                self._cv.notify_all()
+                return
+            self._leader = True
+            group = self._take_locked()
+        try:
+            written = self._write_group(group)
+            if written is not None:
+                self._sync_groups([written])
+                self._maybe_roll()
+        finally:
+            with self._cv:
+                self._leader = False
+                self._cv.notify_all()
+
+    def queue_depth(self) -> int:
+        return len(self._pending)
+
+    def _take_locked(self) -> list[Submission]:
+        """Pop a group off the queue: at least one submission, then up to
+        ``max_group_bytes``."""
+        group = [self._pending.popleft()]
+        nbytes = group[0].nbytes
+        while self._pending and nbytes < self.max_group_bytes:
+            sub = self._pending.popleft()
+            group.append(sub)
+            nbytes += sub.nbytes
+        return group
+
+    def _next_group(self) -> Optional[list[Submission]]:
+        """Writer thread: wait for work (and, unless ``flush_when_queue_empty``,
+        up to ``max_group_wait_s`` for company); None once closing and drained."""
+        with self._cv:
+            while True:
+                if self._pending and not self._leader:
                     break
-                try:
-                    item = self._q.get(timeout=remaining)
-                except queue.Empty:
-                    break
-            if item is _STOP:
-                stop = True
-                break
-            group.append(item)
-            nbytes += item.nbytes
-        return group, stop
+                if self._stopping and not self._pending and not self._leader:
+                    return None
+                # the timeout is a safety net only: a submitter that said it
+                # would lead always calls lead(), which wakes us if it cannot
+                self._cv.wait(0.1)
+            if not self.flush_when_queue_empty:
+                deadline = self.clock() + self.max_group_wait_s
+                while (sum(s.nbytes for s in self._pending) < self.max_group_bytes
+                       and not self._stopping):
+                    remaining = deadline - self.clock()
+                    if remaining <= 0:
+                        break
+                    self._cv.wait(remaining)
+            self._pipeline_groups += 1
+            return self._take_locked()
 
     def _run(self) -> None:
         """Writer stage: group, frame, pwritev; hand the group to the sync stage."""
-        stop = False
-        while not stop:
-            item = self._q.get()
-            if item is _STOP:
+        while True:
+            group = self._next_group()
+            if group is None:
                 break
-            group, stop = self._collect(item)
-            self._write_group(group)
+            written = self._write_group(group)
+            if written is None:
+                self._pipeline_done(1)
+                continue
+            self._sync_q.put(written)
+            self._maybe_roll()
         self._sync_barrier()
         self._sync_q.put(_STOP)
         self._syncer.join()
         self._finish_file()
+
+    def _pipeline_done(self, groups: int) -> None:
+        with self._cv:
+            self._pipeline_groups -= groups
+            self._cv.notify_all()
 
     def _fail(self, group: list[Submission], why: str) -> None:
         for sub in group:
             if not sub.future.done():
                 sub.future.set_exception(errors.BookieIOError(why))
 
-    def _write_group(self, group: list[Submission]) -> None:
+    def _write_group(self, group: list[Submission]) -> Optional[tuple]:
+        """Write one group at the end of the file; returns what the sync step
+        needs, or None if the group failed (its futures are failed)."""
         if self._failed is not None:
             self._fail(group, f"journal failed: {self._failed}")
-            return
+            return None
         pieces: list[bytes] = []
         for sub in group:
             for rtype, body in sub.records:
@@ -293,9 +378,11 @@ class Journal:
         except BaseException as exc:  # noqa: BLE001 - poison and fail the group
             self._poison(exc)
             self._fail(group, f"journal write failed: {exc}")
-            return
+            return None
         self._offset += total
-        self._sync_q.put((group, Position(self._seq, self._offset), self._fd, total))
+        return group, Position(self._seq, self._offset), self._fd, total
+
+    def _maybe_roll(self) -> None:
         if self._offset >= self.max_file_bytes:
             self._roll()
         elif self.prealloc_bytes:
@@ -335,6 +422,7 @@ class Journal:
                     continue
                 if groups:
                     self._sync_groups(groups)
+                    self._pipeline_done(len(groups))
                     groups = []
                 if item is _STOP:
                     return
@@ -402,18 +490,14 @@ class Journal:
         return removed
 
     def close(self) -> None:
-        with self._submit_lock:
+        with self._cv:
             if self._closed:
                 return
             self._closed = True
+            self._stopping = True
+            self._cv.notify_all()
         if self._thread is not None:
-            self._q.put(_STOP)
             self._thread.join()
-        # fail anything that raced in after STOP
-        while True:
-            try:
-                item = self._q.get_nowait()
-            except queue.Empty:
-                break
-            if item is not _STOP:
-                item.future.set_exception(errors.BookieIOError("journal closed"))
+        with self._cv:      # never started: fail what was queued
+            left, self._pending = list(self._pending), collections.deque()
+        self._fail(left, "journal closed")

@@ -68,20 +68,23 @@ def batch_from_bytes(data: bytes) -> pa.RecordBatch:
         return empty_batch()
     try:
         reader = pa.ipc.open_stream(pa.py_buffer(data))
-        table = reader.read_all()
+        batches = list(reader)
     except Exception as exc:  # pyarrow raises several types for garbage
         raise errors.BadRequest(f"malformed Arrow IPC entry batch: {exc}") from None
-    if not table.schema.equals(ENTRY_SCHEMA, check_metadata=False):
+    schema = reader.schema
+    if not schema.equals(ENTRY_SCHEMA, check_metadata=False):
         # accept nullable-vs-not differences only if types match exactly
-        types_ok = (table.schema.names == ENTRY_SCHEMA.names and
-                    all(a.type == b.type for a, b in zip(table.schema, ENTRY_SCHEMA)))
+        types_ok = (schema.names == ENTRY_SCHEMA.names and
+                    all(a.type == b.type for a, b in zip(schema, ENTRY_SCHEMA)))
         if not types_ok:
-            raise errors.BadRequest(f"entry batch schema {table.schema} != {ENTRY_SCHEMA}")
-        table = table.cast(ENTRY_SCHEMA)
+            raise errors.BadRequest(f"entry batch schema {schema} != {ENTRY_SCHEMA}")
+        batches = [b.cast(ENTRY_SCHEMA) for b in batches]
+    if len(batches) == 1:           # what every writer sends: no copy
+        return batches[0] if batches[0].num_rows else empty_batch()
+    table = pa.Table.from_batches(batches, ENTRY_SCHEMA)
     if table.num_rows == 0:
         return empty_batch()
-    batches = table.combine_chunks().to_batches()
-    return batches[0]
+    return table.combine_chunks().to_batches()[0]
 
 
 def to_entries(batch: pa.RecordBatch) -> list[Entry]:

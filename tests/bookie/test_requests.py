@@ -46,6 +46,11 @@ def test_bad_requests_get_typed_codes_and_bookie_keeps_serving(bookie):
                                  "lac": pa.array([0], pa.int64()),
                                  "payload": pa.array(["x"], pa.string()),
                                  "digest": pa.array([b""], pa.binary())}))
+    null_payload = _ipc(pa.table({"ledger_id": pa.array([1], pa.int64()),
+                                  "entry_id": pa.array([3], pa.int64()),
+                                  "lac": pa.array([0], pa.int64()),
+                                  "payload": pa.array([None], pa.binary()),
+                                  "digest": pa.array([b""], pa.binary())}))
     cases = {
         "garbage": (pb.AddRequest(ledger_id=1, master_key=KEY, entries=b"\x00\x01garbage"),
                     pb.BAD_REQUEST),
@@ -54,6 +59,8 @@ def test_bad_requests_get_typed_codes_and_bookie_keeps_serving(bookie):
         "wrong types": (pb.AddRequest(ledger_id=1, master_key=KEY, entries=wrong_types),
                         pb.BAD_REQUEST),
         "empty": (pb.AddRequest(ledger_id=1, master_key=KEY, entries=b""), pb.BAD_REQUEST),
+        "null payload": (pb.AddRequest(ledger_id=1, master_key=KEY, entries=null_payload),
+                         pb.BAD_REQUEST),
         "other ledger rows": (pb.AddRequest(ledger_id=1, master_key=KEY,
                                             entries=entries_bytes(2, [3])), pb.BAD_REQUEST),
         "descending ids": (pb.AddRequest(ledger_id=1, master_key=KEY,

@@ -136,6 +136,55 @@ def test_journal_group_commit_and_replay(tmp_path):
     assert len(list(j2.replay(positions[0]))) == 1
 
 
+def test_journal_leader_writes_on_the_callers_thread_when_idle(tmp_path):
+    import threading
+    where = []
+    j = Journal(str(tmp_path), lead_max_bytes=1024)
+    j.start(lambda group, pos: where.append(threading.current_thread().name))
+    small = j.write([(RecordType.FENCE, b"\0" * 8)])
+    assert small.done(), "an idle journal's leader completes before write() returns"
+    big = j.write([(RecordType.ADD_BATCH, b"z" * 4096)])   # over lead_max_bytes
+    big.result(10)
+    j.close()
+    assert where == [threading.current_thread().name, "journal-sync"]
+
+
+def test_journal_leader_and_pipeline_keep_submission_order(tmp_path):
+    """Leaders and the writer thread take turns; whatever the interleaving,
+    each thread's records are durable in the order it submitted them, and
+    the on_durable order is the file order."""
+    import threading
+    rec = _Recorder()
+    durable = []
+    j = Journal(str(tmp_path), metrics=rec, lead_max_bytes=64, prealloc_bytes=0,
+                max_file_bytes=20_000)                       # rolls several times
+    j.start(lambda group, pos: durable.extend(sub.records[0][1] for sub in group))
+    per_thread = 300
+
+    def worker(t: int) -> None:
+        futs = []
+        for i in range(per_thread):
+            body = bytes([t]) + i.to_bytes(4, "little") + (b"." * (100 if i % 7 == 0 else 3))
+            futs.append(j.write([(RecordType.ADD_BATCH, body)]) if i % 3 else
+                        j.submit([(RecordType.ADD_BATCH, body)]))
+        positions = [f.result(30) for f in futs]
+        assert positions == sorted(positions)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    j.close()
+    assert len(durable) == 4 * per_thread
+    for t in range(4):
+        mine = [int.from_bytes(b[1:5], "little") for b in durable if b[0] == t]
+        assert mine == list(range(per_thread))
+    replayed = [body for _pos, _type, body in Journal(str(tmp_path)).replay(Position(0, 0))]
+    assert replayed == durable
+    assert sum(rec.groups) == 4 * per_thread       # every record counted in one fdatasync
+
+
 def test_journal_rolls_and_deletes_before_checkpoint(tmp_path):
     j = Journal(str(tmp_path), max_file_bytes=300, prealloc_bytes=0)
     j.start(lambda group, pos: None)
