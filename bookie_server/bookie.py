@@ -108,7 +108,8 @@ class Bookie:
         self.data_dir = cfg.data_dir
         os.makedirs(self.data_dir, exist_ok=True)
         self.store = EntryStore(os.path.join(self.data_dir, "store"),
-                                segment_max_bytes=cfg.segment_max_bytes)
+                                segment_max_bytes=cfg.segment_max_bytes,
+                                journal_dir=os.path.join(self.data_dir, "journal"))
         self.journal = Journal(os.path.join(self.data_dir, "journal"),
                                max_group_wait_s=cfg.journal_max_group_wait_ms / 1000.0,
                                max_group_bytes=cfg.journal_max_group_bytes,
@@ -136,7 +137,7 @@ class Bookie:
     def open(self, *, background: bool = True) -> "Bookie":
         start = self._load_checkpoint()
         for pos, rtype, body in self.journal.replay(start):
-            self._apply_record(rtype, body)
+            self._apply_record(rtype, body, (pos.seq, pos.offset - len(body)))
             self._applied = pos
             self.replayed_records += 1
         self.journal.start(self._on_durable)
@@ -178,8 +179,9 @@ class Bookie:
             for sub in group:
                 if sub.payload is not None:
                     kind, ledger_id, batch = sub.payload[:3]
-                    if kind == "add":
-                        self._apply_batch(ledger_id, batch, sub.payload[3])
+                    if kind == "add":    # ADD_BATCH is the submission's last record
+                        self._apply_batch(ledger_id, batch, sub.payload[3],
+                                          sub.locations[-1] if sub.locations else None)
                     elif kind == "delete":
                         self._apply_delete(ledger_id)
                     elif kind == "lac":
@@ -189,8 +191,9 @@ class Bookie:
         if self.store.write_cache_bytes > self.cfg.write_cache_max_bytes:
             self._flush_wanted.set()
 
-    def _apply_batch(self, ledger_id: int, batch: pa.RecordBatch, raw: bytes | None) -> None:
-        self.store.add(ledger_id, batch, raw)
+    def _apply_batch(self, ledger_id: int, batch: pa.RecordBatch, raw: bytes | None,
+                     location: tuple[int, int] | None = None) -> None:
+        self.store.add(ledger_id, batch, raw, location)
         max_lac = int(batch.column(2).to_numpy().max())
         max_id = int(batch.column(1).to_numpy()[-1])
         self.states[ledger_id] = ls.apply_entries(self._state(ledger_id), max_lac, max_id)
@@ -199,7 +202,8 @@ class Bookie:
         self.states.pop(ledger_id, None)
         self.store.drop_ledger(ledger_id)
 
-    def _apply_record(self, rtype: int, body: bytes) -> None:
+    def _apply_record(self, rtype: int, body: bytes,
+                      location: tuple[int, int] | None = None) -> None:
         if rtype == RecordType.ADD_BATCH:
             try:
                 batch = batch_from_bytes(body)
@@ -207,7 +211,7 @@ class Bookie:
                 log.error("event=replay_bad_batch error=%r", exc)
                 return
             if batch.num_rows:
-                self._apply_batch(batch.column(0)[0].as_py(), batch, body)
+                self._apply_batch(batch.column(0)[0].as_py(), batch, body, location)
             return
         (ledger_id,) = LEDGER.unpack_from(body)
         if rtype == RecordType.FENCE:
@@ -386,9 +390,12 @@ class Bookie:
                 self.store.write_snapshot(snap)
             self.store.flush_commit(snap)
             if self.cfg.compaction_min_live_ratio > 0:
-                self.store.compact(self.cfg.compaction_min_live_ratio)
+                self.store.compact(self.cfg.compaction_min_live_ratio,
+                                   journal_below_seq=position.seq)
             self._write_checkpoint(position, states)
-            self.journal.delete_before(position)
+            # journal files before P go, unless indexed batches still live in them
+            gone = self.journal.delete_before(position, keep=self.store.journal_seqs_in_use())
+            self.store.forget_journal_files(gone)
             dead = self.store.dead_segments()
             if dead:
                 self.store.delete_segments(dead)

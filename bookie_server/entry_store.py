@@ -8,6 +8,18 @@ store never loops over entries in Python: per ledger it keeps an index of
 batch - as sorted numpy arrays ``(start, end, ref, row)``.  A ``ref`` is one
 stored batch: either still in memory (write cache) or at ``(segment, offset,
 length)`` in a segment file, where it is a self-contained Arrow IPC stream.
+
+Journal-resident batches: a big batch (``RAW_MIN_ROWS`` rows or
+``RAW_MIN_BYTES`` bytes, kept as received) is not copied into a segment at
+all.  Its journal record body is already that IPC stream, durable before the
+add was acknowledged, so ``add(..., location=(journal seq, offset))`` makes a
+*located* memory ref and the flush just switches it to the journal file, a
+"journal segment" with id ``JOURNAL_SEGMENT_BASE + seq``.  Every byte is
+written once instead of twice.  Journal segments are read like segments,
+counted in ``segment_live`` like segments, compacted like segments (only
+below the checkpoint's journal file, so never a file replay may still read),
+but never deleted here: the journal deletes them (``delete_before`` with
+``journal_seqs_in_use()`` kept) once the persisted index no longer needs them.
 A contiguous ledger batch of 1000 entries costs one run, so memory grows with
 batches, not entries.
 
@@ -40,6 +52,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from bookie_server.journal import file_name as journal_file_name
 from bookie_server.run_index import LedgerIndex, runs_of
 from pybk_spark.wire.entries import ENTRY_SCHEMA, batch_to_bytes, empty_batch
 
@@ -49,12 +62,24 @@ _EMPTY = empty_batch()
 RAW_MIN_ROWS = 128     # batches with this many rows, or of this many bytes, are
 RAW_MIN_BYTES = 64 << 10   # written to segments as received (no re-encoding)
 
+JOURNAL_SEGMENT_BASE = 1 << 22     # segment ids >= this are journal files (seq = id - base)
+
+
+def journal_segment(seq: int) -> int:
+    return JOURNAL_SEGMENT_BASE + seq
+
+
+def is_journal_segment(seg: int) -> bool:
+    return seg >= JOURNAL_SEGMENT_BASE
+
+
 INDEX_SCHEMA = pa.schema([(n, pa.int64()) for n in
                           ("ledger", "start", "end", "segment", "offset", "length", "row")])
 
 
 class Ref:
-    """One stored batch: in memory (``batch``) or in a segment file."""
+    """One stored batch: in memory (``batch``) or in a segment file; a memory
+    ref with ``segment >= 0`` is *located*: already durable there (journal)."""
     __slots__ = ("ledger", "batch", "segment", "offset", "length", "raw")
 
     def __init__(self, ledger: int, batch: Optional[pa.RecordBatch] = None,
@@ -72,8 +97,10 @@ class FlushSnapshot:
 
 class EntryStore:
     def __init__(self, directory: str, *, segment_max_bytes: int = 256 << 20,
-                 batch_cache_size: int = 256, mmap_cache_size: int = 32):
+                 batch_cache_size: int = 256, mmap_cache_size: int = 32,
+                 journal_dir: Optional[str] = None):
         self.dir = directory
+        self.journal_dir = journal_dir          # None: big batches are copied as before
         self.seg_dir = os.path.join(directory, "segments")
         os.makedirs(self.seg_dir, exist_ok=True)
         self.segment_max_bytes = segment_max_bytes
@@ -95,9 +122,12 @@ class EntryStore:
         self._io_lock = threading.Lock()
 
     # -- writes -----------------------------------------------------------------
-    def add(self, ledger_id: int, batch: pa.RecordBatch, raw: Optional[bytes] = None) -> int:
+    def add(self, ledger_id: int, batch: pa.RecordBatch, raw: Optional[bytes] = None,
+            location: Optional[tuple[int, int]] = None) -> int:
         """Index a validated batch (ascending ids).  Returns rows kept.  ``raw``
-        (the batch's IPC stream bytes) lets a big batch go to a segment as is."""
+        (the batch's IPC stream bytes) lets a big batch go to a segment as is;
+        ``location`` (journal seq, offset) says where the journal holds ``raw``
+        durably, so a big batch is never copied at all."""
         if batch.num_rows == 0:
             return 0
         ids = batch.column(1).to_numpy()
@@ -116,7 +146,11 @@ class EntryStore:
                     raw = None
             as_received = raw is not None and (batch.num_rows >= self.raw_min_rows
                                                or len(raw) >= self.raw_min_bytes)
-            ref_id = self._new_ref(Ref(ledger_id, batch, raw=raw if as_received else None))
+            if as_received and location is not None and self.journal_dir is not None:
+                ref = Ref(ledger_id, batch, journal_segment(location[0]), location[1], len(raw))
+            else:
+                ref = Ref(ledger_id, batch, raw=raw if as_received else None)
+            ref_id = self._new_ref(ref)
             starts, ends, rows = runs_of(ids)
             idx.add_runs(starts, ends, np.full(len(starts), ref_id, np.int64), rows)
             self.mem_refs.setdefault(ledger_id, []).append(ref_id)
@@ -235,6 +269,8 @@ class EntryStore:
         return mm
 
     def _seg_path(self, seg: int) -> str:
+        if is_journal_segment(seg):
+            return os.path.join(self.journal_dir, journal_file_name(seg - JOURNAL_SEGMENT_BASE))
         return os.path.join(self.seg_dir, f"{seg:08d}.seg")
 
     # -- flush --------------------------------------------------------------------
@@ -261,19 +297,25 @@ class EntryStore:
                     starts, ends, refs, rows = starts[sel], ends[sel], refs[sel], rows[sel]
                     objs = {int(r): self.refs[int(r)] for r in np.unique(refs)}
                 out = []
+                written = []
+                # journal-resident batches: nothing to write, point at the journal
+                for rid, o in objs.items():
+                    if o.segment >= 0:
+                        m = refs == rid
+                        written.append((Ref(ledger_id, None, o.segment, o.offset, o.length),
+                                        starts[m], ends[m], rows[m]))
                 # big batches: their received IPC bytes go to the segment unchanged
                 raw_ids = [r for r, o in objs.items() if o.raw is not None]
                 for rid in raw_ids:
                     m = refs == rid
                     out.append((objs[rid].raw, starts[m], ends[m], rows[m]))
                 # small batches: one consolidated, id-sorted batch per ledger
-                small = [o.batch for r, o in objs.items() if o.raw is None]
+                small = [o.batch for r, o in objs.items() if o.raw is None and o.segment < 0]
                 if small:      # whole batches (every row is indexed), sorted by entry id
                     table = pa.Table.from_batches(small, schema=ENTRY_SCHEMA)
                     table = table.take(pc.sort_indices(table.column(1)))
                     batch = table.combine_chunks().to_batches()[0]
                     out.append((batch_to_bytes(batch), *runs_of(batch.column(1).to_numpy())))
-                written = []
                 for data, r_starts, r_ends, r_rows in out:
                     if fh is None or self.segment_size.get(self._cur_seg, 0) >= self.segment_max_bytes:
                         if fh is not None:
@@ -303,7 +345,8 @@ class EntryStore:
 
     def _open_segment_for_append(self):
         if self._cur_seg < 0 or self.segment_size.get(self._cur_seg, 0) >= self.segment_max_bytes:
-            self._cur_seg = max(self.segment_size, default=0) + 1
+            self._cur_seg = max((s for s in self.segment_size if not is_journal_segment(s)),
+                                default=0) + 1
             self.segment_size[self._cur_seg] = 0
             self.segment_live.setdefault(self._cur_seg, 0)
         fh = open(self._seg_path(self._cur_seg), "ab")
@@ -324,6 +367,10 @@ class EntryStore:
                         idx.add_runs(starts, ends, np.full(len(starts), rid, np.int64), rows)
                         self.segment_live[new_ref.segment] = \
                             self.segment_live.get(new_ref.segment, 0) + new_ref.length
+                        if is_journal_segment(new_ref.segment):   # extent, for compaction
+                            self.segment_size[new_ref.segment] = max(
+                                self.segment_size.get(new_ref.segment, 0),
+                                new_ref.offset + new_ref.length)
                 for r in ref_ids:
                     ref = self.refs.pop(r, None)
                     if ref is not None and ref.batch is not None:
@@ -352,9 +399,26 @@ class EntryStore:
                     self.segment_live[ref.segment] -= ref.length
 
     def dead_segments(self) -> list[int]:
+        """Segment files no live batch is in (journal files excluded: the
+        journal deletes those, see ``journal_seqs_in_use``)."""
         with self.lock:
             return [s for s, live in self.segment_live.items()
-                    if live <= 0 and s != self._cur_seg]
+                    if live <= 0 and s != self._cur_seg and not is_journal_segment(s)]
+
+    def journal_seqs_in_use(self) -> frozenset:
+        """Journal files that flushed refs read from (the journal keeps them)."""
+        with self.lock:
+            return frozenset(s - JOURNAL_SEGMENT_BASE for s, live in self.segment_live.items()
+                             if live > 0 and is_journal_segment(s))
+
+    def forget_journal_files(self, seqs: list[int]) -> None:
+        """The journal deleted these files (no live ref pointed into them)."""
+        with self.lock, self._io_lock:
+            for seq in seqs:
+                seg = journal_segment(seq)
+                self._mmaps.pop(seg, None)
+                self.segment_live.pop(seg, None)
+                self.segment_size.pop(seg, None)
 
     def delete_segments(self, segs: list[int]) -> None:
         with self.lock, self._io_lock:
@@ -368,14 +432,18 @@ class EntryStore:
                     pass
             self._batch_cache.clear()
 
-    def compact(self, min_live_ratio: float) -> int:
+    def compact(self, min_live_ratio: float, journal_below_seq: int = 0) -> int:
         """Copy live batches of sparse segments into the current segment (raw
         bytes, no decode).  Old segments become dead; caller checkpoints, then
-        deletes them.  Returns the number of segments compacted."""
+        deletes them.  Journal files are candidates only below
+        ``journal_below_seq`` (the checkpoint's journal file: replay never
+        reads them again).  Returns the number of segments compacted."""
         with self.lock:
             victims = [s for s, live in self.segment_live.items()
                        if self.segment_size.get(s, 0) > 0
-                       and live / self.segment_size[s] < min_live_ratio]
+                       and live / self.segment_size[s] < min_live_ratio
+                       and (not is_journal_segment(s)
+                            or s - JOURNAL_SEGMENT_BASE < journal_below_seq)]
             if self._cur_seg in victims:        # roll away from a sparse current segment
                 self._cur_seg = -1
             victims = [s for s in victims if self.segment_live.get(s, 0) > 0]
@@ -454,10 +522,11 @@ class EntryStore:
                 sel = order[lo:hi]
                 idx = self.ledgers.setdefault(int(ledgers[lo]), LedgerIndex())
                 idx.add_runs(c["start"][sel], c["end"][sel], ref_ids[sel], c["row"][sel])
-            seg_live = np.bincount(c["segment"][first_pos],
-                                   weights=c["length"][first_pos]).astype(np.int64)
-            for s in np.flatnonzero(seg_live):
-                self.segment_live[int(s)] = int(seg_live[s])
+            segs, seg_of = np.unique(c["segment"][first_pos], return_inverse=True)
+            seg_live = np.bincount(seg_of, weights=c["length"][first_pos]).astype(np.int64)
+            for seg, live in zip(segs.tolist(), seg_live.tolist()):
+                if live > 0:
+                    self.segment_live[seg] = live
         self._scan_segments()
 
     def _scan_segments(self) -> None:
@@ -466,6 +535,11 @@ class EntryStore:
                 s = int(name[:-4])
                 self.segment_size[s] = os.path.getsize(self._seg_path(s))
                 self.segment_live.setdefault(s, 0)
+        for s in [s for s in self.segment_live if is_journal_segment(s)]:
+            try:
+                self.segment_size[s] = os.path.getsize(self._seg_path(s))
+            except FileNotFoundError:
+                log.error("event=journal_segment_missing segment=%d", s)
         self._cur_seg = -1   # always append to a fresh segment after restart
 
     # -- info -----------------------------------------------------------------------

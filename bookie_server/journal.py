@@ -27,6 +27,9 @@ Ordering obligations:
     exclusion keeps the order: the leader takes a group only while the
     background pipeline holds none, and the writer thread takes one only
     while there is no leader; both take from the one FIFO under one lock.
+    The writer thread owns the file from taking a group until its write and
+    any roll or preallocation are done (``_writer_busy``), so a leader never
+    writes while the file is being rolled.
     Large submissions (> ``lead_max_bytes``) and anything arriving while busy
     go through the pipeline, which groups them.
   * Rolling to a new file waits (barrier) until the sync thread is done with
@@ -38,7 +41,12 @@ Ordering obligations:
     verifying each CRC.  A torn or corrupt record ends its file: the file is
     truncated there (logged), so damaged bytes are never served.  Writing
     always starts a fresh file, so only tails can be torn.
-  * Files wholly before a checkpoint are deleted by ``delete_before``.
+  * Files wholly before a checkpoint are deleted by ``delete_before``, except
+    the ones the entry store still reads: big add batches are not copied out
+    of the journal, the store indexes them where the journal wrote them
+    (``Submission.locations``, replay positions).  Only tails after the
+    checkpoint position are ever truncated, and every indexed batch lies
+    before it, so truncation never cuts an indexed batch.
 """
 from __future__ import annotations
 
@@ -99,6 +107,9 @@ class Submission:
     future: Future = field(default_factory=Future)
     nbytes: int = 0
     enqueued_at: float = 0.0
+    # after the write: (file seq, offset of the body) of each record, so a
+    # caller can keep pointing at the bytes (journal-resident batches)
+    locations: Optional[list[tuple[int, int]]] = None
 
 
 _STOP = object()
@@ -147,6 +158,7 @@ class Journal:
         self._closed = False                 # no more submissions
         self._leader = False                 # a submitter is writing a group itself
         self._pipeline_groups = 0            # groups taken by the writer thread, not yet synced
+        self._writer_busy = False            # the writer thread owns the file (write, roll)
         self._started = False
         self._thread: Optional[threading.Thread] = None
         self._failed: Optional[BaseException] = None
@@ -272,8 +284,8 @@ class Journal:
         return fut
 
     def _can_lead_locked(self) -> bool:
-        return (self._started and not self._leader and self._pipeline_groups == 0
-                and not self._stopping)
+        return (self._started and not self._leader and not self._writer_busy
+                and self._pipeline_groups == 0 and not self._stopping)
 
     def lead(self) -> None:
         """Write and sync the queued submissions on this thread if the
@@ -332,6 +344,7 @@ class Journal:
                         break
                     self._cv.wait(remaining)
             self._pipeline_groups += 1
+            self._writer_busy = True
             return self._take_locked()
 
     def _run(self) -> None:
@@ -340,12 +353,17 @@ class Journal:
             group = self._next_group()
             if group is None:
                 break
-            written = self._write_group(group)
-            if written is None:
-                self._pipeline_done(1)
-                continue
-            self._sync_q.put(written)
-            self._maybe_roll()
+            try:
+                written = self._write_group(group)
+                if written is None:
+                    self._pipeline_done(1)
+                    continue
+                self._sync_q.put(written)
+                self._maybe_roll()
+            finally:
+                with self._cv:          # the file is free again: a leader may take it
+                    self._writer_busy = False
+                    self._cv.notify_all()
         self._sync_barrier()
         self._sync_q.put(_STOP)
         self._syncer.join()
@@ -368,11 +386,17 @@ class Journal:
             self._fail(group, f"journal failed: {self._failed}")
             return None
         pieces: list[bytes] = []
+        at = self._offset
         for sub in group:
+            sub.locations = []
             for rtype, body in sub.records:
                 pieces.extend(frame(rtype, body))
+                sub.locations.append((self._seq, at + HEADER.size))
+                at += HEADER.size + len(body)
         if _FAULT_ACK_BEFORE_FSYNC:
             pieces = []
+            for sub in group:
+                sub.locations = None    # nothing was written: nothing to point at
         try:
             total = self._write_all(pieces)
         except BaseException as exc:  # noqa: BLE001 - poison and fail the group
@@ -480,14 +504,19 @@ class Journal:
         self._finish_file()
         self._open_file(self._seq + 1)
 
-    def delete_before(self, position: Position) -> int:
-        """Delete journal files whose records all lie before ``position``."""
-        removed = 0
+    def delete_before(self, position: Position, keep: frozenset = frozenset()) -> list[int]:
+        """Delete journal files whose records all lie before ``position``,
+        except those in ``keep`` (files the entry store still reads batches
+        from).  Returns the deleted file seqs."""
+        removed = []
         for seq in list_files(self.dir):
-            if seq < position.seq and seq != self._seq:
+            if seq < position.seq and seq != self._seq and seq not in keep:
                 os.unlink(os.path.join(self.dir, file_name(seq)))
-                removed += 1
+                removed.append(seq)
         return removed
+
+    def path_of(self, seq: int) -> str:
+        return os.path.join(self.dir, file_name(seq))
 
     def close(self) -> None:
         with self._cv:

@@ -190,8 +190,10 @@ def test_journal_rolls_and_deletes_before_checkpoint(tmp_path):
     j.start(lambda group, pos: None)
     pos = [j.submit([(RecordType.ADD_BATCH, b"y" * 200)]).result() for _ in range(5)]
     assert len({p.seq for p in pos}) >= 3
-    removed = j.delete_before(pos[-1])
-    assert removed >= 2
+    kept = pos[0].seq                      # e.g. still holds an indexed batch
+    removed = j.delete_before(pos[-1], keep=frozenset({kept}))
+    assert len(removed) >= 1 and kept not in removed
+    assert os.path.exists(j.path_of(kept))
     j.close()
     left = list(Journal(str(tmp_path)).replay(Position(0, 0)))
     assert 1 <= len(left) < 5
@@ -306,3 +308,44 @@ def test_failed_fdatasync_turns_the_bookie_read_only_until_restart(tmp_path):
         assert b.add(7, b"k", entries_bytes(7, [2])) == (2, 2)
     finally:
         b.close()
+
+
+def test_big_batches_stay_in_the_journal_and_are_never_copied(tmp_path):
+    """A big add batch is indexed where the journal wrote it: a checkpoint
+    writes no segment bytes for it, the journal file it lives in survives
+    later checkpoints and restarts while the ledger lives, and goes once GC
+    has deleted the ledger; small batches still go to segments."""
+    from bookie_server.bookie import Bookie
+    from bookie_server.journal import list_files
+    from pybk_spark.testing.bookie_process import entries_bytes, payload_for
+
+    cfg = BookieConfig(data_dir=str(tmp_path), flush_interval_s=3600,
+                       journal_max_file_bytes=300_000, journal_prealloc_bytes=0)
+    seg_dir = tmp_path / "store" / "segments"
+    jdir = str(tmp_path / "journal")
+
+    def seg_bytes() -> int:
+        return sum(p.stat().st_size for p in seg_dir.glob("*.seg"))
+
+    b = Bookie(cfg).open(background=False)
+    b.add(1, b"k", entries_bytes(1, range(0, 200), size=1000))      # ~200 KB: big
+    b.add(2, b"k", entries_bytes(2, range(0, 3), size=10))          # small
+    first_file = list_files(jdir)[0]
+    b.checkpoint()
+    assert 0 < seg_bytes() < 10_000, "only the small batch was written to a segment"
+    for i in range(3):                     # roll past the first journal file
+        b.add(2, b"k", entries_bytes(2, range(3 + 200 * i, 203 + 200 * i), size=1000))
+    b.checkpoint()
+    assert first_file in list_files(jdir), "the file holding ledger 1's batch is kept"
+    b.close()
+
+    b = Bookie(cfg).open(background=False)
+    got = b.read(1, 0, 199).batch
+    assert got.column(1).to_pylist() == list(range(200))
+    assert got.column(3).to_pylist() == [payload_for(1, e, 1000) for e in range(200)]
+    b.delete_ledger(1)
+    b.delete_ledger(2)
+    b.checkpoint()
+    b.checkpoint()
+    assert first_file not in list_files(jdir), "deleted once no live batch is in it"
+    b.close()
