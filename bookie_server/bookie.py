@@ -15,9 +15,12 @@ complete and the caller answers.
 Fence / explicit LAC: journaled and fdatasync'd BEFORE the reply.
 
 Checkpoint (flusher thread, or on demand): snapshot the store's write cache
-together with the journal position P it reflects, write segments, persist the
-run index + ledger states + P atomically (``checkpoint.json`` names its index
-file), then delete journal files before P and dead segments.  Restart loads
+together with the journal position P it reflects, write its small batches to
+segments and re-point its big ones at the journal file that already holds
+them (no copy: ``entry_store``, journal-resident batches), persist the run
+index + ledger states + P atomically (``checkpoint.json`` names its index
+file), then delete the journal files before P that hold no indexed batch, and
+dead segments.  Restart loads
 the checkpoint and replays the journal from P; replay is idempotent
 (duplicate entries are kept-first, fences/keys/LACs are monotone).
 

@@ -407,10 +407,13 @@ class Journal:
         return group, Position(self._seq, self._offset), self._fd, total
 
     def _maybe_roll(self) -> None:
-        if self._offset >= self.max_file_bytes:
-            self._roll()
-        elif self.prealloc_bytes:
-            self._preallocate()
+        try:
+            if self._offset >= self.max_file_bytes:
+                self._roll()
+            elif self.prealloc_bytes:
+                self._preallocate()
+        except OSError as exc:      # e.g. ENOSPC creating the next file: later adds fail
+            self._poison(exc)
 
     def _poison(self, exc: BaseException) -> None:
         if self._failed is None:
