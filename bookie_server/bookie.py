@@ -144,7 +144,8 @@ class Bookie:
             self._applied = pos
             self.replayed_records += 1
         self.journal.start(self._on_durable)
-        self.metrics.bind_gauges(self.journal.queue_depth, lambda: self.store.write_cache_bytes)
+        self.metrics.bind_gauges(self.journal.queue_depth, lambda: self.store.write_cache_bytes,
+                                 self.store.journal_live_bytes)
         if background:
             self._flusher = threading.Thread(target=self._flush_loop, name="flusher", daemon=True)
             self._flusher.start()

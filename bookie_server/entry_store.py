@@ -411,6 +411,11 @@ class EntryStore:
             return frozenset(s - JOURNAL_SEGMENT_BASE for s, live in self.segment_live.items()
                              if live > 0 and is_journal_segment(s))
 
+    def journal_live_bytes(self) -> int:
+        """Bytes of flushed batches that live inside journal files."""
+        with self.lock:
+            return sum(live for s, live in self.segment_live.items() if is_journal_segment(s))
+
     def forget_journal_files(self, seqs: list[int]) -> None:
         """The journal deleted these files (no live ref pointed into them)."""
         with self.lock, self._io_lock:

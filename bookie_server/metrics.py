@@ -30,6 +30,9 @@ class BookieMetrics:
         self.disk_usage = Gauge("bookie_disk_usage_ratio", "used/total of the data disk", registry=r)
         self.read_only = Gauge("bookie_read_only", "1 when read-only", registry=r)
         self.write_cache = Gauge("bookie_write_cache_bytes", "bytes not yet in segments", registry=r)
+        self.journal_live = Gauge("bookie_journal_live_bytes",
+                                  "bytes of live entry batches indexed inside journal files "
+                                  "(journal-resident batches: they keep their files)", registry=r)
         self.checkpoints = Counter("bookie_checkpoints", "checkpoints written", registry=r)
         self.gc_ledgers = Counter("bookie_gc_ledgers_deleted", "ledgers reclaimed by GC", registry=r)
 
@@ -38,9 +41,11 @@ class BookieMetrics:
         self.group_size.observe(group_len)
         self.group_bytes.observe(nbytes)
 
-    def bind_gauges(self, queue_depth: Callable[[], float], write_cache: Callable[[], float]) -> None:
+    def bind_gauges(self, queue_depth: Callable[[], float], write_cache: Callable[[], float],
+                    journal_live: Callable[[], float] = lambda: 0) -> None:
         self.queue_depth.set_function(queue_depth)
         self.write_cache.set_function(write_cache)
+        self.journal_live.set_function(journal_live)
 
     def serve(self, port: int, addr: str = "127.0.0.1"):
         return start_http_server(port, addr=addr, registry=self.registry)

@@ -212,7 +212,8 @@ def test_metrics_endpoint(bookies):
     for name in ("bookie_add_requests_total", "bookie_add_entries_total 10.0",
                  "bookie_read_entries_total 10.0", "bookie_journal_fdatasync_seconds_bucket",
                  "bookie_journal_group_requests_bucket", "bookie_journal_queue_depth",
-                 "bookie_disk_usage_ratio", "bookie_add_latency_seconds_bucket"):
+                 "bookie_disk_usage_ratio", "bookie_add_latency_seconds_bucket",
+                 "bookie_journal_live_bytes"):
         assert name in text, name
 
 
