@@ -78,7 +78,7 @@ def batch_from_bytes(data: bytes) -> pa.RecordBatch:
                     all(a.type == b.type for a, b in zip(schema, ENTRY_SCHEMA)))
         if not types_ok:
             raise errors.BadRequest(f"entry batch schema {schema} != {ENTRY_SCHEMA}")
-        batches = [b.cast(ENTRY_SCHEMA) for b in batches]
+        batches = pa.Table.from_batches(batches, schema).cast(ENTRY_SCHEMA).to_batches()
     if len(batches) == 1:           # what every writer sends: no copy
         return batches[0] if batches[0].num_rows else empty_batch()
     table = pa.Table.from_batches(batches, ENTRY_SCHEMA)
