@@ -127,6 +127,10 @@ def test_sigkill_mid_stream_ensemble_change(cluster):
         for chunk in range(40):
             futs += lh.add_entries_async([b"c%d-%d" % (chunk, i) for i in range(50)])
             if chunk == 10:
+                # mid-stream: something is acknowledged first, so the change's
+                # fragment starts after 0 (a change before any ack would rewrite
+                # the fragment at 0, correctly, leaving one fragment)
+                futs[0].result(timeout=60)
                 cluster.kill_bookie(victim)
         acked = []
         for f in futs:
