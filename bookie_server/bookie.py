@@ -41,7 +41,6 @@ from typing import Callable, Optional
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from bookie_server import ledger_state as ls
 from bookie_server.config import BookieConfig
