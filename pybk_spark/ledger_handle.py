@@ -9,7 +9,11 @@ its write sets (``LedgerWriter``).  Futures complete in id order.
 
 ``close()`` waits for outstanding adds, then CASes CLOSED with last entry =
 LAC following the seed's three outcomes (``close_by_writer``); the writer
-lease key is revoked.  An idle handle sends an explicit LAC (driven by the
+lease key is revoked.  Exception: a handle whose writer aborted (fenced, or a
+failed ensemble change) with unreleased adds closes by fencing recovery,
+because those adds may still land on a bookie after the close (chaos run 7:
+a SIGSTOPped bookie resumed and stored entry LAC+1 on its whole write set).
+If that recovery fails, the ledger stays OPEN/IN_RECOVERY for a recoverer.  An idle handle sends an explicit LAC (driven by the
 client's background ticker, ``tick()``).
 """
 from __future__ import annotations
@@ -224,6 +228,12 @@ class LedgerHandle:
             self._closed = True
         try:
             self._writer.wait_idle()
+            if self._writer.unknown_tail:
+                # aborted with adds of unknown outcome still able to land on a
+                # bookie: only fencing recovery may decide where the ledger ends
+                rh = self.bk.open_ledger(self.ledger_id, password=self._password, recovery=True)
+                self._writer.md = rh.metadata
+                return
             self._writer.wait_all_sent(self.bk.conf.add_timeout_s)   # the Qw - Qa stragglers
             lac, length = self._writer.lac, self._writer.length
 

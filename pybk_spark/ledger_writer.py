@@ -17,7 +17,10 @@ futures (never completing a future while holding the lock).
   ``core.commit_change`` and the resends.  Nothing is released before the CAS
   succeeded (#1591).
 * LedgerFenced / Unauthorized from a bookie, or a failed change, aborts: every
-  pending add fails with an unknown-outcome error.
+  pending add fails with an unknown-outcome error.  Such adds may still land
+  on bookies later (a paused bookie resumes), so a writer that aborted with
+  unreleased ids (``unknown_tail``) is closed by fencing recovery, never at
+  its LAC (chaos run 7).
 The writer serves both the application writer (``recovery=False``, ensemble
 changes need OPEN) and recovery adds (``recovery=True``, need IN_RECOVERY).
 """
@@ -132,6 +135,13 @@ class LedgerWriter:
         with self._lock:
             return self._sends_done.wait_for(lambda: self._sends == 0, timeout)
 
+    @property
+    def unknown_tail(self) -> bool:
+        """Aborted while adds were unreleased (see ``assigned_beyond_lac``):
+        the ledger must be closed by fencing recovery, not at the LAC."""
+        with self._lock:
+            return self._error is not None and self.core.assigned_beyond_lac
+
     def fail(self, error: errors.BKError) -> None:
         self._abort(error)
 
@@ -150,11 +160,17 @@ class LedgerWriter:
             if count == len(ids):
                 if not whole:
                     whole.append(batch_to_bytes(batch))
-                self._send_one(slot, bookie, whole[0], ids, wait)
+                data, sent_ids = whole[0], ids
             else:
                 # a bookie stores contiguous-by-id runs; a filtered part is still ascending
-                part = batch.filter(pa.array(mask))
-                self._send_one(slot, bookie, batch_to_bytes(part), ids[mask], wait)
+                data, sent_ids = batch_to_bytes(batch.filter(pa.array(mask))), ids[mask]
+            try:
+                self._send_one(slot, bookie, data, sent_ids, wait)
+            except errors.BKError as exc:
+                # not even sent (e.g. the bookie's address lookup while etcd is
+                # down): a failure of that bookie like any other, so the ids
+                # already assigned never strand behind it
+                self._on_failed(slot, bookie, exc)
 
     def _send_one(self, slot: int, bookie: str, data: bytes, ids: np.ndarray, wait: bool) -> None:
         if wait:

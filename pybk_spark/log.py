@@ -12,7 +12,10 @@ Leader open (``LogWriter.open``):
   ledger, so a deposed leader's adds fail with LedgerFenced (unknown outcome)
   and ``is_leader()`` tells it that it lost.
 Roll: create ledger -> CAS-add -> close the previous ledger (after its
-  in-flight adds settle), then a best-effort CAS recording its final size.
+  in-flight adds settle; by fencing recovery if its adds were aborted), then
+  a best-effort CAS recording its final size.  If that close fails the writer
+  stops (``is_leader()`` is False): rolling on would push an unclosed ledger
+  out of the two a leader open recovers.
 Truncate: CAS the list first, then delete the dropped ledgers.
 Reader: non-fencing; reads each closed segment to its last entry and the open
   tail up to its LAC, long-polling the LAC (no busy polling); when the tail
@@ -159,7 +162,8 @@ class LogWriter:
         if self._handle is None:
             raise errors.IllegalOp("log writer not open (call open())")
         if self._lost:
-            raise errors.LedgerFenced("this writer lost leadership of the log", log=self.name)
+            raise errors.LedgerFenced("this writer lost leadership of the log, or stopped "
+                                      "after a failed roll: open a new writer", log=self.name)
 
     def append(self, payload: bytes) -> Position:
         return self.append_async(payload).result()
@@ -225,7 +229,14 @@ class LogWriter:
                 raise
             self._install(handle, md)
         self._after_roll_cas(previous.ledger_id, handle.ledger_id)
-        previous.close()                       # waits for its in-flight adds
+        try:
+            previous.close()                   # waits for its in-flight adds
+        except BaseException:
+            # the previous ledger is left OPEN / IN_RECOVERY in the middle of
+            # the list; a leader open recovers the last two ledgers, so this
+            # writer must not roll again: it stops, and a reopen recovers it
+            self._lost = True
+            raise
         self._record_closed(previous)
         return handle.ledger_id
 

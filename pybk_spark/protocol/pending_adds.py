@@ -187,6 +187,13 @@ class PendingAdds:
             self._queued.clear()
         return released, resends, nxt
 
+    @property
+    def assigned_beyond_lac(self) -> bool:
+        """Ids were handed out that were never released.  After an abort their
+        adds have an unknown outcome: they may still land on bookies, so only
+        fencing recovery may decide where the ledger ends."""
+        return self.next_entry_id - 1 > self.lac
+
     def abort(self) -> list[int]:
         """The ledger can no longer be written (fenced / closed / no bookies):
         every pending entry fails (outcome unknown).  Returns their ids."""

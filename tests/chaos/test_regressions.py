@@ -12,6 +12,7 @@ the bookies the scenario names.
   test_tla_defect2_recovery_never_rewrites_an_earlier_fragment
   test_bk1067_hanging_bookie_during_fencing
   test_bk1591_ensemble_change_metadata_write_stalls
+  test_chaos_run7_close_after_an_aborted_ensemble_change_recovers
 The deterministic simulation (tests/sim) covers the same classes over
 thousands of seeded schedules; these pin the exact interleavings.
 """
@@ -24,9 +25,11 @@ import pytest
 
 from pybk_spark import errors
 from pybk_spark import recovery_op
+from pybk_spark.digest import Digester
 from pybk_spark.metadata.store import ledger_key
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.protocol import recovery as rc
+from pybk_spark.wire.entries import batch_to_bytes, make_batch
 
 from .history import History
 from .scenario import (HANG_GUARD_S, RawWriter, RecordedWriter, client, ensure_bookies,
@@ -80,7 +83,6 @@ def _lost_fence_scenario(cluster, hist_dir, lost: int):
             for b in lost_bookies:
                 restart_bookie(cluster, [bk, bk2], b)
         start = rc.recovery_start(lac, md.last_fragment_first_entry)
-        from pybk_spark.digest import Digester
         rows = recovery_op.read_forward(bk2, md, key, Digester(md.digest_type, b""), start)
         last = start
         if rows is not None and rows.num_rows:
@@ -322,6 +324,67 @@ def test_bk1591_ensemble_change_metadata_write_stalls(cluster, hist_dir):
         assert final_check(cluster, hist_dir, [lid]) == []
     finally:
         sigcont_etcd(cluster)
+        bk.close()
+
+
+def test_chaos_run7_close_after_an_aborted_ensemble_change_recovers(cluster, hist_dir):
+    """Found by the 30-minute chaos run 7 (seed 2026112207, ledger 4058):
+    a bookie is paused with adds in flight and etcd is frozen, so the
+    ensemble change's CAS fails and the handle aborts its adds (unknown
+    outcome).  The writer then closes.  Closed at its LAC, the ledger would
+    end before entry LAC+1, which the paused bookie stores on resuming: LAC+1
+    on its whole write set (I2).  The close must fence and recover instead."""
+    ensure_bookies(cluster, 4)
+    bk = client(cluster, metadata_timeout_s=2.0, add_timeout_s=2.0, read_timeout_s=3.0)
+    hist = History(str(hist_dir / "w.jsonl"), "w")
+    victim = None
+    try:
+        w = RecordedWriter(hist, bk.create_ledger(3, 2, 2))
+        lid = w.lh.ledger_id
+        for _ in range(10):
+            assert w.add() == "ok"
+        # entry 10's write set is slots (1, 2): slot 2 stores it, slot 1 holds
+        # it queued in its socket until SIGCONT
+        victim = w.lh.metadata.current_ensemble[1]
+        cluster.stop_bookie(victim)
+        sigstop_etcd(cluster)
+        try:
+            futs = [w.add_async() for _ in range(3)]
+            outcomes = []
+            for f in futs:
+                try:
+                    f.result(HANG_GUARD_S)
+                    outcomes.append("ok")
+                except errors.BKError as exc:
+                    outcomes.append(exc.outcome_known)
+            assert outcomes == [False] * 3, outcomes
+        finally:
+            sigcont_etcd(cluster)
+        w.lh.close()                    # while the victim is still paused
+        md = bk.get_ledger_metadata(lid)
+        assert md.is_closed and md.last_entry_id >= 9
+        cluster.resume_bookie(victim)
+        cluster.wait_registered(victim)  # its session lapsed while paused
+        # The paused bookie now stores the in-flight add it had received (in
+        # run 7 it was mid-request; here gRPC dropped the cancelled stream's
+        # queued message, so the late landing is replayed at the wire level,
+        # the same entry with the writer's own payload and LAC).
+        key = lm.master_key(b"")
+        payload = b"w:10:x"
+        digests = Digester(md.digest_type, b"").compute(lid, [10], [9], [payload])
+        data = batch_to_bytes(make_batch(lid, [10], [9], [payload], digests))
+        bk.transports.invalidate(victim)
+        try:
+            bk.transports.get(victim).add(lid, key, data).result(HANG_GUARD_S)
+        except errors.BKError:
+            pass                        # fenced by the recovery: also correct
+        victim = None
+        hist.close()
+        assert final_check(cluster, hist_dir, [lid]) == []
+    finally:
+        sigcont_etcd(cluster)
+        if victim is not None:
+            cluster.resume_bookie(victim)
         bk.close()
 
 

@@ -250,3 +250,52 @@ def test_reserved_ledger_id_and_pending_cleanup_of_a_ledger_never_created(env):
     assert store.list_prefix(pending.job_prefix("lg", "job1")) == []
     with pytest.raises(errors.NoSuchLedger):
         bk.get_ledger_metadata(other)
+
+
+def test_close_after_an_aborted_ensemble_change_recovers_instead(env):
+    """An ensemble change that fails aborts the pending adds (unknown
+    outcome); one of them is already on a bookie.  The writer's close must
+    not end the ledger at its LAC: it fences and recovers (chaos run 7)."""
+    bk, store, pool = env
+    lh = bk.create_ledger(3, 2, 2)
+    lh.add_entries([b"a%d" % i for i in range(10)])
+    ensemble = lh.metadata.current_ensemble
+    spare = [f"b{i}" for i in range(5) if f"b{i}" not in ensemble]
+    regs = {b: store.get(f"bookies/writable/{b}").value for b in spare}
+    for b in spare:                         # no replacement: the change fails
+        store.delete(f"bookies/writable/{b}")
+    pool.hung.add(ensemble[1])              # entry 10's write set is slots (1, 2)
+    with pytest.raises(errors.BKError) as info:
+        lh.add_entry(b"a10")
+    assert not info.value.outcome_known     # slot 2 stored it: it may be in the ledger
+    for b, value in regs.items():
+        store.put(f"bookies/writable/{b}", value)
+    lh.close()
+    md = bk.get_ledger_metadata(lh.ledger_id)
+    assert md.is_closed and md.last_entry_id == 10    # recovered, not closed at LAC 9
+    assert pool.bookies[ensemble[2]].read_lac(lh.ledger_id, False, b"").fenced
+    pool.hung.clear()
+    rh = bk.open_ledger(lh.ledger_id, recovery=False)
+    assert [e.payload for e in rh.read(0, 10)] == [b"a%d" % i for i in range(11)]
+
+
+def test_a_bookie_lookup_that_raises_is_a_bookie_failure(env, monkeypatch):
+    """transports.get reads the bookie's address from etcd; if that raises
+    (etcd unreachable), the add must fail over like any bookie failure, not
+    leave its assigned ids stranded (every later add would hang behind them)."""
+    bk, _, pool = env
+    lh = bk.create_ledger(3, 3, 2)
+    lh.add_entries([b"x"] * 3)
+    broken = lh.metadata.current_ensemble[0]
+    real_get = pool.get
+
+    def get(bookie_id):
+        if bookie_id == broken:
+            raise errors.MetadataUnavailable("etcd unreachable")
+        return real_get(bookie_id)
+    monkeypatch.setattr(pool, "get", get)
+    assert lh.add_entry(b"y") == 3
+    assert broken not in lh.metadata.current_ensemble
+    assert lh.add_entry(b"z") == 4
+    lh.close()
+    assert bk.get_ledger_metadata(lh.ledger_id).last_entry_id == 4
