@@ -288,6 +288,14 @@ def test_bk1067_hanging_bookie_during_fencing(cluster, hist_dir):
         bk2.close()
 
 
+def _ten_acked_adds(hist, bk):
+    """A (3, 2, 2) ledger with ids 0-9 acknowledged: entry 10's write set is slots (1, 2)."""
+    w = RecordedWriter(hist, bk.create_ledger(3, 2, 2))
+    for _ in range(10):
+        assert w.add() == "ok"
+    return w, w.lh.ledger_id
+
+
 def test_bk1591_ensemble_change_metadata_write_stalls(cluster, hist_dir):
     """etcd frozen while a bookie dies under a writer: the ensemble change's
     CAS stalls (and times out).  No add may be acknowledged through the
@@ -297,10 +305,7 @@ def test_bk1591_ensemble_change_metadata_write_stalls(cluster, hist_dir):
     bk = client(cluster, metadata_timeout_s=3.0, add_timeout_s=3.0)
     hist = History(str(hist_dir / "w.jsonl"), "w")
     try:
-        w = RecordedWriter(hist, bk.create_ledger(3, 2, 2))
-        lid = w.lh.ledger_id
-        for _ in range(10):
-            assert w.add() == "ok"
+        w, lid = _ten_acked_adds(hist, bk)
         victim = w.lh.metadata.current_ensemble[1]
         sigstop_etcd(cluster)
         try:
@@ -339,10 +344,7 @@ def test_chaos_run7_close_after_an_aborted_ensemble_change_recovers(cluster, his
     hist = History(str(hist_dir / "w.jsonl"), "w")
     victim = None
     try:
-        w = RecordedWriter(hist, bk.create_ledger(3, 2, 2))
-        lid = w.lh.ledger_id
-        for _ in range(10):
-            assert w.add() == "ok"
+        w, lid = _ten_acked_adds(hist, bk)
         # entry 10's write set is slots (1, 2): slot 2 stores it, slot 1 holds
         # it queued in its socket until SIGCONT
         victim = w.lh.metadata.current_ensemble[1]
