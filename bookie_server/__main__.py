@@ -18,7 +18,6 @@ import os
 import signal
 import time
 import sys
-import threading
 
 from bookie_server import cookie
 from bookie_server.background import DiskChecker, GarbageCollector

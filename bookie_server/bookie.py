@@ -42,6 +42,7 @@ from typing import Callable, Optional
 import numpy as np
 import pyarrow as pa
 
+from bookie_server import compaction, journal_replay, store_index
 from bookie_server import ledger_state as ls
 from bookie_server.config import BookieConfig
 from bookie_server.entry_store import EntryStore
@@ -138,7 +139,7 @@ class Bookie:
     # -- lifecycle ----------------------------------------------------------------------
     def open(self, *, background: bool = True) -> "Bookie":
         start = self._load_checkpoint()
-        for pos, rtype, body in self.journal.replay(start):
+        for pos, rtype, body in journal_replay.replay(self.journal.dir, start):
             self._apply_record(rtype, body, (pos.seq, pos.offset - len(body)))
             self._applied = pos
             self.replayed_records += 1
@@ -393,7 +394,7 @@ class Bookie:
                 self.store.write_snapshot(snap)
             self.store.flush_commit(snap)
             if self.cfg.compaction_min_live_ratio > 0:
-                self.store.compact(self.cfg.compaction_min_live_ratio,
+                compaction.compact(self.store, self.cfg.compaction_min_live_ratio,
                                    journal_below_seq=position.seq)
             self._write_checkpoint(position, states)
             # journal files before P go, unless indexed batches still live in them
@@ -409,7 +410,7 @@ class Bookie:
         self._ckpt_gen += 1
         index_name = f"index-{self._ckpt_gen:010d}.arrow"
         index_path = os.path.join(self.data_dir, index_name)
-        table = self.store.index_table()
+        table = store_index.index_table(self.store)
         with pa.OSFile(index_path, "wb") as sink:
             with pa.ipc.new_file(sink, table.schema) as w:
                 w.write_table(table)
@@ -430,16 +431,14 @@ class Bookie:
     def _load_checkpoint(self) -> Position:
         path = os.path.join(self.data_dir, CHECKPOINT)
         if not os.path.exists(path):
-            self.store.load_index(pa.table({n: pa.array([], pa.int64()) for n in
-                                            ("ledger", "start", "end", "segment", "offset",
-                                             "length", "row")}))
+            store_index.load_index(self.store, store_index.INDEX_SCHEMA.empty_table())
             return Position(0, 0)
         with open(path, encoding="utf-8") as fh:
             doc = json.load(fh)
         self._ckpt_gen = int(doc["generation"])
         with pa.OSFile(os.path.join(self.data_dir, doc["index"]), "rb") as src:
             table = pa.ipc.open_file(src).read_all()
-        self.store.load_index(table)
+        store_index.load_index(self.store, table)
         for d in doc["states"]:
             s = ls.LedgerState.from_json(d)
             self.states[s.ledger_id] = s

@@ -16,10 +16,11 @@ add was acknowledged, so ``add(..., location=(journal seq, offset))`` makes a
 *located* memory ref and the flush just switches it to the journal file, a
 "journal segment" with id ``JOURNAL_SEGMENT_BASE + seq``.  Every byte is
 written once instead of twice.  Journal segments are read like segments,
-counted in ``segment_live`` like segments, compacted like segments (only
-below the checkpoint's journal file, so never a file replay may still read),
-but never deleted here: the journal deletes them (``delete_before`` with
-``journal_seqs_in_use()`` kept) once the persisted index no longer needs them.
+counted in ``segment_live`` like segments, compacted like segments (see
+``compaction``: only below the checkpoint's journal file, so never a file
+replay may still read), but never deleted here: the journal deletes them
+(``delete_before`` with ``journal_seqs_in_use()`` kept) once the persisted
+index no longer needs them.
 A contiguous ledger batch of 1000 entries costs one run, so memory grows with
 batches, not entries.
 
@@ -33,10 +34,11 @@ Ordering obligations:
     (swap the ledger's memory runs for segment runs under the lock).  Readers
     and duplicate checks see the memory runs until the swap.
   * Segments whose live bytes drop to zero (GC) or below the compaction ratio
-    are dropped / rewritten; files are deleted only after the caller has
-    persisted an index that no longer references them (``dead_segments``).
-  * ``index_table``/``load_index`` persist and restore the run index
-    (segment runs only; memory runs are rebuilt by journal replay).
+    are dropped / rewritten (``compaction.compact``); files are deleted only
+    after the caller has persisted an index that no longer references them
+    (``dead_segments``).
+  * ``store_index.index_table``/``load_index`` persist and restore the run
+    index (segment runs only; memory runs are rebuilt by journal replay).
 """
 from __future__ import annotations
 
@@ -71,10 +73,6 @@ def journal_segment(seq: int) -> int:
 
 def is_journal_segment(seg: int) -> bool:
     return seg >= JOURNAL_SEGMENT_BASE
-
-
-INDEX_SCHEMA = pa.schema([(n, pa.int64()) for n in
-                          ("ledger", "start", "end", "segment", "offset", "length", "row")])
 
 
 class Ref:
@@ -337,11 +335,16 @@ class EntryStore:
             if fh is not None:
                 fh.close()
         if touched:
-            dfd = os.open(self.seg_dir, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            self.fsync_segment_dir()
+
+    def fsync_segment_dir(self) -> None:
+        """Make new segment files' directory entries durable (before any index
+        that references them is persisted)."""
+        dfd = os.open(self.seg_dir, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
 
     def _open_segment_for_append(self):
         if self._cur_seg < 0 or self.segment_size.get(self._cur_seg, 0) >= self.segment_max_bytes:
@@ -436,116 +439,6 @@ class EntryStore:
                 except FileNotFoundError:
                     pass
             self._batch_cache.clear()
-
-    def compact(self, min_live_ratio: float, journal_below_seq: int = 0) -> int:
-        """Copy live batches of sparse segments into the current segment (raw
-        bytes, no decode).  Old segments become dead; caller checkpoints, then
-        deletes them.  Journal files are candidates only below
-        ``journal_below_seq`` (the checkpoint's journal file: replay never
-        reads them again).  Returns the number of segments compacted."""
-        with self.lock:
-            victims = [s for s, live in self.segment_live.items()
-                       if self.segment_size.get(s, 0) > 0
-                       and live / self.segment_size[s] < min_live_ratio
-                       and (not is_journal_segment(s)
-                            or s - JOURNAL_SEGMENT_BASE < journal_below_seq)]
-            if self._cur_seg in victims:        # roll away from a sparse current segment
-                self._cur_seg = -1
-            victims = [s for s in victims if self.segment_live.get(s, 0) > 0]
-            moving = [(rid, ref) for rid, ref in self.refs.items()
-                      if ref.batch is None and ref.segment in victims]
-        if not moving:
-            return 0
-        fh = self._open_segment_for_append()
-        moved = []
-        try:
-            for rid, ref in moving:
-                data = self._segment_map(ref.segment, ref.offset + ref.length).read_at(
-                    ref.length, ref.offset)
-                off = self.segment_size[self._cur_seg]
-                fh.write(data)
-                self.segment_size[self._cur_seg] = off + ref.length
-                moved.append((rid, ref, self._cur_seg, off))
-            fh.flush()
-            os.fsync(fh.fileno())
-        finally:
-            fh.close()
-        with self.lock:
-            for rid, ref, seg, off in moved:
-                if self.refs.get(rid) is ref:
-                    self.segment_live[ref.segment] -= ref.length
-                    self.segment_live[seg] = self.segment_live.get(seg, 0) + ref.length
-                    self.refs[rid] = Ref(ref.ledger, None, seg, off, ref.length)
-        return len(victims)
-
-    # -- persistence of the index ---------------------------------------------------
-    def index_table(self) -> pa.Table:
-        """Segment runs of every ledger (memory runs are not persisted)."""
-        cols: list[list[np.ndarray]] = [[] for _ in INDEX_SCHEMA]
-        with self.lock:
-            disk = sorted((rid, r.segment, r.offset, r.length) for rid, r in self.refs.items()
-                          if r.batch is None)
-            loc = np.array(disk, np.int64).reshape(-1, 4)
-            for ledger_id, idx in self.ledgers.items():
-                starts, ends, refs, rows = idx.table_parts()
-                if len(refs) == 0 or len(loc) == 0:
-                    continue
-                pos = np.minimum(np.searchsorted(loc[:, 0], refs), len(loc) - 1)
-                on_disk = loc[pos, 0] == refs
-                if not on_disk.any():
-                    continue
-                p = pos[on_disk]
-                cols[0].append(np.full(len(p), ledger_id, np.int64))
-                cols[1].append(starts[on_disk])
-                cols[2].append(ends[on_disk])
-                cols[3].append(loc[p, 1])
-                cols[4].append(loc[p, 2])
-                cols[5].append(loc[p, 3])
-                cols[6].append(rows[on_disk])
-        arrays = [pa.array(np.concatenate(c) if c else np.empty(0, np.int64), pa.int64())
-                  for c in cols]
-        return pa.Table.from_arrays(arrays, schema=INDEX_SCHEMA)
-
-    def load_index(self, table: pa.Table) -> None:
-        if table.num_rows == 0:
-            self._scan_segments()
-            return
-        c = {n: table.column(n).to_numpy() for n in INDEX_SCHEMA.names}
-        key = (c["segment"] << 40) | c["offset"]
-        uniq, first_pos, inverse = np.unique(key, return_index=True, return_inverse=True)
-        base = self._next_ref
-        ref_ids = inverse.astype(np.int64) + base
-        with self.lock:
-            for j, pos in enumerate(first_pos):
-                self.refs[base + j] = Ref(int(c["ledger"][pos]), None, int(c["segment"][pos]),
-                                          int(c["offset"][pos]), int(c["length"][pos]))
-            self._next_ref = base + len(uniq)
-            order = np.lexsort((c["start"], c["ledger"]))
-            ledgers = c["ledger"][order]
-            bounds = np.flatnonzero(np.diff(ledgers)) + 1
-            for lo, hi in zip(np.concatenate(([0], bounds)), np.concatenate((bounds, [len(order)]))):
-                sel = order[lo:hi]
-                idx = self.ledgers.setdefault(int(ledgers[lo]), LedgerIndex())
-                idx.add_runs(c["start"][sel], c["end"][sel], ref_ids[sel], c["row"][sel])
-            segs, seg_of = np.unique(c["segment"][first_pos], return_inverse=True)
-            seg_live = np.bincount(seg_of, weights=c["length"][first_pos]).astype(np.int64)
-            for seg, live in zip(segs.tolist(), seg_live.tolist()):
-                if live > 0:
-                    self.segment_live[seg] = live
-        self._scan_segments()
-
-    def _scan_segments(self) -> None:
-        for name in os.listdir(self.seg_dir):
-            if name.endswith(".seg"):
-                s = int(name[:-4])
-                self.segment_size[s] = os.path.getsize(self._seg_path(s))
-                self.segment_live.setdefault(s, 0)
-        for s in [s for s in self.segment_live if is_journal_segment(s)]:
-            try:
-                self.segment_size[s] = os.path.getsize(self._seg_path(s))
-            except FileNotFoundError:
-                log.error("event=journal_segment_missing segment=%d", s)
-        self._cur_seg = -1   # always append to a fresh segment after restart
 
     # -- info -----------------------------------------------------------------------
     def ledger_ids(self) -> list[int]:

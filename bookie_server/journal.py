@@ -37,10 +37,10 @@ Ordering obligations:
   * A write or fsync failure poisons the journal: that group and every later
     submission fail with BookieIOError (after a failed fsync the page cache
     can no longer be trusted).
-  * ``replay`` (before ``start``) yields records after a checkpoint position,
-    verifying each CRC.  A torn or corrupt record ends its file: the file is
-    truncated there (logged), so damaged bytes are never served.  Writing
-    always starts a fresh file, so only tails can be torn.
+  * Replay (``journal_replay.replay``, before ``start``) reads the files back
+    from a checkpoint position, checking each CRC, and truncates a torn or
+    corrupt tail.  Writing always starts a fresh file, so only tails can be
+    torn.
   * Files wholly before a checkpoint are deleted by ``delete_before``, except
     the ones the entry store still reads: big add batches are not copied out
     of the journal, the store indexes them where the journal wrote them
@@ -60,7 +60,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 import google_crc32c
 
@@ -169,58 +169,6 @@ class Journal:
         self.durable_position = Position(0, 0)
         self._sync_q: "queue.Queue[Any]" = queue.Queue()
         self._syncer: Optional[threading.Thread] = None
-
-    # -- replay ---------------------------------------------------------------
-    def replay(self, start: Position) -> Iterator[tuple[Position, int, bytes]]:
-        """Yield (position after record, type, body) for records at/after start."""
-        for seq in list_files(self.dir):
-            if seq < start.seq:
-                continue
-            yield from self._replay_file(seq, start.offset if seq == start.seq else 0)
-
-    def _replay_file(self, seq: int, offset: int) -> Iterator[tuple[Position, int, bytes]]:
-        path = os.path.join(self.dir, file_name(seq))
-        size = os.path.getsize(path)
-        with open(path, "rb") as fh:
-            fh.seek(offset)
-            pos = offset
-            while True:
-                head = fh.read(HEADER.size)
-                if len(head) == 0:
-                    return
-                problem = None
-                if len(head) < HEADER.size:
-                    problem = "torn header"
-                else:
-                    length, crc, rtype = HEADER.unpack(head)
-                    if length == 0 and crc == 0 and rtype == 0:
-                        problem = "" if not any(fh.read(1 << 16)) else "zero header"
-                    elif rtype not in RecordType.__members__.values() or length > size - pos:
-                        problem = f"bad header (type={rtype} length={length})"
-                    else:
-                        body = fh.read(length)
-                        if len(body) < length:
-                            problem = "torn body"
-                        elif crc_of(rtype, body) != crc:
-                            problem = "crc mismatch"
-                if problem is not None:
-                    if problem:
-                        log.warning("event=journal_tail_truncated file=%s offset=%d reason=%r "
-                                    "dropped_bytes=%d", file_name(seq), pos, problem, size - pos)
-                    fh.close()
-                    self._truncate(path, pos)
-                    return
-                pos += HEADER.size + length
-                yield Position(seq, pos), rtype, body
-
-    @staticmethod
-    def _truncate(path: str, offset: int) -> None:
-        fd = os.open(path, os.O_WRONLY)
-        try:
-            os.ftruncate(fd, offset)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
     # -- writing --------------------------------------------------------------
     def start(self, on_durable: Callable[[list[Submission], Position], None]) -> None:

@@ -18,6 +18,25 @@ def test_release_in_order_only():
     assert p.lac == 1
 
 
+def test_assigned_beyond_lac_survives_abort():
+    """The close decision after an abort: ids handed out but never released
+    have an unknown outcome, so the writer must close by fencing recovery."""
+    p = PendingAdds(2, 2, ("a", "b", "c"))
+    assert not p.assigned_beyond_lac
+    p.assign(2)
+    for t in p.targets(0):
+        p.on_ack(0, t.slot, t.bookie)
+    assert p.lac == 0 and p.assigned_beyond_lac
+    assert p.abort() == [1]
+    assert p.assigned_beyond_lac            # still true: entry 1 may land later
+    q = PendingAdds(2, 2, ("a", "b", "c"))
+    q.assign(1)
+    for t in q.targets(0):
+        q.on_ack(0, t.slot, t.bookie)
+    q.abort()
+    assert not q.assigned_beyond_lac        # everything handed out was released
+
+
 def test_ensemble_change_boundary_and_hold():
     p = PendingAdds(2, 2, ("a", "b", "c"))
     p.assign(4)
