@@ -13,8 +13,10 @@ lease key is revoked.  Exception: a handle whose writer aborted (fenced, or a
 failed ensemble change) with unreleased adds closes by fencing recovery,
 because those adds may still land on a bookie after the close (chaos run 7:
 a SIGSTOPped bookie resumed and stored entry LAC+1 on its whole write set).
-If that recovery fails, the ledger stays OPEN/IN_RECOVERY for a recoverer.  An idle handle sends an explicit LAC (driven by the
-client's background ticker, ``tick()``).
+If that recovery fails, the ledger stays OPEN/IN_RECOVERY for a recoverer.
+
+An idle handle sends an explicit LAC (driven by the client's background
+ticker, ``tick()``).
 """
 from __future__ import annotations
 

@@ -10,7 +10,10 @@ Theory of operation (pure decisions in ``protocol.recovery``)
 3. start = max(LAC, last fragment first - 1) (#2615).  Probe ids > start:
    each bookie of the id's write set is asked for the run from that id (the
    rows returned also settle later ids) with a FENCING read: a bookie that
-   answered NoSuchEntry can no longer accept that id (TLA+ defect 1).
+   answered NoSuchEntry can no longer accept that id (TLA+ defect 1).  Where
+   an earlier recovery replaced the writer's bookie of a slot, both are
+   asked, and the slot counts as "no" only if both say so
+   (``lm.recovery_read_bookies``; the writer's ensemble is recorded by step 1).
    EXISTS -> keep the row; MISSING -> stop; UNRECOVERABLE ->
    LedgerRecoveryError (retry later).
 4. Re-write every found entry to its whole write set with recovery adds
@@ -90,7 +93,6 @@ def read_forward(bk, md: lm.LedgerMetadata, key: bytes, digester: Digester,
     ensemble = md.current_ensemble
     E, Qw, Qa = len(ensemble), md.write_quorum, md.ack_quorum
     batch_n = max(1, bk.conf.read_batch_entries)
-    found: dict[int, pa.RecordBatch] = {}   # first id -> verified run
     known_upto = start
     pieces: list[pa.RecordBatch] = []
     e = start + 1
@@ -99,9 +101,14 @@ def read_forward(bk, md: lm.LedgerMetadata, key: bytes, digester: Digester,
             e += 1
             continue
         probe = rc.EntryProbe(e, E, Qw, Qa)
-        futs = {bk.transports.get(ensemble[s]).read(
-            md.ledger_id, e, e + batch_n - 1, max_entries=batch_n, master_key=key, fence=True,
-            timeout=bk.conf.read_timeout_s): s for s in probe.slots}
+        futs, slot_answers = {}, {}
+        for s in probe.slots:
+            holders = lm.recovery_read_bookies(md, s)
+            slot_answers[s] = rc.SlotAnswers(len(holders))
+            for b in holders:
+                futs[bk.transports.get(b).read(
+                    md.ledger_id, e, e + batch_n - 1, max_entries=batch_n, master_key=key,
+                    fence=True, timeout=bk.conf.read_timeout_s)] = s
         best: pa.RecordBatch | None = None
         seen: set = set()
         for f in _completed_preferring_done(futs):
@@ -115,17 +122,21 @@ def read_forward(bk, md: lm.LedgerMetadata, key: bytes, digester: Digester,
                 ok = digester.verify_batch(batch)
                 good = batch if ok.all() else batch.slice(0, int((~ok).argmax()))
                 if good.num_rows and good.column("entry_id")[0].as_py() == e:
-                    probe.on_answer(slot, rc.OK)
+                    kind = rc.OK
                     if best is None or good.num_rows > best.num_rows:
                         best = good
                 else:
-                    probe.on_answer(slot, rc.ERROR)
+                    kind = rc.ERROR
             elif isinstance(exc, errors.NoSuchEntry):
-                probe.on_answer(slot, rc.NO_ENTRY)
+                kind = rc.NO_ENTRY
             elif isinstance(exc, errors.NoSuchLedger):
-                probe.on_answer(slot, rc.NO_LEDGER)
+                kind = rc.NO_LEDGER
             else:
-                probe.on_answer(slot, rc.ERROR)
+                kind = rc.ERROR
+            before = slot_answers[slot].verdict
+            verdict = slot_answers[slot].on_answer(kind)
+            if verdict is not None and before is None:
+                probe.on_answer(slot, verdict)
             if probe.status == rc.MISSING:
                 # a positive answer that already arrived wins (it must be re-replicated)
                 if not any(g.done() and g.exception() is None and g not in seen for g in futs):

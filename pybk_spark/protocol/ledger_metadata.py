@@ -73,6 +73,12 @@ class LedgerMetadata:
     custom: Mapping[str, str] = field(default_factory=dict)
     ctime_ms: int = 0
     format_version: int = METADATA_FORMAT_VERSION
+    # the writer's last ensemble, recorded when recovery began (OPEN ->
+    # IN_RECOVERY); None for a ledger never recovered.  Recovery may replace
+    # bookies in a new fragment before it has re-written the entries beyond
+    # the boundary; the writer's bookies still hold those entries, so a later
+    # recovery reads them too (chaos run 8).
+    writer_ensemble: tuple[str, ...] | None = None
 
     # -- derived views ----------------------------------------------------------
     @property
@@ -131,6 +137,8 @@ class LedgerMetadata:
             "custom": dict(self.custom),
             "ctime_ms": self.ctime_ms,
             "ensembles": [[first, list(bookies)] for first, bookies in self.ensembles],
+            **({"writer_ensemble": list(self.writer_ensemble)}
+               if self.writer_ensemble is not None else {}),
         }, sort_keys=True).encode()
 
     @classmethod
@@ -151,6 +159,8 @@ class LedgerMetadata:
                 ctime_ms=int(d.get("ctime_ms", 0)),
                 format_version=int(d.get("format_version", 1)),
                 ensembles=tuple((int(f), tuple(b)) for f, b in d["ensembles"]),
+                writer_ensemble=(tuple(d["writer_ensemble"]) if d.get("writer_ensemble")
+                                 is not None else None),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise errors.MetadataError(f"corrupt ledger metadata: {exc}") from None
@@ -177,10 +187,21 @@ def check_password(md: LedgerMetadata, password: bytes) -> None:
 
 
 def to_in_recovery(md: LedgerMetadata) -> LedgerMetadata:
-    """Recovery step 1.  Idempotent for IN_RECOVERY; CLOSED needs no recovery."""
-    if md.state == CLOSED:
+    """Recovery step 1.  Idempotent for IN_RECOVERY; CLOSED needs no recovery.
+    The first transition records the writer's last ensemble: from here on
+    only recovery changes ensembles."""
+    if md.state != OPEN:
         return md
-    return replace(md, state=IN_RECOVERY)
+    return replace(md, state=IN_RECOVERY, writer_ensemble=md.current_ensemble)
+
+
+def recovery_read_bookies(md: LedgerMetadata, slot: int) -> tuple[str, ...]:
+    """Who may hold an entry beyond the recovery start at ``slot`` of its
+    write set: the current ensemble's bookie, and the writer's bookie if a
+    recovery replaced it (its entries may not be re-written yet)."""
+    current = md.current_ensemble[slot]
+    writer = md.writer_ensemble[slot] if md.writer_ensemble is not None else current
+    return (current,) if writer == current else (current, writer)
 
 
 def close_by_writer(md: LedgerMetadata, last_acked: int, length: int) -> LedgerMetadata:

@@ -17,6 +17,12 @@ Recovery of an IN_RECOVERY ledger runs in two phases over the LAST fragment:
    with recovery adds); (Qw-Qa)+1 NoSuchEntry => MISSING (end of ledger: the
    ledger closes at the previous id); otherwise UNDECIDED (ask more bookies /
    retry; if all answered and still undecided the recovery cannot finish).
+   A slot may have two bookies to ask (``SlotAnswers``): when an earlier
+   recovery replaced the writer's bookie at that slot, the replacement may
+   not have the entries beyond its fragment's start yet, so the slot says
+   "no" only when the writer's bookie says so too (chaos run 8: a crashed
+   recovery's ensemble change made the next recovery close before
+   acknowledged entries).
 
 Pure: no I/O, no clock, no threads.
 """
@@ -100,6 +106,37 @@ class EntryProbe:
         if len(self.no_entry) + len(self.failed) >= len(self.slots):
             return UNRECOVERABLE
         return UNDECIDED
+
+
+@dataclass
+class SlotAnswers:
+    """The answers for one slot of an entry's write set from every bookie
+    that may hold it.  Verdict: OK at the first positive answer; NO_ENTRY when
+    every bookie said NoSuchEntry / NoSuchLedger; ERROR when all answered,
+    none positive and one failed; None while undecided."""
+    bookies: int
+    no: int = 0
+    failed: int = 0
+    found: bool = False
+
+    def on_answer(self, kind: str) -> str | None:
+        if kind == OK:
+            self.found = True
+        elif kind in (NO_ENTRY, NO_LEDGER):
+            self.no += 1
+        else:
+            self.failed += 1
+        return self.verdict
+
+    @property
+    def verdict(self) -> str | None:
+        if self.found:
+            return OK
+        if self.no >= self.bookies:
+            return NO_ENTRY
+        if self.no + self.failed >= self.bookies:
+            return ERROR
+        return None
 
 
 def closing_entry(first_missing: int) -> int:

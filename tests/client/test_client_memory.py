@@ -11,6 +11,7 @@ import pytest
 from pybk_spark import errors
 from pybk_spark.client import BookKeeper
 from pybk_spark.metadata.memory_store import MemoryMetadataStore
+from pybk_spark.metadata.store import ledger_key
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.transport.memory import MemoryTransportPool
 
@@ -299,3 +300,30 @@ def test_a_bookie_lookup_that_raises_is_a_bookie_failure(env, monkeypatch):
     assert lh.add_entry(b"z") == 4
     lh.close()
     assert bk.get_ledger_metadata(lh.ledger_id).last_entry_id == 4
+
+
+def test_recovery_after_a_crashed_recovery_changed_the_ensemble(env):
+    """Chaos run 8 (seed 2026112207, ledger 3537): a recovery replaced a
+    failed bookie in a new fragment, then died before re-writing the entries
+    beyond its boundary.  The next recovery read those entries from the new
+    ensemble, where the replacement answered NoSuchEntry, and closed before
+    acknowledged entries (I1).  It must also ask the writer's bookie."""
+    bk, store, pool = env
+    for bid in ("b5", "b6"):
+        pool.add_bookie(bid)
+        store.put(f"bookies/writable/{bid}", json.dumps({"bookie_id": bid, "address": "",
+                                                         "rack": "r0"}).encode())
+    lh = bk.create_ledger(4, 2, 2)
+    lh.add_entries([b"e%d" % i for i in range(20)])    # bookies' LAC: 18; 19 is acked
+    lid, writer_ensemble = lh.ledger_id, lh.metadata.current_ensemble
+    spare = next(b for b in ("b4", "b5", "b6") if b not in writer_ensemble)
+    # the crashed recovery: IN_RECOVERY, then a fragment at 19 replacing slot 3
+    # (19's write set is slots 3, 0), and nothing re-written
+    store.update(ledger_key(lid), lambda r: lm.to_in_recovery(lm.LedgerMetadata.from_json(r)).to_json())
+    store.update(ledger_key(lid), lambda r: lm.replace_bookies(
+        lm.LedgerMetadata.from_json(r), 19, {3: spare}, by_writer=False).to_json())
+    pool.hung.add(writer_ensemble[0])       # 19's other copy answers nothing useful
+    rh = bk.open_ledger(lid)
+    assert rh.metadata.last_entry_id == 19, "closed before an acknowledged entry"
+    pool.hung.clear()
+    assert [e.payload for e in rh.read(0, 19)] == [b"e%d" % i for i in range(20)]

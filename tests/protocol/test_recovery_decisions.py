@@ -86,3 +86,16 @@ def test_pure_core_imports_no_io():
                 mods = [node.module or ""]
             for m in mods:
                 assert m.split(".")[0] not in forbidden, (name, m)
+
+
+def test_slot_answers_say_no_only_when_every_holder_does():
+    s = rc.SlotAnswers(2)
+    assert s.on_answer(rc.NO_ENTRY) is None          # the replacement lacks it...
+    assert s.on_answer(rc.OK) == rc.OK               # ...the writer's bookie has it
+    s = rc.SlotAnswers(2)
+    s.on_answer(rc.NO_ENTRY)
+    assert s.on_answer(rc.NO_LEDGER) == rc.NO_ENTRY
+    s = rc.SlotAnswers(2)
+    s.on_answer(rc.NO_ENTRY)
+    assert s.on_answer(rc.ERROR) == rc.ERROR         # undecidable, never "no"
+    assert rc.SlotAnswers(1).on_answer(rc.NO_ENTRY) == rc.NO_ENTRY

@@ -102,3 +102,17 @@ def test_password_check():
     lm.check_password(md, b"secret")
     with pytest.raises(errors.Unauthorized):
         lm.check_password(md, b"wrong")
+
+
+def test_recovery_records_the_writers_ensemble_and_reads_both_bookies_of_a_replaced_slot():
+    md = lm.new_ledger(7, ("a", "b", "c", "d"), 2, 2)
+    assert md.writer_ensemble is None and b"writer_ensemble" not in md.to_json()
+    rec = lm.to_in_recovery(md)
+    assert rec.writer_ensemble == ("a", "b", "c", "d")
+    assert lm.to_in_recovery(rec) is rec                      # idempotent
+    changed = lm.replace_bookies(rec, 19, {3: "e"}, by_writer=False)
+    again = lm.LedgerMetadata.from_json(changed.to_json())
+    assert again == changed and again.writer_ensemble == ("a", "b", "c", "d")
+    assert lm.recovery_read_bookies(again, 3) == ("e", "d")   # replaced: both
+    assert lm.recovery_read_bookies(again, 0) == ("a",)
+    assert lm.recovery_read_bookies(md, 3) == ("d",)          # never recovered
