@@ -88,6 +88,11 @@ class LedgerRecoveryError(BKError):
     code = -10
 
 
+class RecoveryRaced(LedgerRecoveryError):
+    """A concurrent recovery changed the ensemble after this one had read it:
+    this recovery's re-writes may not be where the metadata says; recover again."""
+
+
 class DuplicateEntryId(BKError):
     """Entry id already written with different content."""
     code = -114

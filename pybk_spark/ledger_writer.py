@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -238,8 +238,9 @@ class LedgerWriter:
             try:
                 new_md = self._cas_change(store, change)
             except errors.BKError as exc:
-                err = exc if not exc.outcome_known else errors.LedgerFenced(
-                    f"ensemble change failed: {exc}", ledger_id=self.ledger_id)
+                err = exc if not exc.outcome_known or isinstance(exc, errors.RecoveryRaced) \
+                    else errors.LedgerFenced(f"ensemble change failed: {exc}",
+                                             ledger_id=self.ledger_id)
                 self._abort(err)
                 return
             except Exception as exc:  # never leave adds hanging
@@ -283,6 +284,9 @@ class LedgerWriter:
             try:
                 raw, _version = store.update(ledger_key(self.ledger_id), transform)
             except _Stale:
+                if self.recovery:       # a concurrent recovery: this one starts over
+                    raise errors.RecoveryRaced("ledger ensemble changed by another recovery",
+                                               ledger_id=self.ledger_id)
                 raise errors.LedgerFenced("ledger ensemble changed by someone else",
                                           ledger_id=self.ledger_id)
             except errors.IllegalOp:

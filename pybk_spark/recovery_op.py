@@ -20,7 +20,10 @@ Theory of operation (pure decisions in ``protocol.recovery``)
    through ``LedgerWriter(recovery=True)`` (ensemble changes allowed while
    IN_RECOVERY), and wait for Qa acks of each.
 5. CAS CLOSED at the last found id (``close_by_recovery``: if another
-   recoverer closed first, its value stands: all converge).
+   recoverer closed first, its value stands: all converge).  If a concurrent
+   recovery changed the ensemble after this one read it, this one's
+   re-writes may sit on bookies the metadata no longer names: it starts over
+   (``RecoveryRaced``, at most ``RACE_RETRIES`` times).
 """
 from __future__ import annotations
 
@@ -38,7 +41,20 @@ from pybk_spark.protocol import recovery as rc
 from pybk_spark.read_handle import ReadHandle
 
 
+RACE_RETRIES = 5
+
+
 def recover(bk, md: lm.LedgerMetadata, password: bytes) -> ReadHandle:
+    for _attempt in range(RACE_RETRIES):
+        try:
+            return _recover_once(bk, md, password)
+        except errors.RecoveryRaced:
+            md = lm.LedgerMetadata.from_json(bk.metadata_store.get(ledger_key(md.ledger_id)).value)
+    raise errors.LedgerRecoveryError("concurrent recoveries kept changing the ensemble",
+                                     ledger_id=md.ledger_id)
+
+
+def _recover_once(bk, md: lm.LedgerMetadata, password: bytes) -> ReadHandle:
     store = bk.metadata_store
     key = lm.master_key(password)
     if md.is_closed:
@@ -50,14 +66,16 @@ def recover(bk, md: lm.LedgerMetadata, password: bytes) -> ReadHandle:
         return ReadHandle(bk, md, password, md.last_entry_id)
 
     max_lac = fence_and_read_lac(bk, md, key)
-    start = rc.recovery_start(max_lac, md.last_fragment_first_entry)
+    start = rc.recovery_start(max_lac, md.last_fragment_first_entry,
+                              lm.recovery_replaced_tail(md))
     rows = read_forward(bk, md, key, Digester(md.digest_type, password), start)
     last = start
     if rows is not None and rows.num_rows:
         last = start + rows.num_rows
-        rewrite(bk, md, key, start, rows)
-    raw, _ = store.update(ledger_key(md.ledger_id),
-                          lambda r: lm.close_by_recovery(lm.LedgerMetadata.from_json(r), last, 0).to_json())
+        md = rewrite(bk, md, key, start, rows)
+    wrote_through = md.ensembles
+    raw, _ = store.update(ledger_key(md.ledger_id), lambda r: lm.close_by_recovery(
+        lm.LedgerMetadata.from_json(r), last, 0, wrote_through).to_json())
     md = lm.LedgerMetadata.from_json(raw)
     return ReadHandle(bk, md, password, md.last_entry_id)
 
@@ -160,8 +178,10 @@ def read_forward(bk, md: lm.LedgerMetadata, key: bytes, digester: Digester,
     return pa.Table.from_batches(pieces).combine_chunks().to_batches()[0]
 
 
-def rewrite(bk, md: lm.LedgerMetadata, key: bytes, start: int, rows: pa.RecordBatch) -> None:
-    """Recovery adds of ``rows`` (ids start+1..) to their whole write sets."""
+def rewrite(bk, md: lm.LedgerMetadata, key: bytes, start: int,
+            rows: pa.RecordBatch) -> lm.LedgerMetadata:
+    """Recovery adds of ``rows`` (ids start+1..) to their whole write sets.
+    Returns the metadata as this recovery left it (its own ensemble changes)."""
     writer = LedgerWriter(bk, md, key, recovery=True, last_released=start)
     first, _lac = writer.assign(rows.num_rows)
     assert first == start + 1
@@ -169,9 +189,12 @@ def rewrite(bk, md: lm.LedgerMetadata, key: bytes, start: int, rows: pa.RecordBa
     writer.submit(rows, Waiter(start + rows.num_rows, fut, lambda: None))
     try:
         fut.result()
+    except errors.RecoveryRaced:
+        raise
     except errors.BKError as exc:
         raise errors.LedgerRecoveryError(f"recovery adds failed: {exc}",
                                          ledger_id=md.ledger_id) from exc
+    return writer.md
 
 
 def _completed_preferring_done(futs):

@@ -195,6 +195,12 @@ def to_in_recovery(md: LedgerMetadata) -> LedgerMetadata:
     return replace(md, state=IN_RECOVERY, writer_ensemble=md.current_ensemble)
 
 
+def recovery_replaced_tail(md: LedgerMetadata) -> bool:
+    """An earlier recovery replaced some of the writer's bookies in the last
+    fragment (its entries may not all be on the replacements yet)."""
+    return md.writer_ensemble is not None and md.current_ensemble != md.writer_ensemble
+
+
 def recovery_read_bookies(md: LedgerMetadata, slot: int) -> tuple[str, ...]:
     """Who may hold an entry beyond the recovery start at ``slot`` of its
     write set: the current ensemble's bookie, and the writer's bookie if a
@@ -218,11 +224,18 @@ def close_by_writer(md: LedgerMetadata, last_acked: int, length: int) -> LedgerM
                               last_acked=last_acked)
 
 
-def close_by_recovery(md: LedgerMetadata, last_entry: int, length: int) -> LedgerMetadata:
+def close_by_recovery(md: LedgerMetadata, last_entry: int, length: int,
+                      wrote_through: tuple | None = None) -> LedgerMetadata:
     """Recovery's final CAS.  If someone else closed first, their answer stands
-    (all recoverers converge on the first CLOSED value)."""
+    (all recoverers converge on the first CLOSED value).  ``wrote_through``:
+    the fragments this recovery re-wrote through; if a concurrent recovery
+    changed them since, the re-writes may sit on bookies the metadata no
+    longer names, so this one must not close (RecoveryRaced: recover again)."""
     if md.state == CLOSED:
         return md
+    if wrote_through is not None and md.ensembles != tuple(wrote_through):
+        raise errors.RecoveryRaced("the ensemble changed under this recovery",
+                                   ledger_id=md.ledger_id)
     return replace(md, state=CLOSED, last_entry_id=last_entry, length=length)
 
 

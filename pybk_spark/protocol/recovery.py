@@ -11,7 +11,9 @@ Recovery of an IN_RECOVERY ledger runs in two phases over the LAST fragment:
    that answered the FENCED read (#2614); NoSuchLedger answers count for
    coverage with LAC -1.  If coverage becomes impossible the phase fails.
 2. Read forward.  ``recovery_start`` = max(max LAC, first entry of the last
-   fragment - 1) (#2615): every id <= start is known acknowledged.  For each
+   fragment - 1) (#2615): every id <= start is known acknowledged (and where
+   an earlier recovery replaced writer bookies in the last fragment, its
+   first entry - 1: those ids must be re-written to the replacements).  For each
    id > start, ``EntryProbe`` classifies the answers of its write set: any
    positive answer => EXISTS (it must be re-written to its whole write set
    with recovery adds); (Qw-Qa)+1 NoSuchEntry => MISSING (end of ledger: the
@@ -72,8 +74,15 @@ class FenceLacPhase:
         return not is_covered(self.ensemble_size, self.write_quorum, self.ack_quorum, alive)
 
 
-def recovery_start(max_lac: int, last_fragment_first: int) -> int:
-    """Highest id known acknowledged; read forward from the id after it (#2615)."""
+def recovery_start(max_lac: int, last_fragment_first: int, tail_replaced: bool = False) -> int:
+    """Where the read forward starts (the id before the first one read).
+    Normally the highest id known acknowledged, but never before the last
+    fragment (#2615).  ``tail_replaced``: an earlier recovery replaced
+    bookies of the writer's ensemble in the last fragment, so ids there up to
+    the LAC may be missing on the replacements: re-read and re-write the
+    whole last fragment (chaos run 8)."""
+    if tail_replaced:
+        return last_fragment_first - 1
     return max(max_lac, last_fragment_first - 1)
 
 

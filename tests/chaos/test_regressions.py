@@ -13,6 +13,7 @@ the bookies the scenario names.
   test_bk1067_hanging_bookie_during_fencing
   test_bk1591_ensemble_change_metadata_write_stalls
   test_chaos_run7_close_after_an_aborted_ensemble_change_recovers
+  test_chaos_run8_recovery_after_a_crashed_recoverys_ensemble_change
 The deterministic simulation (tests/sim) covers the same classes over
 thousands of seeded schedules; these pin the exact interleavings.
 """
@@ -388,6 +389,43 @@ def test_chaos_run7_close_after_an_aborted_ensemble_change_recovers(cluster, his
         if victim is not None:
             cluster.resume_bookie(victim)
         bk.close()
+
+
+def test_chaos_run8_recovery_after_a_crashed_recoverys_ensemble_change(cluster, hist_dir):
+    """Found by the 30-minute chaos run 8 (seed 2026112207, ledger 3537): a
+    recovery replaced a failed bookie in a new fragment and failed before
+    re-writing the entries beyond that boundary.  The next recovery started
+    at the LAC and asked only the new ensemble, where the replacement
+    answered NoSuchEntry, and closed before acknowledged entries (I1).  Here
+    the crashed recovery is scripted as its two metadata CASes."""
+    ensure_bookies(cluster, 6)
+    bk = client(cluster)
+    bk2 = client(cluster, add_timeout_s=2.0, read_timeout_s=3.0)
+    hist = History(str(hist_dir / "w.jsonl"), "w")
+    frozen = None
+    try:
+        w = RecordedWriter(hist, bk.create_ledger(4, 2, 2))
+        lid = w.lh.ledger_id
+        for _ in range(20):             # the bookies' LAC is 18; entry 19 is acknowledged
+            assert w.add() == "ok"
+        writer_ensemble = w.lh.metadata.current_ensemble
+        spare = next(b for b in cluster.bookie_ids if b not in writer_ensemble)
+        _in_recovery(bk2, lid)
+        bk2.metadata_store.update(ledger_key(lid), lambda r: lm.replace_bookies(
+            lm.LedgerMetadata.from_json(r), 19, {3: spare}, by_writer=False).to_json())
+        frozen = writer_ensemble[0]     # entry 19's write set is slots (3, 0)
+        cluster.stop_bookie(frozen)
+        rh = bk2.open_ledger(lid)
+        assert rh.metadata.last_entry_id == 19, "closed before an acknowledged entry"
+        cluster.resume_bookie(frozen)
+        frozen = None
+        hist.close()
+        assert final_check(cluster, hist_dir, [lid]) == []
+    finally:
+        if frozen is not None:
+            cluster.resume_bookie(frozen)
+        bk.close()
+        bk2.close()
 
 
 def test_chaos_found_invalidate_inside_a_grpc_callback_does_not_deadlock(cluster):

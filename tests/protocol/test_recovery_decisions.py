@@ -99,3 +99,8 @@ def test_slot_answers_say_no_only_when_every_holder_does():
     s.on_answer(rc.NO_ENTRY)
     assert s.on_answer(rc.ERROR) == rc.ERROR         # undecidable, never "no"
     assert rc.SlotAnswers(1).on_answer(rc.NO_ENTRY) == rc.NO_ENTRY
+
+
+def test_recovery_start_rewrites_a_tail_an_earlier_recovery_replaced():
+    assert rc.recovery_start(30, 19, tail_replaced=True) == 18   # even below the LAC
+    assert rc.recovery_start(30, 19, tail_replaced=False) == 30

@@ -7,8 +7,14 @@ ledger_metadata transforms, ``MemoryMetadataStore`` CAS); only the I/O is
 simulated: every message is an event delivered after a random delay, or
 dropped (the sender then sees a timeout), bookies crash and restart (their
 state is durable), a partition cuts the writer from one bookie, the writer
-may crash.  Fault flag ``coverage_wait=False`` plants the #1067/#2614 class
-bug (fencing declared done after the first answer) to show the checker bites.
+may crash, a recovery whose re-write fails replaces the bookie (a recovery
+ensemble change) and may crash right after.  Fault flags plant known bugs to
+show the checker bites: ``coverage_wait=False`` the #1067/#2614 class
+(fencing declared done after the first answer); ``read_writer_bookies=False``
+chaos run 8's (after a crashed recovery's ensemble change, the next one
+reads only the replacements and starts at the LAC);
+``close_checks_ensemble=False`` a recovery closing although a concurrent one
+changed the ensemble under it.
 
 Replay a failure: PYBK_SIM_SEED=<seed> pytest tests/sim -k replay
 """
@@ -80,11 +86,17 @@ class SimBookie:
 
 class Sim:
     def __init__(self, seed: int, *, coverage_wait: bool = True, faults: bool = True,
-                 drop_p: float | None = None, fencing_reads: bool = True):
+                 drop_p: float | None = None, fencing_reads: bool = True,
+                 read_writer_bookies: bool = True, close_checks_ensemble: bool = True):
         self.seed = seed
         self.rng = random.Random(seed)
         self.coverage_wait = coverage_wait
         self.fencing_reads = fencing_reads      # False plants TLA+ defect 1 (pre-#2614 reads)
+        # False plants chaos run 8's bug: the read-forward asks only the current
+        # ensemble, not the writer's bookie a crashed recovery replaced
+        self.read_writer_bookies = read_writer_bookies
+        # False: a recovery closes even if another changed the ensemble under it
+        self.close_checks_ensemble = close_checks_ensemble
         self.faults = faults
         self.now = 0.0
         self.q: list = []
@@ -352,7 +364,9 @@ class SimRecoverer:
         done = self.phase.covered if self.sim.coverage_wait else bool(self.phase.answered)
         if done:
             self.fenced_done = True
-            self.last = rc.recovery_start(self.phase.max_lac, self.md.last_fragment_first_entry)
+            self.last = rc.recovery_start(self.phase.max_lac, self.md.last_fragment_first_entry,
+                                          self.sim.read_writer_bookies
+                                          and lm.recovery_replaced_tail(self.md))
             self._probe(self.last + 1)
         elif self.phase.impossible:
             self.fenced_done = True
@@ -365,13 +379,18 @@ class SimRecoverer:
         sim = self.sim
         probe = rc.EntryProbe(e, len(self.ens), self.md.write_quorum, self.md.ack_quorum)
         state = {"decided": False}
+        answers = {}
 
         def on_read(slot, reply):
             if state["decided"]:
                 return
             kind, payload = reply
-            status = probe.on_answer(slot, {"ok": rc.OK, "no_entry": rc.NO_ENTRY,
-                                            "no_ledger": rc.NO_LEDGER}.get(kind, rc.ERROR))
+            before = answers[slot].verdict
+            verdict = answers[slot].on_answer({"ok": rc.OK, "no_entry": rc.NO_ENTRY,
+                                               "no_ledger": rc.NO_LEDGER}.get(kind, rc.ERROR))
+            if verdict is None or before is not None:
+                return
+            status = probe.on_answer(slot, verdict)
             if status == rc.UNDECIDED:
                 return
             state["decided"] = True
@@ -382,30 +401,69 @@ class SimRecoverer:
             else:
                 self._retry()
         for slot in probe.slots:
-            self._send_retrying(self.ens[slot], lambda bk: bk.read(sim.lid, e, fence=sim.fencing_reads),
-                                lambda reply, slot=slot: on_read(slot, reply),
-                                lambda slot=slot: on_read(slot, ("error", None)))
+            holders = (lm.recovery_read_bookies(self.md, slot) if sim.read_writer_bookies
+                       else (self.ens[slot],))
+            answers[slot] = rc.SlotAnswers(len(holders))
+            for b in holders:
+                self._send_retrying(b, lambda bk: bk.read(sim.lid, e, fence=sim.fencing_reads),
+                                    lambda reply, slot=slot: on_read(slot, reply),
+                                    lambda slot=slot: on_read(slot, ("error", None)))
 
     def _rewrite(self, e, payload):
+        """Recovery adds of ``e`` to its write set; a bookie that fails is
+        replaced by a recovery ensemble change (fragment at ``e``), after
+        which this recoverer may crash (the next one must cope)."""
         sim = self.sim
         slots = write_set(e, len(self.ens), self.md.write_quorum)
-        state = {"acks": 0, "answers": 0, "done": False}
+        state = {"acks": 0, "pending": len(slots), "done": False}
 
-        def on_add(reply):
+        def send(slot):
+            # like the real client: a timed-out recovery add fails the bookie at once
+            self._send_retrying(self.ens[slot], lambda bk: bk.add(sim.lid, e, -1, payload, True),
+                                lambda reply: on_add(slot, reply),
+                                lambda: on_add(slot, "timeout"), attempts=1)
+
+        def on_add(slot, reply):
             if state["done"]:
                 return
-            state["answers"] += 1
+            state["pending"] -= 1
             if reply == "ok":
                 state["acks"] += 1
             if state["acks"] >= self.md.ack_quorum:
                 state["done"] = True
                 self._probe(e + 1)
-            elif state["answers"] == len(slots):
+                return
+            if reply != "ok" and self._replace(e, slot):
+                if sim.rng.random() < 0.3:       # crash right after the change
+                    state["done"] = True
+                    self._retry()
+                    return
+                state["pending"] += 1
+                send(slot)
+                return
+            if state["pending"] == 0:
                 state["done"] = True
                 self._retry()
         for s in slots:
-            self._send_retrying(self.ens[s], lambda bk: bk.add(sim.lid, e, -1, payload, True),
-                                on_add, lambda: on_add("timeout"))
+            send(s)
+
+    def _replace(self, e, slot) -> bool:
+        sim = self.sim
+        spare = sorted(b for b in sim.bookies if b not in self.ens and sim.bookies[b].up)
+        if not spare:
+            return False
+        new, seen = sim.rng.choice(spare), self.ens
+
+        def change(m):
+            if m.current_ensemble != seen:
+                raise errors.IllegalOp("ensemble changed by another recoverer")
+            return lm.replace_bookies(m, e, {slot: new}, by_writer=False)
+        try:
+            md = sim.update(change)
+        except errors.BKError:
+            return False
+        self.md, self.ens = md, md.current_ensemble
+        return True
 
     def _send_retrying(self, bookie, request, on_reply, on_fail, attempts=8):
         """A timed-out request is retried (the client's per-request retry)."""
@@ -417,5 +475,10 @@ class SimRecoverer:
         self.sim.send("recoverer", bookie, request, on_reply, timeout)
 
     def _close(self, last):
-        md = self.sim.update(lambda m: lm.close_by_recovery(m, last, 0))
+        try:
+            md = self.sim.update(lambda m: lm.close_by_recovery(
+                m, last, 0, self.md.ensembles if self.sim.close_checks_ensemble else None))
+        except errors.RecoveryRaced:
+            self._retry()               # another recoverer changed the ensemble: start over
+            return
         self.sim.recoverer_results.append(md.last_entry_id)

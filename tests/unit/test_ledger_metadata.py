@@ -116,3 +116,16 @@ def test_recovery_records_the_writers_ensemble_and_reads_both_bookies_of_a_repla
     assert lm.recovery_read_bookies(again, 3) == ("e", "d")   # replaced: both
     assert lm.recovery_read_bookies(again, 0) == ("a",)
     assert lm.recovery_read_bookies(md, 3) == ("d",)          # never recovered
+
+
+def test_a_recovery_does_not_close_over_a_concurrent_recoverys_ensemble_change():
+    rec = lm.to_in_recovery(lm.new_ledger(7, ("a", "b", "c"), 2, 2))
+    assert not lm.recovery_replaced_tail(rec)
+    mine = rec.ensembles
+    theirs = lm.replace_bookies(rec, 5, {1: "d"}, by_writer=False)
+    assert lm.recovery_replaced_tail(theirs)
+    with pytest.raises(errors.RecoveryRaced):
+        lm.close_by_recovery(theirs, 9, 0, wrote_through=mine)
+    closed = lm.close_by_recovery(theirs, 9, 0, wrote_through=theirs.ensembles)
+    assert closed.last_entry_id == 9
+    assert lm.close_by_recovery(closed, 12, 0, wrote_through=mine) is closed   # first close stands
