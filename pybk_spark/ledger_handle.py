@@ -24,8 +24,6 @@ import threading
 from concurrent.futures import Future
 from typing import Iterable
 
-import pyarrow as pa
-
 from pybk_spark import errors
 from pybk_spark.digest import Digester
 from pybk_spark.ledger_writer import LedgerWriter, Waiter

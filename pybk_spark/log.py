@@ -28,7 +28,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional, Union
+from typing import Callable, Union
 
 from pybk_spark import errors
 from pybk_spark.metadata.store import log_key

@@ -28,7 +28,7 @@ from pybk_spark import errors
 from pybk_spark.log import LogRecord, read_log
 from pybk_spark.metadata.store import ledger_key, log_key
 from pybk_spark.protocol.ledger_metadata import CLOSED, LedgerMetadata
-from pybk_spark.protocol.log_metadata import LogMetadata, Position
+from pybk_spark.protocol.log_metadata import Position
 
 
 class LogReader:

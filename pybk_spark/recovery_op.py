@@ -7,7 +7,9 @@ Theory of operation (pure decisions in ``protocol.recovery``)
 2. Fenced ReadLac to every bookie of the last fragment; stop waiting as soon
    as the answers cover the ensemble (#1067); LAC only from fenced answers
    (#2614).
-3. start = max(LAC, last fragment first - 1) (#2615).  Probe ids > start:
+3. start = max(LAC, last fragment first - 1) (#2615); last fragment first - 1
+   if an earlier recovery replaced writer bookies there (``lm.
+   recovery_replaced_tail``: those ids must reach the replacements).  Probe ids > start:
    each bookie of the id's write set is asked for the run from that id (the
    rows returned also settle later ids) with a FENCING read: a bookie that
    answered NoSuchEntry can no longer accept that id (TLA+ defect 1).  Where

@@ -2,7 +2,6 @@
 metadata adapter exists), always torn down."""
 from __future__ import annotations
 
-import os
 import uuid
 
 import pytest

@@ -39,7 +39,7 @@ from pybk_spark import errors
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.protocol.distribution import write_set
 
-from .history import FAIL, OK, UNKNOWN, digest
+from .history import FAIL, OK, digest
 
 
 @dataclass

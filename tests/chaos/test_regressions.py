@@ -442,7 +442,8 @@ def test_chaos_found_invalidate_inside_a_grpc_callback_does_not_deadlock(cluster
         # arrives later, so its callback runs on the channel's thread while
         # the others are still in flight (close() must cancel them)
         t = bk.transports.get(b)
-        others = [t.read_lac(987654321, wait_for_lac_above=5, wait_ms=10000) for _ in range(3)]
+        others = [t.read_lac(987654321, wait_for_lac_above=5, wait_ms=10000)  # noqa: F841
+                  for _ in range(3)]               # kept in flight while the short one answers
         f = t.read_lac(987654321, wait_for_lac_above=5, wait_ms=300)
 
         def on_done(_f):

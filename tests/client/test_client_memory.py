@@ -4,7 +4,6 @@ The same behaviours run against real etcd + bookie-server processes in
 test_client_real.py."""
 import json
 import random
-import uuid
 
 import pytest
 

@@ -99,7 +99,6 @@ def test_truncation_deletes_ledgers_and_old_positions_fail_clearly(bk):
 
 
 # -- crashes --------------------------------------------------------------------------
-import os  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402

@@ -12,7 +12,6 @@ from pyspark.sql.types import (BinaryType, DecimalType, DoubleType, IntegerType,
 from pybk_spark import errors
 from pybk_spark.log import read_log
 from pybk_spark.spark.datasource import BookKeeperDataSource
-from pybk_spark.spark.writer import LedgerCommitMessage
 
 pytestmark = pytest.mark.spark
 
