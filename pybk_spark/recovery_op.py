@@ -51,7 +51,7 @@ def recover(bk, md: lm.LedgerMetadata, password: bytes) -> ReadHandle:
         try:
             return _recover_once(bk, md, password)
         except errors.RecoveryRaced:
-            md = lm.LedgerMetadata.from_json(bk.metadata_store.get(ledger_key(md.ledger_id)).value)
+            md = bk.get_ledger_metadata(md.ledger_id)      # NoSuchLedger if deleted meanwhile
     raise errors.LedgerRecoveryError("concurrent recoveries kept changing the ensemble",
                                      ledger_id=md.ledger_id)
 
