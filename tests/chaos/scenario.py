@@ -74,12 +74,26 @@ class RawWriter:
         self.acks: dict[int, set] = {}
         self.ops: dict[int, int] = {}
 
-    def send(self, entry_id: int, lac: int, bookie: str, payload: bytes | None = None):
+    def send(self, entry_id: int, lac: int, bookie: str, payload: bytes | None = None,
+             record: bool = True):
+        """``record=False``: replay an add the history already holds (a late
+        landing of another writer's in-flight add), without a new operation."""
         payload = payload or f"raw:{entry_id}:x".encode()
+        if not record:
+            return self._add(entry_id, lac, bookie, payload)
         if entry_id not in self.ops:
             self.ops[entry_id] = self.hist.invoke("add", ledger=self.md.ledger_id,
                                                   digests=[digest(payload)])
             self.acks[entry_id] = set()
+        result = self._add(entry_id, lac, bookie, payload)
+        if result != "ok":
+            return result
+        self.acks[entry_id].add(bookie)
+        if len(self.acks[entry_id]) == self.md.ack_quorum:
+            self.hist.ok(self.ops[entry_id], "add", ledger=self.md.ledger_id, entry=entry_id)
+        return "ok"
+
+    def _add(self, entry_id: int, lac: int, bookie: str, payload: bytes):
         lid = self.md.ledger_id
         digests = self.digester.compute(lid, [entry_id], [lac], [payload])
         data = batch_to_bytes(make_batch(lid, [entry_id], [lac], [payload], digests))
@@ -87,9 +101,6 @@ class RawWriter:
             self.bk.transports.get(bookie).add(lid, self.key, data).result(HANG_GUARD_S)
         except errors.BKError as exc:
             return exc
-        self.acks[entry_id].add(bookie)
-        if len(self.acks[entry_id]) == self.md.ack_quorum:
-            self.hist.ok(self.ops[entry_id], "add", ledger=lid, entry=entry_id)
         return "ok"
 
     def finish(self) -> None:

@@ -15,15 +15,18 @@ from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.transport.memory import MemoryTransportPool
 
 
+def _register(store, pool, bid: str, rack: str) -> None:
+    pool.add_bookie(bid)
+    store.put(f"bookies/writable/{bid}", json.dumps({"bookie_id": bid, "address": "",
+                                                     "rack": rack}).encode())
+
+
 @pytest.fixture
 def env():
     store = MemoryMetadataStore()
     pool = MemoryTransportPool()
     for i in range(5):
-        bid = f"b{i}"
-        pool.add_bookie(bid)
-        store.put(f"bookies/writable/{bid}", json.dumps({"bookie_id": bid, "address": "",
-                                                         "rack": f"r{i % 2}"}).encode())
+        _register(store, pool, f"b{i}", f"r{i % 2}")
     bk = BookKeeper(store=store, transports=pool, rng=random.Random(1), background=False)
     yield bk, store, pool
     bk.close()
@@ -309,9 +312,7 @@ def test_recovery_after_a_crashed_recovery_changed_the_ensemble(env):
     acknowledged entries (I1).  It must also ask the writer's bookie."""
     bk, store, pool = env
     for bid in ("b5", "b6"):
-        pool.add_bookie(bid)
-        store.put(f"bookies/writable/{bid}", json.dumps({"bookie_id": bid, "address": "",
-                                                         "rack": "r0"}).encode())
+        _register(store, pool, bid, "r0")
     lh = bk.create_ledger(4, 2, 2)
     lh.add_entries([b"e%d" % i for i in range(20)])    # bookies' LAC: 18; 19 is acked
     lid, writer_ensemble = lh.ledger_id, lh.metadata.current_ensemble
