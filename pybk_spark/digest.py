@@ -34,12 +34,16 @@ class Digester:
         self.digest_type = digest_type
         self._key = master_key(password)
 
-    def one(self, ledger_id: int, entry_id: int, lac: int, payload: bytes) -> bytes:
+    def one(self, ledger_id: int, entry_id: int, lac: int, payload) -> bytes:
+        """Digest of one entry; ``payload`` is bytes or any read-only buffer
+        (a pyarrow Buffer slice is hashed in place)."""
         hdr = _HDR.pack(ledger_id, entry_id, lac)
         if self.digest_type == "crc32c":
-            return struct.pack(">I", google_crc32c.extend(google_crc32c.value(hdr), payload))
+            return _CRC.pack(google_crc32c.extend(google_crc32c.value(hdr), payload))
         if self.digest_type == "hmac":
-            return _hmac.new(self._key, hdr + bytes(payload), hashlib.sha256).digest()
+            mac = _hmac.new(self._key, hdr, hashlib.sha256)
+            mac.update(payload)
+            return mac.digest()
         return b""
 
     def compute(self, ledger_id: int, entry_ids: Sequence[int], lacs: Sequence[int],
@@ -54,15 +58,31 @@ class Digester:
         return [one(ledger_id, e, l, p) for e, l, p in zip(entry_ids, lacs, payloads)]
 
     def verify_batch(self, batch: pa.RecordBatch) -> np.ndarray:
-        """Boolean mask: True where the row's digest is correct."""
+        """Boolean mask: True where the row's digest is correct.  Payloads are
+        hashed where they lie in the batch's data buffer (no per-row copy)."""
         n = batch.num_rows
         if self.digest_type == "none" or n == 0:
             return np.ones(n, dtype=bool)
         lids = batch.column("ledger_id").to_pylist()
         eids = batch.column("entry_id").to_pylist()
         lacs = batch.column("lac").to_pylist()
-        pays = batch.column("payload").to_pylist()
         digs = batch.column("digest").to_pylist()
         one = self.one
         return np.fromiter((one(a, b, c, d) == g for a, b, c, d, g in
-                            zip(lids, eids, lacs, pays, digs)), dtype=bool, count=n)
+                            zip(lids, eids, lacs, payload_views(batch.column("payload")), digs)),
+                           dtype=bool, count=n)
+
+
+def payload_views(payloads: pa.Array) -> list:
+    """Each value of a binary column as a zero-copy pyarrow Buffer slice
+    (empty values as b""; nulls, which entries never hold, as b"" too)."""
+    n = len(payloads)
+    if payloads.type != pa.binary():
+        payloads = payloads.cast(pa.binary())
+    _, offsets_buf, data = payloads.buffers()
+    if data is None or n == 0:
+        return [b""] * n
+    offsets = np.frombuffer(offsets_buf, dtype=np.int32, count=payloads.offset + n + 1)
+    bounds = offsets[payloads.offset:].tolist()
+    piece = data.slice
+    return [piece(a, b - a) if b > a else b"" for a, b in zip(bounds[:-1], bounds[1:])]

@@ -32,11 +32,12 @@ LATEST = -1
 DEFAULT_MAX_ENTRIES_PER_PARTITION = 100_000
 DEFAULT_READ_BATCH_ENTRIES = 1000
 DEFAULT_READ_BATCH_BYTES = 16 << 20     # one read window (all bookies together)
+DEFAULT_READ_AHEAD_BATCHES = 1          # windows read while Spark takes the previous one
 
 KNOWN_READ_OPTIONS = (
     "metadataServiceUri", "ledgers", "log", "startingOffsets", "endingOffsets",
     "recovery", "maxEntriesPerPartition", "readBatchEntries", "readBatchBytes", "password", "path",
-    "includeMetadata",
+    "includeMetadata", "readAheadBatches",
 )
 
 
@@ -53,6 +54,7 @@ class ReadOptions:
     max_entries_per_partition: int = DEFAULT_MAX_ENTRIES_PER_PARTITION
     read_batch_entries: int = DEFAULT_READ_BATCH_ENTRIES
     read_batch_bytes: int = DEFAULT_READ_BATCH_BYTES
+    read_ahead_batches: int = DEFAULT_READ_AHEAD_BATCHES
     password: bytes = b""
     include_metadata: bool = False          # DataFrame logs: add _ledger_id, _entry_id
 
@@ -86,16 +88,16 @@ def parse_bool(name: str, text: Optional[str], default: bool) -> bool:
     raise errors.IncorrectParameter(f"option {name!r} must be true or false, got {text!r}")
 
 
-def parse_positive_int(name: str, text: Optional[str], default: int) -> int:
+def parse_positive_int(name: str, text: Optional[str], default: int, minimum: int = 1) -> int:
+    kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
     if text is None:
         return default
     try:
         value = int(str(text).strip())
     except ValueError:
-        raise errors.IncorrectParameter(
-            f"option {name!r} must be a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise errors.IncorrectParameter(f"option {name!r} must be a positive integer, got {text!r}")
+        raise errors.IncorrectParameter(f"option {name!r} must be {kind}, got {text!r}") from None
+    if value < minimum:
+        raise errors.IncorrectParameter(f"option {name!r} must be {kind}, got {text!r}")
     return value
 
 
@@ -208,6 +210,9 @@ def parse_read_options(options: Mapping[str, str]) -> ReadOptions:
             "readBatchEntries", _get(options, "readBatchEntries"), DEFAULT_READ_BATCH_ENTRIES),
         read_batch_bytes=parse_positive_int(
             "readBatchBytes", _get(options, "readBatchBytes"), DEFAULT_READ_BATCH_BYTES),
+        read_ahead_batches=parse_positive_int(
+            "readAheadBatches", _get(options, "readAheadBatches"), DEFAULT_READ_AHEAD_BATCHES,
+            minimum=0),
         password=password.encode() if password else b"",
         include_metadata=parse_bool("includeMetadata", _get(options, "includeMetadata"), False),
     )

@@ -148,14 +148,7 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     # -- executors ------------------------------------------------------------------------------
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        from pybk_spark.spark.reader import (LedgerSlicePartition, _client, _drop_client,
-                                             decode_slice, read_slice)
+        from pybk_spark.spark.reader import LedgerSlicePartition, read_partition
         if not isinstance(partition, LedgerSlicePartition):
             return
-        uri = self.opts.read.metadata_uri
-        try:
-            yield from decode_slice(read_slice(_client(uri), partition, self.opts.read),
-                                    self.table_schema, self.opts.read.include_metadata)
-        except Exception:
-            _drop_client(uri)
-            raise
+        yield from read_partition(partition, self.opts.read, self.table_schema)

@@ -22,7 +22,7 @@ from pybk_spark.transport.add_stream import AddStreamer, add_stream_opener
 from pybk_spark.transport.base import BookieTransport, LacResult, ReadResult, TransportPool
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import bookie_wire_pb2_grpc as pbg
-from pybk_spark.wire import codes
+from pybk_spark.wire import codes, framing
 from pybk_spark.wire.entries import batch_from_bytes
 
 _END = {pb.COMPLETE: "COMPLETE", pb.LIMIT: "LIMIT", pb.MISSING: "MISSING"}
@@ -40,6 +40,10 @@ class BookieClient(BookieTransport):
             ("grpc.max_receive_message_length", max_message_bytes),
         ])
         self._stub = pbg.BookieStub(self._channel)
+        # read answers are parsed in place (wire/framing.py): no copy of the entries
+        self._read_entries = self._channel.unary_unary(
+            framing.READ_ENTRIES_METHOD, request_serializer=pb.ReadRequest.SerializeToString,
+            response_deserializer=framing.parse_read_response)
         self._adds = AddStreamer(add_stream_opener(self._channel), self.bookie_id, clock,
                                  stream_idle_close_s)
 
@@ -94,7 +98,7 @@ class BookieClient(BookieTransport):
             self._check(resp, ledger_id=ledger_id, entry_id=first)
             return ReadResult(batch_from_bytes(resp.entries), _END.get(resp.end, "MISSING"),
                               resp.lac, resp.fenced)
-        return self._call(self._stub.ReadEntries, req, timeout, conv)
+        return self._call(self._read_entries, req, timeout, conv)
 
     def read_lac(self, ledger_id, *, fence=False, master_key=b"", wait_for_lac_above=-2,
                  wait_ms=0, timeout=None):

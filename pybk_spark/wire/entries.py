@@ -62,12 +62,13 @@ def empty_batch() -> pa.RecordBatch:
                                       schema=ENTRY_SCHEMA)
 
 
-def batch_from_bytes(data: bytes) -> pa.RecordBatch:
-    """Parse and validate one entry batch.  Raises BadRequest on anything odd."""
-    if not data:
+def batch_from_bytes(data) -> pa.RecordBatch:
+    """Parse and validate one entry batch (bytes or a pyarrow Buffer, read in
+    place).  Raises BadRequest on anything odd."""
+    if not len(data):
         return empty_batch()
     try:
-        reader = pa.ipc.open_stream(pa.py_buffer(data))
+        reader = pa.ipc.open_stream(data if isinstance(data, pa.Buffer) else pa.py_buffer(data))
         batches = list(reader)
     except Exception as exc:  # pyarrow raises several types for garbage
         raise errors.BadRequest(f"malformed Arrow IPC entry batch: {exc}") from None

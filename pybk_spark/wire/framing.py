@@ -13,14 +13,16 @@ Why: protobuf's upb backend (protobuf 7.x here) sizes and serializes a large
 (measured: 0.98 ms for a 0.54 MB AddRequest, 7.7 ms for a 4 MiB
 ReadResponse), while one ``bytes.join`` of the same payload costs about
 0.02 ms per MB.  On 2 cores that was the largest single CPU cost of a Spark
-write and of a catch-up read.  Parsing is fast and stays with the generated
-classes.
+write and of a catch-up read.
 
-The bookie reads AddRequests with :func:`parse_add_request`, which returns
-the entries as a zero-copy ``pyarrow.Buffer`` slice of the received bytes (the generated
-class copies them once on parse and again on every ``.entries`` access).
-Malformed input raises ``ValueError``, which gRPC turns into a failed call, as
-it does for protobuf's own ``DecodeError``.
+Parsing goes the other way: :func:`split_payload` walks the top-level fields,
+cuts the payload out as a zero-copy ``pyarrow.Buffer`` view of the received
+bytes, and the generated class parses the small rest (the generated class
+alone would copy the payload once on parse and again on every ``.entries``
+access).  The bookie parses AddRequests this way (:func:`parse_add_request`),
+the client ReadResponses (:func:`parse_read_response`).  Malformed input
+raises ``ValueError``, which gRPC turns into a failed call, as it does for
+protobuf's own ``DecodeError``.
 
 gRPC needs a serializer that accepts what we hand it: :func:`serialize` takes
 either a generated message or bytes that are already a serialized message.
@@ -30,13 +32,14 @@ may answer with pre-framed bytes.  Generated code is never edited.
 
 Pure: no I/O.  A conformance test (tests/unit/test_framing.py) checks that
 framed messages parse to exactly the message protobuf itself would build, and
-that parse_add_request agrees with the generated parser.
+that both parsers agree with the generated ones.
 """
 from __future__ import annotations
 
 from typing import Union
 
 import pyarrow as pa
+from google.protobuf.message import DecodeError
 
 from pybk_spark.wire import bookie_wire_pb2 as pb
 
@@ -44,6 +47,7 @@ _LEN_DELIMITED = 2
 ENTRIES_FIELD = 3                     # AddRequest.entries and ReadResponse.entries
 SERVICE = pb.DESCRIPTOR.services_by_name["Bookie"]
 ADD_STREAM_METHOD = f"/{SERVICE.full_name}/AddStream"
+READ_ENTRIES_METHOD = f"/{SERVICE.full_name}/ReadEntries"
 
 BytesLike = Union[bytes, bytearray, pa.Buffer]
 
@@ -84,64 +88,89 @@ def _read_varint(data, pos: int, end: int) -> tuple[int, int]:
         shift += 7
 
 
-class AddRequestView:
-    """The fields of one AddRequest; ``entries`` is a read-only pyarrow
-    Buffer over the received bytes (no copy; crc32c, writev and Arrow IPC
-    all take it as is)."""
-    __slots__ = ("ledger_id", "master_key", "entries", "recovery", "request_id")
+class Framed:
+    """A parsed message whose payload field is a zero-copy view.
 
-    def __init__(self):
-        self.ledger_id = self.request_id = 0
-        self.master_key = b""
-        self.entries = _EMPTY
-        self.recovery = False
+    ``head`` is the generated message parsed from every OTHER field;
+    ``entries`` is a read-only pyarrow Buffer over the received bytes (crc32c,
+    writev and Arrow IPC all take it as is: no copy).  Attribute access falls
+    through to ``head``, so ``view.ledger_id`` reads like the generated class."""
+    __slots__ = ("head", "entries")
+
+    def __init__(self, head, entries: pa.Buffer):
+        self.head = head
+        self.entries = entries
+
+    def __getattr__(self, name):
+        return getattr(self.head, name)
 
 
 _EMPTY = pa.py_buffer(b"")
-_ADD_VARINT_FIELDS = {1: "ledger_id", 4: "recovery", 5: "request_id"}
 
 
-def parse_add_request(data: bytes) -> AddRequestView:
-    """Parse AddRequest wire bytes like ``AddRequest.FromString`` (last value
-    of a repeated scalar wins, unknown fields are skipped) without copying
-    the entries."""
-    view = pa.py_buffer(data)
-    out = AddRequestView()
+def split_payload(data: bytes, field_number: int = ENTRIES_FIELD) -> tuple[bytes, pa.Buffer]:
+    """(the message without field ``field_number``, that field's value as a
+    zero-copy view).  Protobuf semantics: unknown fields are kept in the head,
+    a field given twice keeps its last value.  Malformed input raises
+    ``ValueError``."""
+    view = None
+    payload = _EMPTY
+    kept: list = []
     pos, end = 0, len(data)
     while pos < end:
+        start = pos
         key, pos = _read_varint(data, pos, end)
         field, wire = key >> 3, key & 7
         if field == 0:
-            raise ValueError("AddRequest has a field number 0")
+            raise ValueError("message has a field number 0")
         if wire == 0:
-            value, pos = _read_varint(data, pos, end)
-            name = _ADD_VARINT_FIELDS.get(field)
-            if name == "recovery":
-                out.recovery = value != 0
-            elif name is not None:
-                setattr(out, name, value)
-            elif field in (2, 3):
-                raise ValueError(f"AddRequest field {field} has wire type 0, want 2")
+            _, pos = _read_varint(data, pos, end)
         elif wire == _LEN_DELIMITED:
             size, pos = _read_varint(data, pos, end)
             if pos + size > end:
-                raise ValueError("AddRequest field runs past the end of the message")
-            if field == 2:
-                out.master_key = data[pos:pos + size]
-            elif field == ENTRIES_FIELD:
-                out.entries = view[pos:pos + size]
-            elif field in _ADD_VARINT_FIELDS:
-                raise ValueError(f"AddRequest field {field} has wire type 2, want 0")
+                raise ValueError("length-delimited field runs past the end of the message")
+            if field == field_number:
+                if view is None:
+                    view = pa.py_buffer(data)
+                payload = view[pos:pos + size]
+                pos += size
+                continue
             pos += size
         elif wire == 1:
             pos += 8
         elif wire == 5:
             pos += 4
         else:
-            raise ValueError(f"AddRequest has unsupported wire type {wire}")
+            raise ValueError(f"unsupported wire type {wire}")
         if pos > end:
-            raise ValueError("AddRequest field runs past the end of the message")
-    return out
+            raise ValueError("field runs past the end of the message")
+        kept.append((start, pos))
+    if view is None:                       # no payload: the whole message is the head
+        return data, payload
+    return b"".join(data[a:b] for a, b in kept), payload
+
+
+def _parse_framed(message_cls, data: bytes) -> Framed:
+    head, entries = split_payload(data)
+    try:
+        msg = message_cls.FromString(head)
+    except DecodeError as exc:             # e.g. a varint field sent with the wrong wire type
+        raise ValueError(f"malformed {message_cls.__name__}: {exc}") from None
+    return Framed(msg, entries)
+
+
+def parse_add_request(data: bytes) -> Framed:
+    """Parse AddRequest wire bytes like ``AddRequest.FromString``, without
+    copying the entries (the bookie's request deserializer)."""
+    return _parse_framed(pb.AddRequest, data)
+
+
+def parse_read_response(data: bytes) -> Framed:
+    """Parse ReadResponse wire bytes like ``ReadResponse.FromString``, without
+    copying the entries (the client's response deserializer for reads: a read
+    answer is up to ``max_read_bytes``, and upb copies a bytes field once on
+    parse and again on every access)."""
+    return _parse_framed(pb.ReadResponse, data)
 
 
 _REQUEST_PARSERS = {"AddEntries": parse_add_request, "AddStream": parse_add_request}

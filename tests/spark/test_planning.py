@@ -37,6 +37,9 @@ def test_offsets_json_and_words():
     assert o.recovery and o.max_entries_per_partition == 50
     o = parse_read_options({"metadataServiceUri": URI, "ledgers": "1", "startingOffsets": "latest"})
     assert o.start_for(1) == LATEST
+    assert o.read_ahead_batches == 1
+    o = parse_read_options({"metadataServiceUri": URI, "ledgers": "1", "readAheadBatches": "0"})
+    assert o.read_ahead_batches == 0
 
 
 @pytest.mark.parametrize("options, pattern", [
@@ -50,6 +53,7 @@ def test_offsets_json_and_words():
     ({"ledgers": "1", "endingOffsets": '{"1": "5"}'}, "integer"),
     ({"ledgers": "1", "recovery": "maybe"}, "true or false"),
     ({"ledgers": "1", "maxEntriesPerPartition": "0"}, "positive"),
+    ({"ledgers": "1", "readAheadBatches": "-1"}, "readAheadBatches.*>= 0"),
 ])
 def test_bad_options_raise_typed_errors(options, pattern):
     with pytest.raises(errors.IncorrectParameter, match=pattern):

@@ -85,11 +85,12 @@ def test_parse_add_request_skips_unknown_fields_and_keeps_the_last_value():
     assert pb.AddRequest.FromString(data).ledger_id == 2
 
 
+@pytest.mark.parametrize("parse", [framing.parse_add_request, framing.parse_read_response])
 @given(garbage=st.binary(max_size=200))
-@settings(max_examples=500, deadline=None)
-def test_parse_add_request_rejects_garbage_with_value_error_only(garbage):
+@settings(max_examples=400, deadline=None)
+def test_parsers_reject_garbage_with_value_error_only(parse, garbage):
     try:
-        framing.parse_add_request(garbage)
+        parse(garbage)
     except ValueError:
         pass
 
@@ -99,3 +100,33 @@ def test_parse_add_request_rejects_garbage_with_value_error_only(garbage):
 def test_parse_add_request_malformed(data):
     with pytest.raises(ValueError):
         framing.parse_add_request(data)
+
+
+@given(code=st.sampled_from([pb.OK, pb.NO_SUCH_ENTRY]), message=st.text(max_size=30),
+       end=st.sampled_from([pb.COMPLETE, pb.LIMIT, pb.MISSING]),
+       lac=st.integers(-2**63, 2**63 - 1), fenced=st.booleans(),
+       payload=st.binary(max_size=5000), framed=st.booleans())
+@settings(max_examples=300, deadline=None)
+def test_parse_read_response_agrees_with_protobuf(code, message, end, lac, fenced, payload,
+                                                  framed):
+    head = pb.ReadResponse(code=code, message=message, end=end, lac=lac, fenced=fenced)
+    if framed:
+        data = framing.with_payload(head, payload)
+    else:
+        head.entries = payload
+        data = head.SerializeToString()
+    want = pb.ReadResponse.FromString(data)
+    got = framing.parse_read_response(data)
+    assert isinstance(got.entries, pa.Buffer)
+    assert (got.code, got.message, got.end, got.lac, got.fenced, bytes(got.entries)) == \
+        (want.code, want.message, want.end, want.lac, want.fenced, want.entries)
+
+
+def test_split_payload_keeps_other_fields_and_views_the_payload_in_place():
+    data = (pb.ReadResponse(lac=1).SerializeToString()
+            + bytes([0x3a, 2]) + b"xy"                 # field 7, bytes: unknown, kept
+            + framing.with_payload(pb.ReadResponse(lac=2), b"entries"))
+    head, payload = framing.split_payload(data)
+    assert bytes(payload) == b"entries" and payload.address != 0
+    assert pb.ReadResponse.FromString(head).lac == 2
+    assert b"xy" in head and b"entries" not in head
