@@ -64,6 +64,7 @@ _EMPTY = empty_batch()
 RAW_MIN_ROWS = 128     # batches with this many rows, or of this many bytes, are
 RAW_MIN_BYTES = 64 << 10   # written to segments as received (no re-encoding)
 
+SLICE_READ_MAX_ROWS = 256  # sparse reads of up to this many rows gather row slices (one copy)
 JOURNAL_SEGMENT_BASE = 1 << 22     # segment ids >= this are journal files (seq = id - base)
 
 
@@ -190,7 +191,6 @@ class EntryStore:
             by_id = dict(zip(np.unique(refs).tolist(), ref_objs))
         if len(counts) == 0:
             return empty_batch(), False
-        # one take() per run of pieces in the same stored batch (not one slice per piece)
         offsets = np.cumsum(counts) - counts
         take_rows = np.repeat(rows - offsets, counts) + np.arange(int(counts.sum()))
         piece_of_row = np.repeat(np.arange(len(counts)), counts)
@@ -203,10 +203,15 @@ class EntryStore:
             take_rows, ref_of_row = take_rows[mine], ref_of_row[mine]
             if len(take_rows) == 0:
                 return empty_batch(), limited
-        cuts = np.flatnonzero(np.diff(ref_of_row)) + 1
-        bounds = np.concatenate(([0], cuts, [len(ref_of_row)]))
-        parts = [self._batch_of(by_id[int(ref_of_row[a])]).take(pa.array(take_rows[a:b]))
-                 for a, b in zip(bounds[:-1], bounds[1:])]
+        if len(take_rows) <= SLICE_READ_MAX_ROWS:
+            # few (large) entries: zero-copy row slices, copied once by combine_chunks below
+            parts = [self._batch_of(by_id[ref]).slice(row, 1)
+                     for ref, row in zip(ref_of_row.tolist(), take_rows.tolist())]
+        else:   # one take() per run of rows in the same stored batch
+            cuts = np.flatnonzero(np.diff(ref_of_row)) + 1
+            bounds = np.concatenate(([0], cuts, [len(ref_of_row)]))
+            parts = [self._batch_of(by_id[int(ref_of_row[a])]).take(pa.array(take_rows[a:b]))
+                     for a, b in zip(bounds[:-1], bounds[1:])]
         table = pa.Table.from_batches(parts, schema=ENTRY_SCHEMA)
         got = table.num_rows
         sizes = pc.binary_length(table.column("payload")).to_numpy(zero_copy_only=False)

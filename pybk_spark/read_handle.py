@@ -204,7 +204,7 @@ class ReadHandle:
         n = int(np.argmax(gaps)) if gaps.any() else len(uniq)
         if n == 0:
             return None
-        merged = table.take(pa.array(take[:n])).combine_chunks().to_batches()[0]
+        merged = _gather(batches, table, take[:n])
         ok = self._digester.verify_batch(merged)
         if not ok.all():
             self._stripe_reads_ok = False
@@ -313,3 +313,21 @@ def query_lac(bk, md: lm.LedgerMetadata, key: bytes, *, fence: bool) -> int:
         raise errors.ReadError("could not read the LAC from enough bookies",
                                ledger_id=md.ledger_id)
     return lac
+
+
+SLICE_GATHER_MAX_ROWS = 256
+
+
+def _gather(batches: list, table: pa.Table, rows: np.ndarray,
+            slice_max_rows: int = SLICE_GATHER_MAX_ROWS) -> pa.RecordBatch:
+    """Rows ``rows`` (positions in ``table``, the concatenation of ``batches``)
+    as one batch.  ``Table.take`` copies every payload twice (it concatenates
+    the chunks, then takes); a window of few rows (large entries: Spark logs
+    write ~0.5-1 MiB entries) is gathered as zero-copy row slices and copied
+    once."""
+    if len(rows) > slice_max_rows:
+        return table.take(pa.array(rows)).combine_chunks().to_batches()[0]
+    starts = np.cumsum([0] + [b.num_rows for b in batches[:-1]])
+    chunk = np.searchsorted(starts, rows, side="right") - 1
+    pieces = [batches[c].slice(r, 1) for c, r in zip(chunk.tolist(), (rows - starts[chunk]).tolist())]
+    return pa.Table.from_batches(pieces, schema=table.schema).combine_chunks().to_batches()[0]
