@@ -139,11 +139,19 @@ class Bookie:
     # -- lifecycle ----------------------------------------------------------------------
     def open(self, *, background: bool = True) -> "Bookie":
         start = self._load_checkpoint()
+        # Applied-up-to starts AT the checkpoint, not at (0, 0): a restart that
+        # replays nothing and then checkpoints must not move the mark back to
+        # the journal's beginning, or the next replay re-reads kept old files
+        # (ones still holding indexed batches) and resurrects state that later,
+        # since-deleted files had undone - e.g. a GC-deleted ledger's fence.
+        self._applied = start
         for pos, rtype, body in journal_replay.replay(self.journal.dir, start):
             self._apply_record(rtype, body, (pos.seq, pos.offset - len(body)))
             self._applied = pos
             self.replayed_records += 1
         self.journal.start(self._on_durable)
+        with self.cond:     # every record before the fresh file is applied now
+            self._applied = max(self._applied, Position(self.journal.durable_position.seq, 0))
         self.metrics.bind_gauges(self.journal.queue_depth, lambda: self.store.write_cache_bytes,
                                  self.store.journal_live_bytes)
         if background:

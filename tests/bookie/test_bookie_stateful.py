@@ -5,7 +5,6 @@ from __future__ import annotations
 import shutil
 import tempfile
 
-import pytest
 import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -167,11 +166,10 @@ TestBookieVsModel.settings = settings(max_examples=40, stateful_step_count=25, d
                                       suppress_health_check=[HealthCheck.too_slow])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known bug, found by TestBookieVsModel in CI on 2026-11-23 (hypothesis seed "
-    "4175852195308139671911741627779912423), present since before session 6: a fenced, "
-    "GC-deleted ledger comes back (fenced, LAC 0) after a later fence + checkpoint and "
-    "two restarts"))
+# Regression (hypothesis seed 4175852195308139671911741627779912423): a restart
+# that replayed nothing left the applied mark at (0, 0); the next checkpoint
+# wrote it, and the replay after that re-read a kept old journal file and
+# brought a GC-deleted ledger's fence back.
 def test_gc_deleted_fenced_ledger_stays_deleted_across_restarts():
     s = BookieVsModel()
     try:

@@ -385,3 +385,36 @@ def test_checkpoint_compacts_a_sparse_segment_and_survives_restart(tmp_path):
     with pytest.raises(errors.NoSuchLedger):
         b.read(1, 0, 0)
     b.close()
+
+
+def test_idle_restarts_never_move_the_checkpoint_back(tmp_path):
+    """A restart that replays nothing starts from the checkpoint's position
+    (not the journal's beginning), and the fresh journal file it opens moves
+    the mark past the empty ones: a later checkpoint never rewinds, and idle
+    restart cycles do not pile up journal files."""
+    import json
+
+    from bookie_server.bookie import Bookie
+    from bookie_server.journal import list_files
+    from pybk_spark.testing.bookie_process import entries_bytes
+
+    cfg = BookieConfig(data_dir=str(tmp_path), flush_interval_s=3600, journal_prealloc_bytes=0)
+    jdir = str(tmp_path / "journal")
+
+    def mark() -> tuple[int, int]:
+        doc = json.loads((tmp_path / "checkpoint.json").read_text())
+        return doc["journal_seq"], doc["journal_offset"]
+
+    b = Bookie(cfg).open(background=False)
+    b.add(1, b"k", entries_bytes(1, range(0, 3), size=10))
+    b.close()
+    marks = [mark()]
+    for clean in (False, True, False, True, True):
+        b = Bookie(cfg).open(background=False)
+        b.close(checkpoint=clean)
+        marks.append(mark())
+    assert marks == sorted(marks) and marks[-1] > marks[0], marks
+    assert len(list_files(jdir)) <= 3, list_files(jdir)
+    b = Bookie(cfg).open(background=False)
+    assert b.read(1, 0, 2).batch.num_rows == 3
+    b.close()
