@@ -120,6 +120,7 @@ class Bookie:
                                sync_data=cfg.journal_sync_data,
                                max_file_bytes=cfg.journal_max_file_bytes,
                                prealloc_bytes=cfg.journal_prealloc_bytes,
+                               drop_page_cache=cfg.journal_drop_page_cache,
                                lead_max_bytes=cfg.journal_lead_max_bytes,
                                clock=clock, metrics=self.metrics, fsync=fsync,
                                on_failure=self._journal_failed)

@@ -29,6 +29,7 @@ class BookieConfig:
     journal_sync_data: bool = True
     journal_max_file_bytes: int = 256 * MiB
     journal_prealloc_bytes: int = 64 * MiB
+    journal_drop_page_cache: bool = False
     # limits
     max_entry_bytes: int = 5 * MiB
     max_batch_bytes: int = 64 * MiB

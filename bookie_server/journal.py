@@ -70,6 +70,7 @@ log = logging.getLogger("bookie.journal")
 
 HEADER = struct.Struct("<IIB")
 MAX_RECORD = 1 << 31
+_PAGE = os.sysconf("SC_PAGE_SIZE")
 # chaos-test fault flag (tests/chaos): acknowledge groups without writing them
 _FAULT_ACK_BEFORE_FSYNC = os.environ.get("PYBK_FAULT") == "ack_before_fsync"
 
@@ -135,6 +136,7 @@ class Journal:
                  max_group_bytes: int = 512 * 1024, flush_when_queue_empty: bool = True,
                  sync_data: bool = True, max_file_bytes: int = 256 << 20,
                  prealloc_bytes: int = 64 << 20, lead_max_bytes: int = 64 * 1024,
+                 drop_page_cache: bool = False,
                  clock: Callable[[], float] = time.monotonic,
                  metrics: Any = None, fsync: Callable[[int], None] = os.fdatasync,
                  on_failure: Optional[Callable[[BaseException], None]] = None):
@@ -146,6 +148,10 @@ class Journal:
         self.sync_data = sync_data
         self.max_file_bytes = max_file_bytes
         self.prealloc_bytes = prealloc_bytes
+        # after each fdatasync, tell the kernel the synced pages will not be
+        # re-read soon (BookKeeper's journalRemoveFromPageCache): clean pages
+        # are dropped and reused, so ingest does not grow the page cache
+        self.drop_page_cache = drop_page_cache and sync_data
         # the leader path only where a lone submission would not wait for company anyway
         self.lead_max_bytes = lead_max_bytes if flush_when_queue_empty else -1
         self.clock = clock
@@ -411,6 +417,8 @@ class Journal:
                 t0 = time.perf_counter()
                 if self.sync_data:
                     self._fsync(groups[-1][2])
+                if self.drop_page_cache:
+                    self._drop_synced(groups)
                 if self.metrics is not None:
                     self.metrics.journal_fsync(time.perf_counter() - t0, len(subs),
                                                sum(g[3] for g in groups))
@@ -424,6 +432,18 @@ class Journal:
             except BaseException as exc:  # noqa: BLE001 - poison and fail
                 self._poison(exc)
         self._fail(subs, f"journal failed: {self._failed}")
+
+    def _drop_synced(self, groups: list) -> None:
+        """POSIX_FADV_DONTNEED over the pages the fdatasync just made clean
+        (all groups of one sync share a file: a roll waits for the sync stage).
+        The start is rounded down to a page, so the partial page the previous
+        sync left cached goes now.  Advice only: a failure is ignored."""
+        end = groups[-1][1].offset
+        start = (end - sum(g[3] for g in groups)) & ~(_PAGE - 1)
+        try:
+            os.posix_fadvise(groups[-1][2], start, end - start, os.POSIX_FADV_DONTNEED)
+        except OSError as exc:  # pragma: no cover - e.g. a filesystem without fadvise
+            log.debug("event=journal_fadvise_failed error=%r", exc)
 
     def _write_all(self, pieces: list[bytes]) -> int:
         offset = self._offset
