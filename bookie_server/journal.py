@@ -32,6 +32,9 @@ Ordering obligations:
     writes while the file is being rolled.
     Large submissions (> ``lead_max_bytes``) and anything arriving while busy
     go through the pipeline, which groups them.
+  * ``drop_page_cache``: after the fdatasync, the synced range is advised
+    out of the page cache (POSIX_FADV_DONTNEED); advice only, never before
+    the sync, and a failure of it is ignored.
   * Rolling to a new file waits (barrier) until the sync thread is done with
     the old file descriptor.
   * A write or fsync failure poisons the journal: that group and every later
@@ -417,11 +420,11 @@ class Journal:
                 t0 = time.perf_counter()
                 if self.sync_data:
                     self._fsync(groups[-1][2])
-                if self.drop_page_cache:
-                    self._drop_synced(groups)
                 if self.metrics is not None:
                     self.metrics.journal_fsync(time.perf_counter() - t0, len(subs),
                                                sum(g[3] for g in groups))
+                if self.drop_page_cache:
+                    self._drop_synced(groups)
                 for group, position, _, _ in groups:
                     self.durable_position = position
                     self._on_durable(group, position)
