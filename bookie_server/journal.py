@@ -32,9 +32,8 @@ Ordering obligations:
     writes while the file is being rolled.
     Large submissions (> ``lead_max_bytes``) and anything arriving while busy
     go through the pipeline, which groups them.
-  * ``drop_page_cache``: after the fdatasync, the synced range is advised
-    out of the page cache (POSIX_FADV_DONTNEED); advice only, never before
-    the sync, and a failure of it is ignored.
+  * ``drop_page_cache`` (BookKeeper's journalRemoveFromPageCache): after the
+    fdatasync, never before, the synced range is advised out of the page cache.
   * Rolling to a new file waits (barrier) until the sync thread is done with
     the old file descriptor.
   * A write or fsync failure poisons the journal: that group and every later
@@ -151,9 +150,6 @@ class Journal:
         self.sync_data = sync_data
         self.max_file_bytes = max_file_bytes
         self.prealloc_bytes = prealloc_bytes
-        # after each fdatasync, tell the kernel the synced pages will not be
-        # re-read soon (BookKeeper's journalRemoveFromPageCache): clean pages
-        # are dropped and reused, so ingest does not grow the page cache
         self.drop_page_cache = drop_page_cache and sync_data
         # the leader path only where a lone submission would not wait for company anyway
         self.lead_max_bytes = lead_max_bytes if flush_when_queue_empty else -1
@@ -437,10 +433,8 @@ class Journal:
         self._fail(subs, f"journal failed: {self._failed}")
 
     def _drop_synced(self, groups: list) -> None:
-        """POSIX_FADV_DONTNEED over the pages the fdatasync just made clean
-        (all groups of one sync share a file: a roll waits for the sync stage).
-        The start is rounded down to a page, so the partial page the previous
-        sync left cached goes now.  Advice only: a failure is ignored."""
+        """DONTNEED over the range just synced (one file: a roll waits for the
+        sync stage), from its page start, so the previous sync's partial page goes too."""
         end = groups[-1][1].offset
         start = (end - sum(g[3] for g in groups)) & ~(_PAGE - 1)
         try:
