@@ -44,7 +44,7 @@ import pyarrow as pa
 
 from bookie_server import compaction, journal_replay, store_index
 from bookie_server import ledger_state as ls
-from bookie_server.config import BookieConfig
+from bookie_server.config import BookieConfig, MiB
 from bookie_server.entry_store import EntryStore
 from bookie_server.journal import LEDGER, LEDGER_LAC, Journal, Position, RecordType
 from bookie_server.metrics import BookieMetrics
@@ -120,7 +120,8 @@ class Bookie:
                                sync_data=cfg.journal_sync_data,
                                max_file_bytes=cfg.journal_max_file_bytes,
                                prealloc_bytes=cfg.journal_prealloc_bytes,
-                               drop_page_cache=cfg.journal_drop_page_cache,
+                               page_cache_keep_bytes=(None if cfg.journal_page_cache_keep_mb < 0
+                                                      else cfg.journal_page_cache_keep_mb * MiB),
                                lead_max_bytes=cfg.journal_lead_max_bytes,
                                clock=clock, metrics=self.metrics, fsync=fsync,
                                on_failure=self._journal_failed)

@@ -29,7 +29,7 @@ class BookieConfig:
     journal_sync_data: bool = True
     journal_max_file_bytes: int = 256 * MiB
     journal_prealloc_bytes: int = 64 * MiB
-    journal_drop_page_cache: bool = False
+    journal_page_cache_keep_mb: int = 1024  # -1: never drop; see conf/bookie.conf
     # limits
     max_entry_bytes: int = 5 * MiB
     max_batch_bytes: int = 64 * MiB
@@ -115,6 +115,8 @@ def validate(cfg: BookieConfig) -> None:
         raise ValueError("need 0 < max_entry_bytes <= max_batch_bytes")
     if cfg.journal_max_group_bytes <= 0:
         raise ValueError("journal_max_group_bytes must be > 0")
+    if cfg.journal_page_cache_keep_mb < -1:
+        raise ValueError("journal_page_cache_keep_mb must be -1 (never drop) or >= 0")
 
 
 def replace(cfg: BookieConfig, **changes: Any) -> BookieConfig:

@@ -32,8 +32,9 @@ Ordering obligations:
     writes while the file is being rolled.
     Large submissions (> ``lead_max_bytes``) and anything arriving while busy
     go through the pipeline, which groups them.
-  * ``drop_page_cache`` (BookKeeper's journalRemoveFromPageCache): after the
-    fdatasync, never before, the synced range is advised out of the page cache.
+  * ``page_cache_keep_bytes`` (page_cache.py): after the fdatasync, never
+    before, synced ranges that fell that far behind are advised out of the
+    page cache (0: every range at once, BookKeeper's journalRemoveFromPageCache).
   * Rolling to a new file waits (barrier) until the sync thread is done with
     the old file descriptor.
   * A write or fsync failure poisons the journal: that group and every later
@@ -66,13 +67,13 @@ from typing import Any, Callable, Optional
 
 import google_crc32c
 
+from bookie_server import page_cache
 from pybk_spark import errors
 
 log = logging.getLogger("bookie.journal")
 
 HEADER = struct.Struct("<IIB")
 MAX_RECORD = 1 << 31
-_PAGE = os.sysconf("SC_PAGE_SIZE")
 # chaos-test fault flag (tests/chaos): acknowledge groups without writing them
 _FAULT_ACK_BEFORE_FSYNC = os.environ.get("PYBK_FAULT") == "ack_before_fsync"
 
@@ -138,7 +139,7 @@ class Journal:
                  max_group_bytes: int = 512 * 1024, flush_when_queue_empty: bool = True,
                  sync_data: bool = True, max_file_bytes: int = 256 << 20,
                  prealloc_bytes: int = 64 << 20, lead_max_bytes: int = 64 * 1024,
-                 drop_page_cache: bool = False,
+                 page_cache_keep_bytes: Optional[int] = None,
                  clock: Callable[[], float] = time.monotonic,
                  metrics: Any = None, fsync: Callable[[int], None] = os.fdatasync,
                  on_failure: Optional[Callable[[BaseException], None]] = None):
@@ -150,7 +151,8 @@ class Journal:
         self.sync_data = sync_data
         self.max_file_bytes = max_file_bytes
         self.prealloc_bytes = prealloc_bytes
-        self.drop_page_cache = drop_page_cache and sync_data
+        self._cache_window = (page_cache.SyncedWindow(page_cache_keep_bytes)
+                              if page_cache_keep_bytes is not None and sync_data else None)
         # the leader path only where a lone submission would not wait for company anyway
         self.lead_max_bytes = lead_max_bytes if flush_when_queue_empty else -1
         self.clock = clock
@@ -419,28 +421,26 @@ class Journal:
                 if self.metrics is not None:
                     self.metrics.journal_fsync(time.perf_counter() - t0, len(subs),
                                                sum(g[3] for g in groups))
-                if self.drop_page_cache:
-                    self._drop_synced(groups)
                 for group, position, _, _ in groups:
                     self.durable_position = position
                     self._on_durable(group, position)
                     for sub in group:
                         if not sub.future.done():
                             sub.future.set_result(position)
+                if self._cache_window is not None:     # after the acks: only advice
+                    self._release_pages(groups)
                 return
             except BaseException as exc:  # noqa: BLE001 - poison and fail
                 self._poison(exc)
         self._fail(subs, f"journal failed: {self._failed}")
 
-    def _drop_synced(self, groups: list) -> None:
-        """DONTNEED over the range just synced (one file: a roll waits for the
-        sync stage), from its page start, so the previous sync's partial page goes too."""
-        end = groups[-1][1].offset
-        start = (end - sum(g[3] for g in groups)) & ~(_PAGE - 1)
-        try:
-            os.posix_fadvise(groups[-1][2], start, end - start, os.POSIX_FADV_DONTNEED)
-        except OSError as exc:  # pragma: no cover - e.g. a filesystem without fadvise
-            log.debug("event=journal_fadvise_failed error=%r", exc)
+    def _release_pages(self, groups: list) -> None:
+        """Report the range just synced (one file: a roll waits for the sync
+        stage) and drop what fell out of the page-cache window."""
+        seq, end = groups[-1][1].seq, groups[-1][1].offset
+        ranges = self._cache_window.synced(seq, end - sum(g[3] for g in groups), end)
+        if ranges:
+            page_cache.drop(self.dir, ranges, file_name, seq, groups[-1][2])
 
     def _write_all(self, pieces: list[bytes]) -> int:
         offset = self._offset

@@ -121,7 +121,7 @@ class _Recorder:
 def test_journal_group_commit_and_replay(tmp_path, drop_page_cache):
     rec = _Recorder()
     j = Journal(str(tmp_path), metrics=rec, max_group_bytes=1 << 20, prealloc_bytes=1 << 16,
-                drop_page_cache=drop_page_cache)
+                page_cache_keep_bytes=0 if drop_page_cache else None)
     durable = []
     futs = [j.submit([(RecordType.FENCE, i.to_bytes(8, "little"))]) for i in range(10)]
     j.start(lambda group, pos: durable.extend(group))     # all 10 queued before start
