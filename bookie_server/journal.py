@@ -32,9 +32,8 @@ Ordering obligations:
     writes while the file is being rolled.
     Large submissions (> ``lead_max_bytes``) and anything arriving while busy
     go through the pipeline, which groups them.
-  * ``page_cache_keep_bytes`` (page_cache.py): after the fdatasync, never
-    before, synced ranges that fell that far behind are advised out of the
-    page cache (0: every range at once, BookKeeper's journalRemoveFromPageCache).
+  * ``page_cache_keep_bytes`` (page_cache.py): after the fdatasync and the acks,
+    synced ranges that fell that far behind leave the page cache (advice).
   * Rolling to a new file waits (barrier) until the sync thread is done with
     the old file descriptor.
   * A write or fsync failure poisons the journal: that group and every later
@@ -151,8 +150,8 @@ class Journal:
         self.sync_data = sync_data
         self.max_file_bytes = max_file_bytes
         self.prealloc_bytes = prealloc_bytes
-        self._cache_window = (page_cache.SyncedWindow(page_cache_keep_bytes)
-                              if page_cache_keep_bytes is not None and sync_data else None)
+        self._cache_window = None if page_cache_keep_bytes is None or not sync_data \
+            else page_cache.SyncedWindow(page_cache_keep_bytes)
         # the leader path only where a lone submission would not wait for company anyway
         self.lead_max_bytes = lead_max_bytes if flush_when_queue_empty else -1
         self.clock = clock
@@ -427,20 +426,22 @@ class Journal:
                     for sub in group:
                         if not sub.future.done():
                             sub.future.set_result(position)
+            except BaseException as exc:  # noqa: BLE001 - poison and fail
+                self._poison(exc)
+            else:
                 if self._cache_window is not None:     # after the acks: only advice
                     self._release_pages(groups)
                 return
-            except BaseException as exc:  # noqa: BLE001 - poison and fail
-                self._poison(exc)
         self._fail(subs, f"journal failed: {self._failed}")
 
     def _release_pages(self, groups: list) -> None:
-        """Report the range just synced (one file: a roll waits for the sync
-        stage) and drop what fell out of the page-cache window."""
+        """Report the synced range (one file) and drop what left the window."""
         seq, end = groups[-1][1].seq, groups[-1][1].offset
-        ranges = self._cache_window.synced(seq, end - sum(g[3] for g in groups), end)
-        if ranges:
+        try:
+            ranges = self._cache_window.synced(seq, end - sum(g[3] for g in groups), end)
             page_cache.drop(self.dir, ranges, file_name, seq, groups[-1][2])
+        except Exception:  # noqa: BLE001 - advice must never fail the journal
+            log.exception("event=journal_page_cache_error")
 
     def _write_all(self, pieces: list[bytes]) -> int:
         offset = self._offset

@@ -145,3 +145,17 @@ def test_journal_keeps_only_its_window_in_the_page_cache(tmp_path):
     assert resident >= keep // 2, "the newest bytes stay cached for readers"
     # nothing was lost: every record replays
     assert len(list(replay(jdir, Position(0, 0)))) == 48
+
+
+def test_failing_advice_never_fails_the_journal(tmp_path, monkeypatch):
+    from bookie_server import page_cache
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected: advice failed")
+    monkeypatch.setattr(page_cache, "drop", broken)
+    j = Journal(str(tmp_path), prealloc_bytes=0, page_cache_keep_bytes=0)
+    j.start(lambda group, pos: None)
+    for i in range(5):
+        j.write([(RecordType.FENCE, i.to_bytes(8, "little"))]).result(10)
+    j.close()
+    assert len(list(replay(str(tmp_path), Position(0, 0)))) == 5
