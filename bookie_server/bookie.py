@@ -154,8 +154,10 @@ class Bookie:
         self.journal.start(self._on_durable)
         with self.cond:     # every record before the fresh file is applied now
             self._applied = max(self._applied, Position(self.journal.durable_position.seq, 0))
+        window = self.journal.cache_window
         self.metrics.bind_gauges(self.journal.queue_depth, lambda: self.store.write_cache_bytes,
-                                 self.store.journal_live_bytes)
+                                 self.store.journal_live_bytes,
+                                 (lambda: window.held) if window is not None else (lambda: 0))
         if background:
             self._flusher = threading.Thread(target=self._flush_loop, name="flusher", daemon=True)
             self._flusher.start()

@@ -150,7 +150,7 @@ class Journal:
         self.sync_data = sync_data
         self.max_file_bytes = max_file_bytes
         self.prealloc_bytes = prealloc_bytes
-        self._cache_window = None if page_cache_keep_bytes is None or not sync_data \
+        self.cache_window = None if page_cache_keep_bytes is None or not sync_data \
             else page_cache.SyncedWindow(page_cache_keep_bytes)
         # the leader path only where a lone submission would not wait for company anyway
         self.lead_max_bytes = lead_max_bytes if flush_when_queue_empty else -1
@@ -429,7 +429,7 @@ class Journal:
             except BaseException as exc:  # noqa: BLE001 - poison and fail
                 self._poison(exc)
             else:
-                if self._cache_window is not None:     # after the acks: only advice
+                if self.cache_window is not None:     # after the acks: only advice
                     self._release_pages(groups)
                 return
         self._fail(subs, f"journal failed: {self._failed}")
@@ -438,7 +438,7 @@ class Journal:
         """Report the synced range (one file) and drop what left the window."""
         seq, end = groups[-1][1].seq, groups[-1][1].offset
         try:
-            ranges = self._cache_window.synced(seq, end - sum(g[3] for g in groups), end)
+            ranges = self.cache_window.synced(seq, end - sum(g[3] for g in groups), end)
             page_cache.drop(self.dir, ranges, file_name, seq, groups[-1][2])
         except Exception:  # noqa: BLE001 - advice must never fail the journal
             log.exception("event=journal_page_cache_error")

@@ -33,6 +33,9 @@ class BookieMetrics:
         self.journal_live = Gauge("bookie_journal_live_bytes",
                                   "bytes of live entry batches indexed inside journal files "
                                   "(journal-resident batches: they keep their files)", registry=r)
+        self.journal_cached = Gauge("bookie_journal_page_cache_window_bytes",
+                                    "synced journal bytes the page-cache window keeps cached "
+                                    "(journal_page_cache_keep_mb)", registry=r)
         self.checkpoints = Counter("bookie_checkpoints", "checkpoints written", registry=r)
         self.gc_ledgers = Counter("bookie_gc_ledgers_deleted", "ledgers reclaimed by GC", registry=r)
 
@@ -42,8 +45,10 @@ class BookieMetrics:
         self.group_bytes.observe(nbytes)
 
     def bind_gauges(self, queue_depth: Callable[[], float], write_cache: Callable[[], float],
-                    journal_live: Callable[[], float] = lambda: 0) -> None:
+                    journal_live: Callable[[], float] = lambda: 0,
+                    journal_cached: Callable[[], float] = lambda: 0) -> None:
         self.queue_depth.set_function(queue_depth)
+        self.journal_cached.set_function(journal_cached)
         self.write_cache.set_function(write_cache)
         self.journal_live.set_function(journal_live)
 

@@ -213,8 +213,12 @@ def test_metrics_endpoint(bookies):
                  "bookie_read_entries_total 10.0", "bookie_journal_fdatasync_seconds_bucket",
                  "bookie_journal_group_requests_bucket", "bookie_journal_queue_depth",
                  "bookie_disk_usage_ratio", "bookie_add_latency_seconds_bucket",
-                 "bookie_journal_live_bytes"):
+                 "bookie_journal_live_bytes", "bookie_journal_page_cache_window_bytes"):
         assert name in text, name
+    # the window holds the adds just journaled (default keep: 1 GiB, nothing dropped yet)
+    held = [ln for ln in text.splitlines()
+            if ln.startswith("bookie_journal_page_cache_window_bytes ")]
+    assert held and float(held[0].split()[1]) > 0
 
 
 def test_cancelled_stream_and_concurrent_clients(bookie):
