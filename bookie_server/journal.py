@@ -434,8 +434,7 @@ class Journal:
                 return
         self._fail(subs, f"journal failed: {self._failed}")
 
-    def _release_pages(self, groups: list) -> None:
-        """Report the synced range (one file) and drop what left the window."""
+    def _release_pages(self, groups: list) -> None:   # synced range (one file) -> window
         seq, end = groups[-1][1].seq, groups[-1][1].offset
         try:
             ranges = self.cache_window.synced(seq, end - sum(g[3] for g in groups), end)
