@@ -5,7 +5,14 @@ Starts one real ``bookie-server`` (standalone), streams Arrow batches of N x
 1 KiB entries over the pipelined AddStream RPC (every ack means the batch is
 fdatasync'd in the journal), for N in 1, 100, 1000; in the same run measures
 4 KiB write+fdatasync and sequential write bandwidth of the same disk.
-``run()`` returns a dict; the table goes to stdout.
+
+The 1000 x 1 KiB load is timed twice on the same bookie: first on a fresh
+bookie, then *sustained*, once the bookie has journaled more than its
+page-cache window (``journal_page_cache_keep_mb``), so that new writes land in
+pages the window has freed, as on a bookie that has been running for a while
+(docs/performance.md, (2)).  The disk peer reuses freed pages the same way (it
+deletes each probe file before the next), so the sustained figure is the one
+the headline ratio uses.  ``run()`` returns a dict; the table goes to stdout.
 """
 from __future__ import annotations
 
@@ -19,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from bench import disk
+from bookie_server.config import BookieConfig
 from pybk_spark.testing.bookie_process import BookieProcess
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire.entries import ENTRY_SCHEMA, batch_to_bytes
@@ -78,14 +86,41 @@ def _cpu_seconds(pid: int) -> float:
     return sum(_cpu_split(pid))
 
 
+def _sustained(bookie: BookieProcess, n_batches: int, window_mb: int) -> dict:
+    """The 1000 x 1 KiB load again, once the journal's page-cache window is full.
+
+    Writes a quarter more than the window first (at least one ledger of
+    ``n_batches`` batches, the size of the timed part), untimed."""
+    stub = bookie.stub()
+    ledger_bytes = n_batches * 1000 * ENTRY_BYTES
+    fill = max(ledger_bytes, int(window_mb * 1.25 * (1 << 20)))
+    fill_ledger, filled = 5000, 0
+    while filled < fill:
+        stream_adds(stub, fill_ledger, 1000, n_batches)
+        fill_ledger += 1
+        filled += ledger_bytes
+    u0, s0 = _cpu_split(bookie.proc.pid)
+    x = stream_adds(stub, fill_ledger, 1000, n_batches)
+    u1, s1 = _cpu_split(bookie.proc.pid)
+    x["server_cpu_per_s"] = (u1 + s1 - u0 - s0) / x["seconds"]
+    x["server_sys_cpu_per_s"] = (s1 - s0) / x["seconds"]
+    x["journaled_before_mb"] = filled / 1e6
+    x["page_cache_window_mb"] = window_mb
+    return x
+
+
 def run(quick: bool = False, data_dir: str | None = None, conf: dict | None = None,
         sizes: tuple = (1, 100, 1000)) -> dict:
     plan = {1: 500 if quick else 3000, 100: 100 if quick else 600, 1000: 60 if quick else 400}
+    conf = dict(conf or {})
+    if quick:       # a window the smoke run can fill in a second
+        conf.setdefault("journal_page_cache_keep_mb", 16)
+    window_mb = int(conf.get("journal_page_cache_keep_mb", BookieConfig().journal_page_cache_keep_mb))
     results: dict = {}
     with tempfile.TemporaryDirectory(dir=data_dir) as d:
         results["disk"] = disk.measure(d, quick=quick)
         bookie = BookieProcess(os.path.join(d, "bookie"),
-                               conf={"flush_interval_s": 2.0, **(conf or {})})
+                               conf={"flush_interval_s": 2.0, **conf})
         bookie.start()
         try:
             stub = bookie.stub()
@@ -99,6 +134,8 @@ def run(quick: bool = False, data_dir: str | None = None, conf: dict | None = No
                 u1, s1 = _cpu_split(bookie.proc.pid)
                 x["server_cpu_per_s"] = (u1 + s1 - u0 - s0) / x["seconds"]
                 x["server_sys_cpu_per_s"] = (s1 - s0) / x["seconds"]
+            if 1000 in sizes:
+                results["add_batch_1000_sustained"] = _sustained(bookie, plan[1000], window_mb)
         finally:
             bookie.terminate()
         if 1000 in sizes:   # same load with bigger group commits (8 MiB / 4 ms)
@@ -123,6 +160,8 @@ def run(quick: bool = False, data_dir: str | None = None, conf: dict | None = No
     results["disk_fsync_per_s_mean"] = fsync
     if "add_batch_1000" in results:
         results["ratio_1000_vs_seq"] = results["add_batch_1000"]["mb_per_s"] / seq
+        results["ratio_1000_sustained_vs_seq"] = \
+            results["add_batch_1000_sustained"]["mb_per_s"] / seq
         results["ratio_1000_group8m_vs_seq"] = \
             results["add_batch_1000_group8m"]["mb_per_s"] / seq
     if "add_batch_1" in results:
@@ -136,18 +175,18 @@ def print_table(r: dict) -> None:
               f"(p50 {dk['fsync_4k']['p50_ms']:.2f} ms, p99 {dk['fsync_4k']['p99_ms']:.2f} ms); "
               f"sequential write {dk['seq_write']['mb_per_s']:.0f} MB/s (fdatasync / 64 MiB), "
               f"{dk['sync_1m_write']['mb_per_s']:.0f} MB/s (fdatasync / 1 MiB)")
-    print(f"{'batch':>12} {'entries/s':>12} {'MB/s':>8} {'batches/s':>10} {'server CPU':>10} {'(kernel)':>8} {'client CPU':>10}")
-    for n in ("1", "100", "1000", "1000_group8m"):
+    print(f"{'batch':>16} {'entries/s':>12} {'MB/s':>8} {'batches/s':>10} {'server CPU':>10} {'(kernel)':>8} {'client CPU':>10}")
+    for n in ("1", "100", "1000", "1000_sustained", "1000_group8m"):
         x = r.get(f"add_batch_{n}")
         if x is None:
             continue
-        print(f"{n:>12} {x['entries_per_s']:>12.0f} {x['mb_per_s']:>8.1f} "
+        print(f"{n:>16} {x['entries_per_s']:>12.0f} {x['mb_per_s']:>8.1f} "
               f"{x['batches_per_s']:>10.0f} {x['server_cpu_per_s']:>10.0%} "
               f"{x.get('server_sys_cpu_per_s', float('nan')):>8.0%} "
               f"{x['client_cpu_per_s']:>10.0%}")
     if "ratio_1000_vs_seq" in r:
         print(f"bookie(1000 x 1 KiB) / disk sequential (mean) = {r['ratio_1000_vs_seq']:.2f} "
-              "(target >= 0.50)")
+              f"fresh, {r['ratio_1000_sustained_vs_seq']:.2f} sustained (target >= 0.50)")
         print(f"same with 8 MiB group commits / disk sequential (mean) = "
               f"{r['ratio_1000_group8m_vs_seq']:.2f}")
     if "ratio_1_vs_fsync" in r:
