@@ -138,10 +138,16 @@ def test_journal_keeps_only_its_window_in_the_page_cache(tmp_path):
     body = os.urandom(64 * 1024)
     for _ in range(48):                           # 3 MiB over three or four files
         j.write([(RecordType.ADD_BATCH, body)]).result(10)
-    resident = sum(_resident_bytes(os.path.join(jdir, file_name(s))) for s in list_files(jdir))
+    # the page advice runs after the acks, so an add's future can resolve before
+    # its range is released: close() joins the sync thread, then measure
     j.close()
+    files = list_files(jdir)
+    resident = sum(_resident_bytes(os.path.join(jdir, file_name(s))) for s in files)
     slack = min(16 << 20, keep // 8)
-    assert resident <= keep + slack + 2 * PAGE, f"{resident} bytes still cached"
+    # DONTNEED drops whole pages only: each file may keep one partial page at
+    # the end of its dropped range, and the window may straddle one more
+    edge_pages = (len(files) + 1) * PAGE
+    assert resident <= keep + slack + edge_pages, f"{resident} bytes still cached"
     assert resident >= keep // 2, "the newest bytes stay cached for readers"
     # nothing was lost: every record replays
     assert len(list(replay(jdir, Position(0, 0)))) == 48
