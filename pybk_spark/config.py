@@ -21,6 +21,7 @@ class ClientConfig:
     add_stream_idle_close_s: float = 30.0
     read_batch_entries: int = 1000
     read_batch_bytes: int = 16 << 20
+    read_windows_in_flight: int = 3
     max_message_bytes: int = 64 << 20
     placement_policy: str = "random"
     writer_lease_ttl_s: int = 10

@@ -13,11 +13,24 @@ dropped); BadDigest only if every replica was corrupt, NoSuchEntry if every
 replica lacks the entry.  Batches are verified and projected with Arrow.
 Striped fragments (E > Qw), where no bookie holds a long contiguous run, are
 read with one sparse read per bookie, merged and deduplicated with Arrow.
+
+Pipelining: a range is cut into windows (``read_batch_entries`` /
+``read_batch_bytes``) and up to ``read_windows_in_flight`` of them are
+requested before the first is awaited, consecutive windows going to the next
+replica of the round robin, so the bookies serve the next windows while the
+reader verifies this one.  Order obligation: windows are finished strictly
+front to back, and a window answered short is completed by fresh reads of its
+remainder before the next window is used; batches therefore come out
+contiguous and in entry-id order, exactly as without pipelining.  Windows
+still in flight when the consumer stops are abandoned (their answers are
+dropped).
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures as cf
-from typing import Iterator
+import dataclasses
+from typing import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -112,13 +125,16 @@ class ReadHandle:
         return out
 
     def read_batches(self, first: int, last: int, max_entries: int | None = None,
-                     max_bytes: int | None = None) -> Iterator[pa.RecordBatch]:
+                     max_bytes: int | None = None,
+                     windows_in_flight: int | None = None) -> Iterator[pa.RecordBatch]:
         """Arrow batches (ledger_id, entry_id, payload) covering [first, last];
         each batch holds at most ``max_entries`` entries and, past its first
-        entry, about ``max_bytes`` of payload (default: the client's
-        ``read_batch_entries`` / ``read_batch_bytes``)."""
+        entry, about ``max_bytes`` of payload, with up to ``windows_in_flight``
+        windows requested ahead (defaults: the client's ``read_batch_entries``
+        / ``read_batch_bytes`` / ``read_windows_in_flight``)."""
         for batch in self._raw_batches(first, last, max_entries or self.bk.conf.read_batch_entries,
-                                       max_bytes or self.bk.conf.read_batch_bytes):
+                                       max_bytes or self.bk.conf.read_batch_bytes,
+                                       windows_in_flight):
             yield batch.select(OUT_COLUMNS)
 
     def _check_range(self, first: int, last: int) -> None:
@@ -131,41 +147,69 @@ class ReadHandle:
                                          ledger_id=self.ledger_id, entry_id=last, lac=self._lac)
 
     def _raw_batches(self, first: int, last: int, max_entries: int,
-                     max_bytes: int | None = None) -> Iterator[pa.RecordBatch]:
+                     max_bytes: int | None = None,
+                     windows_in_flight: int | None = None) -> Iterator[pa.RecordBatch]:
+        """Pipelined: up to ``read_windows_in_flight`` windows are requested
+        ahead; each is finished (failover, fallbacks) when it reaches the
+        front.  A window answered short (``max_bytes``, a corrupt row) is
+        completed with fresh reads before the next window is used, so batches
+        come out contiguous and in order."""
         self._check_range(first, last)
-        nxt = first
+        depth = max(1, windows_in_flight or self.bk.conf.read_windows_in_flight)
+        ahead: collections.deque = collections.deque()
+        planned = nxt = first
         while nxt <= last:
-            end = min(last, nxt + max_entries - 1)
-            ensemble = self.metadata.ensemble_for(nxt)
-            qw = self.metadata.write_quorum
-            if len(ensemble) > qw:      # striped: a bookie holds runs of Qw ids
-                end = min(end, self._fragment_end(nxt), nxt + STRIPED_WINDOW * qw - 1)
-                batch = self._read_striped(nxt, end, ensemble, qw, max_bytes)
-            else:
-                batch = self._read_run(nxt, end, max_bytes)
+            while len(ahead) < depth and planned <= last:
+                window = self._start_window(planned, min(last, planned + max_entries - 1),
+                                            max_bytes)
+                ahead.append(window)
+                planned = window.last + 1
+            window = ahead[0]
+            if window.first == nxt:
+                batch = window.finish()
+            else:                       # the rest of a window answered short
+                batch = self._start_window(nxt, window.last, max_bytes).finish()
+            if batch.num_rows > window.last - nxt + 1:
+                batch = batch.slice(0, window.last - nxt + 1)
             nxt += batch.num_rows
+            if nxt > window.last:
+                ahead.popleft()
             yield batch
 
-    def _read_striped(self, first: int, last: int, ensemble, qw: int,
-                      max_bytes: int | None = None) -> pa.RecordBatch:
-        """Striped range.  First try: ask each bookie only for the entries
-        whose write set starts at it (``stripe=(E, slot)``, BookKeeper's
-        first-replica read), so each entry crosses the wire once.  If that
-        leaves the front entry missing or corrupt (a bookie down or behind),
-        or after any failure on this handle, read every replica's copies
-        (one SPARSE read per bookie) and merge.  Either way: first copy of
-        each id, digest-verified, longest gap-free prefix from ``first``;
-        nothing usable at the front falls back to ``_read_run`` (per-replica
+    def _start_window(self, first: int, last: int, max_bytes: int | None) -> "_Window":
+        """Request [first, last] (cut at the fragment's end) without waiting."""
+        ensemble = self.metadata.ensemble_for(first)
+        qw = self.metadata.write_quorum
+        last = min(last, self._fragment_end(first))
+        if len(ensemble) > qw:          # striped: a bookie holds runs of Qw ids
+            last = min(last, first + STRIPED_WINDOW * qw - 1)
+            futs = (self._sparse_reads(first, last, ensemble, True, max_bytes)
+                    if self._stripe_reads_ok else None)
+            return _Window(first, last, lambda: self._finish_striped(first, last, ensemble,
+                                                                     max_bytes, futs))
+        run = self._start_run(first, last, max_bytes)
+        return _Window(first, last, lambda: self._finish_run(run))
+
+    def _finish_striped(self, first: int, last: int, ensemble, max_bytes: int | None,
+                        futs: list | None) -> pa.RecordBatch:
+        """Striped range.  First try: each bookie was asked only for the
+        entries whose write set starts at it (``stripe=(E, slot)``,
+        BookKeeper's first-replica read), so each entry crosses the wire once.
+        If that leaves the front entry missing or corrupt (a bookie down or
+        behind), or after any failure on this handle, read every replica's
+        copies (one SPARSE read per bookie) and merge.  Either way: first copy
+        of each id, digest-verified, longest gap-free prefix from ``first``;
+        nothing usable at the front falls back to a replica run (per-replica
         failover, speculative reads, typed errors)."""
-        if self._stripe_reads_ok:
-            merged = self._merge_sparse(first, self._sparse_reads(first, last, ensemble, True,
-                                                                  max_bytes))
+        if futs is not None:
+            merged = self._merge_sparse(first, futs)
             if merged is not None:
                 return merged
             self._stripe_reads_ok = False
         merged = self._merge_sparse(first, self._sparse_reads(first, last, ensemble, False,
                                                               max_bytes))
-        return merged if merged is not None else self._read_run(first, last, max_bytes)
+        return merged if merged is not None else self._finish_run(
+            self._start_run(first, last, max_bytes))
 
     def _sparse_reads(self, first: int, last: int, ensemble, by_slot: bool,
                       max_bytes: int | None) -> list:
@@ -218,37 +262,42 @@ class ReadHandle:
         later = [f for f, _ in self.metadata.ensembles if f > entry_id]
         return (min(later) - 1) if later else 1 << 62
 
-    def _read_run(self, e: int, last: int, max_bytes: int | None = None) -> pa.RecordBatch:
+    def _start_run(self, e: int, last: int, max_bytes: int | None) -> "_RunRead":
+        """Ask the first replica (round robin over the write set) for [e, last]."""
         md = self.metadata
         ensemble = md.ensemble_for(e)
         last = min(last, self._fragment_end(e))
         slots = list(write_set(e, len(ensemble), md.write_quorum))
         self._rr += 1
         k = self._rr % len(slots)
-        slots = slots[k:] + slots[:k]
+        run = _RunRead(e, last, max_bytes, ensemble, slots[k:] + slots[:k])
+        self._launch(run)
+        return run
+
+    def _launch(self, run: "_RunRead") -> None:
+        conf = self.bk.conf
+        b = run.ensemble[run.slots[run.tried]]
+        run.tried += 1
+        f = self.bk.transports.get(b).read(
+            self.ledger_id, run.first, run.last, max_entries=run.last - run.first + 1,
+            max_bytes=run.max_bytes or conf.read_batch_bytes,
+            master_key=self._master_key, timeout=conf.read_timeout_s)
+        run.pending[f] = b
+
+    def _finish_run(self, run: "_RunRead") -> pa.RecordBatch:
+        """The first usable answer: a verified non-empty prefix from ``run.first``.
+        A replica not answering within the speculative delay gets company from
+        the next one; failing or corrupt replicas are skipped."""
         conf = self.bk.conf
         spec = conf.speculative_read_timeout_ms / 1000.0 if conf.speculative_read_timeout_ms else None
-        pending: dict[cf.Future, str] = {}
-        tried = 0
+        e, slots, pending = run.first, run.slots, run.pending
         corrupt = no_entry = 0
         last_exc: BaseException | None = None
-
-        def launch() -> None:
-            nonlocal tried
-            b = ensemble[slots[tried]]
-            tried += 1
-            f = self.bk.transports.get(b).read(
-                self.ledger_id, e, last, max_entries=last - e + 1,
-                max_bytes=max_bytes or conf.read_batch_bytes,
-                master_key=self._master_key, timeout=conf.read_timeout_s)
-            pending[f] = b
-
-        launch()
         while pending:
-            done, _ = cf.wait(list(pending), timeout=spec if tried < len(slots) else None,
+            done, _ = cf.wait(list(pending), timeout=spec if run.tried < len(slots) else None,
                               return_when=cf.FIRST_COMPLETED)
             if not done:
-                launch()  # speculative read to the next replica
+                self._launch(run)  # speculative read to the next replica
                 continue
             for f in done:
                 bookie = pending.pop(f)
@@ -267,8 +316,8 @@ class ReadHandle:
                         self.bk.transports.invalidate(bookie)
                     if isinstance(exc, errors.Unauthorized):
                         raise exc
-            if not pending and tried < len(slots):
-                launch()
+            if not pending and run.tried < len(slots):
+                self._launch(run)
         if corrupt and corrupt + no_entry == len(slots) and no_entry == 0:
             raise errors.BadDigest("every replica is corrupt", ledger_id=self.ledger_id, entry_id=e)
         if no_entry == len(slots):
@@ -331,3 +380,24 @@ def _gather(batches: list, table: pa.Table, rows: np.ndarray,
     chunk = np.searchsorted(starts, rows, side="right") - 1
     pieces = [batches[c].slice(r, 1) for c, r in zip(chunk.tolist(), (rows - starts[chunk]).tolist())]
     return pa.Table.from_batches(pieces, schema=table.schema).combine_chunks().to_batches()[0]
+
+
+class _Window:
+    """A read window in flight: entries [first, last]; ``finish()`` waits
+    for it and returns a verified, non-empty prefix from ``first``."""
+    __slots__ = ("first", "last", "finish")
+
+    def __init__(self, first: int, last: int, finish: Callable[[], pa.RecordBatch]):
+        self.first, self.last, self.finish = first, last, finish
+
+
+@dataclasses.dataclass
+class _RunRead:
+    """[first, last] asked of the replicas of one write set, in ``slots`` order."""
+    first: int
+    last: int
+    max_bytes: int | None
+    ensemble: list
+    slots: list
+    tried: int = 0
+    pending: dict = dataclasses.field(default_factory=dict)

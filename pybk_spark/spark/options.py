@@ -33,11 +33,12 @@ DEFAULT_MAX_ENTRIES_PER_PARTITION = 100_000
 DEFAULT_READ_BATCH_ENTRIES = 1000
 DEFAULT_READ_BATCH_BYTES = 16 << 20     # one read window (all bookies together)
 DEFAULT_READ_AHEAD_BATCHES = 1          # windows read while Spark takes the previous one
+DEFAULT_READ_WINDOWS_IN_FLIGHT = 3      # read requests out at once per task (read_handle.py)
 
 KNOWN_READ_OPTIONS = (
     "metadataServiceUri", "ledgers", "log", "startingOffsets", "endingOffsets",
     "recovery", "maxEntriesPerPartition", "readBatchEntries", "readBatchBytes", "password", "path",
-    "includeMetadata", "readAheadBatches",
+    "includeMetadata", "readAheadBatches", "readWindowsInFlight",
 )
 
 
@@ -55,6 +56,7 @@ class ReadOptions:
     read_batch_entries: int = DEFAULT_READ_BATCH_ENTRIES
     read_batch_bytes: int = DEFAULT_READ_BATCH_BYTES
     read_ahead_batches: int = DEFAULT_READ_AHEAD_BATCHES
+    read_windows_in_flight: int = DEFAULT_READ_WINDOWS_IN_FLIGHT
     password: bytes = b""
     include_metadata: bool = False          # DataFrame logs: add _ledger_id, _entry_id
 
@@ -213,6 +215,9 @@ def parse_read_options(options: Mapping[str, str]) -> ReadOptions:
         read_ahead_batches=parse_positive_int(
             "readAheadBatches", _get(options, "readAheadBatches"), DEFAULT_READ_AHEAD_BATCHES,
             minimum=0),
+        read_windows_in_flight=parse_positive_int(
+            "readWindowsInFlight", _get(options, "readWindowsInFlight"),
+            DEFAULT_READ_WINDOWS_IN_FLIGHT),
         password=password.encode() if password else b"",
         include_metadata=parse_bool("includeMetadata", _get(options, "includeMetadata"), False),
     )

@@ -300,7 +300,8 @@ def read_slice(bk, part: LedgerSlicePartition, opts: ReadOptions) -> Iterator[pa
         _catch_up_lac(handle, part.last)
         expected = part.first
         for batch in handle.read_batches(part.first, part.last, max_entries=opts.read_batch_entries,
-                                         max_bytes=opts.read_batch_bytes):
+                                         max_bytes=opts.read_batch_bytes,
+                                         windows_in_flight=opts.read_windows_in_flight):
             if batch.num_rows == 0:
                 continue
             out = to_raw_batch(batch)

@@ -40,6 +40,9 @@ def test_offsets_json_and_words():
     assert o.read_ahead_batches == 1
     o = parse_read_options({"metadataServiceUri": URI, "ledgers": "1", "readAheadBatches": "0"})
     assert o.read_ahead_batches == 0
+    assert o.read_windows_in_flight == 3
+    o = parse_read_options({"metadataServiceUri": URI, "ledgers": "1", "readWindowsInFlight": "1"})
+    assert o.read_windows_in_flight == 1
 
 
 @pytest.mark.parametrize("options, pattern", [
@@ -54,6 +57,7 @@ def test_offsets_json_and_words():
     ({"ledgers": "1", "recovery": "maybe"}, "true or false"),
     ({"ledgers": "1", "maxEntriesPerPartition": "0"}, "positive"),
     ({"ledgers": "1", "readAheadBatches": "-1"}, "readAheadBatches.*>= 0"),
+    ({"ledgers": "1", "readWindowsInFlight": "0"}, "readWindowsInFlight"),
 ])
 def test_bad_options_raise_typed_errors(options, pattern):
     with pytest.raises(errors.IncorrectParameter, match=pattern):
