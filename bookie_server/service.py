@@ -2,9 +2,11 @@
 
 Every handler catches every exception and answers with the code chosen by
 ``pybk_spark.wire.codes.error_to_code`` - a request can never crash the
-server.  AddStream is pipelined: a reader thread submits each request as it
-arrives (bounded by ``max_inflight_per_stream``) and responses are streamed
-back as their journal groups become durable, matched by request_id.
+server.  AddStream answers lone adds on its own thread while the journal's
+leader path makes each durable inline, and otherwise is pipelined: a reader
+thread submits each request as it arrives (bounded by
+``max_inflight_per_stream``) and responses are streamed back as their
+journal groups become durable, matched by request_id.
 """
 from __future__ import annotations
 
@@ -88,14 +90,40 @@ class BookieService(pb_grpc.BookieServicer):
             return pb.AddResponse(code=code, message=msg, request_id=request.request_id)
 
     def AddStream(self, request_iterator, context) -> Iterator[pb.AddResponse]:
-        out: "queue.Queue" = queue.Queue()
+        """Two modes, one per stream.  Lone adds: while every add is answered
+        by the time it is submitted (an idle journal writes and syncs it on
+        the submitting thread: the journal's leader path), this handler
+        thread receives, submits and answers each add itself, with no
+        hand-off to another thread.  Pipelined: the first add that is not
+        answered at once (a busy journal, a pipelining client) moves the
+        stream for good to a reader thread that receives and submits, while
+        this thread sends the answers as their groups become durable.
+        Answers leave in completion order, each carrying its request_id."""
+        out: "queue.SimpleQueue" = queue.SimpleQueue()
         slots = threading.BoundedSemaphore(max(1, self.cfg.max_inflight_per_stream))
-        pending = [0]
-        lock = threading.Lock()
 
         def respond(resp) -> None:
             slots.release()
             out.put(resp)
+
+        try:
+            for req in request_iterator:
+                slots.acquire()
+                self._submit_add(req, respond)
+                try:
+                    yield out.get_nowait()
+                except queue.Empty:          # not durable yet: go pipelined
+                    yield from self._pipelined_answers(request_iterator, context, out, slots,
+                                                       respond)
+                    return
+        except Exception as exc:  # noqa: BLE001 - client went away / cancelled
+            if context.is_active():
+                log.debug("event=add_stream_error error=%r", exc)
+
+    def _pipelined_answers(self, request_iterator, context, out, slots, respond):
+        """The rest of an AddStream with one add already outstanding."""
+        pending = [1]
+        lock = threading.Lock()
 
         def reader() -> None:
             try:

@@ -260,3 +260,33 @@ def test_cancelled_stream_and_concurrent_clients(bookie):
         assert read_all(stub, 40 + k, 0, 500) == {e: payload_for(40 + k, e) for e in range(200)}
     assert read_all(stub, 20, 0, 10) == {e: payload_for(20, e) for e in range(5)}
     assert stub.Health(pb.HealthRequest()).serving
+
+
+def test_stream_moves_from_lone_adds_to_pipelined_answers(bookie):
+    """AddStream answers lone adds on its handler thread (journal leader path)
+    and switches for good to pipelined answers at the first add that is not
+    durable at once; every request is answered once, with its own id."""
+    stub = bookie.stub()
+    answered = threading.Semaphore(0)
+
+    def requests():
+        for i in range(5):                    # lone: wait for each answer
+            yield pb.AddRequest(ledger_id=60, master_key=KEY, request_id=i,
+                                entries=entries_bytes(60, [i]))
+            answered.acquire()
+        for i in range(5, 45):                # a burst of 70 KB batches (past the
+            yield pb.AddRequest(                # leader path's 64 KiB: journal pipeline)
+                ledger_id=61, master_key=KEY, request_id=i,
+                entries=entries_bytes(61, range((i - 5) * 50, (i - 4) * 50), size=1400))
+        for i in range(45, 50):               # lone again, now answered by the pipeline
+            yield pb.AddRequest(ledger_id=60, master_key=KEY, request_id=i,
+                                entries=entries_bytes(60, [i - 40]))
+
+    got = {}
+    for resp in stub.AddStream(requests()):
+        got[resp.request_id] = resp.code
+        if resp.request_id < 5:
+            answered.release()
+    assert got == {i: pb.OK for i in range(50)}
+    assert read_all(stub, 60, 0, 20) == {e: payload_for(60, e) for e in range(10)}
+    assert len(read_all(stub, 61, 0, 2000)) == 2000
