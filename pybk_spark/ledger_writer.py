@@ -33,14 +33,13 @@ from typing import Callable
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from pybk_spark import errors
 from pybk_spark.metadata.store import ledger_key
 from pybk_spark.placement import writable_bookies
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.protocol.pending_adds import EnsembleChange, PendingAdds
-from pybk_spark.wire.entries import batch_to_bytes
+from pybk_spark.wire.entries import batch_to_buffer
 
 
 @dataclass
@@ -102,7 +101,7 @@ class LedgerWriter:
         first = int(batch.column("entry_id")[0].as_py())
         last = first + batch.num_rows - 1
         if nbytes is None:
-            nbytes = pc.sum(pc.binary_length(batch.column("payload"))).as_py() or 0
+            nbytes = batch.column("payload").total_values_length
         with self._lock:
             if self._error is not None:
                 err = self._error
@@ -149,7 +148,9 @@ class LedgerWriter:
     def _send(self, batch: pa.RecordBatch, ensemble, bad, *, wait: bool, only_slots=None) -> None:
         E, Qw = len(ensemble), self.md.write_quorum
         ids = batch.column("entry_id").to_numpy()
-        whole: list = []                    # the full batch, serialized once (Qw == E)
+        # the full batch is serialized once (Qw == E); requests stay Arrow
+        # buffers up to the framing, which copies them once into the message
+        whole: list = []
         for slot, bookie in enumerate(ensemble):
             if slot in bad or (only_slots is not None and slot not in only_slots):
                 continue
@@ -159,11 +160,11 @@ class LedgerWriter:
                 continue
             if count == len(ids):
                 if not whole:
-                    whole.append(batch_to_bytes(batch))
+                    whole.append(batch_to_buffer(batch))
                 data, sent_ids = whole[0], ids
             else:
                 # a bookie stores contiguous-by-id runs; a filtered part is still ascending
-                data, sent_ids = batch_to_bytes(batch.filter(pa.array(mask))), ids[mask]
+                data, sent_ids = batch_to_buffer(batch.filter(pa.array(mask))), ids[mask]
             try:
                 self._send_one(slot, bookie, data, sent_ids, wait)
             except errors.BKError as exc:
@@ -172,7 +173,8 @@ class LedgerWriter:
                 # already assigned never strand behind it
                 self._on_failed(slot, bookie, exc)
 
-    def _send_one(self, slot: int, bookie: str, data: bytes, ids: np.ndarray, wait: bool) -> None:
+    def _send_one(self, slot: int, bookie: str, data: pa.Buffer, ids: np.ndarray,
+                  wait: bool) -> None:
         if wait:
             self._inflight.acquire()
         released_sem = [not wait]
