@@ -217,12 +217,23 @@ class ReadHandle:
         budget = max_bytes or conf.read_batch_bytes
         if by_slot:                  # each bookie returns ~1/E of the window
             budget = max(1, budget // len(ensemble))
-        return [self.bk.transports.get(b).read(
-            self.ledger_id, first, last, max_entries=last - first + 1,
-            max_bytes=budget, master_key=self._master_key,
-            timeout=conf.read_timeout_s, sparse=True,
-            stripe=(len(ensemble), slot) if by_slot else None)
-            for slot, b in enumerate(ensemble)]
+        return [self._ask(b, first, last, max_entries=last - first + 1, max_bytes=budget,
+                          sparse=True, stripe=(len(ensemble), slot) if by_slot else None)
+                for slot, b in enumerate(ensemble)]
+
+    def _ask(self, bookie: str, first: int, last: int, **kw) -> cf.Future:
+        """One read request; a failure to even send it (the bookie's address
+        lookup while etcd is down) is that replica's answer, so a window
+        requested ahead never fails the reader before its turn, and the
+        replica is skipped like any other failed one."""
+        try:
+            return self.bk.transports.get(bookie).read(
+                self.ledger_id, first, last, master_key=self._master_key,
+                timeout=self.bk.conf.read_timeout_s, **kw)
+        except errors.BKError as exc:
+            failed: cf.Future = cf.Future()
+            failed.set_exception(exc)
+            return failed
 
     def _merge_sparse(self, first: int, futs: list) -> pa.RecordBatch | None:
         """The verified gap-free prefix from ``first`` of the answers, or None."""
@@ -275,13 +286,10 @@ class ReadHandle:
         return run
 
     def _launch(self, run: "_RunRead") -> None:
-        conf = self.bk.conf
         b = run.ensemble[run.slots[run.tried]]
         run.tried += 1
-        f = self.bk.transports.get(b).read(
-            self.ledger_id, run.first, run.last, max_entries=run.last - run.first + 1,
-            max_bytes=run.max_bytes or conf.read_batch_bytes,
-            master_key=self._master_key, timeout=conf.read_timeout_s)
+        f = self._ask(b, run.first, run.last, max_entries=run.last - run.first + 1,
+                      max_bytes=run.max_bytes or self.bk.conf.read_batch_bytes)
         run.pending[f] = b
 
     def _finish_run(self, run: "_RunRead") -> pa.RecordBatch:
@@ -324,6 +332,8 @@ class ReadHandle:
             raise errors.NoSuchEntry(ledger_id=self.ledger_id, entry_id=e)
         if corrupt:
             raise errors.BadDigest("no intact replica", ledger_id=self.ledger_id, entry_id=e)
+        if isinstance(last_exc, errors.MetadataError):
+            raise last_exc      # no replica could even be asked: etcd is the cause
         raise errors.ReadError(f"read failed on every replica: {last_exc}",
                                ledger_id=self.ledger_id, entry_id=e)
 

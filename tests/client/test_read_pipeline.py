@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from pybk_spark import errors
 from pybk_spark.client import BookKeeper
 from pybk_spark.config import ClientConfig
 from pybk_spark.metadata.memory_store import MemoryMetadataStore
@@ -22,8 +23,11 @@ class CountingPool(MemoryTransportPool):
     def __init__(self):
         super().__init__()
         self.reads = 0
+        self.lookup_fails: set[str] = set()     # get() raises, as with etcd down
 
     def get(self, bookie_id):
+        if bookie_id in self.lookup_fails:
+            raise errors.MetadataUnavailable("etcd unavailable (test)")
         transport = super().get(bookie_id)
         pool = self
 
@@ -109,4 +113,25 @@ def test_a_bookie_down_mid_pipeline_fails_over():
     pool.down.add(lh.metadata.current_ensemble[1])    # the next windows asked of it fail
     rest = [p for b in batches for p in b.column("payload").to_pylist()]
     assert first.column("payload").to_pylist() + rest == [b"d%d" % i for i in range(N)]
+    bk.close()
+
+
+@pytest.mark.parametrize("quorum", [(3, 3, 2), (4, 2, 2)], ids=["run", "striped"])
+def test_a_replica_that_cannot_be_looked_up_is_skipped_not_fatal(quorum):
+    """A window requested ahead whose bookie's address lookup fails (etcd
+    down, client not cached) fails over like a dead replica; only when no
+    replica can be asked does the metadata error reach the reader."""
+    bk, pool = _client(3, 3)
+    lh = bk.create_ledger(*quorum)
+    lh.add_entries([b"m%d" % i for i in range(N)])
+    lh.close()
+    rh = bk.open_ledger(lh.ledger_id)
+    batches = rh.read_batches(0, N - 1, max_entries=20)
+    first = next(batches)
+    pool.lookup_fails.add(lh.metadata.current_ensemble[0])
+    rest = [p for b in batches for p in b.column("payload").to_pylist()]
+    assert first.column("payload").to_pylist() + rest == [b"m%d" % i for i in range(N)]
+    pool.lookup_fails.update(lh.metadata.current_ensemble)
+    with pytest.raises(errors.MetadataUnavailable):
+        list(rh.read_batches(0, N - 1, max_entries=20))
     bk.close()
