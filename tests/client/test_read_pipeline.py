@@ -28,15 +28,19 @@ class CountingPool(MemoryTransportPool):
     def get(self, bookie_id):
         if bookie_id in self.lookup_fails:
             raise errors.MetadataUnavailable("etcd unavailable (test)")
-        transport = super().get(bookie_id)
-        pool = self
+        return _CountingTransport(self, super().get(bookie_id))
 
-        class Counting(type(transport)):
-            def read(self, *a, **k):
-                pool.reads += 1
-                return super().read(*a, **k)
-        transport.__class__ = Counting
-        return transport
+
+class _CountingTransport:
+    def __init__(self, pool: CountingPool, inner):
+        self._pool, self._inner = pool, inner
+
+    def read(self, *a, **k):
+        self._pool.reads += 1
+        return self._inner.read(*a, **k)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
 
 
 def _client(depth: int, seed: int):
