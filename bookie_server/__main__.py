@@ -25,7 +25,7 @@ from bookie_server.background import DiskChecker, GarbageCollector
 from bookie_server.bookie import Bookie
 from bookie_server.config import load_config
 from bookie_server.registration import Registrar
-from bookie_server.service import make_server
+from bookie_server.service import make_add_lane, make_server
 from pybk_spark import errors
 
 log = logging.getLogger("bookie.main")
@@ -42,6 +42,7 @@ def _parse(argv):
     p.add_argument("--metadata-uri")
     p.add_argument("--bookie-id")
     p.add_argument("--metrics-port", type=int)
+    p.add_argument("--add-lane-port", type=int, help="0 = any free port, -1 = no add lane")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
@@ -59,7 +60,8 @@ def main(argv=None) -> int:
                         format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
     overrides = {"port": args.port, "bind_address": args.bind_address,
                  "data_dir": args.data_dir, "metadata_uri": args.metadata_uri,
-                 "bookie_id": args.bookie_id, "metrics_port": args.metrics_port}
+                 "bookie_id": args.bookie_id, "metrics_port": args.metrics_port,
+                 "add_lane_port": args.add_lane_port}
     try:
         cfg = load_config(args.conf, overrides)
     except (OSError, ValueError, TypeError) as exc:
@@ -118,13 +120,15 @@ def _serve(cfg, bookie_id: str, store, conf_path) -> int:
 
     bookie = Bookie(cfg).open()
     server, port = make_server(bookie, cfg, bookie_id)
+    lane = make_add_lane(bookie, cfg, bookie_id)     # listening before Health answers
     server.start()
+    lane_address = f"{cfg.bind_address}:{lane.port}" if lane is not None else ""
     if cfg.metrics_port:
         bookie.metrics.serve(cfg.metrics_port, cfg.bind_address)
     registrar = None
     if store is not None:
         registrar = Registrar(store, bookie_id, f"{cfg.bind_address}:{port}", cfg.rack,
-                              cfg.metrics_port, cfg.registration_ttl_s)
+                              cfg.metrics_port, cfg.registration_ttl_s, lane_address)
     if registrar is not None:          # disk full, journal failure: the registry follows
         bookie.add_mode_listener(registrar.set_read_only)
     checker = DiskChecker(bookie, cfg, on_change=lambda ro: None)
@@ -135,9 +139,11 @@ def _serve(cfg, bookie_id: str, store, conf_path) -> int:
     if ledger_gc is not None:
         ledger_gc.start()
     _freeze_startup_heap()
-    log.info("event=bookie_ready bookie_id=%s port=%d data_dir=%s read_only=%s",
-             bookie_id, port, cfg.data_dir, bookie.read_only)
-    print(f"bookie-server ready bookie_id={bookie_id} port={port}", flush=True)
+    lane_port = lane.port if lane is not None else -1
+    log.info("event=bookie_ready bookie_id=%s port=%d add_lane_port=%d data_dir=%s "
+             "read_only=%s", bookie_id, port, lane_port, cfg.data_dir, bookie.read_only)
+    print(f"bookie-server ready bookie_id={bookie_id} port={port} add_lane_port={lane_port}",
+          flush=True)
 
     while not signals["stop"]:
         time.sleep(0.1)
@@ -157,6 +163,8 @@ def _serve(cfg, bookie_id: str, store, conf_path) -> int:
     log.info("event=bookie_stopping bookie_id=%s", bookie_id)
     if registrar is not None:
         registrar.stop()
+    if lane is not None:
+        lane.stop()
     server.stop(grace=2).wait()
     checker.stop()
     if ledger_gc is not None:

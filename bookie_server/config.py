@@ -50,6 +50,7 @@ class BookieConfig:
     registration_ttl_s: int = 5
     # service
     grpc_threads: int = 64
+    add_lane_port: int = 0               # 0 = any free port (registered), -1 = no add lane
     long_poll_max_timeout_ms: int = 60000
     metrics_port: int = 0                # 0 = no Prometheus endpoint
 
@@ -115,6 +116,8 @@ def validate(cfg: BookieConfig) -> None:
         raise ValueError("need 0 < max_entry_bytes <= max_batch_bytes")
     if cfg.journal_max_group_bytes <= 0:
         raise ValueError("journal_max_group_bytes must be > 0")
+    if cfg.add_lane_port < -1 or cfg.add_lane_port > 65535:
+        raise ValueError("add_lane_port must be -1 (off), 0 (any free port) or a port")
     if cfg.journal_page_cache_keep_mb < -1:
         raise ValueError("journal_page_cache_keep_mb must be -1 (never drop) or >= 0")
 

@@ -49,7 +49,7 @@ class BookieService(pb_grpc.BookieServicer):
         self.m = bookie.metrics
 
     # -- adds ---------------------------------------------------------------------------
-    def _submit_add(self, req: pb.AddRequest, done) -> None:
+    def submit_add(self, req: pb.AddRequest, done) -> None:
         """Submit one add; ``done(response)`` is called exactly once."""
         t0 = time.perf_counter()
         try:
@@ -83,7 +83,7 @@ class BookieService(pb_grpc.BookieServicer):
     def AddEntries(self, request, context):
         box: "queue.Queue[pb.AddResponse]" = queue.Queue(1)
         try:
-            self._submit_add(request, box.put)
+            self.submit_add(request, box.put)
             return box.get()
         except BaseException as exc:  # noqa: BLE001
             code, msg = _code(exc, "add")
@@ -109,7 +109,7 @@ class BookieService(pb_grpc.BookieServicer):
         try:
             for req in request_iterator:
                 slots.acquire()
-                self._submit_add(req, respond)
+                self.submit_add(req, respond)
                 try:
                     yield out.get_nowait()
                 except queue.Empty:          # not durable yet: go pipelined
@@ -131,7 +131,7 @@ class BookieService(pb_grpc.BookieServicer):
                     slots.acquire()
                     with lock:
                         pending[0] += 1
-                    self._submit_add(req, respond)
+                    self.submit_add(req, respond)
             except BaseException as exc:  # noqa: BLE001 - client went away / cancelled
                 if context.is_active():
                     log.debug("event=add_stream_reader_error error=%r", exc)
@@ -243,3 +243,12 @@ def make_server(bookie: Bookie, cfg: BookieConfig, bookie_id: str) -> tuple[grpc
     if port == 0:
         raise OSError(f"cannot bind {cfg.bind_address}:{cfg.port}")
     return server, port
+
+
+def make_add_lane(bookie: Bookie, cfg: BookieConfig, bookie_id: str):
+    """The started add lane server (bookie_server/add_lane.py), or None when
+    ``add_lane_port`` is -1."""
+    if cfg.add_lane_port < 0:
+        return None
+    from bookie_server.add_lane import AddLaneServer
+    return AddLaneServer(BookieService(bookie, cfg, bookie_id), cfg).start()

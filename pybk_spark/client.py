@@ -47,7 +47,8 @@ class BookKeeper:
             transports = GrpcTransportPool(self.metadata_store,
                                            max_message_bytes=self.conf.max_message_bytes,
                                            timeout=self.conf.add_timeout_s,
-                                           stream_idle_close_s=self.conf.add_stream_idle_close_s)
+                                           stream_idle_close_s=self.conf.add_stream_idle_close_s,
+                                           add_transport=self.conf.add_transport)
         self.transports = transports
         self.placement = make_policy(self.conf.placement_policy, self.rng)
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="pybk-client")

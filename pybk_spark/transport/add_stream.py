@@ -1,4 +1,5 @@
-"""Adds over one long-lived bidirectional ``AddStream`` per bookie.
+"""Adds over one long-lived connection per bookie: an ``AddStream``, or an
+add lane connection (transport/add_lane.py, same semantics).
 
 Theory of operation
 -------------------
@@ -48,16 +49,101 @@ def add_stream_opener(channel) -> Callable:
                                  response_deserializer=pb.AddResponse.FromString)
 
 
-class _Stream:
-    def __init__(self, open_call: Callable, bookie_id: str, now: float):
+class PendingAdds:
+    """The unanswered adds of one connection (an AddStream or an add lane
+    connection): register, answer by request_id, fail all on a break, and
+    the watchdog's timeout and idle checks.  Subclasses send and close."""
+
+    def __init__(self, bookie_id: str, now: float):
         self.bookie_id = bookie_id
         self.last_used = now
-        self.requests: "queue.SimpleQueue" = queue.SimpleQueue()
         self.pending: dict[int, tuple[Future, float, Callable]] = {}
         self.lock = threading.Lock()
         self.broken: errors.BKError | None = None
         self.timed_out = False
-        self.call = open_call(self._iter_requests())
+
+    def answer(self, resp) -> None:
+        """Complete the add ``resp`` answers (an unknown id is ignored)."""
+        with self.lock:
+            item = self.pending.pop(resp.request_id, None)
+        if item is None:
+            return
+        fut, _deadline, convert = item
+        try:
+            fut.set_result(convert(resp))
+        except errors.BKError as exc:
+            fut.set_exception(exc)
+        except Exception as exc:  # malformed answer
+            fut.set_exception(errors.BadRequest(f"bad bookie response: {exc}",
+                                                bookie=self.bookie_id))
+
+    def ended(self, err: errors.BKError) -> None:
+        """The connection is over: fail every unanswered add (a timeout
+        cancellation reports ``Timeout``)."""
+        if self.timed_out:
+            err = errors.Timeout("add timed out (connection cancelled)", bookie=self.bookie_id)
+        self._fail_all(err)
+
+    def _fail_all(self, err: errors.BKError) -> None:
+        with self.lock:
+            self.broken = self.broken or err
+            items, self.pending = list(self.pending.values()), {}
+        self._after_break()
+        for fut, _deadline, _convert in items:
+            if not fut.done():
+                fut.set_exception(err)
+
+    def _after_break(self) -> None:
+        pass
+
+    def add(self, request_id: int, req, fut: Future, deadline: float, convert: Callable,
+            now: float) -> bool:
+        """False if the connection is already broken (caller opens a new one)."""
+        with self.lock:
+            if self.broken is not None:
+                return False
+            self.pending[request_id] = (fut, deadline, convert)
+            self.last_used = now
+        if self._send(req):
+            return True
+        with self.lock:           # not sent: retry on a new connection, unless the
+            item = self.pending.pop(request_id, None)   # break already failed the add
+        return item is None
+
+    def _send(self, req) -> bool:
+        raise NotImplementedError
+
+    def _cancel(self) -> None:
+        raise NotImplementedError
+
+    def expire(self, now: float, idle_close_s: float) -> None:
+        with self.lock:
+            late = any(deadline <= now for _f, deadline, _c in self.pending.values())
+            idle = (not self.pending and self.broken is None
+                    and now - self.last_used >= idle_close_s)
+            if idle:
+                self.broken = errors.BookieUnavailable("idle add connection closed",
+                                                       bookie=self.bookie_id)
+        if late:
+            self.timed_out = True
+            self._cancel()
+        elif idle:
+            self.close()
+
+    def close(self, drain_s: float = 2.0) -> None:
+        raise NotImplementedError
+
+
+class _Stream(PendingAdds):
+    """Adds over one gRPC AddStream."""
+
+    def __init__(self, open_call: Callable, bookie_id: str, now: float):
+        super().__init__(bookie_id, now)
+        self.requests: "queue.SimpleQueue" = queue.SimpleQueue()
+        try:
+            self.call = open_call(self._iter_requests())
+        except Exception as exc:  # channel closed
+            raise codes.translate_rpc_error(exc, bookie=bookie_id) from None
         self.reader = threading.Thread(target=self._read, name=f"pybk-add-{bookie_id}",
                                        daemon=True)
         self.reader.start()
@@ -73,58 +159,21 @@ class _Stream:
         err: errors.BKError
         try:
             for resp in self.call:
-                with self.lock:
-                    item = self.pending.pop(resp.request_id, None)
-                if item is None:
-                    continue
-                fut, _deadline, convert = item
-                try:
-                    fut.set_result(convert(resp))
-                except errors.BKError as exc:
-                    fut.set_exception(exc)
-                except Exception as exc:  # malformed answer
-                    fut.set_exception(errors.BadRequest(f"bad bookie response: {exc}",
-                                                        bookie=self.bookie_id))
+                self.answer(resp)
             err = errors.BookieUnavailable("add stream ended by the bookie", bookie=self.bookie_id)
         except Exception as exc:  # noqa: BLE001 - gRPC error / cancellation
             err = codes.translate_rpc_error(exc, bookie=self.bookie_id)
-        if self.timed_out:
-            err = errors.Timeout("add timed out (stream cancelled)", bookie=self.bookie_id)
-        self._fail_all(err)
+        self.ended(err)
 
-    def _fail_all(self, err: errors.BKError) -> None:
-        with self.lock:
-            self.broken = self.broken or err
-            items, self.pending = list(self.pending.values()), {}
+    def _after_break(self) -> None:
         self.requests.put(_CLOSE)           # lets gRPC's request thread finish
-        for fut, _deadline, _convert in items:
-            if not fut.done():
-                fut.set_exception(err)
 
-    def add(self, request_id: int, req: bytes, fut: Future, deadline: float, convert: Callable,
-            now: float) -> bool:
-        """False if the stream is already broken (caller opens a new one)."""
-        with self.lock:
-            if self.broken is not None:
-                return False
-            self.pending[request_id] = (fut, deadline, convert)
-            self.last_used = now
+    def _send(self, req) -> bool:
         self.requests.put(req)
         return True
 
-    def expire(self, now: float, idle_close_s: float) -> None:
-        with self.lock:
-            late = any(deadline <= now for _f, deadline, _c in self.pending.values())
-            idle = (not self.pending and self.broken is None
-                    and now - self.last_used >= idle_close_s)
-            if idle:
-                self.broken = errors.BookieUnavailable("idle add stream closed",
-                                                       bookie=self.bookie_id)
-        if late:
-            self.timed_out = True
-            self.call.cancel()
-        elif idle:
-            self.close()
+    def _cancel(self) -> None:
+        self.call.cancel()
 
     def close(self, drain_s: float = 2.0) -> None:
         """Half-close, let the bookie answer what it already has (at most
@@ -135,25 +184,34 @@ class _Stream:
         self.call.cancel()
 
 
-class AddStreamer:
-    """The add side of one bookie client: a stream, reopened after a break."""
+def stream_connector(channel, bookie_id: str) -> Callable[[float], PendingAdds]:
+    """Opens a gRPC AddStream on ``channel`` (see :class:`AddStreamer`)."""
+    opener = add_stream_opener(channel)
+    return lambda now: _Stream(opener, bookie_id, now)
 
-    def __init__(self, open_call: Callable, bookie_id: str, clock: Callable[[], float],
-                 idle_close_s: float = 30.0):
-        self._open_call = open_call
+
+class AddStreamer:
+    """The add side of one bookie client: a connection (``connect(now)``
+    opens a :class:`PendingAdds`: an AddStream or an add lane connection),
+    reopened after a break."""
+
+    def __init__(self, connect: Callable[[float], PendingAdds], bookie_id: str,
+                 clock: Callable[[], float], idle_close_s: float = 30.0, frame=None):
+        self._connect = connect
+        self._frame = frame or framing.with_payload
         self._idle_close_s = idle_close_s
         self._bookie_id = bookie_id
         self._clock = clock
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
-        self._stream: _Stream | None = None
+        self._stream: PendingAdds | None = None
         self._closed = False
 
     def submit(self, head: pb.AddRequest, entries, timeout: float, convert: Callable) -> Future:
         """Send ``head`` (an AddRequest without its entries) + ``entries``."""
         fut: Future = Future()
         request_id = head.request_id = next(self._ids)
-        req = framing.with_payload(head, entries)
+        req = self._frame(head, entries)
         now = self._clock()
         deadline = now + timeout
         for _attempt in range(2):
@@ -165,9 +223,9 @@ class AddStreamer:
                 stream = self._stream
                 if stream is None or stream.broken is not None:
                     try:
-                        stream = self._stream = _Stream(self._open_call, self._bookie_id, now)
-                    except Exception as exc:  # channel closed
-                        fut.set_exception(codes.translate_rpc_error(exc, bookie=self._bookie_id))
+                        stream = self._stream = self._connect(now)
+                    except errors.BKError as exc:  # channel closed, bookie refused
+                        fut.set_exception(exc)
                         return fut
             if stream.add(request_id, req, fut, deadline, convert, now):
                 return fut

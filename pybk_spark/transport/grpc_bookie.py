@@ -3,8 +3,11 @@
 Non-OK response codes become typed errors via ``wire.codes.raise_for_code``;
 gRPC failures via ``wire.codes.translate_rpc_error`` (deadline => Timeout,
 outcome unknown).  Channels get explicit send/receive message limits.
-Adds go over one bidirectional ``AddStream`` per bookie (``add_stream``); the
-pool's watchdog thread expires adds older than their timeout.
+Adds go over one connection per bookie: the bookie's add lane when it
+registered one and the client's ``add_transport`` is ``lane`` (the default;
+transport/add_lane.py), else one bidirectional ``AddStream``
+(transport/add_stream.py).  The pool's watchdog thread expires adds older
+than their timeout on either.
 """
 from __future__ import annotations
 
@@ -18,21 +21,25 @@ import grpc
 
 from pybk_spark import errors
 from pybk_spark.metadata.store import MetadataStore
-from pybk_spark.transport.add_stream import AddStreamer, add_stream_opener
+from pybk_spark.transport.add_lane import frame_add, lane_connector
+from pybk_spark.transport.add_stream import AddStreamer, stream_connector
 from pybk_spark.transport.base import BookieTransport, LacResult, ReadResult, TransportPool
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import bookie_wire_pb2_grpc as pbg
 from pybk_spark.wire import codes, framing
 from pybk_spark.wire.entries import batch_from_bytes
 
+ADD_TRANSPORTS = ("lane", "grpc")
 _END = {pb.COMPLETE: "COMPLETE", pb.LIMIT: "LIMIT", pb.MISSING: "MISSING"}
 
 
 class BookieClient(BookieTransport):
     def __init__(self, address: str, max_message_bytes: int = 64 << 20,
                  default_timeout: float = 5.0, bookie_id: str = "",
-                 clock: Callable[[], float] = time.monotonic, stream_idle_close_s: float = 30.0):
+                 clock: Callable[[], float] = time.monotonic, stream_idle_close_s: float = 30.0,
+                 add_lane_address: str = ""):
         self.address = address
+        self.add_lane_address = add_lane_address
         self.bookie_id = bookie_id or address
         self.default_timeout = default_timeout
         self._channel = grpc.insecure_channel(address, options=[
@@ -44,8 +51,13 @@ class BookieClient(BookieTransport):
         self._read_entries = self._channel.unary_unary(
             framing.READ_ENTRIES_METHOD, request_serializer=pb.ReadRequest.SerializeToString,
             response_deserializer=framing.parse_read_response)
-        self._adds = AddStreamer(add_stream_opener(self._channel), self.bookie_id, clock,
-                                 stream_idle_close_s)
+        if add_lane_address:
+            self._adds = AddStreamer(lane_connector(add_lane_address, self.bookie_id,
+                                                    default_timeout),
+                                     self.bookie_id, clock, stream_idle_close_s, frame=frame_add)
+        else:
+            self._adds = AddStreamer(stream_connector(self._channel, self.bookie_id),
+                                     self.bookie_id, clock, stream_idle_close_s)
 
     def _call(self, method, request, timeout, convert: Callable) -> Future:
         out: Future = Future()
@@ -146,7 +158,11 @@ class GrpcTransportPool(TransportPool):
 
     def __init__(self, store: MetadataStore, *, max_message_bytes: int = 64 << 20,
                  timeout: float = 5.0, clock: Callable[[], float] = time.monotonic,
-                 stream_idle_close_s: float = 30.0):
+                 stream_idle_close_s: float = 30.0, add_transport: str = "lane"):
+        if add_transport not in ADD_TRANSPORTS:
+            raise errors.IncorrectParameter(
+                f"add_transport must be one of {ADD_TRANSPORTS}, not {add_transport!r}")
+        self._use_lane = add_transport == "lane"
         self._store = store
         self._idle_close_s = stream_idle_close_s
         self._max = max_message_bytes
@@ -173,8 +189,9 @@ class GrpcTransportPool(TransportPool):
         reg = registration_of(self._store, bookie_id)
         if reg is None or not reg.get("address"):
             return _Unavailable(bookie_id)
+        lane = (reg.get("add_lane_address") or "") if self._use_lane else ""
         client = BookieClient(reg["address"], self._max, self._timeout, bookie_id, self._clock,
-                              self._idle_close_s)
+                              self._idle_close_s, lane)
         with self._lock:
             old = self._clients.setdefault(bookie_id, client)
             if self._watchdog is None and not self._stop.is_set():

@@ -4,6 +4,7 @@ Both directions live here:
   * ``error_to_code(exc)``  (bookie side)  BKError -> (StatusCode, message)
   * ``raise_for_code(code, message)``  (client side)  StatusCode -> BKError
   * ``translate_rpc_error(rpc_error)``  (client side)  grpc.RpcError -> BKError
+  * ``translate_socket_error(exc)``  (client side, add lane)  OSError etc. -> BKError
 """
 from __future__ import annotations
 
@@ -67,3 +68,13 @@ def translate_rpc_error(exc: Exception, **context) -> errors.BKError:
     if isinstance(exc, errors.BKError):
         return exc
     return errors.BookieUnavailable(f"{type(exc).__name__}: {exc}", **context)
+
+
+def translate_socket_error(exc: BaseException, **context) -> errors.BKError:
+    """Client side, add lane: a socket failure, the end of the connection or
+    a malformed frame.  Outcome of a write is UNKNOWN."""
+    if isinstance(exc, errors.BKError):
+        return exc
+    if isinstance(exc, (TimeoutError, BufferError)):  # connect timed out / bookie not reading
+        return errors.Timeout(f"add lane: {type(exc).__name__}: {exc}", **context)
+    return errors.BookieUnavailable(f"add lane: {type(exc).__name__}: {exc}", **context)

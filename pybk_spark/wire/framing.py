@@ -64,15 +64,21 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
+def payload_parts(head, payload: BytesLike, field_number: int = ENTRIES_FIELD) -> tuple:
+    """The pieces of :func:`with_payload`, not yet joined (a caller that adds
+    its own header joins once)."""
+    size = len(payload)
+    if size == 0:
+        return (head.SerializeToString(),)
+    tag = _varint((field_number << 3) | _LEN_DELIMITED)
+    return head.SerializeToString(), tag, _varint(size), payload
+
+
 def with_payload(head, payload: BytesLike, field_number: int = ENTRIES_FIELD) -> bytes:
     """``head`` (a generated message whose payload field is unset) serialized,
     followed by ``payload`` as length-delimited field ``field_number``.  An
     empty payload is left out, as protobuf itself does for proto3 bytes."""
-    size = len(payload)
-    if size == 0:
-        return head.SerializeToString()
-    tag = _varint((field_number << 3) | _LEN_DELIMITED)
-    return b"".join((head.SerializeToString(), tag, _varint(size), payload))
+    return b"".join(payload_parts(head, payload, field_number))
 
 
 def _read_varint(data, pos: int, end: int) -> tuple[int, int]:

@@ -1,4 +1,7 @@
-"""Adds over the per-bookie AddStream, against real bookie processes.
+"""Adds over the per-bookie add connection, against real bookie processes.
+
+Every test runs over both add transports: the add lane (plain TCP,
+transport/add_lane.py) and the gRPC AddStream; they must behave alike.
 
 A stream that breaks or stalls must fail its unanswered adds with an
 unknown-outcome error (never hang, never report success), and the next add
@@ -15,6 +18,7 @@ import pytest
 from pybk_spark import errors
 from pybk_spark.client import BookKeeper
 from pybk_spark.protocol import ledger_metadata as lm
+from pybk_spark.transport.add_lane import LaneConnection
 from pybk_spark.wire.entries import batch_to_bytes, make_batch
 
 
@@ -23,48 +27,64 @@ def _one_entry(ledger_id: int, entry_id: int) -> bytes:
                                      [b"e%d" % entry_id], [b""]))
 
 
+@pytest.fixture(params=["lane", "grpc"])
+def add_transport(request):
+    return request.param
+
+
+def _lid(add_transport: str, n: int) -> int:
+    """Ledger ids of their own per transport (the cluster is shared)."""
+    return (990000 if add_transport == "lane" else 991000) + n
+
+
 @pytest.fixture
-def bk(cluster):
+def bk(cluster, add_transport):
     client = BookKeeper(cluster.metadata_uri,
-                        conf={"explicit_lac_interval_ms": 0, "add_timeout_s": 1.0})
+                        conf={"explicit_lac_interval_ms": 0, "add_timeout_s": 1.0,
+                              "add_transport": add_transport})
     try:
         yield client
     finally:
         client.close()
 
 
-def test_answers_are_matched_to_their_requests(bk, cluster):
+def test_answers_are_matched_to_their_requests(bk, cluster, add_transport):
     bookie = cluster.bookie_ids[0]
     t = bk.transports.get(bookie)
+    lid = _lid(add_transport, 1)
     key = lm.master_key(b"")
-    futs = [t.add(990001, key, _one_entry(990001, e)) for e in range(200)]
+    futs = [t.add(lid, key, _one_entry(lid, e)) for e in range(200)]
     assert [f.result(timeout=30) for f in futs] == [(e, e) for e in range(200)]
+    # the transport asked for is the one in use (the bookies register a lane)
+    assert isinstance(t._adds._stream, LaneConnection) == (add_transport == "lane")
 
 
-def test_stopped_bookie_times_out_then_a_new_stream_works(bk, cluster):
+def test_stopped_bookie_times_out_then_a_new_stream_works(bk, cluster, add_transport):
     bookie = cluster.bookie_ids[1]
     t = bk.transports.get(bookie)
+    lid = _lid(add_transport, 2)
     key = lm.master_key(b"")
-    assert t.add(990002, key, _one_entry(990002, 0)).result(timeout=30) == (0, 0)
+    assert t.add(lid, key, _one_entry(lid, 0)).result(timeout=30) == (0, 0)
     cluster.stop_bookie(bookie)
     try:
-        fut = t.add(990002, key, _one_entry(990002, 1), timeout=1.0)
+        fut = t.add(lid, key, _one_entry(lid, 1), timeout=1.0)
         with pytest.raises(errors.Timeout) as info:
             fut.result(timeout=60)
         assert not info.value.outcome_known
     finally:
         cluster.resume_bookie(bookie)
     # same client object: the broken stream is replaced by a new one
-    assert t.add(990002, key, _one_entry(990002, 2)).result(timeout=30) == (2, 2)
+    assert t.add(lid, key, _one_entry(lid, 2)).result(timeout=30) == (2, 2)
 
 
-def test_killed_bookie_fails_pending_adds_with_unknown_outcome(bk, cluster):
+def test_killed_bookie_fails_pending_adds_with_unknown_outcome(bk, cluster, add_transport):
     bookie = cluster.bookie_ids[2]
     t = bk.transports.get(bookie)
+    lid = _lid(add_transport, 3)
     key = lm.master_key(b"")
-    assert t.add(990003, key, _one_entry(990003, 0)).result(timeout=30) == (0, 0)
+    assert t.add(lid, key, _one_entry(lid, 0)).result(timeout=30) == (0, 0)
     cluster.kill_bookie(bookie, signal.SIGKILL)
-    fut = t.add(990003, key, _one_entry(990003, 1))
+    fut = t.add(lid, key, _one_entry(lid, 1))
     with pytest.raises(errors.BKError) as info:
         fut.result(timeout=60)
     assert not info.value.outcome_known
@@ -72,19 +92,21 @@ def test_killed_bookie_fails_pending_adds_with_unknown_outcome(bk, cluster):
     cluster.heal()
     cluster.wait_registered(bookie)
     t2 = bk.transports.get(bookie)          # re-resolved: the restarted bookie's address
-    assert t2.add(990003, key, _one_entry(990003, 5)).result(timeout=30) == (5, 5)
+    assert t2.add(lid, key, _one_entry(lid, 5)).result(timeout=30) == (5, 5)
 
 
-def test_idle_stream_is_closed_and_reopened(cluster):
+def test_idle_stream_is_closed_and_reopened(cluster, add_transport):
     client = BookKeeper(cluster.metadata_uri, conf={"explicit_lac_interval_ms": 0,
-                                                    "add_stream_idle_close_s": 0.2})
+                                                    "add_stream_idle_close_s": 0.2,
+                                                    "add_transport": add_transport})
     try:
         t = client.transports.get(cluster.bookie_ids[0])
+        lid = _lid(add_transport, 4)
         key = lm.master_key(b"")
-        assert t.add(990004, key, _one_entry(990004, 0)).result(timeout=30) == (0, 0)
+        assert t.add(lid, key, _one_entry(lid, 0)).result(timeout=30) == (0, 0)
         first = t._adds._stream
         wait_until(lambda: first.broken is not None, "idle stream closed")
-        assert t.add(990004, key, _one_entry(990004, 1)).result(timeout=30) == (1, 1)
+        assert t.add(lid, key, _one_entry(lid, 1)).result(timeout=30) == (1, 1)
         assert t._adds._stream is not first
     finally:
         client.close()
@@ -98,19 +120,21 @@ def wait_until(predicate, what, timeout=30.0):
         time.sleep(0.02)
 
 
-def test_broken_streams_leave_no_threads_behind(cluster):
+def test_broken_streams_leave_no_threads_behind(cluster, add_transport):
     import threading
-    client = BookKeeper(cluster.metadata_uri, conf={"explicit_lac_interval_ms": 0})
+    client = BookKeeper(cluster.metadata_uri, conf={"explicit_lac_interval_ms": 0,
+                                                    "add_transport": add_transport})
     try:
         t = client.transports.get(cluster.bookie_ids[0])
+        lid = _lid(add_transport, 5)
         key = lm.master_key(b"")
-        t.add(990005, key, _one_entry(990005, 0)).result(timeout=30)
+        t.add(lid, key, _one_entry(lid, 0)).result(timeout=30)
         before = threading.active_count()
         for e in range(1, 11):                      # ten streams broken under the client
             first = t._adds._stream
-            first.call.cancel()                     # as a dead connection would
+            first._cancel()                         # as a dead connection would
             wait_until(lambda: first.broken is not None, "stream seen broken")
-            t.add(990005, key, _one_entry(990005, e)).result(timeout=30)
+            t.add(lid, key, _one_entry(lid, e)).result(timeout=30)
         wait_until(lambda: threading.active_count() <= before + 2, "stream threads gone")
     finally:
         client.close()

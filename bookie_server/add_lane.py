@@ -1,0 +1,147 @@
+"""Bookie end of the add lane (protocol: pybk_spark/wire/add_lane.py).
+
+Theory of operation
+-------------------
+A listening socket of its own (``add_lane_port``), one thread per accepted
+connection.  That thread checks the connection's magic, then reads frames
+and hands each AddRequest to ``BookieService.submit_add`` in arrival order,
+which is what makes the journal order of one connection its send order.
+
+* Answers are sent by whichever thread completes the add: the connection
+  thread itself when the journal's leader path makes the add durable inline
+  (an idle journal: no thread hand-off at all), otherwise the journal's
+  completion callback.  ``FrameWriter`` never blocks that thread: an answer
+  that does not fit the socket buffer is queued for a helper thread, and a
+  client whose unread answers pass ``_MAX_UNREAD_ANSWER_BYTES`` is cut off.
+* At most ``max_inflight_per_stream`` adds of a connection are unanswered;
+  the connection thread waits for a slot before reading on, so a fast
+  client is held back by TCP, not buffered without bound.
+* A frame over the bookie's message limit or a request that does not parse
+  gets an answer with request_id 0 and the BAD_REQUEST code, then the
+  connection is closed: after a framing error nothing later on it can be
+  trusted.  Nothing a client sends can stop the bookie.
+* When the client stops sending (or the connection breaks), the adds it
+  already submitted are still answered, for at most ``_DRAIN_S``, before the
+  connection is closed.
+"""
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+
+from bookie_server.config import BookieConfig
+from pybk_spark.wire.frame_socket import FrameWriter, configure, read_frame
+from pybk_spark.wire import add_lane
+from pybk_spark.wire import bookie_wire_pb2 as pb
+from pybk_spark.wire.framing import parse_add_request
+
+log = logging.getLogger("bookie.add_lane")
+
+_MAX_UNREAD_ANSWER_BYTES = 16 << 20
+_SLOT_WAIT_S = 1.0
+_DRAIN_S = 5.0
+
+
+class AddLaneServer:
+    def __init__(self, service, cfg: BookieConfig):
+        self.service = service
+        self.limit = cfg.grpc_message_limit()
+        self.max_inflight = max(1, cfg.max_inflight_per_stream)
+        self._listener = socket.create_server((cfg.bind_address, cfg.add_lane_port),
+                                              backlog=128, reuse_port=False)
+        self.port = self._listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._connections: set[socket.socket] = set()
+        self._stopped = threading.Event()
+        self._acceptor = threading.Thread(target=self._accept_loop, name="add-lane-accept",
+                                          daemon=True)
+
+    def start(self) -> "AddLaneServer":
+        self._acceptor.start()
+        return self
+
+    def _accept_loop(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                conn, peer = self._listener.accept()
+            except OSError as exc:
+                if self._stopped.is_set():
+                    return
+                log.warning("event=add_lane_accept_failed error=%r", exc)
+                self._stopped.wait(0.05)
+                continue
+            with self._lock:
+                if self._stopped.is_set():
+                    conn.close()
+                    return
+                self._connections.add(conn)
+            threading.Thread(target=self._serve, args=(conn, peer), daemon=True,
+                             name="add-lane-conn").start()
+
+    def _serve(self, conn: socket.socket, peer) -> None:
+        writer = FrameWriter(configure(conn), "add-lane-answers", _MAX_UNREAD_ANSWER_BYTES)
+        slots = threading.BoundedSemaphore(self.max_inflight)
+
+        def respond(resp: pb.AddResponse) -> None:
+            slots.release()
+            writer.send(add_lane.frame(resp.SerializeToString()))
+
+        try:
+            with conn.makefile("rb") as stream:
+                if stream.read(len(add_lane.MAGIC)) != add_lane.MAGIC:
+                    log.info("event=add_lane_bad_magic peer=%s", peer)
+                    return
+                while not self._stopped.is_set():
+                    try:
+                        body = read_frame(stream, self.limit)
+                        if body is None:
+                            return
+                        req = parse_add_request(body)
+                    except ValueError as exc:
+                        log.info("event=add_lane_bad_frame peer=%s error=%s", peer, exc)
+                        writer.send(add_lane.frame(pb.AddResponse(
+                            code=pb.BAD_REQUEST, message=f"malformed add lane frame: {exc}",
+                            request_id=add_lane.CONNECTION_REQUEST_ID).SerializeToString()))
+                        return
+                    while not slots.acquire(timeout=_SLOT_WAIT_S):
+                        if writer.closed or self._stopped.is_set():
+                            return
+                    self.service.submit_add(req, respond)
+        except OSError as exc:            # reset by the client, shut down by stop()
+            log.debug("event=add_lane_connection_error peer=%s error=%r", peer, exc)
+        except Exception:                 # noqa: BLE001 - never let a request kill the bookie
+            log.exception("event=add_lane_unexpected_error peer=%s", peer)
+        finally:
+            if writer.error is not None:
+                log.info("event=add_lane_cut peer=%s reason=%s", peer, writer.error)
+            self._finish(conn, writer, slots)
+
+    def _finish(self, conn: socket.socket, writer: FrameWriter,
+                slots: threading.BoundedSemaphore) -> None:
+        """The client stopped sending (or broke off): answer the adds already
+        submitted, at most ``_DRAIN_S`` long, then close."""
+        deadline = time.monotonic() + _DRAIN_S
+        for _ in range(self.max_inflight):
+            if writer.closed or not slots.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                break
+        writer.flush(max(0.0, deadline - time.monotonic()))
+        writer.close()
+        with self._lock:
+            self._connections.discard(conn)
+        conn.close()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        try:
+            self._listener.close()
+        except OSError:
+            pass
+        with self._lock:
+            conns, self._connections = list(self._connections), set()
+        for conn in conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass

@@ -1,0 +1,107 @@
+"""Client end of the add lane (protocol: wire/add_lane.py).
+
+Theory of operation
+-------------------
+One TCP connection per bookie carries this client's adds, with exactly the
+semantics of an ``AddStream`` (transport/add_stream.py, whose
+:class:`AddStreamer` reopens connections and whose :class:`PendingAdds`
+matches answers, expires late adds and closes idle connections):
+
+* ``submit`` writes the framed request from the caller's own thread
+  (``FrameWriter``: never blocking on a bookie that stopped reading), so the
+  bookie receives a writer's requests in the order they were submitted.
+* One reader thread per connection completes the futures, in the order the
+  answers arrive, and runs the callers' callbacks.
+* When the connection ends or breaks, every unanswered add fails with an
+  unknown-outcome error (``Timeout`` if the watchdog cut it for a late add).
+  An answer with request_id 0 is the bookie refusing the connection's input
+  (a malformed frame) before it closes the connection; the unanswered adds
+  fail with ``BookieUnavailable`` quoting it (they may have been journaled).
+
+Socket errors become typed errors in ``wire.codes.translate_socket_error``.
+"""
+from __future__ import annotations
+
+import socket
+import threading
+from typing import Callable
+
+from pybk_spark import errors
+from pybk_spark.transport.add_stream import PendingAdds
+from pybk_spark.wire.frame_socket import FrameWriter, configure, read_frame
+from pybk_spark.wire import add_lane
+from pybk_spark.wire import bookie_wire_pb2 as pb
+from pybk_spark.wire import codes, framing
+
+# answers are a few dozen bytes; a bookie that sends more is not one
+_MAX_ANSWER_BYTES = 1 << 20
+
+
+def frame_add(head: pb.AddRequest, entries) -> bytes:
+    """An AddRequest as one lane frame (header + pre-framed message)."""
+    return add_lane.frame(*framing.payload_parts(head, entries))
+
+
+class LaneConnection(PendingAdds):
+    def __init__(self, address: str, bookie_id: str, now: float, connect_timeout: float,
+                 max_backlog_bytes: int):
+        super().__init__(bookie_id, now)
+        try:
+            sock = socket.create_connection(add_lane.split_address(address),
+                                            timeout=connect_timeout)
+        except (OSError, ValueError) as exc:
+            raise codes.translate_socket_error(exc, bookie=bookie_id) from None
+        self.sock = configure(sock)
+        self.writer = FrameWriter(self.sock, f"pybk-lane-send-{bookie_id}", max_backlog_bytes)
+        self.writer.send(add_lane.MAGIC)
+        self.reader = threading.Thread(target=self._read, name=f"pybk-lane-{bookie_id}",
+                                       daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        err: errors.BKError
+        try:
+            with self.sock.makefile("rb") as stream:
+                while True:
+                    body = read_frame(stream, _MAX_ANSWER_BYTES)
+                    if body is None:
+                        raise EOFError("add lane closed by the bookie")
+                    resp = pb.AddResponse.FromString(body)
+                    if resp.request_id == add_lane.CONNECTION_REQUEST_ID and resp.code != pb.OK:
+                        # earlier adds may be journaled: their outcome stays unknown
+                        raise ConnectionAbortedError(
+                            "bookie refused this connection's input: "
+                            f"{codes.error_for_code(resp.code, resp.message)!r}")
+                    self.answer(resp)
+        except Exception as exc:  # noqa: BLE001 - end of stream, socket error, bad frame
+            err = codes.translate_socket_error(self.writer.error or exc, bookie=self.bookie_id)
+        self.writer.close()
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        self.ended(err)
+
+    def _send(self, req) -> bool:
+        return self.writer.send(req)
+
+    def _cancel(self) -> None:
+        self.writer.close()            # the reader sees the end and fails what is pending
+
+    def close(self, drain_s: float = 2.0) -> None:
+        """Stop sending, let the bookie answer what it already has (at most
+        ``drain_s``), then cut the connection."""
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        if self.reader is not threading.current_thread():
+            self.reader.join(drain_s)
+        self.writer.close()
+
+
+def lane_connector(address: str, bookie_id: str, connect_timeout: float,
+                   max_backlog_bytes: int = 1 << 30) -> Callable[[float], PendingAdds]:
+    """Opens add lane connections to ``address`` (see ``AddStreamer``)."""
+    return lambda now: LaneConnection(address, bookie_id, now, connect_timeout,
+                                      max_backlog_bytes)

@@ -1,0 +1,74 @@
+"""The add lane: AddRequest / AddResponse over a plain TCP connection.
+
+Theory of operation
+-------------------
+A bookie serves adds two ways: the gRPC ``AddStream`` and this lane, a
+second listening port it registers as ``add_lane_address``.  Both carry the
+same protobuf messages and the same codes; the lane only drops gRPC's
+per-message machinery.  gRPC Python hands every message between several
+threads on each side (about 74 context switches per one-entry add on the
+client, 22 on each bookie: docs/performance.md, (4)); here the caller's
+thread writes the request and one reader thread per connection reads the
+answers.
+
+Connection
+  The client opens it and sends :data:`MAGIC` (protocol name and version)
+  once.  A bookie that sees anything else closes the connection.
+Frames
+  Both directions are a sequence of frames: a 4-byte little-endian length n,
+  then n bytes of one serialized message.  Client to bookie: ``AddRequest``
+  (pre-framed, wire/framing.py).  Bookie to client: ``AddResponse``.
+Ordering obligations
+  * The bookie journals the requests of one connection in the order they
+    arrive, which is the order the client sent them.  A writer therefore
+    never has a later add of a ledger journaled before an earlier one it sent
+    on the same connection, as on ``AddStream``.
+  * Answers leave in completion order, each echoing its ``request_id``; the
+    client matches them by id.
+  * An answer with ``request_id`` 0 and a non-OK code is about the
+    connection itself (a malformed request): the bookie closes the
+    connection after it, and every unanswered add on it fails with that
+    typed error.
+  * A connection that ends with adds unanswered fails them with an
+    unknown-outcome error; the client opens a new connection for the next
+    add.
+Limits
+  A frame longer than the receiver's limit (the bookie's gRPC message limit)
+  is a protocol error: the receiver closes the connection.
+
+Pure: no I/O.  The sockets live in wire/frame_socket.py (both sides),
+transport/add_lane.py (client) and bookie_server/add_lane.py (bookie).
+"""
+from __future__ import annotations
+
+import struct
+
+MAGIC = b"PBKLANE1"
+_LENGTH = struct.Struct("<I")
+HEADER_BYTES = _LENGTH.size
+CONNECTION_REQUEST_ID = 0      # an answer about the connection, not one add
+
+
+def frame(*parts) -> bytes:
+    """One frame holding the concatenation of ``parts`` (bytes-like)."""
+    size = sum(len(p) for p in parts)
+    return b"".join((_LENGTH.pack(size), *parts))
+
+
+def frame_length(header: bytes, limit: int) -> int:
+    """The body length a frame header announces; ``ValueError`` when it is
+    over ``limit`` or the header is short."""
+    if len(header) != HEADER_BYTES:
+        raise ValueError(f"truncated frame header ({len(header)} bytes)")
+    (size,) = _LENGTH.unpack(header)
+    if size > limit:
+        raise ValueError(f"frame of {size} bytes is over the limit of {limit}")
+    return size
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``host:port`` (IPv6 hosts in brackets) as a (host, port) pair."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"bad add lane address {address!r}")
+    return host.strip("[]"), int(port)

@@ -1,0 +1,152 @@
+"""Frames over a TCP socket, for both ends of the add lane (wire/add_lane.py).
+
+Theory of operation
+-------------------
+``FrameWriter.send`` is called from whichever thread has a frame to send: the
+client's adding thread, or on a bookie the journal's completion callback.
+Neither may ever block on a peer that stopped reading (a paused bookie, a
+client that only writes): a blocked journal thread would stall every ledger
+on the bookie, a blocked writer would outlive its add timeout.  So:
+
+* With nothing queued, ``send`` tries the whole frame at once without
+  blocking (``MSG_DONTWAIT``).  On loopback and small frames that is the
+  only path: no thread hand-off.
+* Whatever did not fit is queued, in order, and a helper thread started on
+  first need sends the queue with blocking sends.  While anything is queued
+  or being sent, later frames queue behind it, so frames never interleave
+  and keep their order.
+* More than ``max_backlog_bytes`` queued means the peer is not reading: the
+  writer shuts the connection down and keeps the reason in ``error``.  The
+  connection's reader then sees the end of the stream and fails what is
+  still unanswered; a send error is handled the same way.
+* ``close`` shuts the socket down, which also wakes a helper thread blocked
+  in ``sendall``.
+
+``read_frame`` reads one frame from a buffered reader of the socket.
+"""
+from __future__ import annotations
+
+import collections
+import socket
+import threading
+from typing import Optional
+
+from pybk_spark.wire import add_lane
+
+_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
+
+
+def configure(sock: socket.socket) -> socket.socket:
+    """A blocking socket with Nagle off (answers are a few dozen bytes)."""
+    sock.settimeout(None)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def read_frame(reader, limit: int) -> Optional[bytes]:
+    """The next frame's body; ``None`` at a clean end of stream (between
+    frames).  ``ValueError`` for an oversized or truncated frame."""
+    header = reader.read(add_lane.HEADER_BYTES)
+    if not header:
+        return None
+    size = add_lane.frame_length(header, limit)
+    body = reader.read(size) if size else b""
+    if len(body) != size:
+        raise ValueError(f"connection ended inside a frame ({len(body)} of {size} bytes)")
+    return body
+
+
+class FrameWriter:
+    def __init__(self, sock: socket.socket, name: str, max_backlog_bytes: int):
+        self._sock = sock
+        self._name = name
+        self._max_backlog = max_backlog_bytes
+        self.error: Optional[BaseException] = None
+        self._cond = threading.Condition(threading.Lock())
+        self._queue: "collections.deque[memoryview]" = collections.deque()
+        self._queued_bytes = 0
+        self._sending = False          # the helper thread holds a frame outside the lock
+        self._helper: Optional[threading.Thread] = None
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def send(self, data: bytes) -> bool:
+        """Send or queue one frame; False if the connection is already closed."""
+        with self._cond:
+            if self._closed:
+                return False
+            if not self._queue and not self._sending:
+                try:
+                    sent = self._sock.send(data, _DONTWAIT)
+                except BlockingIOError:
+                    sent = 0
+                except OSError as exc:
+                    self._break(exc)
+                    return False
+                if sent == len(data):
+                    return True
+                data = memoryview(data)[sent:]
+            self._queue.append(memoryview(data))
+            self._queued_bytes += len(data)
+            if self._queued_bytes > self._max_backlog:
+                self._break(BufferError(f"peer not reading: {self._queued_bytes} bytes queued"))
+                return False
+            if self._helper is None:
+                self._helper = threading.Thread(target=self._drain, name=self._name, daemon=True)
+                self._helper.start()
+            self._cond.notify()
+        return True
+
+    def _drain(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                data = self._queue.popleft()
+                self._queued_bytes -= len(data)
+                self._sending = True
+            try:
+                self._sock.sendall(data)
+            except OSError as exc:
+                with self._cond:
+                    self._sending = False
+                    self._break(exc)
+                return
+            with self._cond:
+                self._sending = False
+                self._cond.notify_all()
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until everything queued is sent (True) or the writer closed."""
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: self._closed or (not self._queue and not self._sending), timeout)
+
+    def _break(self, exc: BaseException) -> None:
+        """Close for ``exc`` (lock held): the reader sees the end of stream."""
+        if not self._closed:
+            self.error = exc
+            self._close_locked()
+
+    def _close_locked(self) -> None:
+        self._closed = True
+        self._queue.clear()
+        self._queued_bytes = 0
+        self._cond.notify_all()
+        _shutdown(self._sock)
+
+    def close(self) -> None:
+        with self._cond:
+            self._close_locked()
+
+
+def _shutdown(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass

@@ -1,0 +1,101 @@
+"""The bookie's add lane (wire/add_lane.py) against a real bookie-server,
+spoken to over raw sockets: the same answers as the gRPC calls, and bad
+input (wrong magic, garbage, oversized or torn frames) gets a typed answer
+or a closed connection, never a stopped bookie."""
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from pybk_spark.testing.bookie_process import entries_bytes, free_port
+from pybk_spark.wire.frame_socket import read_frame
+from pybk_spark.wire import add_lane
+from pybk_spark.wire import bookie_wire_pb2 as pb
+from pybk_spark.wire import framing
+
+pytestmark = pytest.mark.slow
+KEY = b"key"
+LIMIT = (1 << 20) + (4 << 20)          # the bookie's message limit: max_batch_bytes + 4 MiB
+
+
+@pytest.fixture
+def bookie(bookies):
+    bp = bookies(conf={"max_entry_bytes": 4096, "max_batch_bytes": 1 << 20,
+                       "add_lane_port": free_port()}).start()
+    yield bp
+
+
+def _connect(bp, magic=add_lane.MAGIC) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", int(bp.conf["add_lane_port"])), timeout=30)
+    sock.sendall(magic)
+    return sock
+
+
+def _request(ledger, ids, request_id, key=KEY, **kw) -> bytes:
+    head = pb.AddRequest(ledger_id=ledger, master_key=key, request_id=request_id)
+    return add_lane.frame(*framing.payload_parts(head, entries_bytes(ledger, ids, **kw)))
+
+
+def _answers(sock, n):
+    with sock.makefile("rb") as stream:
+        return [pb.AddResponse.FromString(read_frame(stream, 1 << 20)) for _ in range(n)]
+
+
+def _serving(bp) -> bool:
+    return bp.stub().Health(pb.HealthRequest(), timeout=10).serving
+
+
+def test_lane_answers_like_the_grpc_calls(bookie):
+    stub = bookie.stub()
+    with _connect(bookie) as sock:
+        sock.sendall(_request(7, [0, 1, 2], 11) + _request(7, [3], 12)
+                     + _request(7, [4], 13, key=b"wrong")
+                     + _request(8, [0], 14, size=8192))
+        got = {a.request_id: a for a in _answers(sock, 4)}
+    assert (got[11].code, got[11].first_entry_id, got[11].last_entry_id) == (pb.OK, 0, 2)
+    assert (got[12].code, got[12].first_entry_id, got[12].last_entry_id) == (pb.OK, 3, 3)
+    assert got[13].code == pb.UNAUTHORIZED
+    assert got[14].code == pb.TOO_LARGE
+    # the same requests over gRPC get the same codes
+    assert stub.AddEntries(pb.AddRequest(ledger_id=7, master_key=b"wrong",
+                                         entries=entries_bytes(7, [5]))).code == pb.UNAUTHORIZED
+    big = stub.AddEntries(pb.AddRequest(ledger_id=8, master_key=KEY,
+                                        entries=entries_bytes(8, [0], size=8192)))
+    assert big.code == pb.TOO_LARGE
+
+
+def test_wrong_magic_is_refused_and_the_bookie_keeps_serving(bookie):
+    with _connect(bookie, magic=b"GET / HTTP/1.1\r\n\r\n") as sock:
+        assert sock.recv(100) == b""             # closed, nothing answered
+    assert _serving(bookie)
+
+
+@pytest.mark.parametrize("bad", ["garbage", "oversized", "torn"])
+def test_bad_frames_get_a_connection_answer_then_a_close(bookie, bad):
+    with _connect(bookie) as sock:
+        good = _request(9, [0], 1)
+        if bad == "garbage":
+            sock.sendall(good + add_lane.frame(b"\xff" * 40))
+        elif bad == "oversized":
+            sock.sendall(good + (LIMIT + 1).to_bytes(4, "little"))
+        else:                                    # a frame cut short, then the client leaves
+            sock.sendall(good + _request(9, [1], 2)[:30])
+            sock.shutdown(socket.SHUT_WR)
+        with sock.makefile("rb") as stream:
+            answers = []
+            while (body := read_frame(stream, 1 << 20)) is not None:
+                answers.append(pb.AddResponse.FromString(body))
+    assert (answers[0].request_id, answers[0].code) == (1, pb.OK)   # earlier adds answered
+    assert [(a.request_id, a.code) for a in answers[1:]] == [
+        (add_lane.CONNECTION_REQUEST_ID, pb.BAD_REQUEST)]
+    assert _serving(bookie)
+    with _connect(bookie) as sock:               # and a new connection works
+        sock.sendall(_request(9, [1], 3))
+        assert _answers(sock, 1)[0].code == pb.OK
+
+
+def test_lane_off(bookies):
+    bp = bookies(conf={"add_lane_port": -1}).start()
+    assert "add_lane_port=-1" in open(bp.log_path).read()
+    assert _serving(bp)
