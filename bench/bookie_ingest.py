@@ -2,9 +2,11 @@
 
 Run: ``.venv/bin/python -m bench.bookie_ingest [--quick] [--data-dir DIR]``.
 Starts one real ``bookie-server`` (standalone), streams Arrow batches of N x
-1 KiB entries over the pipelined AddStream RPC (every ack means the batch is
-fdatasync'd in the journal), for N in 1, 100, 1000; in the same run measures
-4 KiB write+fdatasync and sequential write bandwidth of the same disk.
+1 KiB entries pipelined over its add lane, the path clients use by default
+(``--transport grpc``: over the AddStream RPC instead); every ack means the
+batch is fdatasync'd in the journal.  N is 1, 100 and 1000.  In the same run
+it measures 4 KiB write+fdatasync and sequential write bandwidth of the same
+disk.
 
 The 1000 x 1 KiB load is timed twice on the same bookie: first on a fresh
 bookie, then *sustained*, once the bookie has journaled more than its
@@ -19,7 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -27,8 +31,10 @@ import pyarrow as pa
 
 from bench import disk
 from bookie_server.config import BookieConfig
-from pybk_spark.testing.bookie_process import BookieProcess
+from pybk_spark.testing.bookie_process import BookieProcess, free_port
+from pybk_spark.wire import add_lane, framing
 from pybk_spark.wire import bookie_wire_pb2 as pb
+from pybk_spark.wire.frame_socket import read_frame
 from pybk_spark.wire.entries import ENTRY_SCHEMA, batch_to_bytes
 
 ENTRY_BYTES = 1024
@@ -46,15 +52,54 @@ def _requests(ledger_id: int, n_per_batch: int, n_batches: int, key: bytes):
                             request_id=b)
 
 
-def stream_adds(stub, ledger_id: int, n_per_batch: int, n_batches: int, streams: int = 1) -> dict:
-    """Pre-serialises the batches, then times the pipelined stream(s)."""
+def _lane_frames(chunk) -> list:
+    """The AddRequests of ``chunk`` as lane frames, built before the clock starts."""
+    out = []
+    for r in chunk:
+        entries, r.entries = r.entries, b""
+        out.append(add_lane.frame(*framing.payload_parts(r, entries)))
+    return out
+
+
+def _lane_stream(port: int, frames: list, errors: list) -> None:
+    """One add lane connection: a thread sends the frames, this one reads
+    every answer (the bookie holds back at max_inflight_per_stream)."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+        def send():
+            sock.sendall(add_lane.MAGIC)
+            for f in frames:
+                sock.sendall(f)
+        sender = threading.Thread(target=send)
+        sender.start()
+        with sock.makefile("rb") as stream:
+            for _ in frames:
+                body = read_frame(stream, 1 << 20)
+                if body is None:
+                    errors.append("add lane closed")
+                    break
+                resp = pb.AddResponse.FromString(body)
+                if resp.code != 0:
+                    errors.append(resp.message)
+        sender.join()
+
+
+def stream_adds(target, ledger_id: int, n_per_batch: int, n_batches: int,
+                streams: int = 1) -> dict:
+    """Pre-serialises the batches, then times the pipelined stream(s).
+    ``target``: a gRPC stub (AddStream) or an add lane port (int)."""
     reqs = list(_requests(ledger_id, n_per_batch, n_batches, b"bench"))
     chunks = [reqs[i::streams] for i in range(streams)]
-    import threading
+    if isinstance(target, int):
+        chunks = [_lane_frames(c) for c in chunks]
     errors = []
 
     def one(chunk):
-        for resp in stub.AddStream(iter(chunk)):
+        if isinstance(target, int):
+            _lane_stream(target, chunk, errors)
+            return
+        for resp in target.AddStream(iter(chunk)):
             if resp.code != 0:
                 errors.append(resp.message)
     t0, c0 = time.perf_counter(), time.process_time()
@@ -91,7 +136,7 @@ def _sustained(bookie: BookieProcess, n_batches: int, window_mb: int) -> dict:
 
     Writes a quarter more than the window first (at least one ledger of
     ``n_batches`` batches, the size of the timed part), untimed."""
-    stub = bookie.stub()
+    stub = _target(bookie)
     ledger_bytes = n_batches * 1000 * ENTRY_BYTES
     fill = max(ledger_bytes, int(window_mb * 1.25 * (1 << 20)))
     fill_ledger, filled = 5000, 0
@@ -109,8 +154,14 @@ def _sustained(bookie: BookieProcess, n_batches: int, window_mb: int) -> dict:
     return x
 
 
+def _target(bookie: BookieProcess):
+    """Where adds go: the bookie's add lane port, or its gRPC stub."""
+    port = int(bookie.conf.get("add_lane_port", -1))
+    return port if port > 0 else bookie.stub()
+
+
 def run(quick: bool = False, data_dir: str | None = None, conf: dict | None = None,
-        sizes: tuple = (1, 100, 1000)) -> dict:
+        sizes: tuple = (1, 100, 1000), transport: str = "lane") -> dict:
     plan = {1: 500 if quick else 3000, 100: 100 if quick else 600, 1000: 60 if quick else 400}
     conf = dict(conf or {})
     if quick:       # a window the smoke run can fill in a second
@@ -119,11 +170,13 @@ def run(quick: bool = False, data_dir: str | None = None, conf: dict | None = No
     results: dict = {}
     with tempfile.TemporaryDirectory(dir=data_dir) as d:
         results["disk"] = disk.measure(d, quick=quick)
+        lane = (lambda: {"add_lane_port": free_port()}) if transport == "lane" else dict
+        results["transport"] = transport
         bookie = BookieProcess(os.path.join(d, "bookie"),
-                               conf={"flush_interval_s": 2.0, **conf})
+                               conf={"flush_interval_s": 2.0, **lane(), **conf})
         bookie.start()
         try:
-            stub = bookie.stub()
+            stub = _target(bookie)
             for ledger, (n, batches) in enumerate(plan.items(), start=1):
                 if n not in sizes:
                     continue
@@ -141,12 +194,12 @@ def run(quick: bool = False, data_dir: str | None = None, conf: dict | None = No
         if 1000 in sizes:   # same load with bigger group commits (8 MiB / 4 ms)
             tuned = BookieProcess(os.path.join(d, "bookie-tuned"), conf={
                 "flush_interval_s": 2.0, "journal_max_group_bytes": 8 << 20,
-                "journal_max_group_wait_ms": 4, **(conf or {})})
+                "journal_max_group_wait_ms": 4, **lane(), **(conf or {})})
             tuned.start()
             try:
-                stream_adds(tuned.stub(), 1001, 1000, max(5, plan[1000] // 10))
+                stream_adds(_target(tuned), 1001, 1000, max(5, plan[1000] // 10))
                 cpu0 = _cpu_seconds(tuned.proc.pid)
-                x = results["add_batch_1000_group8m"] = stream_adds(tuned.stub(), 1, 1000,
+                x = results["add_batch_1000_group8m"] = stream_adds(_target(tuned), 1, 1000,
                                                                     plan[1000])
                 x["server_cpu_per_s"] = (_cpu_seconds(tuned.proc.pid) - cpu0) / x["seconds"]
             finally:
@@ -201,9 +254,10 @@ def main(argv=None) -> dict:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="bookie conf override (repeatable)")
     p.add_argument("--sizes", default="1,100,1000")
+    p.add_argument("--transport", choices=("lane", "grpc"), default="lane")
     a = p.parse_args(argv)
     conf = dict(kv.split("=", 1) for kv in a.set)
-    r = run(a.quick, a.data_dir, conf, tuple(int(x) for x in a.sizes.split(",")))
+    r = run(a.quick, a.data_dir, conf, tuple(int(x) for x in a.sizes.split(",")), a.transport)
     print(json.dumps(r, indent=1)) if a.json else print_table(r)
     return r
 
