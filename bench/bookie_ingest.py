@@ -61,14 +61,15 @@ def _lane_frames(chunk) -> list:
     return out
 
 
-def _lane_stream(port: int, frames: list, errors: list) -> None:
+def _lane_stream(target: tuple, frames: list, errors: list) -> None:
     """One add lane connection: a thread sends the frames, this one reads
     every answer (the bookie holds back at max_inflight_per_stream)."""
+    port, bookie_id = target
     with socket.create_connection(("127.0.0.1", port)) as sock:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
         def send():
-            sock.sendall(add_lane.MAGIC)
+            sock.sendall(add_lane.hello(bookie_id))
             for f in frames:
                 sock.sendall(f)
         sender = threading.Thread(target=send)
@@ -88,15 +89,15 @@ def _lane_stream(port: int, frames: list, errors: list) -> None:
 def stream_adds(target, ledger_id: int, n_per_batch: int, n_batches: int,
                 streams: int = 1) -> dict:
     """Pre-serialises the batches, then times the pipelined stream(s).
-    ``target``: a gRPC stub (AddStream) or an add lane port (int)."""
+    ``target``: a gRPC stub (AddStream) or an add lane's (port, bookie id)."""
     reqs = list(_requests(ledger_id, n_per_batch, n_batches, b"bench"))
     chunks = [reqs[i::streams] for i in range(streams)]
-    if isinstance(target, int):
+    if isinstance(target, tuple):
         chunks = [_lane_frames(c) for c in chunks]
     errors = []
 
     def one(chunk):
-        if isinstance(target, int):
+        if isinstance(target, tuple):
             _lane_stream(target, chunk, errors)
             return
         for resp in target.AddStream(iter(chunk)):
@@ -155,9 +156,9 @@ def _sustained(bookie: BookieProcess, n_batches: int, window_mb: int) -> dict:
 
 
 def _target(bookie: BookieProcess):
-    """Where adds go: the bookie's add lane port, or its gRPC stub."""
+    """Where adds go: the bookie's add lane (port, bookie id), or its gRPC stub."""
     port = int(bookie.conf.get("add_lane_port", -1))
-    return port if port > 0 else bookie.stub()
+    return (port, bookie.bookie_id) if port > 0 else bookie.stub()
 
 
 def run(quick: bool = False, data_dir: str | None = None, conf: dict | None = None,

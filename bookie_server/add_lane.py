@@ -3,8 +3,10 @@
 Theory of operation
 -------------------
 A listening socket of its own (``add_lane_port``), one thread per accepted
-connection.  That thread checks the connection's magic, then reads frames
-and hands each AddRequest to ``BookieService.submit_add`` in arrival order,
+connection.  That thread checks the connection's magic and that the client
+means this bookie (the hello frame holds the bookie id it wants; another id
+is refused like a malformed frame, below), then reads frames and hands each
+AddRequest to ``BookieService.submit_add`` in arrival order,
 which is what makes the journal order of one connection its send order.
 
 * Answers are sent by whichever thread completes the add: the connection
@@ -42,11 +44,13 @@ log = logging.getLogger("bookie.add_lane")
 _MAX_UNREAD_ANSWER_BYTES = 16 << 20
 _SLOT_WAIT_S = 1.0
 _DRAIN_S = 5.0
+_MAX_ID_BYTES = 4096
 
 
 class AddLaneServer:
     def __init__(self, service, cfg: BookieConfig):
         self.service = service
+        self.bookie_id = service.bookie_id.encode()
         self.limit = cfg.grpc_message_limit()
         self.max_inflight = max(1, cfg.max_inflight_per_stream)
         self._listener = socket.create_server((cfg.bind_address, cfg.add_lane_port),
@@ -88,10 +92,27 @@ class AddLaneServer:
             slots.release()
             writer.send(add_lane.frame(resp.SerializeToString()))
 
+        def refuse(message: str) -> None:
+            log.info("event=add_lane_refused peer=%s reason=%s", peer, message)
+            writer.send(add_lane.frame(pb.AddResponse(
+                code=pb.BAD_REQUEST, message=message,
+                request_id=add_lane.CONNECTION_REQUEST_ID).SerializeToString()))
+
         try:
             with conn.makefile("rb") as stream:
                 if stream.read(len(add_lane.MAGIC)) != add_lane.MAGIC:
                     log.info("event=add_lane_bad_magic peer=%s", peer)
+                    return
+                try:
+                    wanted = read_frame(stream, _MAX_ID_BYTES)
+                except ValueError as exc:
+                    refuse(f"malformed add lane hello: {exc}")
+                    return
+                if wanted is None:
+                    return
+                if wanted != self.bookie_id:
+                    refuse(f"this is bookie {self.bookie_id.decode(errors='replace')}, "
+                           f"not {wanted.decode(errors='replace')}")
                     return
                 while not self._stopped.is_set():
                     try:
@@ -100,10 +121,7 @@ class AddLaneServer:
                             return
                         req = parse_add_request(body)
                     except ValueError as exc:
-                        log.info("event=add_lane_bad_frame peer=%s error=%s", peer, exc)
-                        writer.send(add_lane.frame(pb.AddResponse(
-                            code=pb.BAD_REQUEST, message=f"malformed add lane frame: {exc}",
-                            request_id=add_lane.CONNECTION_REQUEST_ID).SerializeToString()))
+                        refuse(f"malformed add lane frame: {exc}")
                         return
                     while not slots.acquire(timeout=_SLOT_WAIT_S):
                         if writer.closed or self._stopped.is_set():

@@ -53,7 +53,7 @@ class LaneConnection(PendingAdds):
             raise codes.translate_socket_error(exc, bookie=bookie_id) from None
         self.sock = configure(sock)
         self.writer = FrameWriter(self.sock, f"pybk-lane-send-{bookie_id}", max_backlog_bytes)
-        self.writer.send(add_lane.MAGIC)
+        self.writer.send(add_lane.hello(bookie_id))
         self.reader = threading.Thread(target=self._read, name=f"pybk-lane-{bookie_id}",
                                        daemon=True)
         self.reader.start()
@@ -101,7 +101,24 @@ class LaneConnection(PendingAdds):
 
 
 def lane_connector(address: str, bookie_id: str, connect_timeout: float,
+                   resolve: Callable[[], str] = lambda: "",
                    max_backlog_bytes: int = 1 << 30) -> Callable[[float], PendingAdds]:
-    """Opens add lane connections to ``address`` (see ``AddStreamer``)."""
-    return lambda now: LaneConnection(address, bookie_id, now, connect_timeout,
-                                      max_backlog_bytes)
+    """Opens add lane connections (see ``AddStreamer``) to ``address``.  When
+    the connection is refused, ``resolve()`` is asked for the bookie's
+    current lane address (a restarted bookie may listen on a new port) and,
+    if it changed, that one is tried once."""
+    current = [address]
+
+    def connect(now: float) -> PendingAdds:
+        try:
+            return LaneConnection(current[0], bookie_id, now, connect_timeout, max_backlog_bytes)
+        except errors.BookieUnavailable as refused:
+            try:
+                fresh = resolve()
+            except errors.BKError:            # registry unreachable: keep the first answer
+                raise refused from None
+            if not fresh or fresh == current[0]:
+                raise
+            current[0] = fresh
+            return LaneConnection(fresh, bookie_id, now, connect_timeout, max_backlog_bytes)
+    return connect

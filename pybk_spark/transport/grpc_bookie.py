@@ -37,7 +37,7 @@ class BookieClient(BookieTransport):
     def __init__(self, address: str, max_message_bytes: int = 64 << 20,
                  default_timeout: float = 5.0, bookie_id: str = "",
                  clock: Callable[[], float] = time.monotonic, stream_idle_close_s: float = 30.0,
-                 add_lane_address: str = ""):
+                 add_lane_address: str = "", resolve_add_lane: Callable[[], str] = lambda: ""):
         self.address = address
         self.add_lane_address = add_lane_address
         self.bookie_id = bookie_id or address
@@ -53,7 +53,7 @@ class BookieClient(BookieTransport):
             response_deserializer=framing.parse_read_response)
         if add_lane_address:
             self._adds = AddStreamer(lane_connector(add_lane_address, self.bookie_id,
-                                                    default_timeout),
+                                                    default_timeout, resolve_add_lane),
                                      self.bookie_id, clock, stream_idle_close_s, frame=frame_add)
         else:
             self._adds = AddStreamer(stream_connector(self._channel, self.bookie_id),
@@ -191,7 +191,7 @@ class GrpcTransportPool(TransportPool):
             return _Unavailable(bookie_id)
         lane = (reg.get("add_lane_address") or "") if self._use_lane else ""
         client = BookieClient(reg["address"], self._max, self._timeout, bookie_id, self._clock,
-                              self._idle_close_s, lane)
+                              self._idle_close_s, lane, lambda: self._lane_address(bookie_id))
         with self._lock:
             old = self._clients.setdefault(bookie_id, client)
             if self._watchdog is None and not self._stop.is_set():
@@ -201,6 +201,10 @@ class GrpcTransportPool(TransportPool):
         if old is not client:
             client.close()
         return old
+
+    def _lane_address(self, bookie_id: str) -> str:
+        reg = registration_of(self._store, bookie_id)
+        return (reg or {}).get("add_lane_address") or ""
 
     def invalidate(self, bookie_id: str) -> None:
         with self._lock:

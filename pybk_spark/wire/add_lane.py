@@ -12,8 +12,14 @@ thread writes the request and one reader thread per connection reads the
 answers.
 
 Connection
-  The client opens it and sends :data:`MAGIC` (protocol name and version)
-  once.  A bookie that sees anything else closes the connection.
+  The client opens it and sends :data:`MAGIC` (protocol name and version),
+  then one frame holding the id of the bookie it means to reach (UTF-8):
+  :func:`hello`.  A bookie that sees another magic closes the connection; a
+  bookie with another id answers with a connection error (below) and closes
+  it.  The id check matters because an address can outlive its bookie: with
+  ``add_lane_port = 0`` a restarted bookie listens on a new port and another
+  process may take the old one, and an add acknowledged by the wrong bookie
+  would count towards a quorum it is not part of.
 Frames
   Both directions are a sequence of frames: a 4-byte little-endian length n,
   then n bytes of one serialized message.  Client to bookie: ``AddRequest``
@@ -53,6 +59,11 @@ def frame(*parts) -> bytes:
     """One frame holding the concatenation of ``parts`` (bytes-like)."""
     size = sum(len(p) for p in parts)
     return b"".join((_LENGTH.pack(size), *parts))
+
+
+def hello(bookie_id: str) -> bytes:
+    """What a client sends first on a new connection."""
+    return MAGIC + frame(bookie_id.encode())
 
 
 def frame_length(header: bytes, limit: int) -> int:

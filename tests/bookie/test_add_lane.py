@@ -26,9 +26,9 @@ def bookie(bookies):
     yield bp
 
 
-def _connect(bp, magic=add_lane.MAGIC) -> socket.socket:
+def _connect(bp, hello=None) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", int(bp.conf["add_lane_port"])), timeout=30)
-    sock.sendall(magic)
+    sock.sendall(add_lane.hello(bp.bookie_id) if hello is None else hello)
     return sock
 
 
@@ -66,9 +66,26 @@ def test_lane_answers_like_the_grpc_calls(bookie):
 
 
 def test_wrong_magic_is_refused_and_the_bookie_keeps_serving(bookie):
-    with _connect(bookie, magic=b"GET / HTTP/1.1\r\n\r\n") as sock:
+    with _connect(bookie, hello=b"GET / HTTP/1.1\r\n\r\n") as sock:
         assert sock.recv(100) == b""             # closed, nothing answered
     assert _serving(bookie)
+
+
+def test_a_connection_meant_for_another_bookie_is_refused(bookie):
+    """An address can outlive its bookie (a new port after a restart, taken
+    by another): adds must never be acknowledged by the wrong bookie."""
+    with _connect(bookie, hello=add_lane.hello("127.0.0.1:1")) as sock:
+        sock.sendall(_request(10, [0], 1))
+        with sock.makefile("rb") as stream:
+            answers = []
+            while (body := read_frame(stream, 1 << 20)) is not None:
+                answers.append(pb.AddResponse.FromString(body))
+    assert [(a.request_id, a.code) for a in answers] == [
+        (add_lane.CONNECTION_REQUEST_ID, pb.BAD_REQUEST)]
+    assert "not 127.0.0.1:1" in answers[0].message
+    with _connect(bookie) as sock:               # the add never happened
+        sock.sendall(_request(10, [0], 2))
+        assert _answers(sock, 1)[0].code == pb.OK
 
 
 @pytest.mark.parametrize("bad", ["garbage", "oversized", "torn"])

@@ -19,6 +19,7 @@ from pybk_spark import errors
 from pybk_spark.client import BookKeeper
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.transport.add_lane import LaneConnection
+from pybk_spark.transport.grpc_bookie import registration_of
 from pybk_spark.wire.entries import batch_to_bytes, make_batch
 
 
@@ -150,3 +151,29 @@ def test_close_waits_for_every_copy_not_just_the_ack_quorum(bk):
         for bookie in lh.metadata.current_ensemble:
             got = bk.transports.get(bookie).read(lh.ledger_id, 0, 2999).result(timeout=30)
             assert got.batch.num_rows == 3000, bookie
+
+
+def test_a_restarted_bookie_is_reached_again_without_invalidating(bk, cluster, add_transport):
+    """A restarted bookie keeps its gRPC port but gets a new add lane port
+    (add_lane_port = 0): the lane's connector looks the new one up when the
+    old one refuses, so the same client object reaches it again."""
+    bookie = cluster.bookie_ids[0]
+    t = bk.transports.get(bookie)
+    lid = _lid(add_transport, 6)
+    key = lm.master_key(b"")
+    assert t.add(lid, key, _one_entry(lid, 0)).result(timeout=30) == (0, 0)
+    before = (registration_of(bk.metadata_store, bookie) or {}).get("add_lane_address")
+    cluster.kill_bookie(bookie, signal.SIGKILL)
+    cluster.heal()
+    cluster.wait_registered(bookie)
+    after = (registration_of(bk.metadata_store, bookie) or {}).get("add_lane_address")
+    if add_transport == "lane":
+        assert before and after and before != after
+    deadline = time.monotonic() + 30
+    while True:                  # the first add may meet the dead connection
+        try:
+            assert t.add(lid, key, _one_entry(lid, 1)).result(timeout=30) == (1, 1)
+            break
+        except errors.BookieUnavailable:
+            assert time.monotonic() < deadline
+    assert bk.transports.get(bookie) is t
