@@ -51,6 +51,7 @@ class AddLaneServer:
     def __init__(self, service, cfg: BookieConfig):
         self.service = service
         self.bookie_id = service.bookie_id.encode()
+        self.metrics = service.m
         self.limit = cfg.grpc_message_limit()
         self.max_inflight = max(1, cfg.max_inflight_per_stream)
         self._listener = socket.create_server((cfg.bind_address, cfg.add_lane_port),
@@ -81,6 +82,7 @@ class AddLaneServer:
                     conn.close()
                     return
                 self._connections.add(conn)
+                self.metrics.lane_connections.set(len(self._connections))
             threading.Thread(target=self._serve, args=(conn, peer), daemon=True,
                              name="add-lane-conn").start()
 
@@ -93,6 +95,7 @@ class AddLaneServer:
             writer.send(add_lane.frame(resp.SerializeToString()))
 
         def refuse(message: str) -> None:
+            self.metrics.lane_refused.inc()
             log.info("event=add_lane_refused peer=%s reason=%s", peer, message)
             writer.send(add_lane.frame(pb.AddResponse(
                 code=pb.BAD_REQUEST, message=message,
@@ -101,6 +104,7 @@ class AddLaneServer:
         try:
             with conn.makefile("rb") as stream:
                 if stream.read(len(add_lane.MAGIC)) != add_lane.MAGIC:
+                    self.metrics.lane_refused.inc()
                     log.info("event=add_lane_bad_magic peer=%s", peer)
                     return
                 try:
@@ -132,7 +136,8 @@ class AddLaneServer:
         except Exception:                 # noqa: BLE001 - never let a request kill the bookie
             log.exception("event=add_lane_unexpected_error peer=%s", peer)
         finally:
-            if writer.error is not None:
+            if isinstance(writer.error, BufferError):
+                self.metrics.lane_refused.inc()
                 log.info("event=add_lane_cut peer=%s reason=%s", peer, writer.error)
             self._finish(conn, writer, slots)
 
@@ -148,6 +153,7 @@ class AddLaneServer:
         writer.close()
         with self._lock:
             self._connections.discard(conn)
+            self.metrics.lane_connections.set(len(self._connections))
         conn.close()
 
     def stop(self) -> None:

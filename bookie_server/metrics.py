@@ -36,6 +36,12 @@ class BookieMetrics:
         self.journal_cached = Gauge("bookie_journal_page_cache_window_bytes",
                                     "synced journal bytes the page-cache window keeps cached "
                                     "(journal_page_cache_keep_mb)", registry=r)
+        self.lane_connections = Gauge("bookie_add_lane_connections",
+                                      "open add lane connections", registry=r)
+        self.lane_refused = Counter("bookie_add_lane_refused",
+                                    "add lane connections closed for bad input: wrong magic, "
+                                    "another bookie's id, a malformed frame, unread answers",
+                                    registry=r)
         self.checkpoints = Counter("bookie_checkpoints", "checkpoints written", registry=r)
         self.gc_ledgers = Counter("bookie_gc_ledgers_deleted", "ledgers reclaimed by GC", registry=r)
 

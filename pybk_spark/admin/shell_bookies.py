@@ -35,7 +35,8 @@ def _bookieinfo(args) -> int:
             raise errors.BookieUnavailable(f"bookie {args.bookie!r} is not registered")
     rows = []
     for reg in regs:
-        row = {"bookie": reg["bookie_id"], "address": reg.get("address"), "rack": reg.get("rack")}
+        row = {"bookie": reg["bookie_id"], "address": reg.get("address"),
+               "add_lane": reg.get("add_lane_address") or "-", "rack": reg.get("rack")}
         c = BookieClient(reg.get("address", ""), bookie_id=reg["bookie_id"], default_timeout=5.0)
         try:
             info = c.info().result()
@@ -49,7 +50,7 @@ def _bookieinfo(args) -> int:
         finally:
             c.close()
         rows.append(row)
-    cli.emit(args, rows, table(rows, ["bookie", "address", "rack", "state", "free_gb",
+    cli.emit(args, rows, table(rows, ["bookie", "address", "add_lane", "rack", "state", "free_gb",
                                       "total_gb", "ledgers", "entries", "error"],
                                empty="(no bookies registered)"))
     return 1 if any(r["state"] == "unreachable" for r in rows) else 0

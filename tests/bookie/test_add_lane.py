@@ -116,3 +116,27 @@ def test_lane_off(bookies):
     bp = bookies(conf={"add_lane_port": -1}).start()
     assert "add_lane_port=-1" in open(bp.log_path).read()
     assert _serving(bp)
+
+
+def test_lane_metrics(bookies):
+    import urllib.request
+    port = free_port()
+    bp = bookies(conf={"metrics_port": port, "add_lane_port": free_port()}).start()
+
+    def metric(name):
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
+                                      timeout=30).read().decode()
+        return [float(ln.split()[1]) for ln in text.splitlines() if ln.startswith(name + " ")]
+
+    with _connect(bp) as sock:
+        sock.sendall(_request(11, [0], 1))
+        assert _answers(sock, 1)[0].code == pb.OK
+        assert metric("bookie_add_lane_connections") == [1.0]
+    with _connect(bp, hello=b"nonsense") as sock:
+        assert sock.recv(100) == b""
+    with _connect(bp, hello=add_lane.hello("someone-else")) as sock:
+        with sock.makefile("rb") as stream:
+            while read_frame(stream, 1 << 20) is not None:
+                pass
+    assert metric("bookie_add_lane_refused_total") == [2.0]
+    assert metric('bookie_add_requests_total{outcome="ok"}') == [1.0]
