@@ -153,28 +153,33 @@ class ReadHandle:
         ahead; each is finished (failover, fallbacks) when it reaches the
         front.  A window answered short (``max_bytes``, a corrupt row) is
         completed with fresh reads before the next window is used, so batches
-        come out contiguous and in order."""
+        come out contiguous and in order.  Windows still in flight when the
+        consumer stops (closes the generator) are cancelled."""
         self._check_range(first, last)
         depth = max(1, windows_in_flight or self.bk.conf.read_windows_in_flight)
         ahead: collections.deque = collections.deque()
         planned = nxt = first
-        while nxt <= last:
-            while len(ahead) < depth and planned <= last:
-                window = self._start_window(planned, min(last, planned + max_entries - 1),
-                                            max_bytes)
-                ahead.append(window)
-                planned = window.last + 1
-            window = ahead[0]
-            if window.first == nxt:
-                batch = window.finish()
-            else:                       # the rest of a window answered short
-                batch = self._start_window(nxt, window.last, max_bytes).finish()
-            if batch.num_rows > window.last - nxt + 1:
-                batch = batch.slice(0, window.last - nxt + 1)
-            nxt += batch.num_rows
-            if nxt > window.last:
-                ahead.popleft()
-            yield batch
+        try:
+            while nxt <= last:
+                while len(ahead) < depth and planned <= last:
+                    window = self._start_window(planned, min(last, planned + max_entries - 1),
+                                                max_bytes)
+                    ahead.append(window)
+                    planned = window.last + 1
+                window = ahead[0]
+                if window.first == nxt:
+                    batch = window.finish()
+                else:                       # the rest of a window answered short
+                    batch = self._start_window(nxt, window.last, max_bytes).finish()
+                if batch.num_rows > window.last - nxt + 1:
+                    batch = batch.slice(0, window.last - nxt + 1)
+                nxt += batch.num_rows
+                if nxt > window.last:
+                    ahead.popleft()
+                yield batch
+        finally:        # the consumer stopped early (a LIMIT) or a read failed
+            for window in ahead:
+                window.cancel()
 
     def _start_window(self, first: int, last: int, max_bytes: int | None) -> "_Window":
         """Request [first, last] (cut at the fragment's end) without waiting."""
@@ -186,9 +191,11 @@ class ReadHandle:
             futs = (self._sparse_reads(first, last, ensemble, True, max_bytes)
                     if self._stripe_reads_ok else None)
             return _Window(first, last, lambda: self._finish_striped(first, last, ensemble,
-                                                                     max_bytes, futs))
+                                                                     max_bytes, futs),
+                           lambda: _cancel_all(futs or ()))
         run = self._start_run(first, last, max_bytes)
-        return _Window(first, last, lambda: self._finish_run(run))
+        return _Window(first, last, lambda: self._finish_run(run),
+                       lambda: _cancel_all(list(run.pending)))
 
     def _finish_striped(self, first: int, last: int, ensemble, max_bytes: int | None,
                         futs: list | None) -> pa.RecordBatch:
@@ -394,11 +401,19 @@ def _gather(batches: list, table: pa.Table, rows: np.ndarray,
 
 class _Window:
     """A read window in flight: entries [first, last]; ``finish()`` waits
-    for it and returns a verified, non-empty prefix from ``first``."""
-    __slots__ = ("first", "last", "finish")
+    for it and returns a verified, non-empty prefix from ``first``;
+    ``cancel()`` drops its outstanding requests."""
+    __slots__ = ("first", "last", "finish", "cancel")
 
-    def __init__(self, first: int, last: int, finish: Callable[[], pa.RecordBatch]):
-        self.first, self.last, self.finish = first, last, finish
+    def __init__(self, first: int, last: int, finish: Callable[[], pa.RecordBatch],
+                 cancel: Callable[[], None]):
+        self.first, self.last, self.finish, self.cancel = first, last, finish, cancel
+
+
+def _cancel_all(futures) -> None:
+    """Cancel requests nobody will wait for (the transport stops the call)."""
+    for f in futures:
+        f.cancel()
 
 
 @dataclasses.dataclass

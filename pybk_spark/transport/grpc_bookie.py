@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import Callable
 
 import grpc
@@ -69,18 +69,22 @@ class BookieClient(BookieTransport):
             return out
 
         def done(f) -> None:
+            if out.done():            # cancelled by the caller: nobody waits for it
+                return
             try:
                 resp = f.result()
             except Exception as exc:
-                out.set_exception(codes.translate_rpc_error(exc, **ctx))
+                _settle(out, exc=codes.translate_rpc_error(exc, **ctx))
                 return
             try:
-                out.set_result(convert(resp))
+                _settle(out, result=convert(resp))
             except errors.BKError as exc:
-                out.set_exception(exc)
+                _settle(out, exc=exc)
             except Exception as exc:  # malformed answer
-                out.set_exception(errors.BadRequest(f"bad bookie response: {exc}", **ctx))
+                _settle(out, exc=errors.BadRequest(f"bad bookie response: {exc}", **ctx))
         gfut.add_done_callback(done)
+        # a caller that cancels (a reader that stopped early) stops the call
+        out.add_done_callback(lambda o: gfut.cancel() if o.cancelled() else None)
         return out
 
     def _check(self, resp, **ctx) -> None:
@@ -140,6 +144,17 @@ class BookieClient(BookieTransport):
     def close(self) -> None:
         self._adds.close()
         self._channel.close()
+
+
+def _settle(out: Future, result=None, exc: BaseException | None = None) -> None:
+    """Complete ``out`` unless the caller cancelled it meanwhile."""
+    try:
+        if exc is not None:
+            out.set_exception(exc)
+        else:
+            out.set_result(result)
+    except InvalidStateError:
+        pass
 
 
 def registration_of(store: MetadataStore, bookie_id: str) -> dict | None:

@@ -3,6 +3,7 @@ requested ahead, yet batches come out contiguous, in order and verified, even
 when windows are answered short (a corrupt row, a replica missing entries) or
 fail (a bookie down).  In-memory bookies; the same reads run against real
 bookie-server processes in test_client_real.py and the Spark suites."""
+import concurrent.futures as cf
 import json
 import random
 
@@ -24,6 +25,8 @@ class CountingPool(MemoryTransportPool):
         super().__init__()
         self.reads = 0
         self.lookup_fails: set[str] = set()     # get() raises, as with etcd down
+        self.hold_after = 1 << 62                # reads past this many never answer...
+        self.held: list = []                     # ...and their futures land here
 
     def get(self, bookie_id):
         if bookie_id in self.lookup_fails:
@@ -37,6 +40,10 @@ class _CountingTransport:
 
     def read(self, *a, **k):
         self._pool.reads += 1
+        if self._pool.reads > self._pool.hold_after:
+            fut = cf.Future()
+            self._pool.held.append(fut)
+            return fut
         return self._inner.read(*a, **k)
 
     def __getattr__(self, name):
@@ -138,4 +145,24 @@ def test_a_replica_that_cannot_be_looked_up_is_skipped_not_fatal(quorum):
     pool.lookup_fails.update(lh.metadata.current_ensemble)
     with pytest.raises(errors.MetadataUnavailable):
         list(rh.read_batches(0, N - 1, max_entries=20))
+    bk.close()
+
+
+@pytest.mark.parametrize("quorum", [(3, 3, 2), (4, 2, 2)], ids=["run", "striped"])
+def test_windows_still_in_flight_are_cancelled_when_the_reader_stops(quorum):
+    """A consumer that stops early (a Spark LIMIT) must not leave reads
+    running: closing the generator cancels every request still in flight."""
+    bk, pool = _client(3, 4)
+    lh = bk.create_ledger(*quorum)
+    lh.add_entries([b"c%d" % i for i in range(N)])
+    lh.close()
+    rh = bk.open_ledger(lh.ledger_id)
+    held: list[cf.Future] = []
+    pool.hold_after = pool.reads + (1 if quorum[0] == quorum[1] else quorum[0])
+    pool.held = held
+    batches = rh.read_batches(0, N - 1, max_entries=10)
+    assert next(batches).column("entry_id").to_pylist()[0] == 0
+    assert held and not any(f.done() for f in held)
+    batches.close()
+    assert all(f.cancelled() for f in held)
     bk.close()
