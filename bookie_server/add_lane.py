@@ -54,8 +54,9 @@ class AddLaneServer:
         self.metrics = service.m
         self.limit = cfg.grpc_message_limit()
         self.max_inflight = max(1, cfg.max_inflight_per_stream)
+        family = socket.AF_INET6 if ":" in cfg.bind_address else socket.AF_INET
         self._listener = socket.create_server((cfg.bind_address, cfg.add_lane_port),
-                                              backlog=128, reuse_port=False)
+                                              family=family, backlog=128)
         self.port = self._listener.getsockname()[1]
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from typing import Callable
 
 from pybk_spark import errors
@@ -89,14 +90,16 @@ class LaneConnection(PendingAdds):
         self.writer.close()            # the reader sees the end and fails what is pending
 
     def close(self, drain_s: float = 2.0) -> None:
-        """Stop sending, let the bookie answer what it already has (at most
-        ``drain_s``), then cut the connection."""
+        """Send what is queued, stop sending, let the bookie answer what it
+        already has (at most ``drain_s`` in all), then cut the connection."""
+        deadline = time.monotonic() + drain_s
+        self.writer.flush(drain_s)
         try:
             self.sock.shutdown(socket.SHUT_WR)
         except OSError:
             pass
         if self.reader is not threading.current_thread():
-            self.reader.join(drain_s)
+            self.reader.join(max(0.0, deadline - time.monotonic()))
         self.writer.close()
 
 
