@@ -39,6 +39,7 @@ from pybk_spark import errors
 from pybk_spark.digest import Digester
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.protocol.distribution import is_covered, write_set
+from pybk_spark.transport.base import failed_future
 from pybk_spark.wire.entries import Entry, to_entries
 
 OUT_COLUMNS = ["ledger_id", "entry_id", "payload"]
@@ -238,9 +239,7 @@ class ReadHandle:
                 self.ledger_id, first, last, master_key=self._master_key,
                 timeout=self.bk.conf.read_timeout_s, **kw)
         except errors.BKError as exc:
-            failed: cf.Future = cf.Future()
-            failed.set_exception(exc)
-            return failed
+            return failed_future(exc)
 
     def _merge_sparse(self, first: int, futs: list) -> pa.RecordBatch | None:
         """The verified gap-free prefix from ``first`` of the answers, or None."""

@@ -28,6 +28,14 @@ class LacResult:
     fenced: bool
 
 
+def failed_future(exc: BaseException) -> Future:
+    """A future that has already failed with ``exc`` (a call that could not
+    even be made)."""
+    fut: Future = Future()
+    fut.set_exception(exc)
+    return fut
+
+
 class BookieTransport(abc.ABC):
     @abc.abstractmethod
     def add(self, ledger_id: int, master_key: bytes, entries: bytes,

@@ -23,7 +23,8 @@ from pybk_spark import errors
 from pybk_spark.metadata.store import MetadataStore
 from pybk_spark.transport.add_lane import frame_add, lane_connector
 from pybk_spark.transport.add_stream import AddStreamer, stream_connector
-from pybk_spark.transport.base import BookieTransport, LacResult, ReadResult, TransportPool
+from pybk_spark.transport.base import (BookieTransport, LacResult, ReadResult, TransportPool,
+                                       failed_future)
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import bookie_wire_pb2_grpc as pbg
 from pybk_spark.wire import codes, framing
@@ -60,13 +61,12 @@ class BookieClient(BookieTransport):
                                      self.bookie_id, clock, stream_idle_close_s)
 
     def _call(self, method, request, timeout, convert: Callable) -> Future:
-        out: Future = Future()
         ctx = {"bookie": self.bookie_id}
         try:
             gfut = method.future(request, timeout=timeout or self.default_timeout)
         except Exception as exc:  # channel closed etc.
-            out.set_exception(codes.translate_rpc_error(exc, **ctx))
-            return out
+            return failed_future(codes.translate_rpc_error(exc, **ctx))
+        out: Future = Future()
 
         def done(f) -> None:
             if out.done():            # cancelled by the caller: nobody waits for it
@@ -244,9 +244,8 @@ class _Unavailable(BookieTransport):
         self.bookie_id = bookie_id
 
     def _fail(self) -> Future:
-        f: Future = Future()
-        f.set_exception(errors.BookieUnavailable("bookie not registered", bookie=self.bookie_id))
-        return f
+        return failed_future(errors.BookieUnavailable("bookie not registered",
+                                                      bookie=self.bookie_id))
 
     def add(self, *a, **k):
         return self._fail()

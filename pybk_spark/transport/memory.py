@@ -18,7 +18,8 @@ from concurrent.futures import Future
 import pyarrow as pa
 
 from pybk_spark import errors
-from pybk_spark.transport.base import BookieTransport, LacResult, ReadResult, TransportPool
+from pybk_spark.transport.base import (BookieTransport, LacResult, ReadResult, TransportPool,
+                                       failed_future)
 from pybk_spark.wire.entries import ENTRY_SCHEMA, batch_from_bytes, empty_batch
 
 
@@ -129,15 +130,11 @@ class MemoryTransport(BookieTransport):
 
     def _do(self, fn) -> Future:
         if self.bookie_id in self.pool.down or self.bookie_id not in self.pool.bookies:
-            f: Future = Future()
-            f.set_exception(errors.BookieUnavailable(bookie=self.bookie_id))
-            return f
+            return failed_future(errors.BookieUnavailable(bookie=self.bookie_id))
         if self.bookie_id in self.pool.hung:
-            f = Future()
-            f.set_exception(errors.Timeout(bookie=self.bookie_id))
-            return f
+            return failed_future(errors.Timeout(bookie=self.bookie_id))
         if self.bookie_id in self.pool.stalled:      # never answers (SIGSTOP)
-            f = Future()
+            f: Future = Future()
             self.pool.stalled_futures.append(f)
             return f
         return _run(lambda: fn(self.pool.bookies[self.bookie_id]))
