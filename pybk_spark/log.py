@@ -16,9 +16,14 @@ Roll: create ledger -> CAS-add -> close the previous ledger (after its
   a best-effort CAS recording its final size.  If that close fails the writer
   stops (``is_leader()`` is False): rolling on would push an unclosed ledger
   out of the two a leader open recovers.
+A CAS adding a new ledger (open step 5, roll) that is refused deletes that
+  ledger; one whose outcome is unknown (etcd went away mid-CAS) never does:
+  the list may name it, so it is only closed and the writer stops.  Step 2
+  records a listed ledger that no longer exists (deleted by older code) as
+  closed and empty.
 Truncate: CAS the list first, then delete the dropped ledgers.
-Reader: non-fencing; reads each closed segment to its last entry and the open
-  tail up to its LAC, long-polling the LAC (no busy polling); when the tail
+Reader: non-fencing; reads each closed segment to its last entry (stepping
+  over closed empty ones without opening them) and the open tail up to its LAC, long-polling the LAC (no busy polling); when the tail
   ledger is closed it moves to the next segment, so there is no gap and no
   duplicate across ledger boundaries.
 """
@@ -89,6 +94,12 @@ def recover_tail(bk, md: LogMetadata, password: bytes) -> dict[int, tuple[int, i
         try:
             rh = bk.open_ledger(ledger_id, password=password, recovery=True)
         except errors.NoSuchLedger:
+            # listed but gone: a writer before session 12 deleted a ledger
+            # whose roll CAS had in fact landed (see LogWriter._abandon).  It
+            # never took an add (a writer uses a ledger only after the CAS
+            # succeeded), so it is recorded as closed and empty, which lets
+            # readers step over it.
+            closed[ledger_id] = (-1, 0)
             continue
         meta = rh.metadata
         closed[ledger_id] = (meta.last_entry_id, meta.length)
@@ -126,8 +137,8 @@ class LogWriter:
             except logmd.LeaderConflict:
                 self._discard(handle)
                 continue
-            except BaseException:
-                self._discard(handle)
+            except BaseException as exc:
+                self._abandon(handle, exc)
                 raise
             self._install(handle, new)
             return self
@@ -144,6 +155,20 @@ class LogWriter:
             handle.close()
         finally:
             self._bk.delete_ledger(handle.ledger_id)
+
+    def _abandon(self, handle, exc: BaseException) -> None:
+        """The log CAS meant to list ``handle``'s ledger failed.  Refused (a
+        known outcome): the ledger is deleted.  Outcome unknown (etcd went
+        away mid-CAS): the log may list it now, so it is only closed (empty)
+        and never deleted; the next leader's ``recover_tail`` settles it, and
+        an unlisted empty ledger is all that can be left over."""
+        if getattr(exc, "outcome_known", True):
+            self._discard(handle)
+            return
+        try:
+            handle.close()
+        except errors.BKError:
+            pass            # still OPEN: recovery by the next leader closes it
 
     def _install(self, handle, md: LogMetadata) -> None:
         self._handle = handle
@@ -224,8 +249,10 @@ class LogWriter:
                 self._lost = True
                 self._discard(handle)
                 raise
-            except BaseException:
-                self._discard(handle)
+            except BaseException as exc:
+                if not getattr(exc, "outcome_known", True):
+                    self._lost = True      # the log may now end in a ledger not ours to use
+                self._abandon(handle, exc)
                 raise
             self._install(handle, md)
         self._after_roll_cas(previous.ledger_id, handle.ledger_id)

@@ -28,7 +28,7 @@ from pybk_spark import errors
 from pybk_spark.log import LogRecord, read_log
 from pybk_spark.metadata.store import ledger_key, log_key
 from pybk_spark.protocol.ledger_metadata import CLOSED, LedgerMetadata
-from pybk_spark.protocol.log_metadata import Position
+from pybk_spark.protocol.log_metadata import SEGMENT_CLOSED, Position
 
 
 class LogReader:
@@ -106,7 +106,11 @@ class LogReader:
                 waited = True
                 self._refresh()
                 continue
-            ledger_id = self._md.segments[rel].ledger_id
+            segment = self._md.segments[rel]
+            ledger_id = segment.ledger_id
+            if segment.state == SEGMENT_CLOSED and segment.entry_count == 0:
+                self._segment, self._next = self._segment + 1, 0   # empty: nothing to open
+                continue
             rh = self._handle(ledger_id)
             meta = self._bk.get_ledger_metadata(ledger_id)
             last = meta.last_entry_id if meta.state == CLOSED else rh.read_last_add_confirmed()
