@@ -23,7 +23,8 @@ A CAS adding a new ledger (open step 5, roll) that is refused deletes that
   closed and empty.
 Truncate: CAS the list first, then delete the dropped ledgers.
 Reader: non-fencing; reads each closed segment to its last entry (stepping
-  over closed empty ones without opening them) and the open tail up to its LAC, long-polling the LAC (no busy polling); when the tail
+  over closed empty ones without opening them) and the open tail up to its
+  LAC, long-polling the LAC (no busy polling); when the tail
   ledger is closed it moves to the next segment, so there is no gap and no
   duplicate across ledger boundaries.
 """
