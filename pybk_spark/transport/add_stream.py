@@ -36,6 +36,7 @@ from concurrent.futures import Future
 from typing import Callable
 
 from pybk_spark import errors
+from pybk_spark.transport.base import settle
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import codes, framing
 
@@ -69,13 +70,7 @@ class PendingAdds:
         if item is None:
             return
         fut, _deadline, convert = item
-        try:
-            fut.set_result(convert(resp))
-        except errors.BKError as exc:
-            fut.set_exception(exc)
-        except Exception as exc:  # malformed answer
-            fut.set_exception(errors.BadRequest(f"bad bookie response: {exc}",
-                                                bookie=self.bookie_id))
+        settle(fut, convert, resp, bookie=self.bookie_id)
 
     def ended(self, err: errors.BKError) -> None:
         """The connection is over: fail every unanswered add (a timeout

@@ -7,10 +7,12 @@ Every call returns a ``concurrent.futures.Future``; a failed future holds a
 from __future__ import annotations
 
 import abc
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 
 import pyarrow as pa
+
+from pybk_spark import errors
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,32 @@ class LacResult:
     lac: int
     last_entry_id: int
     fenced: bool
+
+
+def settle(fut: Future, convert, resp, **context) -> None:
+    """Complete ``fut`` with ``convert(resp)``: a typed error it raises fails
+    ``fut``, anything else raised is a malformed answer (``BadRequest``).  A
+    future the caller already cancelled is left alone."""
+    try:
+        result = convert(resp)
+    except errors.BKError as exc:
+        fail(fut, exc)
+        return
+    except Exception as exc:  # noqa: BLE001 - malformed answer
+        fail(fut, errors.BadRequest(f"bad bookie response: {exc}", **context))
+        return
+    try:
+        fut.set_result(result)
+    except InvalidStateError:
+        pass
+
+
+def fail(fut: Future, exc: BaseException) -> None:
+    """Fail ``fut`` unless the caller already cancelled it."""
+    try:
+        fut.set_exception(exc)
+    except InvalidStateError:
+        pass
 
 
 def failed_future(exc: BaseException) -> Future:

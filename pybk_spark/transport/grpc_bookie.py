@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 from typing import Callable
 
 import grpc
@@ -24,7 +24,7 @@ from pybk_spark.metadata.store import MetadataStore
 from pybk_spark.transport.add_lane import frame_add, lane_connector
 from pybk_spark.transport.add_stream import AddStreamer, stream_connector
 from pybk_spark.transport.base import (BookieTransport, LacResult, ReadResult, TransportPool,
-                                       failed_future)
+                                       fail, failed_future, settle)
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import bookie_wire_pb2_grpc as pbg
 from pybk_spark.wire import codes, framing
@@ -74,14 +74,9 @@ class BookieClient(BookieTransport):
             try:
                 resp = f.result()
             except Exception as exc:
-                _settle(out, exc=codes.translate_rpc_error(exc, **ctx))
+                fail(out, codes.translate_rpc_error(exc, **ctx))
                 return
-            try:
-                _settle(out, result=convert(resp))
-            except errors.BKError as exc:
-                _settle(out, exc=exc)
-            except Exception as exc:  # malformed answer
-                _settle(out, exc=errors.BadRequest(f"bad bookie response: {exc}", **ctx))
+            settle(out, convert, resp, **ctx)
         gfut.add_done_callback(done)
         # a caller that cancels (a reader that stopped early) stops the call
         out.add_done_callback(lambda o: gfut.cancel() if o.cancelled() else None)
@@ -144,17 +139,6 @@ class BookieClient(BookieTransport):
     def close(self) -> None:
         self._adds.close()
         self._channel.close()
-
-
-def _settle(out: Future, result=None, exc: BaseException | None = None) -> None:
-    """Complete ``out`` unless the caller cancelled it meanwhile."""
-    try:
-        if exc is not None:
-            out.set_exception(exc)
-        else:
-            out.set_result(result)
-    except InvalidStateError:
-        pass
 
 
 def registration_of(store: MetadataStore, bookie_id: str) -> dict | None:
