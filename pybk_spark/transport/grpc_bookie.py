@@ -40,7 +40,6 @@ class BookieClient(BookieTransport):
                  clock: Callable[[], float] = time.monotonic, stream_idle_close_s: float = 30.0,
                  add_lane_address: str = "", resolve_add_lane: Callable[[], str] = lambda: ""):
         self.address = address
-        self.add_lane_address = add_lane_address
         self.bookie_id = bookie_id or address
         self.default_timeout = default_timeout
         self._channel = grpc.insecure_channel(address, options=[
@@ -69,8 +68,6 @@ class BookieClient(BookieTransport):
         out: Future = Future()
 
         def done(f) -> None:
-            if out.done():            # cancelled by the caller: nobody waits for it
-                return
             try:
                 resp = f.result()
             except Exception as exc:
