@@ -1,4 +1,5 @@
-"""Bookie end of the add lane (protocol: pybk_spark/wire/add_lane.py).
+"""Bookie end of the add lane and its read connections (protocol:
+pybk_spark/wire/add_lane.py).
 
 Theory of operation
 -------------------
@@ -25,6 +26,10 @@ which is what makes the journal order of one connection its send order.
 * When the client stops sending (or the connection breaks), the adds it
   already submitted are still answered, for at most ``_DRAIN_S``, before the
   connection is closed.
+* A read connection (``READ_MAGIC``) is served by its thread alone: read a
+  ReadRequest, answer it through ``BookieService.read_answer`` (the same
+  code, codes and metrics as gRPC's ``ReadEntries``), send the answer whole,
+  read the next.  A malformed request is refused like a malformed add.
 """
 from __future__ import annotations
 
@@ -34,8 +39,10 @@ import threading
 import time
 
 from bookie_server.config import BookieConfig
-from pybk_spark.wire.frame_socket import FrameWriter, configure, read_frame
-from pybk_spark.wire import add_lane
+from google.protobuf.message import DecodeError
+
+from pybk_spark.wire.frame_socket import FrameWriter, configure, read_frame, send_parts
+from pybk_spark.wire import add_lane, framing
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire.framing import parse_add_request
 
@@ -45,6 +52,7 @@ _MAX_UNREAD_ANSWER_BYTES = 16 << 20
 _SLOT_WAIT_S = 1.0
 _DRAIN_S = 5.0
 _MAX_ID_BYTES = 4096
+_MAX_READ_REQUEST_BYTES = 64 << 10     # a ReadRequest is a few dozen bytes and a key
 
 
 class AddLaneServer:
@@ -90,24 +98,24 @@ class AddLaneServer:
     def _serve(self, conn: socket.socket, peer) -> None:
         writer = FrameWriter(configure(conn), "add-lane-answers", _MAX_UNREAD_ANSWER_BYTES)
         slots = threading.BoundedSemaphore(self.max_inflight)
-
-        def respond(resp: pb.AddResponse) -> None:
-            slots.release()
-            writer.send(add_lane.frame(resp.SerializeToString()))
+        answer_cls = pb.AddResponse
 
         def refuse(message: str) -> None:
             self.metrics.lane_refused.inc()
             log.info("event=add_lane_refused peer=%s reason=%s", peer, message)
-            writer.send(add_lane.frame(pb.AddResponse(
+            writer.send(add_lane.frame(answer_cls(
                 code=pb.BAD_REQUEST, message=message,
                 request_id=add_lane.CONNECTION_REQUEST_ID).SerializeToString()))
 
         try:
             with conn.makefile("rb") as stream:
-                if stream.read(len(add_lane.MAGIC)) != add_lane.MAGIC:
+                magic = stream.read(len(add_lane.MAGIC))
+                if magic not in add_lane.MAGICS:
                     self.metrics.lane_refused.inc()
                     log.info("event=add_lane_bad_magic peer=%s", peer)
                     return
+                if magic == add_lane.READ_MAGIC:
+                    answer_cls = pb.ReadResponse
                 try:
                     wanted = read_frame(stream, _MAX_ID_BYTES)
                 except ValueError as exc:
@@ -119,19 +127,10 @@ class AddLaneServer:
                     refuse(f"this is bookie {self.bookie_id.decode(errors='replace')}, "
                            f"not {wanted.decode(errors='replace')}")
                     return
-                while not self._stopped.is_set():
-                    try:
-                        body = read_frame(stream, self.limit)
-                        if body is None:
-                            return
-                        req = parse_add_request(body)
-                    except ValueError as exc:
-                        refuse(f"malformed add lane frame: {exc}")
-                        return
-                    while not slots.acquire(timeout=_SLOT_WAIT_S):
-                        if writer.closed or self._stopped.is_set():
-                            return
-                    self.service.submit_add(req, respond)
+                if magic == add_lane.READ_MAGIC:
+                    self._serve_reads(conn, stream, refuse)
+                else:
+                    self._serve_adds(stream, writer, slots, refuse)
         except OSError as exc:            # reset by the client, shut down by stop()
             log.debug("event=add_lane_connection_error peer=%s error=%r", peer, exc)
         except Exception:                 # noqa: BLE001 - never let a request kill the bookie
@@ -141,6 +140,47 @@ class AddLaneServer:
                 self.metrics.lane_refused.inc()
                 log.info("event=add_lane_cut peer=%s reason=%s", peer, writer.error)
             self._finish(conn, writer, slots)
+
+    def _serve_adds(self, stream, writer: FrameWriter, slots: threading.BoundedSemaphore,
+                    refuse) -> None:
+        def respond(resp: pb.AddResponse) -> None:
+            slots.release()
+            writer.send(add_lane.frame(resp.SerializeToString()))
+
+        while not self._stopped.is_set():
+            try:
+                body = read_frame(stream, self.limit)
+                if body is None:
+                    return
+                req = parse_add_request(body)
+            except ValueError as exc:
+                refuse(f"malformed add lane frame: {exc}")
+                return
+            while not slots.acquire(timeout=_SLOT_WAIT_S):
+                if writer.closed or self._stopped.is_set():
+                    return
+            self.service.submit_add(req, respond)
+
+    def _serve_reads(self, conn: socket.socket, stream, refuse) -> None:
+        """One read at a time, in arrival order; each answer is sent whole
+        (blocking: this thread has nothing else to do) before the next
+        request is read, so a client that stops reading holds back only its
+        own connection.  The entries go out from the buffer the bookie
+        encoded them into."""
+        while not self._stopped.is_set():
+            try:
+                body = read_frame(stream, _MAX_READ_REQUEST_BYTES)
+                if body is None:
+                    return
+                req = pb.ReadRequest.FromString(body)
+            except (ValueError, DecodeError) as exc:
+                refuse(f"malformed read lane frame: {exc}")
+                return
+            head, entries = self.service.read_answer(req)
+            if entries is None:
+                send_parts(conn, add_lane.frame_parts(head.SerializeToString()))
+            else:
+                send_parts(conn, add_lane.frame_parts(*framing.payload_parts(head, entries)))
 
     def _finish(self, conn: socket.socket, writer: FrameWriter,
                 slots: threading.BoundedSemaphore) -> None:

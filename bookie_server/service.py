@@ -154,6 +154,14 @@ class BookieService(pb_grpc.BookieServicer):
 
     # -- reads ----------------------------------------------------------------------------
     def ReadEntries(self, request, context):
+        head, entries = self.read_answer(request)
+        # pre-framed: see pybk_spark/wire/framing.py
+        return framing.with_payload(head, entries) if entries is not None else head
+
+    def read_answer(self, request) -> tuple:
+        """(ReadResponse without its entries, the entries' Arrow IPC buffer or
+        None): the answer to a read, for gRPC's ``ReadEntries`` and for a
+        read lane connection, which sends the entries where they lie."""
         t0 = time.perf_counter()
         try:
             res = self.bookie.read(request.ledger_id, request.first_entry_id,
@@ -165,9 +173,9 @@ class BookieService(pb_grpc.BookieServicer):
             self.m.read_requests.labels("ok").inc()
             self.m.read_entries.inc(res.batch.num_rows)
             self.m.read_latency.observe(time.perf_counter() - t0)
-            return framing.with_payload(   # pre-framed: see pybk_spark/wire/framing.py
-                pb.ReadResponse(code=pb.OK, end=_END[res.end], lac=res.lac, fenced=res.fenced),
-                batch_to_buffer(res.batch))
+            return (pb.ReadResponse(code=pb.OK, end=_END[res.end], lac=res.lac, fenced=res.fenced,
+                                    request_id=request.request_id),
+                    batch_to_buffer(res.batch))
         except BaseException as exc:  # noqa: BLE001
             code, msg = _code(exc, "read")
             self.m.read_requests.labels("error").inc()
@@ -177,7 +185,8 @@ class BookieService(pb_grpc.BookieServicer):
                 lac, fenced = r.lac, r.fenced
             except BaseException:  # noqa: BLE001
                 pass
-            return pb.ReadResponse(code=code, message=msg, end=pb.MISSING, lac=lac, fenced=fenced)
+            return (pb.ReadResponse(code=code, message=msg, end=pb.MISSING, lac=lac, fenced=fenced,
+                                    request_id=request.request_id), None)
 
     def ReadLac(self, request, context):
         try:

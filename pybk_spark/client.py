@@ -8,6 +8,10 @@
 
 Metadata goes through the MetadataStore port (CAS only); bookies through a
 TransportPool (gRPC by default).  Clock and rng are injectable.
+``recovery_listener`` (optional) is called with the ``protocol.recovery.
+RecoveryDecision`` of every fencing recovery this client runs (its own
+opens, a log leader's take-over, a close by recovery), before that recovery
+re-writes anything; it must not raise.  The chaos harness records them.
 """
 from __future__ import annotations
 
@@ -34,12 +38,13 @@ class BookKeeper:
     def __init__(self, metadata_uri: str | None = None, *, conf=None,
                  store: MetadataStore | None = None, transports: TransportPool | None = None,
                  clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None,
-                 background: bool = True):
+                 background: bool = True, recovery_listener: Callable | None = None):
         if store is None and metadata_uri is None:
             raise errors.IncorrectParameter("metadata_uri or store is required")
         self.conf: ClientConfig = as_config(conf)
         self.clock = clock
         self.rng = rng or random.Random()
+        self.recovery_listener = recovery_listener
         self._own_store = store is None
         self.metadata_store = store if store is not None else open_store(metadata_uri)
         if transports is None:
@@ -48,7 +53,8 @@ class BookKeeper:
                                            max_message_bytes=self.conf.max_message_bytes,
                                            timeout=self.conf.add_timeout_s,
                                            stream_idle_close_s=self.conf.add_stream_idle_close_s,
-                                           add_transport=self.conf.add_transport)
+                                           add_transport=self.conf.add_transport,
+                                           read_transport=self.conf.read_transport)
         self.transports = transports
         self.placement = make_policy(self.conf.placement_policy, self.rng)
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="pybk-client")

@@ -20,6 +20,7 @@ class ClientConfig:
     async_add_window: int = 8
     add_stream_idle_close_s: float = 30.0
     add_transport: str = "lane"
+    read_transport: str = "lane"
     read_batch_entries: int = 1000
     read_batch_bytes: int = 16 << 20
     read_windows_in_flight: int = 3

@@ -18,6 +18,12 @@ matches answers, expires late adds and closes idle connections):
   (a malformed frame) before it closes the connection; the unanswered adds
   fail with ``BookieUnavailable`` quoting it (they may have been journaled).
 
+A :class:`ReadLaneConnection` is the same with reads: ``ReadRequest`` out,
+``ReadResponse`` back (``READ_MAGIC``).  Each answer is received into one
+new buffer and parsed in place (``framing.parse_read_response``): the
+entries are a zero-copy view of it.  A reader that cancels its future (it
+stopped early) only drops the answer when it comes.
+
 Socket errors become typed errors in ``wire.codes.translate_socket_error``.
 """
 from __future__ import annotations
@@ -29,7 +35,7 @@ from typing import Callable
 
 from pybk_spark import errors
 from pybk_spark.transport.add_stream import PendingAdds
-from pybk_spark.wire.frame_socket import FrameWriter, configure, read_frame
+from pybk_spark.wire.frame_socket import FrameWriter, configure, read_frame, read_frame_into
 from pybk_spark.wire import add_lane
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import codes, framing
@@ -43,7 +49,16 @@ def frame_add(head: pb.AddRequest, entries) -> bytes:
     return add_lane.frame(*framing.payload_parts(head, entries))
 
 
+def frame_read(head: pb.ReadRequest, _entries=b"") -> bytes:
+    """A ReadRequest as one lane frame (``AddStreamer`` passes no entries)."""
+    return add_lane.frame(head.SerializeToString())
+
+
 class LaneConnection(PendingAdds):
+    """Adds over one lane connection."""
+    magic = add_lane.MAGIC
+    kind = "add"
+
     def __init__(self, address: str, bookie_id: str, now: float, connect_timeout: float,
                  max_backlog_bytes: int):
         super().__init__(bookie_id, now)
@@ -54,9 +69,9 @@ class LaneConnection(PendingAdds):
             raise codes.translate_socket_error(exc, bookie=bookie_id) from None
         self.sock = configure(sock)
         self.writer = FrameWriter(self.sock, f"pybk-lane-send-{bookie_id}", max_backlog_bytes)
-        self.writer.send(add_lane.hello(bookie_id))
-        self.reader = threading.Thread(target=self._read, name=f"pybk-lane-{bookie_id}",
-                                       daemon=True)
+        self.writer.send(add_lane.hello(bookie_id, self.magic))
+        self.reader = threading.Thread(target=self._read,
+                                       name=f"pybk-{self.kind}-lane-{bookie_id}", daemon=True)
         self.reader.start()
 
     def _read(self) -> None:
@@ -64,10 +79,9 @@ class LaneConnection(PendingAdds):
         try:
             with self.sock.makefile("rb") as stream:
                 while True:
-                    body = read_frame(stream, _MAX_ANSWER_BYTES)
-                    if body is None:
-                        raise EOFError("add lane closed by the bookie")
-                    resp = pb.AddResponse.FromString(body)
+                    resp = self._receive(stream)
+                    if resp is None:
+                        raise EOFError(f"{self.kind} lane closed by the bookie")
                     if resp.request_id == add_lane.CONNECTION_REQUEST_ID and resp.code != pb.OK:
                         # earlier adds may be journaled: their outcome stays unknown
                         raise ConnectionAbortedError(
@@ -82,6 +96,11 @@ class LaneConnection(PendingAdds):
         except OSError:
             pass
         self.ended(err)
+
+    def _receive(self, stream):
+        """The next answer, or None at the end of the stream."""
+        body = read_frame(stream, _MAX_ANSWER_BYTES)
+        return None if body is None else pb.AddResponse.FromString(body)
 
     def _send(self, req) -> bool:
         return self.writer.send(req)
@@ -103,6 +122,31 @@ class LaneConnection(PendingAdds):
         self.writer.close()
 
 
+class ReadLaneConnection(LaneConnection):
+    """Reads over one lane connection; answers are up to ``max_answer_bytes``."""
+    magic = add_lane.READ_MAGIC
+    kind = "read"
+
+    def __init__(self, address: str, bookie_id: str, now: float, connect_timeout: float,
+                 max_backlog_bytes: int, max_answer_bytes: int):
+        self.max_answer_bytes = max_answer_bytes
+        super().__init__(address, bookie_id, now, connect_timeout, max_backlog_bytes)
+
+    def _receive(self, stream):
+        body = read_frame_into(stream, self.max_answer_bytes)
+        return None if body is None else framing.parse_read_response(body)
+
+
+def read_lane_connector(address: str, bookie_id: str, connect_timeout: float,
+                        resolve: Callable[[], str], max_answer_bytes: int
+                        ) -> Callable[[float], PendingAdds]:
+    """Opens read lane connections; see :func:`lane_connector`."""
+    def open_read(addr: str, now: float) -> PendingAdds:
+        return ReadLaneConnection(addr, bookie_id, now, connect_timeout, 1 << 20,
+                                  max_answer_bytes)
+    return _reconnecting(address, resolve, open_read)
+
+
 def lane_connector(address: str, bookie_id: str, connect_timeout: float,
                    resolve: Callable[[], str] = lambda: "",
                    max_backlog_bytes: int = 1 << 30) -> Callable[[float], PendingAdds]:
@@ -110,11 +154,18 @@ def lane_connector(address: str, bookie_id: str, connect_timeout: float,
     the connection is refused, ``resolve()`` is asked for the bookie's
     current lane address (a restarted bookie may listen on a new port) and,
     if it changed, that one is tried once."""
+    def open_add(addr: str, now: float) -> PendingAdds:
+        return LaneConnection(addr, bookie_id, now, connect_timeout, max_backlog_bytes)
+    return _reconnecting(address, resolve, open_add)
+
+
+def _reconnecting(address: str, resolve: Callable[[], str],
+                  open_at: Callable[[str, float], PendingAdds]) -> Callable[[float], PendingAdds]:
     current = [address]
 
     def connect(now: float) -> PendingAdds:
         try:
-            return LaneConnection(current[0], bookie_id, now, connect_timeout, max_backlog_bytes)
+            return open_at(current[0], now)
         except errors.BookieUnavailable as refused:
             try:
                 fresh = resolve()
@@ -123,5 +174,5 @@ def lane_connector(address: str, bookie_id: str, connect_timeout: float,
             if not fresh or fresh == current[0]:
                 raise
             current[0] = fresh
-            return LaneConnection(fresh, bookie_id, now, connect_timeout, max_backlog_bytes)
+            return open_at(fresh, now)
     return connect

@@ -6,8 +6,10 @@ outcome unknown).  Channels get explicit send/receive message limits.
 Adds go over one connection per bookie: the bookie's add lane when it
 registered one and the client's ``add_transport`` is ``lane`` (the default;
 transport/add_lane.py), else one bidirectional ``AddStream``
-(transport/add_stream.py).  The pool's watchdog thread expires adds older
-than their timeout on either.
+(transport/add_stream.py).  Entry reads likewise go over one read lane
+connection per bookie (``read_transport``, default ``lane``), else the unary
+``ReadEntries``.  The pool's watchdog thread expires adds and lane reads
+older than their timeout.  Everything else (LAC, fencing, info) is gRPC.
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ import grpc
 
 from pybk_spark import errors
 from pybk_spark.metadata.store import MetadataStore
-from pybk_spark.transport.add_lane import frame_add, lane_connector
+from pybk_spark.transport.add_lane import (frame_add, frame_read, lane_connector,
+                                           read_lane_connector)
 from pybk_spark.transport.add_stream import AddStreamer, stream_connector
 from pybk_spark.transport.base import (BookieTransport, LacResult, ReadResult, TransportPool,
                                        fail, failed_future, settle)
@@ -31,6 +34,7 @@ from pybk_spark.wire import codes, framing
 from pybk_spark.wire.entries import batch_from_bytes
 
 ADD_TRANSPORTS = ("lane", "grpc")
+READ_TRANSPORTS = ADD_TRANSPORTS
 _END = {pb.COMPLETE: "COMPLETE", pb.LIMIT: "LIMIT", pb.MISSING: "MISSING"}
 
 
@@ -38,7 +42,8 @@ class BookieClient(BookieTransport):
     def __init__(self, address: str, max_message_bytes: int = 64 << 20,
                  default_timeout: float = 5.0, bookie_id: str = "",
                  clock: Callable[[], float] = time.monotonic, stream_idle_close_s: float = 30.0,
-                 add_lane_address: str = "", resolve_add_lane: Callable[[], str] = lambda: ""):
+                 add_lane_address: str = "", resolve_add_lane: Callable[[], str] = lambda: "",
+                 read_lane_address: str = ""):
         self.address = address
         self.bookie_id = bookie_id or address
         self.default_timeout = default_timeout
@@ -58,6 +63,12 @@ class BookieClient(BookieTransport):
         else:
             self._adds = AddStreamer(stream_connector(self._channel, self.bookie_id),
                                      self.bookie_id, clock, stream_idle_close_s)
+        self._reads = None
+        if read_lane_address:
+            self._reads = AddStreamer(read_lane_connector(read_lane_address, self.bookie_id,
+                                                          default_timeout, resolve_add_lane,
+                                                          max_message_bytes),
+                                      self.bookie_id, clock, stream_idle_close_s, frame=frame_read)
 
     def _call(self, method, request, timeout, convert: Callable) -> Future:
         ctx = {"bookie": self.bookie_id}
@@ -91,8 +102,11 @@ class BookieClient(BookieTransport):
         return self._adds.submit(head, entries, timeout or self.default_timeout, conv)
 
     def expire(self) -> None:
-        """Fail adds older than their timeout (called by the pool's watchdog)."""
+        """Fail adds and lane reads older than their timeout (called by the
+        pool's watchdog)."""
         self._adds.expire()
+        if self._reads is not None:
+            self._reads.expire()
 
     def read(self, ledger_id, first, last, *, max_entries=0, max_bytes=0, fence=False,
              master_key=b"", timeout=None, sparse=False, stripe=None):
@@ -106,6 +120,8 @@ class BookieClient(BookieTransport):
             self._check(resp, ledger_id=ledger_id, entry_id=first)
             return ReadResult(batch_from_bytes(resp.entries), _END.get(resp.end, "MISSING"),
                               resp.lac, resp.fenced)
+        if self._reads is not None:
+            return self._reads.submit(req, b"", timeout or self.default_timeout, conv)
         return self._call(self._read_entries, req, timeout, conv)
 
     def read_lac(self, ledger_id, *, fence=False, master_key=b"", wait_for_lac_above=-2,
@@ -135,6 +151,8 @@ class BookieClient(BookieTransport):
 
     def close(self) -> None:
         self._adds.close()
+        if self._reads is not None:
+            self._reads.close()
         self._channel.close()
 
 
@@ -154,11 +172,16 @@ class GrpcTransportPool(TransportPool):
 
     def __init__(self, store: MetadataStore, *, max_message_bytes: int = 64 << 20,
                  timeout: float = 5.0, clock: Callable[[], float] = time.monotonic,
-                 stream_idle_close_s: float = 30.0, add_transport: str = "lane"):
+                 stream_idle_close_s: float = 30.0, add_transport: str = "lane",
+                 read_transport: str = "lane"):
         if add_transport not in ADD_TRANSPORTS:
             raise errors.IncorrectParameter(
                 f"add_transport must be one of {ADD_TRANSPORTS}, not {add_transport!r}")
+        if read_transport not in READ_TRANSPORTS:
+            raise errors.IncorrectParameter(
+                f"read_transport must be one of {READ_TRANSPORTS}, not {read_transport!r}")
         self._use_lane = add_transport == "lane"
+        self._read_lane = read_transport == "lane"
         self._store = store
         self._idle_close_s = stream_idle_close_s
         self._max = max_message_bytes
@@ -185,9 +208,11 @@ class GrpcTransportPool(TransportPool):
         reg = registration_of(self._store, bookie_id)
         if reg is None or not reg.get("address"):
             return _Unavailable(bookie_id)
-        lane = (reg.get("add_lane_address") or "") if self._use_lane else ""
+        lane = reg.get("add_lane_address") or ""
         client = BookieClient(reg["address"], self._max, self._timeout, bookie_id, self._clock,
-                              self._idle_close_s, lane, lambda: self._lane_address(bookie_id))
+                              self._idle_close_s, lane if self._use_lane else "",
+                              lambda: self._lane_address(bookie_id),
+                              lane if self._read_lane else "")
         with self._lock:
             old = self._clients.setdefault(bookie_id, client)
             if self._watchdog is None and not self._stop.is_set():

@@ -1,4 +1,5 @@
-"""The add lane: AddRequest / AddResponse over a plain TCP connection.
+"""The add lane: AddRequest / AddResponse (and ReadRequest / ReadResponse)
+over plain TCP connections.
 
 Theory of operation
 -------------------
@@ -38,6 +39,18 @@ Ordering obligations
   * A connection that ends with adds unanswered fails them with an
     unknown-outcome error; the client opens a new connection for the next
     add.
+Read connections
+  A connection that starts with :data:`READ_MAGIC` instead carries reads:
+  ``ReadRequest`` frames one way, ``ReadResponse`` frames the other, each
+  with the request's ``request_id`` (the same hello, the same connection
+  error with request_id 0).  A read answer is up to a read window (MiBs):
+  over gRPC, receiving it cost the reader about five times the CPU of a
+  plain socket (docs/performance.md, (6)).  The bookie serves one read
+  connection's requests one at a time, in order, and sends each answer's
+  entries straight from the buffer they were encoded into
+  (:func:`frame_parts`); the client receives each answer into one buffer
+  the entries are then parsed from in place.  Reads on a connection are
+  independent of each other: nothing orders them against adds.
 Limits
   A frame longer than the receiver's limit (the bookie's gRPC message limit)
   is a protocol error: the receiver closes the connection.
@@ -50,6 +63,8 @@ from __future__ import annotations
 import struct
 
 MAGIC = b"PBKLANE1"
+READ_MAGIC = b"PBKREAD1"
+MAGICS = (MAGIC, READ_MAGIC)
 _LENGTH = struct.Struct("<I")
 HEADER_BYTES = _LENGTH.size
 CONNECTION_REQUEST_ID = 0      # an answer about the connection, not one add
@@ -61,9 +76,18 @@ def frame(*parts) -> bytes:
     return b"".join((_LENGTH.pack(size), *parts))
 
 
-def hello(bookie_id: str) -> bytes:
-    """What a client sends first on a new connection."""
-    return MAGIC + frame(bookie_id.encode())
+def frame_parts(*parts) -> list:
+    """One frame as a list of buffers (header first), for a gathering send
+    that does not copy large parts."""
+    return [_LENGTH.pack(sum(len(p) for p in parts)), *parts]
+
+
+def hello(bookie_id: str, magic: bytes = MAGIC) -> bytes:
+    """What a client sends first on a new connection (``READ_MAGIC`` for a
+    read connection)."""
+    if magic not in MAGICS:
+        raise ValueError(f"unknown lane magic {magic!r}")
+    return magic + frame(bookie_id.encode())
 
 
 def frame_length(header: bytes, limit: int) -> int:

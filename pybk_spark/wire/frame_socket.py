@@ -22,7 +22,11 @@ on the bookie, a blocked writer would outlive its add timeout.  So:
 * ``close`` shuts the socket down, which also wakes a helper thread blocked
   in ``sendall``.
 
-``read_frame`` reads one frame from a buffered reader of the socket.
+``read_frame`` reads one frame from a buffered reader of the socket;
+``read_frame_into`` reads a large one (a read answer) straight into one new
+buffer.  ``send_parts`` is the blocking gathering send of a bookie's read
+connection thread, which has nothing else to do while a reader takes an
+answer.
 """
 from __future__ import annotations
 
@@ -30,6 +34,8 @@ import collections
 import socket
 import threading
 from typing import Optional
+
+import pyarrow as pa
 
 from pybk_spark.wire import add_lane
 
@@ -54,6 +60,39 @@ def read_frame(reader, limit: int) -> Optional[bytes]:
     if len(body) != size:
         raise ValueError(f"connection ended inside a frame ({len(body)} of {size} bytes)")
     return body
+
+
+def read_frame_into(reader, limit: int) -> Optional[memoryview]:
+    """Like :func:`read_frame`, but the body lands in one new buffer from
+    Arrow's memory pool, with no intermediate copy (``readinto`` on a
+    buffered reader passes large reads straight to the socket).  The pool
+    neither zero-fills it nor returns its pages to the kernel between reads,
+    as a ``bytearray`` of MiBs would (a fresh mapping, faulted in page by
+    page)."""
+    header = reader.read(add_lane.HEADER_BYTES)
+    if not header:
+        return None
+    size = add_lane.frame_length(header, limit)
+    view, got = memoryview(pa.allocate_buffer(size)), 0
+    while got < size:
+        n = reader.readinto(view[got:])
+        if not n:
+            raise ValueError(f"connection ended inside a frame ({got} of {size} bytes)")
+        got += n
+    return view
+
+
+def send_parts(sock: socket.socket, parts: list) -> None:
+    """Send every buffer of ``parts``, in order, blocking; large parts are
+    sent from where they lie (``sendmsg`` gathers them)."""
+    views = [memoryview(p).cast("B") for p in parts if len(p)]
+    while views:
+        sent = sock.sendmsg(views)
+        while views and sent >= len(views[0]):
+            sent -= len(views[0])
+            views.pop(0)
+        if sent:
+            views[0] = views[0][sent:]
 
 
 class FrameWriter:

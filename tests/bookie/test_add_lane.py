@@ -1,5 +1,6 @@
-"""The bookie's add lane (wire/add_lane.py) against a real bookie-server,
-spoken to over raw sockets: the same answers as the gRPC calls, and bad
+"""The bookie's add lane (wire/add_lane.py) and its read connections against
+a real bookie-server, spoken to over raw sockets: the same answers as the
+gRPC calls, and bad
 input (wrong magic, garbage, oversized or torn frames) gets a typed answer
 or a closed connection, never a stopped bookie."""
 from __future__ import annotations
@@ -9,7 +10,8 @@ import socket
 import pytest
 
 from pybk_spark.testing.bookie_process import entries_bytes, free_port
-from pybk_spark.wire.frame_socket import read_frame
+from pybk_spark.wire.entries import batch_from_bytes
+from pybk_spark.wire.frame_socket import read_frame, read_frame_into
 from pybk_spark.wire import add_lane
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import framing
@@ -140,3 +142,60 @@ def test_lane_metrics(bookies):
                 pass
     assert metric("bookie_add_lane_refused_total") == [2.0]
     assert metric('bookie_add_requests_total{outcome="ok"}') == [1.0]
+
+
+# -- read connections (READ_MAGIC) --------------------------------------------------------
+def _read_request(ledger, first, last, request_id, key=b"", **kw) -> bytes:
+    return add_lane.frame(pb.ReadRequest(ledger_id=ledger, first_entry_id=first,
+                                         last_entry_id=last, master_key=key,
+                                         request_id=request_id, **kw).SerializeToString())
+
+
+def _read_answers(sock, n):
+    with sock.makefile("rb") as stream:
+        return [framing.parse_read_response(read_frame_into(stream, 64 << 20))
+                for _ in range(n)]
+
+
+def test_read_connection_answers_like_read_entries_in_order(bookie):
+    with _connect(bookie) as sock:
+        sock.sendall(_request(20, list(range(6)), 1))
+        assert _answers(sock, 1)[0].code == pb.OK
+    stub = bookie.stub()
+    with _connect(bookie, hello=add_lane.hello(bookie.bookie_id, add_lane.READ_MAGIC)) as sock:
+        # pipelined: answered one at a time, in the order sent, each with its id
+        sock.sendall(_read_request(20, 0, 5, 31) + _read_request(20, 2, 3, 32)
+                     + _read_request(20, 9, 9, 33) + _read_request(21, 0, 0, 34)
+                     + _read_request(20, 0, 5, 35, max_entries=2))
+        got = _read_answers(sock, 5)
+    assert [a.request_id for a in got] == [31, 32, 33, 34, 35]
+    assert [a.code for a in got] == [pb.OK, pb.OK, pb.NO_SUCH_ENTRY, pb.NO_SUCH_LEDGER, pb.OK]
+    assert (got[4].end, got[0].end) == (pb.LIMIT, pb.COMPLETE)
+    for answer, (first, last, limit) in zip((got[0], got[1], got[4]),
+                                            ((0, 5, 0), (2, 3, 0), (0, 5, 2))):
+        over_grpc = framing.parse_read_response(stub.ReadEntries(pb.ReadRequest(
+            ledger_id=20, first_entry_id=first, last_entry_id=last,
+            max_entries=limit)).SerializeToString())
+        assert (bytes(answer.entries), answer.lac, answer.end) == \
+            (bytes(over_grpc.entries), over_grpc.lac, over_grpc.end)
+        assert batch_from_bytes(answer.entries).column("entry_id").to_pylist() == \
+            list(range(first, (first + limit) if limit else last + 1))
+
+
+@pytest.mark.parametrize("bad", ["garbage", "wrong bookie"])
+def test_bad_read_connections_get_a_read_answer_then_a_close(bookie, bad):
+    if bad == "wrong bookie":
+        hello = add_lane.hello("127.0.0.1:1", add_lane.READ_MAGIC)
+        request = _read_request(20, 0, 0, 1)
+    else:
+        hello = add_lane.hello(bookie.bookie_id, add_lane.READ_MAGIC)
+        request = add_lane.frame(b"\xff" * 40)
+    with _connect(bookie, hello=hello) as sock:
+        sock.sendall(request)
+        with sock.makefile("rb") as stream:
+            answers = []
+            while (body := read_frame_into(stream, 64 << 20)) is not None:
+                answers.append(framing.parse_read_response(body))
+    assert [(a.request_id, a.code) for a in answers] == [
+        (add_lane.CONNECTION_REQUEST_ID, pb.BAD_REQUEST)]
+    assert _serving(bookie)
