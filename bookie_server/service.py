@@ -154,14 +154,16 @@ class BookieService(pb_grpc.BookieServicer):
 
     # -- reads ----------------------------------------------------------------------------
     def ReadEntries(self, request, context):
-        head, entries = self.read_answer(request)
+        head, batch = self.read_answer(request)
+        if batch is None:
+            return head
         # pre-framed: see pybk_spark/wire/framing.py
-        return framing.with_payload(head, entries) if entries is not None else head
+        return framing.with_payload(head, batch_to_buffer(batch))
 
     def read_answer(self, request) -> tuple:
-        """(ReadResponse without its entries, the entries' Arrow IPC buffer or
+        """(ReadResponse without its entries, the entries as a record batch or
         None): the answer to a read, for gRPC's ``ReadEntries`` and for a
-        read lane connection, which sends the entries where they lie."""
+        read lane connection, which encodes the batch itself."""
         t0 = time.perf_counter()
         try:
             res = self.bookie.read(request.ledger_id, request.first_entry_id,
@@ -174,8 +176,7 @@ class BookieService(pb_grpc.BookieServicer):
             self.m.read_entries.inc(res.batch.num_rows)
             self.m.read_latency.observe(time.perf_counter() - t0)
             return (pb.ReadResponse(code=pb.OK, end=_END[res.end], lac=res.lac, fenced=res.fenced,
-                                    request_id=request.request_id),
-                    batch_to_buffer(res.batch))
+                                    request_id=request.request_id), res.batch)
         except BaseException as exc:  # noqa: BLE001
             code, msg = _code(exc, "read")
             self.m.read_requests.labels("error").inc()

@@ -70,8 +70,15 @@ def payload_parts(head, payload: BytesLike, field_number: int = ENTRIES_FIELD) -
     size = len(payload)
     if size == 0:
         return (head.SerializeToString(),)
+    return (*payload_prefix(head, size, field_number), payload)
+
+
+def payload_prefix(head, size: int, field_number: int = ENTRIES_FIELD) -> tuple:
+    """What precedes a payload of ``size`` > 0 bytes: the serialized head and
+    the field's key and length, for a sender that sends the payload itself
+    as separate buffers."""
     tag = _varint((field_number << 3) | _LEN_DELIMITED)
-    return head.SerializeToString(), tag, _varint(size), payload
+    return head.SerializeToString(), tag, _varint(size)
 
 
 def with_payload(head, payload: BytesLike, field_number: int = ENTRIES_FIELD) -> bytes:
