@@ -47,7 +47,8 @@ def _requests(ledger_id: int, n_per_batch: int, n_batches: int, key: bytes):
     for b in range(n_batches):
         ids = np.arange(b * n_per_batch, (b + 1) * n_per_batch, dtype=np.int64)
         batch = pa.RecordBatch.from_arrays([lid, pa.array(ids), pa.array(ids - 1), payload,
-                                            digest], schema=ENTRY_SCHEMA)
+                                            digest, pa.array((ids + 1) * ENTRY_BYTES)],
+                                           schema=ENTRY_SCHEMA)
         yield pb.AddRequest(ledger_id=ledger_id, master_key=key, entries=batch_to_bytes(batch),
                             request_id=b)
 

@@ -33,7 +33,8 @@ def _fill(bookie: Bookie, n_entries: int, batch: int = 1000, ledgers: int = 4) -
         for start in range(0, per_ledger, batch):
             ids = np.arange(start, start + batch, dtype=np.int64)
             rb = pa.RecordBatch.from_arrays([lid, pa.array(ids), pa.array(ids - 1), payload,
-                                             digest], schema=ENTRY_SCHEMA)
+                                             digest, pa.array((ids + 1) * 100)],
+                                            schema=ENTRY_SCHEMA)
             bookie.add(ledger, b"k", batch_to_bytes(rb))
 
 

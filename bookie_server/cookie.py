@@ -9,6 +9,10 @@ Theory of operation
     none in etcd, mismatching ids, data without a cookie) -> refuse with
     InvalidCookie.  A wiped bookie must never rejoin silently: it would
     answer NoSuchEntry for entries it once acknowledged.
+  * a local cookie from before ``ENTRY_FORMAT`` 2 (entries without their
+    cumulative ``length``, docs/protocol.md "Entry format") -> refuse with
+    InvalidCookie: the bookie could not replay or serve that data, and
+    silently skipping it would be the same as a wiped disk.
 ``format`` (the escape hatch, like BookKeeper's bookieformat) deletes the etcd
 cookie and the local data so the bookie can join as a new one.
 """
@@ -24,6 +28,7 @@ from pybk_spark import errors
 
 LOCAL_NAME = "cookie.json"
 CREATE, OK = "create", "ok"
+ENTRY_FORMAT = 2          # 2: entries carry ``length`` (pybk_spark/wire/entries.py)
 
 
 def cookie_key(bookie_id: str) -> str:
@@ -38,7 +43,7 @@ def decide(bookie_id: str, local: Optional[dict], remote: Optional[dict],
     if standalone:
         if local is None and data_dir_has_data:
             raise errors.InvalidCookie("data dir has data but no cookie.json (foreign dir?)")
-        return CREATE if local is None else OK
+        return CREATE if local is None else _format_ok(local)
     if local is None and remote is None:
         if data_dir_has_data:
             raise errors.InvalidCookie("data dir has data but no cookie.json (foreign dir?)")
@@ -56,11 +61,22 @@ def decide(bookie_id: str, local: Optional[dict], remote: Optional[dict],
         raise errors.InvalidCookie(
             f"cookie mismatch for {bookie_id!r}: data dir instance {local.get('instance_id')} != "
             f"metadata instance {remote.get('instance_id')}")
+    return _format_ok(local)
+
+
+def _format_ok(local: dict) -> str:
+    """The data dir is this bookie's: OK if its entries are in the format it reads."""
+    if local.get("entry_format", 1) < ENTRY_FORMAT:
+        raise errors.InvalidCookie(
+            f"data dir holds entries in format {local.get('entry_format', 1)} (before entries "
+            f"carried their cumulative length); this bookie reads only format {ENTRY_FORMAT}. "
+            "Refusing to start; run `bookie-server format` to rejoin as a new bookie")
     return OK
 
 
 def new_cookie(bookie_id: str, rng_uuid=uuid.uuid4) -> dict:
-    return {"bookie_id": bookie_id, "instance_id": str(rng_uuid()), "version": 1}
+    return {"bookie_id": bookie_id, "instance_id": str(rng_uuid()), "version": 1,
+            "entry_format": ENTRY_FORMAT}
 
 
 def read_local(data_dir: str) -> Optional[dict]:

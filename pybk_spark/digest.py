@@ -1,9 +1,11 @@
-"""Per-entry digests over (ledger_id, entry_id, lac, payload).
+"""Per-entry digests over (ledger_id, entry_id, lac, length, payload).
 
 Types: ``crc32c`` (default, google_crc32c C implementation), ``hmac``
 (HMAC-SHA256 keyed by the ledger's master key), ``none`` (empty digest).
-The header is packed big-endian as 3 x int64 and fed before the payload, so a
-replica that carries the right payload under the wrong id/LAC is detected too.
+The header is packed big-endian as 4 x int64 (BookKeeper's digest header:
+ledger id, entry id, LAC, cumulative ledger length) and fed before the
+payload, so a replica that carries the right payload under the wrong id, LAC
+or length is detected too.
 
 ``compute_digests`` works on whole columns; ``verify_batch`` returns a boolean
 mask of rows whose digest matches (a corrupt replica is skipped by the reader,
@@ -23,7 +25,7 @@ import pyarrow as pa
 from pybk_spark import errors
 from pybk_spark.protocol.ledger_metadata import master_key
 
-_HDR = struct.Struct(">qqq")
+_HDR = struct.Struct(">qqqq")
 _CRC = struct.Struct(">I")
 
 
@@ -34,10 +36,10 @@ class Digester:
         self.digest_type = digest_type
         self._key = master_key(password)
 
-    def one(self, ledger_id: int, entry_id: int, lac: int, payload) -> bytes:
+    def one(self, ledger_id: int, entry_id: int, lac: int, length: int, payload) -> bytes:
         """Digest of one entry; ``payload`` is bytes or any read-only buffer
         (a pyarrow Buffer slice is hashed in place)."""
-        hdr = _HDR.pack(ledger_id, entry_id, lac)
+        hdr = _HDR.pack(ledger_id, entry_id, lac, length)
         if self.digest_type == "crc32c":
             return _CRC.pack(google_crc32c.extend(google_crc32c.value(hdr), payload))
         if self.digest_type == "hmac":
@@ -47,15 +49,17 @@ class Digester:
         return b""
 
     def compute(self, ledger_id: int, entry_ids: Sequence[int], lacs: Sequence[int],
-                payloads: Sequence[bytes]) -> list[bytes]:
+                lengths: Sequence[int], payloads: Sequence[bytes]) -> list[bytes]:
         if self.digest_type == "none":
             return [b""] * len(payloads)
+        if isinstance(lengths, np.ndarray):
+            lengths = lengths.tolist()
         if self.digest_type == "crc32c":        # hot path: no per-entry method call
             value, extend, pack, hdr = google_crc32c.value, google_crc32c.extend, _CRC.pack, _HDR.pack
-            return [pack(extend(value(hdr(ledger_id, e, l)), p))
-                    for e, l, p in zip(entry_ids, lacs, payloads)]
+            return [pack(extend(value(hdr(ledger_id, e, l, n)), p))
+                    for e, l, n, p in zip(entry_ids, lacs, lengths, payloads)]
         one = self.one
-        return [one(ledger_id, e, l, p) for e, l, p in zip(entry_ids, lacs, payloads)]
+        return [one(ledger_id, e, l, n, p) for e, l, n, p in zip(entry_ids, lacs, lengths, payloads)]
 
     def verify_batch(self, batch: pa.RecordBatch) -> np.ndarray:
         """Boolean mask: True where the row's digest is correct.  Payloads are
@@ -66,10 +70,12 @@ class Digester:
         lids = batch.column("ledger_id").to_pylist()
         eids = batch.column("entry_id").to_pylist()
         lacs = batch.column("lac").to_pylist()
+        lens = batch.column("length").to_pylist()
         digs = batch.column("digest").to_pylist()
         one = self.one
-        return np.fromiter((one(a, b, c, d) == g for a, b, c, d, g in
-                            zip(lids, eids, lacs, payload_views(batch.column("payload")), digs)),
+        return np.fromiter((one(a, b, c, ln, d) == g for a, b, c, ln, d, g in
+                            zip(lids, eids, lacs, lens, payload_views(batch.column("payload")),
+                                digs)),
                            dtype=bool, count=n)
 
 

@@ -3,8 +3,9 @@
 Theory of operation
 -------------------
 Payloads are cut into chunks (``add_batch_entries`` / ``add_batch_bytes``);
-each chunk gets consecutive ids and the current LAC in one core step, its
-digests are computed, and it becomes one Arrow batch sent to every bookie of
+each chunk gets consecutive ids, the current LAC and the ledger length
+before it in one core step (each entry carries its cumulative length, as in
+BookKeeper), its digests are computed, and it becomes one Arrow batch sent to every bookie of
 its write sets (``LedgerWriter``).  Futures complete in id order.
 
 ``close()`` waits for outstanding adds, then CASes CLOSED with last entry =
@@ -30,7 +31,7 @@ from pybk_spark.ledger_writer import LedgerWriter, Waiter
 from pybk_spark.metadata.store import ledger_key
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.read_handle import ReadHandle
-from pybk_spark.wire.entries import make_batch
+from pybk_spark.wire.entries import cumulative_lengths, make_batch
 
 
 class LedgerHandle:
@@ -187,20 +188,21 @@ class LedgerHandle:
             fut.set_exception(errors.LedgerClosed("ledger handle is closed", ledger_id=self.ledger_id))
             return
         with self._submit_lock:
+            nbytes = sum(map(len, payloads))
             try:
-                first, lac = self._writer.assign(len(payloads))
+                first, lac, base = self._writer.assign(len(payloads), nbytes)
             except errors.BKError as exc:
                 fut.set_exception(exc)
                 return
             n = len(payloads)
             ids = range(first, first + n)
             lacs = [lac] * n
-            digests = self._digester.compute(self.ledger_id, ids, lacs, payloads)
-            batch = make_batch(self.ledger_id, ids, lacs, payloads, digests)
+            lengths = cumulative_lengths(base, payloads)
+            digests = self._digester.compute(self.ledger_id, ids, lacs, lengths, payloads)
+            batch = make_batch(self.ledger_id, ids, lacs, lengths, payloads, digests)
             last = first + n - 1
             result = (lambda: first) if single else (lambda: list(range(first, last + 1)))
-            self._writer.submit(batch, Waiter(last, fut, result),
-                                nbytes=sum(map(len, payloads)))
+            self._writer.submit(batch, Waiter(last, fut, result), nbytes=nbytes)
 
     # -- explicit LAC --------------------------------------------------------------------
     def tick(self, now: float) -> None:

@@ -75,7 +75,8 @@ class LedgerWriter:
         self._sends = 0                         # requests to bookies not yet answered
         self._sends_done = threading.Condition(self._lock)
         self._on_metadata = on_metadata
-        self.length = 0
+        self.length = 0                 # payload bytes of the released entries
+        self._assigned_length = 0       # ... of every assigned entry (ids are assigned in order)
         self.last_activity = bk.clock()
 
     # -- public -----------------------------------------------------------------------
@@ -87,13 +88,18 @@ class LedgerWriter:
     def error(self) -> errors.BKError | None:
         return self._error
 
-    def assign(self, count: int) -> tuple[int, int]:
-        """Reserve ids; returns (first id, LAC to carry).  Caller holds no lock."""
+    def assign(self, count: int, nbytes: int = 0) -> tuple[int, int, int]:
+        """Reserve ``count`` ids for ``nbytes`` of payload; returns (first id,
+        LAC to carry, ledger length before the first id: each entry carries
+        this plus the payload bytes up to and including its own).  Caller
+        holds no lock."""
         with self._lock:
             if self._error is not None:
                 raise self._error
             first = self.core.assign_run(count)
-            return first, self.core.lac
+            base = self._assigned_length
+            self._assigned_length += nbytes
+            return first, self.core.lac, base
 
     def submit(self, batch: pa.RecordBatch, waiter: Waiter, nbytes: int | None = None) -> None:
         """Send the entries of ``batch`` (ids already assigned, contiguous);

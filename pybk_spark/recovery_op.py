@@ -20,9 +20,12 @@ Theory of operation (pure decisions in ``protocol.recovery``)
    LedgerRecoveryError (retry later).
 4. Re-write every found entry to its whole write set with recovery adds
    through ``LedgerWriter(recovery=True)`` (ensemble changes allowed while
-   IN_RECOVERY), and wait for Qa acks of each.
-5. CAS CLOSED at the last found id (``close_by_recovery``: if another
-   recoverer closed first, its value stands: all converge).  If a concurrent
+   IN_RECOVERY), rows unchanged (LAC, length, digest as the writer made
+   them), and wait for Qa acks of each.
+5. CAS CLOSED at the last found id with the ``length`` that entry carries
+   (nothing found after ``start``: the length of entry ``start``, read back;
+   start -1: 0) (``close_by_recovery``: if another recoverer closed first,
+   its value stands: all converge).  If a concurrent
    recovery changed the ensemble after this one read it, this one's
    re-writes may sit on bookies the metadata no longer names: it starts over
    (``RecoveryRaced``, at most ``RACE_RETRIES`` times).
@@ -71,13 +74,13 @@ def _recover_once(bk, md: lm.LedgerMetadata, password: bytes) -> ReadHandle:
     start = rc.recovery_start(max_lac, md.last_fragment_first_entry,
                               lm.recovery_replaced_tail(md))
     rows = read_forward(bk, md, key, Digester(md.digest_type, password), start)
-    last = start
-    if rows is not None and rows.num_rows:
-        last = start + rows.num_rows
+    last = start + (rows.num_rows if rows is not None else 0)
+    length = closing_length(bk, md, password, start, rows)
+    if last > start:
         md = rewrite(bk, md, key, start, rows)
     wrote_through = md.ensembles
     raw, _ = store.update(ledger_key(md.ledger_id), lambda r: lm.close_by_recovery(
-        lm.LedgerMetadata.from_json(r), last, 0, wrote_through).to_json())
+        lm.LedgerMetadata.from_json(r), last, length, wrote_through).to_json())
     md = lm.LedgerMetadata.from_json(raw)
     return ReadHandle(bk, md, password, md.last_entry_id)
 
@@ -180,12 +183,30 @@ def read_forward(bk, md: lm.LedgerMetadata, key: bytes, digester: Digester,
     return pa.Table.from_batches(pieces).combine_chunks().to_batches()[0]
 
 
+def closing_length(bk, md: lm.LedgerMetadata, password: bytes, start: int,
+                   rows: pa.RecordBatch | None) -> int:
+    """The ledger's length at its recovered end: the cumulative ``length``
+    the last found entry carries; if none was found after ``start``, that of
+    entry ``start`` (acknowledged, so readable: one read); 0 for an empty
+    ledger."""
+    if rows is not None and rows.num_rows:
+        return int(rows.column("length")[rows.num_rows - 1].as_py())
+    if start < 0:
+        return 0
+    try:
+        got = ReadHandle(bk, md, password, start).read(start, start)
+    except errors.BKError as exc:
+        raise errors.LedgerRecoveryError(f"cannot read entry {start} for the ledger's length: "
+                                         f"{exc}", ledger_id=md.ledger_id) from exc
+    return got[0].length
+
+
 def rewrite(bk, md: lm.LedgerMetadata, key: bytes, start: int,
             rows: pa.RecordBatch) -> lm.LedgerMetadata:
     """Recovery adds of ``rows`` (ids start+1..) to their whole write sets.
     Returns the metadata as this recovery left it (its own ensemble changes)."""
     writer = LedgerWriter(bk, md, key, recovery=True, last_released=start)
-    first, _lac = writer.assign(rows.num_rows)
+    first, _lac, _length = writer.assign(rows.num_rows)
     assert first == start + 1
     fut: Future = Future()
     writer.submit(rows, Waiter(start + rows.num_rows, fut, lambda: None))

@@ -170,11 +170,13 @@ def payload_for(ledger_id: int, entry_id: int, size: int = 100) -> bytes:
 
 def entries_bytes(ledger_id: int, entry_ids, lac: int = -1, size: int = 100,
                   payloads=None) -> bytes:
-    from pybk_spark.wire.entries import batch_to_bytes, make_batch
+    from pybk_spark.wire.entries import batch_to_bytes, cumulative_lengths, make_batch
     ids = list(entry_ids)
     if payloads is None:
         payloads = [payload_for(ledger_id, e, size) for e in ids]
-    return batch_to_bytes(make_batch(ledger_id, ids, [lac] * len(ids), payloads,
+    # bookies store lengths and digests without interpreting them
+    return batch_to_bytes(make_batch(ledger_id, ids, [lac] * len(ids),
+                                     cumulative_lengths(0, payloads), payloads,
                                      [b"d"] * len(ids)))
 
 

@@ -4,6 +4,13 @@ A batch is one Arrow record batch with ENTRY_SCHEMA, serialized as an Arrow
 IPC stream.  Whole batches are built and parsed with vectorised Arrow calls;
 nothing here loops over entries in Python except where a caller asks for
 Python objects (``to_entries``).
+
+``length`` is BookKeeper's cumulative ledger length: the payload bytes of
+every entry up to and including this one, fixed by the writer when it
+assigns the id (so recovery closes a ledger at the length its last entry
+carries).  It is the last column so that the first five keep their
+positions.  Batches in the format before it (five columns) are refused with
+a BadRequest that says so; docs/protocol.md, "Entry format".
 """
 from __future__ import annotations
 
@@ -21,7 +28,9 @@ ENTRY_SCHEMA = pa.schema([
     pa.field("lac", pa.int64(), nullable=False),
     pa.field("payload", pa.binary(), nullable=False),
     pa.field("digest", pa.binary(), nullable=False),
+    pa.field("length", pa.int64(), nullable=False),
 ])
+LEGACY_NAMES = ["ledger_id", "entry_id", "lac", "payload", "digest"]   # before ``length``
 
 
 @dataclass(frozen=True)
@@ -30,10 +39,21 @@ class Entry:
     entry_id: int
     payload: bytes
     lac: int = -1
+    length: int = -1         # cumulative ledger length up to and including this entry
+
+
+def cumulative_lengths(base: int, payloads: Sequence[bytes]) -> list[int]:
+    """The ``length`` of each of ``payloads`` assigned in order after a
+    ledger length of ``base`` bytes."""
+    sizes = np.fromiter((len(p) for p in payloads), dtype=np.int64, count=len(payloads))
+    return (base + np.cumsum(sizes)).tolist()
 
 
 def make_batch(ledger_id: int, entry_ids: Sequence[int], lacs: Sequence[int],
-               payloads: Sequence[bytes], digests: Sequence[bytes]) -> pa.RecordBatch:
+               lengths: Sequence[int], payloads: Sequence[bytes],
+               digests: Sequence[bytes]) -> pa.RecordBatch:
+    """Arguments in digest-header order (ledger id, entry id, LAC, length), then
+    payloads and their digests."""
     n = len(entry_ids)
     return pa.RecordBatch.from_arrays([
         pa.array(np.full(n, ledger_id, dtype=np.int64)),
@@ -42,6 +62,7 @@ def make_batch(ledger_id: int, entry_ids: Sequence[int], lacs: Sequence[int],
         pa.array(np.asarray(lacs, dtype=np.int64)),
         pa.array(payloads, pa.binary()),
         pa.array(digests, pa.binary()),
+        pa.array(np.asarray(lengths, dtype=np.int64)),
     ], schema=ENTRY_SCHEMA)
 
 
@@ -77,6 +98,10 @@ def batch_from_bytes(data) -> pa.RecordBatch:
         # accept nullable-vs-not differences only if types match exactly
         types_ok = (schema.names == ENTRY_SCHEMA.names and
                     all(a.type == b.type for a, b in zip(schema, ENTRY_SCHEMA)))
+        if schema.names == LEGACY_NAMES:
+            raise errors.BadRequest("entry batch in the format before entries carried their "
+                                    "cumulative length (5 columns, no 'length'): no longer "
+                                    "supported (docs/protocol.md, Entry format)")
         if not types_ok:
             raise errors.BadRequest(f"entry batch schema {schema} != {ENTRY_SCHEMA}")
         batches = pa.Table.from_batches(batches, schema).cast(ENTRY_SCHEMA).to_batches()
@@ -90,5 +115,5 @@ def batch_from_bytes(data) -> pa.RecordBatch:
 
 def to_entries(batch: pa.RecordBatch) -> list[Entry]:
     cols = batch.to_pydict()
-    return [Entry(l, e, p, c) for l, e, p, c in
-            zip(cols["ledger_id"], cols["entry_id"], cols["payload"], cols["lac"])]
+    return [Entry(l, e, p, c, n) for l, e, p, c, n in
+            zip(cols["ledger_id"], cols["entry_id"], cols["payload"], cols["lac"], cols["length"])]

@@ -45,8 +45,8 @@ def test_locate_sparse_matches_oracle(seed):
 
 
 def _entries(ledger_id, ids):
-    return make_batch(ledger_id, ids, [-1] * len(ids), [f"p{i}".encode() for i in ids],
-                      [b""] * len(ids))
+    return make_batch(ledger_id, ids, [-1] * len(ids), [2 * (i + 1) for i in ids],
+                      [f"p{i}".encode() for i in ids], [b""] * len(ids))
 
 
 def _check_sparse(transport, ledger_id, key):

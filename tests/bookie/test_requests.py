@@ -45,12 +45,14 @@ def test_bad_requests_get_typed_codes_and_bookie_keeps_serving(bookie):
                                  "entry_id": pa.array([3], pa.int64()),
                                  "lac": pa.array([0], pa.int64()),
                                  "payload": pa.array(["x"], pa.string()),
-                                 "digest": pa.array([b""], pa.binary())}))
+                                 "digest": pa.array([b""], pa.binary()),
+                                 "length": pa.array([1], pa.int64())}))
     null_payload = _ipc(pa.table({"ledger_id": pa.array([1], pa.int64()),
                                   "entry_id": pa.array([3], pa.int64()),
                                   "lac": pa.array([0], pa.int64()),
                                   "payload": pa.array([None], pa.binary()),
-                                  "digest": pa.array([b""], pa.binary())}))
+                                  "digest": pa.array([b""], pa.binary()),
+                                  "length": pa.array([1], pa.int64())}))
     cases = {
         "garbage": (pb.AddRequest(ledger_id=1, master_key=KEY, entries=b"\x00\x01garbage"),
                     pb.BAD_REQUEST),
@@ -192,9 +194,16 @@ def test_clean_shutdown_and_foreign_data_dir(bookies, tmp_path):
     os.unlink(os.path.join(bp.data_dir, "cookie.json"))
     bp.start(wait=False)
     assert bp.wait_exit() == 2
-    # original identity restored: starts and serves its data
+    # a data dir written in the entry format before ``length``: refused, saying why
     with open(os.path.join(bp.data_dir, "cookie.json"), "w") as fh:
         json.dump({"bookie_id": bp.bookie_id, "instance_id": "x", "version": 1}, fh)
+    bp.start(wait=False)
+    assert bp.wait_exit() == 2
+    assert "cumulative length" in bp.log_tail()
+    # original identity restored: starts and serves its data
+    with open(os.path.join(bp.data_dir, "cookie.json"), "w") as fh:
+        json.dump({"bookie_id": bp.bookie_id, "instance_id": "x", "version": 1,
+                   "entry_format": 2}, fh)
     bp.start()
     assert read_all(bp.stub(), 1, 0, 5) == {e: payload_for(1, e) for e in range(3)}
 

@@ -57,7 +57,7 @@ def test_fence_records_key_of_unknown_ledger_and_lac_is_max():
 
 # -- cookie ----------------------------------------------------------------------------------
 def test_cookie_decisions():
-    c = {"bookie_id": "b", "instance_id": "1"}
+    c = {"bookie_id": "b", "instance_id": "1", "entry_format": cookie.ENTRY_FORMAT}
     assert cookie.decide("b", None, None, False, standalone=False) == cookie.CREATE
     assert cookie.decide("b", c, c, True, standalone=False) == cookie.OK
     for local, remote, data in [(None, c, False), (None, c, True), (c, None, True),
@@ -67,6 +67,14 @@ def test_cookie_decisions():
             cookie.decide("b", local, remote, data, standalone=False)
     assert cookie.decide("b", None, None, False, standalone=True) == cookie.CREATE
     assert cookie.decide("b", c, None, True, standalone=True) == cookie.OK
+    assert cookie.new_cookie("b")["entry_format"] == cookie.ENTRY_FORMAT
+
+
+@pytest.mark.parametrize("standalone", [False, True])
+def test_cookie_of_a_data_dir_in_the_entry_format_before_length_is_refused(standalone):
+    old = {"bookie_id": "b", "instance_id": "1", "version": 1}       # no entry_format
+    with pytest.raises(errors.InvalidCookie, match="cumulative length"):
+        cookie.decide("b", old, old, True, standalone=standalone)
 
 
 # -- background decisions -----------------------------------------------------------------------

@@ -24,6 +24,8 @@ snapshots taken during the run, and returns violations:
   I5 logs       every ok append is in the log exactly once; no duplicates;
                 each writer's appends in order.
   I6 replicas   (after rereplication) every entry has Qw replicas.
+  I7 length     a CLOSED ledger's metadata length is the sum of the payload
+                sizes it reads back.
 
 A violation carries the ledger/log/entry; ``minimal_history`` prints the
 operations touching it.  The seed is printed by the runner.
@@ -65,6 +67,8 @@ class FinalLedger:
     write_quorum: int
     digests: Optional[list] = None        # digest per id 0..last; None = unreadable
     read_error: str = ""
+    length: int = 0                       # metadata length (CLOSED)
+    payload_bytes: Optional[int] = None   # sum of the payload sizes read back (I7)
     beyond_quorum: dict = field(default_factory=dict)   # id > last -> holders in its write set
     replicas: dict = field(default_factory=dict)        # id -> replica count (I6)
     lacking: dict = field(default_factory=dict)         # id -> bookies of its write set lacking it
@@ -92,6 +96,7 @@ def check(ops: list[dict], final: FinalState, snapshots: Iterable[tuple] = (),
     out: list[Violation] = []
     out += check_acked(ops, final)
     out += check_beyond(final)
+    out += check_lengths(final)
     out += check_readers(ops, final)
     out += check_metadata(snapshots, final)
     out += check_logs(ops, final)
@@ -172,6 +177,16 @@ def check_beyond(final: FinalState) -> list[Violation]:
             out.append(Violation("I2", f"entry last+1 is on {holders} bookies of its write set "
                                        f"(Qa={fl.ack_quorum}): it could have been acknowledged "
                                        f"after the close", lid, e))
+    return out
+
+
+def check_lengths(final: FinalState) -> list[Violation]:
+    out = []
+    for lid, fl in sorted(final.ledgers.items()):
+        if fl.state == lm.CLOSED and fl.payload_bytes is not None and \
+                fl.length != fl.payload_bytes:
+            out.append(Violation("I7", f"metadata length {fl.length} != {fl.payload_bytes} "
+                                       f"payload bytes read back", lid))
     return out
 
 
@@ -340,7 +355,8 @@ def collect_final_state(bk, *, probe_k: int = 5, count_replicas: bool = False,
         if md is None:
             continue
         fl = FinalLedger(lid, md.state, md.last_entry_id if md.is_closed else -2,
-                         md.ack_quorum, md.write_quorum, snapshot=snapshot_of(md))
+                         md.ack_quorum, md.write_quorum, length=md.length,
+                         snapshot=snapshot_of(md))
         final.ledgers[lid] = fl
         if not md.is_closed:
             fl.read_error = "not closed"
@@ -352,6 +368,8 @@ def collect_final_state(bk, *, probe_k: int = 5, count_replicas: bool = False,
             if len(fl.digests) != fl.last + 1:
                 fl.read_error = f"read {len(fl.digests)} of {fl.last + 1} entries"
                 fl.digests = None
+            else:
+                fl.payload_bytes = sum(len(x.payload) for x in got)
         except Exception as exc:  # noqa: BLE001
             fl.read_error = repr(exc)
         fl.beyond_quorum = probe_beyond(bk, md, probe_k)

@@ -65,20 +65,35 @@ class RecordedWriter:
 class RawWriter:
     """The original writer at the wire level: sends one entry to the bookies
     we choose, when we choose (to script message loss and delay), and records
-    the add as ok once ``ack_quorum`` bookies acknowledged it."""
+    the add as ok once ``ack_quorum`` bookies acknowledged it.  Entries carry
+    the cumulative length a writer would give them: ``base_length`` bytes
+    before ``first_entry``, then the payloads of the ids from there (the
+    default payload for an id never sent)."""
 
-    def __init__(self, bk: BookKeeper, hist: History, md: lm.LedgerMetadata, password=b""):
+    def __init__(self, bk: BookKeeper, hist: History, md: lm.LedgerMetadata, password=b"",
+                 *, first_entry: int = 0, base_length: int = 0):
         self.bk, self.hist, self.md = bk, hist, md
         self.key = lm.master_key(password)
         self.digester = Digester(md.digest_type, password)
         self.acks: dict[int, set] = {}
         self.ops: dict[int, int] = {}
+        self.first_entry, self.base_length = first_entry, base_length
+        self.payloads: dict[int, bytes] = {}
+
+    @staticmethod
+    def default_payload(entry_id: int) -> bytes:
+        return f"raw:{entry_id}:x".encode()
+
+    def length_of(self, entry_id: int) -> int:
+        return self.base_length + sum(len(self.payloads.get(i) or self.default_payload(i))
+                                      for i in range(self.first_entry, entry_id + 1))
 
     def send(self, entry_id: int, lac: int, bookie: str, payload: bytes | None = None,
              record: bool = True):
         """``record=False``: replay an add the history already holds (a late
         landing of another writer's in-flight add), without a new operation."""
-        payload = payload or f"raw:{entry_id}:x".encode()
+        payload = payload or self.default_payload(entry_id)
+        self.payloads[entry_id] = payload
         if not record:
             return self._add(entry_id, lac, bookie, payload)
         if entry_id not in self.ops:
@@ -95,8 +110,9 @@ class RawWriter:
 
     def _add(self, entry_id: int, lac: int, bookie: str, payload: bytes):
         lid = self.md.ledger_id
-        digests = self.digester.compute(lid, [entry_id], [lac], [payload])
-        data = batch_to_bytes(make_batch(lid, [entry_id], [lac], [payload], digests))
+        length = self.length_of(entry_id)
+        digests = self.digester.compute(lid, [entry_id], [lac], [length], [payload])
+        data = batch_to_bytes(make_batch(lid, [entry_id], [lac], [length], [payload], digests))
         try:
             self.bk.transports.get(bookie).add(lid, self.key, data).result(HANG_GUARD_S)
         except errors.BKError as exc:

@@ -101,6 +101,17 @@ def test_beyond_last_on_an_ack_quorum(tmp_path):
     assert [v.invariant for v in chk.check(ops, bad)] == ["I2"]
 
 
+def test_closed_length_must_be_the_payload_bytes_read_back(tmp_path):
+    ops = _ops(tmp_path, _adds(3))
+    fl = _ledger(1, 3)
+    fl.length, fl.payload_bytes = 0, 120           # a recovery close that recorded 0
+    assert [v.invariant for v in chk.check(ops, chk.FinalState(ledgers={1: fl}))] == ["I7"]
+    fl.length = 120
+    assert chk.check(ops, chk.FinalState(ledgers={1: fl})) == []
+    fl.payload_bytes = None                        # unreadable: I1 judges, not I7
+    assert chk.check_lengths(chk.FinalState(ledgers={1: fl})) == []
+
+
 def test_reader_saw_other_sequence_or_beyond_last(tmp_path):
     ops = _ops(tmp_path, _adds(3) + [
         ("r", "read", "ok", {"ledger": 1, "entry": 1, "digests": [_d(2)]}),

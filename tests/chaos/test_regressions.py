@@ -51,9 +51,10 @@ def _in_recovery(bk, lid) -> lm.LedgerMetadata:
     return lm.LedgerMetadata.from_json(raw)
 
 
-def _close_by_recovery(bk, lid, last) -> lm.LedgerMetadata:
+def _close_by_recovery(bk, lid, last, length) -> lm.LedgerMetadata:
     raw, _ = bk.metadata_store.update(
-        ledger_key(lid), lambda r: lm.close_by_recovery(lm.LedgerMetadata.from_json(r), last, 0).to_json())
+        ledger_key(lid),
+        lambda r: lm.close_by_recovery(lm.LedgerMetadata.from_json(r), last, length).to_json())
     return lm.LedgerMetadata.from_json(raw)
 
 
@@ -85,10 +86,11 @@ def _lost_fence_scenario(cluster, hist_dir, lost: int):
         start = rc.recovery_start(lac, md.last_fragment_first_entry)
         rows = recovery_op.read_forward(bk2, md, key, Digester(md.digest_type, b""), start)
         last = start
+        length = recovery_op.closing_length(bk2, md, b"", start, rows)
         if rows is not None and rows.num_rows:
             last = start + rows.num_rows
             recovery_op.rewrite(bk2, md, key, start, rows)
-        _close_by_recovery(bk2, lid, last)
+        _close_by_recovery(bk2, lid, last, length)
         cluster.stop_bookie(fenced)
         try:
             fut = w.add_async()
@@ -168,7 +170,7 @@ def test_tla_defect1_recovery_reads_must_fence(cluster, hist_dir):
             rows = recovery_op.read_forward(bk2, md, key, Digester(md.digest_type, b""),
                                             rc.recovery_start(phase.max_lac, 0))
             assert rows is None or rows.num_rows == 0
-            _close_by_recovery(bk2, lid, -1)                      # closed as empty
+            _close_by_recovery(bk2, lid, -1, 0)                   # closed as empty
         finally:
             cluster.resume_bookie(b2)
         w1.send(0, -1, b3)                                        # w1 -> b3: e0
@@ -226,7 +228,8 @@ def test_tla_defect2_recovery_never_rewrites_an_earlier_fragment(cluster, hist_d
         c, d = [b for b in cluster.bookie_ids if b not in old][:2]
         raw, _ = bk.metadata_store.update(ledger_key(lid), lambda r: lm.replace_bookies(
             lm.LedgerMetadata.from_json(r), 20, {0: c, 1: d}).to_json())
-        raw_writer = RawWriter(bk, hist, lm.LedgerMetadata.from_json(raw))
+        raw_writer = RawWriter(bk, hist, lm.LedgerMetadata.from_json(raw), first_entry=20,
+                               base_length=w.lh.length)
         assert raw_writer.send(20, 19, c) == "ok"               # e20 at Qa-1
         raw_writer.finish()
         cluster.kill_bookie(d)
@@ -345,6 +348,7 @@ def test_chaos_run7_close_after_an_aborted_ensemble_change_recovers(cluster, his
     victim = None
     try:
         w, lid = _ten_acked_adds(hist, bk)
+        acked_length = w.lh.length
         # entry 10's write set is slots (1, 2): slot 2 stores it, slot 1 holds
         # it queued in its socket until SIGCONT
         victim = w.lh.metadata.current_ensemble[1]
@@ -373,7 +377,8 @@ def test_chaos_run7_close_after_an_aborted_ensemble_change_recovers(cluster, his
         # the same entry with the writer's own payload and LAC).
         bk.transports.invalidate(victim)
         # "ok", or LedgerFenced once the recovery's fence reached it: both correct
-        RawWriter(bk, hist, md).send(10, 9, victim, b"w:10:x", record=False)
+        RawWriter(bk, hist, md, first_entry=10, base_length=acked_length).send(
+            10, 9, victim, b"w:10:x", record=False)
         victim = None
         hist.close()
         assert final_check(cluster, hist_dir, [lid]) == []

@@ -24,7 +24,7 @@ from pybk_spark.wire.entries import batch_to_bytes, make_batch
 
 
 def _one_entry(ledger_id: int, entry_id: int) -> bytes:
-    return batch_to_bytes(make_batch(ledger_id, [entry_id], [entry_id - 1],
+    return batch_to_bytes(make_batch(ledger_id, [entry_id], [entry_id - 1], [3 * (entry_id + 1)],
                                      [b"e%d" % entry_id], [b""]))
 
 

@@ -99,11 +99,14 @@ def test_recovery_rewrites_partial_entry(env):
     from pybk_spark.digest import Digester
     from pybk_spark.wire.entries import make_batch, batch_to_bytes
     slot = write_set(12, 3, 2)[0]
-    d = Digester("crc32c").compute(lh.ledger_id, [12], [11], [b"p12"])
+    length = lh.length + 3
+    d = Digester("crc32c").compute(lh.ledger_id, [12], [11], [length], [b"p12"])
     pool.bookies[md.current_ensemble[slot]].add(
-        lh.ledger_id, lm.master_key(b""), batch_to_bytes(make_batch(lh.ledger_id, [12], [11], [b"p12"], d)), False)
+        lh.ledger_id, lm.master_key(b""),
+        batch_to_bytes(make_batch(lh.ledger_id, [12], [11], [length], [b"p12"], d)), False)
     rh = bk.open_ledger(lh.ledger_id)
     assert rh.last_add_confirmed == 12
+    assert rh.metadata.length == length == sum(len(b"p%d" % i) for i in range(13))
     assert rh.read(12, 12)[0].payload == b"p12"
     other = md.current_ensemble[write_set(12, 3, 2)[1]]
     assert 12 in pool.bookies[other].ledgers[lh.ledger_id].rows   # re-replicated
@@ -327,3 +330,52 @@ def test_recovery_after_a_crashed_recovery_changed_the_ensemble(env):
     assert rh.metadata.last_entry_id == 19, "closed before an acknowledged entry"
     pool.hung.clear()
     assert [e.payload for e in rh.read(0, 19)] == [b"e%d" % i for i in range(20)]
+
+
+# -- the length a recovery closes at (each entry carries its cumulative length) --------------
+def _sizes(payloads) -> int:
+    return sum(len(p) for p in payloads)
+
+
+def test_recovery_length_of_an_empty_ledger(env):
+    bk, _, _ = env
+    lh = bk.create_ledger(3, 2, 2)
+    md = bk.open_ledger(lh.ledger_id).metadata
+    assert (md.state, md.last_entry_id, md.length) == (lm.CLOSED, -1, 0)
+
+
+def test_recovery_length_when_nothing_follows_the_lac(env):
+    """Tail of 0 entries: every bookie knows the LAC (an explicit LAC), so
+    recovery finds nothing after it and reads the LAC entry's length."""
+    bk, _, pool = env
+    lh = bk.create_ledger(3, 2, 2)
+    payloads = [b"x" * (i + 1) for i in range(10)]
+    lh.add_entries(payloads[:4])
+    lh.add_entries(payloads[4:])                 # two chunks: lengths carry across them
+    for b in lh.metadata.current_ensemble:
+        pool.get(b).write_lac(lh.ledger_id, lm.master_key(b""), lh.last_add_confirmed)
+    md = bk.open_ledger(lh.ledger_id).metadata
+    assert (md.last_entry_id, md.length) == (9, _sizes(payloads))
+
+
+def test_recovery_length_with_an_unconfirmed_tail(env):
+    """Tail of 3 entries that reached two bookies of a Qa = Qw = 3 ledger
+    (never acknowledged): recovery re-writes them, unchanged, and closes at
+    the length the last one carries."""
+    bk, _, pool = env
+    lh = bk.create_ledger(3, 3, 3)
+    acked, tail = [b"a" * (i + 1) for i in range(5)], [b"t" * (10 + i) for i in range(3)]
+    lh.add_entries(acked)
+    for b in lh.metadata.current_ensemble:       # the writer's explicit LAC while idle
+        pool.get(b).write_lac(lh.ledger_id, lm.master_key(b""), lh.last_add_confirmed)
+    paused = lh.metadata.current_ensemble[0]
+    pool.stalled.add(paused)
+    futs = lh.add_entries_async(tail)            # on the two others; never Qa acks
+    pool.stalled.discard(paused)
+    rh = bk.open_ledger(lh.ledger_id)
+    md = rh.metadata
+    assert not any(f.done() for f in futs)
+    assert (md.last_entry_id, md.length) == (7, _sizes(acked + tail))
+    got = rh.read(0, 7)
+    assert [e.payload for e in got] == acked + tail
+    assert [e.length for e in got] == [_sizes((acked + tail)[:i + 1]) for i in range(8)]

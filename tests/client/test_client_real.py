@@ -8,6 +8,7 @@ how long a hung bookie is waited for."""
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -207,3 +208,59 @@ def test_read_batches_keeps_to_the_byte_budget(cluster, write_quorum):
         assert len(whole) == 1 and whole[0].num_rows == 12
     finally:
         bk.close()
+
+
+def _wait_held(bk, bookies, ledger_id: int, entry_id: int, guard_s: float = 120.0) -> None:
+    """Until each of ``bookies`` stores ``entry_id`` (non-fencing reads; the
+    guard only bounds a hang)."""
+    deadline = time.monotonic() + guard_s
+    for b in bookies:
+        while True:
+            try:
+                res = bk.transports.get(b).read(ledger_id, entry_id, entry_id,
+                                                max_entries=1).result(guard_s)
+                if res.batch.num_rows:
+                    break
+            except errors.NoSuchEntry:
+                pass
+            assert time.monotonic() < deadline, f"{b} never stored entry {entry_id}"
+            time.sleep(0.01)
+
+
+@pytest.mark.parametrize("tail", [0, 3])
+def test_recovery_closes_at_the_length_its_entries_carry(cluster, tail):
+    """A (3, 3, 3) ledger with 10 entries acknowledged (every bookie knows
+    LAC 9) and ``tail`` more on two bookies only (the third paused, so never
+    acknowledged).  Recovery closes it with length = the payload bytes of
+    every entry in it: tail 0, the length entry 9 carries (read back); tail
+    3, the one the last re-written entry carries."""
+    _ensure_bookies(cluster, 4)           # a spare replaces the paused bookie in the re-write
+    writer = _bk(cluster, add_timeout_s=60.0)
+    rec = _bk(cluster, read_timeout_s=3.0, add_timeout_s=3.0)
+    paused = None
+    try:
+        lh = writer.create_ledger(3, 3, 3)
+        lid, key = lh.ledger_id, lm.master_key(b"")
+        acked = [b"a" * (i + 1) for i in range(10)]
+        lh.add_entries(acked[:4])
+        lh.add_entries(acked[4:])
+        ensemble = lh.metadata.current_ensemble
+        for b in ensemble:                    # the writer's explicit LAC while idle
+            writer.transports.get(b).write_lac(lid, key, 9).result(60)
+        tail_payloads = [b"t" * (20 + i) for i in range(tail)]
+        if tail:
+            paused = ensemble[0]
+            cluster.stop_bookie(paused)
+            lh.add_entries_async(tail_payloads)
+            _wait_held(writer, ensemble[1:], lid, 9 + tail)
+        md = rec.open_ledger(lid).metadata
+        assert (md.state, md.last_entry_id) == (lm.CLOSED, 9 + tail)
+        assert md.length == sum(map(len, acked + tail_payloads))
+        got = rec.open_ledger(lid, recovery=False).read(0, md.last_entry_id)
+        assert [e.payload for e in got] == acked + tail_payloads
+        assert got[-1].length == md.length
+    finally:
+        if paused is not None:
+            cluster.resume_bookie(paused)
+        writer.close()
+        rec.close()

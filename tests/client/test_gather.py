@@ -8,7 +8,7 @@ import pyarrow as pa
 from hypothesis import given, settings, strategies as st
 
 from pybk_spark import read_handle
-from pybk_spark.wire.entries import make_batch
+from pybk_spark.wire.entries import cumulative_lengths, make_batch
 
 
 @given(sizes=st.lists(st.integers(1, 40), min_size=1, max_size=4), seed=st.integers(0, 2**32 - 1),
@@ -19,7 +19,8 @@ def test_gather_equals_take(sizes, seed, many):
     batches, base = [], 0
     for n in sizes:
         payloads = [rng.bytes(int(rng.integers(0, 50))) for _ in range(n)]
-        batches.append(make_batch(3, range(base, base + n), [0] * n, payloads, [b""] * n))
+        batches.append(make_batch(3, range(base, base + n), [0] * n,
+                                  cumulative_lengths(0, payloads), payloads, [b""] * n))
         base += n
     table = pa.Table.from_batches(batches)
     rows = rng.permutation(table.num_rows)[:int(rng.integers(1, table.num_rows + 1))]

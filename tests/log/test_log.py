@@ -51,6 +51,10 @@ def test_leader_duel_exactly_one_writer_wins(bk, fresh_scope):
             first.append(b"too late")
         assert not first.is_leader() and second.is_leader()
         acked2 = [second.append(p) for p in payloads("second", 5)]
+        md, _ = read_log(bk.metadata_store, "duel")
+        taken_over = md.segments[0]                   # closed by the new leader's recovery
+        assert (taken_over.entry_count, taken_over.byte_count) == (
+            10, sum(map(len, payloads("first", 10))))
         second.close()
         got = read_all(bk, "duel")
         # every append the loser reported as successful is in the log, no gaps

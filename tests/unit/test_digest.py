@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from pybk_spark.digest import Digester, payload_views
-from pybk_spark.wire.entries import make_batch
+from pybk_spark.wire.entries import cumulative_lengths, make_batch
 
 
 @pytest.mark.parametrize("digest_type", ["crc32c", "hmac", "none"])
@@ -20,14 +20,28 @@ def test_verify_batch_agrees_with_one_on_bytes(digest_type, payloads, cut, corru
     d = Digester(digest_type, b"pw")
     n = len(payloads)
     ids, lacs = range(100, 100 + n), [99 + i for i in range(n)]
-    digests = d.compute(7, ids, lacs, payloads)
+    lengths = cumulative_lengths(5000, payloads)
+    digests = d.compute(7, ids, lacs, lengths, payloads)
     if digest_type != "none" and corrupt < n:          # one wrong digest: that row only fails
         digests[corrupt] = bytes(len(digests[corrupt]))
-    batch = make_batch(7, ids, lacs, payloads, digests)
+    batch = make_batch(7, ids, lacs, lengths, payloads, digests)
     cut = min(cut, n - 1)
     sliced = batch.slice(cut)                           # offsets no longer start at 0
-    want = [d.one(7, 100 + i, 99 + i, payloads[i]) == digests[i] for i in range(cut, n)]
+    want = [d.one(7, 100 + i, 99 + i, lengths[i], payloads[i]) == digests[i]
+            for i in range(cut, n)]
     assert d.verify_batch(sliced).tolist() == want
+
+
+@pytest.mark.parametrize("digest_type", ["crc32c", "hmac"])
+def test_a_replica_with_the_wrong_length_fails_its_digest(digest_type):
+    d = Digester(digest_type, b"pw")
+    payloads = [b"a", b"bb", b"ccc"]
+    lengths = cumulative_lengths(0, payloads)
+    digests = d.compute(7, range(3), [-1, 0, 1], lengths, payloads)
+    good = make_batch(7, range(3), [-1, 0, 1], lengths, payloads, digests)
+    assert d.verify_batch(good).tolist() == [True, True, True]
+    bad = make_batch(7, range(3), [-1, 0, 1], [1, 3, 7], payloads, digests)
+    assert d.verify_batch(bad).tolist() == [True, True, False]
 
 
 def test_payload_views_are_zero_copy_slices():

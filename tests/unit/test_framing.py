@@ -42,7 +42,8 @@ def test_read_response_roundtrip(ledger, request_id, lac, fenced, payload):
 
 
 def test_arrow_buffer_payload_is_framed_without_conversion():
-    batch = make_batch(3, range(10, 13), [9, 9, 9], [b"a", b"bb", b"ccc"], [b"", b"", b""])
+    batch = make_batch(3, range(10, 13), [9, 9, 9], [101, 103, 106], [b"a", b"bb", b"ccc"],
+                       [b"", b"", b""])
     buf = batch_to_buffer(batch)
     assert isinstance(buf, pa.Buffer)
     framed = framing.with_payload(pb.ReadResponse(code=pb.OK), buf)

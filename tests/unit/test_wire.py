@@ -17,11 +17,28 @@ def test_proto_is_not_registered_under_an_etcd_clashing_name():
 
 
 def test_entry_batch_round_trip():
-    batch = entries.make_batch(7, [0, 1, 2], [-1, 0, 1], [b"a", b"", b"c" * 1000], [b"d"] * 3)
+    payloads = [b"a", b"", b"c" * 1000]
+    lengths = entries.cumulative_lengths(10, payloads)
+    assert lengths == [11, 11, 1011]
+    batch = entries.make_batch(7, [0, 1, 2], [-1, 0, 1], lengths, payloads, [b"d"] * 3)
     back = entries.batch_from_bytes(entries.batch_to_bytes(batch))
     assert back.equals(batch)
     assert [e.entry_id for e in entries.to_entries(back)] == [0, 1, 2]
     assert entries.to_entries(back)[2].payload == b"c" * 1000
+    assert [e.length for e in entries.to_entries(back)] == [11, 11, 1011]
+
+
+def test_a_batch_in_the_format_before_length_is_refused_by_name():
+    old = pa.RecordBatch.from_pydict({"ledger_id": pa.array([1], pa.int64()),
+                                      "entry_id": pa.array([0], pa.int64()),
+                                      "lac": pa.array([-1], pa.int64()),
+                                      "payload": pa.array([b"x"], pa.binary()),
+                                      "digest": pa.array([b""], pa.binary())})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, old.schema) as w:
+        w.write_batch(old)
+    with pytest.raises(errors.BadRequest, match="cumulative length"):
+        entries.batch_from_bytes(sink.getvalue().to_pybytes())
 
 
 def test_empty_bytes_give_an_empty_batch():
@@ -37,7 +54,7 @@ def test_malformed_bytes_are_a_bad_request(garbage):
 def test_wrong_column_types_are_a_bad_request():
     wrong = pa.RecordBatch.from_pydict({"ledger_id": pa.array([1], pa.int32()),
                                         "entry_id": [0], "lac": [0],
-                                        "payload": [b"x"], "digest": [b""]})
+                                        "payload": [b"x"], "digest": [b""], "length": [1]})
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, wrong.schema) as w:
         w.write_batch(wrong)
