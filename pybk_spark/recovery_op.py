@@ -18,11 +18,16 @@ Theory of operation (pure decisions in ``protocol.recovery``)
    (``lm.recovery_read_bookies``; the writer's ensemble is recorded by step 1).
    EXISTS -> keep the row; MISSING -> stop; UNRECOVERABLE ->
    LedgerRecoveryError (retry later).
-4. Re-write every found entry to its whole write set with recovery adds
+4. Report the decision (``rc.RecoveryDecision``: start and the last found
+   id) to the client's ``recovery_listener``, if any, before re-writing:
+   a recovery that loses the close race (or dies) leaves its re-writes
+   beyond the converged close, and the chaos checker must be able to tell
+   those copies from a write through a fence.
+5. Re-write every found entry to its whole write set with recovery adds
    through ``LedgerWriter(recovery=True)`` (ensemble changes allowed while
    IN_RECOVERY), rows unchanged (LAC, length, digest as the writer made
    them), and wait for Qa acks of each.
-5. CAS CLOSED at the last found id with the ``length`` that entry carries
+6. CAS CLOSED at the last found id with the ``length`` that entry carries
    (nothing found after ``start``: the length of entry ``start``, read back;
    start -1: 0) (``close_by_recovery``: if another recoverer closed first,
    its value stands: all converge).  If a concurrent
@@ -75,6 +80,9 @@ def _recover_once(bk, md: lm.LedgerMetadata, password: bytes) -> ReadHandle:
                               lm.recovery_replaced_tail(md))
     rows = read_forward(bk, md, key, Digester(md.digest_type, password), start)
     last = start + (rows.num_rows if rows is not None else 0)
+    listener = bk.recovery_listener
+    if listener is not None:
+        listener(rc.RecoveryDecision(md.ledger_id, start, last))
     length = closing_length(bk, md, password, start, rows)
     if last > start:
         md = rewrite(bk, md, key, start, rows)

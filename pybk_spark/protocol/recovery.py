@@ -151,3 +151,20 @@ class SlotAnswers:
 def closing_entry(first_missing: int) -> int:
     """The ledger closes at the entry before the first missing one."""
     return first_missing - 1
+
+
+@dataclass(frozen=True)
+class RecoveryDecision:
+    """What one recovery decided before re-writing anything: ids up to
+    ``start`` are known acknowledged; ``start``+1..``last`` were found on
+    some bookie and are re-written to their whole write sets; it then closes
+    at ``last``, unless another recovery closed first: that close stands
+    (``close_by_recovery``) and may be lower, so these re-writes can leave
+    copies of ids beyond the ledger's final last entry."""
+    ledger_id: int
+    start: int
+    last: int
+
+    @property
+    def rewrites(self) -> range:
+        return range(self.start + 1, self.last + 1)

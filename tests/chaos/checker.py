@@ -14,8 +14,12 @@ snapshots taken during the run, and returns violations:
                 payload appears twice.
   I2 beyond     last+1 is not held by an ack quorum (Qa bookies of its write
                 set): it could have been acknowledged after the close (a
-                fencing hole; later ids cannot be acked before it); no reader
-                ever returned an id > last (I3).
+                fencing hole; later ids cannot be acked before it), unless
+                a recovery of that ledger decided to re-write last+1 (its
+                recorded decision, history ``recovery`` notes): a recovery
+                that lost the close race to one that closed lower leaves
+                such copies (chaos seed 12002); no reader ever returned an
+                id > last (I3).
   I3 readers    every ok ledger read returned, at each id, the final entry
                 at that id (so every reader saw a prefix of one sequence);
                 each log-reader session's records are a prefix of the log.
@@ -41,7 +45,7 @@ from pybk_spark import errors
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.protocol.distribution import write_set
 
-from .history import FAIL, OK, digest
+from .history import FAIL, NOTE, OK, digest
 
 
 @dataclass
@@ -95,7 +99,7 @@ def check(ops: list[dict], final: FinalState, snapshots: Iterable[tuple] = (),
           strict_replicas: bool = True) -> list[Violation]:
     out: list[Violation] = []
     out += check_acked(ops, final)
-    out += check_beyond(final)
+    out += check_beyond(final, ops)
     out += check_lengths(final)
     out += check_readers(ops, final)
     out += check_metadata(snapshots, final)
@@ -163,20 +167,40 @@ def check_acked(ops: list[dict], final: FinalState) -> list[Violation]:
     return out
 
 
-def check_beyond(final: FinalState) -> list[Violation]:
+def recovery_rewrites(ops: Iterable[dict]) -> dict[int, list[tuple[int, int]]]:
+    """ledger -> [(first, last)] id ranges that some recovery decided to
+    re-write (history ``recovery`` notes: start+1..found)."""
+    out: dict[int, list[tuple[int, int]]] = {}
+    for op in ops:
+        if op.get("outcome") == NOTE and op.get("op") == "recovery" and \
+                op.get("found", -1) > op.get("start", -1):
+            out.setdefault(op["ledger"], []).append((op["start"] + 1, op["found"]))
+    return out
+
+
+def check_beyond(final: FinalState, ops: Iterable[dict] = ()) -> list[Violation]:
     """Only last+1 matters: an add is acknowledged only after every lower id
     is, so a later id on Qa bookies (with last+1 short of Qa) was never acked;
     last+1 on Qa bookies of its write set could have been acked after the
     close (recovery saw (Qw-Qa)+1 NoSuchEntry for it, so Qa copies means a
-    write got through a fence: TLA+ defect 1 / #2614)."""
+    write got through a fence: TLA+ defect 1 / #2614) - unless a recovery of
+    that ledger decided to re-write last+1: recovery adds pass fences by
+    design, and a recovery that then lost the close race to one that closed
+    lower leaves exactly such copies (chaos seed 12002,
+    tests/chaos/test_regression_12002.py).  I1 still judges whether anything
+    acknowledged was lost."""
     out = []
+    rewrites = recovery_rewrites(ops)
     for lid, fl in sorted(final.ledgers.items()):
         e = fl.last + 1
         holders = fl.beyond_quorum.get(e, 0)
-        if fl.state == lm.CLOSED and holders >= fl.ack_quorum:
-            out.append(Violation("I2", f"entry last+1 is on {holders} bookies of its write set "
-                                       f"(Qa={fl.ack_quorum}): it could have been acknowledged "
-                                       f"after the close", lid, e))
+        if fl.state != lm.CLOSED or holders < fl.ack_quorum:
+            continue
+        if any(first <= e <= last for first, last in rewrites.get(lid, ())):
+            continue
+        out.append(Violation("I2", f"entry last+1 is on {holders} bookies of its write set "
+                                   f"(Qa={fl.ack_quorum}) and no recovery decided to re-write "
+                                   f"it: it could have been acknowledged after the close", lid, e))
     return out
 
 
@@ -325,7 +349,7 @@ def minimal_history(ops: list[dict], v: Violation, limit: int = 40) -> list[dict
             return True
         if v.ledger is None or op.get("ledger") != v.ledger:
             return False
-        if v.entry is None or op.get("op") in ("recover", "close", "create", "lead"):
+        if v.entry is None or op.get("op") in ("recover", "recovery", "close", "create", "lead"):
             return True
         first = op.get("entry")
         n = len(op.get("digests") or [])
@@ -336,7 +360,7 @@ def minimal_history(ops: list[dict], v: Violation, limit: int = 40) -> list[dict
 
 def format_op(op: dict) -> str:
     keep = ("invoke_t", "proc", "id", "op", "outcome", "ledger", "log", "entry", "last",
-            "error", "session", "offset")
+            "start", "found", "error", "session", "offset")
     parts = [f"{k}={op[k]:.3f}" if k == "invoke_t" else f"{k}={op[k]}"
              for k in keep if op.get(k) is not None]
     n = len(op.get("digests") or [])

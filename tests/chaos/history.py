@@ -17,8 +17,14 @@ A line is a flat JSON object:
     entry    first entry id (ok adds, reads)  pos  [segment, ledger, entry] list
     digests  payload digests, in entry order (adds, appends, reads)
     last     last entry id (recover / close ok)   error  error class name
+    start, found  a recovery's own decision (``note`` lines, op ``recovery``):
+             ids up to ``start`` known acknowledged, ``start``+1..``found``
+             found and re-written; recorded before the re-writes by every
+             fencing recovery a worker's client runs (``History.recovery``).
 Payloads are never stored, only ``digest(payload)``; every payload a writer
 produces is unique (``make_payload``), so a digest names one operation.
+``note`` lines (facts, not operations) pass through ``pair_ops`` unpaired,
+with outcome ``note``.
 """
 from __future__ import annotations
 
@@ -33,7 +39,7 @@ from typing import Iterable, Iterator
 
 from pybk_spark import errors
 
-INVOKE, OK, FAIL, UNKNOWN = "invoke", "ok", "fail", "unknown"
+INVOKE, OK, FAIL, UNKNOWN, NOTE = "invoke", "ok", "fail", "unknown", "note"
 
 
 def digest(payload: bytes) -> str:
@@ -96,8 +102,16 @@ class History:
 
     def note(self, op: str, **fields) -> None:
         """A fact without invoke/complete (e.g. a writer's ledger assignment)."""
-        self._write({"t": self._clock(), "proc": self.proc, "id": 0, "type": "note",
+        self._write({"t": self._clock(), "proc": self.proc, "id": 0, "type": NOTE,
                      "op": op, **fields})
+
+    def recovery(self, decision) -> None:
+        """A client's ``recovery_listener``: one fencing recovery's own
+        decision (``protocol.recovery.RecoveryDecision``), written before it
+        re-writes anything, so a process killed mid-re-write still explains
+        the copies it left."""
+        self.note("recovery", ledger=decision.ledger_id, start=decision.start,
+                  found=decision.last)
 
     def close(self) -> None:
         with self._lock:
@@ -128,12 +142,15 @@ def load_histories(directory: str) -> list[dict]:
 
 def pair_ops(ops: Iterable[dict]) -> list[dict]:
     """Join invoke + completion into one record per operation.  An invoke
-    without a completion (the process was killed) becomes ``unknown``."""
+    without a completion (the process was killed) becomes ``unknown``.
+    Notes stay single records with outcome ``note``."""
     open_ops: dict[tuple, dict] = {}
     done: list[dict] = []
     for rec in ops:
         kind = rec.get("type")
-        if kind == "note":
+        if kind == NOTE:
+            done.append(dict({k: v for k, v in rec.items() if k != "type"}, outcome=NOTE,
+                             invoke_t=rec["t"]))
             continue
         key = (rec["proc"], rec["id"])
         if kind == INVOKE:

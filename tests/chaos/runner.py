@@ -275,7 +275,8 @@ def _totals(ops, final, faults, workers) -> dict:
         if op.get("op") in ("add", "append"):
             entries[op["outcome"]] += len(op.get("digests") or [])
     return {
-        "operations": len(ops),
+        "operations": sum(op.get("outcome") != "note" for op in ops),
+        "recovery_decisions": by.get(("recovery", "note"), 0),
         "ops": {f"{k[0]}:{k[1]}": v for k, v in sorted(by.items())},
         "entries": dict(entries),
         "faults": {k: v for k, v in faults.items() if v},

@@ -4,6 +4,7 @@ good one, including the unknown-outcome rules."""
 from __future__ import annotations
 
 from pybk_spark.protocol import ledger_metadata as lm
+from pybk_spark.protocol.recovery import RecoveryDecision
 
 from . import checker as chk
 from .history import History, digest, load_histories, pair_ops
@@ -14,10 +15,14 @@ def _d(i):
 
 
 def _ops(tmp_path, records):
-    """records: (proc, op, outcome, fields) -> paired ops via real files."""
+    """records: (proc, op, outcome, fields) -> paired ops via real files;
+    op "recovery" (fields: a RecoveryDecision) is a recovery's recorded decision."""
     hists = {}
     for proc, op, outcome, fields in records:
         h = hists.setdefault(proc, History(str(tmp_path / f"{proc}.jsonl"), proc))
+        if op == "recovery":
+            h.recovery(fields)
+            continue
         inv = {k: v for k, v in fields.items() if k in ("ledger", "digests", "log", "session",
                                                         "offset")}
         op_id = h.invoke(op, **inv)
@@ -99,6 +104,34 @@ def test_beyond_last_on_an_ack_quorum(tmp_path):
     assert chk.check(ops, ok_final) == []          # 4 cannot be acked before 3
     bad = chk.FinalState(ledgers={1: _ledger(1, 3, beyond={3: 2})})
     assert [v.invariant for v in chk.check(ops, bad)] == ["I2"]
+
+
+def test_beyond_last_rewritten_by_a_recovery_that_lost_the_close_race(tmp_path):
+    """Seed 12002 (tests/chaos/test_regression_12002.py): recovery A closed
+    at 2; recovery B had found 3-5 and re-wrote them to every bookie before
+    converging on A's close.  B's recorded decision explains the copies."""
+    lost_race = ("lw", "recovery", None, RecoveryDecision(1, 1, 5))
+    closer = ("rec", "recovery", None, RecoveryDecision(1, 2, 2))
+    final = chk.FinalState(ledgers={1: _ledger(1, 3, qa=3, beyond={3: 3, 4: 3, 5: 3})})
+    ops = _ops(tmp_path, _adds(3) + [closer, lost_race])
+    assert chk.check(ops, final) == []
+    assert [op["op"] for op in chk.minimal_history(ops, chk.Violation("I2", "", 1, 3))
+            if op["outcome"] == "note"] == ["recovery", "recovery"]
+
+
+def test_beyond_last_that_no_recovery_rewrote_is_still_a_fencing_hole(tmp_path):
+    final = chk.FinalState(ledgers={1: _ledger(1, 3, qa=3, beyond={3: 3})})
+    unexplained = [
+        [],                                                          # no recovery recorded
+        [("rec", "recovery", None, RecoveryDecision(1, 2, 2))],      # found nothing past 2
+        [("rec", "recovery", None, RecoveryDecision(1, 3, 6))],      # re-wrote from 4 only
+        [("rec", "recovery", None, RecoveryDecision(2, 1, 5))],      # another ledger
+    ]
+    for i, notes in enumerate(unexplained):
+        d = tmp_path / str(i)
+        d.mkdir()
+        vs = chk.check(_ops(d, _adds(3) + notes), final)
+        assert [(v.invariant, v.entry) for v in vs] == [("I2", 3)], notes
 
 
 def test_closed_length_must_be_the_payload_bytes_read_back(tmp_path):

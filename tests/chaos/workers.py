@@ -53,8 +53,10 @@ class HungClient(RuntimeError):
     pass
 
 
-def _bk(uri: str) -> BookKeeper:
-    return BookKeeper(uri, conf=CLIENT_CONF)
+def _bk(uri: str, hist: History) -> BookKeeper:
+    """Every fencing recovery this client runs (recoverer opens, a log
+    leader's take-over, closes by recovery) records its own decision."""
+    return BookKeeper(uri, conf=CLIENT_CONF, recovery_listener=hist.recovery)
 
 
 def _settle(fut: cf.Future) -> None:
@@ -70,7 +72,7 @@ def _settle(fut: cf.Future) -> None:
 
 # -- ledger writer ------------------------------------------------------------------------
 def ledger_writer(uri, hist: History, rng: random.Random, until: float) -> None:
-    bk = _bk(uri)
+    bk = _bk(uri, hist)
     seq = 0
     while time.time() < until:
         e, qw, qa = rng.choice(CONFIGS)
@@ -130,7 +132,7 @@ def _add_done(hist: History, op: int, lid: int, bad: list):
 
 # -- log writer -----------------------------------------------------------------------------
 def log_writer(uri, hist: History, rng: random.Random, until: float, log: str) -> None:
-    bk = _bk(uri)
+    bk = _bk(uri, hist)
     e, qw, qa = rng.choice(CONFIGS)
     writer = LogWriter(bk, log, ensemble=e, write_quorum=qw, ack_quorum=qa,
                        roll_policy=RollPolicy(max_entries=rng.randrange(30, 150)))
@@ -197,7 +199,7 @@ def _read_range(hist: History, rh, lid: int, first: int, last: int) -> int:
 
 
 def tail_reader(uri, hist: History, rng: random.Random, until: float) -> None:
-    bk = _bk(uri)
+    bk = _bk(uri, hist)
     log_readers: dict[str, list] = {}     # log -> [LogReader, session, offset]
     sessions = 0
     while time.time() < until:
@@ -256,7 +258,7 @@ def _tail_one_ledger(bk, hist, rng, until) -> None:
 
 def recoverer(uri, hist: History, rng: random.Random, until: float,
               p_fence_live: float = 0.03) -> None:
-    bk = _bk(uri)
+    bk = _bk(uri, hist)
     while time.time() < until:
         try:
             ids = bk.list_ledgers()

@@ -348,6 +348,8 @@ def test_recovery_length_when_nothing_follows_the_lac(env):
     """Tail of 0 entries: every bookie knows the LAC (an explicit LAC), so
     recovery finds nothing after it and reads the LAC entry's length."""
     bk, _, pool = env
+    decisions = []
+    bk.recovery_listener = decisions.append
     lh = bk.create_ledger(3, 2, 2)
     payloads = [b"x" * (i + 1) for i in range(10)]
     lh.add_entries(payloads[:4])
@@ -355,6 +357,7 @@ def test_recovery_length_when_nothing_follows_the_lac(env):
     for b in lh.metadata.current_ensemble:
         pool.get(b).write_lac(lh.ledger_id, lm.master_key(b""), lh.last_add_confirmed)
     md = bk.open_ledger(lh.ledger_id).metadata
+    assert [(d.start, d.last) for d in decisions] == [(9, 9)]
     assert (md.last_entry_id, md.length) == (9, _sizes(payloads))
 
 
@@ -363,6 +366,8 @@ def test_recovery_length_with_an_unconfirmed_tail(env):
     (never acknowledged): recovery re-writes them, unchanged, and closes at
     the length the last one carries."""
     bk, _, pool = env
+    decisions = []
+    bk.recovery_listener = decisions.append
     lh = bk.create_ledger(3, 3, 3)
     acked, tail = [b"a" * (i + 1) for i in range(5)], [b"t" * (10 + i) for i in range(3)]
     lh.add_entries(acked)
@@ -375,6 +380,7 @@ def test_recovery_length_with_an_unconfirmed_tail(env):
     rh = bk.open_ledger(lh.ledger_id)
     md = rh.metadata
     assert not any(f.done() for f in futs)
+    assert [(d.start, d.last) for d in decisions] == [(4, 7)]
     assert (md.last_entry_id, md.length) == (7, _sizes(acked + tail))
     got = rh.read(0, 7)
     assert [e.payload for e in got] == acked + tail
