@@ -26,6 +26,11 @@ which is what makes the journal order of one connection its send order.
 * When the client stops sending (or the connection breaks), the adds it
   already submitted are still answered, for at most ``_DRAIN_S``, before the
   connection is closed.
+* Each connection holds a thread, so at most ``lane_max_connections`` are
+  open (more are closed at accept, counted as refused), and a connection
+  that has not sent its magic and hello within ``lane_hello_timeout_s`` is
+  closed.  After the hello nothing is timed: an idle client connection is
+  the client's to close (it closes idle ones itself).
 * A read connection (``READ_MAGIC``) is served by its thread alone: read a
   ReadRequest, answer it through ``BookieService.read_answer`` (the same
   code, codes and metrics as gRPC's ``ReadEntries``), send the answer whole,
@@ -64,6 +69,8 @@ class AddLaneServer:
         self.metrics = service.m
         self.limit = cfg.grpc_message_limit()
         self.max_inflight = max(1, cfg.max_inflight_per_stream)
+        self.max_connections = cfg.lane_max_connections
+        self.hello_timeout_s = cfg.lane_hello_timeout_s
         family = socket.AF_INET6 if ":" in cfg.bind_address else socket.AF_INET
         self._listener = socket.create_server((cfg.bind_address, cfg.add_lane_port),
                                               family=family, backlog=128)
@@ -92,8 +99,16 @@ class AddLaneServer:
                 if self._stopped.is_set():
                     conn.close()
                     return
-                self._connections.add(conn)
-                self.metrics.lane_connections.set(len(self._connections))
+                full = len(self._connections) >= self.max_connections
+                if not full:
+                    self._connections.add(conn)
+                    self.metrics.lane_connections.set(len(self._connections))
+            if full:                      # each connection holds a thread: refuse, never queue
+                self.metrics.lane_refused.inc()
+                log.warning("event=add_lane_full peer=%s max_connections=%d", peer,
+                            self.max_connections)
+                conn.close()
+                continue
             threading.Thread(target=self._serve, args=(conn, peer), daemon=True,
                              name="add-lane-conn").start()
 
@@ -110,6 +125,7 @@ class AddLaneServer:
                 request_id=add_lane.CONNECTION_REQUEST_ID).SerializeToString()))
 
         try:
+            conn.settimeout(self.hello_timeout_s)   # a silent connection must not hold a thread
             with conn.makefile("rb") as stream:
                 magic = stream.read(len(add_lane.MAGIC))
                 if magic not in add_lane.MAGICS:
@@ -129,10 +145,14 @@ class AddLaneServer:
                     refuse(f"this is bookie {self.bookie_id.decode(errors='replace')}, "
                            f"not {wanted.decode(errors='replace')}")
                     return
+                conn.settimeout(None)
                 if magic == add_lane.READ_MAGIC:
                     self._serve_reads(conn, stream, refuse)
                 else:
                     self._serve_adds(stream, writer, slots, refuse)
+        except TimeoutError:              # only the hello is timed
+            self.metrics.lane_refused.inc()
+            log.info("event=add_lane_hello_timeout peer=%s", peer)
         except OSError as exc:            # reset by the client, shut down by stop()
             log.debug("event=add_lane_connection_error peer=%s error=%r", peer, exc)
         except Exception:                 # noqa: BLE001 - never let a request kill the bookie

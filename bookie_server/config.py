@@ -51,6 +51,8 @@ class BookieConfig:
     # service
     grpc_threads: int = 64
     add_lane_port: int = 0               # 0 = any free port (registered), -1 = no add lane
+    lane_max_connections: int = 1024     # more open lane connections are refused at accept
+    lane_hello_timeout_s: float = 10.0   # a connection must send magic + hello within this
     long_poll_max_timeout_ms: int = 60000
     metrics_port: int = 0                # 0 = no Prometheus endpoint
 
@@ -118,6 +120,10 @@ def validate(cfg: BookieConfig) -> None:
         raise ValueError("journal_max_group_bytes must be > 0")
     if cfg.add_lane_port < -1 or cfg.add_lane_port > 65535:
         raise ValueError("add_lane_port must be -1 (off), 0 (any free port) or a port")
+    if cfg.lane_max_connections < 1:
+        raise ValueError("lane_max_connections must be >= 1")
+    if cfg.lane_hello_timeout_s <= 0:
+        raise ValueError("lane_hello_timeout_s must be > 0")
     if cfg.journal_page_cache_keep_mb < -1:
         raise ValueError("journal_page_cache_keep_mb must be -1 (never drop) or >= 0")
 

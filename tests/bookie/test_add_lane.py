@@ -199,3 +199,34 @@ def test_bad_read_connections_get_a_read_answer_then_a_close(bookie, bad):
     assert [(a.request_id, a.code) for a in answers] == [
         (add_lane.CONNECTION_REQUEST_ID, pb.BAD_REQUEST)]
     assert _serving(bookie)
+
+
+def test_a_silent_connection_is_closed_after_the_hello_timeout(bookies):
+    bp = bookies(conf={"add_lane_port": free_port(), "lane_hello_timeout_s": 0.5}).start()
+    with socket.create_connection(("127.0.0.1", int(bp.conf["add_lane_port"])),
+                                  timeout=30) as sock:
+        sock.sendall(add_lane.MAGIC)                 # and then nothing
+        assert sock.recv(100) == b""                 # closed by the bookie, nothing answered
+    assert "event=add_lane_hello_timeout" in open(bp.log_path).read()
+    with _connect(bp) as sock:                       # a client that says hello is served
+        sock.sendall(_request(30, [0], 1))
+        assert _answers(sock, 1)[0].code == pb.OK
+
+
+def test_connections_over_the_cap_are_refused_at_accept(bookies):
+    bp = bookies(conf={"add_lane_port": free_port(), "lane_max_connections": 2}).start()
+    held = [_connect(bp), _connect(bp)]
+    try:
+        for i, sock in enumerate(held):              # both are served
+            sock.sendall(_request(31, [i], i + 1))
+            assert _answers(sock, 1)[0].code == pb.OK
+        with _connect(bp) as third:                  # closed at accept (its hello unread:
+            try:                                     # a reset, or an end of stream)
+                assert third.recv(100) == b""
+            except ConnectionResetError:
+                pass
+    finally:
+        for sock in held:
+            sock.close()
+    assert "event=add_lane_full" in open(bp.log_path).read()
+    assert _serving(bp)
