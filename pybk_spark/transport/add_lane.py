@@ -1,10 +1,10 @@
-"""Client end of the add lane (protocol: wire/add_lane.py).
+"""Client end of the lane (protocol: wire/add_lane.py): add and read connections.
 
 Theory of operation
 -------------------
 One TCP connection per bookie carries this client's adds, with exactly the
 semantics of an ``AddStream`` (transport/add_stream.py, whose
-:class:`AddStreamer` reopens connections and whose :class:`PendingAdds`
+:class:`RequestStreamer` reopens connections and whose :class:`PendingRequests`
 matches answers, expires late adds and closes idle connections):
 
 * ``submit`` writes the framed request from the caller's own thread
@@ -34,7 +34,7 @@ import time
 from typing import Callable
 
 from pybk_spark import errors
-from pybk_spark.transport.add_stream import PendingAdds
+from pybk_spark.transport.add_stream import PendingRequests
 from pybk_spark.wire.frame_socket import FrameWriter, configure, read_frame, read_frame_into
 from pybk_spark.wire import add_lane
 from pybk_spark.wire import bookie_wire_pb2 as pb
@@ -50,11 +50,11 @@ def frame_add(head: pb.AddRequest, entries) -> bytes:
 
 
 def frame_read(head: pb.ReadRequest, _entries=b"") -> bytes:
-    """A ReadRequest as one lane frame (``AddStreamer`` passes no entries)."""
+    """A ReadRequest as one lane frame (``RequestStreamer`` passes no entries)."""
     return add_lane.frame(head.SerializeToString())
 
 
-class LaneConnection(PendingAdds):
+class LaneConnection(PendingRequests):
     """Adds over one lane connection."""
     magic = add_lane.MAGIC
     kind = "add"
@@ -139,9 +139,9 @@ class ReadLaneConnection(LaneConnection):
 
 def read_lane_connector(address: str, bookie_id: str, connect_timeout: float,
                         resolve: Callable[[], str], max_answer_bytes: int
-                        ) -> Callable[[float], PendingAdds]:
+                        ) -> Callable[[float], PendingRequests]:
     """Opens read lane connections; see :func:`lane_connector`."""
-    def open_read(addr: str, now: float) -> PendingAdds:
+    def open_read(addr: str, now: float) -> PendingRequests:
         return ReadLaneConnection(addr, bookie_id, now, connect_timeout, 1 << 20,
                                   max_answer_bytes)
     return _reconnecting(address, resolve, open_read)
@@ -149,21 +149,21 @@ def read_lane_connector(address: str, bookie_id: str, connect_timeout: float,
 
 def lane_connector(address: str, bookie_id: str, connect_timeout: float,
                    resolve: Callable[[], str] = lambda: "",
-                   max_backlog_bytes: int = 1 << 30) -> Callable[[float], PendingAdds]:
-    """Opens add lane connections (see ``AddStreamer``) to ``address``.  When
+                   max_backlog_bytes: int = 1 << 30) -> Callable[[float], PendingRequests]:
+    """Opens add lane connections (see ``RequestStreamer``) to ``address``.  When
     the connection is refused, ``resolve()`` is asked for the bookie's
     current lane address (a restarted bookie may listen on a new port) and,
     if it changed, that one is tried once."""
-    def open_add(addr: str, now: float) -> PendingAdds:
+    def open_add(addr: str, now: float) -> PendingRequests:
         return LaneConnection(addr, bookie_id, now, connect_timeout, max_backlog_bytes)
     return _reconnecting(address, resolve, open_add)
 
 
 def _reconnecting(address: str, resolve: Callable[[], str],
-                  open_at: Callable[[str, float], PendingAdds]) -> Callable[[float], PendingAdds]:
+                  open_at: Callable[[str, float], PendingRequests]) -> Callable[[float], PendingRequests]:
     current = [address]
 
-    def connect(now: float) -> PendingAdds:
+    def connect(now: float) -> PendingRequests:
         try:
             return open_at(current[0], now)
         except errors.BookieUnavailable as refused:

@@ -50,10 +50,11 @@ def add_stream_opener(channel) -> Callable:
                                  response_deserializer=pb.AddResponse.FromString)
 
 
-class PendingAdds:
-    """The unanswered adds of one connection (an AddStream or an add lane
-    connection): register, answer by request_id, fail all on a break, and
-    the watchdog's timeout and idle checks.  Subclasses send and close."""
+class PendingRequests:
+    """The unanswered requests of one connection (an AddStream, or a lane
+    connection carrying adds or reads): register, answer by request_id, fail
+    all on a break, and the watchdog's timeout and idle checks.  Subclasses
+    send and close."""
 
     def __init__(self, bookie_id: str, now: float):
         self.bookie_id = bookie_id
@@ -129,7 +130,7 @@ class PendingAdds:
         raise NotImplementedError
 
 
-class _Stream(PendingAdds):
+class _Stream(PendingRequests):
     """Adds over one gRPC AddStream."""
 
     def __init__(self, open_call: Callable, bookie_id: str, now: float):
@@ -179,18 +180,19 @@ class _Stream(PendingAdds):
         self.call.cancel()
 
 
-def stream_connector(channel, bookie_id: str) -> Callable[[float], PendingAdds]:
-    """Opens a gRPC AddStream on ``channel`` (see :class:`AddStreamer`)."""
+def stream_connector(channel, bookie_id: str) -> Callable[[float], PendingRequests]:
+    """Opens a gRPC AddStream on ``channel`` (see :class:`RequestStreamer`)."""
     opener = add_stream_opener(channel)
     return lambda now: _Stream(opener, bookie_id, now)
 
 
-class AddStreamer:
-    """The add side of one bookie client: a connection (``connect(now)``
-    opens a :class:`PendingAdds`: an AddStream or an add lane connection),
-    reopened after a break."""
+class RequestStreamer:
+    """One kind of request to one bookie (its adds, or its lane reads) over
+    one long-lived connection (``connect(now)`` opens a
+    :class:`PendingRequests`: an AddStream or a lane connection), reopened
+    after a break."""
 
-    def __init__(self, connect: Callable[[float], PendingAdds], bookie_id: str,
+    def __init__(self, connect: Callable[[float], PendingRequests], bookie_id: str,
                  clock: Callable[[], float], idle_close_s: float = 30.0, frame=None):
         self._connect = connect
         self._frame = frame or framing.with_payload
@@ -199,7 +201,7 @@ class AddStreamer:
         self._clock = clock
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
-        self._stream: PendingAdds | None = None
+        self._stream: PendingRequests | None = None
         self._closed = False
 
     def submit(self, head: pb.AddRequest, entries, timeout: float, convert: Callable) -> Future:

@@ -25,7 +25,7 @@ from pybk_spark import errors
 from pybk_spark.metadata.store import MetadataStore
 from pybk_spark.transport.add_lane import (frame_add, frame_read, lane_connector,
                                            read_lane_connector)
-from pybk_spark.transport.add_stream import AddStreamer, stream_connector
+from pybk_spark.transport.add_stream import RequestStreamer, stream_connector
 from pybk_spark.transport.base import (BookieTransport, LacResult, ReadResult, TransportPool,
                                        fail, failed_future, settle)
 from pybk_spark.wire import bookie_wire_pb2 as pb
@@ -57,15 +57,15 @@ class BookieClient(BookieTransport):
             framing.READ_ENTRIES_METHOD, request_serializer=pb.ReadRequest.SerializeToString,
             response_deserializer=framing.parse_read_response)
         if add_lane_address:
-            self._adds = AddStreamer(lane_connector(add_lane_address, self.bookie_id,
+            self._adds = RequestStreamer(lane_connector(add_lane_address, self.bookie_id,
                                                     default_timeout, resolve_add_lane),
                                      self.bookie_id, clock, stream_idle_close_s, frame=frame_add)
         else:
-            self._adds = AddStreamer(stream_connector(self._channel, self.bookie_id),
+            self._adds = RequestStreamer(stream_connector(self._channel, self.bookie_id),
                                      self.bookie_id, clock, stream_idle_close_s)
         self._reads = None
         if read_lane_address:
-            self._reads = AddStreamer(read_lane_connector(read_lane_address, self.bookie_id,
+            self._reads = RequestStreamer(read_lane_connector(read_lane_address, self.bookie_id,
                                                           default_timeout, resolve_add_lane,
                                                           max_message_bytes),
                                       self.bookie_id, clock, stream_idle_close_s, frame=frame_read)
