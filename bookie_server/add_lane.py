@@ -43,10 +43,10 @@ import socket
 import threading
 import time
 
-from bookie_server.config import BookieConfig
 import pyarrow as pa
 from google.protobuf.message import DecodeError
 
+from bookie_server.config import BookieConfig
 from pybk_spark.wire.frame_socket import FrameWriter, configure, read_frame, send_parts
 from pybk_spark.wire import add_lane, framing
 from pybk_spark.wire import bookie_wire_pb2 as pb
@@ -205,7 +205,6 @@ class AddLaneServer:
                 ipc = _ipc_parts(batch)
                 prefix = framing.payload_prefix(head, sum(len(p) for p in ipc))
                 send_parts(conn, add_lane.frame_parts(*prefix, *ipc))
-
 
     def _finish(self, conn: socket.socket, writer: FrameWriter,
                 slots: threading.BoundedSemaphore) -> None:

@@ -160,7 +160,8 @@ def lane_connector(address: str, bookie_id: str, connect_timeout: float,
 
 
 def _reconnecting(address: str, resolve: Callable[[], str],
-                  open_at: Callable[[str, float], PendingRequests]) -> Callable[[float], PendingRequests]:
+                  open_at: Callable[[str, float], PendingRequests]
+                  ) -> Callable[[float], PendingRequests]:
     current = [address]
 
     def connect(now: float) -> PendingRequests:

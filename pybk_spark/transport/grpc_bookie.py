@@ -57,18 +57,20 @@ class BookieClient(BookieTransport):
             framing.READ_ENTRIES_METHOD, request_serializer=pb.ReadRequest.SerializeToString,
             response_deserializer=framing.parse_read_response)
         if add_lane_address:
-            self._adds = RequestStreamer(lane_connector(add_lane_address, self.bookie_id,
-                                                    default_timeout, resolve_add_lane),
-                                     self.bookie_id, clock, stream_idle_close_s, frame=frame_add)
+            add_connector = lane_connector(add_lane_address, self.bookie_id, default_timeout,
+                                           resolve_add_lane)
+            self._adds = RequestStreamer(add_connector, self.bookie_id, clock,
+                                         stream_idle_close_s, frame=frame_add)
         else:
             self._adds = RequestStreamer(stream_connector(self._channel, self.bookie_id),
-                                     self.bookie_id, clock, stream_idle_close_s)
-        self._reads = None
+                                         self.bookie_id, clock, stream_idle_close_s)
+        self._reads = None                  # None: reads are unary ReadEntries calls
         if read_lane_address:
-            self._reads = RequestStreamer(read_lane_connector(read_lane_address, self.bookie_id,
-                                                          default_timeout, resolve_add_lane,
-                                                          max_message_bytes),
-                                      self.bookie_id, clock, stream_idle_close_s, frame=frame_read)
+            read_connector = read_lane_connector(read_lane_address, self.bookie_id,
+                                                 default_timeout, resolve_add_lane,
+                                                 max_message_bytes)
+            self._reads = RequestStreamer(read_connector, self.bookie_id, clock,
+                                          stream_idle_close_s, frame=frame_read)
 
     def _call(self, method, request, timeout, convert: Callable) -> Future:
         ctx = {"bookie": self.bookie_id}
