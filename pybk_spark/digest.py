@@ -61,7 +61,7 @@ class Digester:
         one = self.one
         return [one(ledger_id, e, l, n, p) for e, l, n, p in zip(entry_ids, lacs, lengths, payloads)]
 
-    def verify_batch(self, batch: pa.RecordBatch) -> np.ndarray:
+    def verify_batch(self, batch: pa.RecordBatch | pa.Table) -> np.ndarray:
         """Boolean mask: True where the row's digest is correct.  Payloads are
         hashed where they lie in the batch's data buffer (no per-row copy)."""
         n = batch.num_rows
@@ -79,9 +79,11 @@ class Digester:
                            dtype=bool, count=n)
 
 
-def payload_views(payloads: pa.Array) -> list:
+def payload_views(payloads: pa.Array | pa.ChunkedArray) -> list:
     """Each value of a binary column as a zero-copy pyarrow Buffer slice
     (empty values as b""; nulls, which entries never hold, as b"" too)."""
+    if isinstance(payloads, pa.ChunkedArray):      # a table of row slices (read_handle._gather)
+        return [view for chunk in payloads.chunks for view in payload_views(chunk)]
     n = len(payloads)
     if payloads.type != pa.binary():
         payloads = payloads.cast(pa.binary())

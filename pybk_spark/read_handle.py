@@ -40,7 +40,7 @@ from pybk_spark.digest import Digester
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.protocol.distribution import is_covered, write_set
 from pybk_spark.transport.base import failed_future
-from pybk_spark.wire.entries import Entry, to_entries
+from pybk_spark.wire.entries import Entry, one_batch, to_entries
 
 OUT_COLUMNS = ["ledger_id", "entry_id", "payload"]
 STRIPED_WINDOW = 1 << 20   # (ids per striped read are bounded by max_entries)
@@ -126,17 +126,22 @@ class ReadHandle:
         return out
 
     def read_batches(self, first: int, last: int, max_entries: int | None = None,
-                     max_bytes: int | None = None,
-                     windows_in_flight: int | None = None) -> Iterator[pa.RecordBatch]:
+                     max_bytes: int | None = None, windows_in_flight: int | None = None,
+                     as_tables: bool = False) -> Iterator[pa.RecordBatch]:
         """Arrow batches (ledger_id, entry_id, payload) covering [first, last];
         each batch holds at most ``max_entries`` entries and, past its first
         entry, about ``max_bytes`` of payload, with up to ``windows_in_flight``
         windows requested ahead (defaults: the client's ``read_batch_entries``
-        / ``read_batch_bytes`` / ``read_windows_in_flight``)."""
+        / ``read_batch_bytes`` / ``read_windows_in_flight``).  ``as_tables``:
+        a window assembled from several bookies' answers (striped ledgers)
+        may come as a ``pyarrow.Table`` of zero-copy row slices instead of
+        being copied into one batch, for a consumer that copies the rows
+        anyway (the Spark source decodes them)."""
         for batch in self._raw_batches(first, last, max_entries or self.bk.conf.read_batch_entries,
                                        max_bytes or self.bk.conf.read_batch_bytes,
                                        windows_in_flight):
-            yield batch.select(OUT_COLUMNS)
+            batch = batch.select(OUT_COLUMNS)
+            yield batch if as_tables else one_batch(batch)
 
     def _check_range(self, first: int, last: int) -> None:
         if first < 0 or last < first:
@@ -384,18 +389,20 @@ SLICE_GATHER_MAX_ROWS = 256
 
 
 def _gather(batches: list, table: pa.Table, rows: np.ndarray,
-            slice_max_rows: int = SLICE_GATHER_MAX_ROWS) -> pa.RecordBatch:
-    """Rows ``rows`` (positions in ``table``, the concatenation of ``batches``)
-    as one batch.  ``Table.take`` copies every payload twice (it concatenates
+            slice_max_rows: int = SLICE_GATHER_MAX_ROWS) -> pa.RecordBatch | pa.Table:
+    """Rows ``rows`` (positions in ``table``, the concatenation of ``batches``),
+    in that order.  ``Table.take`` copies every payload twice (it concatenates
     the chunks, then takes); a window of few rows (large entries: Spark logs
-    write ~0.5-1 MiB entries) is gathered as zero-copy row slices and copied
-    once."""
+    write ~0.5-1 MiB entries) comes as a table of zero-copy row slices, which
+    ``read_batches`` copies once into one batch unless its caller takes
+    tables."""
     if len(rows) > slice_max_rows:
         return table.take(pa.array(rows)).combine_chunks().to_batches()[0]
     starts = np.cumsum([0] + [b.num_rows for b in batches[:-1]])
     chunk = np.searchsorted(starts, rows, side="right") - 1
     pieces = [batches[c].slice(r, 1) for c, r in zip(chunk.tolist(), (rows - starts[chunk]).tolist())]
-    return pa.Table.from_batches(pieces, schema=table.schema).combine_chunks().to_batches()[0]
+    return pa.Table.from_batches(pieces, schema=table.schema)
+
 
 
 class _Window:

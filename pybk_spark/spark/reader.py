@@ -42,6 +42,7 @@ from pybk_spark.spark.options import ReadOptions
 from pybk_spark.spark.planning import LedgerView, Slice, plan_slices
 from pybk_spark.spark.pushdown import Bounds, push
 from pybk_spark.spark.read_ahead import read_ahead
+from pybk_spark.wire.entries import one_batch
 
 RAW_SCHEMA = StructType([
     StructField("ledger_id", LongType(), True),
@@ -139,15 +140,19 @@ def _close_handle(handle) -> None:
 
 
 # -- Arrow ------------------------------------------------------------------------------------
-def to_raw_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
+def to_raw_batch(batch: pa.RecordBatch | pa.Table) -> pa.RecordBatch | pa.Table:
     """Select and relabel the client's columns to exactly RAW_ARROW_SCHEMA
-    (int64, binary, nullable) - columnar casts only, no per-row work."""
+    (int64, binary, nullable) - columnar casts only, no per-row work.  A
+    table (rows gathered from several bookies, not yet copied together)
+    stays a table: the decode copies its rows once."""
     arrays = []
     for field in RAW_ARROW_SCHEMA:
         column = batch.column(field.name)
         if column.type != field.type:
             column = column.cast(field.type)
         arrays.append(column)
+    if isinstance(batch, pa.Table):
+        return pa.Table.from_arrays(arrays, schema=RAW_ARROW_SCHEMA)
     return pa.RecordBatch.from_arrays(arrays, schema=RAW_ARROW_SCHEMA)
 
 
@@ -187,7 +192,8 @@ def decode_slice(raw_batches: Iterator[pa.RecordBatch], table_schema: Optional[s
                  include_metadata: bool) -> Iterator[pa.RecordBatch]:
     """Raw entry batches -> the declared output batches (no per-row Python)."""
     if table_schema is None:
-        yield from raw_batches
+        for raw in raw_batches:
+            yield one_batch(raw)
         return
     schema = arrow_codec.decode_schema(table_schema)
     for raw in raw_batches:
@@ -301,7 +307,8 @@ def read_slice(bk, part: LedgerSlicePartition, opts: ReadOptions) -> Iterator[pa
         expected = part.first
         for batch in handle.read_batches(part.first, part.last, max_entries=opts.read_batch_entries,
                                          max_bytes=opts.read_batch_bytes,
-                                         windows_in_flight=opts.read_windows_in_flight):
+                                         windows_in_flight=opts.read_windows_in_flight,
+                                         as_tables=True):
             if batch.num_rows == 0:
                 continue
             out = to_raw_batch(batch)

@@ -117,3 +117,10 @@ def to_entries(batch: pa.RecordBatch) -> list[Entry]:
     cols = batch.to_pydict()
     return [Entry(l, e, p, c, n) for l, e, p, c, n in
             zip(cols["ledger_id"], cols["entry_id"], cols["payload"], cols["lac"], cols["length"])]
+
+def one_batch(rows: pa.RecordBatch | pa.Table) -> pa.RecordBatch:
+    """``rows`` as one record batch (a table's chunks copied together)."""
+    if isinstance(rows, pa.RecordBatch):
+        return rows
+    batches = rows.combine_chunks().to_batches()
+    return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=rows.schema)

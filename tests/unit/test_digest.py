@@ -30,6 +30,9 @@ def test_verify_batch_agrees_with_one_on_bytes(digest_type, payloads, cut, corru
     want = [d.one(7, 100 + i, 99 + i, lengths[i], payloads[i]) == digests[i]
             for i in range(cut, n)]
     assert d.verify_batch(sliced).tolist() == want
+    # a table of single-row slices (read_handle._gather on striped reads)
+    rows = pa.Table.from_batches([batch.slice(i, 1) for i in reversed(range(cut, n))])
+    assert d.verify_batch(rows).tolist() == want[::-1]
 
 
 @pytest.mark.parametrize("digest_type", ["crc32c", "hmac"])
