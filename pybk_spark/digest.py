@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from pybk_spark import errors
 from pybk_spark.protocol.ledger_metadata import master_key
+from pybk_spark.wire.entries import payload_views
 
 _HDR = struct.Struct(">qqqq")
 _CRC = struct.Struct(">I")
@@ -77,20 +78,3 @@ class Digester:
                             zip(lids, eids, lacs, lens, payload_views(batch.column("payload")),
                                 digs)),
                            dtype=bool, count=n)
-
-
-def payload_views(payloads: pa.Array | pa.ChunkedArray) -> list:
-    """Each value of a binary column as a zero-copy pyarrow Buffer slice
-    (empty values as b""; nulls, which entries never hold, as b"" too)."""
-    if isinstance(payloads, pa.ChunkedArray):      # a table of row slices (read_handle._gather)
-        return [view for chunk in payloads.chunks for view in payload_views(chunk)]
-    n = len(payloads)
-    if payloads.type != pa.binary():
-        payloads = payloads.cast(pa.binary())
-    _, offsets_buf, data = payloads.buffers()
-    if data is None or n == 0:
-        return [b""] * n
-    offsets = np.frombuffer(offsets_buf, dtype=np.int32, count=payloads.offset + n + 1)
-    bounds = offsets[payloads.offset:].tolist()
-    piece = data.slice
-    return [piece(a, b - a) if b > a else b"" for a, b in zip(bounds[:-1], bounds[1:])]

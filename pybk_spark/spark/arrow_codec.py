@@ -31,6 +31,7 @@ from typing import Iterator, Optional
 import pyarrow as pa
 
 from pybk_spark import errors
+from pybk_spark.wire.entries import payload_views
 
 META_LEDGER = "_ledger_id"
 META_ENTRY = "_entry_id"
@@ -151,12 +152,12 @@ def decode_batch(raw: pa.RecordBatch, schema: pa.Schema, *, include_metadata: bo
                  ) -> Optional[pa.RecordBatch]:
     """A raw read batch (ledger_id, entry_id, payload) -> one table batch;
     with ``include_metadata`` each row also carries its entry's position."""
-    payloads = raw.column("payload")
     parts: list[pa.RecordBatch] = []
     counts: list[int] = []
-    for i in range(len(payloads)):
+    # zero-copy views (a scalar's ``as_buffer()`` copies the value: 0.3 ms per MiB)
+    for payload in payload_views(raw.column("payload")):
         rows = 0
-        for b in decode_entry(payloads[i].as_buffer(), schema):
+        for b in decode_entry(payload if len(payload) else pa.py_buffer(b""), schema):
             parts.append(b)
             rows += b.num_rows
         counts.append(rows)

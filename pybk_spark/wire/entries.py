@@ -118,9 +118,27 @@ def to_entries(batch: pa.RecordBatch) -> list[Entry]:
     return [Entry(l, e, p, c, n) for l, e, p, c, n in
             zip(cols["ledger_id"], cols["entry_id"], cols["payload"], cols["lac"], cols["length"])]
 
+
 def one_batch(rows: pa.RecordBatch | pa.Table) -> pa.RecordBatch:
     """``rows`` as one record batch (a table's chunks copied together)."""
     if isinstance(rows, pa.RecordBatch):
         return rows
     batches = rows.combine_chunks().to_batches()
     return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=rows.schema)
+
+
+def payload_views(payloads: pa.Array | pa.ChunkedArray) -> list:
+    """Each value of a binary column as a zero-copy pyarrow Buffer slice
+    (empty values as b""; nulls, which entries never hold, as b"" too)."""
+    if isinstance(payloads, pa.ChunkedArray):      # a table of row slices (read_handle._gather)
+        return [view for chunk in payloads.chunks for view in payload_views(chunk)]
+    n = len(payloads)
+    if payloads.type != pa.binary():
+        payloads = payloads.cast(pa.binary())
+    _, offsets_buf, data = payloads.buffers()
+    if data is None or n == 0:
+        return [b""] * n
+    offsets = np.frombuffer(offsets_buf, dtype=np.int32, count=payloads.offset + n + 1)
+    bounds = offsets[payloads.offset:].tolist()
+    piece = data.slice
+    return [piece(a, b - a) if b > a else b"" for a, b in zip(bounds[:-1], bounds[1:])]
