@@ -428,3 +428,20 @@ def test_idle_restarts_never_move_the_checkpoint_back(tmp_path):
     b = Bookie(cfg).open(background=False)
     assert b.read(1, 0, 2).batch.num_rows == 3
     b.close()
+
+
+def test_both_journal_crc_implementations_give_the_same_values():
+    """The optional ``crc32c`` package (the fastcrc extra) and google_crc32c
+    must agree, so a journal written with one replays with the other."""
+    import pyarrow as pa
+    from bookie_server import journal
+    if journal._fast_crc is None:
+        pytest.skip("the fastcrc extra (crc32c package) is not installed")
+    rng = np.random.default_rng(5)
+    for size in (0, 1, 7, 4096, 1 << 20):
+        body = rng.bytes(size)
+        for rtype in (1, 2, 5, 255):
+            want = journal.crc_of_google(rtype, body)
+            assert journal.crc_of_fast(rtype, body) == want
+            assert journal.crc_of_fast(rtype, pa.py_buffer(body)) == want
+            assert journal.crc_of_fast(rtype, memoryview(body)) == want
