@@ -140,7 +140,7 @@ def _serve(cfg, bookie_id: str, store, conf_path) -> int:
         ledger_gc.start()
     _freeze_startup_heap()
     lane_port = lane.port if lane is not None else -1
-    from bookie_server.journal import CRC_IMPLEMENTATION
+    from bookie_server.journal_crc import CRC_IMPLEMENTATION
     log.info("event=bookie_ready bookie_id=%s port=%d add_lane_port=%d data_dir=%s "
              "read_only=%s journal_crc=%s", bookie_id, port, lane_port, cfg.data_dir,
              bookie.read_only, CRC_IMPLEMENTATION)

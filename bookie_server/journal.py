@@ -4,13 +4,7 @@ Theory of operation
 -------------------
 Record frame: ``[length u32][crc32c u32][type u8][body]`` (little endian);
 ``length`` is the body length, the CRC covers the type byte and the body.
-The CRC is computed by the ``crc32c`` package when it is installed (the
-``fastcrc`` extra; hardware, three interleaved streams, GIL released for
-large bodies), else by ``google_crc32c``.  The values are the same, so
-either reads what the other wrote; the first is about twice as fast on
-1 MiB records, where the CRC was the largest user-space item of a bookie
-taking batches (11% of samples; docs/performance.md, (2), session 13).  It
-is an extra because its licence is LGPL-2.1-or-later.
+The CRC's implementation is chosen in ``journal_crc.py``.
 Files are ``<seq:016x>.jnl`` in the journal directory; a position is
 ``(seq, offset)``.
 
@@ -71,14 +65,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-import google_crc32c
-
-try:                                   # optional, same values: the ``fastcrc`` extra
-    import crc32c as _fast_crc
-except ImportError:                    # pragma: no cover - depends on the install
-    _fast_crc = None
 
 from bookie_server import page_cache
+from bookie_server.journal_crc import crc_of
 from pybk_spark import errors
 
 log = logging.getLogger("bookie.journal")
@@ -99,21 +88,6 @@ class RecordType(enum.IntEnum):
 
 LEDGER = struct.Struct("<Q")
 LEDGER_LAC = struct.Struct("<Qq")
-
-
-_TYPE_CRC = {t: google_crc32c.value(bytes((t,))) for t in range(256)}
-
-
-def crc_of_google(rtype: int, body) -> int:
-    return google_crc32c.extend(_TYPE_CRC[rtype], body)
-
-
-def crc_of_fast(rtype: int, body) -> int:
-    return _fast_crc.crc32c(body, value=_TYPE_CRC[rtype])
-
-
-crc_of = crc_of_fast if _fast_crc is not None else crc_of_google
-CRC_IMPLEMENTATION = "crc32c" if _fast_crc is not None else "google_crc32c"
 
 
 def frame(rtype: int, body: bytes) -> list[bytes]:
