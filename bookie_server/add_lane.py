@@ -43,14 +43,13 @@ import socket
 import threading
 import time
 
-import pyarrow as pa
 from google.protobuf.message import DecodeError
 
 from bookie_server.config import BookieConfig
 from pybk_spark.wire.frame_socket import FrameWriter, configure, read_frame, send_parts
 from pybk_spark.wire import add_lane, framing
 from pybk_spark.wire import bookie_wire_pb2 as pb
-from pybk_spark.wire.entries import ENTRY_SCHEMA
+from pybk_spark.wire.entries import batch_to_parts
 from pybk_spark.wire.framing import parse_add_request
 
 log = logging.getLogger("bookie.add_lane")
@@ -202,7 +201,7 @@ class AddLaneServer:
             if batch is None:
                 send_parts(conn, add_lane.frame_parts(head.SerializeToString()))
             else:
-                ipc = _ipc_parts(batch)
+                ipc = batch_to_parts(batch)
                 prefix = framing.payload_prefix(head, sum(len(p) for p in ipc))
                 send_parts(conn, add_lane.frame_parts(*prefix, *ipc))
 
@@ -234,31 +233,3 @@ class AddLaneServer:
                 conn.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-
-
-class _PartsSink:
-    """A write-only file that keeps what Arrow's IPC writer hands it: the
-    record batch's body buffers arrive as zero-copy ``pyarrow.Buffer`` views
-    of the stored entries, so they are sent from where they lie."""
-
-    def __init__(self):
-        self.parts: list = []
-        self.closed = False
-
-    def write(self, data) -> int:
-        self.parts.append(data)
-        return len(data)
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        self.closed = True
-
-
-def _ipc_parts(batch: pa.RecordBatch) -> list:
-    """``batch`` as an Arrow IPC stream (ENTRY_SCHEMA), as a list of buffers."""
-    sink = _PartsSink()
-    with pa.ipc.new_stream(pa.PythonFile(sink, mode="w"), ENTRY_SCHEMA) as writer:
-        writer.write_batch(batch)
-    return sink.parts

@@ -74,6 +74,35 @@ def batch_to_buffer(batch: pa.RecordBatch) -> pa.Buffer:
     return sink.getvalue()
 
 
+class _PartsSink:
+    """A write-only file that keeps what Arrow's IPC writer hands it: the
+    record batch's body buffers arrive as zero-copy ``pyarrow.Buffer`` views
+    of the stored entries, so they are sent from where they lie."""
+
+    def __init__(self):
+        self.parts: list = []
+        self.closed = False
+
+    def write(self, data) -> int:
+        self.parts.append(data)
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def batch_to_parts(batch: pa.RecordBatch) -> list:
+    """Like :func:`batch_to_buffer`, but as the list of buffers the IPC writer
+    produced, large ones zero-copy views of ``batch`` (for a gathering send)."""
+    sink = _PartsSink()
+    with pa.ipc.new_stream(pa.PythonFile(sink, mode="w"), ENTRY_SCHEMA) as writer:
+        writer.write_batch(batch)
+    return sink.parts
+
+
 def batch_to_bytes(batch: pa.RecordBatch) -> bytes:
     return batch_to_buffer(batch).to_pybytes()
 
