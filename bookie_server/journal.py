@@ -258,7 +258,8 @@ class Journal:
         finally:
             with self._cv:
                 self._leader = False
-                self._cv.notify_all()
+                if self._pending or self._stopping:   # only the writer thread waits on it
+                    self._cv.notify_all()
 
     def queue_depth(self) -> int:
         return len(self._pending)

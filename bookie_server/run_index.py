@@ -11,12 +11,19 @@ from __future__ import annotations
 
 import numpy as np
 
+_ZERO_ROW = np.zeros(1, np.int64)
+_ZERO_ROW.flags.writeable = False
+
 
 def runs_of(entry_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Split ascending ids into runs of consecutive ids: (starts, ends, first rows)."""
-    if len(entry_ids) == 0:
+    """Split strictly ascending ids into runs of consecutive ids: (starts, ends,
+    first rows)."""
+    n = len(entry_ids)
+    if n == 0:
         e = np.empty(0, np.int64)
         return e, e, e
+    if entry_ids[n - 1] - entry_ids[0] == n - 1:    # consecutive ids (every writer's add): one run
+        return entry_ids[:1], entry_ids[n - 1:], _ZERO_ROW
     breaks = np.flatnonzero(np.diff(entry_ids) != 1) + 1
     first_rows = np.concatenate(([0], breaks)).astype(np.int64)
     last_rows = np.concatenate((breaks - 1, [len(entry_ids) - 1])).astype(np.int64)

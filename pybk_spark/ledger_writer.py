@@ -160,8 +160,11 @@ class LedgerWriter:
         for slot, bookie in enumerate(ensemble):
             if slot in bad or (only_slots is not None and slot not in only_slots):
                 continue
-            mask = ((slot - ids % E) % E) < Qw
-            count = int(mask.sum())
+            if Qw == E:                          # every slot holds every entry
+                mask, count = None, len(ids)
+            else:
+                mask = ((slot - ids % E) % E) < Qw
+                count = int(mask.sum())
             if count == 0:
                 continue
             if count == len(ids):

@@ -101,6 +101,9 @@ class PendingAdds:
             out.update(self.change.slots)
         return out
 
+    def _slot_unavailable(self, slot: int) -> bool:    # ``unavailable_slots``, without a set
+        return slot in self._queued or (self.change is not None and slot in self.change.slots)
+
     def write_set(self, entry_id: int) -> tuple[int, ...]:
         # only E distinct write sets exist; computed once (hot path)
         sets = self._write_sets
@@ -137,12 +140,17 @@ class PendingAdds:
 
     def on_ack_range(self, first: int, last: int, slot: int, bookie: str) -> list[int]:
         """A bookie acknowledged every id of [first, last] it holds."""
-        if self.ensemble[slot] != bookie or slot in self.unavailable_slots:
+        if self.ensemble[slot] != bookie or self._slot_unavailable(slot):
             return []
         lo = max(first, self.lac + 1)
+        E = len(self.ensemble)
         for run in self._runs:
             a, b = max(lo, run.first), min(last, run.last)
             if a > b:
+                continue
+            if a == b:          # one id (a synchronous add): no arrays
+                if (slot - a % E) % E < self.write_quorum:
+                    run.acks[a - run.first, slot] = True
                 continue
             ids = np.arange(a, b + 1)
             run.acks[a - run.first:b - run.first + 1, slot] |= self.holds(ids, slot)
@@ -150,7 +158,7 @@ class PendingAdds:
 
     def on_ack_ids(self, entry_ids: np.ndarray, slot: int, bookie: str) -> list[int]:
         """A bookie acknowledged exactly ``entry_ids`` (ascending, any gaps)."""
-        if self.ensemble[slot] != bookie or slot in self.unavailable_slots or not len(entry_ids):
+        if self.ensemble[slot] != bookie or self._slot_unavailable(slot) or not len(entry_ids):
             return []
         ids = np.asarray(entry_ids, dtype=np.int64)
         ids = ids[(ids > self.lac) & self.holds(ids, slot)]
@@ -222,6 +230,12 @@ class PendingAdds:
             if not run.first <= self.lac + 1 <= run.last:
                 break                       # lac+1 was never assigned (after abort)
             offset = self.lac + 1 - run.first
+            if offset == len(run.acks) - 1:      # one id left (a synchronous add)
+                if np.count_nonzero(run.acks[offset]) < self.ack_quorum:
+                    break
+                self.lac = run.last
+                runs.popleft()
+                continue
             done = run.acks[offset:].sum(axis=1) >= self.ack_quorum
             incomplete = np.flatnonzero(~done)
             if len(incomplete):

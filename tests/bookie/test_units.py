@@ -6,11 +6,13 @@ import os
 import re
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from bookie_server import cookie
 from bookie_server import ledger_state as ls
 from bookie_server.background import gc_candidates, next_read_only
+from bookie_server.bookie import max_value_length
 from bookie_server.config import BookieConfig, load_config, parse_conf_text
 from bookie_server.run_index import runs_of
 from bookie_server.journal import Journal, Position, RecordType
@@ -93,6 +95,16 @@ def test_gc_candidates():
 def test_runs_of():
     s, e, r = runs_of(np.array([0, 1, 2, 5, 6, 9], np.int64))
     assert s.tolist() == [0, 5, 9] and e.tolist() == [2, 6, 9] and r.tolist() == [0, 3, 5]
+    for ids, want in (([7, 8, 9], ([7], [9], [0])), ([4], ([4], [4], [0])), ([], ([], [], []))):
+        got = runs_of(np.array(ids, np.int64))
+        assert tuple(a.tolist() for a in got) == want, ids
+
+
+def test_max_value_length_reads_the_offsets_of_slices_too():
+    arr = pa.array([b"a", b"bbbb", b"cc"], pa.binary())
+    assert max_value_length(arr) == 4
+    assert [max_value_length(arr.slice(i, 1)) for i in range(3)] == [1, 4, 2]
+    assert max_value_length(arr.slice(1, 2)) == 4 and max_value_length(arr.slice(2, 1)) == 2
 
 
 # -- config -------------------------------------------------------------------------------------
