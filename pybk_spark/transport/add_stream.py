@@ -230,6 +230,13 @@ class RequestStreamer:
             f"add stream keeps breaking: {stream.broken}", bookie=self._bookie_id))
         return fut
 
+    @property
+    def connection(self) -> PendingRequests | None:
+        """The connection requests go over now (None before the first one,
+        or once closed); a broken one stays until the next request replaces
+        it.  For diagnostics and tests."""
+        return self._stream
+
     def expire(self) -> None:
         stream = self._stream
         if stream is not None:

@@ -25,7 +25,7 @@ from pybk_spark import errors
 from pybk_spark.metadata.store import MetadataStore
 from pybk_spark.transport.add_lane import (frame_add, frame_read, lane_connector,
                                            read_lane_connector)
-from pybk_spark.transport.add_stream import RequestStreamer, stream_connector
+from pybk_spark.transport.add_stream import PendingRequests, RequestStreamer, stream_connector
 from pybk_spark.transport.base import (BookieTransport, LacResult, ReadResult, TransportPool,
                                        fail, failed_future, settle)
 from pybk_spark.wire import bookie_wire_pb2 as pb
@@ -71,6 +71,23 @@ class BookieClient(BookieTransport):
                                                  max_message_bytes)
             self._reads = RequestStreamer(read_connector, self.bookie_id, clock,
                                           stream_idle_close_s, frame=frame_read)
+
+    @property
+    def add_connection(self) -> PendingRequests | None:
+        """The connection adds go over now: a lane connection or an
+        AddStream (see ``RequestStreamer.connection``)."""
+        return self._adds.connection
+
+    @property
+    def read_connection(self) -> PendingRequests | None:
+        """The read lane connection entry reads go over now; None when reads
+        are unary ``ReadEntries`` calls (no lane, or ``read_transport =
+        grpc``) or before the first read."""
+        return None if self._reads is None else self._reads.connection
+
+    @property
+    def reads_over_lane(self) -> bool:
+        return self._reads is not None
 
     def _call(self, method, request, timeout, convert: Callable) -> Future:
         ctx = {"bookie": self.bookie_id}

@@ -57,7 +57,7 @@ def test_answers_are_matched_to_their_requests(bk, cluster, add_transport):
     futs = [t.add(lid, key, _one_entry(lid, e)) for e in range(200)]
     assert [f.result(timeout=30) for f in futs] == [(e, e) for e in range(200)]
     # the transport asked for is the one in use (the bookies register a lane)
-    assert isinstance(t._adds._stream, LaneConnection) == (add_transport == "lane")
+    assert isinstance(t.add_connection, LaneConnection) == (add_transport == "lane")
 
 
 def test_stopped_bookie_times_out_then_a_new_stream_works(bk, cluster, add_transport):
@@ -105,10 +105,10 @@ def test_idle_stream_is_closed_and_reopened(cluster, add_transport):
         lid = _lid(add_transport, 4)
         key = lm.master_key(b"")
         assert t.add(lid, key, _one_entry(lid, 0)).result(timeout=30) == (0, 0)
-        first = t._adds._stream
+        first = t.add_connection
         wait_until(lambda: first.broken is not None, "idle stream closed")
         assert t.add(lid, key, _one_entry(lid, 1)).result(timeout=30) == (1, 1)
-        assert t._adds._stream is not first
+        assert t.add_connection is not first
     finally:
         client.close()
 
@@ -132,7 +132,7 @@ def test_broken_streams_leave_no_threads_behind(cluster, add_transport):
         t.add(lid, key, _one_entry(lid, 0)).result(timeout=30)
         before = threading.active_count()
         for e in range(1, 11):                      # ten streams broken under the client
-            first = t._adds._stream
+            first = t.add_connection
             first._cancel()                         # as a dead connection would
             wait_until(lambda: first.broken is not None, "stream seen broken")
             t.add(lid, key, _one_entry(lid, e)).result(timeout=30)

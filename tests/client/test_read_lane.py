@@ -42,9 +42,9 @@ def test_both_read_transports_return_the_same_batches(cluster, quorum):
             # the transport asked for is the one in use (the bookies register a lane)
             clients = [bk.transports.get(b) for b in lh.metadata.current_ensemble]
             if transport == "lane":
-                assert any(isinstance(c._reads._stream, ReadLaneConnection) for c in clients)
+                assert any(isinstance(c.read_connection, ReadLaneConnection) for c in clients)
             else:
-                assert all(c._reads is None for c in clients)
+                assert not any(c.reads_over_lane for c in clients)
         finally:
             bk.close()
     assert seen["lane"] == seen["grpc"] == payloads
