@@ -34,6 +34,10 @@ Theory of operation (pure decisions in ``protocol.recovery``)
    recovery changed the ensemble after this one read it, this one's
    re-writes may sit on bookies the metadata no longer names: it starts over
    (``RecoveryRaced``, at most ``RACE_RETRIES`` times).
+7. A recovery that fails (``LedgerRecoveryError``: a bookie lost while
+   re-writing, an entry it cannot read) re-reads the metadata: if another
+   recoverer or the writer closed the ledger meanwhile, that close is the
+   answer (all converge on the first close); otherwise the error stands.
 """
 from __future__ import annotations
 
@@ -60,8 +64,24 @@ def recover(bk, md: lm.LedgerMetadata, password: bytes) -> ReadHandle:
             return _recover_once(bk, md, password)
         except errors.RecoveryRaced:
             md = bk.get_ledger_metadata(md.ledger_id)      # NoSuchLedger if deleted meanwhile
+        except errors.LedgerRecoveryError:
+            closed = _closed_meanwhile(bk, md.ledger_id)
+            if closed is None:
+                raise
+            return ReadHandle(bk, closed, password, closed.last_entry_id)
     raise errors.LedgerRecoveryError("concurrent recoveries kept changing the ensemble",
                                      ledger_id=md.ledger_id)
+
+
+def _closed_meanwhile(bk, ledger_id: int) -> lm.LedgerMetadata | None:
+    """After this recovery failed: the ledger's metadata if someone else (a
+    concurrent recovery, the writer) closed it meanwhile.  Every recovery
+    converges on the first close, so that close is this open's answer too."""
+    try:
+        md = bk.get_ledger_metadata(ledger_id)
+    except errors.BKError:
+        return None
+    return md if md.is_closed else None
 
 
 def _recover_once(bk, md: lm.LedgerMetadata, password: bytes) -> ReadHandle:
