@@ -24,6 +24,7 @@ from bookie_server import cookie
 from bookie_server.background import DiskChecker, GarbageCollector
 from bookie_server.bookie import Bookie
 from bookie_server.config import load_config
+from bookie_server.journal_crc import CRC_IMPLEMENTATION
 from bookie_server.registration import Registrar
 from bookie_server.service import make_add_lane, make_server
 from pybk_spark import errors
@@ -140,7 +141,6 @@ def _serve(cfg, bookie_id: str, store, conf_path) -> int:
         ledger_gc.start()
     _freeze_startup_heap()
     lane_port = lane.port if lane is not None else -1
-    from bookie_server.journal_crc import CRC_IMPLEMENTATION
     log.info("event=bookie_ready bookie_id=%s port=%d add_lane_port=%d data_dir=%s "
              "read_only=%s journal_crc=%s", bookie_id, port, lane_port, cfg.data_dir,
              bookie.read_only, CRC_IMPLEMENTATION)

@@ -56,7 +56,7 @@ import pyarrow.compute as pc
 
 from bookie_server.journal import file_name as journal_file_name
 from bookie_server.run_index import LedgerIndex, runs_of
-from pybk_spark.wire.entries import ENTRY_SCHEMA, batch_to_bytes, empty_batch
+from pybk_spark.wire.entries import ENTRY_SCHEMA, batch_to_bytes, empty_batch, one_batch
 
 log = logging.getLogger("bookie.store")
 
@@ -229,7 +229,7 @@ class EntryStore:
             if keep < got:
                 table = table.slice(0, keep)
                 limited = True
-        return table.combine_chunks().to_batches()[0], limited
+        return one_batch(table), limited
 
     def _read(self, ledger_id: int, first: int, last: int, max_entries: int,
               max_bytes: int) -> tuple[pa.RecordBatch, bool]:
@@ -251,7 +251,7 @@ class EntryStore:
             if keep < got:
                 table = table.slice(0, keep)
                 limited = True
-        return table.combine_chunks().to_batches()[0], limited
+        return one_batch(table), limited
 
     def _will_need(self, refs: list[Ref], budget: int) -> None:
         """Ask the kernel to start reading the stored batches of this read
@@ -348,7 +348,7 @@ class EntryStore:
                 if small:      # whole batches (every row is indexed), sorted by entry id
                     table = pa.Table.from_batches(small, schema=ENTRY_SCHEMA)
                     table = table.take(pc.sort_indices(table.column(1)))
-                    batch = table.combine_chunks().to_batches()[0]
+                    batch = one_batch(table)
                     out.append((batch_to_bytes(batch), *runs_of(batch.column(1).to_numpy())))
                 for data, r_starts, r_ends, r_rows in out:
                     if fh is None or self.segment_size.get(self._cur_seg, 0) >= self.segment_max_bytes:

@@ -65,7 +65,6 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-
 from bookie_server import page_cache
 from bookie_server.journal_crc import crc_of
 from pybk_spark import errors

@@ -29,6 +29,7 @@ from pybk_spark.log import LogRecord, read_log
 from pybk_spark.metadata.store import ledger_key, log_key
 from pybk_spark.protocol.ledger_metadata import CLOSED, LedgerMetadata
 from pybk_spark.protocol.log_metadata import SEGMENT_CLOSED, Position
+from pybk_spark.wire.entries import one_batch
 
 
 class LogReader:
@@ -175,7 +176,7 @@ def _concat(batches) -> pa.RecordBatch:
         return pa.RecordBatch.from_pydict({"ledger_id": pa.array([], pa.int64()),
                                            "entry_id": pa.array([], pa.int64()),
                                            "payload": pa.array([], pa.binary())})
-    return pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
+    return one_batch(pa.Table.from_batches(batches))
 
 
 def _records(index: int, batch: pa.RecordBatch) -> list[LogRecord]:

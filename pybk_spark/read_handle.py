@@ -397,7 +397,7 @@ def _gather(batches: list, table: pa.Table, rows: np.ndarray,
     ``read_batches`` copies once into one batch unless its caller takes
     tables."""
     if len(rows) > slice_max_rows:
-        return table.take(pa.array(rows)).combine_chunks().to_batches()[0]
+        return one_batch(table.take(pa.array(rows)))
     starts = np.cumsum([0] + [b.num_rows for b in batches[:-1]])
     chunk = np.searchsorted(starts, rows, side="right") - 1
     pieces = [batches[c].slice(r, 1) for c, r in zip(chunk.tolist(), (rows - starts[chunk]).tolist())]

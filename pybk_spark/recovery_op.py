@@ -53,6 +53,7 @@ from pybk_spark.metadata.store import ledger_key
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.protocol import recovery as rc
 from pybk_spark.read_handle import ReadHandle
+from pybk_spark.wire.entries import one_batch
 
 
 RACE_RETRIES = 5
@@ -208,7 +209,7 @@ def read_forward(bk, md: lm.LedgerMetadata, key: bytes, digester: Digester,
         e = known_upto + 1
     if not pieces:
         return None
-    return pa.Table.from_batches(pieces).combine_chunks().to_batches()[0]
+    return one_batch(pa.Table.from_batches(pieces))
 
 
 def closing_length(bk, md: lm.LedgerMetadata, password: bytes, start: int,

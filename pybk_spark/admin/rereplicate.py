@@ -47,7 +47,7 @@ from pybk_spark.digest import Digester
 from pybk_spark.metadata.store import ledger_key
 from pybk_spark.placement import writable_bookies
 from pybk_spark.protocol import ledger_metadata as lm
-from pybk_spark.wire.entries import ENTRY_SCHEMA, batch_to_bytes
+from pybk_spark.wire.entries import ENTRY_SCHEMA, batch_to_bytes, one_batch
 
 SPARSE_READ_ENTRIES = 5000      # ids per sparse read (bookie cap: max_read_entries)
 COPY_COLUMNS = ["ledger", "fragment", "lost", "replacement", "entries", "mb", "seconds",
@@ -227,7 +227,7 @@ def _gather(bk, md: lm.LedgerMetadata, w: audit.FragmentWork, key: bytes,
         t = got.table()
         if t is None:
             continue
-        ok = digester.verify_batch(t.combine_chunks().to_batches()[0]) if t.num_rows else None
+        ok = digester.verify_batch(t) if t.num_rows else None
         if ok is not None and not ok.all():
             t = t.filter(pa.array(ok))
         t = t.filter(pa.array(np.isin(t.column("entry_id").to_numpy(), remaining)))
@@ -258,7 +258,7 @@ def _write(bk, w: audit.FragmentWork, key: bytes, rows: pa.Table, batch_entries:
 
 
 def _chunks(rows: pa.Table, max_entries: int, max_bytes: int):
-    batch = rows.combine_chunks().to_batches()[0] if rows.num_rows else None
+    batch = one_batch(rows) if rows.num_rows else None
     if batch is None:
         return
     sizes = np.cumsum(pc.binary_length(batch.column("payload")).to_numpy(

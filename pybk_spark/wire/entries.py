@@ -71,11 +71,15 @@ def make_batch(ledger_id: int, entry_ids: Sequence[int], lacs: Sequence[int],
 _IPC_OPTIONS = pa.ipc.IpcWriteOptions()
 
 
+def _write_stream(sink, batch: pa.RecordBatch) -> None:
+    with pa.ipc.new_stream(sink, ENTRY_SCHEMA, options=_IPC_OPTIONS) as writer:
+        writer.write_batch(batch)
+
+
 def batch_to_buffer(batch: pa.RecordBatch) -> pa.Buffer:
     """The batch as one Arrow IPC stream, without a copy into ``bytes``."""
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, ENTRY_SCHEMA, options=_IPC_OPTIONS) as writer:
-        writer.write_batch(batch)
+    _write_stream(sink, batch)
     return sink.getvalue()
 
 
@@ -103,9 +107,7 @@ def batch_to_parts(batch: pa.RecordBatch) -> list:
     """Like :func:`batch_to_buffer`, but as the list of buffers the IPC writer
     produced, large ones zero-copy views of ``batch`` (for a gathering send)."""
     sink = _PartsSink()
-    with pa.ipc.new_stream(pa.PythonFile(sink, mode="w"), ENTRY_SCHEMA,
-                           options=_IPC_OPTIONS) as writer:
-        writer.write_batch(batch)
+    _write_stream(pa.PythonFile(sink, mode="w"), batch)
     return sink.parts
 
 
@@ -145,7 +147,7 @@ def batch_from_bytes(data) -> pa.RecordBatch:
     table = pa.Table.from_batches(batches, ENTRY_SCHEMA)
     if table.num_rows == 0:
         return empty_batch()
-    return table.combine_chunks().to_batches()[0]
+    return one_batch(table)
 
 
 def to_entries(batch: pa.RecordBatch) -> list[Entry]:
