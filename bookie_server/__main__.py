@@ -55,7 +55,9 @@ def _open_store(uri: str):
     return open_store(uri)
 
 
-def main(argv=None) -> int:
+def main(argv=None, *, make_bookie=Bookie) -> int:
+    """``make_bookie(cfg)`` builds the Bookie: a test seam (tests/chaos/
+    faulty_bookie.py passes one with failing or lying syscalls)."""
     args = _parse(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
@@ -88,7 +90,7 @@ def main(argv=None) -> int:
         except errors.MetadataError as exc:
             print(f"bookie-server: metadata store unavailable: {exc}", file=sys.stderr)
             return 3
-        rc = _serve(cfg, bookie_id, store, args.conf)
+        rc = _serve(cfg, bookie_id, store, args.conf, make_bookie)
     finally:
         if store is not None:
             store.close()
@@ -110,7 +112,7 @@ def _freeze_startup_heap() -> None:
     pygc.freeze()
 
 
-def _serve(cfg, bookie_id: str, store, conf_path) -> int:
+def _serve(cfg, bookie_id: str, store, conf_path, make_bookie=Bookie) -> int:
     # Signal handlers only flip plain flags: taking a lock (Event.set) inside a
     # handler can deadlock when the signal lands while the main thread holds
     # that same lock.  The main loop polls the flags.
@@ -119,7 +121,7 @@ def _serve(cfg, bookie_id: str, store, conf_path) -> int:
     signal.signal(signal.SIGINT, lambda *_: signals.__setitem__("stop", True))
     signal.signal(signal.SIGHUP, lambda *_: signals.__setitem__("reload", True))
 
-    bookie = Bookie(cfg).open()
+    bookie = make_bookie(cfg).open()
     server, port = make_server(bookie, cfg, bookie_id)
     lane = make_add_lane(bookie, cfg, bookie_id)     # listening before Health answers
     server.start()

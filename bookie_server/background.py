@@ -4,6 +4,11 @@ Decisions are pure functions (``next_read_only``, ``gc_candidates``); the
 threads only measure, ask the metadata store and act.  GC double-checks every
 candidate with a direct ``get`` of ``ledgers/<id:020d>`` before deleting
 (BookKeeper #870: a metadata listing that skipped ranges deleted live data).
+
+The disk checker never lifts a read-only mode that a storage failure pinned
+(``pinned``: a failed journal or checkpoint write/fsync, ``Bookie.io_error``):
+free space proves nothing about the pages a failed fsync dropped; only a
+restart (journal replay) makes the bookie writable again.
 """
 from __future__ import annotations
 
@@ -17,7 +22,10 @@ from pybk_spark.metadata.store import ledger_key
 log = logging.getLogger("bookie.background")
 
 
-def next_read_only(read_only: bool, usage: float, threshold: float, lwm: float) -> bool:
+def next_read_only(read_only: bool, usage: float, threshold: float, lwm: float,
+                   pinned: bool = False) -> bool:
+    if pinned:
+        return True
     if not read_only and usage >= threshold:
         return True
     if read_only and usage < lwm:
@@ -53,8 +61,10 @@ class DiskChecker:
     def check_once(self) -> bool:
         usage = self.usage_fn()
         self.bookie.metrics.disk_usage.set(usage)
-        ro = next_read_only(self.bookie.read_only, usage, self.threshold, self.lwm)
+        ro = next_read_only(self.bookie.read_only, usage, self.threshold, self.lwm,
+                            pinned=self.bookie.io_error is not None)
         if self.bookie.set_read_only(ro):
+            ro = self.bookie.read_only      # the bookie has the last word (pinned)
             log.warning("event=disk_mode_change usage=%.4f threshold=%.4f lwm=%.4f read_only=%s",
                         usage, self.threshold, self.lwm, ro)
             self.on_change(ro)

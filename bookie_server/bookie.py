@@ -26,9 +26,30 @@ the checkpoint and replays the journal from P; replay is idempotent
 
 GC deletes a ledger by journaling LEDGER_DELETED and then dropping it, so a
 replay from an older checkpoint cannot resurrect it.
+
+Storage failure (``_storage_failed``): a journal write or fdatasync that
+fails (the journal's ``on_failure`` hook), or a checkpoint whose segment,
+index or checkpoint-file write/fsync fails, pins the bookie read-only until
+it is restarted: ``io_error`` is set at once, so every operation that needs
+the journal - adds (recovery adds too), fences, explicit LACs, GC deletes -
+is refused with ReadOnly from then on, the mode listeners (the registrar)
+are told on a thread of their own, ``set_read_only(False)`` (the disk
+checker) cannot lift it, and no checkpoint is written any more.  The last
+good checkpoint and every journal file after it stay, so a restart replays
+exactly what reached the disk.  Nothing un-durable was acknowledged (the
+journal fails the failed group and every group behind it); reads keep being
+served from the write cache and segments.  Replay after the restart may
+find records of groups that were never acknowledged (the failed fdatasync
+may have persisted them after all): that is BookKeeper's model - an
+un-acknowledged add, fence or LAC may or may not have happened - and it
+stays consistent, because every LAC a record carries was confirmed by its
+writer before the record was sent (entry LACs, explicit LACs), fencing only
+ever stops writers, and the writer that saw the failure replaced this
+bookie for those entries (its later fragments never read them here).
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -119,7 +140,11 @@ def max_value_length(arr: pa.BinaryArray) -> int:
 class Bookie:
     def __init__(self, cfg: BookieConfig, *, metrics: Optional[BookieMetrics] = None,
                  clock: Callable[[], float] = time.monotonic,
-                 fsync: Callable[[int], None] = os.fdatasync):
+                 fsync: Callable[[int], None] = os.fdatasync,
+                 pwritev: Callable[[int, list, int], int] = os.pwritev,
+                 store_fsync: Callable[[int], None] = os.fsync):
+        # fsync / pwritev / store_fsync: the journal's and the entry store's
+        # syscalls, injected like the clock (fault tests); production passes none
         self.cfg = cfg
         self.clock = clock
         self.metrics = metrics or BookieMetrics()
@@ -127,7 +152,8 @@ class Bookie:
         os.makedirs(self.data_dir, exist_ok=True)
         self.store = EntryStore(os.path.join(self.data_dir, "store"),
                                 segment_max_bytes=cfg.segment_max_bytes,
-                                journal_dir=os.path.join(self.data_dir, "journal"))
+                                journal_dir=os.path.join(self.data_dir, "journal"),
+                                fsync=store_fsync)
         self.journal = Journal(os.path.join(self.data_dir, "journal"),
                                max_group_wait_s=cfg.journal_max_group_wait_ms / 1000.0,
                                max_group_bytes=cfg.journal_max_group_bytes,
@@ -139,11 +165,11 @@ class Bookie:
                                                       else cfg.journal_page_cache_keep_mb * MiB),
                                lead_max_bytes=cfg.journal_lead_max_bytes,
                                clock=clock, metrics=self.metrics, fsync=fsync,
-                               on_failure=self._journal_failed)
+                               pwritev=pwritev, on_failure=self._journal_failed)
         self.states: dict[int, ls.LedgerState] = {}
         self.cond = threading.Condition(threading.RLock())
         self.read_only = False
-        self.io_error: Optional[str] = None     # set once a journal write/fsync failed
+        self.io_error: Optional[str] = None     # set once a journal/checkpoint write or fsync failed
         self._mode_listeners: list[Callable[[bool], None]] = []
         self._applied = Position(0, 0)
         self._ckpt_lock = threading.Lock()
@@ -186,7 +212,7 @@ class Bookie:
         if self._flusher is not None:
             self._flusher.join()
         self.journal.close()
-        if checkpoint:
+        if checkpoint and self.io_error is None:   # after a failure: restart replays
             self.checkpoint()
 
     # -- state helpers -------------------------------------------------------------------
@@ -261,6 +287,7 @@ class Bookie:
         """Returns (future completing when durable+visible, first id, last id)."""
         batch = validate_batch(data, ledger_id, self.cfg)
         first, last = batch.column(1)[0].as_py(), batch.column(1)[batch.num_rows - 1].as_py()
+        self._check_storage()
         with self.cond:
             plan = ls.decide_add(self._state(ledger_id), master_key, recovery=recovery,
                                  read_only=self.read_only)
@@ -278,6 +305,7 @@ class Bookie:
         return first, last
 
     def fence(self, ledger_id: int, master_key: bytes) -> LacResult:
+        self._check_storage()
         with self.cond:
             plan = ls.decide_fence(self._state(ledger_id), master_key)
             records = self._key_records(plan, ledger_id, master_key)
@@ -295,6 +323,7 @@ class Bookie:
         self.journal.write([]).result()
 
     def write_lac(self, ledger_id: int, master_key: bytes, lac: int) -> None:
+        self._check_storage()
         with self.cond:
             if self.read_only:
                 raise errors.ReadOnly("bookie is read-only")
@@ -361,7 +390,8 @@ class Bookie:
             self.read_only = value
         if changed:
             self.metrics.read_only.set(1 if value else 0)
-            log.warning("event=bookie_mode read_only=%s", value)
+            log.warning("event=bookie_mode read_only=%s storage_failed=%s", value,
+                        self.io_error is not None)
             for listener in list(self._mode_listeners):
                 try:
                     listener(value)
@@ -373,13 +403,25 @@ class Bookie:
         """``listener(read_only)`` after every mode change (the registrar)."""
         self._mode_listeners.append(listener)
 
+    def _check_storage(self) -> None:
+        """Refuse what needs the journal once storage has failed."""
+        if self.io_error is not None:
+            raise errors.ReadOnly(f"bookie is read-only until restarted: storage failed "
+                                  f"({self.io_error})")
+
     def _journal_failed(self, exc: BaseException) -> None:
-        """Journal hook: a write or fdatasync failed (EIO, ENOSPC...).  Every
-        later add fails; turning read-only also tells clients (registry,
-        BookieInfo) to place new ensembles elsewhere.  Runs the switch on its
-        own thread: the journal thread must not wait for the bookie lock."""
-        self.io_error = repr(exc)
-        threading.Thread(target=self.set_read_only, args=(True,), name="journal-failed",
+        """Journal hook: a write or fdatasync failed (EIO, ENOSPC...); the
+        journal has logged ``event=journal_failed`` with the errno and path."""
+        self._storage_failed(exc, "journal")
+
+    def _storage_failed(self, exc: BaseException, where: str) -> None:
+        """Pin the bookie read-only until restart (see the module docstring).
+        ``io_error`` is set at once, so the very next operation is refused;
+        the switch itself runs on its own thread: a journal thread must not
+        wait for the bookie lock, nor for the registrar's etcd round trip."""
+        if self.io_error is None:
+            self.io_error = f"{where}: {exc!r}"
+        threading.Thread(target=self.set_read_only, args=(True,), name="storage-failed",
                          daemon=True).start()
 
     def ledger_ids(self) -> list[int]:
@@ -393,6 +435,7 @@ class Bookie:
     # -- GC ------------------------------------------------------------------------------------
     def delete_ledger(self, ledger_id: int) -> None:
         """Reclaim a ledger (GC only, after it has confirmed the metadata is gone)."""
+        self._check_storage()
         fut = self.journal.write([(RecordType.LEDGER_DELETED, LEDGER.pack(ledger_id))],
                                  ("delete", ledger_id, None))
         fut.result()
@@ -406,24 +449,45 @@ class Bookie:
             self._flush_wanted.clear()
             if self._stop.is_set():
                 return
+            if self.io_error is not None:     # pinned read-only: the restart replays
+                continue
             try:
                 self.checkpoint()
+            except errors.BookieIOError:    # logged with errno and path; now pinned read-only
+                continue
             except Exception as exc:  # noqa: BLE001 - keep serving; journal still holds data
                 log.error("event=checkpoint_failed error=%r", exc)
 
     def checkpoint(self) -> Position:
+        """Raises BookieIOError once storage has failed: the checkpoint never
+        advances past a failed write or fsync.  A failure here pins the
+        bookie read-only (``_storage_failed``): ``flush_begin`` has already
+        handed the write cache's refs to this checkpoint, so a later one would
+        persist a position past entries no segment holds durably."""
         with self._ckpt_lock:
+            if self.io_error is not None:
+                raise errors.BookieIOError(f"no checkpoint after a storage failure "
+                                           f"({self.io_error}); restart the bookie")
             with self.cond:
                 position = self._applied
                 snap = self.store.flush_begin()
                 states = [s.to_json() for s in self.states.values()]
-            if snap.by_ledger:
-                self.store.write_snapshot(snap)
-            self.store.flush_commit(snap)
-            if self.cfg.compaction_min_live_ratio > 0:
-                compaction.compact(self.store, self.cfg.compaction_min_live_ratio,
-                                   journal_below_seq=position.seq)
-            self._write_checkpoint(position, states)
+            try:
+                if snap.by_ledger:
+                    self.store.write_snapshot(snap)
+                self.store.flush_commit(snap)
+                if self.cfg.compaction_min_live_ratio > 0:
+                    compaction.compact(self.store, self.cfg.compaction_min_live_ratio,
+                                       journal_below_seq=position.seq)
+                self._write_checkpoint(position, states)
+            except Exception as exc:  # noqa: BLE001 - pin read-only, then report
+                code = getattr(exc, "errno", None)
+                log.error("event=checkpoint_failed errno=%s path=%s error=%r "
+                          "action=read_only_until_restart",
+                          errno.errorcode.get(code, code) if code is not None else "-",
+                          getattr(exc, "filename", None) or self.data_dir, exc)
+                self._storage_failed(exc, "checkpoint")
+                raise errors.BookieIOError(f"checkpoint failed: {exc!r}") from exc
             # journal files before P go, unless indexed batches still live in them
             gone = self.journal.delete_before(position, keep=self.store.journal_seqs_in_use())
             self.store.forget_journal_files(gone)
@@ -441,16 +505,16 @@ class Bookie:
         with pa.OSFile(index_path, "wb") as sink:
             with pa.ipc.new_file(sink, table.schema) as w:
                 w.write_table(table)
-        _fsync_path(index_path)
+        self._fsync_path(index_path)
         doc = {"version": 1, "generation": self._ckpt_gen, "journal_seq": position.seq,
                "journal_offset": position.offset, "index": index_name, "states": states}
         tmp = os.path.join(self.data_dir, CHECKPOINT + ".tmp")
         with open(tmp, "w", encoding="utf-8") as fh:
             json.dump(doc, fh)
             fh.flush()
-            os.fsync(fh.fileno())
+            self.store.fsync(fh.fileno())
         os.replace(tmp, os.path.join(self.data_dir, CHECKPOINT))
-        _fsync_path(self.data_dir)
+        self._fsync_path(self.data_dir)
         for name in os.listdir(self.data_dir):
             if name.startswith("index-") and name != index_name:
                 os.unlink(os.path.join(self.data_dir, name))
@@ -471,10 +535,9 @@ class Bookie:
             self.states[s.ledger_id] = s
         return Position(int(doc["journal_seq"]), int(doc["journal_offset"]))
 
-
-def _fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    def _fsync_path(self, path: str) -> None:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            self.store.fsync(fd)
+        finally:
+            os.close(fd)

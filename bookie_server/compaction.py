@@ -67,7 +67,7 @@ def compact(store: EntryStore, min_live_ratio: float, journal_below_seq: int = 0
             store.segment_size[store._cur_seg] = off + ref.length
             moved.append((rid, ref, store._cur_seg, off))
         fh.flush()
-        os.fsync(fh.fileno())
+        store.fsync(fh.fileno())
     finally:
         fh.close()
     store.fsync_segment_dir()       # the copy may be a new file: its name must survive too

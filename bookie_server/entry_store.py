@@ -32,7 +32,12 @@ Ordering obligations:
     ``write_snapshot`` (one concatenated, id-sorted batch per ledger appended
     to the current segment, fsync'd; no lock held) -> ``flush_commit``
     (swap the ledger's memory runs for segment runs under the lock).  Readers
-    and duplicate checks see the memory runs until the swap.
+    and duplicate checks see the memory runs until the swap.  A write or
+    fsync that fails in ``write_snapshot`` propagates and ``flush_commit`` is
+    not run: the memory runs stay (reads go on), and the caller (the bookie's
+    checkpoint) must persist no index or journal position past the failure -
+    it pins the bookie read-only until a restart replays the journal.  The
+    fsync is never retried (after a failed fsync the dirty pages may be gone).
   * Segments whose live bytes drop to zero (GC) or below the compaction ratio
     are dropped / rewritten (``compaction.compact``); files are deleted only
     after the caller has persisted an index that no longer references them
@@ -48,7 +53,7 @@ import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -104,8 +109,12 @@ class FlushSnapshot:
 class EntryStore:
     def __init__(self, directory: str, *, segment_max_bytes: int = 256 << 20,
                  batch_cache_size: int = 256, mmap_cache_size: int = 32,
-                 journal_dir: Optional[str] = None):
+                 journal_dir: Optional[str] = None,
+                 fsync: Callable[[int], None] = os.fsync):
         self.dir = directory
+        # the checkpoint's fsync, injected like a clock (fault tests); a failure
+        # propagates: the caller must not persist an index past it
+        self.fsync = fsync
         self.journal_dir = journal_dir          # None: big batches are copied as before
         self.seg_dir = os.path.join(directory, "segments")
         os.makedirs(self.seg_dir, exist_ok=True)
@@ -354,7 +363,7 @@ class EntryStore:
                     if fh is None or self.segment_size.get(self._cur_seg, 0) >= self.segment_max_bytes:
                         if fh is not None:
                             fh.flush()
-                            os.fsync(fh.fileno())
+                            self.fsync(fh.fileno())
                             fh.close()
                         fh = self._open_segment_for_append()
                     offset = self.segment_size[self._cur_seg]
@@ -366,7 +375,7 @@ class EntryStore:
                 snap.results[ledger_id] = written
             if fh is not None:
                 fh.flush()
-                os.fsync(fh.fileno())
+                self.fsync(fh.fileno())
         finally:
             if fh is not None:
                 fh.close()
@@ -378,7 +387,7 @@ class EntryStore:
         that references them is persisted)."""
         dfd = os.open(self.seg_dir, os.O_RDONLY)
         try:
-            os.fsync(dfd)
+            self.fsync(dfd)
         finally:
             os.close(dfd)
 

@@ -37,9 +37,21 @@ Ordering obligations:
     synced ranges that fell that far behind leave the page cache (advice).
   * Rolling to a new file waits (barrier) until the sync thread is done with
     the old file descriptor.
-  * A write or fsync failure poisons the journal: that group and every later
-    submission fail with BookieIOError (after a failed fsync the page cache
-    can no longer be trusted).
+  * A write or fdatasync failure poisons the journal, for good: after a
+    failed fdatasync the kernel may have dropped the dirty pages, so a retried
+    fdatasync that succeeds proves nothing (PostgreSQL's "fsyncgate").  The
+    failed group is never acknowledged, and neither is any group written
+    after it - in the pipeline, groups the writer thread wrote while the
+    failing fdatasync ran sit in the same file and would be "synced" by the
+    next fdatasync; the sync stage fails them instead.  Every later
+    submission fails at once.  Nothing is fsynced again: not the next group,
+    not the file at roll or close (the file is closed as it is).  One
+    ``event=journal_failed op=... errno=... path=...`` line is logged and
+    ``on_failure`` is called once; durability is re-established only by a
+    restart, whose replay reads back what really reached the disk.
+  * ``fsync`` and ``pwritev`` are the journal's syscalls, injected like the
+    clock: tests pass failing or lying ones (fault injection, the chaos
+    checker's planted bug); production passes nothing.
   * Replay (``journal_replay.replay``, before ``start``) reads the files back
     from a checkpoint position, checking each CRC, and truncates a torn or
     corrupt tail.  Writing always starts a fresh file, so only tails can be
@@ -55,6 +67,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import errno
 import logging
 import os
 import queue
@@ -73,8 +86,6 @@ log = logging.getLogger("bookie.journal")
 
 HEADER = struct.Struct("<IIB")
 MAX_RECORD = 1 << 31
-# chaos-test fault flag (tests/chaos): acknowledge groups without writing them
-_FAULT_ACK_BEFORE_FSYNC = os.environ.get("PYBK_FAULT") == "ack_before_fsync"
 
 
 class RecordType(enum.IntEnum):
@@ -137,6 +148,7 @@ class Journal:
                  page_cache_keep_bytes: Optional[int] = None,
                  clock: Callable[[], float] = time.monotonic,
                  metrics: Any = None, fsync: Callable[[int], None] = os.fdatasync,
+                 pwritev: Callable[[int, list, int], int] = os.pwritev,
                  on_failure: Optional[Callable[[BaseException], None]] = None):
         self.dir = directory
         os.makedirs(directory, exist_ok=True)
@@ -153,6 +165,7 @@ class Journal:
         self.clock = clock
         self.metrics = metrics
         self._fsync = fsync                  # injected like the clock (fault tests)
+        self._pwritev = pwritev
         self._on_failure = on_failure        # called once, on the failing journal thread
         self._cv = threading.Condition(threading.Lock())   # guards the fields below
         self._pending: "collections.deque[Submission]" = collections.deque()
@@ -344,32 +357,40 @@ class Journal:
                 pieces.extend(frame(rtype, body))
                 sub.locations.append((self._seq, at + HEADER.size))
                 at += HEADER.size + len(body)
-        if _FAULT_ACK_BEFORE_FSYNC:
-            pieces = []
-            for sub in group:
-                sub.locations = None    # nothing was written: nothing to point at
         try:
             total = self._write_all(pieces)
         except BaseException as exc:  # noqa: BLE001 - poison and fail the group
-            self._poison(exc)
+            self._poison(exc, "write", self._seq)
             self._fail(group, f"journal write failed: {exc}")
             return None
         self._offset += total
         return group, Position(self._seq, self._offset), self._fd, total
 
     def _maybe_roll(self) -> None:
+        if self._failed is not None:    # a failed journal neither rolls nor grows
+            return
         try:
             if self._offset >= self.max_file_bytes:
                 self._roll()
             elif self.prealloc_bytes:
                 self._preallocate()
         except OSError as exc:      # e.g. ENOSPC creating the next file: later adds fail
-            self._poison(exc)
+            self._poison(exc, "roll", self._seq)
 
-    def _poison(self, exc: BaseException) -> None:
+    @property
+    def failed(self) -> Optional[BaseException]:
+        """The error that poisoned the journal, or None."""
+        return self._failed
+
+    def _poison(self, exc: BaseException, op: str, seq: int) -> None:
+        """Fail the journal for good (never retried; see the docstring)."""
         if self._failed is None:
             self._failed = exc
-            log.error("event=journal_failed error=%r", exc)
+            code = getattr(exc, "errno", None)
+            log.error("event=journal_failed op=%s errno=%s path=%s error=%r "
+                      "action=read_only_until_restart", op,
+                      errno.errorcode.get(code, code) if code is not None else "-",
+                      self.path_of(seq), exc)
             if self._on_failure is not None:
                 try:
                     self._on_failure(exc)
@@ -410,10 +431,12 @@ class Journal:
     def _sync_groups(self, groups: list) -> None:
         subs = [sub for g in groups for sub in g[0]]
         if self._failed is None:
+            op = "fdatasync"
             try:
                 t0 = time.perf_counter()
                 if self.sync_data:
                     self._fsync(groups[-1][2])
+                op = "apply"
                 if self.metrics is not None:
                     self.metrics.journal_fsync(time.perf_counter() - t0, len(subs),
                                                sum(g[3] for g in groups))
@@ -424,7 +447,10 @@ class Journal:
                         if not sub.future.done():
                             sub.future.set_result(position)
             except BaseException as exc:  # noqa: BLE001 - poison and fail
-                self._poison(exc)
+                # the fdatasync (or applying after it) failed: these groups and
+                # every later one - written behind them into the same file,
+                # whose pages may be gone - fail; nothing is fsynced again
+                self._poison(exc, op, groups[-1][1].seq)
             else:
                 if self.cache_window is not None:     # after the acks: only advice
                     self._release_pages(groups)
@@ -444,7 +470,7 @@ class Journal:
         for i in range(0, len(pieces), 512):  # stay under IOV_MAX
             chunk = pieces[i:i + 512]
             size = sum(len(p) for p in chunk)
-            written = os.pwritev(self._fd, chunk, offset)
+            written = self._pwritev(self._fd, chunk, offset)
             if written < size:  # rare short write: finish with plain pwrite
                 rest = memoryview(b"".join(chunk))
                 while written < size:
@@ -458,8 +484,9 @@ class Journal:
     def _finish_file(self) -> None:
         if self._fd >= 0:
             try:
-                os.ftruncate(self._fd, self._offset)
-                os.fsync(self._fd)
+                if self._failed is None:    # a failed file is left as it is: no retry
+                    os.ftruncate(self._fd, self._offset)
+                    os.fsync(self._fd)
             finally:
                 os.close(self._fd)
                 self._fd = -1

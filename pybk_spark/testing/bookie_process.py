@@ -37,7 +37,7 @@ def _kill_all() -> None:
 class BookieProcess:
     def __init__(self, data_dir: str, *, port: Optional[int] = None,
                  metadata_uri: str = "", bookie_id: str = "", conf: Optional[dict] = None,
-                 log_path: Optional[str] = None):
+                 log_path: Optional[str] = None, command: Optional[list] = None):
         self.data_dir = data_dir
         self.port = port or free_port()
         self.metadata_uri = metadata_uri
@@ -45,6 +45,8 @@ class BookieProcess:
         self.conf = dict(conf or {})
         self.conf_path = data_dir.rstrip("/") + ".conf"
         self.log_path = log_path or data_dir.rstrip("/") + ".log"
+        # argv prefix; tests may pass a test-only entry point (faulty_bookie.py)
+        self.base_command = list(command or [sys.executable, "-m", "bookie_server"])
         self.proc: Optional[subprocess.Popen] = None
         self._channel: Optional[grpc.Channel] = None
 
@@ -59,7 +61,7 @@ class BookieProcess:
                 fh.write(f"{k} = {v}\n")
 
     def command(self, *extra: str) -> list[str]:
-        cmd = [sys.executable, "-m", "bookie_server", *extra, "--conf", self.conf_path,
+        cmd = [*self.base_command, *extra, "--conf", self.conf_path,
                "--port", str(self.port), "--data-dir", self.data_dir,
                "--bookie-id", self.bookie_id]
         if self.metadata_uri:

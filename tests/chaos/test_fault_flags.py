@@ -1,18 +1,19 @@
 """The checker catches a planted bookie bug in real processes.
 
-PYBK_FAULT=ack_before_fsync (read once, in bookie_server/journal.py) makes
-the journal acknowledge a group without writing it: acks precede
-durability, data reaches disk only at the next checkpoint.  (A pure
+The bookies run from the test-only entry point ``faulty_bookie.py`` with
+the ``ack_before_fsync`` fault: the journal's injected pwritev (a test seam;
+production code has no fault switch) writes nothing, so the journal
+acknowledges a group without writing it: acks precede durability, data
+reaches disk only at the next checkpoint.  (A pure
 "skip fdatasync" would be invisible to a SIGKILL test: the page cache
 survives a process crash; losing the unsynced write is what a power cut
 would do.)  Every bookie of the ensemble is crashed and restarted, which a
 correct bookie survives without losing anything (the journal is the
 promise); with the flag the acknowledged entries are gone and the checker
-must say so.  The control run without the flag must be clean.
+must say so.  The control run (plain ``bookie_server``) must be clean.
 """
 from __future__ import annotations
 
-import os
 import signal
 
 import pytest
@@ -20,6 +21,7 @@ import pytest
 from pybk_spark.testing.cluster import LocalCluster
 from pybk_spark.testing.fixtures import bookie_server_available
 
+from . import faulty_bookie
 from .history import History
 from .scenario import RecordedWriter, client, final_check
 
@@ -27,11 +29,9 @@ pytestmark = pytest.mark.slow
 
 
 def _crash_all_and_check(tmp_path, fault: str | None) -> list:
-    saved = os.environ.get("PYBK_FAULT")
-    if fault:
-        os.environ["PYBK_FAULT"] = fault      # inherited by the bookie processes
     cluster = LocalCluster(tmp_path / "cluster", num_bookies=3,
-                           bookie_conf={"flush_interval_s": 3600.0})
+                           bookie_conf={"flush_interval_s": 3600.0},
+                           bookie_command=faulty_bookie.command(fault) if fault else None)
     hist_dir = tmp_path / "history"
     hist_dir.mkdir()
     try:
@@ -54,10 +54,6 @@ def _crash_all_and_check(tmp_path, fault: str | None) -> list:
         return final_check(cluster, hist_dir, [lid])
     finally:
         cluster.stop()
-        if saved is None:
-            os.environ.pop("PYBK_FAULT", None)
-        else:
-            os.environ["PYBK_FAULT"] = saved
 
 
 @pytest.mark.skipif(not bookie_server_available(), reason="bookie_server not available")
