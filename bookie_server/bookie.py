@@ -27,25 +27,16 @@ the checkpoint and replays the journal from P; replay is idempotent
 GC deletes a ledger by journaling LEDGER_DELETED and then dropping it, so a
 replay from an older checkpoint cannot resurrect it.
 
-Storage failure (``_storage_failed``): a journal write or fdatasync that
-fails (the journal's ``on_failure`` hook), or a checkpoint whose segment,
-index or checkpoint-file write/fsync fails, pins the bookie read-only until
-it is restarted: ``io_error`` is set at once, so every operation that needs
-the journal - adds (recovery adds too), fences, explicit LACs, GC deletes -
-is refused with ReadOnly from then on, the mode listeners (the registrar)
-are told on a thread of their own, ``set_read_only(False)`` (the disk
-checker) cannot lift it, and no checkpoint is written any more.  The last
-good checkpoint and every journal file after it stay, so a restart replays
-exactly what reached the disk.  Nothing un-durable was acknowledged (the
-journal fails the failed group and every group behind it); reads keep being
-served from the write cache and segments.  Replay after the restart may
-find records of groups that were never acknowledged (the failed fdatasync
-may have persisted them after all): that is BookKeeper's model - an
-un-acknowledged add, fence or LAC may or may not have happened - and it
-stays consistent, because every LAC a record carries was confirmed by its
-writer before the record was sent (entry LACs, explicit LACs), fencing only
-ever stops writers, and the writer that saw the failure replaced this
-bookie for those entries (its later fragments never read them here).
+Storage failure (``_storage_failed``; docs/bookie.md, "Storage failure"): a
+journal write/fdatasync failure (the journal's ``on_failure``) or a failed
+checkpoint write/fsync pins the bookie read-only until restart: ``io_error``
+is set at once, so adds (recovery adds too), fences, explicit LACs and GC
+deletes get ReadOnly; the listeners (registrar) are told; the disk checker
+cannot lift it; no checkpoint is written any more, so the last good one and
+the journal after it are what the restart replays.  Reads go on.  Replay may
+find records never acknowledged (the failed fsync may have persisted them):
+BookKeeper's model allows it, and every LAC they carry was confirmed by
+their writer, so the ledger state stays consistent.
 """
 from __future__ import annotations
 
@@ -169,7 +160,7 @@ class Bookie:
         self.states: dict[int, ls.LedgerState] = {}
         self.cond = threading.Condition(threading.RLock())
         self.read_only = False
-        self.io_error: Optional[str] = None     # set once a journal/checkpoint write or fsync failed
+        self.io_error: Optional[str] = None     # set once storage failed (pinned read-only)
         self._mode_listeners: list[Callable[[bool], None]] = []
         self._applied = Position(0, 0)
         self._ckpt_lock = threading.Lock()

@@ -37,18 +37,14 @@ Ordering obligations:
     synced ranges that fell that far behind leave the page cache (advice).
   * Rolling to a new file waits (barrier) until the sync thread is done with
     the old file descriptor.
-  * A write or fdatasync failure poisons the journal, for good: after a
-    failed fdatasync the kernel may have dropped the dirty pages, so a retried
-    fdatasync that succeeds proves nothing (PostgreSQL's "fsyncgate").  The
-    failed group is never acknowledged, and neither is any group written
-    after it - in the pipeline, groups the writer thread wrote while the
-    failing fdatasync ran sit in the same file and would be "synced" by the
-    next fdatasync; the sync stage fails them instead.  Every later
-    submission fails at once.  Nothing is fsynced again: not the next group,
-    not the file at roll or close (the file is closed as it is).  One
-    ``event=journal_failed op=... errno=... path=...`` line is logged and
-    ``on_failure`` is called once; durability is re-established only by a
-    restart, whose replay reads back what really reached the disk.
+  * A write or fdatasync failure poisons the journal for good: after a failed
+    fdatasync the kernel may have dropped the dirty pages, so a retry that
+    succeeds proves nothing ("fsyncgate").  The failed group is not
+    acknowledged, nor any group written after it (the pipeline may already
+    have written more into the same file: the sync stage fails those), nor
+    any later submission; nothing is fsynced again, not at roll or close.
+    One ``event=journal_failed op= errno= path=`` line, one ``on_failure``
+    call; only a restart (replay) re-establishes durability.
   * ``fsync`` and ``pwritev`` are the journal's syscalls, injected like the
     clock: tests pass failing or lying ones (fault injection, the chaos
     checker's planted bug); production passes nothing.
