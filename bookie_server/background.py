@@ -93,6 +93,8 @@ def _usage(path: str) -> float:
 
 
 def gc_once(bookie, store) -> list[int]:
+    if bookie.io_error is not None:     # storage failed: nothing is journaled until restart
+        return []
     local = bookie.ledger_ids()
     if not local:
         return []
