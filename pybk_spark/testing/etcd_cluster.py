@@ -29,7 +29,7 @@ class EtcdCluster:
             raise ValueError("an etcd cluster needs at least one host")
         self.data_root = Path(data_root)
         self.hosts = list(hosts)
-        names = [f"etcd-{h.name}" for h in self.hosts]
+        names = [h.name if h.name.startswith("etcd") else f"etcd-{h.name}" for h in self.hosts]
         initial = ",".join(f"{n}=http://{h.address}:2380" for n, h in zip(names, self.hosts))
         self.members: list[EtcdProcess] = [
             EtcdProcess(self.data_root / n, name=n, host=h.address, initial_cluster=initial,
