@@ -106,3 +106,17 @@ def test_a_run_that_dies_leaves_nothing_behind(how):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_missing_capability_skips_or_fails_naming_it(monkeypatch):
+    from pybk_spark.testing import hosts
+    monkeypatch.setattr(hosts, "_REASON", ["no CAP_NET_ADMIN: run as root"])
+    with pytest.raises(hosts.HostsUnavailable, match="CAP_NET_ADMIN"):
+        hosts.require()
+    assert hosts.main(["--check"]) == 1
+    monkeypatch.delenv("PYBK_REQUIRE_HOSTS", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="unavailable: no CAP_NET_ADMIN"):
+        need_hosts()
+    monkeypatch.setenv("PYBK_REQUIRE_HOSTS", "1")
+    with pytest.raises(pytest.fail.Exception, match="required but unavailable"):
+        need_hosts()
