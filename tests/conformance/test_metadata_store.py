@@ -257,6 +257,35 @@ def test_uri_parsing():
     assert parse_uri("memory://x") == ("memory", "x", "")
 
 
+def test_multi_endpoint_uri_fails_over_from_a_dead_endpoint(etcd):
+    """``etcd://dead,live/scope``: reads go on through the live endpoint
+    whichever one the client tried first; a write that failed at the dead one
+    is not retried (its outcome would be unknown) and names the endpoint."""
+    from pybk_spark.testing.ports import free_port
+    scope = unique_scope()
+    dead = f"127.0.0.1:{free_port()}"            # nothing listens there
+    single = open_store(etcd.uri(scope))
+    multi = open_store(f"etcd://{dead},{etcd.endpoint}/{scope}")
+    try:
+        assert multi.uri == f"etcd://{dead},{etcd.endpoint}/{scope}"
+        single.put_if_absent("k", b"v")
+        for _ in range(4):                         # every call after a failure fails over
+            assert multi.get("k").value == b"v"
+            assert [k for k, _ in multi.list_prefix("")] == ["k"]
+        outcomes = set()
+        for i in range(4):
+            try:
+                multi.put_if_absent(f"w{i}", b"x")
+                outcomes.add("ok")
+            except errors.MetadataUnavailable as exc:
+                assert dead in str(exc)
+                outcomes.add("unavailable")
+        assert "ok" in outcomes
+    finally:
+        single.close()
+        multi.close()
+
+
 def test_memory_uri_shares_one_store_per_name():
     name = unique_scope("shared")
     a, b = open_store(f"memory://{name}"), open_store(f"memory://{name}")
