@@ -122,9 +122,8 @@ class EtcdProcess:
             "--quota-backend-bytes", str(4 << 30),
         ]
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
-        procs.register(self.proc)
+        self.proc = procs.spawn(args, stdout=self._log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
         try:
             self.wait_ready()
         except BaseException:
