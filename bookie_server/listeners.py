@@ -28,12 +28,6 @@ class Listeners:
     lane_listener: Optional[socket.socket]
     metrics_port: int                   # 0 = none
 
-    def close(self) -> None:
-        """Release what was bound (a start refused after binding)."""
-        if self.lane_listener is not None:
-            self.lane_listener.close()
-        self.server.stop(None)
-
 
 def bind_all(cfg: BookieConfig, metrics) -> Listeners:
     """Bind gRPC (``port``), the add lane (``add_lane_port``) and the

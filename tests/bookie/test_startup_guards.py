@@ -19,7 +19,6 @@ import pytest
 from pybk_spark.client import BookKeeper
 from pybk_spark.metadata import open_store
 from pybk_spark.testing import procs
-from pybk_spark.testing.bookie_process import free_port
 from pybk_spark.testing.cluster import LocalCluster
 from pybk_spark.testing.fixtures import bookie_server_available
 
