@@ -312,7 +312,7 @@ class LocalCluster:
                 reasons = [ln for ln in tail.splitlines() if ln.startswith("bookie-server: ")]
                 reason = f": {reasons[-1]}" if reasons else ""
                 raise BookieStartError(f"{bookie_id} exited (code {code}) before registering"
-                                       f"{reason} (log {self.bookie_log(bookie_id)}); "
+                                       f"{reason} (log {self.bookie_log(bookie_id)})\n"
                                        f"log tail:\n{tail}")
             for mode in modes[read_only]:
                 try:

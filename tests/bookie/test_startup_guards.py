@@ -133,6 +133,17 @@ def test_second_bookie_on_live_data_dir_is_refused_and_nothing_is_lost(one, stor
         bk.close()
 
 
+def test_format_cannot_empty_a_running_bookies_data_dir(one, store):
+    data = one.bookie_data_dir("bookie-0")
+    cookie = (data / "cookie.json").read_bytes()
+    res = bookie_server("format", "--data-dir", data, "--bookie-id", "bookie-0",
+                        "--metadata-uri", one.metadata_uri)
+    assert res.returncode == 2, res.stderr
+    assert f"pid {one.bookie_pid('bookie-0')}" in res.stderr
+    assert (data / "cookie.json").read_bytes() == cookie
+    assert store.get("cookies/bookie-0") is not None
+
+
 def test_same_bookie_id_other_data_dir_is_refused_while_live(one, store, tmp_path):
     reg_before = registration(store, "bookie-0")
     other = tmp_path / "other"
