@@ -7,8 +7,16 @@
 
 Without a metadata URI the bookie runs standalone (no registration, no GC).
 SIGTERM/SIGINT: unregister, stop accepting, flush, exit 0.  SIGHUP: reload
-the disk thresholds from the conf file.  Exit code 2: refused to start
-(invalid cookie / bad config); 3: metadata store unavailable.
+the disk thresholds from the conf file.
+
+Start-up order: lock the data dir (bookie.lock), bind every port (gRPC,
+add lane, metrics), check that no other live bookie holds the bookie id,
+check the cookie, replay, serve, register.  A refused start writes nothing.
+
+Exit codes: 0 stopped cleanly; 2 refused to start, with a one-line reason:
+bad config, data dir locked by another process (its pid is named), a port
+in use (the port and its setting are named), the bookie id registered by
+another live bookie, an invalid cookie; 3 metadata store unavailable.
 """
 from __future__ import annotations
 
@@ -17,17 +25,24 @@ import gc as pygc
 import logging
 import os
 import signal
+import socket
 import time
 import sys
+import uuid
 
 from bookie_server import cookie
 from bookie_server.background import DiskChecker, GarbageCollector
 from bookie_server.bookie import Bookie
 from bookie_server.config import load_config
 from bookie_server.journal_crc import CRC_IMPLEMENTATION
+from bookie_server.listeners import bind_all
+from bookie_server.metrics import BookieMetrics
 from bookie_server.registration import Registrar
-from bookie_server.service import make_add_lane, make_server
+from bookie_server.service import add_service, make_add_lane
 from pybk_spark import errors
+from pybk_spark.dirlock import DirLock
+
+LOCK_NAME = cookie.LOCK_NAME
 
 log = logging.getLogger("bookie.main")
 
@@ -70,7 +85,37 @@ def main(argv=None, *, make_bookie=Bookie) -> int:
     except (OSError, ValueError, TypeError) as exc:
         print(f"bookie-server: bad configuration: {exc}", file=sys.stderr)
         return 2
+    # One data dir, one bookie: the lock comes before anything reads or
+    # writes the data dir or the metadata store (docs/bookie.md, "Start-up").
+    lock = DirLock(cfg.data_dir, LOCK_NAME)
+    try:
+        lock.acquire()
+    except errors.DataDirInUse as exc:
+        print(f"bookie-server: refusing to start: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"bookie-server: cannot lock data dir {cfg.data_dir} (data_dir / --data-dir): "
+              f"{exc}", file=sys.stderr)
+        return 2
+    rc = _locked_main(args, cfg, make_bookie)
+    # Everything durable is fsynced and the lease is revoked; do not let a
+    # library's lingering non-daemon thread keep a stopped bookie alive.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
+
+
+def _locked_main(args, cfg, make_bookie=Bookie) -> int:
     bookie_id = cfg.effective_bookie_id()
+    listeners = metrics = None
+    if args.command == "run":
+        metrics = BookieMetrics()
+        try:
+            listeners = bind_all(cfg, metrics)
+        except errors.PortInUse as exc:
+            print(f"bookie-server: refusing to start: {exc}", file=sys.stderr)
+            return 2
     try:
         store = _open_store(cfg.metadata_uri)
     except errors.BKError as exc:
@@ -78,28 +123,42 @@ def main(argv=None, *, make_bookie=Bookie) -> int:
               file=sys.stderr)
         return 3
     try:
+        registrar = None
+        if store is not None:
+            registrar = _registrar(cfg, bookie_id, store, listeners)
+            registrar.check_claimable()          # a live bookie with our id: refuse
         if args.command == "format":
             cookie.format_bookie(cfg.data_dir, bookie_id, store)
             print(f"bookie-server: formatted {bookie_id} (cookie deleted, data dir emptied)")
             return 0
-        try:
-            cookie.check_or_create(cfg.data_dir, bookie_id, store)
-        except errors.InvalidCookie as exc:
-            print(f"bookie-server: refusing to start: {exc}", file=sys.stderr)
-            return 2
-        except errors.MetadataError as exc:
-            print(f"bookie-server: metadata store unavailable: {exc}", file=sys.stderr)
-            return 3
-        rc = _serve(cfg, bookie_id, store, args.conf, make_bookie)
+        cookie_value = cookie.check_or_create(cfg.data_dir, bookie_id, store)
+        if registrar is not None:
+            registrar.owner["cookie_instance"] = cookie_value.get("instance_id", "")
+        return _serve(cfg, bookie_id, store, args.conf, listeners, metrics, registrar,
+                      make_bookie)
+    except (errors.InvalidCookie, errors.BookieIdInUse) as exc:
+        print(f"bookie-server: refusing to start: {exc}", file=sys.stderr)
+        return 2
+    except errors.MetadataError as exc:
+        print(f"bookie-server: metadata store unavailable: {exc}", file=sys.stderr)
+        return 3
     finally:
         if store is not None:
             store.close()
-    # Everything durable is fsynced and the lease is revoked; do not let a
-    # library's lingering non-daemon thread keep a stopped bookie alive.
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(rc)
+
+
+def _registrar(cfg, bookie_id: str, store, listeners) -> Registrar:
+    """The registrar, knowing who we are: ``owner`` lets the next start tell
+    a crashed predecessor on this data dir from another live bookie."""
+    local = cookie.read_local(cfg.data_dir) or {}
+    owner = {"token": uuid.uuid4().hex, "host": socket.gethostname(), "pid": os.getpid(),
+             "data_dir": os.path.realpath(cfg.data_dir),
+             "cookie_instance": local.get("instance_id", "")}
+    port = listeners.port if listeners is not None else cfg.port
+    lane = listeners.lane_listener if listeners is not None else None
+    lane_address = f"{cfg.bind_address}:{lane.getsockname()[1]}" if lane is not None else ""
+    return Registrar(store, bookie_id, f"{cfg.bind_address}:{port}", cfg.rack,
+                     cfg.metrics_port, cfg.registration_ttl_s, lane_address, owner=owner)
 
 
 def _freeze_startup_heap() -> None:
@@ -112,7 +171,8 @@ def _freeze_startup_heap() -> None:
     pygc.freeze()
 
 
-def _serve(cfg, bookie_id: str, store, conf_path, make_bookie=Bookie) -> int:
+def _serve(cfg, bookie_id: str, store, conf_path, listeners, metrics, registrar,
+           make_bookie=Bookie) -> int:
     # Signal handlers only flip plain flags: taking a lock (Event.set) inside a
     # handler can deadlock when the signal lands while the main thread holds
     # that same lock.  The main loop polls the flags.
@@ -121,23 +181,26 @@ def _serve(cfg, bookie_id: str, store, conf_path, make_bookie=Bookie) -> int:
     signal.signal(signal.SIGINT, lambda *_: signals.__setitem__("stop", True))
     signal.signal(signal.SIGHUP, lambda *_: signals.__setitem__("reload", True))
 
-    bookie = make_bookie(cfg).open()
-    server, port = make_server(bookie, cfg, bookie_id)
-    lane = make_add_lane(bookie, cfg, bookie_id)     # listening before Health answers
+    bookie = make_bookie(cfg, metrics=metrics).open()
+    server, port = listeners.server, listeners.port
+    add_service(server, bookie, cfg, bookie_id)
+    lane = make_add_lane(bookie, cfg, bookie_id,     # listening before Health answers
+                         listeners.lane_listener)
     server.start()
-    lane_address = f"{cfg.bind_address}:{lane.port}" if lane is not None else ""
-    if cfg.metrics_port:
-        bookie.metrics.serve(cfg.metrics_port, cfg.bind_address)
-    registrar = None
-    if store is not None:
-        registrar = Registrar(store, bookie_id, f"{cfg.bind_address}:{port}", cfg.rack,
-                              cfg.metrics_port, cfg.registration_ttl_s, lane_address)
     if registrar is not None:          # disk full, journal failure: the registry follows
         bookie.add_mode_listener(registrar.set_read_only)
     checker = DiskChecker(bookie, cfg, on_change=lambda ro: None)
     checker.start()
     if registrar is not None:
-        registrar.start(read_only=bookie.read_only)
+        try:
+            registrar.start(read_only=bookie.read_only)
+        except BaseException:          # lost a race for the id: stop serving, refuse
+            if lane is not None:
+                lane.stop()
+            server.stop(None)
+            checker.stop()
+            bookie.close()
+            raise
     ledger_gc = GarbageCollector(bookie, store, cfg.gc_interval_s) if store is not None else None
     if ledger_gc is not None:
         ledger_gc.start()

@@ -61,8 +61,15 @@ _MAX_ID_BYTES = 4096
 _MAX_READ_REQUEST_BYTES = 64 << 10     # a ReadRequest is a few dozen bytes and a key
 
 
+def bind_listener(cfg: BookieConfig) -> socket.socket:
+    """The add lane's listening socket on ``add_lane_port`` (OSError if taken)."""
+    family = socket.AF_INET6 if ":" in cfg.bind_address else socket.AF_INET
+    return socket.create_server((cfg.bind_address, cfg.add_lane_port), family=family,
+                                backlog=128)
+
+
 class AddLaneServer:
-    def __init__(self, service, cfg: BookieConfig):
+    def __init__(self, service, cfg: BookieConfig, listener: socket.socket | None = None):
         self.service = service
         self.bookie_id = service.bookie_id.encode()
         self.metrics = service.m
@@ -70,9 +77,7 @@ class AddLaneServer:
         self.max_inflight = max(1, cfg.max_inflight_per_stream)
         self.max_connections = cfg.lane_max_connections
         self.hello_timeout_s = cfg.lane_hello_timeout_s
-        family = socket.AF_INET6 if ":" in cfg.bind_address else socket.AF_INET
-        self._listener = socket.create_server((cfg.bind_address, cfg.add_lane_port),
-                                              family=family, backlog=128)
+        self._listener = listener if listener is not None else bind_listener(cfg)
         self.port = self._listener.getsockname()[1]
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()

@@ -27,6 +27,7 @@ from typing import Optional
 from pybk_spark import errors
 
 LOCAL_NAME = "cookie.json"
+LOCK_NAME = "bookie.lock"     # the data dir's lock (pybk_spark/dirlock.py): not data
 CREATE, OK = "create", "ok"
 ENTRY_FORMAT = 2          # 2: entries carry ``length`` (pybk_spark/wire/entries.py)
 
@@ -100,7 +101,7 @@ def write_local(data_dir: str, cookie: dict) -> None:
 def has_data(data_dir: str) -> bool:
     if not os.path.isdir(data_dir):
         return False
-    return any(n != LOCAL_NAME for n in os.listdir(data_dir))
+    return any(n not in (LOCAL_NAME, LOCK_NAME) for n in os.listdir(data_dir))
 
 
 def check_or_create(data_dir: str, bookie_id: str, store=None) -> dict:
@@ -125,11 +126,14 @@ def check_or_create(data_dir: str, bookie_id: str, store=None) -> dict:
 
 
 def format_bookie(data_dir: str, bookie_id: str, store=None) -> None:
-    """Delete the metadata cookie and the local data (bookieformat)."""
+    """Delete the metadata cookie and the local data (bookieformat).  The
+    caller holds the data dir's lock; its lock file is kept."""
     if store is not None:
         store.delete(cookie_key(bookie_id))
     if os.path.isdir(data_dir):
         for name in os.listdir(data_dir):
+            if name == LOCK_NAME:
+                continue
             path = os.path.join(data_dir, name)
             if os.path.isdir(path):
                 shutil.rmtree(path)

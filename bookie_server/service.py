@@ -242,24 +242,39 @@ class BookieService(pb_grpc.BookieServicer):
         return pb.HealthResponse(serving=True, bookie_id=self.bookie_id)
 
 
-def make_server(bookie: Bookie, cfg: BookieConfig, bookie_id: str) -> tuple[grpc.Server, int]:
+def bind_server(cfg: BookieConfig) -> tuple[grpc.Server, int]:
+    """A gRPC server bound to ``cfg.port`` but serving nothing yet (the port
+    is taken before the bookie writes anything anywhere; ``add_service``
+    comes once the bookie is open).  OSError if the port cannot be bound."""
     limit = cfg.grpc_message_limit()
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=cfg.grpc_threads, thread_name_prefix="grpc"),
         options=[("grpc.max_send_message_length", limit),
                  ("grpc.max_receive_message_length", limit),
                  ("grpc.so_reuseport", 0)])
-    framing.add_bookie_servicer(BookieService(bookie, cfg, bookie_id), server)
-    port = server.add_insecure_port(f"{cfg.bind_address}:{cfg.port}")
+    try:
+        port = server.add_insecure_port(f"{cfg.bind_address}:{cfg.port}")
+    except RuntimeError as exc:           # grpc >= 1.5x raises instead of returning 0
+        raise OSError(f"cannot bind {cfg.bind_address}:{cfg.port}: {exc}") from None
     if port == 0:
         raise OSError(f"cannot bind {cfg.bind_address}:{cfg.port}")
     return server, port
 
 
-def make_add_lane(bookie: Bookie, cfg: BookieConfig, bookie_id: str):
+def add_service(server: grpc.Server, bookie: Bookie, cfg: BookieConfig, bookie_id: str) -> None:
+    framing.add_bookie_servicer(BookieService(bookie, cfg, bookie_id), server)
+
+
+def make_server(bookie: Bookie, cfg: BookieConfig, bookie_id: str) -> tuple[grpc.Server, int]:
+    server, port = bind_server(cfg)
+    add_service(server, bookie, cfg, bookie_id)
+    return server, port
+
+
+def make_add_lane(bookie: Bookie, cfg: BookieConfig, bookie_id: str, listener=None):
     """The started add lane server (bookie_server/add_lane.py), or None when
-    ``add_lane_port`` is -1."""
+    ``add_lane_port`` is -1.  ``listener``: its socket, bound beforehand."""
     if cfg.add_lane_port < 0:
         return None
     from bookie_server.add_lane import AddLaneServer
-    return AddLaneServer(BookieService(bookie, cfg, bookie_id), cfg).start()
+    return AddLaneServer(BookieService(bookie, cfg, bookie_id), cfg, listener).start()

@@ -10,7 +10,8 @@ Conventions every subcommand follows:
   * results through ``emit(args, data, text)``: ``pybk --json CMD`` prints the
     data as one JSON document, otherwise the text;
   * failures are ``pybk_spark.errors`` exceptions: ``main`` prints them (JSON
-    with code when ``--json``) and exits 1; bad usage exits 2.
+    with code when ``--json``) and exits 1; bad usage exits 2, and so does
+    ``standalone`` refused because its data dir is in use.
 """
 from __future__ import annotations
 
@@ -94,9 +95,19 @@ def _standalone_args(p: argparse.ArgumentParser) -> None:
 
 
 def _standalone(args: argparse.Namespace) -> int:
-    from pybk_spark.testing.cluster import LocalCluster
+    """Exit 0 after a clean stop; 2 when refused to start because another
+    process runs a cluster on the data dir (one line naming its pid); 1 when
+    a child failed to start (its reason and log path on the first line)."""
+    from pybk_spark.testing.cluster import BookieStartError, LocalCluster
     if args.bookies < 1:
         raise errors.IncorrectParameter("--bookies must be >= 1")
+    cluster = LocalCluster(args.data_dir, num_bookies=args.bookies, scope=args.scope,
+                           bookie_conf=args.bookie_conf)
+    try:
+        cluster.lock()                       # before anything in the dir is touched
+    except errors.DataDirInUse as exc:
+        print(f"pybk standalone: refusing to start: {exc}", file=sys.stderr, flush=True)
+        return 2
     stop = threading.Event()
 
     def on_signal(signum, _frame):
@@ -105,8 +116,7 @@ def _standalone(args: argparse.Namespace) -> int:
             raise KeyboardInterrupt          # also interrupts a start in progress
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT,
                                                           signal.SIGHUP)}
-    cluster = LocalCluster(args.data_dir, num_bookies=args.bookies, scope=args.scope,
-                           bookie_conf=args.bookie_conf)
+    rc = 0
     try:
         cluster.start()
         print(f"metadataServiceUri={cluster.metadata_uri}", flush=True)
@@ -119,6 +129,9 @@ def _standalone(args: argparse.Namespace) -> int:
             pass
     except KeyboardInterrupt:
         pass
+    except BookieStartError as exc:
+        print(f"pybk standalone: {str(exc).splitlines()[0]}", file=sys.stderr, flush=True)
+        rc = 1
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)    # no second interrupt mid-stop
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -126,7 +139,7 @@ def _standalone(args: argparse.Namespace) -> int:
         for s, handler in previous.items():
             signal.signal(s, handler)
         print("standalone stopped", flush=True)
-    return 0
+    return rc
 
 
 # -- listbookies -------------------------------------------------------------------------
@@ -160,7 +173,8 @@ def _listbookies(args: argparse.Namespace) -> int:
 
 
 COMMANDS.extend([
-    Command("standalone", "run etcd + N bookies locally until Ctrl-C / SIGTERM",
+    Command("standalone", "run etcd + N bookies locally until Ctrl-C / SIGTERM (exit 2: "
+            "data dir in use by another standalone, whose pid is named)",
             _standalone_args, _standalone),
     Command("listbookies", "list registered bookies", _listbookies_args, _listbookies),
 ])

@@ -135,6 +135,21 @@ class InvalidCookie(BKError):
     code = -21
 
 
+class DataDirInUse(BKError):
+    """Directory locked by another live process (a second bookie or standalone on it)."""
+    code = -12
+
+
+class BookieIdInUse(BKError):
+    """Bookie id registered by another live bookie."""
+    code = -9
+
+
+class PortInUse(BKError):
+    """A port the process must listen on is already in use."""
+    code = -12
+
+
 class WriteError(BKError):
     """Write could not reach the ack quorum."""
     code = -12

@@ -29,12 +29,11 @@ class Standalone:
     """``pybk standalone`` in a subprocess, its output read by a thread."""
 
     def __init__(self, data_dir, bookies=3):
-        self.proc = subprocess.Popen(
+        self.proc = procs.spawn(
             [sys.executable, "-m", "pybk_spark.cli", "standalone", "--bookies", str(bookies),
              "--data-dir", str(data_dir)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            text=True)
-        procs.register(self.proc)
+            text=True, start_new_session=False)
         self.lines: list[str] = []
         self._cond = threading.Condition()
         threading.Thread(target=self._pump, daemon=True).start()

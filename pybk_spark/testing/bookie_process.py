@@ -16,6 +16,7 @@ from typing import Optional
 
 import grpc
 
+from pybk_spark.testing import procs
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import bookie_wire_pb2_grpc as pb_grpc
 
@@ -71,8 +72,8 @@ class BookieProcess:
     def start(self, wait: bool = True, timeout: float = 60.0) -> "BookieProcess":
         self.write_conf()
         logf = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.command(), stdout=logf, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = procs.spawn(self.command(), stdout=logf, stderr=subprocess.STDOUT,
+                                register_child=False)
         logf.close()
         _LIVE.add(self)
         if wait:
@@ -81,8 +82,13 @@ class BookieProcess:
 
     def run_format(self, timeout: float = 60.0) -> subprocess.CompletedProcess:
         self.write_conf()
-        return subprocess.run(self.command("format"), capture_output=True, text=True,
-                              timeout=timeout)
+        proc = procs.spawn(self.command("format"), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        finally:
+            procs.terminate(proc, grace=0)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout

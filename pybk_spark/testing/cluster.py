@@ -3,6 +3,10 @@
 Used by ``pybk standalone``, the test fixtures, the demo and the benchmarks.
 
 Layout under ``data_dir``:
+  standalone.lock  held (flock, pybk_spark/dirlock.py) by the process running
+                   the cluster, from ``start`` to ``stop``: a second cluster on
+                   the same dir is refused at once (``errors.DataDirInUse``
+                   naming the holder's pid) before it touches anything
   etcd/            etcd's data dir (etcd.log beside it)
   bookie-<i>/      bookie i's data dir, bookie-<i>.log its stdout+stderr
   bookie.conf      the conf file every bookie is started with
@@ -14,7 +18,8 @@ bound to it).  A bookie is ready when its registration appears in etcd under
 ``bookies/writable/<id>`` or ``bookies/readonly/<id>`` with a revision newer
 than its launch (a leftover key of a killed predecessor does not count) while
 its process is alive; if it dies first the error carries its log tail.
-Every child is registered with ``procs`` so nothing outlives the interpreter.
+Every child is started by ``procs.spawn``: it dies with this process, even
+when this process is SIGKILLed (PR_SET_PDEATHSIG; see procs).
 """
 from __future__ import annotations
 
@@ -28,10 +33,14 @@ from pathlib import Path
 from typing import Optional
 
 from pybk_spark import errors
+from pybk_spark.dirlock import DirLock
 from pybk_spark.metadata import open_store
 from pybk_spark.testing import procs
 from pybk_spark.testing.etcd_process import EtcdProcess
 from pybk_spark.testing.ports import free_port, port_is_free
+
+
+LOCK_NAME = "standalone.lock"
 
 
 class BookieStartError(RuntimeError):
@@ -67,6 +76,7 @@ class LocalCluster:
         self._bookies: dict[str, _Bookie] = {}
         self._frozen: set[str] = set()
         self._state_path = self.data_dir / "cluster.json"
+        self._lock = DirLock(self.data_dir, LOCK_NAME, what="cluster data dir")
 
     # -- public view ------------------------------------------------------------
     @property
@@ -102,7 +112,21 @@ class LocalCluster:
 
     # -- lifecycle ----------------------------------------------------------------
     def start(self) -> "LocalCluster":
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        """Start etcd and the bookies; ``errors.DataDirInUse`` (nothing
+        touched) if another process runs a cluster on ``data_dir``."""
+        self.lock()
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def lock(self) -> None:
+        """Take ``standalone.lock`` (``start`` does it too); DataDirInUse."""
+        if not self._lock.held:
+            self._lock.acquire()
+
+    def _start(self) -> "LocalCluster":
         state = self._load_state()
         self.scope = state.get("scope", self.scope)
         etcd_state = state.get("etcd", {})
@@ -111,25 +135,21 @@ class LocalCluster:
             cport = None
         if pport and not port_is_free(pport):
             pport = None
-        try:
-            self.etcd = EtcdProcess(self.data_dir / "etcd", client_port=cport,
-                                    peer_port=pport).start()
-            self.store = open_store(self.metadata_uri)
-            known = state.get("bookies", {})
-            ids = list(known) or []
-            while len(ids) < self.num_bookies:
-                ids.append(self._next_bookie_id(ids))
-            for bid in ids:
-                info = known.get(bid, {})
-                self._bookies[bid] = _Bookie(bid, info.get("port", 0), info.get("metrics_port", 0))
-            self._write_conf()
-            launched = [(bid, self._launch(bid)) for bid in ids]
-            self._save_state()
-            for bid, since in launched:
-                self._wait_registered(bid, since)
-        except BaseException:
-            self.stop()
-            raise
+        self.etcd = EtcdProcess(self.data_dir / "etcd", client_port=cport,
+                                peer_port=pport).start()
+        self.store = open_store(self.metadata_uri)
+        known = state.get("bookies", {})
+        ids = list(known) or []
+        while len(ids) < self.num_bookies:
+            ids.append(self._next_bookie_id(ids))
+        for bid in ids:
+            info = known.get(bid, {})
+            self._bookies[bid] = _Bookie(bid, info.get("port", 0), info.get("metrics_port", 0))
+        self._write_conf()
+        launched = [(bid, self._launch(bid)) for bid in ids]
+        self._save_state()
+        for bid, since in launched:
+            self._wait_registered(bid, since)
         return self
 
     def stop(self) -> None:
@@ -145,6 +165,7 @@ class LocalCluster:
             self.store = None
         if self.etcd is not None:
             self.etcd.stop()
+        self._lock.release()
 
     def __enter__(self) -> "LocalCluster":
         return self.start()
@@ -277,9 +298,8 @@ class LocalCluster:
             args += ["--metrics-port", str(b.metrics_port)]
         args += self.extra_bookie_args
         b.log = open(self.bookie_log(bookie_id), "ab")
-        b.proc = subprocess.Popen(args, stdout=b.log, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, start_new_session=True)
-        procs.register(b.proc)
+        b.proc = procs.spawn(args, stdout=b.log, stderr=subprocess.STDOUT,
+                             stdin=subprocess.DEVNULL)
         return since
 
     def _wait_registered(self, bookie_id: str, since: int, read_only: bool | None = None,
@@ -291,8 +311,12 @@ class LocalCluster:
         while True:
             if b.proc is None or b.proc.poll() is not None:
                 code = None if b.proc is None else b.proc.returncode
-                raise BookieStartError(f"{bookie_id} exited (code {code}) before registering; "
-                                       f"log tail:\n{self._log_tail(bookie_id)}")
+                tail = self._log_tail(bookie_id)
+                reasons = [ln for ln in tail.splitlines() if ln.startswith("bookie-server: ")]
+                reason = f": {reasons[-1]}" if reasons else ""
+                raise BookieStartError(f"{bookie_id} exited (code {code}) before registering"
+                                       f"{reason} (log {self.bookie_log(bookie_id)})\n"
+                                       f"log tail:\n{tail}")
             for mode in modes[read_only]:
                 try:
                     got = self.store.get(f"bookies/{mode}/{bookie_id}")

@@ -146,9 +146,8 @@ class EtcdProcess:
         if self._spawn is not None:
             self.proc = self._spawn(args, stdout=self._log, stderr=subprocess.STDOUT)
         else:
-            self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
-        procs.register(self.proc)
+            self.proc = procs.spawn(args, stdout=self._log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL)
         if wait:
             try:
                 self.wait_ready()

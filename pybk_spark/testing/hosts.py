@@ -257,11 +257,8 @@ class Host:
         """Start ``argv`` inside this host (own session, so a terminal's Ctrl-C
         reaches only the test process).  ``env`` replaces the environment
         when given.  ``ip netns exec`` execs ``argv``, so the pid is argv's."""
-        proc = subprocess.Popen(self.command(argv), env=None if env is None else dict(env),
-                                stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
-                                cwd=cwd, start_new_session=True)
-        procs.register(proc)
-        return proc
+        return procs.spawn(self.command(argv), env=None if env is None else dict(env),
+                           stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, cwd=cwd)
 
     def run(self, argv: Sequence[str], *, check: bool = True, timeout: float = 60.0,
             env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -75,7 +75,7 @@ def test_cookie_refuses_wiped_data_dir_until_formatted(bookies, etcd_scope):
     assert bp.wait_exit() == 2
     assert "wiped or is foreign" in bp.log_tail()
     # a foreign data dir (another instance's cookie) is refused too
-    os.makedirs(bp.data_dir)
+    os.makedirs(bp.data_dir, exist_ok=True)   # the refused start made it (bookie.lock)
     with open(os.path.join(bp.data_dir, "cookie.json"), "w") as fh:
         json.dump({"bookie_id": bp.bookie_id, "instance_id": "someone-else", "version": 1}, fh)
     bp.start(wait=False)

@@ -68,10 +68,9 @@ class Workers:
             if log:
                 args += ["--log", log]
             out = open(self.log_dir / f"{name}.log", "ab")
-            p = subprocess.Popen(args, cwd=REPO, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, start_new_session=True)
+            p = procs.spawn(args, cwd=REPO, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL)
             out.close()
-            procs.register(p)
             self.procs[name] = p
             self.kind_of[name] = kind
             self.spawned[kind] += 1
