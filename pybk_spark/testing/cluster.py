@@ -51,7 +51,7 @@ class LocalCluster:
     def __init__(self, data_dir: str | os.PathLike, num_bookies: int = 3, scope: str = "pybk",
                  bookie_conf: dict | str | os.PathLike | None = None,
                  extra_bookie_args: tuple | list = (), *, metrics: bool = True,
-                 ready_timeout: float = 60.0):
+                 ready_timeout: float = 60.0, bookie_command: tuple | list | None = None):
         self.data_dir = Path(data_dir).absolute()
         self.num_bookies = int(num_bookies)
         self.scope = scope
@@ -59,6 +59,9 @@ class LocalCluster:
         self.extra_bookie_args = list(extra_bookie_args)
         self.metrics = metrics
         self.ready_timeout = ready_timeout
+        # how a bookie is started: this interpreter's bookie_server by default;
+        # the install check passes a clean virtualenv's `bookie-server` script
+        self.bookie_command = list(bookie_command or (sys.executable, "-m", "bookie_server"))
         self.etcd: Optional[EtcdProcess] = None
         self.store = None
         self._bookies: dict[str, _Bookie] = {}
@@ -264,7 +267,7 @@ class LocalCluster:
         since = self.store.current_revision()
         data = self.bookie_data_dir(bookie_id)
         data.parent.mkdir(parents=True, exist_ok=True)
-        args = [sys.executable, "-m", "bookie_server",
+        args = [*self.bookie_command,
                 "--conf", str(self._conf_path()),
                 "--port", str(b.port),
                 "--data-dir", str(data),
