@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ast
 import configparser
+import functools
 import importlib.metadata
 import re
 import shutil
@@ -112,6 +113,11 @@ def imports(tree: ast.AST) -> list[tuple[str, bool, int]]:
 _FILES_OF: dict[str, set[str]] = {}
 
 
+@functools.lru_cache(maxsize=1)
+def _top_level_distributions() -> dict:
+    return importlib.metadata.packages_distributions()
+
+
 def distribution_of(module: str) -> str | None:
     """The distribution that provides ``module`` (None: standard library or
     first party).  A top-level name several distributions share (``google``)
@@ -119,7 +125,7 @@ def distribution_of(module: str) -> str | None:
     top = module.split(".", 1)[0]
     if top in FIRST_PARTY or top in sys.stdlib_module_names:
         return None
-    dists = importlib.metadata.packages_distributions().get(top)
+    dists = _top_level_distributions().get(top)
     if not dists:
         raise AssertionError(f"cannot map import {module!r} to an installed distribution; "
                              f"install it (and declare it in setup.cfg)")
