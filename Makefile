@@ -10,7 +10,7 @@ export SPARK_LOCAL_IP := 127.0.0.1
 export GRPC_ENABLE_FORK_SUPPORT := false
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: venv demo test test-fast test-hosts proto proto-check bench bench-peers chaos standalone clean
+.PHONY: venv demo test test-fast test-hosts install-check proto proto-check bench bench-peers chaos standalone clean
 
 venv: $(STAMP)
 
@@ -23,7 +23,8 @@ $(STAMP): setup.cfg pyproject.toml
 demo: venv
 	$(VPY) -m pybk_spark.demo
 
-test: venv bench-peers
+# install-check runs first so pytest's summary stays the last line CI reads
+test: venv bench-peers install-check
 	$(VPY) -m pytest -q tests $(PYTEST_ARGS)
 
 # Tests on separate test hosts (network namespaces; docs/testing.md).  Where
@@ -32,6 +33,11 @@ test: venv bench-peers
 test-hosts: venv
 	$(VPY) -m pybk_spark.testing.hosts --check
 	PYBK_REQUIRE_HOSTS=1 $(VPY) -m pytest -q tests/hosts $(PYTEST_ARGS)
+
+# the wheel, installed (not editable) into a clean venv outside the repo, runs:
+# console scripts + a client round trip on a cluster started from it (docs/testing.md)
+install-check:
+	$(PY) tests/install/check.py
 
 test-fast: venv
 	$(VPY) -m pytest -q -m "not slow" tests $(PYTEST_ARGS)

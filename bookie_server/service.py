@@ -53,6 +53,10 @@ class BookieService(pb_grpc.BookieServicer):
     def submit_add(self, req: pb.AddRequest, done) -> None:
         """Submit one add; ``done(response)`` is called exactly once."""
         t0 = time.perf_counter()
+        if isinstance(req, framing.Malformed):     # an AddStream message that did not parse
+            self.m.add_requests.labels("error").inc()
+            done(pb.AddResponse(code=pb.BAD_REQUEST, message=req.error))
+            return
         try:
             fut, first, last = self.bookie.add_async(req.ledger_id, req.master_key,
                                                      req.entries, req.recovery)

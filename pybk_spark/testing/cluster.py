@@ -66,8 +66,9 @@ class LocalCluster:
         self.scope = scope
         self.bookie_conf = bookie_conf
         self.extra_bookie_args = list(extra_bookie_args)
-        # argv prefix launching a bookie; tests may pass a test-only entry point
-        # (tests/chaos/faulty_bookie.py) instead of ``python -m bookie_server``
+        # argv prefix launching a bookie: this interpreter's bookie_server by
+        # default; tests pass a test-only entry point (tests/chaos/faulty_bookie.py),
+        # the install check a clean virtualenv's `bookie-server` script
         self.bookie_command = list(bookie_command or [sys.executable, "-m", "bookie_server"])
         self.metrics = metrics
         self.ready_timeout = ready_timeout
