@@ -129,7 +129,9 @@ def _serve(cfg, bookie_id: str, store, conf_path) -> int:
     registrar = None
     if store is not None:
         registrar = Registrar(store, bookie_id, f"{cfg.bind_address}:{port}", cfg.rack,
-                              cfg.metrics_port, cfg.registration_ttl_s, lane_address)
+                              cfg.metrics_port, cfg.registration_ttl_s, lane_address,
+                              limits={"max_entry_bytes": cfg.max_entry_bytes,
+                                      "max_batch_bytes": cfg.max_batch_bytes})
     if registrar is not None:          # disk full, journal failure: the registry follows
         bookie.add_mode_listener(registrar.set_read_only)
     checker = DiskChecker(bookie, cfg, on_change=lambda ro: None)

@@ -152,6 +152,9 @@ class Bookie:
         self._stop = threading.Event()
         self._flusher: Optional[threading.Thread] = None
         self.replayed_records = 0
+        self._admission_lock = threading.Lock()
+        self._adds_in_progress = 0
+        self._add_bytes_in_progress = 0
 
     # -- lifecycle ----------------------------------------------------------------------
     def open(self, *, background: bool = True) -> "Bookie":
@@ -256,20 +259,58 @@ class Bookie:
             self._apply_delete(ledger_id)
 
     # -- operations ------------------------------------------------------------------------
+    def _admit(self, nbytes: int) -> None:
+        """Admission (overload): count the add in, or raise TooManyRequests
+        when it would pass ``max_adds_in_progress`` or ``max_add_memory_bytes``
+        (adds in progress + write cache).  Released by ``_admitted_done``."""
+        cfg = self.cfg
+        with self._admission_lock:
+            count, held = self._adds_in_progress, self._add_bytes_in_progress
+            over_count = cfg.max_adds_in_progress and count >= cfg.max_adds_in_progress
+            over_bytes = (cfg.max_add_memory_bytes and
+                          held + self.store.write_cache_bytes + nbytes > cfg.max_add_memory_bytes)
+            if not (over_count or over_bytes):
+                self._adds_in_progress, self._add_bytes_in_progress = count + 1, held + nbytes
+                return
+        self.metrics.adds_refused.inc()
+        if over_bytes:
+            self._flush_wanted.set()        # drain the write cache
+        raise errors.TooManyRequests(
+            "bookie overloaded: " + (f"{count} adds in progress (max_adds_in_progress)"
+                                     if over_count else
+                                     f"{held + self.store.write_cache_bytes} bytes in progress "
+                                     f"and in the write cache (max_add_memory_bytes)"))
+
+    def _admitted_done(self, nbytes: int) -> None:
+        with self._admission_lock:
+            self._adds_in_progress -= 1
+            self._add_bytes_in_progress -= nbytes
+
     def add_async(self, ledger_id: int, master_key: bytes, data: bytes,
                   recovery: bool = False) -> tuple[Future, int, int]:
         """Returns (future completing when durable+visible, first id, last id)."""
         batch = validate_batch(data, ledger_id, self.cfg)
         first, last = batch.column(1)[0].as_py(), batch.column(1)[batch.num_rows - 1].as_py()
+        nbytes = len(data)
+        self._admit(nbytes)
+        try:
+            fut = self._submit_add(ledger_id, master_key, data, batch, recovery)
+        except BaseException:
+            self._admitted_done(nbytes)
+            raise
+        fut.add_done_callback(lambda _f: self._admitted_done(nbytes))
+        self.journal.lead()      # an idle journal: write + sync on this thread
+        return fut, first, last
+
+    def _submit_add(self, ledger_id: int, master_key: bytes, data: bytes,
+                    batch: pa.RecordBatch, recovery: bool) -> Future:
         with self.cond:
             plan = ls.decide_add(self._state(ledger_id), master_key, recovery=recovery,
                                  read_only=self.read_only)
             records = self._key_records(plan, ledger_id, master_key)
             records.append((RecordType.ADD_BATCH, data))
             self.states[ledger_id] = plan.state
-            fut = self.journal.submit(records, ("add", ledger_id, batch, data), lead=True)
-        self.journal.lead()      # an idle journal: write + sync on this thread
-        return fut, first, last
+            return self.journal.submit(records, ("add", ledger_id, batch, data), lead=True)
 
     def add(self, ledger_id: int, master_key: bytes, data: bytes, recovery: bool = False,
             timeout: Optional[float] = None) -> tuple[int, int]:

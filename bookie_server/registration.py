@@ -1,8 +1,10 @@
 """Registration in the metadata store, under a lease that dies with the bookie.
 
 ``bookies/writable/<id>`` or ``bookies/readonly/<id>`` holds
-``{"bookie_id","address","rack","metrics_port","state","add_lane_address"}``
-(``add_lane_address`` is empty when the bookie serves no add lane) under a lease of
+``{"bookie_id","address","rack","metrics_port","state","add_lane_address","limits"}``
+(``add_lane_address`` is empty when the bookie serves no add lane; ``limits``
+is ``{"max_entry_bytes", "max_batch_bytes"}``, the add sizes this bookie
+accepts, which clients check before assigning entry ids) under a lease of
 ``ttl`` seconds, refreshed every ttl/3.  If a refresh fails (lease expired,
 etcd restarted) a new lease is granted and the key re-put.  Switching mode
 puts the new key first, then deletes the old one.
@@ -25,13 +27,14 @@ def registration_key(bookie_id: str, read_only: bool) -> str:
 
 class Registrar:
     def __init__(self, store, bookie_id: str, address: str, rack: str, metrics_port: int,
-                 ttl: int = 5, add_lane_address: str = ""):
+                 ttl: int = 5, add_lane_address: str = "", limits: dict | None = None):
         self.store = store
         self.bookie_id = bookie_id
         self.address = address
         self.rack = rack
         self.metrics_port = metrics_port
         self.add_lane_address = add_lane_address
+        self.limits = dict(limits or {})
         self.ttl = max(2, int(ttl))
         self.read_only = False
         self._lease = None
@@ -43,7 +46,8 @@ class Registrar:
         return json.dumps({"bookie_id": self.bookie_id, "address": self.address,
                            "rack": self.rack, "metrics_port": self.metrics_port,
                            "state": "readonly" if self.read_only else "writable",
-                           "add_lane_address": self.add_lane_address}).encode()
+                           "add_lane_address": self.add_lane_address,
+                           "limits": self.limits}).encode()
 
     def start(self, read_only: bool = False) -> None:
         with self._lock:
