@@ -75,6 +75,12 @@ class LedgerHandle:
         return self._writer.length
 
     @property
+    def error(self) -> errors.BKError | None:
+        """Why this handle's writer aborted (every later add fails with it),
+        or None while it is usable."""
+        return self._writer.error
+
+    @property
     def limits(self) -> admission.AddLimits:
         """The add size limits of the current ensemble."""
         return self._writer.limits

@@ -241,3 +241,72 @@ def test_overload_flood_backs_off_and_stays_bounded(small_cluster):
         assert max(growth.values()) * KiB <= bound + 32 * MiB
     finally:
         store_bk.close()
+
+
+def _kill_then(cluster, bookie_id):
+    cluster.kill_bookie(bookie_id)          # SIGKILL: its registration lingers a TTL
+
+
+def test_no_replacement_bookie_is_not_enough_bookies_with_unknown_outcome(small_cluster):
+    """E = every bookie: a failed bookie has no replacement.  The add fails with
+    NotEnoughBookies (code -6), not LedgerFenced, and its outcome is unknown
+    (the entry went to the other bookies); once the bookie is back, close()
+    settles the tail by fencing recovery."""
+    bk = _bk(small_cluster.metadata_uri)
+    victim = None
+    try:
+        lh = bk.create_ledger(ensemble=4, write_quorum=3, ack_quorum=2)
+        ensemble = lh.metadata.current_ensemble
+        assert lh.add_entries([b"a", b"b", b"c", b"d"]) == [0, 1, 2, 3]
+        victim = ensemble[0]
+        _kill_then(small_cluster, victim)
+        with pytest.raises(errors.NotEnoughBookies) as info:
+            for i in range(8):              # every write set holds the dead slot soon
+                lh.add_entry(b"e%d" % i)
+        assert info.value.code == -6 and not info.value.outcome_known
+        assert not isinstance(info.value, errors.LedgerFenced)
+        assert isinstance(lh.error, errors.NotEnoughBookies)
+        assert bk.get_ledger_metadata(lh.ledger_id).current_ensemble == ensemble
+        small_cluster.start_bookie(victim)  # recovery re-writes to whole write sets
+        victim = None
+        lh.close()                          # fencing recovery (unknown tail)
+        md = bk.get_ledger_metadata(lh.ledger_id)
+        assert md.state == lm.CLOSED and md.last_entry_id >= 3
+        assert [e.payload for e in bk.open_ledger(lh.ledger_id).read(0, 3)] == \
+            [b"a", b"b", b"c", b"d"]
+    finally:
+        if victim is not None:
+            small_cluster.start_bookie(victim)
+        bk.close()
+
+
+def test_log_writer_keeps_leadership_after_not_enough_bookies(small_cluster):
+    bk = _bk(small_cluster.metadata_uri)
+    victim = None
+    try:
+        w = bk.open_log_writer("addpath-neb", ensemble=4, write_quorum=3, ack_quorum=2)
+        first = w.current_ledger_id
+        acked = [w.append(b"p%d" % i) for i in range(3)]
+        victim = bk.get_ledger_metadata(first).current_ensemble[0]
+        _kill_then(small_cluster, victim)
+        with pytest.raises(errors.NotEnoughBookies):
+            for i in range(8):
+                w.append(b"q%d" % i)
+        assert w.is_leader()                # not mistaken for lost leadership
+        small_cluster.start_bookie(victim)
+        victim = None
+        pos = w.append(b"after")            # rolls to a new ledger
+        assert w.current_ledger_id != first and pos.ledger_id == w.current_ledger_id
+        acked.append(pos)
+        w.append(b"carries the LAC")        # a tail ledger is readable up to its LAC
+        reader = bk.open_log_reader("addpath-neb")
+        got = {(r.position.ledger_id, r.position.entry_id): r.payload
+               for r in reader.read_available()}
+        reader.close()
+        for p in acked:
+            assert (p.ledger_id, p.entry_id) in got
+        assert got[(pos.ledger_id, pos.entry_id)] == b"after"
+    finally:
+        if victim is not None:
+            small_cluster.start_bookie(victim)
+        bk.close()
