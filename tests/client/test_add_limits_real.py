@@ -222,6 +222,9 @@ def test_overload_flood_backs_off_and_stays_bounded(small_cluster):
     try:
         assert len(results) == writers
         refused = sum(_metric(store, b, "bookie_adds_refused_overload_total") for b in ids)
+        growth = {b: anon_peak[b] - anon0[b] for b in ids}
+        print(f"overload: refused={refused - refused0:.0f} write_cache_peak={cache_peak[0]:.0f} "
+              f"anon_rss_peak_growth_kib={growth} vm_hwm_kib={hwm_growth}")
         assert refused > refused0, "the flood never hit the admission bound"
         for ledger_id, ensemble, got, payloads in results.values():
             assert got == list(range(entries))
@@ -232,9 +235,6 @@ def test_overload_flood_backs_off_and_stays_bounded(small_cluster):
             assert [e.payload for e in read] == payloads
         bound = SMALL["max_add_memory_bytes"]
         assert cache_peak[0] <= bound
-        growth = {b: anon_peak[b] - anon0[b] for b in ids}
-        print(f"overload: refused={refused - refused0:.0f} write_cache_peak={cache_peak[0]:.0f} "
-              f"anon_rss_peak_growth_kib={growth} vm_hwm_kib={hwm_growth}")
         # offered: up to 64 requests x 200 KiB per writer in flight (12.5 MiB
         # each, 75 MiB in all); admitted: 2 MiB.  The frames read and refused
         # and the allocator's slack come on top (sampled, so a lower bound).
