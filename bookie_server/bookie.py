@@ -3,7 +3,8 @@
 Theory of operation
 -------------------
 Write path (``add_async``): validate the Arrow batch in the caller's thread
-(vectorised), then under the state lock decide (``ledger_state.decide_add``),
+(vectorised), pass admission (``admission.AddAdmission``: TooManyRequests
+past the bounds on adds in progress and add memory), then under the state lock decide (``ledger_state.decide_add``),
 update the in-memory state and submit the journal records - MASTER_KEY first
 if the key is new, then ADD_BATCH.  Deciding and submitting under one lock
 makes journal order equal decision order: a fence decided before an add is
@@ -44,6 +45,7 @@ import numpy as np
 import pyarrow as pa
 
 from bookie_server import compaction, journal_replay, store_index
+from bookie_server.admission import AddAdmission
 from bookie_server import ledger_state as ls
 from bookie_server.config import BookieConfig, MiB
 from bookie_server.entry_store import EntryStore
@@ -152,9 +154,10 @@ class Bookie:
         self._stop = threading.Event()
         self._flusher: Optional[threading.Thread] = None
         self.replayed_records = 0
-        self._admission_lock = threading.Lock()
-        self._adds_in_progress = 0
-        self._add_bytes_in_progress = 0
+        self.admission = AddAdmission(cfg.max_adds_in_progress, cfg.max_add_memory_bytes,
+                                      lambda: self.store.write_cache_bytes,
+                                      on_refused=self.metrics.adds_refused.inc,
+                                      on_full=self._flush_wanted.set)
 
     # -- lifecycle ----------------------------------------------------------------------
     def open(self, *, background: bool = True) -> "Bookie":
@@ -259,46 +262,18 @@ class Bookie:
             self._apply_delete(ledger_id)
 
     # -- operations ------------------------------------------------------------------------
-    def _admit(self, nbytes: int) -> None:
-        """Admission (overload): count the add in, or raise TooManyRequests
-        when it would pass ``max_adds_in_progress`` or ``max_add_memory_bytes``
-        (adds in progress + write cache).  Released by ``_admitted_done``."""
-        cfg = self.cfg
-        with self._admission_lock:
-            count, held = self._adds_in_progress, self._add_bytes_in_progress
-            over_count = cfg.max_adds_in_progress and count >= cfg.max_adds_in_progress
-            over_bytes = (cfg.max_add_memory_bytes and
-                          held + self.store.write_cache_bytes + nbytes > cfg.max_add_memory_bytes)
-            if not (over_count or over_bytes):
-                self._adds_in_progress, self._add_bytes_in_progress = count + 1, held + nbytes
-                return
-        self.metrics.adds_refused.inc()
-        if over_bytes:
-            self._flush_wanted.set()        # drain the write cache
-        raise errors.TooManyRequests(
-            "bookie overloaded: " + (f"{count} adds in progress (max_adds_in_progress)"
-                                     if over_count else
-                                     f"{held + self.store.write_cache_bytes} bytes in progress "
-                                     f"and in the write cache (max_add_memory_bytes)"))
-
-    def _admitted_done(self, nbytes: int) -> None:
-        with self._admission_lock:
-            self._adds_in_progress -= 1
-            self._add_bytes_in_progress -= nbytes
-
     def add_async(self, ledger_id: int, master_key: bytes, data: bytes,
                   recovery: bool = False) -> tuple[Future, int, int]:
         """Returns (future completing when durable+visible, first id, last id)."""
         batch = validate_batch(data, ledger_id, self.cfg)
         first, last = batch.column(1)[0].as_py(), batch.column(1)[batch.num_rows - 1].as_py()
-        nbytes = len(data)
-        self._admit(nbytes)
+        release = self.admission.admit(len(data))      # TooManyRequests past its bounds
         try:
             fut = self._submit_add(ledger_id, master_key, data, batch, recovery)
         except BaseException:
-            self._admitted_done(nbytes)
+            release()
             raise
-        fut.add_done_callback(lambda _f: self._admitted_done(nbytes))
+        fut.add_done_callback(lambda _f: release())
         self.journal.lead()      # an idle journal: write + sync on this thread
         return fut, first, last
 

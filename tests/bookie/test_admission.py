@@ -50,7 +50,7 @@ def test_overload_refused_then_admitted_again(tmp_path, bound):
             b.add(7, b"k", entries_bytes(7, [i], size=size)))) for i in (1, 2)]
         for t in threads:
             t.start()
-        _wait(lambda: b._adds_in_progress == 2)
+        _wait(lambda: b.admission.adds == 2)
         with pytest.raises(errors.TooManyRequests) as info:
             b.add_async(7, b"k", entries_bytes(7, [3], size=size))
         assert ("max_adds_in_progress" if bound == "count" else "max_add_memory_bytes") \
@@ -60,7 +60,7 @@ def test_overload_refused_then_admitted_again(tmp_path, bound):
         for t in threads:
             t.join(30)
         assert sorted(done) == [(1, 1), (2, 2)]
-        assert b._adds_in_progress == 0 and b._add_bytes_in_progress == 0
+        assert b.admission.adds == 0 and b.admission.bytes == 0
         if bound == "bytes":
             b.checkpoint()                              # the write cache counts too
         assert b.add(7, b"k", entries_bytes(7, [3], size=size)) == (3, 3)
