@@ -5,8 +5,9 @@ Theory of operation
 Write path (``add_async``): validate the Arrow batch in the caller's thread
 (vectorised), pass admission (``admission.AddAdmission``: TooManyRequests
 past the bounds on adds in progress and add memory), then under the state
-lock decide (``ledger_state.decide_add``), update the in-memory state and submit the journal records - MASTER_KEY first
-if the key is new, then ADD_BATCH.  Deciding and submitting under one lock
+lock decide (``ledger_state.decide_add``), update the in-memory state and
+submit the journal records - MASTER_KEY first if the key is new, then
+ADD_BATCH.  Deciding and submitting under one lock
 makes journal order equal decision order: a fence decided before an add is
 durable no later than it.  The journal thread, after the group's fdatasync,
 runs ``_on_durable``: entries go into the store's write cache and the LAC is
