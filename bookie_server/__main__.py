@@ -158,7 +158,9 @@ def _registrar(cfg, bookie_id: str, store, listeners) -> Registrar:
     lane = listeners.lane_listener if listeners is not None else None
     lane_address = f"{cfg.bind_address}:{lane.getsockname()[1]}" if lane is not None else ""
     return Registrar(store, bookie_id, f"{cfg.bind_address}:{port}", cfg.rack,
-                     cfg.metrics_port, cfg.registration_ttl_s, lane_address, owner=owner)
+                     cfg.metrics_port, cfg.registration_ttl_s, lane_address, owner=owner,
+                     limits={"max_entry_bytes": cfg.max_entry_bytes,
+                             "max_batch_bytes": cfg.max_batch_bytes})
 
 
 def _freeze_startup_heap() -> None:

@@ -3,9 +3,11 @@
 Theory of operation
 -------------------
 Write path (``add_async``): validate the Arrow batch in the caller's thread
-(vectorised), then under the state lock decide (``ledger_state.decide_add``),
-update the in-memory state and submit the journal records - MASTER_KEY first
-if the key is new, then ADD_BATCH.  Deciding and submitting under one lock
+(vectorised), pass admission (``admission.AddAdmission``: TooManyRequests
+past the bounds on adds in progress and add memory), then under the state
+lock decide (``ledger_state.decide_add``), update the in-memory state and
+submit the journal records - MASTER_KEY first if the key is new, then
+ADD_BATCH.  Deciding and submitting under one lock
 makes journal order equal decision order: a fence decided before an add is
 durable no later than it.  The journal thread, after the group's fdatasync,
 runs ``_on_durable``: entries go into the store's write cache and the LAC is
@@ -56,6 +58,7 @@ import numpy as np
 import pyarrow as pa
 
 from bookie_server import compaction, journal_replay, store_index
+from bookie_server.admission import AddAdmission
 from bookie_server import ledger_state as ls
 from bookie_server.config import BookieConfig, MiB
 from bookie_server.entry_store import EntryStore
@@ -169,6 +172,10 @@ class Bookie:
         self._stop = threading.Event()
         self._flusher: Optional[threading.Thread] = None
         self.replayed_records = 0
+        self.admission = AddAdmission(cfg.max_adds_in_progress, cfg.max_add_memory_bytes,
+                                      lambda: self.store.write_cache_bytes,
+                                      on_refused=self.metrics.adds_refused.inc,
+                                      on_full=self._flush_wanted.set)
 
     # -- lifecycle ----------------------------------------------------------------------
     def open(self, *, background: bool = True) -> "Bookie":
@@ -279,15 +286,25 @@ class Bookie:
         batch = validate_batch(data, ledger_id, self.cfg)
         first, last = batch.column(1)[0].as_py(), batch.column(1)[batch.num_rows - 1].as_py()
         self._check_storage()
+        release = self.admission.admit(len(data))      # TooManyRequests past its bounds
+        try:
+            fut = self._submit_add(ledger_id, master_key, data, batch, recovery)
+        except BaseException:
+            release()
+            raise
+        fut.add_done_callback(lambda _f: release())
+        self.journal.lead()      # an idle journal: write + sync on this thread
+        return fut, first, last
+
+    def _submit_add(self, ledger_id: int, master_key: bytes, data: bytes,
+                    batch: pa.RecordBatch, recovery: bool) -> Future:
         with self.cond:
             plan = ls.decide_add(self._state(ledger_id), master_key, recovery=recovery,
                                  read_only=self.read_only)
             records = self._key_records(plan, ledger_id, master_key)
             records.append((RecordType.ADD_BATCH, data))
             self.states[ledger_id] = plan.state
-            fut = self.journal.submit(records, ("add", ledger_id, batch, data), lead=True)
-        self.journal.lead()      # an idle journal: write + sync on this thread
-        return fut, first, last
+            return self.journal.submit(records, ("add", ledger_id, batch, data), lead=True)
 
     def add(self, ledger_id: int, master_key: bytes, data: bytes, recovery: bool = False,
             timeout: Optional[float] = None) -> tuple[int, int]:

@@ -42,6 +42,9 @@ class BookieMetrics:
                                     "add lane connections closed for bad input: wrong magic, "
                                     "another bookie's id, a malformed frame, unread answers",
                                     registry=r)
+        self.adds_refused = Counter("bookie_adds_refused_overload",
+                                    "adds answered TOO_MANY_REQUESTS (max_adds_in_progress / "
+                                    "max_add_memory_bytes)", registry=r)
         self.checkpoints = Counter("bookie_checkpoints", "checkpoints written", registry=r)
         self.gc_ledgers = Counter("bookie_gc_ledgers_deleted", "ledgers reclaimed by GC", registry=r)
 
