@@ -132,6 +132,19 @@ class HostCluster:
         self._reap(b, grace=0)
         self._wait_registered(bookie_id, self._launch(bookie_id))
 
+    def add_bookies(self, count: int) -> list[str]:
+        """Grow the cluster: ``count`` new bookies ``bookie-<n>``, each on a new
+        host, launched together and returned once every one has registered."""
+        added = []
+        for _ in range(count):
+            bid = f"bookie-{len(self.bookies) + 1}"
+            self.bookies[bid] = HostBookie(bid, self.network.add_host(bid), self.data_dir / bid)
+            added.append(bid)
+        launched = [(bid, self._launch(bid)) for bid in added]
+        for bid, since in launched:
+            self._wait_registered(bid, since)
+        return added
+
     def wait_registered(self, bookie_id: str, timeout: float | None = None) -> dict:
         return self._wait_registered(bookie_id, 0, timeout)
 

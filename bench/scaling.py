@@ -1,0 +1,253 @@
+"""Figure 9: scaling, measured.  Batched appends and reads with 3, 5 and 7
+bookie hosts, and what each entry costs in CPU, per process kind.
+
+Layout (``pybk_spark.testing.host_cluster.HostCluster``, network namespaces
+on a private bridge, docs/testing.md): etcd on its own host(s) (3 members;
+1 in the quick run), every bookie on its own host, and W writer processes
+(``bench.scaling_writer``), one per host ``client-1..W``.  The cluster
+starts with 3 bookies and grows to 5 and 7 (``HostCluster.add_bookies``);
+the writer processes live through the whole run (one client each).
+
+One round per bookie count N: each writer gets an E=3 Qw=3 Qa=2 ledger on
+a round-robin ensemble (writer i: bookies 3i, 3i+1, 3i+2 mod N, so every
+bookie carries load; random placement of a handful of ledgers would leave
+some bookies idle by chance), warms up on a throw-away ledger, then
+
+* **append**: every writer at once ``add_entries`` of its 1 KiB payloads
+  (the code of figure 3: chunks of 1000, up to 64 in flight), then
+  ``close()`` (which waits for the third copies);
+* **read**: every writer at once reads its closed ledger back without
+  fencing (the code of figure 5).
+
+Around each phase the coordinator (this process, idle in the window, not
+counted) reads utime+stime from ``/proc/<pid>/stat`` of every writer, bookie
+and etcd process, so a phase's CPU is exactly what those processes used
+between its start and the last writer's answer.  Reported per round and
+phase: entries/s (all entries over the span from the first writer's start
+to the last writer's end) and CPU-seconds per million entries for writers,
+bookies and etcd, plus each process's CPU.  On this 2-core machine the
+entries/s flatten (every process shares the same two cores); the per-entry
+CPU is the figure that says how the work would spread over N machines
+(docs/performance.md, "(9) Scaling").
+
+Where namespaces cannot be made (not root, no ``ip``, no etcd binary) the
+figure is ``{"available": false, "reason": ...}``.  Bounded: a fixed number
+of processes and entries, every answer awaited with a deadline; the cluster,
+the writers and their hosts go away on any failure (``HostCluster.close``
+removes the network and everything in it).
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from bench.stats import rate
+
+ROOT = Path(__file__).resolve().parents[1]
+BOOKIE_COUNTS = (3, 5, 7)
+KINDS = ("writers", "bookies", "etcd")
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def sizes(quick: bool) -> dict:
+    if quick:
+        return {"writers": 3, "entries_per_writer": 10_000, "warmup": 1_000, "etcd_members": 1,
+                "deadline_s": 180.0, "bookie_conf": {"journal_prealloc_bytes": 4 << 20}}
+    return {"writers": 4, "entries_per_writer": 100_000, "warmup": 10_000, "etcd_members": 3,
+            "deadline_s": 600.0, "bookie_conf": {}}
+
+
+def unavailable_reason() -> str | None:
+    """Why the figure cannot run here, or None."""
+    from pybk_spark.testing import hosts
+    reason = hosts.unavailable_reason()
+    if reason:
+        return f"test hosts unavailable: {reason}"
+    from pybk_spark.testing.etcd_process import EtcdNotFound, find_etcd_binary
+    try:
+        find_etcd_binary()
+    except EtcdNotFound as exc:
+        return str(exc)
+    return None
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all its threads), from /proc/<pid>/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+def ensembles(n_bookies: int, n_writers: int, bookie_ids: list[str]) -> list[list[str]]:
+    """Writer i's E=3 ensemble: bookies 3i..3i+2 mod N (round-robin)."""
+    return [[bookie_ids[(3 * i + k) % n_bookies] for k in range(3)] for i in range(n_writers)]
+
+
+class Writers:
+    """W ``bench.scaling_writer`` processes, one per host ``client-<i>``."""
+
+    def __init__(self, cluster, count: int, log_dir: Path, deadline: float):
+        self.deadline = deadline
+        self.procs: list[subprocess.Popen] = []
+        self.names: list[str] = []
+        self._queues: list[queue.SimpleQueue] = []
+        self._logs = []
+        from pybk_spark.testing import procs
+        try:
+            for i in range(count):
+                name = f"client-{i + 1}"
+                host = cluster.network.add_host(name)
+                log = open(log_dir / f"{name}.log", "ab")
+                self._logs.append(log)
+                argv = host.command([sys.executable, "-m", "bench.scaling_writer",
+                                     "--uri", cluster.metadata_uri])
+                proc = procs.spawn(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   stderr=log, cwd=str(ROOT), text=True, bufsize=1)
+                q: queue.SimpleQueue = queue.SimpleQueue()
+                threading.Thread(target=_pump, args=(proc.stdout, q), daemon=True,
+                                 name=f"scaling-{name}").start()
+                self.procs.append(proc)
+                self.names.append(name)
+                self._queues.append(q)
+            for i in range(count):
+                self._answer(i)                  # {"ready": true}
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def pids(self) -> dict[str, int]:
+        return {n: p.pid for n, p in zip(self.names, self.procs)}
+
+    def call_all(self, messages: list[dict]) -> list[dict]:
+        """Send message i to writer i (all first), then await every answer."""
+        for proc, msg in zip(self.procs, messages):
+            proc.stdin.write(json.dumps(msg) + "\n")
+            proc.stdin.flush()
+        return [self._answer(i) for i in range(len(self.procs))]
+
+    def _answer(self, i: int) -> dict:
+        left = self.deadline - time.monotonic()
+        try:
+            line = self._queues[i].get(timeout=max(0.0, left))
+        except queue.Empty:
+            raise TimeoutError(f"{self.names[i]}: no answer before the figure's deadline "
+                               f"(log: {self._logs[i].name})") from None
+        if line is None:
+            raise RuntimeError(f"{self.names[i]} exited (code {self.procs[i].poll()}); "
+                               f"log: {self._logs[i].name}")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise RuntimeError(f"{self.names[i]}: {reply['error']}")
+        return reply
+
+    def close(self) -> None:
+        for proc in self.procs:
+            try:
+                proc.stdin.write(json.dumps({"cmd": "exit"}) + "\n")
+                proc.stdin.flush()
+                proc.stdin.close()
+            except (OSError, ValueError):
+                pass
+        for proc in self.procs:
+            _wait_or_kill(proc, 15.0)
+        for log in self._logs:
+            log.close()
+
+
+def _wait_or_kill(proc: subprocess.Popen, grace: float) -> None:
+    from pybk_spark.testing import procs
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        pass
+    procs.terminate(proc, grace=0)
+
+
+def _pump(stream, q: queue.SimpleQueue) -> None:
+    for line in stream:
+        if line.strip():
+            q.put(line)
+    q.put(None)
+
+
+def _phase(name: str, writers: Writers, pids: dict[str, dict[str, int]]) -> dict:
+    before = {k: {n: cpu_seconds(p) for n, p in d.items()} for k, d in pids.items()}
+    replies = writers.call_all([{"cmd": name}] * len(writers.procs))
+    after = {k: {n: cpu_seconds(p) for n, p in d.items()} for k, d in pids.items()}
+    entries = sum(r["entries"] for r in replies)
+    span = max(r["end"] for r in replies) - min(r["start"] for r in replies)
+    per_proc = {k: {n: round(after[k][n] - before[k][n], 3) for n in d} for k, d in pids.items()}
+    cpu = {k: sum(per_proc[k].values()) for k in KINDS}
+    cpu["total"] = sum(cpu.values())
+    return {"entries": entries, "seconds": span, "entries_per_s": rate(entries, span),
+            "mb_per_s": rate(entries * 1024, span) / 1e6,
+            "cpu_s": {k: round(v, 3) for k, v in cpu.items()},
+            "cpu_s_per_m_entries": {k: v * 1e6 / entries for k, v in cpu.items()},
+            "cpu_s_by_process": per_proc,
+            "per_writer_entries_per_s": [r["entries_per_s"] for r in replies]}
+
+
+def _round(cluster, writers: Writers, n: int, sz: dict) -> dict:
+    bookie_ids = cluster.bookie_ids[:n]
+    ens = ensembles(n, len(writers.procs), bookie_ids)
+    setup = writers.call_all([{"cmd": "setup", "ensemble": e, "entries": sz["entries_per_writer"],
+                               "warmup": sz["warmup"]} for e in ens])
+    pids = {"writers": writers.pids,
+            "bookies": {b: cluster.bookies[b].proc.pid for b in bookie_ids},
+            "etcd": {m.name: m.pid for m in cluster.etcd.members}}
+    return {"bookies": n, "ensembles": [s["ensemble"] for s in setup],
+            "append": _phase("append", writers, pids), "read": _phase("read", writers, pids)}
+
+
+def measure(quick: bool, work: str) -> dict:
+    reason = unavailable_reason()
+    if reason:
+        return {"available": False, "reason": reason}
+    from pybk_spark.testing.host_cluster import HostCluster
+    sz = sizes(quick)
+    deadline = time.monotonic() + sz["deadline_s"]
+    data_dir = Path(work) / "scaling"
+    rounds = {}
+    with HostCluster(data_dir, etcd_members=sz["etcd_members"], num_bookies=BOOKIE_COUNTS[0],
+                     bookie_conf=sz["bookie_conf"], ready_timeout=120.0) as cluster:
+        writers = Writers(cluster, sz["writers"], data_dir, deadline)
+        try:
+            for n in BOOKIE_COUNTS:
+                if len(cluster.bookies) < n:
+                    cluster.add_bookies(n - len(cluster.bookies))
+                rounds[str(n)] = _round(cluster, writers, n, sz)
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"scaling figure over its {sz['deadline_s']} s budget "
+                                       f"after {n} bookies")
+        finally:
+            writers.close()
+    return {"available": True, "writers": sz["writers"], "writer_layout": "one process per host",
+            "entries_per_writer": sz["entries_per_writer"], "entry_bytes": 1024,
+            "quorum": "E=3 Qw=3 Qa=2", "etcd_members": sz["etcd_members"],
+            "bookie_counts": list(BOOKIE_COUNTS), "rounds": rounds}
+
+
+def cpu_ratio(fig: dict | None, phase: str = "append", kind: str = "total") -> float | None:
+    """CPU per entry with the most bookies / with the fewest (near 1.0: flat)."""
+    rounds = (fig or {}).get("rounds") or {}
+    lo, hi = str(BOOKIE_COUNTS[0]), str(BOOKIE_COUNTS[-1])
+    try:
+        den = rounds[lo][phase]["cpu_s_per_m_entries"][kind]
+        num = rounds[hi][phase]["cpu_s_per_m_entries"][kind]
+    except (KeyError, TypeError):
+        return None
+    return num / den if den else None
+
+
+if __name__ == "__main__":
+    import tempfile
+    quick = "--quick" in sys.argv
+    with tempfile.TemporaryDirectory(prefix="pybk-scaling-") as tmp:
+        print(json.dumps(measure(quick, tmp), indent=1, default=str))
