@@ -19,6 +19,12 @@ some bookies idle by chance), warms up on a throw-away ledger, then
 * **read**: every writer at once reads its closed ledger back without
   fencing (the code of figure 5).
 
+Before the phases, an idle window (no load, 3 s; 0.5 s quick) measures what
+each process kind burns per second doing nothing (gRPC pollers, lease
+keep-alives, etcd's raft heartbeats): that part of the cost grows with the
+number of processes and the length of a window, not with entries, so each
+phase also reports its per-entry CPU net of it (``net_of_idle_...``).
+
 Around each phase the coordinator (this process, idle in the window, not
 counted) reads utime+stime from ``/proc/<pid>/stat`` of every writer, bookie
 and etcd process, so a phase's CPU is exactly what those processes used
@@ -58,9 +64,9 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 def sizes(quick: bool) -> dict:
     if quick:
         return {"writers": 3, "entries_per_writer": 10_000, "warmup": 1_000, "etcd_members": 1,
-                "deadline_s": 180.0, "bookie_conf": {"journal_prealloc_bytes": 4 << 20}}
+                "idle_s": 0.5, "deadline_s": 180.0, "bookie_conf": {"journal_prealloc_bytes": 4 << 20}}
     return {"writers": 4, "entries_per_writer": 100_000, "warmup": 10_000, "etcd_members": 3,
-            "deadline_s": 600.0, "bookie_conf": {}}
+            "idle_s": 3.0, "deadline_s": 600.0, "bookie_conf": {}}
 
 
 def unavailable_reason() -> str | None:
@@ -177,21 +183,43 @@ def _pump(stream, q: queue.SimpleQueue) -> None:
     q.put(None)
 
 
-def _phase(name: str, writers: Writers, pids: dict[str, dict[str, int]]) -> dict:
-    before = {k: {n: cpu_seconds(p) for n, p in d.items()} for k, d in pids.items()}
+def _snapshot(pids: dict[str, dict[str, int]]) -> dict:
+    return {k: {n: cpu_seconds(p) for n, p in d.items()} for k, d in pids.items()}
+
+
+def _idle(pids: dict[str, dict[str, int]], seconds: float) -> dict:
+    """CPU-s per second of every process kind with no load at all (the time-
+    based part of the cost: pollers, heartbeats, etcd's raft ticks)."""
+    before, t0 = _snapshot(pids), time.monotonic()
+    time.sleep(seconds)                     # the measurement window itself
+    after, span = _snapshot(pids), time.monotonic() - t0
+    rates = {k: sum(after[k][n] - before[k][n] for n in d) / span for k, d in pids.items()}
+    per_proc = {k: rates[k] / max(1, len(pids[k])) for k in KINDS}
+    return {"seconds": span, "cpu_s_per_s": rates, "cpu_s_per_s_per_process": per_proc}
+
+
+def _phase(name: str, writers: Writers, pids: dict[str, dict[str, int]], idle: dict) -> dict:
+    before = _snapshot(pids)
+    t0 = time.monotonic()
     replies = writers.call_all([{"cmd": name}] * len(writers.procs))
-    after = {k: {n: cpu_seconds(p) for n, p in d.items()} for k, d in pids.items()}
+    window = time.monotonic() - t0
+    after = _snapshot(pids)
     entries = sum(r["entries"] for r in replies)
     span = max(r["end"] for r in replies) - min(r["start"] for r in replies)
     per_proc = {k: {n: round(after[k][n] - before[k][n], 3) for n in d} for k, d in pids.items()}
     cpu = {k: sum(per_proc[k].values()) for k in KINDS}
     cpu["total"] = sum(cpu.values())
-    return {"entries": entries, "seconds": span, "entries_per_s": rate(entries, span),
+    net = {k: max(0.0, cpu[k] - idle["cpu_s_per_s"][k] * window) for k in KINDS}
+    net["total"] = sum(net.values())
+    return {"entries": entries, "seconds": span, "window_s": window,
+            "entries_per_s": rate(entries, span),
             "mb_per_s": rate(entries * 1024, span) / 1e6,
             "cpu_s": {k: round(v, 3) for k, v in cpu.items()},
             "cpu_s_per_m_entries": {k: v * 1e6 / entries for k, v in cpu.items()},
+            "net_of_idle_cpu_s_per_m_entries": {k: v * 1e6 / entries for k, v in net.items()},
             "cpu_s_by_process": per_proc,
-            "per_writer_entries_per_s": [r["entries_per_s"] for r in replies]}
+            "per_writer_entries_per_s": [r["entries_per_s"] for r in replies],
+            "ensemble_changes": sum(r.get("ensemble_changes", 0) for r in replies)}
 
 
 def _round(cluster, writers: Writers, n: int, sz: dict) -> dict:
@@ -202,8 +230,10 @@ def _round(cluster, writers: Writers, n: int, sz: dict) -> dict:
     pids = {"writers": writers.pids,
             "bookies": {b: cluster.bookies[b].proc.pid for b in bookie_ids},
             "etcd": {m.name: m.pid for m in cluster.etcd.members}}
-    return {"bookies": n, "ensembles": [s["ensemble"] for s in setup],
-            "append": _phase("append", writers, pids), "read": _phase("read", writers, pids)}
+    idle = _idle(pids, sz["idle_s"])
+    return {"bookies": n, "ensembles": [s["ensemble"] for s in setup], "idle": idle,
+            "append": _phase("append", writers, pids, idle),
+            "read": _phase("read", writers, pids, idle)}
 
 
 def measure(quick: bool, work: str) -> dict:
@@ -246,8 +276,22 @@ def cpu_ratio(fig: dict | None, phase: str = "append", kind: str = "total") -> f
     return num / den if den else None
 
 
-if __name__ == "__main__":
+def main(argv=None) -> int:
+    """``python -m bench.scaling [--quick] [--data-dir DIR]``: this figure alone,
+    JSON on stdout; with --data-dir the cluster's and writers' logs stay there."""
+    import argparse
     import tempfile
-    quick = "--quick" in sys.argv
+    p = argparse.ArgumentParser(prog="python -m bench.scaling")
+    p.add_argument("--quick", action="store_true", help="tiny sizes: checks the harness")
+    p.add_argument("--data-dir", help="keep data and logs here (default: a temporary dir)")
+    a = p.parse_args(argv)
+    if a.data_dir:
+        print(json.dumps(measure(a.quick, a.data_dir), indent=1, default=str))
+        return 0
     with tempfile.TemporaryDirectory(prefix="pybk-scaling-") as tmp:
-        print(json.dumps(measure(quick, tmp), indent=1, default=str))
+        print(json.dumps(measure(a.quick, tmp), indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
