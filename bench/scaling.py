@@ -83,11 +83,11 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (all its threads), from /proc/<pid>/stat."""
+def cpu_times(pid: int) -> tuple[float, float]:
+    """(utime, stime) of a process (all its threads), from /proc/<pid>/stat."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+    return int(fields[11]) / _CLK_TCK, int(fields[12]) / _CLK_TCK
 
 
 def ensembles(n_bookies: int, n_writers: int, bookie_ids: list[str]) -> list[list[str]]:
@@ -184,7 +184,14 @@ def _pump(stream, q: queue.SimpleQueue) -> None:
 
 
 def _snapshot(pids: dict[str, dict[str, int]]) -> dict:
-    return {k: {n: cpu_seconds(p) for n, p in d.items()} for k, d in pids.items()}
+    """(utime, stime) of every process, by kind."""
+    return {k: {n: cpu_times(p) for n, p in d.items()} for k, d in pids.items()}
+
+
+def _delta(before: dict, after: dict, part: slice = slice(0, 2)) -> dict:
+    """CPU-s used between two snapshots, per process (``part``: user, system or both)."""
+    return {k: {n: sum(after[k][n][part]) - sum(before[k][n][part]) for n in d}
+            for k, d in before.items()}
 
 
 def _idle(pids: dict[str, dict[str, int]], seconds: float) -> dict:
@@ -192,8 +199,8 @@ def _idle(pids: dict[str, dict[str, int]], seconds: float) -> dict:
     based part of the cost: pollers, heartbeats, etcd's raft ticks)."""
     before, t0 = _snapshot(pids), time.monotonic()
     time.sleep(seconds)                     # the measurement window itself
-    after, span = _snapshot(pids), time.monotonic() - t0
-    rates = {k: sum(after[k][n] - before[k][n] for n in d) / span for k, d in pids.items()}
+    used, span = _delta(before, _snapshot(pids)), time.monotonic() - t0
+    rates = {k: sum(d.values()) / span for k, d in used.items()}
     per_proc = {k: rates[k] / max(1, len(pids[k])) for k in KINDS}
     return {"seconds": span, "cpu_s_per_s": rates, "cpu_s_per_s_per_process": per_proc}
 
@@ -204,9 +211,10 @@ def _phase(name: str, writers: Writers, pids: dict[str, dict[str, int]], idle: d
     replies = writers.call_all([{"cmd": name}] * len(writers.procs))
     window = time.monotonic() - t0
     after = _snapshot(pids)
+    kernel = {k: sum(d.values()) for k, d in _delta(before, after, slice(1, 2)).items()}
     entries = sum(r["entries"] for r in replies)
     span = max(r["end"] for r in replies) - min(r["start"] for r in replies)
-    per_proc = {k: {n: round(after[k][n] - before[k][n], 3) for n in d} for k, d in pids.items()}
+    per_proc = {k: {n: round(v, 3) for n, v in d.items()} for k, d in _delta(before, after).items()}
     cpu = {k: sum(per_proc[k].values()) for k in KINDS}
     cpu["total"] = sum(cpu.values())
     net = {k: max(0.0, cpu[k] - idle["cpu_s_per_s"][k] * window) for k in KINDS}
@@ -217,6 +225,7 @@ def _phase(name: str, writers: Writers, pids: dict[str, dict[str, int]], idle: d
             "cpu_s": {k: round(v, 3) for k, v in cpu.items()},
             "cpu_s_per_m_entries": {k: v * 1e6 / entries for k, v in cpu.items()},
             "net_of_idle_cpu_s_per_m_entries": {k: v * 1e6 / entries for k, v in net.items()},
+            "kernel_share": {k: round(kernel[k] / cpu[k], 3) if cpu[k] else None for k in KINDS},
             "cpu_s_by_process": per_proc,
             "per_writer_entries_per_s": [r["entries_per_s"] for r in replies],
             "ensemble_changes": sum(r.get("ensemble_changes", 0) for r in replies)}
