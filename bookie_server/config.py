@@ -16,10 +16,11 @@ MiB = 1024 * 1024
 @dataclass
 class BookieConfig:
     port: int = 3181
-    bind_address: str = "127.0.0.1"
+    bind_address: str = "127.0.0.1"       # 0.0.0.0 / :: = every interface
+    advertised_address: str = ""         # registered host; empty = derived (bookie_server/identity.py)
     data_dir: str = "./data/bookie"
     metadata_uri: str = ""               # empty = standalone (no registration, no GC)
-    bookie_id: str = ""                  # empty = "<bind_address>:<port>"
+    bookie_id: str = ""                  # empty = "<advertised address>:<port>"
     rack: str = "/default-rack"
     # journal / group commit
     journal_max_group_wait_ms: float = 2.0
@@ -57,7 +58,7 @@ class BookieConfig:
     metrics_port: int = 0                # 0 = no Prometheus endpoint
 
     def effective_bookie_id(self) -> str:
-        return self.bookie_id or f"{self.bind_address}:{self.port}"
+        return self.bookie_id or f"{self.advertised_address or self.bind_address}:{self.port}"
 
     def grpc_message_limit(self) -> int:
         return self.max_batch_bytes + 4 * MiB
