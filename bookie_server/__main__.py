@@ -261,8 +261,9 @@ def _serve(cfg, bookie_id: str, store, conf_path, listeners, metrics, registrar,
     _freeze_startup_heap()
     lane_port = lane.port if lane is not None else -1
     log.info("event=bookie_ready bookie_id=%s port=%d add_lane_port=%d data_dir=%s "
-             "read_only=%s journal_crc=%s", bookie_id, port, lane_port, cfg.data_dir,
-             bookie.read_only, CRC_IMPLEMENTATION)
+             "read_only=%s journal_crc=%s bind_address=%s advertised_address=%s", bookie_id,
+             port, lane_port, cfg.data_dir, bookie.read_only, CRC_IMPLEMENTATION,
+             cfg.bind_address, cfg.advertised_address)
     print(f"bookie-server ready bookie_id={bookie_id} port={port} add_lane_port={lane_port}",
           flush=True)
 
