@@ -113,30 +113,57 @@ def test_loopback_advertised_with_etcd_on_other_hosts_is_refused(hcluster):
     assert hcluster.store.get("cookies/loop") is None       # nothing written
 
 
-def test_bookie_advertising_an_unreachable_address_is_replaced(hcluster):
-    """bookie-4 listens on its own host but advertises etcd-1's address,
-    where nothing listens on the bookie's ports: adds to it fail at connect,
-    and the writer replaces it (ensemble change) instead of hanging."""
-    elsewhere = hcluster.network["etcd-1"].address
-    hcluster.add_bookie("bookie-4", advertised_address=elsewhere)
-    assert hcluster.wait_registered("bookie-4")["address"] == f"{elsewhere}:{BOOKIE_PORT}"
+def _replaced(hcluster, bad: str, seed: int) -> float:
+    """Write 40 entries to a ledger whose ensemble holds ``bad``; check it was
+    replaced and everything reads back.  Returns the seconds the adds took."""
     bk = BookKeeper(hcluster.metadata_uri, conf={"explicit_lac_interval_ms": 0},
-                    rng=random.Random(7))
+                    rng=random.Random(seed))
     try:
-        for _ in range(50):      # placement is random: find a ledger that picked bookie-4
+        for _ in range(50):      # placement is random: find a ledger that picked ``bad``
             lh = bk.create_ledger(3, 3, 2)
-            if "bookie-4" in lh.metadata.current_ensemble:
+            if bad in lh.metadata.current_ensemble:
                 break
             lh.close()
         else:
-            pytest.fail("placement never chose bookie-4")
+            pytest.fail(f"placement never chose {bad}")
+        t0 = time.monotonic()
         assert lh.add_entries(b"x%d" % i for i in range(40)) == list(range(40))
+        took = time.monotonic() - t0
         lh.close()
         md = bk.get_ledger_metadata(lh.ledger_id)
         # replaced (at entry 0 the new ensemble takes the first one's place)
-        assert "bookie-4" not in md.ensembles[-1][1], md.ensembles
+        assert bad not in md.ensembles[-1][1], md.ensembles
         assert [e.payload for e in bk.open_ledger(lh.ledger_id).read(0, 39)] == \
             [b"x%d" % i for i in range(40)]
+        return took
     finally:
         bk.close()
+
+
+def test_bookie_advertising_a_closed_port_is_replaced(hcluster):
+    """bookie-4 listens on its own host but advertises etcd-1's address,
+    where nothing listens on the bookie's ports: connections are refused,
+    and the writer replaces it (ensemble change) instead of hanging."""
+    elsewhere = hcluster.network["etcd-1"].address
+    hcluster.add_bookie("bookie-4", advertised_address=elsewhere)
+    try:
+        assert hcluster.wait_registered("bookie-4")["address"] == f"{elsewhere}:{BOOKIE_PORT}"
+        took = _replaced(hcluster, "bookie-4", seed=7)
+        print(f"closed port: 40 adds with one ensemble change took {took:.2f}s")
+    finally:
         hcluster.kill_bookie("bookie-4")
+
+
+def test_bookie_advertising_a_host_that_went_down_is_replaced(hcluster):
+    """bookie-5 advertises the address of host 'ghost', which our launcher
+    made and then took off the bridge (its root-side veth down): nothing
+    answers there at all (no ARP reply, no RST), so only the client's connect
+    timeout ends the attempt; the writer still replaces the bookie."""
+    ghost = hcluster.network.add_host("ghost")
+    subprocess.run(["ip", "link", "set", ghost.link, "down"], check=True)
+    hcluster.add_bookie("bookie-5", advertised_address=ghost.address)
+    try:
+        took = _replaced(hcluster, "bookie-5", seed=11)
+        print(f"host down: 40 adds with one ensemble change took {took:.2f}s")
+    finally:
+        hcluster.kill_bookie("bookie-5")
