@@ -21,11 +21,12 @@ import time
 import sys
 
 from bookie_server import cookie
-from bookie_server.background import DiskChecker, GarbageCollector
+from bookie_server.background import DamagePublisher, DiskChecker, GarbageCollector
 from bookie_server.bookie import Bookie
 from bookie_server.config import load_config
 from bookie_server.journal_crc import CRC_IMPLEMENTATION
 from bookie_server.registration import Registrar
+from bookie_server.scrubber import Scrubber
 from bookie_server.service import make_add_lane, make_server
 from pybk_spark import errors
 
@@ -139,6 +140,12 @@ def _serve(cfg, bookie_id: str, store, conf_path) -> int:
     ledger_gc = GarbageCollector(bookie, store, cfg.gc_interval_s) if store is not None else None
     if ledger_gc is not None:
         ledger_gc.start()
+    publisher = (DamagePublisher(bookie, store, bookie_id, cfg.registration_ttl_s)
+                 if store is not None else None)
+    if publisher is not None:
+        publisher.start()
+    scrubber = Scrubber(bookie, cfg.scrub_interval_s, cfg.scrub_rate_bytes_per_s)
+    scrubber.start()
     _freeze_startup_heap()
     lane_port = lane.port if lane is not None else -1
     log.info("event=bookie_ready bookie_id=%s port=%d add_lane_port=%d data_dir=%s "
@@ -171,6 +178,9 @@ def _serve(cfg, bookie_id: str, store, conf_path) -> int:
     checker.stop()
     if ledger_gc is not None:
         ledger_gc.stop()
+    scrubber.stop()
+    if publisher is not None:
+        publisher.stop()
     bookie.close()
     log.info("event=bookie_stopped bookie_id=%s", bookie_id)
     return 0

@@ -26,6 +26,12 @@ the checkpoint and replays the journal from P; replay is idempotent
 
 GC deletes a ledger by journaling LEDGER_DELETED and then dropping it, so a
 replay from an older checkpoint cannot resurrect it.
+
+Damage (``damage.py``): replay skips damaged journal records and the
+scrubber takes damaged stored batches out of the index; the entries they may
+have held go into ``lost`` (persisted in the checkpoint, published to the
+metadata store for the auditor).  A read of a lost, not re-stored id answers
+BookieIOError, never NoSuchEntry.
 """
 from __future__ import annotations
 
@@ -43,12 +49,13 @@ from typing import Callable, Optional
 import numpy as np
 import pyarrow as pa
 
-from bookie_server import compaction, journal_replay, store_index
+from bookie_server import compaction, damage, journal_replay, store_index
 from bookie_server import ledger_state as ls
 from bookie_server.config import BookieConfig, MiB
 from bookie_server.entry_store import EntryStore
 from bookie_server.journal import LEDGER, LEDGER_LAC, Journal, Position, RecordType
 from bookie_server.metrics import BookieMetrics
+from bookie_server.run_index import runs_of
 from pybk_spark import errors
 from pybk_spark.wire.entries import batch_from_bytes
 
@@ -152,6 +159,7 @@ class Bookie:
         self._stop = threading.Event()
         self._flusher: Optional[threading.Thread] = None
         self.replayed_records = 0
+        self.lost = damage.LostSet()
 
     # -- lifecycle ----------------------------------------------------------------------
     def open(self, *, background: bool = True) -> "Bookie":
@@ -162,10 +170,15 @@ class Bookie:
         # (ones still holding indexed batches) and resurrects state that later,
         # since-deleted files had undone - e.g. a GC-deleted ledger's fence.
         self._applied = start
-        for pos, rtype, body in journal_replay.replay(self.journal.dir, start):
-            self._apply_record(rtype, body, (pos.seq, pos.offset - len(body)))
+        tracker = damage.ReplayTracker(self.store.max_entry, self.store.ledger_ids)
+        for pos, rtype, body in journal_replay.replay(self.journal.dir, start, tracker.on_damage):
+            ledger_id, last_id = self._apply_record(rtype, body, (pos.seq, pos.offset - len(body)))
+            if ledger_id is not None:
+                tracker.on_record(ledger_id, last_id)
             self._applied = pos
             self.replayed_records += 1
+        if tracker.damages:
+            self.report_lost(tracker.ranges(self._gaps), unattributed=True)
         self.journal.start(self._on_durable)
         with self.cond:     # every record before the fresh file is applied now
             self._applied = max(self._applied, Position(self.journal.durable_position.seq, 0))
@@ -234,16 +247,19 @@ class Bookie:
         self.store.drop_ledger(ledger_id)
 
     def _apply_record(self, rtype: int, body: bytes,
-                      location: tuple[int, int] | None = None) -> None:
+                      location: tuple[int, int] | None = None) -> tuple[Optional[int], Optional[int]]:
+        """Returns (ledger, last entry id of an add) for the damage tracker."""
         if rtype == RecordType.ADD_BATCH:
             try:
                 batch = batch_from_bytes(body)
             except errors.BadRequest as exc:
                 log.error("event=replay_bad_batch error=%r", exc)
-                return
-            if batch.num_rows:
-                self._apply_batch(batch.column(0)[0].as_py(), batch, body, location)
-            return
+                return None, None
+            if not batch.num_rows:
+                return None, None
+            ledger_id = batch.column(0)[0].as_py()
+            self._apply_batch(ledger_id, batch, body, location)
+            return ledger_id, batch.column(1)[batch.num_rows - 1].as_py()
         (ledger_id,) = LEDGER.unpack_from(body)
         if rtype == RecordType.FENCE:
             self.states[ledger_id] = ls.apply_fence(self._state(ledger_id))
@@ -254,6 +270,57 @@ class Bookie:
             self.states[ledger_id] = ls.apply_explicit_lac(self._state(ledger_id), lac)
         elif rtype == RecordType.LEDGER_DELETED:
             self._apply_delete(ledger_id)
+        return ledger_id, None
+
+    # -- damage ------------------------------------------------------------------------------
+    def _gaps(self, ledger_id: int, lo: int, hi: int) -> list[tuple[int, int]]:
+        with self.store.lock:
+            idx = self.store.ledgers.get(ledger_id)
+            if idx is None:
+                return [(lo, hi)] if lo <= hi else []
+            starts, ends, _refs, _rows = idx.table_parts()
+            return damage.gaps_in(starts, ends, lo, hi)
+
+    def report_lost(self, ranges: list[tuple[int, int, int]], unattributed: bool = False) -> None:
+        """Entries this bookie may have lost (journal replay, scrubber): reads
+        of them answer BookieIOError until the auditor has copied them back."""
+        for lid, first, last in ranges:
+            log.error("event=entries_missing ledger=%d first=%d last=%d", lid, first, last)
+        if unattributed:
+            log.error("event=entries_missing ledger=unknown reason=%r",
+                      "a ledger whose every record since the checkpoint was damaged "
+                      "cannot be named; the auditor checks every ledger on this bookie")
+        self.lost.add(ranges, unattributed)
+        self.metrics.damaged_ranges.set(len(self.lost.ranges()))
+
+    def quarantine_batch(self, ref_id: int, ledger_id: int,
+                         good: Optional[pa.RecordBatch] = None) -> list[tuple[int, int, int]]:
+        """The scrubber found a stored batch damaged: out of the index; its
+        rows still intact (``good``) are re-stored, the rest reported lost.
+        Under the checkpoint lock, so no checkpoint persists the index
+        without the batch but also without the lost ranges."""
+        with self._ckpt_lock:
+            runs = self.store.quarantine(ref_id)
+            if not runs:
+                return []
+            ids = np.concatenate([np.arange(a, b + 1, dtype=np.int64) for a, b in runs])
+            if good is not None:
+                keep = np.isin(good.column(1).to_numpy(), ids)
+                good = good.filter(pa.array(keep)) if not keep.all() else good
+                if good.num_rows:
+                    with self.cond:
+                        self.store.add(ledger_id, good)
+                ids = np.setdiff1d(ids, good.column(1).to_numpy())
+            lost = [(ledger_id, int(a), int(b)) for a, b in zip(*runs_of(ids)[:2])]
+            if lost:
+                self.report_lost(lost)
+            return lost
+
+    def _check_lost(self, ledger_id: int, entry_id: int) -> None:
+        if self.lost and self.lost.covers(ledger_id, entry_id):
+            raise errors.BookieIOError(
+                f"entry {ledger_id}:{entry_id} was lost to damage on this bookie and is "
+                "not yet re-replicated (event=entries_missing)")
 
     # -- operations ------------------------------------------------------------------------
     def add_async(self, ledger_id: int, master_key: bytes, data: bytes,
@@ -322,8 +389,15 @@ class Bookie:
                                    or self._stop.is_set(), timeout_s)
         with self.cond:
             if not self._known(ledger_id):
-                raise errors.NoSuchLedger(ledger_id=ledger_id)
+                self._unknown_ledger(ledger_id)
         return self.lac_of(ledger_id)
+
+    def _unknown_ledger(self, ledger_id: int) -> None:
+        if self.lost.unattributed or self.lost.has_ledger(ledger_id):
+            raise errors.BookieIOError(
+                f"ledger {ledger_id} not found, but this bookie lost journal records to damage "
+                "(event=journal_damage) and is not yet re-replicated")
+        raise errors.NoSuchLedger(ledger_id=ledger_id)
 
     def read(self, ledger_id: int, first: int, last: int, *, max_entries: int = 0,
              max_bytes: int = 0, fence: bool = False, master_key: bytes = b"",
@@ -336,7 +410,7 @@ class Bookie:
         max_bytes = min(max_bytes or self.cfg.max_read_bytes, self.cfg.max_read_bytes)
         with self.cond:
             if not self._known(ledger_id):
-                raise errors.NoSuchLedger(ledger_id=ledger_id)
+                self._unknown_ledger(ledger_id)
         if stripe is not None and not (sparse and 0 <= stripe[1] < stripe[0]):
             raise errors.BadRequest(f"stripe {stripe} needs a sparse read and 0 <= slot < ensemble")
         batch, limited = self.store.read(ledger_id, first, last, max_entries, max_bytes,
@@ -345,6 +419,7 @@ class Bookie:
         if sparse:   # every stored id in range; an empty answer is not an error
             return ReadResult(batch, "LIMIT" if limited else "COMPLETE", lac.lac, lac.fenced)
         if batch.num_rows == 0:
+            self._check_lost(ledger_id, first)
             raise errors.NoSuchEntry(ledger_id=ledger_id, entry_id=first)
         got_last = first + batch.num_rows - 1
         end = "COMPLETE" if got_last >= last else ("LIMIT" if limited else "MISSING")
@@ -443,7 +518,8 @@ class Bookie:
                 w.write_table(table)
         _fsync_path(index_path)
         doc = {"version": 1, "generation": self._ckpt_gen, "journal_seq": position.seq,
-               "journal_offset": position.offset, "index": index_name, "states": states}
+               "journal_offset": position.offset, "index": index_name, "states": states,
+               "lost": self.lost.to_json()}
         tmp = os.path.join(self.data_dir, CHECKPOINT + ".tmp")
         with open(tmp, "w", encoding="utf-8") as fh:
             json.dump(doc, fh)
@@ -469,6 +545,10 @@ class Bookie:
         for d in doc["states"]:
             s = ls.LedgerState.from_json(d)
             self.states[s.ledger_id] = s
+        self.lost = damage.LostSet.from_json(doc.get("lost"))
+        if self.lost:
+            log.warning("event=damage_outstanding ranges=%d unattributed=%s",
+                        len(self.lost.ranges()), self.lost.unattributed)
         return Position(int(doc["journal_seq"]), int(doc["journal_offset"]))
 
 
