@@ -410,6 +410,8 @@ class Bookie:
         max_bytes = min(max_bytes or self.cfg.max_read_bytes, self.cfg.max_read_bytes)
         with self.cond:
             if not self._known(ledger_id):
+                if sparse:      # copies / replicas checks: never a recovery decision
+                    raise errors.NoSuchLedger(ledger_id=ledger_id)
                 self._unknown_ledger(ledger_id)
         if stripe is not None and not (sparse and 0 <= stripe[1] < stripe[0]):
             raise errors.BadRequest(f"stripe {stripe} needs a sparse read and 0 <= slot < ensemble")

@@ -26,8 +26,8 @@ Where the ranges come from:
     taken out of the index; its ids are exact.
 
 Publication (``sync_marker``): the set is published under
-``bookies/damaged/<bookie_id>`` (``MARKER_PREFIX``) as
-``{"ranges": [[ledger, first, last], ...], "unattributed": bool}``.  New
+``bookies/damaged/<bookie_id>`` (format and rules:
+``pybk_spark/protocol/damage_marker.py``).  New
 damage is merged into the marker by CAS; otherwise the bookie adopts the
 marker: the auditor (``pybk_spark/admin/damage_repair.py``) copies the
 entries back from the other replicas and then CASes repaired ranges out (or
@@ -39,7 +39,6 @@ Pure except ``sync_marker`` (metadata store I/O); no clock.
 """
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from typing import Callable, Iterable, Optional
@@ -47,43 +46,10 @@ from typing import Callable, Iterable, Optional
 import numpy as np
 
 from pybk_spark import errors
+from pybk_spark.protocol.damage_marker import (  # noqa: F401  (re-exported)
+    MARKER_PREFIX, OPEN, marker_key, marker_value, merge, parse_marker)
 
 log = logging.getLogger("bookie.damage")
-
-OPEN = -1
-MARKER_PREFIX = "bookies/damaged/"
-
-
-def marker_key(bookie_id: str) -> str:
-    return MARKER_PREFIX + bookie_id
-
-
-def merge(ranges: Iterable[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
-    """Sorted, overlapping/adjacent ranges of a ledger merged."""
-    out: list[list[int]] = []
-    for lid, first, last in sorted(ranges, key=lambda r: (r[0], r[1])):
-        end = float("inf") if last == OPEN else last
-        if out and out[-1][0] == lid:
-            prev_end = float("inf") if out[-1][2] == OPEN else out[-1][2]
-            if first <= prev_end + 1:
-                if end > prev_end:
-                    out[-1][2] = last
-                continue
-        out.append([lid, first, last])
-    return [tuple(r) for r in out]
-
-
-def parse_marker(raw: Optional[bytes]) -> tuple[list[tuple[int, int, int]], bool]:
-    if not raw:
-        return [], False
-    doc = json.loads(raw)
-    return ([(int(a), int(b), int(c)) for a, b, c in doc.get("ranges", [])],
-            bool(doc.get("unattributed", False)))
-
-
-def marker_value(ranges: Iterable[tuple[int, int, int]], unattributed: bool) -> bytes:
-    return json.dumps({"ranges": [list(r) for r in merge(ranges)],
-                       "unattributed": unattributed}).encode()
 
 
 class LostSet:

@@ -86,20 +86,20 @@ def replay(directory: str, start: Position,
                                 on_damage)
 
 
-def _read_frame(data, pos: int, size: int) -> tuple[Optional[str], int, int]:
-    """(problem or None, type, length) of the frame at ``pos``; problem "" is
+def _read_frame(data, pos: int, size: int) -> tuple[Optional[str], int, Optional[bytes]]:
+    """(problem or None, type, body) of the frame at ``pos``; problem "" is
     the zero-filled end of the file."""
     if size - pos < HEADER.size:
-        return "torn header", 0, 0
+        return "torn header", 0, None
     length, crc, rtype = HEADER.unpack_from(data, pos)
     if length == 0 and crc == 0 and rtype == 0:
-        return ("" if _zeros_to_end(data, pos) else "zero header"), 0, 0
+        return ("" if _zeros_to_end(data, pos) else "zero header"), 0, None
     if rtype not in _TYPE_SET or length > size - pos - HEADER.size:
-        return f"bad header (type={rtype} length={length})", rtype, length
+        return f"bad header (type={rtype} length={length})", rtype, None
     body = data[pos + HEADER.size:pos + HEADER.size + length]
     if crc_of(rtype, body) != crc:
-        return "crc mismatch", rtype, length
-    return None, rtype, length
+        return "crc mismatch", rtype, None
+    return None, rtype, body
 
 
 _TYPE_SET = frozenset(int(t) for t in RecordType)
@@ -196,7 +196,7 @@ def _records(data, seq: int, offset: int, on_damage) -> Generator:
     size = len(data)
     pos = offset
     while pos < size:
-        problem, rtype, length = _read_frame(data, pos, size)
+        problem, rtype, body = _read_frame(data, pos, size)
         if problem is not None:
             nxt = find_next_frame(data, pos + 1) if problem else None
             if nxt is None:
@@ -211,8 +211,7 @@ def _records(data, seq: int, offset: int, on_damage) -> Generator:
                 on_damage(damage)
             pos = nxt
             continue
-        body = data[pos + HEADER.size:pos + HEADER.size + length]
-        pos += HEADER.size + length
+        pos += HEADER.size + len(body)
         yield Position(seq, pos), rtype, body
     return None
 

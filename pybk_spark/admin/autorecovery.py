@@ -113,7 +113,10 @@ class AutoRecovery:
                                            if c["outcome"] == "replicated"),
                    "fragments_failed": sum(1 for c in report["copies"] if c["outcome"] == "failed"),
                    "open_ledgers_fenced": len(report["fenced"]),
-                   "deferred": len(report["deferred"]), "status": status}
+                   "deferred": len(report["deferred"]),
+                   "damaged_repaired": sum(1 for r in report["damaged"]
+                                           if r["outcome"] == "repaired"),
+                   "status": status}
             if verify:
                 out["under_replicated"] = len(report["under_replicated"])
             if self.conf.recover_abandoned:
