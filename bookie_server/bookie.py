@@ -35,6 +35,7 @@ BookieIOError, never NoSuchEntry.
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -55,7 +56,6 @@ from bookie_server.config import BookieConfig, MiB
 from bookie_server.entry_store import EntryStore
 from bookie_server.journal import LEDGER, LEDGER_LAC, Journal, Position, RecordType
 from bookie_server.metrics import BookieMetrics
-from bookie_server.run_index import runs_of
 from pybk_spark import errors
 from pybk_spark.wire.entries import batch_from_bytes
 
@@ -178,7 +178,8 @@ class Bookie:
             self._applied = pos
             self.replayed_records += 1
         if tracker.damages:
-            self.report_lost(tracker.ranges(self._gaps), unattributed=True)
+            self.report_lost(tracker.ranges(functools.partial(damage.store_gaps, self.store)),
+                             unattributed=True)
         self.journal.start(self._on_durable)
         with self.cond:     # every record before the fresh file is applied now
             self._applied = max(self._applied, Position(self.journal.durable_position.seq, 0))
@@ -272,46 +273,21 @@ class Bookie:
             self._apply_delete(ledger_id)
         return ledger_id, None
 
-    # -- damage ------------------------------------------------------------------------------
-    def _gaps(self, ledger_id: int, lo: int, hi: int) -> list[tuple[int, int]]:
-        with self.store.lock:
-            idx = self.store.ledgers.get(ledger_id)
-            if idx is None:
-                return [(lo, hi)] if lo <= hi else []
-            starts, ends, _refs, _rows = idx.table_parts()
-            return damage.gaps_in(starts, ends, lo, hi)
-
+    # -- damage (damage.py) ------------------------------------------------------------------
     def report_lost(self, ranges: list[tuple[int, int, int]], unattributed: bool = False) -> None:
         """Entries this bookie may have lost (journal replay, scrubber): reads
         of them answer BookieIOError until the auditor has copied them back."""
-        for lid, first, last in ranges:
-            log.error("event=entries_missing ledger=%d first=%d last=%d", lid, first, last)
-        if unattributed:
-            log.error("event=entries_missing ledger=unknown reason=%r",
-                      "a ledger whose every record since the checkpoint was damaged "
-                      "cannot be named; the auditor checks every ledger on this bookie")
-        self.lost.add(ranges, unattributed)
+        self.lost.report(ranges, unattributed)
         self.metrics.damaged_ranges.set(len(self.lost.ranges()))
 
     def quarantine_batch(self, ref_id: int, ledger_id: int,
                          good: Optional[pa.RecordBatch] = None) -> list[tuple[int, int, int]]:
-        """The scrubber found a stored batch damaged: out of the index; its
-        rows still intact (``good``) are re-stored, the rest reported lost.
-        Under the checkpoint lock, so no checkpoint persists the index
-        without the batch but also without the lost ranges."""
-        with self._ckpt_lock:
-            runs = self.store.quarantine(ref_id)
-            if not runs:
-                return []
-            ids = np.concatenate([np.arange(a, b + 1, dtype=np.int64) for a, b in runs])
-            if good is not None:
-                keep = np.isin(good.column(1).to_numpy(), ids)
-                good = good.filter(pa.array(keep)) if not keep.all() else good
-                if good.num_rows:
-                    with self.cond:
-                        self.store.add(ledger_id, good)
-                ids = np.setdiff1d(ids, good.column(1).to_numpy())
-            lost = [(ledger_id, int(a), int(b)) for a, b in zip(*runs_of(ids)[:2])]
+        """The scrubber found a stored batch damaged: out of the index, its
+        intact rows (``good``) re-stored, the rest reported lost.  Under the
+        checkpoint lock: no checkpoint persists the index without the batch
+        and without the lost ranges."""
+        with self._ckpt_lock, self.cond:
+            lost = damage.quarantine(self.store, ref_id, ledger_id, good)
             if lost:
                 self.report_lost(lost)
             return lost

@@ -22,8 +22,9 @@ Where the ranges come from:
     Ranges may include ids the bookie never held (a striped ensemble,
     E > Qw): the auditor keeps only the bookie's write-set ids.  Damage also
     sets ``unattributed``.
-  * The scrubber (``scrubber.py``): a stored batch that fails its digests is
-    taken out of the index; its ids are exact.
+  * The scrubber (``scrubber.py``, ``quarantine``): a stored batch that
+    fails its checks is taken out of the index, its rows whose digests still
+    match are re-stored; the ids of the others are exact.
 
 Publication (``sync_marker``): the set is published under
 ``bookies/damaged/<bookie_id>`` (format and rules:
@@ -35,7 +36,8 @@ deletes the marker), which is how they leave the bookie's set.  The set is
 persisted in ``checkpoint.json`` (``lost``) with the index it describes, and
 everything restored at start is re-published (the union is idempotent).
 
-Pure except ``sync_marker`` (metadata store I/O); no clock.
+No clock; I/O only in ``sync_marker`` (metadata store) and on the entry
+store's index (``store_gaps``, ``quarantine``).
 """
 from __future__ import annotations
 
@@ -44,6 +46,9 @@ import threading
 from typing import Callable, Iterable, Optional
 
 import numpy as np
+import pyarrow as pa
+
+from bookie_server.run_index import runs_of
 
 from pybk_spark import errors
 from pybk_spark.protocol.damage_marker import (  # noqa: F401  (re-exported)
@@ -85,6 +90,16 @@ class LostSet:
             self._ranges = merge(self._ranges + ranges)
             self.unattributed = self.unattributed or unattributed
             self._pending = self._pending or bool(ranges) or unattributed
+
+    def report(self, ranges: list[tuple[int, int, int]], unattributed: bool = False) -> None:
+        """Log (``event=entries_missing``) and add."""
+        for lid, first, last in ranges:
+            log.error("event=entries_missing ledger=%d first=%d last=%d", lid, first, last)
+        if unattributed:
+            log.error("event=entries_missing ledger=unknown reason=%r",
+                      "a ledger whose every record since the checkpoint was damaged "
+                      "cannot be named; the auditor checks every ledger on this bookie")
+        self.add(ranges, unattributed)
 
     def to_json(self) -> dict:
         with self._lock:
@@ -182,3 +197,31 @@ def gaps_in(starts: np.ndarray, ends: np.ndarray, lo: int, hi: int) -> list[tupl
     if cur <= hi:
         out.append((cur, hi))
     return out
+
+
+def store_gaps(store, ledger_id: int, lo: int, hi: int) -> list[tuple[int, int]]:
+    """The ranges of [lo, hi] the entry store does not hold for a ledger."""
+    with store.lock:
+        idx = store.ledgers.get(ledger_id)
+        if idx is None:
+            return [(lo, hi)] if lo <= hi else []
+        starts, ends, _refs, _rows = idx.table_parts()
+        return gaps_in(starts, ends, lo, hi)
+
+
+def quarantine(store, ref_id: int, ledger_id: int,
+               good: Optional[pa.RecordBatch]) -> list[tuple[int, int, int]]:
+    """Take a damaged stored batch out of the index and re-store its intact
+    rows (``good``: digests verified; the write cache, so the next checkpoint
+    writes them to a segment).  Returns the lost (ledger, first, last)."""
+    runs = store.quarantine(ref_id)
+    if not runs:
+        return []
+    ids = np.concatenate([np.arange(a, b + 1, dtype=np.int64) for a, b in runs])
+    if good is not None:
+        keep = np.isin(good.column(1).to_numpy(), ids)
+        good = good if keep.all() else good.filter(pa.array(keep))
+        if good.num_rows:
+            store.add(ledger_id, good)
+        ids = np.setdiff1d(ids, good.column(1).to_numpy())
+    return [(ledger_id, int(a), int(b)) for a, b in zip(*runs_of(ids)[:2])]

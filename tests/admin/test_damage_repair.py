@@ -16,7 +16,9 @@ import signal
 import pytest
 
 from bookie_server.journal import HEADER, RecordType, list_files, file_name
+from pybk_spark import errors
 from pybk_spark.admin import rereplicate as rr
+from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.protocol import damage_marker as dm
 from pybk_spark.wire.entries import batch_from_bytes
 
@@ -149,6 +151,11 @@ def test_journal_and_segment_damage_repaired_onto_the_same_bookie(damage_cluster
             return v is not None and len(dm.parse_marker(v.value)[0]) >= 2
         wait_until(published, 30, "damage published under bookies/damaged/")
         _all_readable(bk, ledgers)                      # the other replicas serve meanwhile
+        # the damaged bookie itself: an error recovery counts as "unknown", never NoSuchEntry
+        direct = bk.transports.get(victim).read(lost_ledger, lost_ids[0], lost_ids[0],
+                                                master_key=lm.master_key(b""), timeout=10)
+        with pytest.raises(errors.BookieIOError):
+            direct.result()
 
         res = pybk("--json", "rereplicate", "--metadata-uri", uri, "--verify")
         assert res.rc == 0, res.out[-3000:] + res.err[-3000:]
