@@ -120,3 +120,30 @@ def test_verify_repairs_missing_copies_on_live_bookies(env):
     assert rr.verify_ledger(bk, md.ledger_id) == []
     assert {5, 6, 40} <= set(rows)
     assert _read_all(bk, md.ledger_id, 60) == [f"v{i}".encode() for i in range(60)]
+
+
+def test_damaged_bookie_marker_repaired_onto_the_same_bookie(env):
+    from pybk_spark.admin.damage_repair import repair_damaged
+    from pybk_spark.protocol import damage_marker as dm
+    bk, store, pool = env
+    md = _ledger(bk, 60, e=3, w=3, a=2)
+    open_lh = bk.create_ledger(3, 3, 2)
+    open_lh.add_entries([b"x"] * 5)              # still being written
+    # 3 of 5 bookies each: the two ensembles share at least one
+    victim = sorted(set(md.current_ensemble) & set(open_lh.metadata.current_ensemble))[0]
+    rows = pool.bookies[victim].ledgers[md.ledger_id].rows
+    for e in range(10, 20):                      # lost to damage on the victim
+        del rows[e]
+    store.put_if_absent(dm.marker_key(victim), dm.marker_value(
+        [(md.ledger_id, 10, 19), (open_lh.ledger_id, 0, dm.OPEN), (999, 0, 0)], False))
+    out = {r["ledger"]: r["outcome"] for r in repair_damaged(bk)}
+    assert out[md.ledger_id] == "repaired" and out[999] == "deleted"
+    assert sorted(rows) == list(range(60))        # copied back onto the same bookie
+    assert rr.verify_ledger(bk, md.ledger_id) == []
+    assert out[open_lh.ledger_id] == "waiting"     # checked once it is closed
+    left = dm.parse_marker(store.get(dm.marker_key(victim)).value)
+    assert left == ([(open_lh.ledger_id, 0, dm.OPEN)], False)
+    open_lh.close()
+    out = {r["ledger"]: r["outcome"] for r in repair_damaged(bk)}
+    assert out == {open_lh.ledger_id: "repaired"}
+    assert store.get(dm.marker_key(victim)) is None
