@@ -14,7 +14,9 @@ one loop does both, and any number of copies may run for availability:
   fragment, a recovery fences first).
 * A round = ``orchestrate.run_rereplicate`` with ``lost_bookie_delay``
   (lostBookieRecoveryDelay) and ``grace`` (openLedgerRereplicationGracePeriod),
-  optionally followed by ``run_recover`` of ledgers whose writer lease is gone
+  and the repair of bookies' damage markers (``damage_repair``: entries a
+  bookie lost to media damage are copied back onto it), optionally followed
+  by ``run_recover`` of ledgers whose writer lease is gone
   and that were idle ``recover_idle`` seconds (``--recover-abandoned``).
   Every ``verify_every``-th round also reads which ids each bookie holds in
   every complete fragment and fills in copies live bookies lack (BookKeeper's
