@@ -129,6 +129,7 @@ class DamagePublisher:
     def __init__(self, bookie, store, bookie_id: str, interval_s: float):
         self.bookie, self.store, self.bookie_id = bookie, store, bookie_id
         self.interval = interval_s
+        self._synced = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="damage-publisher", daemon=True)
 
@@ -137,9 +138,14 @@ class DamagePublisher:
         self._thread.start()
 
     def sync_once(self) -> None:
+        """At start always (a marker published before a crash comes back);
+        later only while the bookie has lost something (no etcd read else)."""
+        if self._synced and not self.bookie.lost:
+            return
         try:
             before = len(self.bookie.lost.ranges())
             self.bookie.lost.sync_marker(self.store, self.bookie_id)
+            self._synced = True
             after = len(self.bookie.lost.ranges())
             self.bookie.metrics.damaged_ranges.set(after)
             if after < before:
