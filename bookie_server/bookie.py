@@ -293,7 +293,10 @@ class Bookie:
             return lost
 
     def _check_lost(self, ledger_id: int, entry_id: int) -> None:
-        if self.lost and self.lost.covers(ledger_id, entry_id):
+        """Unattributed damage: any ledger's tail may be lost (a ledger none of
+        whose records since the checkpoint survived is named by no range)."""
+        if self.lost and (self.lost.covers(ledger_id, entry_id) or (
+                self.lost.unattributed and entry_id > self.store.max_entry(ledger_id))):
             raise errors.BookieIOError(
                 f"entry {ledger_id}:{entry_id} was lost to damage on this bookie and is "
                 "not yet re-replicated (event=entries_missing)")

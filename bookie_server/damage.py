@@ -8,9 +8,10 @@ entry (protocol-pitfalls #3, #9: recovery would read that as "end of
 ledger").  ``LostSet`` holds, per ledger, the id ranges it may have lost
 (``last == OPEN``: every id above ``first``); ``Bookie.read`` answers
 BookieIOError for an id in a lost range that is not stored (recovery counts
-that as an error, never as "missing"), and with ``unattributed`` damage (a
-ledger every one of whose records since the checkpoint was damaged cannot be
-named) it answers BookieIOError instead of NoSuchLedger too.
+that as an error, never as "missing").  With ``unattributed`` damage (a
+ledger none of whose records since the checkpoint survived cannot be named)
+it also answers BookieIOError instead of NoSuchLedger, and instead of
+NoSuchEntry for any id above a ledger's highest stored id.
 
 Where the ranges come from:
   * Journal replay (``ReplayTracker``): the damaged record's body is

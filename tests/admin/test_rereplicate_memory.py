@@ -147,3 +147,19 @@ def test_damaged_bookie_marker_repaired_onto_the_same_bookie(env):
     out = {r["ledger"]: r["outcome"] for r in repair_damaged(bk)}
     assert out == {open_lh.ledger_id: "repaired"}
     assert store.get(dm.marker_key(victim)) is None
+
+
+def test_unattributed_damage_checks_every_ledger_on_the_bookie(env):
+    """A ledger all of whose records were damaged cannot be named by the
+    bookie: ``unattributed`` makes the auditor check every ledger on it."""
+    from pybk_spark.admin.damage_repair import repair_damaged
+    from pybk_spark.protocol import damage_marker as dm
+    bk, store, pool = env
+    md = _ledger(bk, 30, e=3, w=3, a=2)
+    victim = md.current_ensemble[1]
+    del pool.bookies[victim].ledgers[md.ledger_id]          # wholly lost
+    store.put_if_absent(dm.marker_key(victim), dm.marker_value([], True))
+    out = repair_damaged(bk)
+    assert [(r["ledger"], r["outcome"]) for r in out] == [(md.ledger_id, "repaired")]
+    assert sorted(pool.bookies[victim].ledgers[md.ledger_id].rows) == list(range(30))
+    assert store.get(dm.marker_key(victim)) is None

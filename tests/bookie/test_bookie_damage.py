@@ -87,6 +87,8 @@ def test_replay_damage_reports_the_lost_range_and_reads_do_not_say_no_entry(tmp_
         assert b.read(1, 0, 9).end == "MISSING"
         with pytest.raises(errors.BookieIOError):           # unattributed: not authoritative
             b.read(99, 0, 0)
+        with pytest.raises(errors.BookieIOError):           # ... nor about any ledger's tail
+            b.read(2, 10, 10)
         # the auditor's recovery add puts it back
         b.add(1, KEY, _entries(1, [5]), recovery=True)
         assert b.read(1, 5, 5).batch.num_rows == 1
@@ -97,6 +99,15 @@ def test_replay_damage_reports_the_lost_range_and_reads_do_not_say_no_entry(tmp_
     try:
         assert b.lost.ranges() == [(1, 5, 5)] and b.lost.unattributed
         assert b.replayed_records == 0
+        store = MemoryMetadataStore()
+        b.lost.sync_marker(store, "me")
+        store.delete(damage.marker_key("me"))               # the auditor repaired everything
+        b.lost.sync_marker(store, "me")
+        assert not b.lost
+        with pytest.raises(errors.NoSuchEntry):             # authoritative again
+            b.read(2, 10, 10)
+        with pytest.raises(errors.NoSuchLedger):
+            b.read(99, 0, 0)
     finally:
         b.close()
 
