@@ -28,11 +28,14 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
+
 from pybk_spark import errors
+from pybk_spark.admin import entry_sets as es
 from pybk_spark.admin.rereplicate import verify_ledger
 from pybk_spark.protocol import damage_marker as dm
 
-COLUMNS = ["bookie", "ledger", "outcome", "missing", "entries", "error"]
+COLUMNS = ["bookie", "ledger", "outcome", "copied", "missing", "entries", "error"]
 
 
 def read_markers(store) -> list[tuple[str, int, list, bool]]:
@@ -60,17 +63,22 @@ def repair_damaged(bk, password: Optional[bytes] = None) -> list[dict]:
         holding = [lid for lid, md in mds.items() if bookie in md.all_bookies()]
         unrepaired, still_written = [], {}
         for lid in dm.ledgers_to_check(ranges, unattributed, holding):
-            row = {"bookie": bookie, "ledger": lid, "outcome": "repaired", "missing": 0,
-                   "entries": "", "error": ""}
+            row = {"bookie": bookie, "ledger": lid, "outcome": "repaired", "copied": 0,
+                   "missing": 0, "entries": "", "error": ""}
             md = mds.get(lid)
             if md is None or bookie not in md.all_bookies():
                 row["outcome"] = "deleted" if md is None else "not-on-bookie"
                 rows.append(row)
                 continue
+            copied: list = []
             try:
-                left = verify_ledger(bk, lid, password, repair=True, bookies={bookie})
+                left = verify_ledger(bk, lid, password, repair=True, bookies={bookie},
+                                     copied=copied)
             except errors.BKError as exc:
                 left = [{"missing": -1, "entries": "", "error": f"{type(exc).__name__}: {exc}"}]
+            if copied:
+                ids = np.concatenate(copied)
+                row.update(copied=int(len(ids)), entries=es.ranges_text(np.sort(ids)))
             if left:
                 unrepaired.append(lid)
                 row.update(outcome="failed", missing=sum(r["missing"] for r in left),
@@ -94,10 +102,10 @@ def repair_damaged(bk, password: Optional[bytes] = None) -> list[dict]:
             else:
                 store.delete(key, expected_version=version)
         except errors.MetadataVersion:
-            rows.append({"bookie": bookie, "ledger": -1, "outcome": "retry", "missing": 0,
-                         "entries": "", "error": "marker changed meanwhile (new damage): "
-                         "next round"})
+            rows.append({"bookie": bookie, "ledger": -1, "outcome": "retry", "copied": 0,
+                         "missing": 0, "entries": "", "error": "marker changed meanwhile "
+                         "(new damage): next round"})
         except errors.BKError as exc:
-            rows.append({"bookie": bookie, "ledger": -1, "outcome": "failed", "missing": 0,
-                         "entries": "", "error": f"{type(exc).__name__}: {exc}"})
+            rows.append({"bookie": bookie, "ledger": -1, "outcome": "failed", "copied": 0,
+                         "missing": 0, "entries": "", "error": f"{type(exc).__name__}: {exc}"})
     return rows

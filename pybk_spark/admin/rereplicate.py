@@ -275,14 +275,16 @@ def _chunks(rows: pa.Table, max_entries: int, max_bytes: int):
 
 # -- verify ------------------------------------------------------------------------------------------
 def verify_ledger(bk, ledger_id: int, password: Optional[bytes] = None, *,
-                  repair: bool = False, bookies: Optional[set] = None) -> list[dict]:
+                  repair: bool = False, bookies: Optional[set] = None,
+                  copied: Optional[list] = None) -> list[dict]:
     """Under-replicated (fragment, bookie) rows of one ledger; [] if healthy.
 
     With ``repair``, copies a live bookie lacks (an entry acknowledged at Qa
     whose other writes failed before an ensemble change, or one it lost to
     damage) are filled in from the other replicas with recovery adds, like
     BookKeeper's auditor does; only what could not be repaired is reported.
-    ``bookies``: check only these bookies' slots."""
+    ``bookies``: check only these bookies' slots; ``copied``: gets the id
+    array of every fill-in."""
     try:
         md = bk.get_ledger_metadata(ledger_id)
     except errors.NoSuchLedger:
@@ -305,7 +307,10 @@ def verify_ledger(bk, ledger_id: int, password: Optional[bytes] = None, *,
                            max_bytes=conf.read_batch_bytes, timeout=conf.read_timeout_s)
             missing = np.setdiff1d(want, got.present_ids())
             if len(missing) and repair and not got.unreachable:
+                before = missing
                 missing = _fill_in(bk, md, first, last, bookies, slot, missing, key, pw)
+                if copied is not None and len(before) > len(missing):
+                    copied.append(np.setdiff1d(before, missing))
             if len(missing):
                 out.append({"ledger": ledger_id, "fragment": f"{first}-{last}", "bookie": b,
                             "missing": int(len(missing)), "entries": es.ranges_text(missing),

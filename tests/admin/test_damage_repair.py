@@ -164,6 +164,9 @@ def test_journal_and_segment_damage_repaired_onto_the_same_bookie(damage_cluster
         outcomes = {r["ledger"]: r["outcome"] for r in report["damaged"]}
         assert set(outcomes) == set(ledgers) and set(outcomes.values()) == {"repaired"}, \
             report["damaged"]
+        copied = {r["ledger"]: r["copied"] for r in report["damaged"]}
+        assert copied[lost_ledger] == len(lost_ids), report["damaged"]   # exactly the record
+        assert sum(copied.values()) == len(lost_ids) + 1, report["damaged"]   # + the scrubbed row
         assert store.get(key) is None                    # the marker is cleared
         wait_until(lambda: "event=damage_repaired" in _log(cluster, victim)[mark:], 30,
                    "the bookie adopts the cleared marker")

@@ -136,7 +136,9 @@ def test_damaged_bookie_marker_repaired_onto_the_same_bookie(env):
         del rows[e]
     store.put_if_absent(dm.marker_key(victim), dm.marker_value(
         [(md.ledger_id, 10, 19), (open_lh.ledger_id, 0, dm.OPEN), (999, 0, 0)], False))
-    out = {r["ledger"]: r["outcome"] for r in repair_damaged(bk)}
+    report = {r["ledger"]: r for r in repair_damaged(bk)}
+    assert report[md.ledger_id]["copied"] == 10 and report[md.ledger_id]["entries"] == "10-19"
+    out = {lid: r["outcome"] for lid, r in report.items()}
     assert out[md.ledger_id] == "repaired" and out[999] == "deleted"
     assert sorted(rows) == list(range(60))        # copied back onto the same bookie
     assert rr.verify_ledger(bk, md.ledger_id) == []
