@@ -66,6 +66,8 @@ log = logging.getLogger("bookie.journal")
 
 MIN_BODY = 8            # every record body: a ledger u64 first, or an Arrow stream (> 8 bytes)
 _TYPES = np.array(sorted(int(t) for t in RecordType), np.uint8)
+_TYPE_SET = frozenset(int(t) for t in RecordType)
+UNCHAINED_CRC_BUDGET = 256 << 20   # CRC bytes spent on unchained candidates per scan
 
 
 @dataclass(frozen=True)
@@ -102,9 +104,6 @@ def _read_frame(data, pos: int, size: int) -> tuple[Optional[str], int, Optional
     return None, rtype, body
 
 
-_TYPE_SET = frozenset(int(t) for t in RecordType)
-
-
 def _zeros_to_end(data, pos: int) -> bool:
     view = np.frombuffer(data, np.uint8, offset=pos)
     return not view.any()
@@ -129,9 +128,6 @@ def _plausible_next(arr: np.ndarray, at: np.ndarray, size: int) -> np.ndarray:
         good = np.isin(types, _TYPES) & (lens >= MIN_BODY) & (lens <= size - idx - HEADER.size)
         ok[inside] = zero | good
     return ok
-
-
-UNCHAINED_CRC_BUDGET = 256 << 20
 
 
 def find_next_frame(data, start: int, *, window: int = 4 << 20) -> Optional[int]:
