@@ -11,7 +11,10 @@ Each audit round (``orchestrate.run_rereplicate``: ``pybk rereplicate``,
   1. The ledgers to check: the named ones, plus - when the damage was
      ``unattributed`` - every ledger with that bookie in an ensemble.
   2. Per ledger: deleted, or the bookie no longer in its ensembles -> nothing
-     to do.  Otherwise ``rereplicate.verify_ledger(repair=True)`` for that
+     to do.  A ledger that is no longer OPEN is fenced on the bookie again
+     (a damaged FENCE record cannot be recognised; without its fence the
+     bookie could let a writer that lost the ledger reach Qa).  Then
+     ``rereplicate.verify_ledger(repair=True)`` for that
      bookie only: every complete fragment's ids its slot must hold are read
      from it (sparse reads: a lost id is simply absent), and the absent ones
      are read from the other replicas (digests verified) and written back to
@@ -32,8 +35,10 @@ import numpy as np
 
 from pybk_spark import errors
 from pybk_spark.admin import entry_sets as es
+from pybk_spark.admin.recover import ledger_password
 from pybk_spark.admin.rereplicate import verify_ledger
 from pybk_spark.protocol import damage_marker as dm
+from pybk_spark.protocol import ledger_metadata as lm
 
 COLUMNS = ["bookie", "ledger", "outcome", "copied", "missing", "entries", "error"]
 
@@ -45,6 +50,15 @@ def read_markers(store) -> list[tuple[str, int, list, bool]]:
         ranges, unattributed = dm.parse_marker(v.value)
         out.append((key.rsplit("/", 1)[1], v.version, ranges, unattributed))
     return out
+
+
+def _refence(bk, md: lm.LedgerMetadata, bookie: str, password: Optional[bytes]) -> None:
+    """Fence the ledger on the damaged bookie again: a FENCE record in the
+    damaged bytes cannot be recognised, and a bookie that forgot its fence
+    could let a writer that lost the ledger reach Qa."""
+    key = lm.master_key(ledger_password(md, password))
+    bk.transports.get(bookie).read_lac(md.ledger_id, fence=True, master_key=key,
+                                       timeout=bk.conf.read_timeout_s).result()
 
 
 def repair_damaged(bk, password: Optional[bytes] = None) -> list[dict]:
@@ -72,6 +86,8 @@ def repair_damaged(bk, password: Optional[bytes] = None) -> list[dict]:
                 continue
             copied: list = []
             try:
+                if md.state != lm.OPEN:
+                    _refence(bk, md, bookie, password)
                 left = verify_ledger(bk, lid, password, repair=True, bookies={bookie},
                                      copied=copied)
             except errors.BKError as exc:

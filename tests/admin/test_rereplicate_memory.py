@@ -134,6 +134,7 @@ def test_damaged_bookie_marker_repaired_onto_the_same_bookie(env):
     rows = pool.bookies[victim].ledgers[md.ledger_id].rows
     for e in range(10, 20):                      # lost to damage on the victim
         del rows[e]
+    assert not pool.bookies[victim].ledgers[md.ledger_id].fenced  # closed by its writer
     store.put_if_absent(dm.marker_key(victim), dm.marker_value(
         [(md.ledger_id, 10, 19), (open_lh.ledger_id, 0, dm.OPEN), (999, 0, 0)], False))
     report = {r["ledger"]: r for r in repair_damaged(bk)}
@@ -141,6 +142,7 @@ def test_damaged_bookie_marker_repaired_onto_the_same_bookie(env):
     out = {lid: r["outcome"] for lid, r in report.items()}
     assert out[md.ledger_id] == "repaired" and out[999] == "deleted"
     assert sorted(rows) == list(range(60))        # copied back onto the same bookie
+    assert pool.bookies[victim].ledgers[md.ledger_id].fenced     # a lost fence is restored
     assert rr.verify_ledger(bk, md.ledger_id) == []
     assert out[open_lh.ledger_id] == "waiting"     # checked once it is closed
     left = dm.parse_marker(store.get(dm.marker_key(victim)).value)
