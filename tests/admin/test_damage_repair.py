@@ -157,6 +157,12 @@ def test_journal_and_segment_damage_repaired_onto_the_same_bookie(damage_cluster
         with pytest.raises(errors.BookieIOError):
             direct.result()
 
+        listed = pybk("--json", "listunderreplicated", "--metadata-uri", uri)
+        assert listed.rc == 0
+        damaged = [r for r in listed.json()["under_replicated"] if r["state"] == "damaged"]
+        assert {r["ledger"] for r in damaged} >= {lost_ledger} and \
+            {r["bookie"] for r in damaged} == {victim}, listed.out
+
         res = pybk("--json", "rereplicate", "--metadata-uri", uri, "--verify")
         assert res.rc == 0, res.out[-3000:] + res.err[-3000:]
         report = res.json()
