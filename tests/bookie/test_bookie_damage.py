@@ -12,7 +12,7 @@ import pytest
 from bookie_server import damage
 from bookie_server.bookie import Bookie
 from bookie_server.config import BookieConfig
-from bookie_server.journal import HEADER, list_files, file_name
+from bookie_server.journal import HEADER, file_name
 from bookie_server.journal_replay import replay
 from bookie_server.journal import Position
 from bookie_server.scrubber import Scrubber, check_batch
