@@ -31,13 +31,14 @@ import sys
 import uuid
 
 from bookie_server import cookie
-from bookie_server.background import DiskChecker, GarbageCollector
+from bookie_server.background import DamagePublisher, DiskChecker, GarbageCollector
 from bookie_server.bookie import Bookie
 from bookie_server.config import load_config
 from bookie_server.journal_crc import CRC_IMPLEMENTATION
 from bookie_server.listeners import bind_all
 from bookie_server.metrics import BookieMetrics
 from bookie_server.registration import Registrar
+from bookie_server.scrubber import Scrubber
 from bookie_server.service import add_service, make_add_lane
 from pybk_spark import errors
 from pybk_spark.dirlock import DirLock
@@ -206,6 +207,12 @@ def _serve(cfg, bookie_id: str, store, conf_path, listeners, metrics, registrar,
     ledger_gc = GarbageCollector(bookie, store, cfg.gc_interval_s) if store is not None else None
     if ledger_gc is not None:
         ledger_gc.start()
+    publisher = (DamagePublisher(bookie, store, bookie_id, cfg.registration_ttl_s)
+                 if store is not None else None)
+    if publisher is not None:
+        publisher.start()
+    scrubber = Scrubber(bookie, cfg.scrub_interval_s, cfg.scrub_rate_bytes_per_s)
+    scrubber.start()
     _freeze_startup_heap()
     lane_port = lane.port if lane is not None else -1
     log.info("event=bookie_ready bookie_id=%s port=%d add_lane_port=%d data_dir=%s "
@@ -238,6 +245,9 @@ def _serve(cfg, bookie_id: str, store, conf_path, listeners, metrics, registrar,
     checker.stop()
     if ledger_gc is not None:
         ledger_gc.stop()
+    scrubber.stop()
+    if publisher is not None:
+        publisher.stop()
     bookie.close()
     log.info("event=bookie_stopped bookie_id=%s", bookie_id)
     return 0

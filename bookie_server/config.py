@@ -44,6 +44,9 @@ class BookieConfig:
     write_cache_max_bytes: int = 128 * MiB
     flush_interval_s: float = 5.0
     compaction_min_live_ratio: float = 0.5
+    # scrubber: re-check stored batches' digests in the background (scrubber.py)
+    scrub_interval_s: float = 86400.0    # seconds between passes; 0 = no scrubber
+    scrub_rate_bytes_per_s: int = 32 * MiB
     # disk
     disk_usage_threshold: float = 0.95
     disk_usage_lwm: float = 0.90
@@ -131,6 +134,10 @@ def validate(cfg: BookieConfig) -> None:
         raise ValueError("lane_max_connections must be >= 1")
     if cfg.lane_hello_timeout_s <= 0:
         raise ValueError("lane_hello_timeout_s must be > 0")
+    if cfg.scrub_interval_s < 0:
+        raise ValueError("scrub_interval_s must be >= 0 (0 = no scrubber)")
+    if cfg.scrub_rate_bytes_per_s <= 0:
+        raise ValueError("scrub_rate_bytes_per_s must be > 0")
     if cfg.journal_page_cache_keep_mb < -1:
         raise ValueError("journal_page_cache_keep_mb must be -1 (never drop) or >= 0")
 
