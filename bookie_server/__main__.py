@@ -41,13 +41,14 @@ import sys
 import uuid
 
 from bookie_server import cookie, health, identity
-from bookie_server.background import DiskChecker, GarbageCollector
+from bookie_server.background import DamagePublisher, DiskChecker, GarbageCollector
 from bookie_server.bookie import Bookie
 from bookie_server.config import load_config, replace
 from bookie_server.journal_crc import CRC_IMPLEMENTATION
 from bookie_server.listeners import bind_all
 from bookie_server.metrics import BookieMetrics
 from bookie_server.registration import Registrar
+from bookie_server.scrubber import Scrubber
 from bookie_server.service import add_service, make_add_lane
 from pybk_spark import errors
 from pybk_spark.dirlock import DirLock
@@ -183,7 +184,9 @@ def _registrar(cfg, bookie_id: str, store, listeners) -> Registrar:
     host = cfg.advertised_address          # resolved by main(): bookie_server/identity.py
     lane_address = f"{host}:{lane.getsockname()[1]}" if lane is not None else ""
     return Registrar(store, bookie_id, f"{host}:{port}", cfg.rack,
-                     cfg.metrics_port, cfg.registration_ttl_s, lane_address, owner=owner)
+                     cfg.metrics_port, cfg.registration_ttl_s, lane_address, owner=owner,
+                     limits={"max_entry_bytes": cfg.max_entry_bytes,
+                             "max_batch_bytes": cfg.max_batch_bytes})
 
 
 def _update_cookie(cfg, bookie_id: str, store, address: str, confirmed: bool) -> int:
@@ -258,6 +261,12 @@ def _serve(cfg, bookie_id: str, store, conf_path, listeners, metrics, registrar,
     ledger_gc = GarbageCollector(bookie, store, cfg.gc_interval_s) if store is not None else None
     if ledger_gc is not None:
         ledger_gc.start()
+    publisher = (DamagePublisher(bookie, store, bookie_id, cfg.registration_ttl_s)
+                 if store is not None else None)
+    if publisher is not None:
+        publisher.start()
+    scrubber = Scrubber(bookie, cfg.scrub_interval_s, cfg.scrub_rate_bytes_per_s)
+    scrubber.start()
     _freeze_startup_heap()
     lane_port = lane.port if lane is not None else -1
     log.info("event=bookie_ready bookie_id=%s port=%d add_lane_port=%d data_dir=%s "
@@ -292,6 +301,9 @@ def _serve(cfg, bookie_id: str, store, conf_path, listeners, metrics, registrar,
     checker.stop()
     if ledger_gc is not None:
         ledger_gc.stop()
+    scrubber.stop()
+    if publisher is not None:
+        publisher.stop()
     bookie.close()
     log.info("event=bookie_stopped bookie_id=%s", bookie_id)
     return 0

@@ -37,11 +37,17 @@ class BookieConfig:
     max_read_entries: int = 10000
     max_read_bytes: int = 16 * MiB
     max_inflight_per_stream: int = 64
+    # admission (overload): past either bound an add is answered TOO_MANY_REQUESTS
+    max_adds_in_progress: int = 4096     # adds accepted, not yet durable; 0 = no bound
+    max_add_memory_bytes: int = 512 * MiB  # in-progress add bytes + write cache; 0 = no bound
     # entry store
     segment_max_bytes: int = 256 * MiB
     write_cache_max_bytes: int = 128 * MiB
     flush_interval_s: float = 5.0
     compaction_min_live_ratio: float = 0.5
+    # scrubber: re-check stored batches' digests in the background (scrubber.py)
+    scrub_interval_s: float = 86400.0    # seconds between passes; 0 = no scrubber
+    scrub_rate_bytes_per_s: int = 32 * MiB
     # disk
     disk_usage_threshold: float = 0.95
     disk_usage_lwm: float = 0.90
@@ -117,6 +123,10 @@ def validate(cfg: BookieConfig) -> None:
         raise ValueError("need 0 < disk_usage_lwm <= disk_usage_threshold")
     if cfg.max_entry_bytes <= 0 or cfg.max_batch_bytes < cfg.max_entry_bytes:
         raise ValueError("need 0 < max_entry_bytes <= max_batch_bytes")
+    if cfg.max_adds_in_progress < 0:
+        raise ValueError("max_adds_in_progress must be >= 0 (0 = no bound)")
+    if cfg.max_add_memory_bytes and cfg.max_add_memory_bytes < cfg.max_batch_bytes:
+        raise ValueError("need max_add_memory_bytes = 0 (no bound) or >= max_batch_bytes")
     if cfg.journal_max_group_bytes <= 0:
         raise ValueError("journal_max_group_bytes must be > 0")
     if cfg.add_lane_port < -1 or cfg.add_lane_port > 65535:
@@ -125,6 +135,10 @@ def validate(cfg: BookieConfig) -> None:
         raise ValueError("lane_max_connections must be >= 1")
     if cfg.lane_hello_timeout_s <= 0:
         raise ValueError("lane_hello_timeout_s must be > 0")
+    if cfg.scrub_interval_s < 0:
+        raise ValueError("scrub_interval_s must be >= 0 (0 = no scrubber)")
+    if cfg.scrub_rate_bytes_per_s <= 0:
+        raise ValueError("scrub_rate_bytes_per_s must be > 0")
     if cfg.journal_page_cache_keep_mb < -1:
         raise ValueError("journal_page_cache_keep_mb must be -1 (never drop) or >= 0")
 

@@ -42,8 +42,18 @@ class BookieMetrics:
                                     "add lane connections closed for bad input: wrong magic, "
                                     "another bookie's id, a malformed frame, unread answers",
                                     registry=r)
+        self.adds_refused = Counter("bookie_adds_refused_overload",
+                                    "adds answered TOO_MANY_REQUESTS (max_adds_in_progress / "
+                                    "max_add_memory_bytes)", registry=r)
         self.checkpoints = Counter("bookie_checkpoints", "checkpoints written", registry=r)
         self.gc_ledgers = Counter("bookie_gc_ledgers_deleted", "ledgers reclaimed by GC", registry=r)
+        self.damaged_ranges = Gauge("bookie_damaged_ranges",
+                                    "entry ranges lost to damage, not yet re-replicated "
+                                    "(event=entries_missing)", registry=r)
+        self.scrub_bytes = Counter("bookie_scrub_bytes", "stored bytes checked by the scrubber",
+                                   registry=r)
+        self.scrub_damaged = Counter("bookie_scrub_damaged_batches",
+                                     "stored batches the scrubber found damaged", registry=r)
 
     def journal_fsync(self, seconds: float, group_len: int, nbytes: int) -> None:
         self.fsync_latency.observe(seconds)

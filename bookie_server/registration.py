@@ -2,7 +2,9 @@
 
 ``bookies/writable/<id>`` or ``bookies/readonly/<id>`` holds a JSON dict
 ``{"bookie_id","address","rack","metrics_port","state","add_lane_address",
-"owner"}`` (``add_lane_address`` is empty when the bookie serves no add lane)
+"limits","owner"}`` (``add_lane_address`` is empty when the bookie serves no
+add lane; ``limits`` is ``{"max_entry_bytes", "max_batch_bytes"}``, the add
+sizes this bookie accepts, which clients check before assigning entry ids)
 under a lease of ``ttl`` seconds, refreshed every ttl/3.  ``owner`` says which
 process holds the id: ``{"token","host","pid","data_dir","cookie_instance"}``
 (``token`` is fresh per process).  Readers must ignore keys they do not know.
@@ -96,6 +98,7 @@ def describe_owner(existing: dict) -> str:
 class Registrar:
     def __init__(self, store, bookie_id: str, address: str, rack: str, metrics_port: int,
                  ttl: int = 5, add_lane_address: str = "", *, owner: Optional[dict] = None,
+                 limits: Optional[dict] = None,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep):
         self.store = store
@@ -105,6 +108,7 @@ class Registrar:
         self.metrics_port = metrics_port
         self.add_lane_address = add_lane_address
         self.owner = dict(owner or {})
+        self.limits = dict(limits or {})
         self.ttl = max(2, int(ttl))
         self.read_only = False
         self.clock = clock
@@ -120,7 +124,8 @@ class Registrar:
         return {"bookie_id": self.bookie_id, "address": self.address,
                 "rack": self.rack, "metrics_port": self.metrics_port,
                 "state": "readonly" if self.read_only else "writable",
-                "add_lane_address": self.add_lane_address, "owner": self.owner}
+                "add_lane_address": self.add_lane_address, "limits": self.limits,
+                "owner": self.owner}
 
     def _value(self) -> bytes:
         return json.dumps(self.value_dict()).encode()

@@ -7,7 +7,9 @@
     rh.read(0, rh.last_add_confirmed)
 
 Metadata goes through the MetadataStore port (CAS only); bookies through a
-TransportPool (gRPC by default).  Clock and rng are injectable.
+TransportPool (gRPC by default).  Clock, rng and ``call_later(delay_s, fn)``
+(runs ``fn`` after a delay: the overload backoff of adds; default a daemon
+``threading.Timer``) are injectable.
 ``recovery_listener`` (optional) is called with the ``protocol.recovery.
 RecoveryDecision`` of every fencing recovery this client runs (its own
 opens, a log leader's take-over, a close by recovery), before that recovery
@@ -29,6 +31,7 @@ from pybk_spark.metadata import open_store
 from pybk_spark.metadata.store import (MetadataStore, iter_ids, ledger_key, read_ledger_metadata,
                                        writer_key)
 from pybk_spark.placement import make_policy, writable_bookies
+from pybk_spark.protocol import add_admission as admission
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.read_handle import ReadHandle, query_lac
 from pybk_spark.transport.base import TransportPool
@@ -38,12 +41,14 @@ class BookKeeper:
     def __init__(self, metadata_uri: str | None = None, *, conf=None,
                  store: MetadataStore | None = None, transports: TransportPool | None = None,
                  clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None,
-                 background: bool = True, recovery_listener: Callable | None = None):
+                 background: bool = True, recovery_listener: Callable | None = None,
+                 call_later: Callable[[float, Callable[[], None]], None] | None = None):
         if store is None and metadata_uri is None:
             raise errors.IncorrectParameter("metadata_uri or store is required")
         self.conf: ClientConfig = as_config(conf)
         self.clock = clock
         self.rng = rng or random.Random()
+        self._call_later = call_later or _timer
         self.recovery_listener = recovery_listener
         self._own_store = store is None
         self.metadata_store = store if store is not None else open_store(metadata_uri)
@@ -80,7 +85,8 @@ class BookKeeper:
             raise errors.IncorrectParameter(f"digest must be one of {lm.DIGEST_TYPES}, got {digest!r}")
         password = _as_bytes(password)
         store = self.metadata_store
-        bookies = self.placement.new_ensemble(ensemble, writable_bookies(store))
+        registry = writable_bookies(store)
+        bookies = self.placement.new_ensemble(ensemble, registry)
         if ledger_id is None:
             ledger_id = self.reserve_ledger_id()
         md = lm.new_ledger(ledger_id, bookies, write_quorum, ack_quorum, digest, password,
@@ -95,7 +101,9 @@ class BookKeeper:
             store.put(writer_key(ledger_id), b'{"ledger_id": %d}' % ledger_id, lease=lease)
         except errors.BKError:
             lease = None  # liveness key is advisory; the ledger itself is created
-        lh = LedgerHandle(self, md, password, lease)
+        limits = admission.limits(self.conf.max_entry_size_bytes, self.conf.max_message_bytes,
+                                  [registry.get(b, {}) for b in bookies])
+        lh = LedgerHandle(self, md, password, lease, limits=limits)
         self._handles.add(lh)
         return lh
 
@@ -162,6 +170,12 @@ class BookKeeper:
         return list_logs(self.metadata_store)
 
     # -- lifecycle ---------------------------------------------------------------------------
+    def call_later(self, delay_s: float, fn: Callable[[], None]) -> None:
+        """Run ``fn`` after ``delay_s`` seconds (RuntimeError once closed)."""
+        if self._closed:
+            raise RuntimeError("client closed")
+        self._call_later(delay_s, fn)
+
     def _forget_handle(self, lh: LedgerHandle) -> None:
         self._handles.discard(lh)
 
@@ -193,6 +207,12 @@ class BookKeeper:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _timer(delay_s: float, fn: Callable[[], None]) -> None:
+    t = threading.Timer(delay_s, fn)
+    t.daemon = True
+    t.start()
 
 
 def _as_bytes(password) -> bytes:

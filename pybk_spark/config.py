@@ -25,6 +25,10 @@ class ClientConfig:
     read_batch_bytes: int = 16 << 20
     read_windows_in_flight: int = 3
     max_message_bytes: int = 64 << 20
+    max_entry_size_bytes: int = 5 << 20
+    add_overload_backoff_ms: int = 10
+    add_overload_backoff_max_ms: int = 1000
+    add_overload_retry_s: float = 60.0
     placement_policy: str = "random"
     writer_lease_ttl_s: int = 10
     metadata_retries: int = 100

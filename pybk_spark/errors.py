@@ -204,5 +204,13 @@ class SchemaMismatch(BKError):
     code = -14
 
 
+def unknown_outcome(exc: BKError) -> BKError:
+    """Mark this one error as an UNKNOWN outcome (``outcome_known`` False),
+    e.g. a ``NotEnoughBookies`` or ``TooLarge`` that aborted adds already
+    sent: some bookies may have stored them.  Returns ``exc``."""
+    exc.outcome_known = False
+    return exc
+
+
 ALL_ERRORS = [c for c in list(globals().values())
               if isinstance(c, type) and issubclass(c, BKError)]

@@ -2,7 +2,12 @@
 
 Theory of operation
 -------------------
-Payloads are cut into chunks (``add_batch_entries`` / ``add_batch_bytes``);
+A payload over the ledger's entry limit (``protocol.add_admission``:
+client ``max_entry_size_bytes`` bounded by the ensemble bookies' advertised
+limits) is refused with ``TooLarge`` before it gets an id, and so is a whole
+``add_entries`` call holding one; the handle stays usable.
+Payloads are cut into chunks (``add_batch_entries`` / ``add_batch_bytes``,
+and the bookies' per-request limit);
 each chunk gets consecutive ids, the current LAC and the ledger length
 before it in one core step (each entry carries its cumulative length, as in
 BookKeeper), its digests are computed, and it becomes one Arrow batch sent to every bookie of
@@ -29,19 +34,21 @@ from pybk_spark import errors
 from pybk_spark.digest import Digester
 from pybk_spark.ledger_writer import LedgerWriter, Waiter
 from pybk_spark.metadata.store import ledger_key
+from pybk_spark.protocol import add_admission as admission
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.read_handle import ReadHandle
 from pybk_spark.wire.entries import cumulative_lengths, make_batch
 
 
 class LedgerHandle:
-    def __init__(self, bk, md: lm.LedgerMetadata, password: bytes, lease=None):
+    def __init__(self, bk, md: lm.LedgerMetadata, password: bytes, lease=None,
+                 limits: admission.AddLimits | None = None):
         self.bk = bk
         self.ledger_id = md.ledger_id
         self._password = password
         self._key = lm.master_key(password)
         self._digester = Digester(md.digest_type, password)
-        self._writer = LedgerWriter(bk, md, self._key, recovery=False)
+        self._writer = LedgerWriter(bk, md, self._key, recovery=False, limits=limits)
         self._lease = lease
         self._submit_lock = threading.RLock()  # ids assigned and sent in order
         # add_entry_async calls made while earlier ones are being sent are
@@ -67,10 +74,34 @@ class LedgerHandle:
     def length(self) -> int:
         return self._writer.length
 
+    @property
+    def error(self) -> errors.BKError | None:
+        """Why this handle's writer aborted (every later add fails with it),
+        or None while it is usable."""
+        return self._writer.error
+
+    @property
+    def limits(self) -> admission.AddLimits:
+        """The add size limits of the current ensemble."""
+        return self._writer.limits
+
     # -- adds ---------------------------------------------------------------------------
+    def _check_size(self, payload: bytes) -> None:
+        lim = self._writer.limits
+        if not lim.entry_fits(len(payload)):
+            raise admission.too_large(len(payload), lim, ledger_id=self.ledger_id)
+
+    def _fits_request(self, entries: int, size: int) -> bool:
+        """Whether ``entries`` payloads of ``size`` bytes go in one request."""
+        conf = self.bk.conf
+        return (entries <= conf.add_batch_entries and size <= conf.add_batch_bytes
+                and size <= self._writer.limits.request_payload_budget(entries))
+
     def add_entry(self, payload: bytes) -> int:
+        payload = bytes(payload)
+        self._check_size(payload)
         fut: Future = Future()
-        self._submit_chunk([bytes(payload)], fut, single=True)
+        self._submit_chunk([payload], fut, single=True)
         return fut.result()
 
     def add_entry_async(self, payload: bytes) -> "Future[int]":
@@ -79,8 +110,14 @@ class LedgerHandle:
         in flight: while they are out, new calls queue up and leave together
         (Nagle's idea).  Entry ids follow call order."""
         fut: Future = Future()
+        payload = bytes(payload)
+        try:
+            self._check_size(payload)
+        except errors.TooLarge as exc:
+            fut.set_exception(exc)
+            return fut
         with self._queue_lock:
-            self._queued.append((bytes(payload), fut))
+            self._queued.append((payload, fut))
             if self._drain_scheduled or self._async_inflight >= self._async_window:
                 return fut
             self._drain_scheduled = True
@@ -101,15 +138,13 @@ class LedgerHandle:
         """Pop one batch worth of queued adds.  Clears the drain flag when
         nothing more may go now (atomically with the check: no add strands,
         because a finishing batch re-schedules a drain)."""
-        conf = self.bk.conf
         with self._queue_lock:
             if windowed and self._async_inflight >= self._async_window:
                 self._drain_scheduled = False
                 return []
             take = size = 0
             for payload, _ in self._queued:
-                if take and (take >= conf.add_batch_entries
-                             or size + len(payload) > conf.add_batch_bytes):
+                if take and not self._fits_request(take + 1, size + len(payload)):
                     break
                 take += 1
                 size += len(payload)
@@ -158,13 +193,17 @@ class LedgerHandle:
         return out
 
     def add_entries_async(self, payloads: Iterable[bytes]) -> list[Future]:
-        conf = self.bk.conf
+        """Raises ``TooLarge`` (nothing sent, no id assigned) when any payload
+        is over the entry limit; otherwise cuts the payloads into requests
+        each within the bookies' per-request limit."""
+        payloads = [bytes(p) for p in payloads]
+        for p in payloads:
+            self._check_size(p)
         futs: list[Future] = []
         chunk: list[bytes] = []
         size = 0
         for p in payloads:
-            p = bytes(p)
-            if chunk and (len(chunk) >= conf.add_batch_entries or size + len(p) > conf.add_batch_bytes):
+            if chunk and not self._fits_request(len(chunk) + 1, size + len(p)):
                 futs.append(self._chunk_future(chunk))
                 chunk, size = [], 0
             chunk.append(p)

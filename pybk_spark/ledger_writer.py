@@ -16,8 +16,17 @@ futures (never completing a future while holding the lock).
   on conflict; a non-OPEN ledger raises LedgerFenced), then
   ``core.commit_change`` and the resends.  Nothing is released before the CAS
   succeeded (#1591).
+* What a bookie's add error means is ``protocol.add_admission.
+  classify_add_failure``: a bookie failure starts an ensemble change; an
+  overload (``TooManyRequests``) re-sends the same request to the same
+  bookie after a jittered exponential backoff (``bk.call_later``, rng
+  ``bk.rng``), counted in ``_sends`` while it waits, until
+  ``add_overload_retry_s`` after the first refusal (then: a bookie failure);
+  a ``TooLarge`` (a bookie with a smaller limit than it advertised) aborts
+  with ``TooLarge`` and replaces nobody.
 * LedgerFenced / Unauthorized from a bookie, or a failed change, aborts: every
-  pending add fails with an unknown-outcome error.  Such adds may still land
+  pending add fails with an unknown-outcome error (no replacement bookie:
+  ``NotEnoughBookies``, marked unknown-outcome).  Such adds may still land
   on bookies later (a paused bookie resumes), so a writer that aborted with
   unreleased ids (``unknown_tail``) is closed by fencing recovery, never at
   its LAC (chaos run 7).
@@ -37,6 +46,7 @@ import pyarrow as pa
 from pybk_spark import errors
 from pybk_spark.metadata.store import ledger_key
 from pybk_spark.placement import writable_bookies
+from pybk_spark.protocol import add_admission as admission
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.protocol.pending_adds import EnsembleChange, PendingAdds
 from pybk_spark.wire.entries import batch_to_buffer
@@ -59,7 +69,8 @@ class _Chunk:
 
 class LedgerWriter:
     def __init__(self, bk, md: lm.LedgerMetadata, master_key: bytes, *, recovery: bool,
-                 last_released: int = -1, on_metadata: Callable | None = None):
+                 last_released: int = -1, on_metadata: Callable | None = None,
+                 limits: admission.AddLimits | None = None):
         self.bk = bk
         self.md = md
         self.ledger_id = md.ledger_id
@@ -78,6 +89,9 @@ class LedgerWriter:
         self.length = 0                 # payload bytes of the released entries
         self._assigned_length = 0       # ... of every assigned entry (ids are assigned in order)
         self.last_activity = bk.clock()
+        # add size limits of the current ensemble (read by LedgerHandle before it assigns ids)
+        self.limits = limits or admission.limits(bk.conf.max_entry_size_bytes,
+                                                 bk.conf.max_message_bytes, ())
 
     # -- public -----------------------------------------------------------------------
     @property
@@ -183,7 +197,9 @@ class LedgerWriter:
                 self._on_failed(slot, bookie, exc)
 
     def _send_one(self, slot: int, bookie: str, data: pa.Buffer, ids: np.ndarray,
-                  wait: bool) -> None:
+                  wait: bool, overload: tuple[float, int] | None = None) -> None:
+        """``overload``: (time of the first TooManyRequests, retries so far)
+        when this is a re-send to an overloaded bookie."""
         if wait:
             self._inflight.acquire()
         released_sem = [not wait]
@@ -211,9 +227,50 @@ class LedgerWriter:
             exc = f.exception()
             if exc is None:
                 self._on_acked(ids, slot, bookie)
-            else:
+            elif not (admission.classify_add_failure(exc) == admission.OVERLOAD
+                      and self._retry_overloaded(slot, bookie, data, ids, overload)):
                 self._on_failed(slot, bookie, exc)
         fut.add_done_callback(done)
+
+    def _retry_overloaded(self, slot: int, bookie: str, data: pa.Buffer, ids: np.ndarray,
+                          overload: tuple[float, int] | None) -> bool:
+        """The bookie refused the request as overloaded: send it again later.
+        False when it has refused for too long (the caller treats it as a
+        bookie failure)."""
+        conf = self.bk.conf
+        now = self.bk.clock()
+        first, attempt = overload or (now, 0)
+        if not admission.keep_retrying(first, now, conf.add_overload_retry_s):
+            return False
+        with self._lock:
+            if (self._error is not None or self.core.ensemble[slot] != bookie
+                    or slot in self.core.unavailable_slots):
+                return True     # aborted, or the slot is being replaced: resends cover it
+            self._sends += 1    # the retry is still a send not yet answered
+        delay = admission.backoff_delay(attempt, self.bk.rng.random(),
+                                        conf.add_overload_backoff_ms / 1000.0,
+                                        conf.add_overload_backoff_max_ms / 1000.0)
+
+        def resend() -> None:
+            with self._lock:
+                self._sends -= 1
+                self._sends_done.notify_all()
+                stale = (self._error is not None or self.core.ensemble[slot] != bookie
+                         or slot in self.core.unavailable_slots)
+            if stale:
+                return
+            try:
+                self._send_one(slot, bookie, data, ids, False, (first, attempt + 1))
+            except errors.BKError as exc:
+                self._on_failed(slot, bookie, exc)
+        try:
+            self.bk.call_later(delay, resend)
+        except RuntimeError:            # the client was closed under us
+            with self._lock:
+                self._sends -= 1
+                self._sends_done.notify_all()
+            return False
+        return True
 
     def _on_acked(self, ids: np.ndarray, slot: int, bookie: str) -> None:
         with self._lock:
@@ -225,8 +282,17 @@ class LedgerWriter:
         self._complete(done)
 
     def _on_failed(self, slot: int, bookie: str, exc: BaseException) -> None:
-        if isinstance(exc, (errors.LedgerFenced, errors.Unauthorized, errors.LedgerClosed)):
+        kind = admission.classify_add_failure(exc)
+        if kind == admission.ABORT:
             self._abort(exc)        # fenced: every pending add has an UNKNOWN outcome
+            return
+        if kind == admission.ENTRY_REJECTED:
+            # a healthy bookie refused the request itself: replacing it would
+            # not help; ids are assigned, so nothing later may be released
+            self._abort(errors.unknown_outcome(errors.TooLarge(
+                f"bookie {bookie} refused the add as too large ({exc}); its limit is below "
+                "what it advertised: check its max_entry_bytes / max_batch_bytes",
+                ledger_id=self.ledger_id)))
             return
         if isinstance(exc, errors.BookieUnavailable):
             self.bk.transports.invalidate(bookie)
@@ -248,6 +314,11 @@ class LedgerWriter:
         while change is not None:
             try:
                 new_md = self._cas_change(store, change)
+            except errors.NotEnoughBookies as exc:
+                # adds were sent: some bookies may hold them (unknown outcome)
+                self._abort(errors.unknown_outcome(errors.NotEnoughBookies(
+                    f"ensemble change failed: {exc}", ledger_id=self.ledger_id)))
+                return
             except errors.BKError as exc:
                 err = exc if not exc.outcome_known or isinstance(exc, errors.RecoveryRaced) \
                     else errors.LedgerFenced(f"ensemble change failed: {exc}",
@@ -307,7 +378,11 @@ class LedgerWriter:
                 if md.state != lm.IN_RECOVERY:
                     raise errors.LedgerFenced("ledger no longer in recovery", ledger_id=self.ledger_id)
                 continue
-            return lm.LedgerMetadata.from_json(raw)
+            new_md = lm.LedgerMetadata.from_json(raw)
+            self.limits = admission.limits(
+                self.bk.conf.max_entry_size_bytes, self.bk.conf.max_message_bytes,
+                [bookies.get(b, {}) for b in new_md.current_ensemble])
+            return new_md
         raise errors.MetadataVersion("too many retries of an ensemble change")
 
     # -- completion ------------------------------------------------------------------------

@@ -16,6 +16,12 @@ Roll: create ledger -> CAS-add -> close the previous ledger (after its
   a best-effort CAS recording its final size.  If that close fails the writer
   stops (``is_leader()`` is False): rolling on would push an unclosed ledger
   out of the two a leader open recovers.
+Failed ledger: a ledger whose writer aborted for another reason than fencing
+  (``NotEnoughBookies``: no replacement for a failed bookie; ``TooLarge``
+  from a misconfigured bookie) does not mean lost leadership: the append
+  fails with that error (outcome unknown) and the next append rolls to a new
+  ledger, closing the failed one by fencing recovery.  Only ``LedgerFenced``
+  marks the writer as deposed.
 A CAS adding a new ledger (open step 5, roll) that is refused deletes that
   ledger; one whose outcome is unknown (etcd went away mid-CAS) never does:
   the list may name it, so it is only closed and the writer stops.  Step 2
@@ -232,7 +238,9 @@ class LogWriter:
 
     def _maybe_roll(self) -> None:
         p = self._policy
-        if ((p.max_entries and self._entries >= p.max_entries)
+        failed = self._handle.error
+        if ((failed is not None and not isinstance(failed, errors.LedgerFenced))
+                or (p.max_entries and self._entries >= p.max_entries)
                 or (p.max_bytes and self._bytes >= p.max_bytes)
                 or (p.max_age_s and self._clock() - self._opened_at >= p.max_age_s)):
             self.roll()

@@ -12,7 +12,10 @@ record it as pending in etcd (pending.py), THEN create the ledger (tagged
 ``spark_job``) with that id - a task lost in between leaves a pending key
 naming no ledger, never an untracked ledger - then add every batch cut into bounded Arrow IPC entries with
 pipelined ``add_entries_async`` (entries of consecutive batches are grouped
-up to ``add_batch_bytes`` per request); wait for all acks, close the ledger and
+up to ``add_batch_bytes`` per request; an entry over the ledger's entry
+limit - one row too big - fails the task with ``TooLarge`` naming the limit
+and the settings, so the job aborts and nothing reaches the log); wait for
+all acks, close the ledger and
 return ``(ledger id, entries, bytes, rows)``.  A task whose write fails
 deletes its own ledger (best effort; the driver cleans up in any case).
 
@@ -136,6 +139,7 @@ def write_task(opts: WriteOptions, job: str, schema_text: str,
                     custom_metadata={"log": opts.log, "spark_job": job}, ledger_id=ledger_id)
             for payload, n in arrow_codec.encode_entries(batch, opts.max_rows_per_entry,
                                                          opts.max_bytes_per_entry):
+                _check_entry_size(handle, opts, partition, len(payload), n)
                 if payloads and queued + len(payload) > coalesce_bytes:
                     _send(handle, payloads, inflight)
                     payloads, queued = [], 0
@@ -155,6 +159,20 @@ def write_task(opts: WriteOptions, job: str, schema_text: str,
     _maybe_fail_for_test(opts, partition, attempt)
     ledger_id = handle.ledger_id if handle is not None else -1
     return LedgerCommitMessage(partition, attempt, ledger_id, entries, nbytes, rows)
+
+
+def _check_entry_size(handle, opts: WriteOptions, partition: int, size: int, rows: int) -> None:
+    """An entry the ledger cannot take fails the task before it is sent (the
+    job then aborts: nothing is appended to the log)."""
+    limit = handle.limits.max_entry_bytes
+    if size > limit:
+        raise errors.TooLarge(
+            f"{'a single row' if rows == 1 else f'{rows} rows'} of partition {partition} "
+            f"encode(s) to an entry of {size} bytes, over the largest entry the log's ledgers "
+            f"accept: {limit} bytes (client config max_entry_size_bytes, bounded by the "
+            f"bookies' max_entry_bytes / max_batch_bytes).  Option 'maxBytesPerEntry' "
+            f"({opts.max_bytes_per_entry}) splits only between rows: make the row smaller "
+            f"or raise those limits", log=opts.log)
 
 
 def _send(handle, payloads: list, inflight: list) -> None:

@@ -152,3 +152,26 @@ def test_two_concurrent_appenders_both_land(spark, metadata_uri, bk):
     md, _ = read_log(bk.metadata_store, log)
     assert md.ledger_ids == [mb.ledger_id, ma.ledger_id]
     assert sorted(r["id"] for r in read(spark, metadata_uri, log).collect()) == list(range(100))
+
+
+def test_oversized_row_fails_the_job_and_appends_nothing(spark, metadata_uri, bk):
+    """A row whose entry is over the ledgers' entry limit (5 MiB by default:
+    client max_entry_size_bytes / bookie max_entry_bytes) fails the write job
+    with a message naming the limit and the settings; the log gets nothing."""
+    log = log_name("oversized")
+    schema = StructType([StructField("id", LongType(), False), StructField("bin", BinaryType())])
+    write(spark.createDataFrame([(k, b"s") for k in range(10)], schema), metadata_uri, log)
+    md_before, _ = read_log(bk.metadata_store, log)
+    before = set(bk.list_ledgers())
+    rows = [(k, b"s" * 10) for k in range(20, 40)] + [(99, b"B" * (6 << 20))]
+    df = spark.createDataFrame(rows, schema).repartition(2)
+    with pytest.raises(Exception) as info:
+        write(df, metadata_uri, log)
+    text = str(info.value)
+    assert "TooLarge" in text or "over the largest entry" in text
+    assert "max_entry_size_bytes" in text and "max_entry_bytes" in text
+    assert "maxBytesPerEntry" in text
+    assert read_log(bk.metadata_store, log)[0] == md_before
+    assert set(bk.list_ledgers()) == before
+    assert bk.metadata_store.list_prefix(f"spark/pending/{log}/") == []
+    assert sorted(r["id"] for r in read(spark, metadata_uri, log).collect()) == list(range(10))
