@@ -96,8 +96,8 @@ def run_job(prog: str, app_name: str, metadata_uri: str, as_json: bool, body,
             verbose: bool = False) -> int:
     """The shared driver of the spark-submit jobs: a SparkMapper and a client,
     ``body(bk, mapper) -> (report, text, status)``, typed errors -> exit 2,
-    the report as text or JSON (``{"error": TYPE, "message": TEXT}`` for a
-    typed error), the job's status as exit code."""
+    the report as text or JSON (for a typed error the document ``pybk --json``
+    prints: ``{"error", "code", "message", "outcome_known"}``), the job's status as exit code."""
     import json
 
     from pybk_spark import errors
@@ -110,9 +110,12 @@ def run_job(prog: str, app_name: str, metadata_uri: str, as_json: bool, body,
         with BookKeeper(metadata_uri, background=False) as bk:
             report, text, status = body(bk, mapper)
     except errors.BKError as exc:
-        print(f"{prog}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-        if as_json:
-            print(json.dumps({"error": type(exc).__name__, "message": str(exc)}), flush=True)
+        if as_json:                       # the same document as `pybk --json`
+            print(json.dumps({"error": type(exc).__name__, "code": exc.code,
+                              "message": str(exc), "outcome_known": exc.outcome_known}),
+                  flush=True)
+        else:
+            print(f"{prog}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return 2
     finally:
         mapper.stop()

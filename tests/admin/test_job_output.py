@@ -88,6 +88,7 @@ def test_jobs_print_one_json_document_under_spark_submit(cluster):
         if job == "rereplicate.py":
             assert report["under_replicated"] == []
             assert "tasks done" in res.stderr, res.stderr[-2000:]
-    bad = _submit("rereplicate.py", "--metadata-uri", uri + "-nothing-here", "--json",
-                  "--bookie", "nobody:1")
-    assert json.loads(bad.stdout) is not None, bad.stdout
+
+    bad = _submit("rereplicate.py", "--metadata-uri", "http://nowhere/pybk", "--json")
+    assert bad.returncode == 2, bad.stdout + bad.stderr[-2000:]
+    assert json.loads(bad.stdout)["error"] == "IncorrectParameter", bad.stdout
