@@ -41,7 +41,9 @@ COMMAND_MODULES: tuple[str, ...] = ("pybk_spark.cli_ledgers", "pybk_spark.cli_lo
                                     "pybk_spark.cli_admin",
                                     "pybk_spark.admin.shell_recovery",
                                     "pybk_spark.admin.shell_ledgers",
-                                    "pybk_spark.admin.shell_bookies")
+                                    "pybk_spark.admin.shell_bookies",
+                                    "pybk_spark.admin.shell_operator",
+                                    "pybk_spark.admin.shell_offline")
 
 
 def register(name: str, help: str, add_arguments, run) -> None:
@@ -166,8 +168,13 @@ def _listbookies(args: argparse.Namespace) -> int:
                 rows.append(info)
     finally:
         store.close()
-    text = "\n".join(f"{r.get('bookie_id')} {r.get('address')} rack={r.get('rack')} "
-                     f"state={r.get('state')}" for r in rows) or "(no bookies)"
+    from pybk_spark.admin.report import table
+    human = [{"bookie": r.get("bookie_id"), "address": r.get("address"),
+              "add_lane": r.get("add_lane_address") or "-", "rack": r.get("rack"),
+              "state": r.get("state"), "metrics_port": r.get("metrics_port") or "-"}
+             for r in rows]
+    text = table(human, ["bookie", "address", "add_lane", "rack", "state", "metrics_port"],
+                 empty="(no bookies)")
     emit(args, rows, text)
     return 0
 

@@ -1,4 +1,9 @@
-"""Human output for the admin tools: aligned tables and a progress indicator.
+"""Human output for the admin tools: aligned tables, payload previews and a
+progress indicator.
+
+Tables are rendered by ``rich`` (plain text: no colour, no markup parsing, so
+a payload containing ``[...]`` prints as is); on a terminal they fold to its
+width, into a pipe or file they never wrap.
 
 Progress goes to stderr (never stdout, so ``--json`` output stays one JSON
 document); it is a single rewritten line on a terminal and one line per
@@ -6,6 +11,8 @@ update otherwise, throttled by an injected clock.
 """
 from __future__ import annotations
 
+import io
+import shutil
 import sys
 import time
 from typing import Callable, Iterable, Mapping, Sequence
@@ -14,10 +21,43 @@ from typing import Callable, Iterable, Mapping, Sequence
 def table(rows: Sequence[Mapping], columns: Sequence[str], empty: str = "(none)") -> str:
     if not rows:
         return empty
-    cells = [[_cell(r.get(c)) for c in columns] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths)).rstrip()
-    return "\n".join([line(columns), line(["-" * w for w in widths])] + [line(r) for r in cells])
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    plain = box.Box("    \n    \n -- \n    \n    \n    \n    \n    \n", ascii=True)
+    t = Table(box=plain, show_edge=False, pad_edge=False, highlight=False)
+    for c in columns:
+        t.add_column(c, overflow="fold")
+    for r in rows:
+        t.add_row(*(Text(_cell(r.get(c))) for c in columns))
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else 100_000
+    console = Console(file=io.StringIO(), width=max(width, 40), color_system=None,
+                      highlight=False, markup=False, emoji=False, soft_wrap=False)
+    console.print(t)
+    lines = [line.rstrip() for line in console.file.getvalue().splitlines()]
+    return "\n".join(line for line in lines if line)
+
+
+def preview(payload: bytes, as_hex: bool = False, width: int = 60) -> tuple[str, bool]:
+    """``(text, binary)``: UTF-8 text with control characters escaped, or
+    (``binary``) the bytes escaped as in a Python bytes literal; ``as_hex``:
+    hex.  Cut at ``width`` characters."""
+    binary = False
+    if as_hex:
+        text = payload.hex()
+    else:
+        try:
+            text = payload.decode("utf-8")
+            text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+        except UnicodeDecodeError:
+            binary = True
+            text = repr(payload)[2:-1]
+    return (text if len(text) <= width else text[:width] + "..."), binary
+
+
+HEX_HINT = "(binary payloads shown escaped; --hex prints them as hex)"
 
 
 def _cell(v) -> str:
