@@ -40,7 +40,7 @@ import time
 import sys
 import uuid
 
-from bookie_server import cookie, health, identity
+from bookie_server import admin_http, cookie, health, identity
 from bookie_server.background import DamagePublisher, DiskChecker, GarbageCollector
 from bookie_server.bookie import Bookie
 from bookie_server.config import load_config, replace
@@ -128,12 +128,13 @@ def main(argv=None, *, make_bookie=Bookie) -> int:
 
 def _locked_main(args, cfg, make_bookie=Bookie) -> int:
     bookie_id = cfg.effective_bookie_id()
-    listeners = metrics = readiness = None
+    listeners = metrics = readiness = admin = None
     if args.command == "run":
         metrics = BookieMetrics()
         readiness = health.Readiness(needs_registration=bool(cfg.metadata_uri))
+        admin = admin_http.AdminApi(allow_remote=cfg.admin_http_allow_remote)
         try:
-            listeners = bind_all(cfg, metrics, readiness)
+            listeners = bind_all(cfg, metrics, readiness, admin)
         except errors.PortInUse as exc:
             print(f"bookie-server: refusing to start: {exc}", file=sys.stderr)
             return 2
@@ -160,7 +161,7 @@ def _locked_main(args, cfg, make_bookie=Bookie) -> int:
         if registrar is not None:
             registrar.owner["cookie_instance"] = cookie_value.get("instance_id", "")
         return _serve(cfg, bookie_id, store, args.conf, listeners, metrics, registrar,
-                      make_bookie, readiness)
+                      make_bookie, readiness, admin)
     except (errors.InvalidCookie, errors.BookieIdInUse) as exc:
         print(f"bookie-server: refusing to start: {exc}", file=sys.stderr)
         return 2
@@ -224,7 +225,7 @@ def _freeze_startup_heap() -> None:
 
 
 def _serve(cfg, bookie_id: str, store, conf_path, listeners, metrics, registrar,
-           make_bookie=Bookie, readiness=None) -> int:
+           make_bookie=Bookie, readiness=None, admin=None) -> int:
     # Signal handlers only flip plain flags: taking a lock (Event.set) inside a
     # handler can deadlock when the signal lands while the main thread holds
     # that same lock.  The main loop polls the flags.
@@ -265,6 +266,9 @@ def _serve(cfg, bookie_id: str, store, conf_path, listeners, metrics, registrar,
                  if store is not None else None)
     if publisher is not None:
         publisher.start()
+    if admin is not None:
+        admin.attach(bookie, bookie_id, store=store, gc=ledger_gc, readiness=readiness,
+                     disk_full=lambda: checker.usage_fn() >= checker.threshold)
     scrubber = Scrubber(bookie, cfg.scrub_interval_s, cfg.scrub_rate_bytes_per_s)
     scrubber.start()
     _freeze_startup_heap()

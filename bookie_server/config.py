@@ -62,6 +62,7 @@ class BookieConfig:
     lane_hello_timeout_s: float = 10.0   # a connection must send magic + hello within this
     long_poll_max_timeout_ms: int = 60000
     metrics_port: int = 0                # 0 = no Prometheus endpoint
+    admin_http_allow_remote: bool = False  # admin API (/api/v1) answers loopback peers only
 
     def effective_bookie_id(self) -> str:
         return self.bookie_id or f"{self.advertised_address or self.bind_address}:{self.port}"

@@ -10,7 +10,9 @@ Two views of one ``Readiness`` state (``serving``, ``registered``,
     ``/ready``    200 when serving, registered (or standalone) and writable;
                   503 otherwise, the JSON body listing ``reasons``
                   (``starting``, ``not registered``, ``read-only``,
-                  ``stopping``).
+                  ``stopping``);
+    ``/api/v1/...`` the admin API, when an ``admin`` object is given
+                  (bookie_server/admin_http.py).
 * The standard gRPC health service (``grpc.health.v1.Health``) on the gRPC
   port, with these service names:
     ``""`` and ``pybk.wire.v1.Bookie``  SERVING while the bookie serves reads
@@ -81,13 +83,16 @@ class Readiness:
 
 
 # -- HTTP -----------------------------------------------------------------------------------
-def serve_http(port: int, addr: str, registry, readiness: Optional[Readiness]):
-    """Bind and serve ``/metrics``, ``/health``, ``/ready`` (OSError if the
+def serve_http(port: int, addr: str, registry, readiness: Optional[Readiness], admin=None):
+    """Bind and serve ``/metrics``, ``/health``, ``/ready`` and, with
+    ``admin`` (an ``admin_http.AdminApi``), ``/api/v1/...`` (OSError if the
     port is taken); returns the server (``shutdown()`` stops it)."""
     readiness = readiness or Readiness(needs_registration=False)
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 - http.server's name
+            if admin is not None and admin.dispatch(self, "GET"):
+                return
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
                 self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
@@ -100,6 +105,10 @@ def serve_http(port: int, addr: str, registry, readiness: Optional[Readiness]):
             else:
                 self._json(404, {"error": f"no such path {path!r}: try /metrics, /health, "
                                           "/ready"})
+
+        def do_PUT(self):  # noqa: N802
+            if admin is None or not admin.dispatch(self, "PUT"):
+                self._json(405, {"error": "only GET here (PUT: /api/v1/... admin routes)"})
 
         def _json(self, code: int, body: dict) -> None:
             self._send(code, json.dumps(body).encode(), "application/json")

@@ -30,10 +30,10 @@ class Listeners:
     http: object = None                 # the metrics/health/ready HTTP server, if any
 
 
-def bind_all(cfg: BookieConfig, metrics, readiness=None) -> Listeners:
+def bind_all(cfg: BookieConfig, metrics, readiness=None, admin=None) -> Listeners:
     """Bind gRPC (``port``), the add lane (``add_lane_port``) and the
     HTTP endpoint (``metrics_port``: Prometheus ``/metrics``, ``/health``,
-    ``/ready`` from ``readiness``; serving at once).
+    ``/ready`` from ``readiness``, the admin API ``admin``; serving at once).
     Raises ``errors.PortInUse``; on failure nothing stays bound."""
     from bookie_server.add_lane import bind_listener
     from bookie_server.service import bind_server
@@ -53,7 +53,7 @@ def bind_all(cfg: BookieConfig, metrics, readiness=None) -> Listeners:
                               "add_lane_port / --add-lane-port", exc) from None
         if cfg.metrics_port:
             try:
-                http = metrics.serve(cfg.metrics_port, cfg.bind_address, readiness)
+                http = metrics.serve(cfg.metrics_port, cfg.bind_address, readiness, admin)
             except OSError as exc:
                 raise _in_use(cfg.bind_address, cfg.metrics_port,
                               "metrics_port / --metrics-port", exc) from None
