@@ -10,7 +10,8 @@ Conventions every subcommand follows:
   * results through ``emit(args, data, text)``: ``pybk --json CMD`` prints the
     data as one JSON document, otherwise the text;
   * failures are ``pybk_spark.errors`` exceptions: ``main`` prints them (JSON
-    with code when ``--json``) and exits 1; bad usage exits 2, and so does
+    with code when ``--json``) and exits 1, as it does an ``OSError`` (one
+    line naming the file); bad usage exits 2, and so does
     ``standalone`` refused because its data dir is in use.
 """
 from __future__ import annotations
@@ -220,6 +221,15 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
         else:
             print(f"pybk {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:           # a file or socket the operator named: one line, no traceback
+        where = f" ({exc.filename})" if exc.filename else ""
+        if getattr(args, "json", False):
+            print(json.dumps({"error": type(exc).__name__, "code": errors.BKError.code,
+                              "message": f"{exc.strerror or exc}{where}",
+                              "outcome_known": True}), flush=True)
+        else:
+            print(f"pybk {args.command}: {exc.strerror or exc}{where}", file=sys.stderr)
         return 1
 
 

@@ -224,3 +224,19 @@ def test_readjournal_and_lastmark(uri, cluster, bk):
         "no checkpoint" in pybk("lastmark", "--data-dir", data_dir).out
     bad = pybk("readjournal", "--data-dir", "/nonexistent/bookie")
     one_line_error(bad, "/nonexistent/bookie/journal")
+
+
+def test_offline_commands_on_odd_dirs(tmp_path):
+    (tmp_path / "journal").mkdir()
+    mark = pybk("--json", "lastmark", "--data-dir", tmp_path)
+    assert mark.rc == 0 and mark.json()["checkpoint"] is False
+    empty = pybk("readjournal", "--data-dir", tmp_path)
+    assert empty.rc == 0 and "(no journal records)" in empty.out
+    (tmp_path / "journal" / "0000000000000001.jnl").mkdir()     # not a file: OSError
+    bad = pybk("readjournal", "--data-dir", tmp_path)
+    one_line_error(bad, "0000000000000001.jnl")
+    badjs = pybk("--json", "readjournal", "--data-dir", tmp_path)
+    assert badjs.rc == 1 and badjs.json()["error"] == "IsADirectoryError"
+    (tmp_path / "checkpoint.json").write_text("{not json")
+    torn = pybk("lastmark", "--data-dir", tmp_path)
+    one_line_error(torn, "checkpoint.json")
