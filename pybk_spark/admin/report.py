@@ -41,23 +41,25 @@ def table(rows: Sequence[Mapping], columns: Sequence[str], empty: str = "(none)"
 
 
 def preview(payload: bytes, as_hex: bool = False, width: int = 60) -> tuple[str, bool]:
-    """``(text, binary)``: UTF-8 text with control characters escaped, or
-    (``binary``) the bytes escaped as in a Python bytes literal; ``as_hex``:
-    hex.  Cut at ``width`` characters."""
+    """``(text, escaped)``: printable UTF-8 as is; else (``escaped``) UTF-8
+    with its control characters escaped, or bytes that are not UTF-8 escaped
+    as in a Python bytes literal; ``as_hex``: hex.  Cut at ``width``."""
     binary = False
     if as_hex:
         text = payload.hex()
     else:
         try:
             text = payload.decode("utf-8")
-            text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+            if not text.isprintable():
+                binary = True
+                text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
         except UnicodeDecodeError:
             binary = True
             text = repr(payload)[2:-1]
     return (text if len(text) <= width else text[:width] + "..."), binary
 
 
-HEX_HINT = "(binary payloads shown escaped; --hex prints them as hex)"
+HEX_HINT = "(binary payloads shown escaped, \\xNN; --hex prints them as hex)"
 
 
 def _cell(v) -> str:

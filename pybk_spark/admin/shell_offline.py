@@ -145,11 +145,11 @@ def _readjournal(args) -> int:
                                                 "journal_offset": mark_at[1]},
             "records": rows,
             "damage": [{"file": d.file, "offset": d.offset, "bytes": d.nbytes} for d in damage]}
-    human = [{**r, "entries": (f"{r['first_entry']}-{r['last_entry']}"
-                               if r["entries"] else None),
+    human = [{**r, "entry_ids": (f"{r['first_entry']}-{r['last_entry']}"
+                                 if r["entries"] else None),
               "mark": "" if r["checkpointed"] else "after"} for r in rows]
-    text = table(human, ["file", "offset", "type", "ledger", "entries", "bytes", "detail",
-                         "mark"], empty="(no journal records)")
+    text = table(human, ["file", "offset", "type", "ledger", "entry_ids", "entries", "bytes",
+                         "detail", "mark"], empty="(no journal records)")
     text += (f"\n{len(rows)} records; last mark {file_name(mark_at[0])}:{mark_at[1]} "
              "('after': replayed at the next start)")
     if damage:
