@@ -12,6 +12,8 @@ bodies are typed JSON in this project's snake_case (docs/operations.md,
   GET  /api/v1/bookie/gc_details            the GC's runs (last start/end, deleted ledgers)
   GET  /api/v1/bookie/info                  ledger count, disk usage, journal position,
                                             checkpoint, lost (damaged) ranges
+  GET  /api/v1/bookie/cluster_info          bookies registered / read-only / missing,
+                                            autorecovery leader and switch (from etcd)
   GET  /api/v1/autorecovery/status          autorecovery switches + leader (from etcd)
   PUT  /api/v1/autorecovery/status          body {"enabled": bool}
   PUT  /api/v1/autorecovery/trigger_audit   ask the autorecovery leader for a round now
@@ -74,6 +76,7 @@ class AdminApi:
             ("GET", "bookie/gc"): self._gc_get,
             ("GET", "bookie/gc_details"): self._gc_details,
             ("GET", "bookie/info"): self._info,
+            ("GET", "bookie/cluster_info"): self._cluster_info,
             ("GET", "autorecovery/status"): self._ar_status,
             ("PUT", "autorecovery/status"): self._ar_status_put,
             ("PUT", "autorecovery/trigger_audit"): self._ar_trigger,
@@ -196,6 +199,22 @@ class AdminApi:
     def _ar_status(self, _body) -> dict:
         from pybk_spark.admin import audit_control as ctl
         return ctl.status(self._need_store())
+
+    def _cluster_info(self, _body) -> dict:
+        """BookKeeper's ClusterInfoService, from the registry, cookies and audit keys."""
+        from pybk_spark.admin import audit_control as ctl
+        store = self._need_store()
+        writable = {k.rsplit("/", 1)[1] for k, _ in store.list_prefix("bookies/writable/")}
+        readonly = {k.rsplit("/", 1)[1] for k, _ in store.list_prefix("bookies/readonly/")}
+        known = {k.rsplit("/", 1)[1] for k, _ in store.list_prefix("cookies/")}
+        damaged = sorted(k.rsplit("/", 1)[1] for k, _ in store.list_prefix("bookies/damaged/"))
+        st = ctl.status(store)
+        return {"auditor_elected": st["leader"] is not None, "auditor_id": st["leader"],
+                "autorecovery_enabled": st["enabled"],
+                "total_bookies": len(known | writable | readonly),
+                "writable_bookies": len(writable), "readonly_bookies": len(readonly),
+                "unavailable_bookies": sorted(known - writable - readonly),
+                "damaged_bookies": damaged}
 
     def _ar_status_put(self, body: dict) -> dict:
         from pybk_spark.admin import audit_control as ctl

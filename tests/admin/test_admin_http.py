@@ -98,6 +98,16 @@ def test_info(cluster, bk):
                                                                     "generation"}
 
 
+def test_cluster_info(cluster, bk):
+    port = metrics_port(bk, cluster.bookie_ids[1])
+    code, ci = call(port, "GET", "/api/v1/bookie/cluster_info")
+    assert code == 200
+    assert ci["writable_bookies"] + ci["readonly_bookies"] >= len(cluster.bookie_ids)
+    assert ci["total_bookies"] >= ci["writable_bookies"] + ci["readonly_bookies"]
+    assert not set(ci["unavailable_bookies"]) & set(cluster.bookie_ids)
+    assert isinstance(ci["auditor_elected"], bool) and ci["autorecovery_enabled"] in (True, False)
+
+
 def test_autorecovery_routes(cluster, bk):
     port = metrics_port(bk, cluster.bookie_ids[0])
     store = bk.metadata_store
