@@ -6,8 +6,8 @@ a payload containing ``[...]`` prints as is); on a terminal they fold to its
 width, into a pipe or file they never wrap.
 
 Progress goes to stderr (never stdout, so ``--json`` output stays one JSON
-document); it is a single rewritten line on a terminal and one line per
-update otherwise, throttled by an injected clock.
+document): a ``rich`` bar on a terminal, one line per update otherwise,
+throttled by an injected clock.
 """
 from __future__ import annotations
 
@@ -73,7 +73,11 @@ def _cell(v) -> str:
 
 
 class Progress:
-    """``with Progress("recover", total) as p: p.step(label)``."""
+    """``with Progress("recover", total) as p: p.step(label)``.
+
+    On a terminal: a ``rich`` progress bar (count, elapsed, time left, the
+    last label), redrawn in place.  Otherwise (a log file, a pipe): one
+    plain line per update, at most every ``min_interval_s`` of ``clock``."""
 
     def __init__(self, what: str, total: int, *, enabled: bool = True, stream=None,
                  clock: Callable[[], float] = time.monotonic, min_interval_s: float = 0.5):
@@ -84,9 +88,13 @@ class Progress:
         self.min_interval_s = min_interval_s
         self._tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self._last = -1e18
+        self._bar = self._task = None
 
     def step(self, label: str = "", n: int = 1) -> None:
         self.done += n
+        if self._bar is not None:
+            self._bar.update(self._task, advance=n, label=label[:60])
+            return
         now = self.clock()
         if self.done < self.total and now - self._last < self.min_interval_s:
             return
@@ -99,20 +107,28 @@ class Progress:
         width = 24
         filled = width * self.done // max(1, self.total)
         bar = "#" * filled + "." * (width - filled)
-        text = f"{self.what} [{bar}] {self.done}/{self.total} {label}"
-        if self._tty:
-            self.stream.write("\r" + text[:120].ljust(120))
-        else:
-            self.stream.write(text + "\n")
+        self.stream.write(f"{self.what} [{bar}] {self.done}/{self.total} {label}\n")
         self.stream.flush()
 
     def __enter__(self):
+        if self.enabled and self._tty:
+            from rich.console import Console
+            from rich.progress import (BarColumn, MofNCompleteColumn, TextColumn,
+                                       TimeElapsedColumn, TimeRemainingColumn)
+            from rich.progress import Progress as RichProgress
+            self._bar = RichProgress(TextColumn(self.what), BarColumn(), MofNCompleteColumn(),
+                                     TimeElapsedColumn(), TimeRemainingColumn(),
+                                     TextColumn("{task.fields[label]}"),
+                                     console=Console(file=self.stream, highlight=False),
+                                     refresh_per_second=4)
+            self._task = self._bar.add_task(self.what, total=self.total, label="")
+            self._bar.start()
         return self
 
     def __exit__(self, *exc):
-        if self.enabled and self._tty:
-            self.stream.write("\n")
-            self.stream.flush()
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
 
 
 def mb_per_s(nbytes: int, seconds: float) -> float:
