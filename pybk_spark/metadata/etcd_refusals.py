@@ -29,7 +29,7 @@ class StaleToken(errors.MetadataUnauthorized):
 
 
 def refusal_for_transport(detail: str, sec: EtcdSecurity) -> errors.BKError | None:
-    """The error for a TLS / auth refusal described by ``detail``, else None."""
+    """The error for a channel that never came up (``detail``), else None."""
     low = detail.lower()
     if "handshake failed" in low:
         short = detail.split("handshake failed", 1)[1].strip(" :()")[:160]
@@ -55,14 +55,14 @@ def refusal_for_transport(detail: str, sec: EtcdSecurity) -> errors.BKError | No
 
 
 def refusal_for_status(code: str, detail: str, sec: EtcdSecurity) -> errors.BKError | None:
+    """The error for an RPC etcd refused with status ``code``, else None."""
     who = f"etcd user {sec.etcd_user!r}" if sec.etcd_user else "a client without etcd_user"
     if code == "PERMISSION_DENIED":
         return errors.MetadataUnauthorized(
             f"etcd: permission denied for {who} ({detail}): set etcd_user / "
             "etcd_password_file to a user whose role grants this key range "
             "(docs/operations.md, 'Securing etcd')")
-    if code == "UNAUTHENTICATED" or (
-            code == "FAILED_PRECONDITION" and "auth store is old" in detail):
+    if code == "UNAUTHENTICATED" or "auth store is old" in detail:
         return StaleToken(f"etcd rejected the auth token of {who} ({detail})")
     if code == "INVALID_ARGUMENT" and "authentication failed" in detail:
         return errors.MetadataUnauthorized(

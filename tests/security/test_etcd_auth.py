@@ -123,3 +123,23 @@ def test_operator_applies_roles_and_a_revoked_user_is_refused(secure_cluster, tm
     with _opened(op_uri) as store:
         assert store.get("logs/temp-check") is not None
         store.delete("logs/temp-check")
+
+
+def test_stale_token_is_renewed(secure_cluster):
+    """etcd drops a user's tokens when its password is set (here: to the same
+    one), as when a simple token expires: the store logs in again and repeats
+    the call, invisibly to its caller."""
+    root = EtcdSecurity(**{**secure_cluster.etcd_security("operator").__dict__,
+                           "etcd_user": "root",
+                           "etcd_password_file": str(secure_cluster.data_dir / "etcd-auth" /
+                                                     "root.pw")})
+    with _opened(secure_cluster.metadata_uri) as store, \
+            _opened(with_security(secure_cluster.metadata_uri, root)) as admin:
+        v = store.put_if_absent("logs/renew-check", b"1")
+        epoch = store._auth_epoch
+        password = secure_cluster.etcd_security("client").password()
+        admin.auth_request("UserChangePassword", name="client", password=password)
+        v = store.compare_and_swap("logs/renew-check", b"2", v)
+        assert store.get("logs/renew-check").value == b"2"
+        store.delete("logs/renew-check", expected_version=v)
+        assert store._auth_epoch > epoch          # it did log in again
