@@ -471,7 +471,10 @@ class EtcdMetadataStore(MetadataStore):
             end = (start[:-1] + bytes([start[-1] + 1])) if is_prefix else b""
             fields["perm"] = etcdrpc.Permission(permType=getattr(etcdrpc.Permission, kind),
                                                 key=start, range_end=end)
-        request = getattr(etcdrpc, f"{name}Request")(**fields)
+        try:
+            request = getattr(etcdrpc, f"{name}Request")(**fields)
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise errors.IncorrectParameter(f"bad etcd auth request {op}: {exc}") from None
 
         def call():
             try:
