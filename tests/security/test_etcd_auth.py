@@ -143,3 +143,36 @@ def test_stale_token_is_renewed(secure_cluster):
         assert store.get("logs/renew-check").value == b"2"
         store.delete("logs/renew-check", expected_version=v)
         assert store._auth_epoch > epoch          # it did log in again
+
+
+def test_bookie_conf_keys_and_refused_bookie_exits_2(secure_cluster, tmp_path):
+    """bookie.conf etcd_* keys with a bare metadata_uri; a bookie whose login is
+    refused exits 2 naming the setting, before it serves anything."""
+    import subprocess
+    import sys
+
+    from bookie_server.__main__ import _open_store
+    from bookie_server.config import BookieConfig
+    from pybk_spark.metadata.security import SETTINGS
+    from pybk_spark.testing.ports import free_port
+    sec = secure_cluster.etcd_security("bookie")
+    bare = secure_cluster.etcd.uri(secure_cluster.scope)
+    store = _open_store(bare, BookieConfig(**{k: getattr(sec, k) for k in SETTINGS}))
+    try:
+        assert len(store.list_prefix("bookies/writable/")) == 3
+        with pytest.raises(errors.MetadataUnauthorized):
+            store.put_if_absent("ledgers/x", b"{}")
+    finally:
+        store.close()
+    wrong = tmp_path / "wrong.pw"
+    wrong.write_text("nope\n")
+    conf = tmp_path / "bookie.conf"
+    conf.write_text("".join(f"{k} = {getattr(sec, k)}\n" for k in SETTINGS
+                            if k != "etcd_password_file") + f"etcd_password_file = {wrong}\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "bookie_server", "--conf", str(conf), "--port", str(free_port()),
+         "--add-lane-port", "-1", "--data-dir", str(tmp_path / "data"),
+         "--metadata-uri", bare, "--bookie-id", "refused-bookie"],
+        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 2, proc.stderr
+    assert "refused access" in proc.stderr and "etcd_password_file" in proc.stderr
