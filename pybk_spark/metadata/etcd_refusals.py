@@ -47,7 +47,10 @@ def refusal_for_transport(detail: str, sec: EtcdSecurity) -> errors.BKError | No
         return errors.MetadataUnauthorized(
             f"TLS handshake with etcd failed ({short}): check etcd_ca_file, etcd_cert_file "
             "and etcd_key_file, and that etcd serves TLS (https) on this endpoint")
-    if "socket closed" in low and not sec.tls:
+    # a TLS server answers a plaintext HTTP/2 preface by closing the socket, with
+    # an HTTP/1.x "400", or a reset, depending on timing
+    if not sec.tls and any(m in low for m in ("socket closed", "http1.x", "connection reset",
+                                               "end of file", "eof")):
         return errors.MetadataUnavailable(
             f"etcd unavailable: {detail} (if etcd serves TLS - https client URLs - "
             "set etcd_ca_file)")

@@ -304,6 +304,7 @@ class EtcdMetadataStore(MetadataStore):
         delay = 0.05
         tried: list[str] = []
         renewed = False
+        reason = ""                          # what the last endpoint reached said
         while True:
             try:
                 epoch = self._ensure_auth() if auth else 0
@@ -317,14 +318,15 @@ class EtcdMetadataStore(MetadataStore):
             except errors.MetadataUnavailable as exc:
                 netloc = self._endpoint_in_use()     # the one that failed (or last chosen)
                 unsent = isinstance(exc.__cause__, etcd_exc.NoServerAvailableError)
+                if not unsent or not reason:
+                    reason = str(exc.args[0]) if exc.args else "etcd unavailable"
                 for ep in (self._all_endpoints if unsent else [netloc]):
                     if ep and ep not in tried:
                         tried.append(ep)
                 if (not (idempotent or unsent) or self._closed
                         or time.monotonic() + delay > deadline):
                     raise errors.MetadataUnavailable(
-                        str(exc.args[0]) if exc.args else "etcd unavailable",
-                        endpoints=",".join(tried) or ",".join(self._all_endpoints),
+                        reason, endpoints=",".join(tried) or ",".join(self._all_endpoints),
                     ) from exc.__cause__
                 time.sleep(delay)
                 delay = min(delay * 2, 0.5)
