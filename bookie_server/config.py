@@ -62,6 +62,12 @@ class BookieConfig:
     lane_hello_timeout_s: float = 10.0   # a connection must send magic + hello within this
     long_poll_max_timeout_ms: int = 60000
     metrics_port: int = 0                # 0 = no Prometheus endpoint
+    # etcd TLS / authentication (pybk_spark/metadata/security.py; "" = unset)
+    etcd_ca_file: str = ""
+    etcd_cert_file: str = ""
+    etcd_key_file: str = ""
+    etcd_user: str = ""
+    etcd_password_file: str = ""
 
     def effective_bookie_id(self) -> str:
         return self.bookie_id or f"{self.advertised_address or self.bind_address}:{self.port}"
