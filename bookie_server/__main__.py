@@ -78,11 +78,11 @@ def _parse(argv):
     return p.parse_args(argv)
 
 
-def _open_store(uri: str):
+def _open_store(uri: str, cfg=None):
     if not uri:
         return None
-    from pybk_spark.metadata import open_store
-    return open_store(uri)
+    from pybk_spark.metadata import EtcdSecurity, open_store
+    return open_store(uri, EtcdSecurity.from_config(cfg) if cfg is not None else None)
 
 
 def main(argv=None, *, make_bookie=Bookie) -> int:
@@ -139,7 +139,7 @@ def _locked_main(args, cfg, make_bookie=Bookie) -> int:
             print(f"bookie-server: refusing to start: {exc}", file=sys.stderr)
             return 2
     try:
-        store = _open_store(cfg.metadata_uri)
+        store = _open_store(cfg.metadata_uri, cfg)
     except errors.BKError as exc:
         print(f"bookie-server: cannot open metadata store {cfg.metadata_uri}: {exc}",
               file=sys.stderr)
@@ -164,6 +164,9 @@ def _locked_main(args, cfg, make_bookie=Bookie) -> int:
                       make_bookie, readiness, admin)
     except (errors.InvalidCookie, errors.BookieIdInUse) as exc:
         print(f"bookie-server: refusing to start: {exc}", file=sys.stderr)
+        return 2
+    except errors.MetadataUnauthorized as exc:
+        print(f"bookie-server: metadata store refused access: {exc}", file=sys.stderr)
         return 2
     except errors.MetadataError as exc:
         print(f"bookie-server: metadata store unavailable: {exc}", file=sys.stderr)

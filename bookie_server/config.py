@@ -63,6 +63,12 @@ class BookieConfig:
     long_poll_max_timeout_ms: int = 60000
     metrics_port: int = 0                # 0 = no Prometheus endpoint
     admin_http_allow_remote: bool = False  # admin API (/api/v1) answers loopback peers only
+    # etcd TLS / authentication (pybk_spark/metadata/security.py; "" = unset)
+    etcd_ca_file: str = ""
+    etcd_cert_file: str = ""
+    etcd_key_file: str = ""
+    etcd_user: str = ""
+    etcd_password_file: str = ""
 
     def effective_bookie_id(self) -> str:
         return self.bookie_id or f"{self.advertised_address or self.bind_address}:{self.port}"
