@@ -70,7 +70,8 @@ bench: venv bench-peers
 	$(VPY) -m bench.run $(if $(QUICK),--quick,)
 
 chaos: venv fault-tools
-	$(VPY) -m tests.chaos.runner --duration $(or $(DURATION),120) $(if $(SEED),--seed $(SEED),)
+	$(VPY) -m tests.chaos.runner --duration $(or $(DURATION),120) $(if $(SEED),--seed $(SEED),) \
+	  $(if $(FAULTS),--faults $(FAULTS),) $(if $(TOPOLOGY),--topology $(TOPOLOGY),) $(if $(JSON),--json $(JSON),)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
