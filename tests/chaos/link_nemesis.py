@@ -8,9 +8,10 @@ time and healed by the nemesis itself (``HostNetwork.faults``):
              writer-bookies     a writer <-> 1-2 bookies (its ensemble change
                                 or its blocking; never a false ack)
              writer-etcd        a writer <-> every etcd member while it still
-                                reaches the bookies (a zombie writer: its lease
-                                lapses, a recoverer fences it, its next add
-                                must end LedgerFenced/unknown)
+                                reaches the bookies, 0.5-1.6 x its lease (a
+                                zombie writer: its lease lapses, a recoverer
+                                fences it, its next add must end
+                                LedgerFenced/unknown)
              bookie-etcd        a bookie <-> every etcd member (its
                                 registration lapses while it serves)
              etcd-minority      one etcd member (and sometimes a writer with
@@ -29,6 +30,9 @@ time and healed by the nemesis itself (``HostNetwork.faults``):
   netem      delay 20-300 ms +- jitter with 0-25 % reordering toward a
              writer or a bookie, 3-10 s; only where the kernel has netem
              (``link_faults.netem_unavailable_reason()``).
+
+A kind may name one shape: ``partition:writer-etcd`` (``--faults``) draws
+only that shape; ``partition`` draws any.
 
 Bound: at most ``max_link_faults`` (default 1) link faults at once; they do
 not count against the bookie-fault bound (a cut link loses no replica's
@@ -60,7 +64,14 @@ class LinkNemesis:
 
     max_link_faults = 1
 
-    def _link_init(self) -> None:
+    def _link_init(self, shapes: list[str]) -> None:
+        """``shapes``: the "kind:shape" entries of --faults (restrictions)."""
+        self.link_shapes: dict[str, list[str]] = {}
+        for ks in shapes:
+            kind, shape = ks.split(":", 1)
+            if kind != "partition" or shape not in SHAPES:
+                raise ValueError(f"unknown fault shape {ks!r}: partition:<one of {SHAPES}>")
+            self.link_shapes.setdefault(kind, []).append(shape)
         self._links: list[_LinkRepair] = []
         self.shapes: collections.Counter = collections.Counter()
 
@@ -119,7 +130,7 @@ class LinkNemesis:
 
     # -- faults -------------------------------------------------------------------------
     def _partition(self) -> bool:
-        shape = self.rng.choice(SHAPES)
+        shape = self.rng.choice(self.link_shapes.get("partition", SHAPES))
         f = self._net.faults
         secs = self.rng.uniform(2, 10)
         if shape == "recoverer-bookies":
@@ -152,8 +163,9 @@ class LinkNemesis:
         w = self.rng.choice(writers)
         if shape == "writer-etcd":
             fid = f.partition([self._host_of(w)], self._etcd_hosts())
-            return self._cut(fid, self.rng.uniform(4, 14), f"{w} | etcd (zombie writer)",
-                             "partition:" + shape)
+            lease = ClientConfig().writer_lease_ttl_s          # half of them outlive it
+            return self._cut(fid, self.rng.uniform(0.5, 1.6) * lease,
+                             f"{w} | etcd (zombie writer)", "partition:" + shape)
         bs = self._bookie_hosts(self.rng.choice([1, 1, 2]))
         fid = f.partition([self._host_of(w)], bs)
         return self._cut(fid, secs, f"{w} | {','.join(h.name for h in bs)}",

@@ -36,8 +36,9 @@ guarantee being checked (Qa - 1 failures lose nothing) is the one promised;
 and never more than N - max(E), so an ensemble change always finds a
 replacement.  etcd and client faults do not count against it (a client is
 not a replica; etcd is restarted, never wiped), nor do link faults (at most
-one at a time, see link_nemesis.py).  The loop is bounded by ``until`` and by ``max_faults``; pending
-repairs are always carried out (``heal_all``), also on error.
+one at a time, see link_nemesis.py).  The loop is bounded by ``until`` and by
+``max_faults``; pending repairs are always carried out (``heal_all``), also
+on error.
 """
 from __future__ import annotations
 
@@ -73,13 +74,15 @@ class Nemesis(LinkNemesis):
         self.rng = rng
         self.max_bookie_faults = max(0, max_bookie_faults)
         self.clock, self.sleep, self.log = clock, sleep, log
-        unknown = sorted(set(kinds or ()) - set(KINDS))
+        shapes = [k for k in kinds or () if ":" in k]
+        kinds = list(dict.fromkeys(k.split(":", 1)[0] for k in kinds or ()))
+        unknown = sorted(set(kinds) - set(KINDS))
         if unknown:
             raise ValueError(f"unknown fault kind(s) {unknown}: choose from {KINDS}")
         self.kinds = kinds or KINDS
         self.counts: dict[str, int] = {k: 0 for k in KINDS}
         self._repairs: list[_Repair] = []
-        self._link_init()
+        self._link_init(shapes)
         self._stop = False
 
     def stop(self) -> None:

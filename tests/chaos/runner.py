@@ -43,10 +43,10 @@ class Workers:
     """The worker processes; thread-safe (nemesis and supervisor share it)."""
 
     def __init__(self, uri: str, hist_dir: Path, log_dir: Path, seed: int, until: float,
-                 env: dict | None = None, place=None, plants: dict | None = None):
+                 env: dict | None = None, place=None, worker_args: dict | None = None):
         self.uri, self.hist_dir, self.log_dir = uri, hist_dir, log_dir
         self.place = place or _spawn_here      # (name, argv, **kw) -> Popen
-        self.plants = dict(plants or {})       # worker kind -> faulty_client plant
+        self.worker_args = dict(worker_args or {})   # kind -> extra argv (--plant ...)
         self.seed, self.until = seed, until
         self.env = dict(os.environ, **(env or {}))
         self._lock = threading.Lock()
@@ -69,8 +69,7 @@ class Workers:
                     "--seed", str(seed), "--until", str(self.until)]
             if log:
                 args += ["--log", log]
-            if kind in self.plants:
-                args += ["--plant", self.plants[kind]]
+            args += self.worker_args.get(kind, [])
             out = open(self.log_dir / f"{name}.log", "ab")
             p = self.place(name, args, cwd=REPO, env=self.env, stdout=out,
                            stderr=subprocess.STDOUT)
@@ -186,7 +185,7 @@ def run(duration: float, seed: int, *, workdir: str | None = None, bookies: int 
         ledger_writers: int = 2, logs: int = 2, tail_readers: int = 1, recoverers: int = 1,
         nemesis: bool = True, rereplicate: bool = True, strict_replicas: bool = True,
         worker_env: dict | None = None, kinds: list | None = None, topology: str = "auto",
-        etcd_members: int = 3, plants: dict | None = None, out=print) -> dict:
+        etcd_members: int = 3, worker_args: dict | None = None, out=print) -> dict:
     """One chaos run; returns a summary dict (``violations`` is a list of str)."""
     t_start = time.time()
     base = Path(workdir or tempfile.mkdtemp(prefix="pybk-chaos-"))
@@ -207,7 +206,8 @@ def run(duration: float, seed: int, *, workdir: str | None = None, bookies: int 
         cluster.start()
         until = time.time() + duration
         workers = Workers(cluster.metadata_uri, hist_dir, log_dir, seed, until, worker_env,
-                          place=getattr(cluster, "spawn_worker", None), plants=plants)
+                          place=getattr(cluster, "spawn_worker", None),
+                          worker_args=worker_args)
         for _ in range(ledger_writers):
             workers.spawn("ledger-writer")
         for i in range(logs):

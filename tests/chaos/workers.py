@@ -19,6 +19,8 @@ KIND:
                  suspicion, the fencing wiki's scenario); reads each
                  recovered ledger completely.
 Every worker stops by itself at ``--until``; all randomness comes from --seed.
+``--plant NAME`` plants a test-only client fault (faulty_client.py) into the
+worker's BookKeeper: how the chaos tests check that the checker sees it.
 """
 from __future__ import annotations
 
@@ -53,10 +55,17 @@ class HungClient(RuntimeError):
     pass
 
 
+_PLANT: str | None = None          # --plant (faulty_client.py), test-only
+
+
 def _bk(uri: str, hist: History) -> BookKeeper:
     """Every fencing recovery this client runs (recoverer opens, a log
     leader's take-over, closes by recovery) records its own decision."""
-    return BookKeeper(uri, conf=CLIENT_CONF, recovery_listener=hist.recovery)
+    bk = BookKeeper(uri, conf=CLIENT_CONF, recovery_listener=hist.recovery)
+    if _PLANT:
+        from .faulty_client import plant
+        plant(bk, _PLANT)
+    return bk
 
 
 def _settle(fut: cf.Future) -> None:
@@ -313,13 +322,20 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--until", type=float, required=True)
     p.add_argument("--log")
+    p.add_argument("--plant", help="a test-only client fault (faulty_client.PLANTS)")
+    p.add_argument("--fence-live", type=float, default=0.03,
+                   help="recoverer: chance to recover a ledger whose writer is alive")
     a = p.parse_args(argv)
+    global _PLANT
+    _PLANT = a.plant
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     hist = History(a.hist, a.proc)
     rng = random.Random(a.seed)
     try:
         if a.kind == "log-writer":
             log_writer(a.uri, hist, rng, a.until, a.log)
+        elif a.kind == "recoverer":
+            recoverer(a.uri, hist, rng, a.until, p_fence_live=a.fence_live)
         else:
             KINDS[a.kind](a.uri, hist, rng, a.until)
     except HungClient:
