@@ -56,6 +56,7 @@ class HungClient(RuntimeError):
 
 
 _PLANT: str | None = None          # --plant (faulty_client.py), test-only
+_ADD_PAUSE_S = 0.0                 # --add-pause: a ledger writer's pause after each add
 
 
 def _bk(uri: str, hist: History) -> BookKeeper:
@@ -113,6 +114,8 @@ def ledger_writer(uri, hist: History, rng: random.Random, until: float) -> None:
                 _settle(pending.popleft())
             if rng.random() < 0.05:
                 time.sleep(rng.uniform(0.0, 0.3))
+            if _ADD_PAUSE_S:
+                time.sleep(_ADD_PAUSE_S)
         for fut in pending:
             _settle(fut)
         if bad or rng.random() < 0.15:
@@ -325,9 +328,14 @@ def main(argv=None) -> int:
     p.add_argument("--plant", help="a test-only client fault (faulty_client.PLANTS)")
     p.add_argument("--fence-live", type=float, default=0.03,
                    help="recoverer: chance to recover a ledger whose writer is alive")
+    p.add_argument("--lease-ttl", type=int, help="writer_lease_ttl_s of this worker's client")
+    p.add_argument("--add-pause", type=float, default=0.0,
+                   help="ledger-writer: seconds to pause after each add (longer-lived ledgers)")
     a = p.parse_args(argv)
-    global _PLANT
-    _PLANT = a.plant
+    global _PLANT, _ADD_PAUSE_S
+    _PLANT, _ADD_PAUSE_S = a.plant, a.add_pause
+    if a.lease_ttl:
+        CLIENT_CONF["writer_lease_ttl_s"] = a.lease_ttl
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     hist = History(a.hist, a.proc)
     rng = random.Random(a.seed)
