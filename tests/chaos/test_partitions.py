@@ -9,7 +9,10 @@ test hosts or iptables are unavailable.
 * A planted bug only a partition exposes: the recoverer runs with
   ``faulty_client``'s ``unfenced_recovery`` (its recovery reads go out
   without the fence flag) and recovers only ledgers whose writer's lease is
-  gone (``--fence-live 0``: no false suspicions).  The nemesis cuts writers
+  gone (``--fence-live 0``: no false suspicions); the two ledger writers
+  (no log writers) keep a ledger open for seconds with a 3 s lease
+  (``--add-pause``, ``--lease-ttl``).
+  The nemesis cuts writers
   off from etcd while they still reach their bookies (zombie writers); the
   recoverer closes their ledgers unfenced, the zombies keep getting acks, and
   the checker must report acknowledged entries beyond the close (I1).  The
@@ -34,7 +37,13 @@ from .runner import run
 pytestmark = pytest.mark.slow
 
 LINK_KINDS = ["partition", "one_way", "loss", "stall", "netem"]
-PLANTED = {"recoverer": ["--plant", "unfenced_recovery", "--fence-live", "0"]}
+# The recoverer carries the plant and recovers only ledgers whose writer lease
+# is gone; ledger writers hold a ledger open for seconds (a pause after each
+# add) with a 3 s lease, so a writer cut off from etcd outlives its lease while
+# it is still adding: the zombie.
+PLANTED = {"recoverer": ["--plant", "unfenced_recovery", "--fence-live", "0"],
+           "ledger-writer": ["--add-pause", "0.1", "--lease-ttl", "3"]}
+PLANT_RUN = {"ledger_writers": 2, "logs": 0, "rereplicate": False}   # every writer a zombie-to-be
 PLANT_SEED = 11
 PLANT_SECONDS = 60.0
 
@@ -72,7 +81,7 @@ def test_short_partition_run_finds_no_violation(tmp_path):
 def test_partition_nemesis_catches_unfenced_recovery(tmp_path):
     _need_hosts()
     summary, lines = _run(tmp_path, PLANT_SECONDS, PLANT_SEED, ["partition:writer-etcd"],
-                          worker_args=PLANTED, rereplicate=False)
+                          worker_args=PLANTED, **PLANT_RUN)
     assert summary["faults"].get("partition", 0) > 0
     assert any(v.startswith("[I1]") for v in summary["violations"]), "\n".join(lines[-60:])
 
@@ -81,6 +90,6 @@ def test_unfenced_recovery_is_invisible_without_partitions(tmp_path):
     _need_hosts()
     summary, lines = _run(tmp_path, PLANT_SECONDS, PLANT_SEED,
                           ["bookie_kill", "bookie_pause", "writer_kill", "etcd_restart"],
-                          worker_args=PLANTED, rereplicate=False)
+                          worker_args=PLANTED, **PLANT_RUN)
     assert summary["faults_total"] > 0
     assert not summary["violations"], "\n".join(lines[-60:])
