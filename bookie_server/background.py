@@ -1,4 +1,5 @@
-"""Background duties: disk-usage checker (read-only mode) and ledger GC.
+"""Background duties: disk-usage checker (read-only mode), ledger GC and the
+damage marker's publication.
 
 Decisions are pure functions (``next_read_only``, ``gc_candidates``); the
 threads only measure, ask the metadata store and act.  GC double-checks every
@@ -125,6 +126,49 @@ class GarbageCollector:
                 gc_once(self.bookie, self.store)
             except Exception as exc:  # noqa: BLE001 - never delete on doubt; try later
                 log.warning("event=gc_failed error=%r", exc)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+
+class DamagePublisher:
+    """Every ``interval_s``: ``bookie.lost.sync_marker`` (damage.py) - new
+    damage goes into ``bookies/damaged/<bookie_id>``, ranges the auditor
+    repaired leave the bookie's lost set.  An unreachable store is retried."""
+
+    def __init__(self, bookie, store, bookie_id: str, interval_s: float):
+        self.bookie, self.store, self.bookie_id = bookie, store, bookie_id
+        self.interval = interval_s
+        self._synced = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="damage-publisher", daemon=True)
+
+    def start(self) -> None:
+        self.sync_once()
+        self._thread.start()
+
+    def sync_once(self) -> None:
+        """At start always (a marker published before a crash comes back);
+        later only while the bookie has lost something (no etcd read else)."""
+        if self._synced and not self.bookie.lost:
+            return
+        try:
+            before = len(self.bookie.lost.ranges())
+            self.bookie.lost.sync_marker(self.store, self.bookie_id)
+            self._synced = True
+            after = len(self.bookie.lost.ranges())
+            self.bookie.metrics.damaged_ranges.set(after)
+            if after < before:
+                log.warning("event=damage_repaired ranges_left=%d unattributed=%s",
+                            after, self.bookie.lost.unattributed)
+        except Exception as exc:  # noqa: BLE001 - store away: next round
+            log.warning("event=damage_publish_failed error=%r", exc)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sync_once()
 
     def stop(self) -> None:
         self._stop.set()

@@ -14,7 +14,9 @@ one loop does both, and any number of copies may run for availability:
   fragment, a recovery fences first).
 * A round = ``orchestrate.run_rereplicate`` with ``lost_bookie_delay``
   (lostBookieRecoveryDelay) and ``grace`` (openLedgerRereplicationGracePeriod),
-  optionally followed by ``run_recover`` of ledgers whose writer lease is gone
+  and the repair of bookies' damage markers (``damage_repair``: entries a
+  bookie lost to media damage are copied back onto it), optionally followed
+  by ``run_recover`` of ledgers whose writer lease is gone
   and that were idle ``recover_idle`` seconds (``--recover-abandoned``).
   Every ``verify_every``-th round also reads which ids each bookie holds in
   every complete fragment and fills in copies live bookies lack (BookKeeper's
@@ -113,7 +115,10 @@ class AutoRecovery:
                                            if c["outcome"] == "replicated"),
                    "fragments_failed": sum(1 for c in report["copies"] if c["outcome"] == "failed"),
                    "open_ledgers_fenced": len(report["fenced"]),
-                   "deferred": len(report["deferred"]), "status": status}
+                   "deferred": len(report["deferred"]),
+                   "damaged_repaired": sum(1 for r in report["damaged"]
+                                           if r["outcome"] == "repaired"),
+                   "status": status}
             if verify:
                 out["under_replicated"] = len(report["under_replicated"])
             if self.conf.recover_abandoned:

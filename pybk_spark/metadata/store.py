@@ -15,6 +15,9 @@ Key layout under the scope prefix ``/<scope>/``:
   idgen                          ledger id counter (CAS)
   bookies/writable/<bookie_id>   registration JSON, under the bookie's lease
   bookies/readonly/<bookie_id>   registration JSON, under the bookie's lease
+  bookies/damaged/<bookie_id>    entry ranges the bookie lost to damage (no lease: it
+                                 outlives restarts); the bookie CAS-merges, the auditor
+                                 CAS-removes what it copied back (protocol/damage_marker.py)
   cookies/<bookie_id>            identity cookie JSON
   instanceid                     cluster instance id
   writers/<ledger id:020d>       writer liveness, under the writer's lease
