@@ -34,9 +34,11 @@ time and healed by the nemesis itself (``HostNetwork.faults``):
 A kind may name one shape: ``partition:writer-etcd`` (``--faults``) draws
 only that shape; ``partition`` draws any.
 
-Bound: at most ``max_link_faults`` (default 1) link faults at once; they do
-not count against the bookie-fault bound (a cut link loses no replica's
-data).  ``counts`` gets the kind, ``shapes`` the ``kind:shape``.
+Bound: at most ``max_link_faults`` (default 1) link faults at once, and the
+next one no sooner than 2-6 s after the last one healed (drawn when it is
+made), so the cut processes get back to work (a writer opens a ledger
+again) before the next cut; they do not count against the bookie-fault
+bound (a cut link loses no replica's data).  ``counts`` gets the kind, ``shapes`` the ``kind:shape``.
 """
 from __future__ import annotations
 
@@ -73,6 +75,7 @@ class LinkNemesis:
                 raise ValueError(f"unknown fault shape {ks!r}: partition:<one of {SHAPES}>")
             self.link_shapes.setdefault(kind, []).append(shape)
         self._links: list[_LinkRepair] = []
+        self._quiet_until = float("-inf")
         self.shapes: collections.Counter = collections.Counter()
 
     @property
@@ -82,6 +85,8 @@ class LinkNemesis:
     def _link_allowed(self, kind: str) -> bool:
         if self._net is None or self.workers is None or len(self._links) >= self.max_link_faults:
             return False
+        if self.clock() < self._quiet_until:
+            return False
         if kind == "netem":
             from pybk_spark.testing.link_faults import netem_unavailable_reason
             return netem_unavailable_reason() is None
@@ -89,7 +94,9 @@ class LinkNemesis:
 
     # -- bookkeeping ------------------------------------------------------------------
     def _cut(self, fid: int, seconds: float, what: str, shape: str) -> bool:
-        self._links.append(_LinkRepair(self.clock() + seconds, fid, what))
+        due = self.clock() + seconds
+        self._links.append(_LinkRepair(due, fid, what))
+        self._quiet_until = max(self._quiet_until, due + self.rng.uniform(2, 6))
         self.shapes[shape] += 1
         self.log(f"nemesis: {what} for {seconds:.1f}s")
         return True

@@ -42,7 +42,7 @@ LINK_KINDS = ["partition", "one_way", "loss", "stall", "netem"]
 # add) with a 3 s lease, so a writer cut off from etcd outlives its lease while
 # it is still adding: the zombie.
 PLANTED = {"recoverer": ["--plant", "unfenced_recovery", "--fence-live", "0"],
-           "ledger-writer": ["--add-pause", "0.1", "--lease-ttl", "3"]}
+           "ledger-writer": ["--add-pause", "0.2", "--lease-ttl", "3"]}
 PLANT_RUN = {"ledger_writers": 2, "logs": 0, "rereplicate": False}   # every writer a zombie-to-be
 PLANT_SEED = 11
 PLANT_SECONDS = 60.0
