@@ -5,7 +5,7 @@ Layout (``pybk_spark.testing.host_cluster.HostCluster``, network namespaces
 on a private bridge, docs/testing.md): etcd on its own host(s) (3 members;
 1 in the quick run), every bookie on its own host, and W writer processes
 (``bench.scaling_writer``), one per host ``client-1..W``.  The cluster
-starts with 3 bookies and grows to 5 and 7 (``HostCluster.add_bookies``);
+starts with 3 bookies and grows to 5 and 7 (``HostCluster.add_bookie``);
 the writer processes live through the whole run (one client each).
 
 One round per bookie count N: each writer gets an E=3 Qw=3 Qa=2 ledger on
@@ -245,6 +245,15 @@ def _round(cluster, writers: Writers, n: int, sz: dict) -> dict:
             "read": _phase("read", writers, pids, idle)}
 
 
+def _grow(cluster, n: int) -> None:
+    """Add bookie hosts up to ``n`` bookies: launched together, then awaited."""
+    new = [f"bookie-{i + 1}" for i in range(len(cluster.bookies), n)]
+    for bid in new:
+        cluster.add_bookie(bid, wait=False)
+    for bid in new:
+        cluster.wait_registered(bid)
+
+
 def measure(quick: bool, work: str) -> dict:
     reason = unavailable_reason()
     if reason:
@@ -259,8 +268,7 @@ def measure(quick: bool, work: str) -> dict:
         writers = Writers(cluster, sz["writers"], data_dir, deadline)
         try:
             for n in BOOKIE_COUNTS:
-                if len(cluster.bookies) < n:
-                    cluster.add_bookies(n - len(cluster.bookies))
+                _grow(cluster, n)
                 rounds[str(n)] = _round(cluster, writers, n, sz)
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"scaling figure over its {sz['deadline_s']} s budget "

@@ -4,6 +4,8 @@
                   [--metadata-uri etcd://HOST:PORT/SCOPE] [--bookie-id ID]
                   [--metrics-port N]
     bookie-server format --conf ... [--metadata-uri ...]   # delete cookie + data
+    bookie-server updatecookie --conf ... [same flags] [--yes]  # the bookie moved:
+                                       # record its new advertised address in the cookie
 
 Without a metadata URI the bookie runs standalone (no registration, no GC).
 SIGTERM/SIGINT: unregister, stop accepting, flush, exit 0.  SIGHUP: reload
@@ -13,10 +15,17 @@ Start-up order: lock the data dir (bookie.lock), bind every port (gRPC,
 add lane, metrics), check that no other live bookie holds the bookie id,
 check the cookie, replay, serve, register.  A refused start writes nothing.
 
+Identity: the bookie listens on ``bind_address`` and registers
+``advertised_address`` (derived when unset: bookie_server/identity.py); the
+cookie records that address, and a start advertising another one is refused
+until ``updatecookie`` records the move.  Health: bookie_server/health.py.
+
 Exit codes: 0 stopped cleanly; 2 refused to start, with a one-line reason:
-bad config, data dir locked by another process (its pid is named), a port
+bad config (a wildcard advertised address, or a loopback one with the
+metadata store on another host), data dir locked by another process (its pid is named), a port
 in use (the port and its setting are named), the bookie id registered by
-another live bookie, an invalid cookie; 3 metadata store unavailable.
+another live bookie, an invalid cookie (also: the advertised address
+changed), updatecookie not confirmed; 3 metadata store unavailable.
 """
 from __future__ import annotations
 
@@ -24,20 +33,22 @@ import argparse
 import gc as pygc
 import logging
 import os
+import shlex
 import signal
 import socket
 import time
 import sys
 import uuid
 
-from bookie_server import cookie
-from bookie_server.background import DiskChecker, GarbageCollector
+from bookie_server import admin_http, cookie, health, identity
+from bookie_server.background import DamagePublisher, DiskChecker, GarbageCollector
 from bookie_server.bookie import Bookie
-from bookie_server.config import load_config
+from bookie_server.config import load_config, replace
 from bookie_server.journal_crc import CRC_IMPLEMENTATION
 from bookie_server.listeners import bind_all
 from bookie_server.metrics import BookieMetrics
 from bookie_server.registration import Registrar
+from bookie_server.scrubber import Scrubber
 from bookie_server.service import add_service, make_add_lane
 from pybk_spark import errors
 from pybk_spark.dirlock import DirLock
@@ -50,38 +61,45 @@ log = logging.getLogger("bookie.main")
 def _parse(argv):
     p = argparse.ArgumentParser(prog="bookie-server", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", nargs="?", choices=["run", "format"], default="run")
+    p.add_argument("command", nargs="?", choices=["run", "format", "updatecookie"],
+                   default="run")
     p.add_argument("--conf")
     p.add_argument("--port", type=int)
     p.add_argument("--bind-address")
+    p.add_argument("--advertised-address")
     p.add_argument("--data-dir")
     p.add_argument("--metadata-uri")
     p.add_argument("--bookie-id")
     p.add_argument("--metrics-port", type=int)
     p.add_argument("--add-lane-port", type=int, help="0 = any free port, -1 = no add lane")
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--yes", action="store_true",
+                   help="updatecookie: the move is confirmed (no question asked)")
     return p.parse_args(argv)
 
 
-def _open_store(uri: str):
+def _open_store(uri: str, cfg=None):
     if not uri:
         return None
-    from pybk_spark.metadata import open_store
-    return open_store(uri)
+    from pybk_spark.metadata import EtcdSecurity, open_store
+    return open_store(uri, EtcdSecurity.from_config(cfg) if cfg is not None else None)
 
 
 def main(argv=None, *, make_bookie=Bookie) -> int:
     """``make_bookie(cfg)`` builds the Bookie: a test seam (tests/chaos/
     faulty_bookie.py passes one with failing or lying syscalls)."""
-    args = _parse(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = _parse(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
     overrides = {"port": args.port, "bind_address": args.bind_address,
+                 "advertised_address": args.advertised_address,
                  "data_dir": args.data_dir, "metadata_uri": args.metadata_uri,
                  "bookie_id": args.bookie_id, "metrics_port": args.metrics_port,
                  "add_lane_port": args.add_lane_port}
     try:
         cfg = load_config(args.conf, overrides)
+        cfg = replace(cfg, advertised_address=identity.effective_host(cfg))
     except (OSError, ValueError, TypeError) as exc:
         print(f"bookie-server: bad configuration: {exc}", file=sys.stderr)
         return 2
@@ -97,6 +115,8 @@ def main(argv=None, *, make_bookie=Bookie) -> int:
         print(f"bookie-server: cannot lock data dir {cfg.data_dir} (data_dir / --data-dir): "
               f"{exc}", file=sys.stderr)
         return 2
+    args.update_hint = shlex.join(["bookie-server", "updatecookie",
+                                   *[a for a in argv if a not in ("run", "format")]])
     rc = _locked_main(args, cfg, make_bookie)
     # Everything durable is fsynced and the lease is revoked; do not let a
     # library's lingering non-daemon thread keep a stopped bookie alive.
@@ -108,16 +128,18 @@ def main(argv=None, *, make_bookie=Bookie) -> int:
 
 def _locked_main(args, cfg, make_bookie=Bookie) -> int:
     bookie_id = cfg.effective_bookie_id()
-    listeners = metrics = None
+    listeners = metrics = readiness = admin = None
     if args.command == "run":
         metrics = BookieMetrics()
+        readiness = health.Readiness(needs_registration=bool(cfg.metadata_uri))
+        admin = admin_http.AdminApi(allow_remote=cfg.admin_http_allow_remote)
         try:
-            listeners = bind_all(cfg, metrics)
+            listeners = bind_all(cfg, metrics, readiness, admin)
         except errors.PortInUse as exc:
             print(f"bookie-server: refusing to start: {exc}", file=sys.stderr)
             return 2
     try:
-        store = _open_store(cfg.metadata_uri)
+        store = _open_store(cfg.metadata_uri, cfg)
     except errors.BKError as exc:
         print(f"bookie-server: cannot open metadata store {cfg.metadata_uri}: {exc}",
               file=sys.stderr)
@@ -131,13 +153,20 @@ def _locked_main(args, cfg, make_bookie=Bookie) -> int:
             cookie.format_bookie(cfg.data_dir, bookie_id, store)
             print(f"bookie-server: formatted {bookie_id} (cookie deleted, data dir emptied)")
             return 0
-        cookie_value = cookie.check_or_create(cfg.data_dir, bookie_id, store)
+        address = f"{cfg.advertised_address}:{cfg.port}"
+        if args.command == "updatecookie":
+            return _update_cookie(cfg, bookie_id, store, address, args.yes)
+        cookie_value = cookie.check_or_create(cfg.data_dir, bookie_id, store,
+                                              address=address, update_hint=args.update_hint)
         if registrar is not None:
             registrar.owner["cookie_instance"] = cookie_value.get("instance_id", "")
         return _serve(cfg, bookie_id, store, args.conf, listeners, metrics, registrar,
-                      make_bookie)
+                      make_bookie, readiness, admin)
     except (errors.InvalidCookie, errors.BookieIdInUse) as exc:
         print(f"bookie-server: refusing to start: {exc}", file=sys.stderr)
+        return 2
+    except errors.MetadataUnauthorized as exc:
+        print(f"bookie-server: metadata store refused access: {exc}", file=sys.stderr)
         return 2
     except errors.MetadataError as exc:
         print(f"bookie-server: metadata store unavailable: {exc}", file=sys.stderr)
@@ -156,11 +185,36 @@ def _registrar(cfg, bookie_id: str, store, listeners) -> Registrar:
              "cookie_instance": local.get("instance_id", "")}
     port = listeners.port if listeners is not None else cfg.port
     lane = listeners.lane_listener if listeners is not None else None
-    lane_address = f"{cfg.bind_address}:{lane.getsockname()[1]}" if lane is not None else ""
-    return Registrar(store, bookie_id, f"{cfg.bind_address}:{port}", cfg.rack,
+    host = cfg.advertised_address          # resolved by main(): bookie_server/identity.py
+    lane_address = f"{host}:{lane.getsockname()[1]}" if lane is not None else ""
+    return Registrar(store, bookie_id, f"{host}:{port}", cfg.rack,
                      cfg.metrics_port, cfg.registration_ttl_s, lane_address, owner=owner,
                      limits={"max_entry_bytes": cfg.max_entry_bytes,
                              "max_batch_bytes": cfg.max_batch_bytes})
+
+
+def _update_cookie(cfg, bookie_id: str, store, address: str, confirmed: bool) -> int:
+    """``updatecookie``: record the bookie's new advertised address in both
+    cookies, after the operator confirms (``--yes``, or ``yes`` typed)."""
+    local = cookie.read_local(cfg.data_dir) or {}
+    old = local.get("address") or "(not recorded)"
+    if old == address:
+        print(f"bookie-server: cookie of {bookie_id} already records {address}")
+        return 0
+    if not confirmed:
+        question = (f"bookie {bookie_id}: change the address recorded in its cookie from {old} "
+                    f"to {address}? Clients will look for it there. Type yes: ")
+        if not sys.stdin.isatty():
+            print(f"bookie-server: refusing to update the cookie without confirmation: "
+                  f"{question.split('?')[0]}? Pass --yes", file=sys.stderr)
+            return 2
+        if input(question).strip().lower() != "yes":
+            print("bookie-server: cookie not changed", file=sys.stderr)
+            return 2
+    previous = cookie.update_address(cfg.data_dir, bookie_id, store, address)
+    print(f"bookie-server: cookie of {bookie_id} updated: address {previous or '(none)'} "
+          f"-> {address}")
+    return 0
 
 
 def _freeze_startup_heap() -> None:
@@ -174,7 +228,7 @@ def _freeze_startup_heap() -> None:
 
 
 def _serve(cfg, bookie_id: str, store, conf_path, listeners, metrics, registrar,
-           make_bookie=Bookie) -> int:
+           make_bookie=Bookie, readiness=None, admin=None) -> int:
     # Signal handlers only flip plain flags: taking a lock (Event.set) inside a
     # handler can deadlock when the signal lands while the main thread holds
     # that same lock.  The main loop polls the flags.
@@ -186,9 +240,13 @@ def _serve(cfg, bookie_id: str, store, conf_path, listeners, metrics, registrar,
     bookie = make_bookie(cfg, metrics=metrics).open()
     server, port = listeners.server, listeners.port
     add_service(server, bookie, cfg, bookie_id)
+    readiness = readiness or health.Readiness(needs_registration=registrar is not None)
+    health.add_grpc_health(server, readiness)
+    bookie.add_mode_listener(lambda ro: readiness.set(read_only=ro))
     lane = make_add_lane(bookie, cfg, bookie_id,     # listening before Health answers
                          listeners.lane_listener)
     server.start()
+    readiness.set(serving=True, read_only=bookie.read_only)
     if registrar is not None:          # disk full, journal failure: the registry follows
         bookie.add_mode_listener(registrar.set_read_only)
     checker = DiskChecker(bookie, cfg, on_change=lambda ro: None)
@@ -203,14 +261,25 @@ def _serve(cfg, bookie_id: str, store, conf_path, listeners, metrics, registrar,
             checker.stop()
             bookie.close()
             raise
+        readiness.set(registered=True)
     ledger_gc = GarbageCollector(bookie, store, cfg.gc_interval_s) if store is not None else None
     if ledger_gc is not None:
         ledger_gc.start()
+    publisher = (DamagePublisher(bookie, store, bookie_id, cfg.registration_ttl_s)
+                 if store is not None else None)
+    if publisher is not None:
+        publisher.start()
+    if admin is not None:
+        admin.attach(bookie, bookie_id, store=store, gc=ledger_gc, readiness=readiness,
+                     disk_full=lambda: checker.usage_fn() >= checker.threshold)
+    scrubber = Scrubber(bookie, cfg.scrub_interval_s, cfg.scrub_rate_bytes_per_s)
+    scrubber.start()
     _freeze_startup_heap()
     lane_port = lane.port if lane is not None else -1
     log.info("event=bookie_ready bookie_id=%s port=%d add_lane_port=%d data_dir=%s "
-             "read_only=%s journal_crc=%s", bookie_id, port, lane_port, cfg.data_dir,
-             bookie.read_only, CRC_IMPLEMENTATION)
+             "read_only=%s journal_crc=%s bind_address=%s advertised_address=%s", bookie_id,
+             port, lane_port, cfg.data_dir, bookie.read_only, CRC_IMPLEMENTATION,
+             cfg.bind_address, cfg.advertised_address)
     print(f"bookie-server ready bookie_id={bookie_id} port={port} add_lane_port={lane_port}",
           flush=True)
 
@@ -230,6 +299,7 @@ def _serve(cfg, bookie_id: str, store, conf_path, listeners, metrics, registrar,
                 log.error("event=config_reload_failed error=%r", exc)
 
     log.info("event=bookie_stopping bookie_id=%s", bookie_id)
+    readiness.set(stopping=True)       # probes see it before the registration goes
     if registrar is not None:
         registrar.stop()
     if lane is not None:
@@ -238,6 +308,9 @@ def _serve(cfg, bookie_id: str, store, conf_path, listeners, metrics, registrar,
     checker.stop()
     if ledger_gc is not None:
         ledger_gc.stop()
+    scrubber.stop()
+    if publisher is not None:
+        publisher.stop()
     bookie.close()
     log.info("event=bookie_stopped bookie_id=%s", bookie_id)
     return 0

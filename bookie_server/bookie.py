@@ -39,10 +39,17 @@ the journal after it are what the restart replays.  Reads go on.  Replay may
 find records never acknowledged (the failed fsync may have persisted them):
 BookKeeper's model allows it, and every LAC they carry was confirmed by
 their writer, so the ledger state stays consistent.
+
+Damage (``damage.py``): replay skips damaged journal records and the
+scrubber takes damaged stored batches out of the index; the entries they may
+have held go into ``lost`` (persisted in the checkpoint, published to the
+metadata store for the auditor).  A read of a lost, not re-stored id answers
+BookieIOError, never NoSuchEntry.
 """
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import logging
 import os
@@ -57,7 +64,7 @@ from typing import Callable, Optional
 import numpy as np
 import pyarrow as pa
 
-from bookie_server import compaction, journal_replay, store_index
+from bookie_server import compaction, damage, journal_replay, store_index
 from bookie_server.admission import AddAdmission
 from bookie_server import ledger_state as ls
 from bookie_server.config import BookieConfig, MiB
@@ -163,6 +170,7 @@ class Bookie:
         self.states: dict[int, ls.LedgerState] = {}
         self.cond = threading.Condition(threading.RLock())
         self.read_only = False
+        self.admin_read_only = False     # set by the operator (admin HTTP API): kept until cleared
         self.io_error: Optional[str] = None     # set once storage failed (pinned read-only)
         self._mode_listeners: list[Callable[[bool], None]] = []
         self._applied = Position(0, 0)
@@ -176,6 +184,7 @@ class Bookie:
                                       lambda: self.store.write_cache_bytes,
                                       on_refused=self.metrics.adds_refused.inc,
                                       on_full=self._flush_wanted.set)
+        self.lost = damage.LostSet()
 
     # -- lifecycle ----------------------------------------------------------------------
     def open(self, *, background: bool = True) -> "Bookie":
@@ -186,10 +195,16 @@ class Bookie:
         # (ones still holding indexed batches) and resurrects state that later,
         # since-deleted files had undone - e.g. a GC-deleted ledger's fence.
         self._applied = start
-        for pos, rtype, body in journal_replay.replay(self.journal.dir, start):
-            self._apply_record(rtype, body, (pos.seq, pos.offset - len(body)))
+        tracker = damage.ReplayTracker(self.store.max_entry, self.store.ledger_ids)
+        for pos, rtype, body in journal_replay.replay(self.journal.dir, start, tracker.on_damage):
+            ledger_id, last_id = self._apply_record(rtype, body, (pos.seq, pos.offset - len(body)))
+            if ledger_id is not None:
+                tracker.on_record(ledger_id, last_id)
             self._applied = pos
             self.replayed_records += 1
+        if tracker.damages:
+            self.report_lost(tracker.ranges(functools.partial(damage.store_gaps, self.store)),
+                             unattributed=True)
         self.journal.start(self._on_durable)
         with self.cond:     # every record before the fresh file is applied now
             self._applied = max(self._applied, Position(self.journal.durable_position.seq, 0))
@@ -258,16 +273,19 @@ class Bookie:
         self.store.drop_ledger(ledger_id)
 
     def _apply_record(self, rtype: int, body: bytes,
-                      location: tuple[int, int] | None = None) -> None:
+                      location: tuple[int, int] | None = None) -> tuple[Optional[int], Optional[int]]:
+        """Returns (ledger, last entry id of an add) for the damage tracker."""
         if rtype == RecordType.ADD_BATCH:
             try:
                 batch = batch_from_bytes(body)
             except errors.BadRequest as exc:
                 log.error("event=replay_bad_batch error=%r", exc)
-                return
-            if batch.num_rows:
-                self._apply_batch(batch.column(0)[0].as_py(), batch, body, location)
-            return
+                return None, None
+            if not batch.num_rows:
+                return None, None
+            ledger_id = batch.column(0)[0].as_py()
+            self._apply_batch(ledger_id, batch, body, location)
+            return ledger_id, batch.column(1)[batch.num_rows - 1].as_py()
         (ledger_id,) = LEDGER.unpack_from(body)
         if rtype == RecordType.FENCE:
             self.states[ledger_id] = ls.apply_fence(self._state(ledger_id))
@@ -278,6 +296,35 @@ class Bookie:
             self.states[ledger_id] = ls.apply_explicit_lac(self._state(ledger_id), lac)
         elif rtype == RecordType.LEDGER_DELETED:
             self._apply_delete(ledger_id)
+        return ledger_id, None
+
+    # -- damage (damage.py) ------------------------------------------------------------------
+    def report_lost(self, ranges: list[tuple[int, int, int]], unattributed: bool = False) -> None:
+        """Entries this bookie may have lost (journal replay, scrubber): reads
+        of them answer BookieIOError until the auditor has copied them back."""
+        self.lost.report(ranges, unattributed)
+        self.metrics.damaged_ranges.set(len(self.lost.ranges()))
+
+    def quarantine_batch(self, ref_id: int, ledger_id: int,
+                         good: Optional[pa.RecordBatch] = None) -> list[tuple[int, int, int]]:
+        """The scrubber found a stored batch damaged: out of the index, its
+        intact rows (``good``) re-stored, the rest reported lost.  Under the
+        checkpoint lock: no checkpoint persists the index without the batch
+        and without the lost ranges."""
+        with self._ckpt_lock, self.cond:
+            lost = damage.quarantine(self.store, ref_id, ledger_id, good)
+            if lost:
+                self.report_lost(lost)
+            return lost
+
+    def _check_lost(self, ledger_id: int, entry_id: int) -> None:
+        """Unattributed damage: any ledger's tail may be lost (a ledger none of
+        whose records since the checkpoint survived is named by no range)."""
+        if self.lost and (self.lost.covers(ledger_id, entry_id) or (
+                self.lost.unattributed and entry_id > self.store.max_entry(ledger_id))):
+            raise errors.BookieIOError(
+                f"entry {ledger_id}:{entry_id} was lost to damage on this bookie and is "
+                "not yet re-replicated (event=entries_missing)")
 
     # -- operations ------------------------------------------------------------------------
     def add_async(self, ledger_id: int, master_key: bytes, data: bytes,
@@ -359,8 +406,15 @@ class Bookie:
                                    or self._stop.is_set(), timeout_s)
         with self.cond:
             if not self._known(ledger_id):
-                raise errors.NoSuchLedger(ledger_id=ledger_id)
+                self._unknown_ledger(ledger_id)
         return self.lac_of(ledger_id)
+
+    def _unknown_ledger(self, ledger_id: int) -> None:
+        if self.lost.unattributed or self.lost.has_ledger(ledger_id):
+            raise errors.BookieIOError(
+                f"ledger {ledger_id} not found, but this bookie lost journal records to damage "
+                "(event=journal_damage) and is not yet re-replicated")
+        raise errors.NoSuchLedger(ledger_id=ledger_id)
 
     def read(self, ledger_id: int, first: int, last: int, *, max_entries: int = 0,
              max_bytes: int = 0, fence: bool = False, master_key: bytes = b"",
@@ -373,7 +427,9 @@ class Bookie:
         max_bytes = min(max_bytes or self.cfg.max_read_bytes, self.cfg.max_read_bytes)
         with self.cond:
             if not self._known(ledger_id):
-                raise errors.NoSuchLedger(ledger_id=ledger_id)
+                if sparse:      # copies / replicas checks: never a recovery decision
+                    raise errors.NoSuchLedger(ledger_id=ledger_id)
+                self._unknown_ledger(ledger_id)
         if stripe is not None and not (sparse and 0 <= stripe[1] < stripe[0]):
             raise errors.BadRequest(f"stripe {stripe} needs a sparse read and 0 <= slot < ensemble")
         batch, limited = self.store.read(ledger_id, first, last, max_entries, max_bytes,
@@ -382,6 +438,7 @@ class Bookie:
         if sparse:   # every stored id in range; an empty answer is not an error
             return ReadResult(batch, "LIMIT" if limited else "COMPLETE", lac.lac, lac.fenced)
         if batch.num_rows == 0:
+            self._check_lost(ledger_id, first)
             raise errors.NoSuchEntry(ledger_id=ledger_id, entry_id=first)
         got_last = first + batch.num_rows - 1
         end = "COMPLETE" if got_last >= last else ("LIMIT" if limited else "MISSING")
@@ -392,7 +449,7 @@ class Bookie:
         bookie stays read-only until it is restarted (and its journal
         replayed): nothing may be acknowledged that was not made durable."""
         with self.cond:
-            if not value and self.io_error is not None:
+            if not value and (self.io_error is not None or self.admin_read_only):
                 value = True
             changed = self.read_only != value
             self.read_only = value
@@ -406,6 +463,15 @@ class Bookie:
                 except Exception:  # noqa: BLE001 - e.g. etcd down: the registrar retries
                     log.exception("event=mode_listener_error")
         return changed
+
+    def set_admin_read_only(self, value: bool, disk_full: bool = False) -> bool:
+        """The operator's read-only switch (``PUT /api/v1/bookie/state/readonly``):
+        while set, nothing (not the disk checker) makes the bookie writable.
+        Clearing it leaves the bookie read-only if ``disk_full`` or storage failed."""
+        with self.cond:
+            self.admin_read_only = value
+        self.set_read_only(value or disk_full)
+        return self.read_only
 
     def add_mode_listener(self, listener: Callable[[bool], None]) -> None:
         """``listener(read_only)`` after every mode change (the registrar)."""
@@ -515,7 +581,8 @@ class Bookie:
                 w.write_table(table)
         self._fsync_path(index_path)
         doc = {"version": 1, "generation": self._ckpt_gen, "journal_seq": position.seq,
-               "journal_offset": position.offset, "index": index_name, "states": states}
+               "journal_offset": position.offset, "index": index_name, "states": states,
+               "lost": self.lost.to_json()}
         tmp = os.path.join(self.data_dir, CHECKPOINT + ".tmp")
         with open(tmp, "w", encoding="utf-8") as fh:
             json.dump(doc, fh)
@@ -541,6 +608,10 @@ class Bookie:
         for d in doc["states"]:
             s = ls.LedgerState.from_json(d)
             self.states[s.ledger_id] = s
+        self.lost = damage.LostSet.from_json(doc.get("lost"))
+        if self.lost:
+            log.warning("event=damage_outstanding ranges=%d unattributed=%s",
+                        len(self.lost.ranges()), self.lost.unattributed)
         return Position(int(doc["journal_seq"]), int(doc["journal_offset"]))
 
     def _fsync_path(self, path: str) -> None:

@@ -16,10 +16,11 @@ MiB = 1024 * 1024
 @dataclass
 class BookieConfig:
     port: int = 3181
-    bind_address: str = "127.0.0.1"
+    bind_address: str = "127.0.0.1"       # 0.0.0.0 / :: = every interface
+    advertised_address: str = ""         # registered host; empty = derived (bookie_server/identity.py)
     data_dir: str = "./data/bookie"
     metadata_uri: str = ""               # empty = standalone (no registration, no GC)
-    bookie_id: str = ""                  # empty = "<bind_address>:<port>"
+    bookie_id: str = ""                  # empty = "<advertised address>:<port>"
     rack: str = "/default-rack"
     # journal / group commit
     journal_max_group_wait_ms: float = 2.0
@@ -44,6 +45,9 @@ class BookieConfig:
     write_cache_max_bytes: int = 128 * MiB
     flush_interval_s: float = 5.0
     compaction_min_live_ratio: float = 0.5
+    # scrubber: re-check stored batches' digests in the background (scrubber.py)
+    scrub_interval_s: float = 86400.0    # seconds between passes; 0 = no scrubber
+    scrub_rate_bytes_per_s: int = 32 * MiB
     # disk
     disk_usage_threshold: float = 0.95
     disk_usage_lwm: float = 0.90
@@ -58,9 +62,16 @@ class BookieConfig:
     lane_hello_timeout_s: float = 10.0   # a connection must send magic + hello within this
     long_poll_max_timeout_ms: int = 60000
     metrics_port: int = 0                # 0 = no Prometheus endpoint
+    admin_http_allow_remote: bool = False  # admin API (/api/v1) answers loopback peers only
+    # etcd TLS / authentication (pybk_spark/metadata/security.py; "" = unset)
+    etcd_ca_file: str = ""
+    etcd_cert_file: str = ""
+    etcd_key_file: str = ""
+    etcd_user: str = ""
+    etcd_password_file: str = ""
 
     def effective_bookie_id(self) -> str:
-        return self.bookie_id or f"{self.bind_address}:{self.port}"
+        return self.bookie_id or f"{self.advertised_address or self.bind_address}:{self.port}"
 
     def grpc_message_limit(self) -> int:
         return self.max_batch_bytes + 4 * MiB
@@ -131,6 +142,10 @@ def validate(cfg: BookieConfig) -> None:
         raise ValueError("lane_max_connections must be >= 1")
     if cfg.lane_hello_timeout_s <= 0:
         raise ValueError("lane_hello_timeout_s must be > 0")
+    if cfg.scrub_interval_s < 0:
+        raise ValueError("scrub_interval_s must be >= 0 (0 = no scrubber)")
+    if cfg.scrub_rate_bytes_per_s <= 0:
+        raise ValueError("scrub_rate_bytes_per_s must be > 0")
     if cfg.journal_page_cache_keep_mb < -1:
         raise ValueError("journal_page_cache_keep_mb must be -1 (never drop) or >= 0")
 

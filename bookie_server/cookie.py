@@ -15,6 +15,18 @@ Theory of operation
     silently skipping it would be the same as a wiped disk.
 ``format`` (the escape hatch, like BookKeeper's bookieformat) deletes the etcd
 cookie and the local data so the bookie can join as a new one.
+
+The cookie also records the bookie's advertised address (``address``,
+``host:port`` of gRPC, bookie_server/identity.py), as BookKeeper's cookie
+records its bookie host.  ``decide_address(recorded, current)`` (pure):
+  * no address recorded (a cookie from before addresses were recorded)
+    -> RECORD it now, in both copies;
+  * the same address -> OK;
+  * another address -> refuse with InvalidCookie: the data dir was last
+    served at another address, which clients and ledger metadata may still
+    name.  ``update_address`` (``bookie-server updatecookie``, BookKeeper's
+    ``bookkeeper shell updatecookie``) rewrites both copies once an operator
+    confirms the move.
 """
 from __future__ import annotations
 
@@ -28,7 +40,7 @@ from pybk_spark import errors
 
 LOCAL_NAME = "cookie.json"
 LOCK_NAME = "bookie.lock"     # the data dir's lock (pybk_spark/dirlock.py): not data
-CREATE, OK = "create", "ok"
+CREATE, OK, RECORD = "create", "ok", "record"
 ENTRY_FORMAT = 2          # 2: entries carry ``length`` (pybk_spark/wire/entries.py)
 
 
@@ -75,9 +87,25 @@ def _format_ok(local: dict) -> str:
     return OK
 
 
-def new_cookie(bookie_id: str, rng_uuid=uuid.uuid4) -> dict:
-    return {"bookie_id": bookie_id, "instance_id": str(rng_uuid()), "version": 1,
-            "entry_format": ENTRY_FORMAT}
+def decide_address(bookie_id: str, recorded: Optional[str], current: str,
+                   update_hint: str = "") -> str:
+    if not current or recorded == current:
+        return OK
+    if not recorded:
+        return RECORD
+    raise errors.InvalidCookie(
+        f"bookie {bookie_id!r} was registered at {recorded} but now advertises {current} "
+        f"(advertised_address / bind_address / port): refusing to start.  If the bookie "
+        f"really moved, record the new address with: "
+        f"{update_hint or 'bookie-server updatecookie (with the same flags)'}")
+
+
+def new_cookie(bookie_id: str, rng_uuid=uuid.uuid4, address: str = "") -> dict:
+    cookie = {"bookie_id": bookie_id, "instance_id": str(rng_uuid()), "version": 1,
+              "entry_format": ENTRY_FORMAT}
+    if address:
+        cookie["address"] = address
+    return cookie
 
 
 def read_local(data_dir: str) -> Optional[dict]:
@@ -104,17 +132,28 @@ def has_data(data_dir: str) -> bool:
     return any(n not in (LOCAL_NAME, LOCK_NAME) for n in os.listdir(data_dir))
 
 
-def check_or_create(data_dir: str, bookie_id: str, store=None) -> dict:
-    """Verify identity; create the cookies on first start.  Raises InvalidCookie."""
+def _read_remote(store, bookie_id: str):
+    got = store.get(cookie_key(bookie_id)) if store is not None else None
+    return (json.loads(got.value), got.version) if got is not None else (None, None)
+
+
+def check_or_create(data_dir: str, bookie_id: str, store=None, address: str = "",
+                    update_hint: str = "") -> dict:
+    """Verify identity (and the advertised ``address``); create the cookies
+    on first start.  Raises InvalidCookie."""
     local = read_local(data_dir)
-    remote = None
-    if store is not None:
-        got = store.get(cookie_key(bookie_id))
-        remote = json.loads(got.value) if got is not None else None
+    remote, version = _read_remote(store, bookie_id)
     action = decide(bookie_id, local, remote, has_data(data_dir), standalone=store is None)
     if action == OK:
-        return local
-    cookie = local or remote or new_cookie(bookie_id)
+        for recorded in (local.get("address"), (remote or {}).get("address")):
+            decide_address(bookie_id, recorded, address, update_hint)
+        if address and (local.get("address") != address
+                        or (remote is not None and remote.get("address") != address)):
+            _write_address(data_dir, bookie_id, store, local, remote, version, address)
+        return read_local(data_dir)
+    cookie = local or remote or new_cookie(bookie_id, address=address)
+    if address and not cookie.get("address"):
+        cookie = {**cookie, "address": address}
     if store is not None and remote is None:
         try:
             store.put_if_absent(cookie_key(bookie_id), json.dumps(cookie).encode())
@@ -123,6 +162,32 @@ def check_or_create(data_dir: str, bookie_id: str, store=None) -> dict:
                                        "concurrently") from None
     write_local(data_dir, cookie)
     return cookie
+
+
+def _write_address(data_dir, bookie_id, store, local, remote, version, address) -> None:
+    """Both copies now say ``address``: etcd first (by CAS), then the disk."""
+    if remote is not None:
+        try:
+            store.compare_and_swap(cookie_key(bookie_id),
+                                   json.dumps({**remote, "address": address}).encode(), version)
+        except errors.MetadataVersion:
+            raise errors.InvalidCookie(f"cookie {bookie_id!r} changed in metadata concurrently; "
+                                       "retry") from None
+    write_local(data_dir, {**local, "address": address})
+
+
+def update_address(data_dir: str, bookie_id: str, store, address: str) -> Optional[str]:
+    """``bookie-server updatecookie``: record ``address`` in both copies of a
+    valid cookie (same bookie id and instance); returns the old address.
+    Raises InvalidCookie for anything ``decide`` would refuse."""
+    local = read_local(data_dir)
+    remote, version = _read_remote(store, bookie_id)
+    if local is None:
+        raise errors.InvalidCookie(f"data dir {data_dir} has no cookie.json: nothing to update")
+    decide(bookie_id, local, remote, has_data(data_dir), standalone=store is None)
+    old = local.get("address") or (remote or {}).get("address")
+    _write_address(data_dir, bookie_id, store, local, remote, version, address)
+    return old
 
 
 def format_bookie(data_dir: str, bookie_id: str, store=None) -> None:

@@ -485,6 +485,30 @@ class EntryStore:
                     pass
             self._batch_cache.clear()
 
+    # -- damage (scrubber) -------------------------------------------------------------
+    def flushed_refs(self) -> list[tuple[int, Ref, str]]:
+        """(ref id, ref, file path) of every batch stored in a file, by position."""
+        with self.lock:
+            out = [(r, ref, self._seg_path(ref.segment)) for r, ref in self.refs.items()
+                   if ref.batch is None]
+        return sorted(out, key=lambda p: (p[1].segment, p[1].offset))
+
+    def quarantine(self, ref_id: int) -> list[tuple[int, int]]:
+        """Take a damaged stored batch out of the index; the (first, last)
+        id runs it held (no longer stored here).  [] if it is gone already."""
+        with self.lock, self._io_lock:
+            ref = self.refs.pop(ref_id, None)
+            idx = self.ledgers.get(ref.ledger) if ref is not None else None
+            if idx is None:
+                return []
+            starts, ends, refs, _rows = idx.table_parts()
+            mine = refs == ref_id
+            out = list(zip(starts[mine].tolist(), ends[mine].tolist()))
+            idx.remove_refs(np.array([ref_id], np.int64))
+            self.segment_live[ref.segment] = self.segment_live.get(ref.segment, 0) - ref.length
+            self._batch_cache.pop((ref.segment << 40) | ref.offset, None)
+            return out
+
     # -- info -----------------------------------------------------------------------
     def ledger_ids(self) -> list[int]:
         with self.lock:

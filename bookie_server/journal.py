@@ -49,9 +49,9 @@ Ordering obligations:
     clock: tests pass failing or lying ones (fault injection, the chaos
     checker's planted bug); production passes nothing.
   * Replay (``journal_replay.replay``, before ``start``) reads the files back
-    from a checkpoint position, checking each CRC, and truncates a torn or
-    corrupt tail.  Writing always starts a fresh file, so only tails can be
-    torn.
+    from a checkpoint position, checking each CRC; it skips a damaged record
+    (resynchronising on the next valid frame) and truncates only a torn
+    tail.  Writing always starts a fresh file, so only tails can be torn.
   * Files wholly before a checkpoint are deleted by ``delete_before``, except
     the ones the entry store still reads: big add batches are not copied out
     of the journal, the store indexes them where the journal wrote them

@@ -27,11 +27,13 @@ class Listeners:
     port: int
     lane_listener: Optional[socket.socket]
     metrics_port: int                   # 0 = none
+    http: object = None                 # the metrics/health/ready HTTP server, if any
 
 
-def bind_all(cfg: BookieConfig, metrics) -> Listeners:
+def bind_all(cfg: BookieConfig, metrics, readiness=None, admin=None) -> Listeners:
     """Bind gRPC (``port``), the add lane (``add_lane_port``) and the
-    Prometheus endpoint (``metrics_port``, serving ``metrics`` at once).
+    HTTP endpoint (``metrics_port``: Prometheus ``/metrics``, ``/health``,
+    ``/ready`` from ``readiness``, the admin API ``admin``; serving at once).
     Raises ``errors.PortInUse``; on failure nothing stays bound."""
     from bookie_server.add_lane import bind_listener
     from bookie_server.service import bind_server
@@ -41,7 +43,7 @@ def bind_all(cfg: BookieConfig, metrics) -> Listeners:
         server, port = bind_server(cfg)
     except OSError as exc:
         raise _in_use(cfg.bind_address, cfg.port, "port / --port", exc) from None
-    lane = None
+    lane = http = None
     try:
         if cfg.add_lane_port >= 0:
             try:
@@ -51,7 +53,7 @@ def bind_all(cfg: BookieConfig, metrics) -> Listeners:
                               "add_lane_port / --add-lane-port", exc) from None
         if cfg.metrics_port:
             try:
-                metrics.serve(cfg.metrics_port, cfg.bind_address)
+                http = metrics.serve(cfg.metrics_port, cfg.bind_address, readiness, admin)
             except OSError as exc:
                 raise _in_use(cfg.bind_address, cfg.metrics_port,
                               "metrics_port / --metrics-port", exc) from None
@@ -60,7 +62,7 @@ def bind_all(cfg: BookieConfig, metrics) -> Listeners:
             lane.close()
         server.stop(None)
         raise
-    return Listeners(server, port, lane, cfg.metrics_port)
+    return Listeners(server, port, lane, cfg.metrics_port, http)
 
 
 def _probe(address: str, port: int, setting: str) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _LAT = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
@@ -47,6 +47,13 @@ class BookieMetrics:
                                     "max_add_memory_bytes)", registry=r)
         self.checkpoints = Counter("bookie_checkpoints", "checkpoints written", registry=r)
         self.gc_ledgers = Counter("bookie_gc_ledgers_deleted", "ledgers reclaimed by GC", registry=r)
+        self.damaged_ranges = Gauge("bookie_damaged_ranges",
+                                    "entry ranges lost to damage, not yet re-replicated "
+                                    "(event=entries_missing)", registry=r)
+        self.scrub_bytes = Counter("bookie_scrub_bytes", "stored bytes checked by the scrubber",
+                                   registry=r)
+        self.scrub_damaged = Counter("bookie_scrub_damaged_batches",
+                                     "stored batches the scrubber found damaged", registry=r)
 
     def journal_fsync(self, seconds: float, group_len: int, nbytes: int) -> None:
         self.fsync_latency.observe(seconds)
@@ -61,5 +68,8 @@ class BookieMetrics:
         self.write_cache.set_function(write_cache)
         self.journal_live.set_function(journal_live)
 
-    def serve(self, port: int, addr: str = "127.0.0.1"):
-        return start_http_server(port, addr=addr, registry=self.registry)
+    def serve(self, port: int, addr: str = "127.0.0.1", readiness=None, admin=None):
+        """``/metrics`` plus ``/health`` and ``/ready`` (bookie_server/health.py)
+        and the admin API (bookie_server/admin_http.py) when ``admin`` is given."""
+        from bookie_server.health import serve_http
+        return serve_http(port, addr, self.registry, readiness, admin)

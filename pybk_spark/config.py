@@ -32,6 +32,13 @@ class ClientConfig:
     placement_policy: str = "random"
     writer_lease_ttl_s: int = 10
     metadata_retries: int = 100
+    # etcd TLS / authentication (pybk_spark/metadata/security.py; also accepted
+    # as query parameters of the metadata URI)
+    etcd_ca_file: str = ""
+    etcd_cert_file: str = ""
+    etcd_key_file: str = ""
+    etcd_user: str = ""
+    etcd_password_file: str = ""
 
     def with_overrides(self, values: Mapping[str, object]) -> "ClientConfig":
         known = {f.name: f.type for f in fields(self)}

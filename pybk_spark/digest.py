@@ -37,6 +37,14 @@ class Digester:
         self.digest_type = digest_type
         self._key = master_key(password)
 
+    @classmethod
+    def with_key(cls, digest_type: str, key: bytes) -> "Digester":
+        """A digester from the master key itself (a bookie knows the key the
+        writer sent, never the password)."""
+        d = cls(digest_type)
+        d._key = key
+        return d
+
     def one(self, ledger_id: int, entry_id: int, lac: int, length: int, payload) -> bytes:
         """Digest of one entry; ``payload`` is bytes or any read-only buffer
         (a pyarrow Buffer slice is hashed in place)."""

@@ -14,6 +14,7 @@ import functools
 import time
 from typing import Callable, Iterable, Optional
 
+from pybk_spark.admin import damage_repair
 from pybk_spark.admin import recover as rec
 from pybk_spark.admin import rereplicate as rr
 from pybk_spark.admin.report import Progress, table
@@ -91,6 +92,7 @@ def run_rereplicate(bk, metadata_uri: str, mapper: Mapper, *, bookies: Iterable[
                     "rereplicate") if result.work else []
     copies = copies + result.unplaced
     summary = rr.copy_summary(copies, clock() - t0)
+    damaged = damage_repair.repair_damaged(bk, password)   # bookies/damaged/ markers
     under: list[dict] = []
     if verify:
         ids = bk.list_ledgers()
@@ -98,11 +100,13 @@ def run_rereplicate(bk, metadata_uri: str, mapper: Mapper, *, bookies: Iterable[
                            "verify", one_per_task=False):
             under.extend(rows)
     report = {"lost": sorted(result.lost), "fenced": fenced, "deferred": result.deferred,
-              "copies": copies, "summary": summary, "ledgers": result.ledgers}
+              "copies": copies, "summary": summary, "ledgers": result.ledgers,
+              "damaged": damaged}
     if verify:
         report["under_replicated"] = under
     failed = [r for r in copies if r["outcome"] == "failed"] + \
-             [r for r in fenced if r["outcome"] == "failed"]
+             [r for r in fenced if r["outcome"] == "failed"] + \
+             [r for r in damaged if r["outcome"] == "failed"]
     lines = [f"lost bookies: {', '.join(sorted(result.lost)) or '(none)'}  "
              f"(ledgers audited: {result.ledgers})"]
     if fenced:
@@ -114,6 +118,9 @@ def run_rereplicate(bk, metadata_uri: str, mapper: Mapper, *, bookies: Iterable[
     lines.append(f"copied {summary['entries']} entries, {summary['bytes'] / 1e6:.2f} MB in "
                  f"{summary['seconds']:.2f}s ({summary['mb_per_s']:.2f} MB/s), "
                  f"{summary['fragments']} fragments, {summary['failed']} failed")
+    if damaged:
+        lines.append("damaged bookies (bookies/damaged/), entries copied back:\n" +
+                     table(damaged, damage_repair.COLUMNS))
     if verify:
         lines.append("verify: " + ("every entry has its Qw replicas" if not under else
                                    "UNDER-REPLICATED:\n" + table(under, rr.VERIFY_COLUMNS)))

@@ -275,13 +275,16 @@ def _chunks(rows: pa.Table, max_entries: int, max_bytes: int):
 
 # -- verify ------------------------------------------------------------------------------------------
 def verify_ledger(bk, ledger_id: int, password: Optional[bytes] = None, *,
-                  repair: bool = False) -> list[dict]:
+                  repair: bool = False, bookies: Optional[set] = None,
+                  copied: Optional[list] = None) -> list[dict]:
     """Under-replicated (fragment, bookie) rows of one ledger; [] if healthy.
 
     With ``repair``, copies a live bookie lacks (an entry acknowledged at Qa
-    whose other writes failed before an ensemble change) are filled in from
-    the other replicas with recovery adds, like BookKeeper's auditor does;
-    only what could not be repaired is reported."""
+    whose other writes failed before an ensemble change, or one it lost to
+    damage) are filled in from the other replicas with recovery adds, like
+    BookKeeper's auditor does; only what could not be repaired is reported.
+    ``bookies``: check only these bookies' slots; ``copied``: gets the id
+    array of every fill-in."""
     try:
         md = bk.get_ledger_metadata(ledger_id)
     except errors.NoSuchLedger:
@@ -290,18 +293,24 @@ def verify_ledger(bk, ledger_id: int, password: Optional[bytes] = None, *,
     key = lm.master_key(pw)
     conf = bk.conf
     out = []
+    only = bookies
     for first, last, bookies in md.fragments():
         if last == -1:
             continue            # still being written: checked once closed
         E, Qw = len(bookies), md.write_quorum
         for slot, b in enumerate(bookies):
+            if only is not None and b not in only:
+                continue
             want = es.slot_entries(first, last, E, Qw, slot)
             got = read_ids(bk.transports.get(b), ledger_id, want, key,
                            max_entries=SPARSE_READ_ENTRIES,
                            max_bytes=conf.read_batch_bytes, timeout=conf.read_timeout_s)
             missing = np.setdiff1d(want, got.present_ids())
             if len(missing) and repair and not got.unreachable:
+                before = missing
                 missing = _fill_in(bk, md, first, last, bookies, slot, missing, key, pw)
+                if copied is not None and len(before) > len(missing):
+                    copied.append(np.setdiff1d(before, missing))
             if len(missing):
                 out.append({"ledger": ledger_id, "fragment": f"{first}-{last}", "bookie": b,
                             "missing": int(len(missing)), "entries": es.ranges_text(missing),

@@ -5,7 +5,7 @@ import argparse
 import time
 
 from pybk_spark import cli
-from pybk_spark.admin import audit
+from pybk_spark.admin import audit, damage_repair
 from pybk_spark.admin import orchestrate as orch
 from pybk_spark.admin import rereplicate as rr
 from pybk_spark.admin.report import table
@@ -144,12 +144,19 @@ def _listunderreplicated(args) -> int:
         named = _unregistered(bk) if args.delay <= 0 else []
         res = rr.run_audit(bk, delay_s=args.delay, grace_s=float("inf"), mark=False,
                            plan=False, named=named)
+        markers = damage_repair.read_markers(bk.metadata_store)
     rows = [{"ledger": w.ledger_id, "fragment": f"{w.first}-{w.last}", "bookie": w.lost,
              "state": "complete"} for w in res.work]
     rows += [{"ledger": d["ledger"], "fragment": "last (open)", "bookie": "",
               "state": "being written"} for d in res.deferred]
     rows += [{"ledger": lid, "fragment": "last (open)", "bookie": "",
               "state": "writer gone"} for lid in res.fence]
+    for bookie, _v, ranges, unattributed in markers:
+        rows += [{"ledger": lid, "fragment": f"entries {first}-{'end' if last < 0 else last}",
+                  "bookie": bookie, "state": "damaged"} for lid, first, last in ranges]
+        if unattributed:
+            rows.append({"ledger": "*", "fragment": "any", "bookie": bookie,
+                         "state": "damaged (unattributed)"})
     data = {"lost": sorted(res.lost), "under_replicated": rows}
     text = (f"lost/unregistered bookies: {', '.join(sorted(res.lost)) or '(none)'}\n"
             + table(rows, ["ledger", "fragment", "bookie", "state"],
@@ -172,7 +179,8 @@ cli.register("rereplicate", "re-replicate fragments of lost bookies (auditor + c
              rereplicate_arguments, _rereplicate)
 cli.register("decommission", "move every fragment off a bookie", _decommission_args,
              _decommission)
-cli.register("listunderreplicated", "fragments with a replica on a lost bookie",
+cli.register("listunderreplicated", "fragments with a replica on a lost bookie, and "
+             "entries bookies lost to damage",
              _lur_args, _listunderreplicated)
 
 
@@ -220,6 +228,8 @@ def _autorecovery(args) -> int:
             print(json.dumps({"time": stamp, **row}), flush=True)
         elif not row.get("leader"):
             print(f"{stamp} standby: another autorecovery process is the leader", flush=True)
+        elif row.get("disabled"):
+            print(f"{stamp} disabled: no audit (pybk autorecoveryctl --enable)", flush=True)
         elif "error" in row:
             print(f"{stamp} round failed: {row['error']}", flush=True)
         else:

@@ -15,6 +15,9 @@ Key layout under the scope prefix ``/<scope>/``:
   idgen                          ledger id counter (CAS)
   bookies/writable/<bookie_id>   registration JSON, under the bookie's lease
   bookies/readonly/<bookie_id>   registration JSON, under the bookie's lease
+  bookies/damaged/<bookie_id>    entry ranges the bookie lost to damage (no lease: it
+                                 outlives restarts); the bookie CAS-merges, the auditor
+                                 CAS-removes what it copied back (protocol/damage_marker.py)
   cookies/<bookie_id>            identity cookie JSON
   instanceid                     cluster instance id
   writers/<ledger id:020d>       writer liveness, under the writer's lease
@@ -22,6 +25,10 @@ Key layout under the scope prefix ``/<scope>/``:
   spark/pending/<...>            Spark write attempts in flight
   audit/missing/<bookie_id>      auditor: first time the bookie was seen unregistered
   audit/decommissioned/<id>      operator: bookie being decommissioned (pybk decommission)
+  audit/leader                   autorecovery leader {"id"}, under its lease
+  audit/config                   autorecovery switches: enabled, lost_bookie_recovery_delay_s
+                                 (admin/audit_control.py; CAS, absent = defaults)
+  audit/trigger                  pybk triggeraudit's request (CAS); a new version = audit now
 """
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Start/stop real ``bookie-server`` processes for tests and benchmarks.
 
-Readiness is polled (Health RPC) with a deadline, never slept for; every
+Readiness is polled (the standard gRPC health check, ``grpc.health.v1``,
+service ``""``: SERVING once the bookie serves) with a deadline, never slept for; every
 started process is killed at interpreter exit if a test forgot to.
 """
 from __future__ import annotations
@@ -91,13 +92,15 @@ class BookieProcess:
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
     def wait_ready(self, timeout: float = 60.0) -> None:
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
         deadline = time.monotonic() + timeout
-        stub = self.stub()
+        stub = health_pb2_grpc.HealthStub(self.channel())
+        serving = health_pb2.HealthCheckResponse.SERVING
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"bookie exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
-                if stub.Health(pb.HealthRequest(), timeout=1.0).serving:
+                if stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0).status == serving:
                     return
             except grpc.RpcError:
                 pass

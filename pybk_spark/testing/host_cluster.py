@@ -3,10 +3,12 @@ its own network namespace (``pybk_spark.testing.hosts``); the test process,
 in the root namespace, is the client.
 
 Layout: hosts ``etcd-1..N`` run one etcd member each (``EtcdCluster``), hosts
-``bookie-1..M`` one ``bookie-server`` each, started with
-``--bind-address <host address>`` (so it listens on, and registers, an
-address the client can reach) and the multi-endpoint metadata URI
-``etcd://<e1>:2379,<e2>:2379,<e3>:2379/<scope>``.  Data lives under
+``bookie-1..M`` one ``bookie-server`` each, started as the systemd unit
+starts it (``bookie_command``, the flags of deploy/systemd/bookie-server.service:
+tests/bookie/test_systemd_units.py compares them): listening on every
+interface of its host (``--bind-address 0.0.0.0``) and registering
+``--advertised-address <host address>``, which the client can reach, with the
+multi-endpoint metadata URI ``etcd://<e1>:2379,<e2>:2379,<e3>:2379/<scope>``.  Data lives under
 ``data_dir``: ``etcd/<member>/`` and ``bookie-<i>/`` (logs beside them).
 
 A bookie is ready when its registration appears under
@@ -34,17 +36,32 @@ from pybk_spark.testing.hosts import Host, HostNetwork
 BOOKIE_PORT = 3181
 
 
+def bookie_command(conf: str, port: int, bind_address: str, advertised_address: str,
+                   data_dir: str, metadata_uri: str, bookie_id: str) -> list[str]:
+    """The bookie command line, flag for flag the systemd unit's ExecStart."""
+    return [sys.executable, "-m", "bookie_server",
+            "--conf", conf,
+            "--port", str(port),
+            "--bind-address", bind_address,
+            "--advertised-address", advertised_address,
+            "--data-dir", data_dir,
+            "--metadata-uri", metadata_uri,
+            "--bookie-id", bookie_id]
+
+
 class HostBookie:
-    def __init__(self, bookie_id: str, host: Host, data_dir: Path):
+    def __init__(self, bookie_id: str, host: Host, data_dir: Path,
+                 advertised_address: str | None = None):
         self.bookie_id = bookie_id
         self.host = host
         self.data_dir = data_dir
+        self.advertised_address = advertised_address or host.address
         self.proc: Optional[subprocess.Popen] = None
         self.log = None
 
     @property
     def address(self) -> str:
-        return f"{self.host.address}:{BOOKIE_PORT}"
+        return f"{self.advertised_address}:{BOOKIE_PORT}"
 
     @property
     def log_path(self) -> Path:
@@ -132,18 +149,16 @@ class HostCluster:
         self._reap(b, grace=0)
         self._wait_registered(bookie_id, self._launch(bookie_id))
 
-    def add_bookies(self, count: int) -> list[str]:
-        """Grow the cluster: ``count`` new bookies ``bookie-<n>``, each on a new
-        host, launched together and returned once every one has registered."""
-        added = []
-        for _ in range(count):
-            bid = f"bookie-{len(self.bookies) + 1}"
-            self.bookies[bid] = HostBookie(bid, self.network.add_host(bid), self.data_dir / bid)
-            added.append(bid)
-        launched = [(bid, self._launch(bid)) for bid in added]
-        for bid, since in launched:
-            self._wait_registered(bid, since)
-        return added
+    def add_bookie(self, bookie_id: str, advertised_address: str | None = None,
+                   wait: bool = True) -> HostBookie:
+        """One more bookie on a new host ``bookie_id``; ``advertised_address``
+        (default: its host's address) is what it registers."""
+        b = self.bookies[bookie_id] = HostBookie(bookie_id, self.network.add_host(bookie_id),
+                                                 self.data_dir / bookie_id, advertised_address)
+        since = self._launch(bookie_id)
+        if wait:
+            self._wait_registered(bookie_id, since)
+        return b
 
     def wait_registered(self, bookie_id: str, timeout: float | None = None) -> dict:
         return self._wait_registered(bookie_id, 0, timeout)
@@ -164,13 +179,9 @@ class HostCluster:
         """Spawn the bookie on its host; returns the etcd revision before the launch."""
         b = self.bookies[bookie_id]
         since = self.store.current_revision()
-        args = [sys.executable, "-m", "bookie_server",
-                "--conf", str(self._conf_path()),
-                "--port", str(BOOKIE_PORT),
-                "--bind-address", b.host.address,
-                "--data-dir", str(b.data_dir),
-                "--metadata-uri", self.metadata_uri,
-                "--bookie-id", bookie_id]
+        args = bookie_command(str(self._conf_path()), BOOKIE_PORT, "0.0.0.0",
+                              b.advertised_address, str(b.data_dir), self.metadata_uri,
+                              bookie_id)
         b.log = open(b.log_path, "ab")
         b.proc = b.host.spawn(args, stdout=b.log, stderr=subprocess.STDOUT)
         return since

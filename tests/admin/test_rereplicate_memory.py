@@ -120,3 +120,50 @@ def test_verify_repairs_missing_copies_on_live_bookies(env):
     assert rr.verify_ledger(bk, md.ledger_id) == []
     assert {5, 6, 40} <= set(rows)
     assert _read_all(bk, md.ledger_id, 60) == [f"v{i}".encode() for i in range(60)]
+
+
+def test_damaged_bookie_marker_repaired_onto_the_same_bookie(env):
+    from pybk_spark.admin.damage_repair import repair_damaged
+    from pybk_spark.protocol import damage_marker as dm
+    bk, store, pool = env
+    md = _ledger(bk, 60, e=3, w=3, a=2)
+    open_lh = bk.create_ledger(3, 3, 2)
+    open_lh.add_entries([b"x"] * 5)              # still being written
+    # 3 of 5 bookies each: the two ensembles share at least one
+    victim = sorted(set(md.current_ensemble) & set(open_lh.metadata.current_ensemble))[0]
+    rows = pool.bookies[victim].ledgers[md.ledger_id].rows
+    for e in range(10, 20):                      # lost to damage on the victim
+        del rows[e]
+    assert not pool.bookies[victim].ledgers[md.ledger_id].fenced  # closed by its writer
+    store.put_if_absent(dm.marker_key(victim), dm.marker_value(
+        [(md.ledger_id, 10, 19), (open_lh.ledger_id, 0, dm.OPEN), (999, 0, 0)], False))
+    report = {r["ledger"]: r for r in repair_damaged(bk)}
+    assert report[md.ledger_id]["copied"] == 10 and report[md.ledger_id]["entries"] == "10-19"
+    out = {lid: r["outcome"] for lid, r in report.items()}
+    assert out[md.ledger_id] == "repaired" and out[999] == "deleted"
+    assert sorted(rows) == list(range(60))        # copied back onto the same bookie
+    assert pool.bookies[victim].ledgers[md.ledger_id].fenced     # a lost fence is restored
+    assert rr.verify_ledger(bk, md.ledger_id) == []
+    assert out[open_lh.ledger_id] == "waiting"     # checked once it is closed
+    left = dm.parse_marker(store.get(dm.marker_key(victim)).value)
+    assert left == ([(open_lh.ledger_id, 0, dm.OPEN)], False)
+    open_lh.close()
+    out = {r["ledger"]: r["outcome"] for r in repair_damaged(bk)}
+    assert out == {open_lh.ledger_id: "repaired"}
+    assert store.get(dm.marker_key(victim)) is None
+
+
+def test_unattributed_damage_checks_every_ledger_on_the_bookie(env):
+    """A ledger all of whose records were damaged cannot be named by the
+    bookie: ``unattributed`` makes the auditor check every ledger on it."""
+    from pybk_spark.admin.damage_repair import repair_damaged
+    from pybk_spark.protocol import damage_marker as dm
+    bk, store, pool = env
+    md = _ledger(bk, 30, e=3, w=3, a=2)
+    victim = md.current_ensemble[1]
+    del pool.bookies[victim].ledgers[md.ledger_id]          # wholly lost
+    store.put_if_absent(dm.marker_key(victim), dm.marker_value([], True))
+    out = repair_damaged(bk)
+    assert [(r["ledger"], r["outcome"]) for r in out] == [(md.ledger_id, "repaired")]
+    assert sorted(pool.bookies[victim].ledgers[md.ledger_id].rows) == list(range(30))
+    assert store.get(dm.marker_key(victim)) is None
