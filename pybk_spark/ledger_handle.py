@@ -197,19 +197,26 @@ class LedgerHandle:
         is over the entry limit; otherwise cuts the payloads into requests
         each within the bookies' per-request limit."""
         payloads = [bytes(p) for p in payloads]
-        for p in payloads:
-            self._check_size(p)
+        sizes = list(map(len, payloads))
+        lim = self._writer.limits
+        if sizes and not lim.entry_fits(max(sizes)):
+            self._check_size(next(p for p in payloads if not lim.entry_fits(len(p))))
+        # _fits_request, unrolled: this loop runs once per entry of a batch
+        conf = self.bk.conf
+        max_entries, max_bytes = conf.add_batch_entries, conf.add_batch_bytes
+        per_entry = admission.BATCH_PER_ENTRY_OVERHEAD
+        budget = lim.request_payload_budget(0)       # payload + per-entry overhead
         futs: list[Future] = []
-        chunk: list[bytes] = []
-        size = 0
-        for p in payloads:
-            if chunk and not self._fits_request(len(chunk) + 1, size + len(p)):
-                futs.append(self._chunk_future(chunk))
-                chunk, size = [], 0
-            chunk.append(p)
-            size += len(p)
-        if chunk:
-            futs.append(self._chunk_future(chunk))
+        start = n = size = 0
+        for i, length in enumerate(sizes):
+            if n and (n >= max_entries or size + length > max_bytes
+                      or size + length + per_entry * (n + 1) > budget):
+                futs.append(self._chunk_future(payloads[start:i]))
+                start, n, size = i, 0, 0
+            n += 1
+            size += length
+        if n:
+            futs.append(self._chunk_future(payloads[start:]))
         return futs
 
     def _chunk_future(self, chunk: list[bytes]) -> Future:
