@@ -23,7 +23,7 @@ from pybk_spark.client import BookKeeper
 
 from tests.hosts.conftest import need_hosts
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]   # JVMs on shared cores
 
 ROOT = Path(__file__).resolve().parents[2]
 JOBS = ROOT / "jobs"
@@ -138,6 +138,12 @@ def test_recover_ledgers_job(spark_hosts):
 
 def test_spark_connect_reads_and_writes_bookkeeper(spark_hosts):
     cluster, spark = spark_hosts
+    try:
+        from pyspark.sql.connect.utils import check_dependencies
+        check_dependencies()
+    except ImportError as exc:
+        pytest.skip(f"Spark Connect client dependencies missing ({exc}): "
+                    "pip install -e '.[connect]'")
     t0 = time.monotonic()
     url = spark.start_connect()
     print(f"Spark Connect server ready at {url} in {time.monotonic() - t0:.1f}s")
