@@ -116,7 +116,7 @@ class SparkCluster:
             self.driver_host = self.network.add_host("spark-driver")
             self._spawn("spark-master", self.master_host, self._spark_class(
                 "org.apache.spark.deploy.master.Master", "--host", self.master_host.address,
-                "--port", MASTER_PORT, "--webui-port", MASTER_UI_PORT))
+                "--port", MASTER_PORT, "--webui-port", MASTER_UI_PORT), self._daemon_env())
             self._until(lambda: (self.master_state() or {}).get("status") == "ALIVE",
                         "spark-master", "the master's /json to say ALIVE")
             for h in self.worker_hosts:
@@ -125,7 +125,7 @@ class SparkCluster:
                     "org.apache.spark.deploy.worker.Worker", self.master_url,
                     "--host", h.address, "--webui-port", WORKER_UI_PORT, "--cores", 1,
                     "--memory", self.worker_memory,
-                    "--work-dir", self.data_dir / "work" / h.name))
+                    "--work-dir", self.data_dir / "work" / h.name), self._daemon_env())
             for h in self.worker_hosts:
                 self._until(lambda: h.address in self.alive_workers(), h.name,
                             f"{h.name} to be ALIVE in the master's /json")
@@ -236,11 +236,16 @@ class SparkCluster:
     def _spark_class(cls: str, *args) -> list:
         return [spark_home() / "bin" / "spark-class", cls, *args]
 
+    def _daemon_env(self) -> dict:
+        # master and workers only: the launcher also applies it to the Connect
+        # server (a driver), which then has too little heap to start
+        return {"SPARK_DAEMON_MEMORY": self.daemon_memory}
+
     def _env(self, host: Host, extra: dict | None = None) -> dict:
         env = dict(os.environ)
         env.update(SPARK_HOME=str(spark_home()), PYSPARK_PYTHON=sys.executable,
                    PYSPARK_DRIVER_PYTHON=sys.executable, SPARK_LOCAL_IP=host.address,
-                   SPARK_LOCAL_HOSTNAME=host.address, SPARK_DAEMON_MEMORY=self.daemon_memory,
+                   SPARK_LOCAL_HOSTNAME=host.address,
                    SPARK_LOG_DIR=str(self.data_dir), SPARK_WORKER_DIR=str(self.data_dir / "work"),
                    GRPC_ENABLE_FORK_SUPPORT="false")
         env.pop("SPARK_REMOTE", None)
