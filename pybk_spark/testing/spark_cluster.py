@@ -192,8 +192,8 @@ class SparkCluster:
                timeout: float = 600.0, name: str | None = None) -> subprocess.CompletedProcess:
         """``spark-submit --master spark://... script args`` on the driver host, in
         client mode, cwd a scratch dir outside the repository.  Returns the
-        completed process (stdout/stderr as text).  On timeout every process
-        on the driver host is killed and TimeoutError raised."""
+        completed process (stdout/stderr as text).  On timeout the submit's
+        process group (its own session) is killed and TimeoutError raised."""
         name = name or Path(script).stem
         argv = [spark_home() / "bin" / "spark-submit", *self._driver_conf(conf),
                 "--name", name, Path(script).absolute(), *args]
@@ -205,7 +205,7 @@ class SparkCluster:
             try:
                 rc = proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                procs.terminate(proc, 0)
+                _kill_group(proc)               # spark-submit's JVM and its Python driver
                 raise TimeoutError(f"spark-submit {name} did not finish in {timeout}s; "
                                    f"stderr tail:\n{_tail(err_path)}") from None
             finally:
@@ -273,6 +273,14 @@ class SparkCluster:
                                    f"log tail:\n{_tail(self.log_path(name))}")
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    proc.wait()
 
 
 def _stop_order(name: str) -> int:

@@ -34,7 +34,7 @@ SUBMIT_TIMEOUT = 900.0          # JVMs on 2 shared cores: bounds, not expectatio
 @pytest.fixture(scope="module")
 def spark_hosts(tmp_path_factory):
     """(HostCluster, SparkCluster) sharing one HostNetwork."""
-    need_hosts(etcd=True, bookies=True)
+    need_hosts(etcd=True, bookies=True, java=True)
     from pybk_spark.testing.host_cluster import HostCluster
     from pybk_spark.testing.hosts import HostNetwork
     from pybk_spark.testing.spark_cluster import SparkCluster
@@ -101,6 +101,8 @@ def test_batch_and_streaming_with_shared_checkpoint(spark_hosts):
     res = _submit(spark, APP, "--metadata-uri", cluster.metadata_uri, "--prefix", prefix,
                   "--checkpoint", checkpoint, name="spark_app")
     out = _last_json(res)
+    if out["stream_restarts"]:
+        print("streaming query restarted from its checkpoint:", out["stream_restarts"])
     workers = {h.address for h in spark.worker_hosts}
     # tasks ran on the workers, importing pybk_spark from the installed path, not a cwd
     assert {addr for addr, _, _ in out["executors"]} == workers
