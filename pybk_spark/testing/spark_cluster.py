@@ -148,6 +148,16 @@ class SparkCluster:
                     f"the Connect server to accept on {h.address}:{CONNECT_PORT}")
         return self.connect_url
 
+    def stop_connect(self) -> None:
+        """Stop the Connect server: it is one long-running application and
+        holds its executors (every worker core) until it stops."""
+        proc = self._procs.pop("spark-connect", None)
+        if proc is not None:
+            procs.terminate(proc, 20.0)
+        log = self._logs.pop("spark-connect", None)
+        if log is not None:
+            log.close()
+
     def close(self) -> None:
         for name in sorted(self._procs, key=_stop_order):
             p = self._procs[name]

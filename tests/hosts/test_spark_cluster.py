@@ -165,6 +165,7 @@ def test_spark_connect_reads_and_writes_bookkeeper(spark_hosts):
         assert back.filter("id >= 150").count() == 50
     finally:
         session.stop()
+        spark.stop_connect()            # it holds every worker core while it runs
 
 
 def test_rereplicate_job_after_a_bookie_is_lost(spark_hosts):
