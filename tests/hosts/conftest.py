@@ -11,7 +11,7 @@ import os
 import pytest
 
 
-def need_hosts(*, etcd: bool = False, bookies: bool = False) -> None:
+def need_hosts(*, etcd: bool = False, bookies: bool = False, java: bool = False) -> None:
     """Skip (or fail under PYBK_REQUIRE_HOSTS=1) naming what is missing."""
     from pybk_spark.testing import hosts
     reason = hosts.unavailable_reason()
@@ -25,6 +25,10 @@ def need_hosts(*, etcd: bool = False, bookies: bool = False) -> None:
         from pybk_spark.testing.fixtures import bookie_server_available
         if not bookie_server_available():
             reason = "bookie_server is not importable"
+    if reason is None and java:
+        import shutil
+        if shutil.which("java") is None:
+            reason = "no 'java' on PATH (Spark needs a JRE 17+)"
     if reason is None:
         return
     if os.environ.get("PYBK_REQUIRE_HOSTS") == "1":
