@@ -118,10 +118,11 @@ class _Rewinds:
             ids = np.array([first, start], dtype=np.int64)
             wire = self._shift(lid, ids)
             d = int(wire[1] - wire[0])
-            if d > 0:
-                self._segments.setdefault(lid, []).append((start, d))
-        print(f"faulty_client: ledger {lid}: add from {first} timed out; ids from {start} "
-              f"reuse {d} id(s)", flush=True)
+            if d <= 0:
+                return                  # already rewound past it
+            self._segments.setdefault(lid, []).append((start, d))
+        print(f"faulty_client: ledger {lid}: the add from id {first} timed out; ids from "
+              f"{start} go out {d} lower (reused)", flush=True)
 
     def _type(self, lid: int) -> str:
         if lid not in self._digest_type:
