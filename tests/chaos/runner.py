@@ -59,7 +59,7 @@ class Workers:
     def spawn(self, kind: str, log: str | None = None) -> str:
         with self._lock:
             base = {"ledger-writer": "lw", "log-writer": f"log{log}", "tail-reader": "tail",
-                    "recoverer": "rec"}[kind]
+                    "recoverer": "rec", "autorecovery": "ar"}[kind]
             n = self._n[base]
             self._n[base] += 1
             name = f"{base}-{n}"
@@ -183,6 +183,7 @@ def _watch_metadata(uri: str, stop: threading.Event, out: list) -> None:
 
 def run(duration: float, seed: int, *, workdir: str | None = None, bookies: int = 5,
         ledger_writers: int = 2, logs: int = 2, tail_readers: int = 1, recoverers: int = 1,
+        autorecoverers: int = 0,
         nemesis: bool = True, rereplicate: bool = True, strict_replicas: bool = True,
         worker_env: dict | None = None, kinds: list | None = None, topology: str = "auto",
         etcd_members: int = 3, worker_args: dict | None = None, out=print) -> dict:
@@ -216,6 +217,8 @@ def run(duration: float, seed: int, *, workdir: str | None = None, bookies: int 
             workers.spawn("tail-reader")
         for _ in range(recoverers):
             workers.spawn("recoverer")
+        for _ in range(autorecoverers):
+            workers.spawn("autorecovery")
         watcher = threading.Thread(target=_watch_metadata,
                                    args=(cluster.metadata_uri, stop_watch, snapshots), daemon=True)
         watcher.start()
@@ -299,9 +302,16 @@ def _rereplicate_phase(cluster, bk, final, rng, out) -> str | None:
 def _totals(ops, final, faults, workers) -> dict:
     by = collections.Counter((op.get("op"), op.get("outcome")) for op in ops)
     entries = collections.Counter()
+    ar = collections.Counter()
     for op in ops:
         if op.get("op") in ("add", "append"):
             entries[op["outcome"]] += len(op.get("digests") or [])
+        elif op.get("op") == "autorecovery":
+            ar["rounds"] += 1
+            ar["copied"] += op.get("fragments_copied", 0)
+            ar["failed"] += op.get("fragments_failed", 0)
+            ar["rounds_with_lost"] += bool(op.get("lost"))
+            ar["errors"] += "error" in op
     return {
         "operations": sum(op.get("outcome") != "note" for op in ops),
         "recovery_decisions": by.get(("recovery", "note"), 0),
@@ -315,6 +325,7 @@ def _totals(ops, final, faults, workers) -> dict:
         "ledgers": len(final.ledgers),
         "logs": {k: len(v) for k, v in final.logs.items()},
         "workers_started": dict(workers.spawned),
+        "autorecovery": dict(ar),
     }
 
 
@@ -341,6 +352,8 @@ def main(argv=None) -> int:
     p.add_argument("--bookies", type=int, default=5)
     p.add_argument("--ledger-writers", type=int, default=2)
     p.add_argument("--logs", type=int, default=2)
+    p.add_argument("--autorecoverers", type=int, default=0,
+                   help="autorecovery daemons (workers.py autorecovery), each on its own host")
     p.add_argument("--no-nemesis", action="store_true")
     p.add_argument("--no-rereplicate", action="store_true")
     p.add_argument("--lenient-replicas", action="store_true",
@@ -360,6 +373,7 @@ def main(argv=None) -> int:
     try:
         summary = run(a.duration, seed, workdir=a.workdir, bookies=a.bookies,
                       ledger_writers=a.ledger_writers, logs=a.logs, nemesis=not a.no_nemesis,
+                      autorecoverers=a.autorecoverers,
                       rereplicate=not a.no_rereplicate, strict_replicas=not a.lenient_replicas,
                       kinds=a.faults.split(",") if a.faults else None, topology=a.topology,
                       etcd_members=a.etcd_members, out=procs_out)

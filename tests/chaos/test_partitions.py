@@ -20,6 +20,25 @@ test hosts or iptables are unavailable.
   writer kill, etcd restart) stays clean, since a writer that is dead or
   holds its lease is never recovered by that recoverer.
 
+* The second planted bug: the ledger writers run with ``faulty_client``'s
+  ``reuse_id_on_timeout`` (an add that timed out is taken as failed and its
+  ids are reused for the next payloads).  The nemesis drops a bookie's
+  replies to a writer or partitions a writer from 1-2 bookies for 2-10 s,
+  longer than the 5 s add timeout now and then; the checker must report an
+  acknowledged entry missing or replaced in its closed ledger (I1).  The
+  control, same seed with process faults that never time an add out
+  (bookie kill: the connection is refused; writer kill; etcd restart), stays
+  clean.  (A bookie paused past the add timeout would expose it too: a
+  pause is a partition seen from the writer.)
+
+* Auto-recovery under bookie <-> etcd partitions: an ``autorecovery``
+  worker (the ``pybk autorecovery`` loop, its own host, no lost-bookie
+  delay) re-replicates a bookie whose 5 s registration lapsed while the
+  bookie still serves its clients; with writers, logs and the recoverer
+  running, nothing acked is lost or doubled (I1, I5), and after the final
+  re-replication every entry has Qw replicas (I6).  The short link-fault run
+  above runs one autorecovery worker too.
+
 Replay: PYBK_CHAOS_SEED / CHAOS_SECONDS, or ``make chaos TOPOLOGY=hosts
 FAULTS=partition,one_way,loss,stall SEED=<seed>``.
 """
@@ -46,6 +65,15 @@ PLANTED = {"recoverer": ["--plant", "unfenced_recovery", "--fence-live", "0"],
 PLANT_RUN = {"ledger_writers": 2, "logs": 0, "rereplicate": False}   # every writer a zombie-to-be
 PLANT_SEED = 11
 PLANT_SECONDS = 60.0
+# Second plant: the ledger writers reuse ids after a timed-out add; long-lived
+# ledgers (a pause after each add) so a cut of > 5 s lands inside one.
+REUSE = {"ledger-writer": ["--plant", "reuse_id_on_timeout", "--add-pause", "0.1"],
+         "recoverer": ["--fence-live", "0"]}
+REUSE_RUN = {"ledger_writers": 2, "logs": 0, "rereplicate": False}
+REUSE_SEED = 7
+REUSE_SECONDS = 60.0
+REUSE_LINK = ["one_way", "partition:writer-bookies"]
+REUSE_CONTROL = ["bookie_kill", "writer_kill", "etcd_restart"]
 
 
 def _need_hosts() -> None:
@@ -69,7 +97,7 @@ def test_short_partition_run_finds_no_violation(tmp_path):
     _need_hosts()
     seed = int(os.environ.get("PYBK_CHAOS_SEED", random.SystemRandom().randrange(1 << 31)))
     duration = float(os.environ.get("CHAOS_SECONDS", "60"))
-    summary, lines = _run(tmp_path, duration, seed, LINK_KINDS)
+    summary, lines = _run(tmp_path, duration, seed, LINK_KINDS, autorecoverers=1)
     assert summary["faults_total"] > 0 and set(summary["faults"]) <= set(LINK_KINDS)
     assert not summary["violations"], (
         f"seed {seed}: {len(summary['violations'])} violation(s); replay with "
@@ -93,3 +121,34 @@ def test_unfenced_recovery_is_invisible_without_partitions(tmp_path):
                           worker_args=PLANTED, **PLANT_RUN)
     assert summary["faults_total"] > 0
     assert not summary["violations"], "\n".join(lines[-60:])
+
+
+def test_link_nemesis_catches_reused_ids_after_timeout(tmp_path):
+    _need_hosts()
+    summary, lines = _run(tmp_path, REUSE_SECONDS, REUSE_SEED, REUSE_LINK,
+                          worker_args=REUSE, **REUSE_RUN)
+    assert summary["faults_total"] > 0
+    assert any(v.startswith("[I1]") for v in summary["violations"]), "\n".join(lines[-60:])
+
+
+def test_reused_ids_are_invisible_without_link_faults(tmp_path):
+    _need_hosts()
+    summary, lines = _run(tmp_path, REUSE_SECONDS, REUSE_SEED, REUSE_CONTROL,
+                          worker_args=REUSE, **REUSE_RUN)
+    assert summary["faults_total"] > 0
+    assert not summary["violations"], "\n".join(lines[-60:])
+
+
+AR_SEED = 5
+AR_SECONDS = 60.0
+
+
+def test_autorecovery_during_bookie_etcd_partitions(tmp_path):
+    _need_hosts()
+    summary, lines = _run(tmp_path, AR_SECONDS, AR_SEED, ["partition:bookie-etcd"],
+                          autorecoverers=1)
+    tail = "\n".join(lines[-60:])
+    assert summary["fault_shapes"].get("partition:bookie-etcd", 0) > 0, tail
+    ar = summary["autorecovery"]
+    assert ar.get("rounds", 0) > 0 and ar.get("rounds_with_lost", 0) > 0, tail
+    assert not summary["violations"], tail

@@ -18,6 +18,16 @@ KIND:
                  and now and then one whose writer is alive (a false
                  suspicion, the fencing wiki's scenario); reads each
                  recovered ledger completely.
+  autorecovery   ``pybk autorecovery``'s loop (admin/autorecovery.py) in a
+                 chaos process: a round every ``--interval`` s with no lost-
+                 bookie delay, so a bookie whose registration lapses (a
+                 bookie <-> etcd partition past its 5 s registration TTL) is
+                 re-replicated while it still serves clients (no verify
+                 rounds: a round stays short and the worker stops near
+                 ``--until``; the final check verifies).  Its open-ledger grace
+                 outlasts the run: it copies fragments, it never fences a
+                 live writer (the recoverer does that, recording its
+                 decisions).  Each round is one history note.
 Every worker stops by itself at ``--until``; all randomness comes from --seed.
 ``--plant NAME`` plants a test-only client fault (faulty_client.py) into the
 worker's BookKeeper: how the chaos tests check that the checker sees it.
@@ -311,9 +321,33 @@ def recover_and_read(bk, hist: History, lid: int):
     return rh
 
 
+def autorecovery(uri, hist: History, rng: random.Random, until: float,
+                 interval: float = 2.0) -> None:
+    from pybk_spark.admin.autorecovery import AutoRecovery, AutoRecoveryConfig
+    bk = _bk(uri, hist)
+    conf = AutoRecoveryConfig(interval_s=interval, lost_bookie_delay_s=0.0, grace_s=3600.0,
+                              leader_ttl_s=5, verify_every=0)
+    ar = AutoRecovery(bk, uri, conf, identity=hist.proc)
+
+    def wait(seconds: float) -> bool:
+        left = until - time.time()
+        time.sleep(max(0.0, min(seconds, left)))
+        return time.time() >= until
+
+    def emit(row: dict) -> None:
+        hist.note("autorecovery", **{k: row[k] for k in ("lost", "fragments_copied",
+                                                         "fragments_failed", "error")
+                                     if k in row})
+        print(f"autorecovery: {row}", flush=True)
+    try:
+        ar.run_forever(wait, emit)
+    finally:
+        bk.close()
+
+
 # -- entry point ------------------------------------------------------------------------------
 KINDS = {"ledger-writer": ledger_writer, "log-writer": log_writer,
-         "tail-reader": tail_reader, "recoverer": recoverer}
+         "tail-reader": tail_reader, "recoverer": recoverer, "autorecovery": autorecovery}
 
 
 def main(argv=None) -> int:
