@@ -54,7 +54,8 @@ class BookKeeper:
         self.metadata_store = store if store is not None else open_store(metadata_uri)
         if transports is None:
             from pybk_spark.transport.grpc_bookie import GrpcTransportPool
-            transports = GrpcTransportPool(self.metadata_store,
+            from pybk_spark.transport.tls import ClientTls
+            transports = GrpcTransportPool(self.metadata_store, tls=ClientTls.from_conf(self.conf),
                                            max_message_bytes=self.conf.max_message_bytes,
                                            timeout=self.conf.add_timeout_s,
                                            stream_idle_close_s=self.conf.add_stream_idle_close_s,
