@@ -55,6 +55,22 @@ def add_metadata_uri(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metadata-uri", default=os.environ.get("PYBK_METADATA_URI"),
                         help="etcd://HOST:PORT[,HOST:PORT...]/SCOPE "
                              "(default: $PYBK_METADATA_URI)")
+    parser.add_argument("--client-conf", default=os.environ.get("PYBK_CLIENT_CONF"),
+                        help="client conf file (conf/client.conf: TLS files, operator = "
+                             "true, timeouts; default: $PYBK_CLIENT_CONF)")
+
+
+def client_conf(args: argparse.Namespace):
+    """The client settings of ``--client-conf`` (None: the defaults)."""
+    path = getattr(args, "client_conf", None)
+    if not path:
+        return None
+    from pybk_spark.config import load_client_conf
+    try:
+        return load_client_conf(path)
+    except OSError as exc:
+        raise errors.IncorrectParameter(f"cannot read --client-conf {path}: "
+                                        f"{exc.strerror or exc}") from None
 
 
 def require_metadata_uri(args: argparse.Namespace) -> str:

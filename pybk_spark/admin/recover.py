@@ -18,7 +18,9 @@ Theory of operation
    ``failed`` row makes the exit status non-zero.
 
 Passwords: ``--password`` or the ledger's custom metadata ``password``
-(default empty).
+(default empty).  Re-replication and damage repair run by an operator
+client need neither (:func:`access_key`); this fencing recovery still needs
+the password.
 """
 from __future__ import annotations
 
@@ -39,6 +41,28 @@ def ledger_password(md: lm.LedgerMetadata, given: Optional[bytes]) -> bytes:
     if given is not None:
         return given
     return str(md.custom.get(PASSWORD_CUSTOM_KEY, "")).encode()
+
+
+def access_key(bk, md: lm.LedgerMetadata, given: Optional[bytes], check: bool = True):
+    """(master key, Digester) with which a tool copies, fills in or fences a
+    ledger's entries.  An operator client (``operator = true``, with an
+    identity in the bookies' ``tls_operator_identities``) given no
+    ``--password`` sends the empty key (protocol/access.py: the bookie skips
+    the key check for its recovery adds and fences) and verifies digests it
+    can check without the password: ``crc32c`` (not keyed) is verified;
+    ``hmac`` (keyed by the master key) is copied verbatim, unverified, with
+    the writer's digests unchanged: readers verify them and skip a bad
+    replica, as a BookKeeper auditor relies on the bookies' checksums.
+    Otherwise the ledger's password (``--password`` or its custom metadata
+    ``password``), checked against the metadata when ``check``."""
+    from pybk_spark.digest import Digester
+    from pybk_spark.protocol.access import OPERATOR_KEY
+    if getattr(bk.conf, "operator", False) and given is None:
+        return OPERATOR_KEY, Digester("none" if md.digest_type == "hmac" else md.digest_type)
+    pw = ledger_password(md, given)
+    if check:
+        lm.check_password(md, pw)
+    return lm.master_key(pw), Digester(md.digest_type, pw)
 
 
 def ledgers_of_log(bk, log_name: str) -> list[int]:

@@ -79,10 +79,13 @@ class SparkMapper:
             self._spark = None
 
 
-def run_job(prog: str, app_name: str, metadata_uri: str, as_json: bool, body) -> int:
+def run_job(prog: str, app_name: str, metadata_uri: str, as_json: bool, body,
+            client_conf: str | None = None) -> int:
     """The shared driver of the spark-submit jobs: a SparkMapper and a client,
     ``body(bk, mapper) -> (report, text, status)``, typed errors -> exit 2,
-    the report as text or JSON, the job's status as exit code."""
+    the report as text or JSON, the job's status as exit code.
+    ``client_conf``: a client.conf path (TLS files, ``operator = true``); the
+    tasks open their clients with the same settings."""
     import json
     import sys
 
@@ -91,7 +94,7 @@ def run_job(prog: str, app_name: str, metadata_uri: str, as_json: bool, body) ->
 
     mapper = SparkMapper(app_name)
     try:
-        with BookKeeper(metadata_uri, background=False) as bk:
+        with BookKeeper(metadata_uri, conf=client_conf, background=False) as bk:
             report, text, status = body(bk, mapper)
     except errors.BKError as exc:
         print(f"{prog}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
