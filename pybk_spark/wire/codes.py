@@ -65,19 +65,24 @@ def translate_rpc_error(exc: Exception, **context) -> errors.BKError:
             return errors.TooLarge(f"grpc message limit: {detail}", **context)
         if status == grpc.StatusCode.UNAUTHENTICATED:
             return errors.Unauthorized(detail, **context)
-        if status == grpc.StatusCode.UNAVAILABLE and _TLS_FAILURE in (detail or "").lower():
-            return errors.TlsError(
-                f"TLS with the bookie failed: {detail}; check the client's tls_ca_file (the "
-                "CA of the bookie's certificate), tls_server_name (or the bookie certificate's "
-                "subject alternative names), tls_cert_file / tls_key_file, and the bookie's "
-                "tls_ca_file", **context)
+        low = (detail or "").lower()
+        if status == grpc.StatusCode.UNAVAILABLE and any(m in low for m in _TLS_FAILURES):
+            hint = ("tls_server_name, or the bookie certificate's subject alternative names "
+                    "(they must hold the address the bookie registered)" if "hostname" in low
+                    else "the client's tls_ca_file (the CA of the bookie's certificate), "
+                    "tls_cert_file / tls_key_file, and the bookie's tls_cert_file (expired?) "
+                    "and tls_ca_file")
+            return errors.TlsError(f"TLS with the bookie failed: {detail}; check {hint}",
+                                   **context)
         return errors.BookieUnavailable(f"{status.name}: {detail}", **context)
     if isinstance(exc, errors.BKError):
         return exc
     return errors.BookieUnavailable(f"{type(exc).__name__}: {exc}", **context)
 
 
-_TLS_FAILURE = "handshake"          # gRPC's text for a failed TLS handshake ("Ssl handshake failed")
+# gRPC's words for a failed TLS handshake ("Ssl handshake failed", "Hostname
+# Verification Check failed")
+_TLS_FAILURES = ("handshake", "verification check")
 
 
 def translate_socket_error(exc: BaseException, **context) -> errors.BKError:
