@@ -391,6 +391,11 @@ class Bookie:
         self.journal.lead()
         fut.result()
 
+    def master_key_of(self, ledger_id: int) -> bytes:
+        """The key this bookie recorded for the ledger (b"" if none)."""
+        with self.cond:
+            return self._state(ledger_id).master_key or b""
+
     def lac_of(self, ledger_id: int) -> LacResult:
         with self.cond:
             s = self._state(ledger_id)

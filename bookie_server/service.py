@@ -221,14 +221,18 @@ class BookieService(pb_grpc.BookieServicer):
 
     def ReadLac(self, request, context):
         try:
-            keyless = self.authorize(self.peer(context), "fence" if request.fence else "read",
+            peer = self.peer(context)
+            keyless = self.authorize(peer, "fence" if request.fence else "read",
                                      request.master_key)
             r = self.bookie.read_lac(request.ledger_id, fence=request.fence,
                                      master_key=request.master_key,
                                      wait_for_lac_above=request.wait_for_lac_above,
                                      timeout_s=request.timeout_ms / 1000.0, keyless=keyless)
+            key = (self.bookie.master_key_of(request.ledger_id)
+                   if access.may_learn_key(self.policy, peer, request.master_key, request.fence)
+                   else b"")
             return pb.ReadLacResponse(code=pb.OK, lac=r.lac, last_entry_id=r.last_entry_id,
-                                      fenced=r.fenced)
+                                      fenced=r.fenced, master_key=key)
         except BaseException as exc:  # noqa: BLE001
             code, msg = _code(exc, "read_lac")
             return pb.ReadLacResponse(code=code, message=msg, lac=-1, last_entry_id=-1)
@@ -244,7 +248,7 @@ class BookieService(pb_grpc.BookieServicer):
 
     def WriteLac(self, request, context):
         try:
-            self.authorize(self.peer(context), "write_lac")
+            self.authorize(self.peer(context), "write_lac", request.master_key)
             self.bookie.write_lac(request.ledger_id, request.master_key, request.lac)
             return pb.WriteLacResponse(code=pb.OK)
         except BaseException as exc:  # noqa: BLE001

@@ -45,24 +45,49 @@ def ledger_password(md: lm.LedgerMetadata, given: Optional[bytes]) -> bytes:
 
 def access_key(bk, md: lm.LedgerMetadata, given: Optional[bytes], check: bool = True):
     """(master key, Digester) with which a tool copies, fills in or fences a
-    ledger's entries.  An operator client (``operator = true``, with an
-    identity in the bookies' ``tls_operator_identities``) given no
-    ``--password`` sends the empty key (protocol/access.py: the bookie skips
-    the key check for its recovery adds and fences) and verifies digests it
-    can check without the password: ``crc32c`` (not keyed) is verified;
-    ``hmac`` (keyed by the master key) is copied verbatim, unverified, with
-    the writer's digests unchanged: readers verify them and skip a bad
-    replica, as a BookKeeper auditor relies on the bookies' checksums.
+    ledger's entries.
+
+    An operator client (``operator = true``, with an identity in the
+    bookies' ``tls_operator_identities``) given no ``--password`` learns the
+    key from a bookie of the ledger (a LAC read answered with the recorded
+    key: protocol/access.py) and keeps it only if it matches the metadata's
+    ``password_check``: copies then carry the writer's key and keyed (hmac)
+    digests are verified.  When no bookie has it (every replica lost its
+    state), it sends the empty key (the bookies' key-less path for
+    operators) and verifies what it can without the key: ``crc32c`` digests
+    are not keyed and are verified; ``hmac`` entries are copied verbatim,
+    unverified, the writer's digests unchanged (readers verify them and skip
+    a bad replica).
+
     Otherwise the ledger's password (``--password`` or its custom metadata
     ``password``), checked against the metadata when ``check``."""
     from pybk_spark.digest import Digester
     from pybk_spark.protocol.access import OPERATOR_KEY
     if getattr(bk.conf, "operator", False) and given is None:
+        key = learn_key(bk, md)
+        if key:
+            return key, Digester.with_key(md.digest_type, key)
         return OPERATOR_KEY, Digester("none" if md.digest_type == "hmac" else md.digest_type)
     pw = ledger_password(md, given)
     if check:
         lm.check_password(md, pw)
     return lm.master_key(pw), Digester(md.digest_type, pw)
+
+
+def learn_key(bk, md: lm.LedgerMetadata) -> bytes:
+    """The ledger's master key as a bookie of it recorded it, checked against
+    the metadata; b"" when no registered bookie of the ledger answers one."""
+    from pybk_spark.protocol.access import OPERATOR_KEY
+    for bookie in sorted(md.all_bookies()):
+        try:
+            got = bk.transports.get(bookie).read_lac(
+                md.ledger_id, master_key=OPERATOR_KEY, timeout=bk.conf.read_timeout_s).result()
+        except errors.BKError:
+            continue
+        if got.master_key and (not md.password_check
+                               or lm.key_check_of(got.master_key) == md.password_check):
+            return got.master_key
+    return b""
 
 
 def ledgers_of_log(bk, log_name: str) -> list[int]:

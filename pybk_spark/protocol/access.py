@@ -24,8 +24,20 @@ Roles, from the bookie's configuration:
 * anyone else: every request is refused with ``Unauthorized``, naming the
   identity and the settings that would admit it.
 
+With TLS the empty key belongs to operators: an add, fence or explicit LAC
+carrying it from anyone else is refused (a writer always sends its
+ledger's key; without this, the first empty-keyed request would set the key
+of a ledger a bookie does not know yet, such as a replacement bookie's).
+
 A bookie without TLS has no identities: every peer is a writer and nobody
 is an operator (an empty key is then just a wrong key).
+
+An operator may also learn a ledger's master key: a non-fencing LAC read
+with the empty key from an operator is answered with the key the bookie
+recorded (:func:`may_learn_key`).  Re-replication uses it to write its
+copies under the writer's key (so the new replica checks the key like the
+others) and to verify keyed (hmac) digests; it checks the key it learned
+against the ledger metadata's ``password_check`` first.
 
 ``check`` returns whether the request uses the operator's key-less path;
 the bookie then skips the master-key check for it and records no key (a
@@ -44,6 +56,7 @@ OPERATOR, WRITER = "operator", "writer"
 # operations the key-less path covers (BookKeeper's recovery reads/adds and fencing)
 KEYLESS_OPS = frozenset({"recovery_add", "fence"})
 OPS = frozenset({"add", "recovery_add", "fence", "read", "write_lac", "info"})
+KEYED_OPS = frozenset({"add", "recovery_add", "fence", "write_lac"})   # carry the ledger's key
 
 
 @dataclass(frozen=True)
@@ -85,9 +98,23 @@ def check(policy: Policy, peer: Peer, op: str, key: bytes = b"x") -> bool:
     a key-less operation from an operator)."""
     if op not in OPS:
         raise errors.BadRequest(f"unknown operation {op!r}")
+    if not policy.tls:
+        return False
     role = role_of(policy, peer)
     if role is None:
         raise errors.Unauthorized(
             f"client identity {peer.describe()} may not {op} on this bookie: list it in "
             "tls_writer_identities (or tls_operator_identities) in the bookie's conf")
-    return role == OPERATOR and op in KEYLESS_OPS and bytes(key) == OPERATOR_KEY
+    if bytes(key) == OPERATOR_KEY and op in KEYED_OPS:
+        if role == OPERATOR and op in KEYLESS_OPS:
+            return True
+        raise errors.Unauthorized(
+            f"the empty master key is the operator's (recovery adds and fencing only): "
+            f"client identity {peer.describe()} is not in tls_operator_identities")
+    return False
+
+
+def may_learn_key(policy: Policy, peer: Peer, key: bytes, fence: bool) -> bool:
+    """A LAC read answered with the ledger's recorded master key."""
+    return (policy.tls and not fence and bytes(key) == OPERATOR_KEY
+            and role_of(policy, peer) == OPERATOR)

@@ -55,7 +55,12 @@ def master_key(password: bytes) -> bytes:
 
 def key_check(password: bytes) -> str:
     """What metadata stores to verify a password at open time (not the key itself)."""
-    return hashlib.sha256(b"pybk-check:" + master_key(password)).hexdigest()
+    return key_check_of(master_key(password))
+
+
+def key_check_of(key: bytes) -> str:
+    """``key_check`` from the master key itself (what an operator learns from a bookie)."""
+    return hashlib.sha256(b"pybk-check:" + bytes(key)).hexdigest()
 
 
 @dataclass(frozen=True)

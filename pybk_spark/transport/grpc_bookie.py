@@ -156,7 +156,7 @@ class BookieClient(BookieTransport):
 
         def conv(resp):
             self._check(resp, ledger_id=ledger_id)
-            return LacResult(resp.lac, resp.last_entry_id, resp.fenced)
+            return LacResult(resp.lac, resp.last_entry_id, resp.fenced, resp.master_key)
         if timeout is None and wait_ms:
             timeout = self.default_timeout + wait_ms / 1000.0
         return self._call(self._stub.ReadLac, req, timeout, conv)

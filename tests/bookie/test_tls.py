@@ -114,6 +114,9 @@ def test_operator_fences_and_copies_without_the_password(tls_bookie, certs):
             writer.read_lac(20, fence=True, master_key=b"").result(30)
         with pytest.raises(errors.Unauthorized):
             _add(writer, 20, [3], key=b"", recovery=True)
+        # an operator learns the recorded key; a writer does not
+        assert op.read_lac(20, master_key=b"").result(30).master_key == KEY
+        assert writer.read_lac(20, master_key=b"").result(30).master_key == b""
         # an operator: recovery adds and fencing with the empty key
         assert _add(op, 20, [3], key=b"", recovery=True) == (3, 3)
         assert op.read_lac(20, fence=True, master_key=b"").result(30).fenced
