@@ -83,3 +83,30 @@ def make_cert_files(directory: str | os.PathLike, clients=(WRITER, OPERATOR),
         files.clients[ident] = issue(ca, d, f"client-{ident}", ident)
     files.ca = ca          # kept for tests that issue more
     return files
+
+
+def ensure_cert_files(directory: str | os.PathLike, clients=(WRITER, OPERATOR)) -> CertFiles:
+    """The certificates in ``directory``, made on first use (a restarted
+    standalone keeps its CA, so clients configured earlier still work)."""
+    d = Path(directory)
+    paths = [d / "ca.pem", d / "bookie.pem", d / "bookie-key.pem"] + [
+        d / f"client-{c}{suffix}.pem" for c in clients for suffix in ("", "-key")]
+    if not all(p.exists() for p in paths):
+        return make_cert_files(d, clients)
+    files = CertFiles(d, d / "ca.pem", d / "bookie.pem", d / "bookie-key.pem")
+    for c in clients:
+        files.clients[c] = (d / f"client-{c}.pem", d / f"client-{c}-key.pem")
+    return files
+
+
+def write_client_confs(files: CertFiles) -> dict:
+    """client.conf files for the writer and the operator identity; {name: path}."""
+    out = {}
+    for name, ident, extra in (("client.conf", WRITER, {}),
+                               ("operator.conf", OPERATOR, {"operator": "true"})):
+        path = files.dir / name
+        conf = {**files.client_conf(ident), **extra}
+        path.write_text("# written by pybk standalone --tls (throwaway certificates)\n" +
+                        "".join(f"{k} = {v}\n" for k, v in conf.items()))
+        out[name] = path
+    return out
