@@ -9,7 +9,9 @@ once the journal's page-cache window is full), the Redis peer (bench.redis_peer,
 bench.redis_sweep), then on one LocalCluster (etcd + 3 bookie-server
 processes): (3) client append throughput and the batch-size sweep, (4) sync
 add latency, (5) catch-up read of the ledger (3) wrote, (6) Spark vs Parquet,
-(7) recovery, (8) re-replication (adds a 4th bookie and kills one, so last).
+(7) recovery, (8) re-replication (adds a 4th bookie and kills one); then
+(9) the cost of TLS: append and catch-up read on a TLS cluster against a
+plaintext one (bench.tls_cost).
 
 Outputs: full mode writes bench/results/latest.{json,md,png} and regenerates
 the marked section of docs/performance.md; ``--quick`` (tiny sizes, same code
@@ -37,7 +39,7 @@ RESULTS = os.path.join(HERE, "results")
 DOC = os.path.join(os.path.dirname(HERE), "docs", "performance.md")
 RATIO_KEYS = ("append_vs_redis_pipelined_1c", "append_vs_redis_50c", "sync_add_p99_ms",
               "bookie_ingest_vs_disk", "catchup_read_vs_redis_xrange", "spark_write_vs_parquet",
-              "spark_read_vs_parquet")
+              "spark_read_vs_parquet", "tls_append_vs_plain", "tls_catchup_vs_plain")
 
 
 def _log(msg: str) -> None:
@@ -117,7 +119,7 @@ def compute_ratios(f: dict, errors: dict) -> tuple[dict, dict]:
 
 def run(quick: bool, data_dir: str | None) -> dict:
     from bench import (bookie_ingest, catchup, client_append, disk_writers, machine,
-                       recovery_bench, redis_peer, redis_sweep, rereplication)
+                       recovery_bench, redis_peer, redis_sweep, rereplication, tls_cost)
     started = dt.datetime.now().astimezone().isoformat(timespec="seconds")
     t_start = time.perf_counter()
     base = data_dir or tempfile.gettempdir()
@@ -138,10 +140,12 @@ def run(quick: bool, data_dir: str | None) -> dict:
         r.figures.pop("sweep_redis", None)
         _cluster_figures(r, quick, work, redis_sw, client_append, catchup, recovery_bench,
                          rereplication)
+        r.step("9_tls", lambda: tls_cost.measure(quick, work))
     finally:
         import shutil
         shutil.rmtree(work, ignore_errors=True)
     ratios, missing = compute_ratios(r.figures, r.errors)
+    tls_cost.add_ratios(ratios, missing, r.figures, r.errors)
     return {"mode": "quick" if quick else "full",
             "command": "make bench QUICK=1" if quick else "make bench",
             "started_at": started, "duration_s": time.perf_counter() - t_start,
