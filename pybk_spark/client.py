@@ -219,4 +219,6 @@ def _timer(delay_s: float, fn: Callable[[], None]) -> None:
 def _as_bytes(password) -> bytes:
     if isinstance(password, str):
         return password.encode()
+    if isinstance(password, lm.MasterKey):       # an operator's learned key
+        return password
     return bytes(password or b"")

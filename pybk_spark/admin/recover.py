@@ -18,9 +18,11 @@ Theory of operation
    ``failed`` row makes the exit status non-zero.
 
 Passwords: ``--password`` or the ledger's custom metadata ``password``
-(default empty).  Re-replication and damage repair run by an operator
-client need neither (:func:`access_key`); this fencing recovery still needs
-the password.
+(default empty).  An operator client (``operator = true``, an identity
+in the bookies' ``tls_operator_identities``) needs neither: it learns each
+ledger's master key from a bookie of the ledger (:func:`learn_key`, checked
+against the metadata) and recovers with it; re-replication and damage
+repair likewise (:func:`access_key`).
 """
 from __future__ import annotations
 
@@ -130,6 +132,10 @@ def recover_with(bk, ledger_id: int, password: Optional[bytes] = None,
         md = bk.get_ledger_metadata(ledger_id)
         row["state_before"] = md.state
         pw = ledger_password(md, password)
+        if getattr(bk.conf, "operator", False) and password is None and not md.is_closed:
+            key = learn_key(bk, md)            # an operator: no password needed
+            if key:
+                pw = lm.MasterKey(key)
         if md.is_closed:
             row.update(last_entry=md.last_entry_id, entries_recovered=0, outcome="already-closed")
             return row

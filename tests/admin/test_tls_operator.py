@@ -112,3 +112,29 @@ def test_operator_rereplicates_ledgers_with_three_passwords(tls_cluster):
                     lid, fence=True, master_key=lm.master_key(b"wrong")).result(30)
             assert bk.transports.get(new_bookie).read_lac(
                 lid, fence=True, master_key=lm.master_key(pw)).result(30).fenced
+
+
+def test_operator_recovers_a_dead_writers_ledger_without_its_password(tls_cluster):
+    from pybk_spark.client import BookKeeper
+    from pybk_spark.testing.certs import OPERATOR, WRITER
+    cluster, certs, root = tls_cluster
+    uri = cluster.metadata_uri
+    writer_conf = certs.client_conf(WRITER)
+    with BookKeeper(uri, conf=writer_conf) as bk:
+        lh = bk.create_ledger(3, 2, 2, digest="hmac", password=b"delta")
+        lh.add_entries(_payloads("open", 120))
+        lh._lease.revoke()                   # the writer "dies": lease gone, ledger OPEN
+        lh._lease = None
+        lid = lh.ledger_id
+    operator_file = _write_conf(root / "operator-recover.conf",
+                                {**certs.client_conf(OPERATOR), "operator": "true"})
+    out = pybk("--json", "recover", "--metadata-uri", uri, "--client-conf", operator_file,
+               "--ledger", lid)
+    assert out.rc == 0, out.out + out.err
+    (row,) = [r for r in out.json()["ledgers"] if r["ledger"] == lid]
+    assert row["outcome"] == "recovered" and row["last_entry"] == 119, row
+    with BookKeeper(uri, conf=writer_conf) as bk:
+        md = bk.get_ledger_metadata(lid)
+        assert md.is_closed and md.last_entry_id == 119
+        rh = bk.open_ledger(lid, password=b"delta", recovery=False)
+        assert [e.payload for e in rh.read(0, 119)] == _payloads("open", 120)
