@@ -10,7 +10,7 @@ bench.redis_sweep), then on one LocalCluster (etcd + 3 bookie-server
 processes): (3) client append throughput and the batch-size sweep, (4) sync
 add latency, (5) catch-up read of the ledger (3) wrote, (6) Spark vs Parquet,
 (7) recovery, (8) re-replication (adds a 4th bookie and kills one); then
-(9) the cost of TLS: append and catch-up read on a TLS cluster against a
+(10) the cost of TLS: append and catch-up read on a TLS cluster against a
 plaintext one (bench.tls_cost).
 
 Outputs: full mode writes bench/results/latest.{json,md,png} and regenerates
@@ -140,7 +140,7 @@ def run(quick: bool, data_dir: str | None) -> dict:
         r.figures.pop("sweep_redis", None)
         _cluster_figures(r, quick, work, redis_sw, client_append, catchup, recovery_bench,
                          rereplication)
-        r.step("9_tls", lambda: tls_cost.measure(quick, work))
+        r.step("10_tls", lambda: tls_cost.measure(quick, work))
     finally:
         import shutil
         shutil.rmtree(work, ignore_errors=True)

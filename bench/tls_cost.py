@@ -1,4 +1,4 @@
-"""Figure 9: what TLS costs, as ratios measured in the same run.
+"""Figure 10: what TLS costs, as ratios measured in the same run.
 
 Two LocalClusters of 3 bookies on this machine, one plaintext and one with
 mutual TLS on every bookie port (throwaway certificates, pybk_spark/testing/
@@ -75,11 +75,11 @@ def measure(quick: bool, work: str) -> dict:
 
 def add_ratios(ratios: dict, missing: dict, figures: dict, errors: dict) -> None:
     """Put the two TLS ratios (or why they are missing) into the run's JSON."""
-    f = figures.get("9_tls") or {}
+    f = figures.get("10_tls") or {}
     for key, what in (("tls_append_vs_plain", "append_entries_per_s"),
                       ("tls_catchup_vs_plain", "catchup_entries_per_s")):
         tls, plain = f.get(f"tls_{what}"), f.get(f"plain_{what}")
         ratios[key] = tls / plain if tls and plain else None
         if ratios[key] is None:
-            missing[key] = (f"9_tls: {errors['9_tls']}" if "9_tls" in errors
+            missing[key] = (f"10_tls: {errors['9_tls']}" if "10_tls" in errors
                             else "component missing")
