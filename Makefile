@@ -10,7 +10,7 @@ export SPARK_LOCAL_IP := 127.0.0.1
 export GRPC_ENABLE_FORK_SUPPORT := false
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: venv demo test test-fast test-hosts install-check proto proto-check bench bench-peers chaos standalone clean
+.PHONY: venv demo test test-fast test-hosts install-check proto proto-check bench bench-peers fault-tools chaos standalone clean
 
 venv: $(STAMP)
 
@@ -24,13 +24,13 @@ demo: venv
 	$(VPY) -m pybk_spark.demo
 
 # install-check runs first so pytest's summary stays the last line CI reads
-test: venv bench-peers install-check
+test: venv bench-peers fault-tools install-check
 	$(VPY) -m pytest -q tests $(PYTEST_ARGS)
 
 # Tests on separate test hosts (network namespaces; docs/testing.md).  Where
 # namespaces cannot be made they FAIL here, naming what is missing, instead of
 # skipping as they do under `make test`.
-test-hosts: venv
+test-hosts: venv fault-tools
 	$(VPY) -m pybk_spark.testing.hosts --check
 	PYBK_REQUIRE_HOSTS=1 $(VPY) -m pytest -q tests/hosts $(PYTEST_ARGS)
 
@@ -58,11 +58,20 @@ bench-peers:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server) >/dev/null \
 	  || echo "WARNING: could not install redis-server; Redis figures will be skipped"; }
 
+# iptables: the link faults between test hosts (partitions, drops, loss;
+# pybk_spark/testing/link_faults.py).  Without it those tests skip naming it.
+fault-tools:
+	@command -v iptables >/dev/null 2>&1 || [ -x /usr/sbin/iptables ] || { \
+	  echo "installing iptables (link faults between test hosts) with apt-get"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iptables) >/dev/null \
+	  || echo "WARNING: could not install iptables; link-fault tests will be skipped"; }
+
 bench: venv bench-peers
 	$(VPY) -m bench.run $(if $(QUICK),--quick,)
 
-chaos: venv
-	$(VPY) -m tests.chaos.runner --duration $(or $(DURATION),120) $(if $(SEED),--seed $(SEED),)
+chaos: venv fault-tools
+	$(VPY) -m tests.chaos.runner --duration $(or $(DURATION),120) $(if $(SEED),--seed $(SEED),) \
+	  $(if $(FAULTS),--faults $(FAULTS),) $(if $(TOPOLOGY),--topology $(TOPOLOGY),) $(if $(JSON),--json $(JSON),)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

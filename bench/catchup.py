@@ -31,17 +31,22 @@ def wait_for_lac(bk: BookKeeper, ledger_id: int, last: int, timeout: float = 60.
         time.sleep(0.2)
 
 
+def timed_read(rh, entries: int) -> dict:
+    """Read [0, entries-1] of an open read handle with ``read_batches``, timed."""
+    last = entries - 1
+    rows = nbytes = 0
+    t0 = time.perf_counter()
+    for batch in rh.read_batches(0, last):
+        rows += batch.num_rows
+        nbytes += batch.column("payload").nbytes
+    elapsed = time.perf_counter() - t0
+    if rows != entries:
+        raise RuntimeError(f"catch-up read {rows} entries, expected {entries}")
+    return {"entries": rows, "seconds": elapsed, "entries_per_s": rate(rows, elapsed),
+            "mb_per_s": rate(nbytes, elapsed) / 1e6, "ledger_state": rh.metadata.state}
+
+
 def measure(uri: str, ledger_id: int, entries: int) -> dict:
     with BookKeeper(uri) as bk:
         rh = wait_for_lac(bk, ledger_id, entries - 1)
-        last = entries - 1
-        rows = nbytes = 0
-        t0 = time.perf_counter()
-        for batch in rh.read_batches(0, last):
-            rows += batch.num_rows
-            nbytes += batch.column("payload").nbytes
-        elapsed = time.perf_counter() - t0
-        if rows != entries:
-            raise RuntimeError(f"catch-up read {rows} entries, expected {entries}")
-        return {"entries": rows, "seconds": elapsed, "entries_per_s": rate(rows, elapsed),
-                "mb_per_s": rate(nbytes, elapsed) / 1e6, "ledger_state": rh.metadata.state}
+        return timed_read(rh, entries)

@@ -42,7 +42,7 @@ def _cfg_name(cfg) -> str:
     return "E%dQw%dQa%d" % cfg
 
 
-def _timed_batched(lh, data: list[bytes]) -> dict:
+def timed_batched(lh, data: list[bytes]) -> dict:
     t0 = time.perf_counter()
     ids = lh.add_entries(data)
     elapsed = time.perf_counter() - t0
@@ -82,7 +82,7 @@ def throughput(uri: str, quick: bool, catchup_entries: int) -> dict:
             name = _cfg_name(cfg)
             lh = bk.create_ledger(*cfg)
             n = max(n_batched, catchup_entries) if cfg == CONFIGS[0] else n_batched
-            out[f"batched_{name}"] = _timed_batched(lh, payloads(n))
+            out[f"batched_{name}"] = timed_batched(lh, payloads(n))
             if cfg == CONFIGS[0]:
                 out["catchup_ledger"] = lh.ledger_id   # stays OPEN: its writer is still alive
                 out["catchup_ledger_entries"] = n
@@ -123,7 +123,7 @@ def batch_sweep(uri: str, quick: bool) -> dict:
         with BookKeeper(uri, conf={"add_batch_entries": n}) as bk:
             lh = bk.create_ledger(3, 3, 2)
             lh.add_entries(payloads(min(n * 4, 2000)))
-            out["pipelined"][str(n)] = _timed_batched(lh, payloads(piped_total[n]))
+            out["pipelined"][str(n)] = timed_batched(lh, payloads(piped_total[n]))
             lh.close()
     return out
 

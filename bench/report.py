@@ -21,6 +21,8 @@ TARGETS = {
     "spark_read_vs_parquet": (">=", 0.5, "(6) Spark full scan / Parquet full scan"),
     "tls_append_vs_plain": (">=", 0.5, "(10) batched append, mutual TLS / plaintext"),
     "tls_catchup_vs_plain": (">=", 0.5, "(10) catch-up read, mutual TLS / plaintext"),
+    "entry_cpu_7_vs_3_bookies": ("<=", 1.2, "(9) CPU-s per M batched entries, every process, "
+                                 "7 bookie hosts / 3 (1.0 = flat)"),
 }
 
 
@@ -111,10 +113,49 @@ def markdown(r: dict) -> str:
                  + (f"{_f(rr.get('copy_mb_per_s'), 1)} MB/s copying, {_f(rr.get('total_mb_per_s'), 1)} MB/s with audit "
                     f"({_f(rr.get('bytes'))} B, {rr.get('fragments')} fragments)" if rr.get("available")
                     else f"null ({rr.get('reason')})") + " | - |")
+    lines += scaling_rows(f.get("9_scaling"))
     errs = r.get("errors") or {}
     if errs:
         lines += ["", "Errors during the run:", ""] + [f"- {k}: {v}" for k, v in errs.items()]
     return "\n".join(lines) + "\n"
+
+
+def _cpu_cell(ph: dict) -> str:
+    c = ph.get("cpu_s_per_m_entries") or {}
+    return (f"CPU-s per M entries: writers {_f(c.get('writers'), 1)}, bookies {_f(c.get('bookies'), 1)}, "
+            f"etcd {_f(c.get('etcd'), 2)}, total {_f(c.get('total'), 1)}")
+
+
+def scaling_rows(sc) -> list[str]:
+    """Figure 9: one row per bookie count and phase, beside the 3-bookie row."""
+    if not sc:
+        return []
+    if not sc.get("available"):
+        return [f"| 9 | scaling over bookie hosts | skipped: {sc.get('reason')} | - |"]
+    rounds = sc.get("rounds") or {}
+    base_n = str(min(int(n) for n in rounds)) if rounds else None
+    rows = []
+    for phase, what in (("append", "batched append (add_entries) + close"),
+                        ("read", "read back (read_batches, non-fencing)")):
+        base = _get(rounds, base_n, phase) or {}
+        for n in sorted(rounds, key=int):
+            ph = rounds[n].get(phase) or {}
+            ours = f"{_f(ph.get('entries_per_s'))} entries/s; {_cpu_cell(ph)}"
+            if n == base_n:
+                peer = "(the peer of the rows below)"
+            else:
+                eps = _ratio_txt(ph.get("entries_per_s"), base.get("entries_per_s"))
+                cpu = _ratio_txt(_get(ph, "cpu_s_per_m_entries", "total"),
+                                 _get(base, "cpu_s_per_m_entries", "total"))
+                peer = (f"{base_n} bookies: {_f(base.get('entries_per_s'))} entries/s ({eps}), "
+                        f"total {_f(_get(base, 'cpu_s_per_m_entries', 'total'), 1)} CPU-s/M ({cpu})")
+            rows.append(f"| 9 | {what}, {n} bookie hosts, {sc.get('writers')} writer hosts, "
+                        f"{sc.get('etcd_members')} etcd, {sc.get('quorum')}, 1 KiB | {ours} | {peer} |")
+    return rows
+
+
+def _ratio_txt(num, den) -> str:
+    return f"{num / den:.2f}x" if num is not None and den else "n/a"
 
 
 def machine_markdown(m: dict) -> str:
@@ -132,7 +173,7 @@ def plot(r: dict, path: str) -> None:
     import matplotlib.pyplot as plt
     sweep = r["figures"].get("sweep") or {}
     ours, redis = sweep.get("ours") or {}, sweep.get("redis") or {}
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(18, 4.8))
 
     def series(src, mode, key):
         pts = sorted((int(n), v.get(key)) for n, v in (src.get(mode) or {}).items()
@@ -165,17 +206,48 @@ def plot(r: dict, path: str) -> None:
     ax2.set(xscale="log", yscale="log", xlabel="batch / pipeline size N (1 KiB entries)",
             ylabel="latency per batch, ms", title="Batch latency (one in flight)")
     ax2.legend(fontsize=7)
+    _plot_scaling(ax3, r["figures"].get("9_scaling"))
     fig.suptitle(f"pybk-spark vs Redis (appendfsync always), {r['mode']} run {r['started_at']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
+def _plot_scaling(ax, sc) -> None:
+    """Figure 9: stacked CPU-s per million batched entries by process kind
+    for each bookie count, and entries/s (append and read) on a second axis."""
+    ax.set(title="Scaling: CPU per entry vs bookie hosts", xlabel="bookie hosts")
+    if not sc or not sc.get("available"):
+        why = (sc or {}).get("reason") or "not measured"
+        ax.text(0.5, 0.5, f"skipped: {why}", ha="center", va="center", wrap=True, fontsize=8,
+                transform=ax.transAxes)
+        return
+    rounds = sc.get("rounds") or {}
+    ns = sorted(rounds, key=int)
+    x = [int(n) for n in ns]
+    bottom = [0.0] * len(ns)
+    for kind, color in (("writers", "tab:blue"), ("bookies", "tab:green"), ("etcd", "tab:purple")):
+        h = [_get(rounds, n, "append", "cpu_s_per_m_entries", kind) or 0.0 for n in ns]
+        ax.bar(x, h, bottom=bottom, width=1.2, color=color, label=f"append CPU: {kind}")
+        bottom = [b + v for b, v in zip(bottom, h)]
+    ax.set(ylabel="CPU-seconds per million entries (append)", xticks=x)
+    ax2 = ax.twinx()
+    for phase, style in (("append", "ko-"), ("read", "k^--")):
+        ax2.plot(x, [_get(rounds, n, phase, "entries_per_s") for n in ns], style,
+                 label=f"{phase} entries/s (2 cores shared)")
+    ax2.set(ylabel="entries/s, all writers", ylim=(0, None))
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    ax.legend(h1 + h2, l1 + l2, fontsize=7, loc="lower left")
+
+
 def update_docs(r: dict, doc_path: str, png_rel: str, md_table: str) -> None:
     section = "\n".join([
         BEGIN,
         "<!-- generated by `make bench` (bench/report.py); edit outside the markers -->",
-        "", "## Latest run", "", md_table, f"![throughput and latency against batch size]({png_rel})", "",
+        "", "## Latest run", "", md_table,
+        f"![throughput and latency against batch size; CPU per entry against bookie hosts]({png_rel})",
+        "",
         "## Machine", "", machine_markdown(r["machine"]), END])
     text = open(doc_path).read() if os.path.exists(doc_path) else "# Performance\n\n"
     if BEGIN in text and END in text:

@@ -9,9 +9,13 @@ once the journal's page-cache window is full), the Redis peer (bench.redis_peer,
 bench.redis_sweep), then on one LocalCluster (etcd + 3 bookie-server
 processes): (3) client append throughput and the batch-size sweep, (4) sync
 add latency, (5) catch-up read of the ledger (3) wrote, (6) Spark vs Parquet,
-(7) recovery, (8) re-replication (adds a 4th bookie and kills one); then
-(10) the cost of TLS: append and catch-up read on a TLS cluster against a
-plaintext one (bench.tls_cost).
+(7) recovery, (8) re-replication (adds a 4th bookie and kills one, so last);
+then, once that cluster is gone, (9) scaling (bench.scaling): batched appends
+and reads with 3, 5 and 7 bookies, each on its own test host (network
+namespace), with every process's CPU per entry; where namespaces cannot be
+made it is recorded as skipped with the reason; then (10) the cost of TLS:
+append and catch-up read on a TLS cluster against a plaintext one
+(bench.tls_cost).
 
 Outputs: full mode writes bench/results/latest.{json,md,png} and regenerates
 the marked section of docs/performance.md; ``--quick`` (tiny sizes, same code
@@ -32,14 +36,15 @@ import tempfile
 import time
 import traceback
 
-from bench import report
+from bench import report, scaling
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
 DOC = os.path.join(os.path.dirname(HERE), "docs", "performance.md")
 RATIO_KEYS = ("append_vs_redis_pipelined_1c", "append_vs_redis_50c", "sync_add_p99_ms",
               "bookie_ingest_vs_disk", "catchup_read_vs_redis_xrange", "spark_write_vs_parquet",
-              "spark_read_vs_parquet", "tls_append_vs_plain", "tls_catchup_vs_plain")
+              "spark_read_vs_parquet", "entry_cpu_7_vs_3_bookies", "tls_append_vs_plain",
+              "tls_catchup_vs_plain")
 
 
 def _log(msg: str) -> None:
@@ -97,13 +102,15 @@ def compute_ratios(f: dict, errors: dict) -> tuple[dict, dict]:
                                                red.get("redis_xrange_entries_per_s")),
         "spark_write_vs_parquet": spark.get("write_ratio"),
         "spark_read_vs_parquet": spark.get("read_scan_ratio"),
+        "entry_cpu_7_vs_3_bookies": scaling.cpu_ratio(f.get("9_scaling")),
     }
     needs = {"append_vs_redis_pipelined_1c": ("3_append", "peers_redis"),
              "append_vs_redis_50c": ("3_append", "peers_redis"),
              "sync_add_p99_ms": ("4_sync_latency",),
              "bookie_ingest_vs_disk": ("2_bookie_ingest",),
              "catchup_read_vs_redis_xrange": ("5_catchup", "peers_redis"),
-             "spark_write_vs_parquet": ("6_spark",), "spark_read_vs_parquet": ("6_spark",)}
+             "spark_write_vs_parquet": ("6_spark",), "spark_read_vs_parquet": ("6_spark",),
+             "entry_cpu_7_vs_3_bookies": ("9_scaling",)}
     missing = {}
     for key, value in ratios.items():
         if value is not None and isinstance(value, float) and not math.isfinite(value):
@@ -113,6 +120,9 @@ def compute_ratios(f: dict, errors: dict) -> tuple[dict, dict]:
             if key == "spark_write_vs_parquet" and spark and not spark.get("bookkeeper_write_available"):
                 why.append("Spark batch writer (df.write.format('bookkeeper')) not available: "
                            f"{spark.get('bookkeeper_write_error')}")
+            sc = f.get("9_scaling") or {}
+            if key == "entry_cpu_7_vs_3_bookies" and sc.get("available") is False:
+                why.append(f"9_scaling skipped: {sc.get('reason')}")
             missing[key] = "; ".join(why) or "component missing"
     return ratios, missing
 
@@ -140,6 +150,7 @@ def run(quick: bool, data_dir: str | None) -> dict:
         r.figures.pop("sweep_redis", None)
         _cluster_figures(r, quick, work, redis_sw, client_append, catchup, recovery_bench,
                          rereplication)
+        r.step("9_scaling", lambda: scaling.measure(quick, work))
         r.step("10_tls", lambda: tls_cost.measure(quick, work))
     finally:
         import shutil

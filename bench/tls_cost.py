@@ -81,5 +81,5 @@ def add_ratios(ratios: dict, missing: dict, figures: dict, errors: dict) -> None
         tls, plain = f.get(f"tls_{what}"), f.get(f"plain_{what}")
         ratios[key] = tls / plain if tls and plain else None
         if ratios[key] is None:
-            missing[key] = (f"10_tls: {errors['9_tls']}" if "10_tls" in errors
+            missing[key] = (f"10_tls: {errors['10_tls']}" if "10_tls" in errors
                             else "component missing")

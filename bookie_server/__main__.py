@@ -43,7 +43,7 @@ import time
 import sys
 import uuid
 
-from bookie_server import cookie, health, identity, tls as bookie_tls
+from bookie_server import admin_http, cookie, health, identity, tls as bookie_tls
 from bookie_server.background import DamagePublisher, DiskChecker, GarbageCollector
 from bookie_server.bookie import Bookie
 from bookie_server.config import load_config, replace
@@ -81,11 +81,11 @@ def _parse(argv):
     return p.parse_args(argv)
 
 
-def _open_store(uri: str):
+def _open_store(uri: str, cfg=None):
     if not uri:
         return None
-    from pybk_spark.metadata import open_store
-    return open_store(uri)
+    from pybk_spark.metadata import EtcdSecurity, open_store
+    return open_store(uri, EtcdSecurity.from_config(cfg) if cfg is not None else None)
 
 
 def main(argv=None, *, make_bookie=Bookie) -> int:
@@ -131,7 +131,7 @@ def main(argv=None, *, make_bookie=Bookie) -> int:
 
 def _locked_main(args, cfg, make_bookie=Bookie) -> int:
     bookie_id = cfg.effective_bookie_id()
-    listeners = metrics = readiness = server_tls = None
+    listeners = metrics = readiness = admin = server_tls = None
     if args.command == "run":
         if cfg.tls_cert_file:
             try:
@@ -141,13 +141,14 @@ def _locked_main(args, cfg, make_bookie=Bookie) -> int:
                 return 2
         metrics = BookieMetrics()
         readiness = health.Readiness(needs_registration=bool(cfg.metadata_uri))
+        admin = admin_http.AdminApi(allow_remote=cfg.admin_http_allow_remote)
         try:
-            listeners = bind_all(cfg, metrics, readiness, server_tls)
+            listeners = bind_all(cfg, metrics, readiness, admin, server_tls)
         except errors.PortInUse as exc:
             print(f"bookie-server: refusing to start: {exc}", file=sys.stderr)
             return 2
     try:
-        store = _open_store(cfg.metadata_uri)
+        store = _open_store(cfg.metadata_uri, cfg)
     except errors.BKError as exc:
         print(f"bookie-server: cannot open metadata store {cfg.metadata_uri}: {exc}",
               file=sys.stderr)
@@ -169,9 +170,12 @@ def _locked_main(args, cfg, make_bookie=Bookie) -> int:
         if registrar is not None:
             registrar.owner["cookie_instance"] = cookie_value.get("instance_id", "")
         return _serve(cfg, bookie_id, store, args.conf, listeners, metrics, registrar,
-                      make_bookie, readiness, server_tls)
+                      make_bookie, readiness, admin, server_tls)
     except (errors.InvalidCookie, errors.BookieIdInUse) as exc:
         print(f"bookie-server: refusing to start: {exc}", file=sys.stderr)
+        return 2
+    except errors.MetadataUnauthorized as exc:
+        print(f"bookie-server: metadata store refused access: {exc}", file=sys.stderr)
         return 2
     except errors.MetadataError as exc:
         print(f"bookie-server: metadata store unavailable: {exc}", file=sys.stderr)
@@ -249,7 +253,7 @@ def _freeze_startup_heap() -> None:
 
 
 def _serve(cfg, bookie_id: str, store, conf_path, listeners, metrics, registrar,
-           make_bookie=Bookie, readiness=None, server_tls=None) -> int:
+           make_bookie=Bookie, readiness=None, admin=None, server_tls=None) -> int:
     # Signal handlers only flip plain flags: taking a lock (Event.set) inside a
     # handler can deadlock when the signal lands while the main thread holds
     # that same lock.  The main loop polls the flags.
@@ -290,6 +294,9 @@ def _serve(cfg, bookie_id: str, store, conf_path, listeners, metrics, registrar,
                  if store is not None else None)
     if publisher is not None:
         publisher.start()
+    if admin is not None:
+        admin.attach(bookie, bookie_id, store=store, gc=ledger_gc, readiness=readiness,
+                     disk_full=lambda: checker.usage_fn() >= checker.threshold)
     scrubber = Scrubber(bookie, cfg.scrub_interval_s, cfg.scrub_rate_bytes_per_s)
     scrubber.start()
     _freeze_startup_heap()

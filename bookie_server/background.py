@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import shutil
 import threading
+import time
 from typing import Callable, Iterable, Optional
 
 from pybk_spark.metadata.store import ledger_key
@@ -112,23 +113,57 @@ def gc_once(bookie, store) -> list[int]:
 
 
 class GarbageCollector:
-    def __init__(self, bookie, store, interval_s: float):
+    """GC every ``interval_s``, or at once after ``trigger()`` (the admin HTTP
+    API's ``PUT /api/v1/bookie/gc``); ``status()`` describes the runs."""
+
+    def __init__(self, bookie, store, interval_s: float, clock: Callable[[], float] = time.time):
         self.bookie, self.store, self.interval = bookie, store, interval_s
+        self.clock = clock
         self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._status = {"running": False, "forced_pending": False, "runs": 0,
+                        "last_start": None, "last_end": None, "last_deleted": [],
+                        "last_error": None, "deleted_total": 0}
         self._thread = threading.Thread(target=self._loop, name="gc", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
+    def trigger(self) -> None:
+        with self._lock:
+            self._status["forced_pending"] = True
+        self._wake.set()
+
+    def status(self) -> dict:
+        with self._lock:
+            return {**self._status, "last_deleted": list(self._status["last_deleted"]),
+                    "interval_s": self.interval}
+
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
+        while True:
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            with self._lock:
+                self._status.update(running=True, forced_pending=False,
+                                    last_start=self.clock())
+            deleted, error = [], None
             try:
-                gc_once(self.bookie, self.store)
+                deleted = gc_once(self.bookie, self.store)
             except Exception as exc:  # noqa: BLE001 - never delete on doubt; try later
+                error = f"{type(exc).__name__}: {exc}"
                 log.warning("event=gc_failed error=%r", exc)
+            with self._lock:
+                st = self._status
+                st.update(running=False, runs=st["runs"] + 1, last_end=self.clock(),
+                          last_deleted=deleted, last_error=error,
+                          deleted_total=st["deleted_total"] + len(deleted))
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread.is_alive():
             self._thread.join()
 

@@ -170,6 +170,7 @@ class Bookie:
         self.states: dict[int, ls.LedgerState] = {}
         self.cond = threading.Condition(threading.RLock())
         self.read_only = False
+        self.admin_read_only = False     # set by the operator (admin HTTP API): kept until cleared
         self.io_error: Optional[str] = None     # set once storage failed (pinned read-only)
         self._mode_listeners: list[Callable[[bool], None]] = []
         self._applied = Position(0, 0)
@@ -457,7 +458,7 @@ class Bookie:
         bookie stays read-only until it is restarted (and its journal
         replayed): nothing may be acknowledged that was not made durable."""
         with self.cond:
-            if not value and self.io_error is not None:
+            if not value and (self.io_error is not None or self.admin_read_only):
                 value = True
             changed = self.read_only != value
             self.read_only = value
@@ -471,6 +472,15 @@ class Bookie:
                 except Exception:  # noqa: BLE001 - e.g. etcd down: the registrar retries
                     log.exception("event=mode_listener_error")
         return changed
+
+    def set_admin_read_only(self, value: bool, disk_full: bool = False) -> bool:
+        """The operator's read-only switch (``PUT /api/v1/bookie/state/readonly``):
+        while set, nothing (not the disk checker) makes the bookie writable.
+        Clearing it leaves the bookie read-only if ``disk_full`` or storage failed."""
+        with self.cond:
+            self.admin_read_only = value
+        self.set_read_only(value or disk_full)
+        return self.read_only
 
     def add_mode_listener(self, listener: Callable[[bool], None]) -> None:
         """``listener(read_only)`` after every mode change (the registrar)."""

@@ -70,6 +70,13 @@ class BookieConfig:
     tls_writer_identities: str = ""      # comma-separated CN/SANs; empty = any admitted client
     tls_operator_identities: str = ""    # comma-separated CN/SANs allowed the key-less path
     metrics_tls: bool = False            # serve /metrics /health /ready over HTTPS
+    admin_http_allow_remote: bool = False  # admin API (/api/v1) answers loopback peers only
+    # etcd TLS / authentication (pybk_spark/metadata/security.py; "" = unset)
+    etcd_ca_file: str = ""
+    etcd_cert_file: str = ""
+    etcd_key_file: str = ""
+    etcd_user: str = ""
+    etcd_password_file: str = ""
 
     def effective_bookie_id(self) -> str:
         return self.bookie_id or f"{self.advertised_address or self.bind_address}:{self.port}"

@@ -13,7 +13,9 @@ Two views of one ``Readiness`` state (``serving``, ``registered``,
     ``/ready``    200 when serving, registered (or standalone) and writable;
                   503 otherwise, the JSON body listing ``reasons``
                   (``starting``, ``not registered``, ``read-only``,
-                  ``stopping``).
+                  ``stopping``);
+    ``/api/v1/...`` the admin API, when an ``admin`` object is given
+                  (bookie_server/admin_http.py).
 * The standard gRPC health service (``grpc.health.v1.Health``) on the gRPC
   port, with these service names:
     ``""`` and ``pybk.wire.v1.Bookie``  SERVING while the bookie serves reads
@@ -87,9 +89,10 @@ class Readiness:
 _TLS_HANDSHAKE_S = 10.0
 
 
-def serve_http(port: int, addr: str, registry, readiness: Optional[Readiness],
+def serve_http(port: int, addr: str, registry, readiness: Optional[Readiness], admin=None,
                tls_context: Optional[Callable] = None):
-    """Bind and serve ``/metrics``, ``/health``, ``/ready`` (OSError if the
+    """Bind and serve ``/metrics``, ``/health``, ``/ready`` and, with
+    ``admin`` (an ``admin_http.AdminApi``), ``/api/v1/...`` (OSError if the
     port is taken); returns the server (``shutdown()`` stops it).
     ``tls_context()``: the current ``ssl.SSLContext`` for HTTPS (asked per
     connection, so a reloaded certificate serves the next one)."""
@@ -97,6 +100,8 @@ def serve_http(port: int, addr: str, registry, readiness: Optional[Readiness],
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 - http.server's name
+            if admin is not None and admin.dispatch(self, "GET"):
+                return
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
                 self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
@@ -109,6 +114,10 @@ def serve_http(port: int, addr: str, registry, readiness: Optional[Readiness],
             else:
                 self._json(404, {"error": f"no such path {path!r}: try /metrics, /health, "
                                           "/ready"})
+
+        def do_PUT(self):  # noqa: N802
+            if admin is None or not admin.dispatch(self, "PUT"):
+                self._json(405, {"error": "only GET here (PUT: /api/v1/... admin routes)"})
 
         def _json(self, code: int, body: dict) -> None:
             self._send(code, json.dumps(body).encode(), "application/json")

@@ -88,6 +88,19 @@ def replay(directory: str, start: Position,
                                 on_damage)
 
 
+def scan_file(path: str, seq: int, offset: int = 0,
+              on_damage: Optional[Callable[[Damage], None]] = None
+              ) -> Iterator[tuple[Position, int, bytes]]:
+    """Read-only walk of one journal file, same framing and resynchronisation
+    as ``replay`` but never truncating (offline tools: ``pybk readjournal``).
+    The torn tail, if any, simply ends the walk."""
+    if os.path.getsize(path) <= offset:
+        return
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        for position, rtype, body in _records(data, seq, offset, on_damage):
+            yield position, rtype, bytes(body)
+
+
 def _read_frame(data, pos: int, size: int) -> tuple[Optional[str], int, Optional[bytes]]:
     """(problem or None, type, body) of the frame at ``pos``; problem "" is
     the zero-filled end of the file."""

@@ -30,14 +30,14 @@ class Listeners:
     http: object = None                 # the metrics/health/ready HTTP server, if any
 
 
-def bind_all(cfg: BookieConfig, metrics, readiness=None, tls=None) -> Listeners:
+def bind_all(cfg: BookieConfig, metrics, readiness=None, admin=None, tls=None) -> Listeners:
     """Bind gRPC (``port``), the add lane (``add_lane_port``) and the
     HTTP endpoint (``metrics_port``: Prometheus ``/metrics``, ``/health``,
-    ``/ready`` from ``readiness``; serving at once, over HTTPS with
-    ``metrics_tls``).  ``tls``: the bookie_server.tls.ServerTls of a TLS
-    bookie (gRPC is bound with its credentials; the lane wraps each
-    connection it accepts).  Raises ``errors.PortInUse``; on failure
-    nothing stays bound."""
+    ``/ready`` from ``readiness``, the admin API ``admin``; serving at once,
+    over HTTPS with ``metrics_tls``).  ``tls``: the bookie_server.tls.ServerTls
+    of a TLS bookie (gRPC is bound with its credentials; the lane wraps each
+    connection it accepts).  Raises ``errors.PortInUse``; on failure nothing
+    stays bound."""
     from bookie_server.add_lane import bind_listener
     from bookie_server.service import bind_server
 
@@ -56,7 +56,7 @@ def bind_all(cfg: BookieConfig, metrics, readiness=None, tls=None) -> Listeners:
                               "add_lane_port / --add-lane-port", exc) from None
         if cfg.metrics_port:
             try:
-                http = metrics.serve(cfg.metrics_port, cfg.bind_address, readiness,
+                http = metrics.serve(cfg.metrics_port, cfg.bind_address, readiness, admin,
                                      tls.http_context if tls is not None and cfg.metrics_tls
                                      else None)
             except OSError as exc:

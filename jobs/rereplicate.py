@@ -1,5 +1,5 @@
 """spark-submit jobs/rereplicate.py --metadata-uri URI [--bookie ID] [--verify]
-[--delay SECONDS] [--grace SECONDS] [--password PW] [--json]
+[--delay SECONDS] [--grace SECONDS] [--password PW] [--json] [--verbose]
 
 Auditor on the driver (lost = unregistered >= --delay seconds, decommissioned,
 or named with --bookie); one Spark task per affected fragment copies its
@@ -25,14 +25,16 @@ def main(argv=None) -> int:
     p.add_argument("--delay", type=float, default=0.0, metavar="SECONDS")
     p.add_argument("--grace", type=float, default=30.0, metavar="SECONDS")
     p.add_argument("--password", default=None)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true",
+                   help="stdout: exactly one JSON document (progress goes to stderr)")
+    p.add_argument("--verbose", action="store_true", help="Spark's INFO log lines too")
     args = p.parse_args(argv)
     password = None if args.password is None else args.password.encode()
     return run_job("rereplicate", "pybk-rereplicate", args.metadata_uri, args.json,
                    lambda bk, mapper: orchestrate.run_rereplicate(
                        bk, args.metadata_uri, mapper, bookies=args.bookie, delay_s=args.delay,
                        grace_s=args.grace, verify=args.verify, password=password),
-                   client_conf=args.client_conf)
+                   verbose=args.verbose, client_conf=args.client_conf)
 
 
 if __name__ == "__main__":

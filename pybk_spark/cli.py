@@ -10,7 +10,8 @@ Conventions every subcommand follows:
   * results through ``emit(args, data, text)``: ``pybk --json CMD`` prints the
     data as one JSON document, otherwise the text;
   * failures are ``pybk_spark.errors`` exceptions: ``main`` prints them (JSON
-    with code when ``--json``) and exits 1; bad usage exits 2, and so does
+    with code when ``--json``) and exits 1, as it does an ``OSError`` (one
+    line naming the file); bad usage exits 2, and so does
     ``standalone`` refused because its data dir is in use.
 """
 from __future__ import annotations
@@ -41,7 +42,10 @@ COMMAND_MODULES: tuple[str, ...] = ("pybk_spark.cli_ledgers", "pybk_spark.cli_lo
                                     "pybk_spark.cli_admin",
                                     "pybk_spark.admin.shell_recovery",
                                     "pybk_spark.admin.shell_ledgers",
-                                    "pybk_spark.admin.shell_bookies")
+                                    "pybk_spark.admin.shell_bookies",
+                                    "pybk_spark.admin.shell_operator",
+                                    "pybk_spark.admin.shell_offline",
+                                    "pybk_spark.admin.etcd_roles")
 
 
 def register(name: str, help: str, add_arguments, run) -> None:
@@ -217,8 +221,13 @@ def _listbookies(args: argparse.Namespace) -> int:
                 rows.append(info)
     finally:
         store.close()
-    text = "\n".join(f"{r.get('bookie_id')} {r.get('address')} rack={r.get('rack')} "
-                     f"state={r.get('state')}" for r in rows) or "(no bookies)"
+    from pybk_spark.admin.report import table
+    human = [{"bookie": r.get("bookie_id"), "address": r.get("address"),
+              "add_lane": r.get("add_lane_address") or "-", "rack": r.get("rack"),
+              "state": r.get("state"), "metrics_port": r.get("metrics_port") or "-"}
+             for r in rows]
+    text = table(human, ["bookie", "address", "add_lane", "rack", "state", "metrics_port"],
+                 empty="(no bookies)")
     emit(args, rows, text)
     return 0
 
@@ -264,6 +273,15 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
         else:
             print(f"pybk {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:           # a file or socket the operator named: one line, no traceback
+        where = f" ({exc.filename})" if exc.filename else ""
+        if getattr(args, "json", False):
+            print(json.dumps({"error": type(exc).__name__, "code": errors.BKError.code,
+                              "message": f"{exc.strerror or exc}{where}",
+                              "outcome_known": True}), flush=True)
+        else:
+            print(f"pybk {args.command}: {exc.strerror or exc}{where}", file=sys.stderr)
         return 1
 
 

@@ -27,7 +27,7 @@ from typing import Callable, Mapping
 from pybk_spark import errors
 from pybk_spark.config import ClientConfig, as_config
 from pybk_spark.ledger_handle import LedgerHandle
-from pybk_spark.metadata import open_store
+from pybk_spark.metadata import EtcdSecurity, open_store
 from pybk_spark.metadata.store import (MetadataStore, iter_ids, ledger_key, read_ledger_metadata,
                                        writer_key)
 from pybk_spark.placement import make_policy, writable_bookies
@@ -51,7 +51,8 @@ class BookKeeper:
         self._call_later = call_later or _timer
         self.recovery_listener = recovery_listener
         self._own_store = store is None
-        self.metadata_store = store if store is not None else open_store(metadata_uri)
+        self.metadata_store = store if store is not None else open_store(
+            metadata_uri, EtcdSecurity.from_config(self.conf))
         if transports is None:
             from pybk_spark.transport.grpc_bookie import GrpcTransportPool
             from pybk_spark.transport.tls import ClientTls

@@ -40,6 +40,13 @@ class ClientConfig:
     # operator: recovery adds and fencing without ledger passwords (needs an
     # identity in the bookies' tls_operator_identities; protocol/access.py)
     operator: bool = False
+    # etcd TLS / authentication (pybk_spark/metadata/security.py; also accepted
+    # as query parameters of the metadata URI)
+    etcd_ca_file: str = ""
+    etcd_cert_file: str = ""
+    etcd_key_file: str = ""
+    etcd_user: str = ""
+    etcd_password_file: str = ""
 
     def with_overrides(self, values: Mapping[str, object]) -> "ClientConfig":
         known = {f.name: f.type for f in fields(self)}

@@ -187,6 +187,12 @@ class MetadataUnavailable(MetadataError):
     outcome_known = False
 
 
+class MetadataUnauthorized(MetadataError):
+    """The metadata store refused this client (TLS handshake, credentials or
+    permission): not transient; the message names the setting to fix."""
+    code = -102
+
+
 class ClientClosed(BKError):
     """Client already closed."""
     code = -19

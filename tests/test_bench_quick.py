@@ -37,8 +37,55 @@ def test_bench_quick_writes_every_ratio(tmp_path):
             assert isinstance(value, (int, float))
     for field in ("nproc", "memory_gib", "disk_free_gib", "python", "pyspark", "pyarrow"):
         assert result["machine"].get(field) is not None, field
+    # figure 9 (scaling over test hosts) ran, or says why it was skipped
+    sc = result["figures"].get("9_scaling")
+    assert sc is not None, "figure 9 neither measured nor skipped with a reason"
+    if sc["available"]:
+        assert set(sc["rounds"]) == {"3", "5", "7"}
+        for rnd in sc["rounds"].values():
+            for phase in ("append", "read"):
+                assert set(rnd[phase]["cpu_s_per_m_entries"]) == {"writers", "bookies", "etcd", "total"}
+        assert "| 9 |" in (ROOT / "bench" / "results" / "quick.md").read_text()
+    else:
+        assert sc["reason"]
     assert (ROOT / "bench" / "results" / "quick.md").exists()
     assert (ROOT / "bench" / "results" / "quick.png").exists()
     # quick mode never overwrites the committed full-run figures
     after = latest.read_bytes() if latest.exists() else None
     assert after == latest_before
+
+
+def test_scaling_skipped_is_reported_not_absent():
+    from bench import report
+    from bench.run import compute_ratios
+    skipped = {"available": False, "reason": "test hosts unavailable: no CAP_NET_ADMIN"}
+    ratios, missing = compute_ratios({"9_scaling": skipped}, {})
+    assert ratios["entry_cpu_7_vs_3_bookies"] is None
+    assert "no CAP_NET_ADMIN" in missing["entry_cpu_7_vs_3_bookies"]
+    assert "skipped: test hosts unavailable" in report.scaling_rows(skipped)[0]
+
+
+def test_scaling_ratio_and_rows_beside_the_3_bookie_round():
+    from bench import report
+    from bench.run import compute_ratios
+
+    def phase(eps, total):
+        return {"entries_per_s": eps, "cpu_s_per_m_entries":
+                {"writers": total / 2, "bookies": total / 2, "etcd": 0.0, "total": total}}
+    fig = {"available": True, "writers": 4, "etcd_members": 3, "quorum": "E=3 Qw=3 Qa=2",
+           "rounds": {str(n): {"append": phase(50_000.0, t), "read": phase(200_000.0, 5.0)}
+                      for n, t in ((3, 20.0), (5, 21.0), (7, 22.0))}}
+    ratios, missing = compute_ratios({"9_scaling": fig}, {})
+    assert ratios["entry_cpu_7_vs_3_bookies"] == 22.0 / 20.0
+    assert "entry_cpu_7_vs_3_bookies" not in missing
+    rows = report.scaling_rows(fig)
+    assert len(rows) == 6 and "1.10x" in rows[2]
+
+
+def test_scaling_ensembles_spread_round_robin():
+    from bench.scaling import ensembles
+    ids = [f"bookie-{i}" for i in range(1, 8)]
+    got = ensembles(7, 4, ids)
+    assert all(len(set(e)) == 3 for e in got)
+    assert {b for e in got for b in e} == set(ids)
+    assert ensembles(3, 4, ids[:3]) == [ids[:3]] * 4

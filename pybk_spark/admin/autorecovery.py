@@ -21,6 +21,12 @@ one loop does both, and any number of copies may run for availability:
   Every ``verify_every``-th round also reads which ids each bookie holds in
   every complete fragment and fills in copies live bookies lack (BookKeeper's
   periodic ledger check).
+* Operator switches (``admin/audit_control.py``) are read every round: a
+  round while ``audit/config`` says disabled only keeps the leadership and
+  reports ``disabled``; a ``lost_bookie_recovery_delay_s`` stored there
+  overrides ``lost_bookie_delay``.  Between rounds the wait is cut into
+  ``trigger_poll_s`` slices; a new version of ``audit/trigger`` (``pybk
+  triggeraudit``) starts the next round at once.
 * A failed round is logged and retried next round; the loop never dies of a
   metadata or bookie error.  ``stop`` (SIGTERM/SIGINT) ends it between rounds
   and releases the leadership.
@@ -37,9 +43,10 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from pybk_spark import errors
+from pybk_spark.admin import audit_control as ctl
 from pybk_spark.admin import orchestrate as orch
 
-LEADER_KEY = "audit/leader"
+LEADER_KEY = ctl.LEADER_KEY
 
 
 @dataclass
@@ -52,6 +59,7 @@ class AutoRecoveryConfig:
     recover_idle_s: float = 300.0
     verify_every: int = 0          # every Nth round also checks all ledgers (0: never)
     password: Optional[bytes] = None
+    trigger_poll_s: float = 1.0    # how often a waiting leader looks at audit/trigger
 
 
 class AutoRecovery:
@@ -66,6 +74,7 @@ class AutoRecovery:
         self.clock = clock
         self._lease = None
         self._rounds = 0
+        self._trigger_seen: Optional[int] = None
 
     # -- leadership -------------------------------------------------------------------
     def is_leader(self) -> bool:
@@ -103,11 +112,19 @@ class AutoRecovery:
         t0 = self.clock()
         try:
             if not self.is_leader():
+                self._trigger_seen = None
                 return {"leader": False}
+            self._trigger_seen = ctl.trigger_version(self.bk.metadata_store)
+            switches = ctl.read_config(self.bk.metadata_store)
+            if not switches["enabled"]:
+                return {"leader": True, "disabled": True, "status": 0,
+                        "seconds": round(self.clock() - t0, 3)}
+            delay = switches["lost_bookie_recovery_delay_s"]
+            delay = self.conf.lost_bookie_delay_s if delay is None else float(delay)
             self._rounds += 1
             verify = bool(self.conf.verify_every) and self._rounds % self.conf.verify_every == 0
             report, _text, status = orch.run_rereplicate(
-                self.bk, self.uri, self.mapper, delay_s=self.conf.lost_bookie_delay_s,
+                self.bk, self.uri, self.mapper, delay_s=delay,
                 grace_s=self.conf.grace_s, verify=verify, password=self.conf.password,
                 clock=self.clock)
             out = {"leader": True, "lost": report["lost"],
@@ -118,7 +135,7 @@ class AutoRecovery:
                    "deferred": len(report["deferred"]),
                    "damaged_repaired": sum(1 for r in report["damaged"]
                                            if r["outcome"] == "repaired"),
-                   "status": status}
+                   "lost_bookie_delay_s": delay, "status": status}
             if verify:
                 out["under_replicated"] = len(report["under_replicated"])
             if self.conf.recover_abandoned:
@@ -145,7 +162,27 @@ class AutoRecovery:
                 done += 1
                 if rounds is not None and done >= rounds:
                     break
-                if wait(self.conf.interval_s):
+                if self._wait_round(wait):
                     break
         finally:
             self.resign()
+
+    def _wait_round(self, wait: Callable[[float], bool]) -> bool:
+        """Wait ``interval_s``, cut short by a ``triggeraudit``; True = stop."""
+        deadline = self.clock() + self.conf.interval_s
+        while True:
+            remaining = deadline - self.clock()
+            if remaining <= 0:
+                return False
+            if wait(min(remaining, self.conf.trigger_poll_s)):
+                return True
+            if self._triggered():
+                return False
+
+    def _triggered(self) -> bool:
+        if self._trigger_seen is None:        # not the leader: wait the interval
+            return False
+        try:
+            return ctl.trigger_version(self.bk.metadata_store) != self._trigger_seen
+        except errors.BKError:
+            return False

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 from pybk_spark import cli, errors
-from pybk_spark.admin.report import table
+from pybk_spark.admin.report import HEX_HINT, preview, table
 from pybk_spark.admin.shell_recovery import client, password_arg, password_of
 
 
@@ -106,6 +106,7 @@ def _readlog_args(p):
                    help="earliest (default), latest, or LEDGER:ENTRY")
     p.add_argument("--follow", "-f", action="store_true", help="keep tailing (Ctrl-C stops)")
     p.add_argument("--max", type=int, default=0, metavar="N", help="stop after N records")
+    p.add_argument("--hex", action="store_true", help="print raw payloads as hex")
     password_arg(p)
 
 
@@ -120,14 +121,37 @@ def _parse_position(text: str):
                                         "LEDGER:ENTRY") from None
 
 
+def _dataframe_decoder(store, name: str):
+    """For a DataFrame log (its metadata records an Arrow schema): a function
+    payload -> list of row dicts; None for a log of raw payloads."""
+    from pybk_spark.log import read_log
+    md, _ = read_log(store, name)
+    if not md.schema:
+        return None
+    import pyarrow as pa
+
+    def decode(payload: bytes) -> list[dict]:
+        try:
+            return pa.ipc.open_stream(payload).read_all().to_pylist()
+        except (pa.ArrowInvalid, OSError) as exc:
+            return [{"_undecodable": f"{type(exc).__name__}: {exc}"}]
+    return decode
+
+
+def _row_text(row: dict) -> str:
+    return " ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in row.items())
+
+
 def _readlog(args) -> int:
     from pybk_spark.log_reader import LogReader, _records
     start = _parse_position(args.start)
     limit = args.max if args.max > 0 else None
     as_json = getattr(args, "json", False)
     count = 0
+    binary = False
     records = []
     with client(args) as bk:
+        decode = _dataframe_decoder(bk.metadata_store, args.name)
         reader = LogReader(bk, args.name, start, password=password_of(args) or b"")
         try:
             while limit is None or count < limit:
@@ -145,10 +169,19 @@ def _readlog(args) -> int:
                     row = {"ledger": r.position.ledger_id, "entry": r.position.entry_id,
                            "size": len(r.payload),
                            "payload": r.payload.decode("utf-8", errors="replace")[:200]}
+                    rows = decode(r.payload) if decode is not None else None
                     if as_json:
+                        if rows is not None:
+                            row["rows"] = rows
                         records.append(row)
+                    elif rows is not None:
+                        for i, dfrow in enumerate(rows):
+                            print(f"{row['ledger']}:{row['entry']}.{i}\t{_row_text(dfrow)}",
+                                  flush=True)
                     else:
-                        print(f"{row['ledger']}:{row['entry']}\t{row['payload']}", flush=True)
+                        text, is_binary = preview(r.payload, args.hex, width=200)
+                        binary = binary or is_binary
+                        print(f"{row['ledger']}:{row['entry']}\t{text}", flush=True)
         except KeyboardInterrupt:
             pass
         finally:
@@ -156,7 +189,8 @@ def _readlog(args) -> int:
     if as_json:
         cli.emit(args, {"log": args.name, "records": records})
     else:
-        print(f"({count} records)", flush=True)
+        print(f"({count} records{', DataFrame log: one line per row' if decode else ''})"
+              + (f" {HEX_HINT}" if binary else ""), flush=True)
     return 0
 
 

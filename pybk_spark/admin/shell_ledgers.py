@@ -5,7 +5,7 @@ import json
 import time
 
 from pybk_spark import cli, errors
-from pybk_spark.admin.report import Progress, table
+from pybk_spark.admin.report import HEX_HINT, Progress, preview, table
 from pybk_spark.admin.shell_recovery import client, password_arg, password_of
 
 
@@ -75,16 +75,18 @@ def _readledger_args(p):
     p.add_argument("--force-recovery", action="store_true",
                    help="fencing open: recover and close the ledger first")
     p.add_argument("--hex", action="store_true", help="print payloads as hex")
+    p.add_argument("--bookie", metavar="ID",
+                   help="read only this bookie's copy (the entries it stores, gaps skipped)")
     password_arg(p)
 
 
 def _preview(payload: bytes, as_hex: bool, width: int = 60) -> str:
-    if as_hex:
-        text = payload.hex()
-    else:
-        text = payload.decode("utf-8", errors="replace")
-        text = "".join(c if c.isprintable() else "." for c in text)
-    return text if len(text) <= width else text[:width] + "..."
+    return preview(payload, as_hex, width)[0]
+
+
+def _entry_row(entry_id: int, payload: bytes, as_hex: bool) -> dict:
+    text, binary = preview(payload, as_hex)
+    return {"entry": entry_id, "size": len(payload), "payload": text, "binary": binary}
 
 
 def _readledger(args) -> int:
@@ -92,6 +94,8 @@ def _readledger(args) -> int:
     with client(args) as bk:
         md = bk.get_ledger_metadata(args.ledger_id)
         pw = ledger_password(md, password_of(args))
+        if args.bookie:
+            return _readledger_bookie(args, bk, md, pw)
         rh = bk.open_ledger(args.ledger_id, password=pw, recovery=args.force_recovery)
         last = rh.last_add_confirmed if args.last is None else args.last
         rows = []
@@ -102,15 +106,61 @@ def _readledger(args) -> int:
                 for batch in rh.read_batches(args.first, last):
                     ids = batch.column("entry_id").to_pylist()
                     pays = batch.column("payload").to_pylist()
-                    rows.extend({"entry": e, "size": len(pl), "payload": _preview(pl, args.hex)}
-                                for e, pl in zip(ids, pays))
+                    rows.extend(_entry_row(e, pl, args.hex) for e, pl in zip(ids, pays))
                     p.step(n=batch.num_rows)
     data = {"ledger": args.ledger_id, "last_add_confirmed": rh.last_add_confirmed,
             "entries": rows}
     header = (f"ledger {args.ledger_id} entries {args.first}..{last} "
               f"(last add confirmed {rh.last_add_confirmed})")
+    binary = not args.hex and any(e["binary"] for e in rows)
+    for e in rows:
+        del e["binary"]
     cli.emit(args, data, header + "\n" + table(rows, ["entry", "size", "payload"],
-                                               empty="(no entries)"))
+                                               empty="(no entries)")
+             + (f"\n{HEX_HINT}" if binary else ""))
+    return 0
+
+
+def _readledger_bookie(args, bk, md, pw: bytes) -> int:
+    """One bookie's copy: sparse reads of ``--first..--last`` from that bookie
+    alone (no quorum, no digest check across replicas)."""
+    import numpy as np
+
+    from pybk_spark.admin.replica_reads import read_ids
+    from pybk_spark.protocol import ledger_metadata as lm
+    if args.bookie not in md.all_bookies():
+        raise errors.IncorrectParameter(f"bookie {args.bookie!r} holds no fragment of ledger "
+                                        f"{md.ledger_id} (its bookies: "
+                                        f"{', '.join(sorted(md.all_bookies()))})")
+    key = lm.master_key(pw)
+    transport = bk.transports.get(args.bookie)
+    last = args.last
+    if last is None:
+        if md.is_closed:
+            last = md.last_entry_id
+        else:
+            try:
+                last = transport.read_lac(md.ledger_id, master_key=key).result().last_entry_id
+            except errors.BKError as exc:
+                raise type(exc)(f"bookie {args.bookie}: {exc}") from None
+    got = read_ids(transport, md.ledger_id, np.arange(args.first, last + 1, dtype=np.int64), key)
+    if got.unreachable:
+        raise errors.BookieUnavailable(f"bookie {args.bookie} could not be read: "
+                                       f"{got.unreachable}")
+    rows = []
+    for batch in got.batches:
+        rows.extend(_entry_row(e, pl, args.hex) for e, pl in
+                    zip(batch.column("entry_id").to_pylist(), batch.column("payload").to_pylist()))
+    binary = not args.hex and any(e["binary"] for e in rows)
+    for e in rows:
+        del e["binary"]
+    data = {"ledger": md.ledger_id, "bookie": args.bookie, "first": args.first, "last": last,
+            "entries": rows}
+    header = (f"ledger {md.ledger_id} on bookie {args.bookie}: {len(rows)} of entries "
+              f"{args.first}..{last} stored there")
+    cli.emit(args, data, header + "\n" + table(rows, ["entry", "size", "payload"],
+                                               empty="(no entries)")
+             + (f"\n{HEX_HINT}" if binary else ""))
     return 0
 
 

@@ -229,6 +229,8 @@ def _autorecovery(args) -> int:
             print(json.dumps({"time": stamp, **row}), flush=True)
         elif not row.get("leader"):
             print(f"{stamp} standby: another autorecovery process is the leader", flush=True)
+        elif row.get("disabled"):
+            print(f"{stamp} disabled: no audit (pybk autorecoveryctl --enable)", flush=True)
         elif "error" in row:
             print(f"{stamp} round failed: {row['error']}", flush=True)
         else:

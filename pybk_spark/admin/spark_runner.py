@@ -3,7 +3,11 @@ jobs/rereplicate.py): one partition per item, results collected on the
 driver, a progress line on stderr from Spark's status tracker.
 
 The SparkSession is created only when there is work, so a no-op run (e.g.
-a second recovery pass) costs no Spark start-up.
+a second recovery pass) costs no Spark start-up.  Spark's own log level is
+WARN unless ``--verbose`` (``spark.log.level``, set when the session is
+built: only the 3 lines Spark logs before it reads its conf stay), and under
+spark-submit the driver's stderr is moved off stdout first (job_output.py),
+so stdout holds the report alone: exactly one JSON document with ``--json``.
 """
 from __future__ import annotations
 
@@ -13,16 +17,16 @@ from typing import Callable, Optional
 
 
 class SparkMapper:
-    def __init__(self, app_name: str, progress: bool = True):
+    def __init__(self, app_name: str, progress: bool = True, verbose: bool = False):
         self.app_name = app_name
         self.progress = progress
+        self.verbose = verbose
         self._spark = None
 
     @property
     def spark(self):
         if self._spark is None:
-            from pyspark.sql import SparkSession
-            self._spark = SparkSession.builder.appName(self.app_name).getOrCreate()
+            self._spark = job_session(self.app_name, self.verbose)
         return self._spark
 
     def warm_up(self) -> None:
@@ -79,25 +83,41 @@ class SparkMapper:
             self._spark = None
 
 
+def job_session(app_name: str, verbose: bool = False):
+    """The SparkSession of a job: Spark logs at WARN unless ``verbose``."""
+    from pyspark.sql import SparkSession
+    builder = SparkSession.builder.appName(app_name)
+    if not verbose:
+        builder = builder.config("spark.log.level", "WARN")
+    return builder.getOrCreate()
+
+
 def run_job(prog: str, app_name: str, metadata_uri: str, as_json: bool, body,
-            client_conf: str | None = None) -> int:
+            verbose: bool = False, client_conf: str | None = None) -> int:
     """The shared driver of the spark-submit jobs: a SparkMapper and a client,
     ``body(bk, mapper) -> (report, text, status)``, typed errors -> exit 2,
-    the report as text or JSON, the job's status as exit code.
+    the report as text or JSON (for a typed error the document ``pybk --json``
+    prints: ``{"error", "code", "message", "outcome_known"}``), the job's status as exit code.
     ``client_conf``: a client.conf path (TLS files, ``operator = true``); the
     tasks open their clients with the same settings."""
     import json
-    import sys
 
     from pybk_spark import errors
+    from pybk_spark.admin.job_output import separate_stderr
     from pybk_spark.client import BookKeeper
 
-    mapper = SparkMapper(app_name)
+    separate_stderr(as_json)
+    mapper = SparkMapper(app_name, verbose=verbose)
     try:
         with BookKeeper(metadata_uri, conf=client_conf, background=False) as bk:
             report, text, status = body(bk, mapper)
     except errors.BKError as exc:
-        print(f"{prog}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        if as_json:                       # the same document as `pybk --json`
+            print(json.dumps({"error": type(exc).__name__, "code": exc.code,
+                              "message": str(exc), "outcome_known": exc.outcome_known}),
+                  flush=True)
+        else:
+            print(f"{prog}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return 2
     finally:
         mapper.stop()

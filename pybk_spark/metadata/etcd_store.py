@@ -34,6 +34,23 @@ Theory of operation:
     (every ttl/3); ``revoke()`` stops the thread and revokes the lease.  If
     etcd reports the lease gone, ``lease.lost`` is set and ``on_lost`` runs.
   * ``wait_for_change`` is a one-shot watch from ``after_revision + 1``.
+  * Security (``EtcdSecurity``, pybk_spark/metadata/security.py): with
+    ``etcd_ca_file`` / ``etcd_cert_file`` every endpoint is a TLS channel
+    (server verified against the CA; the client certificate presented when
+    etcd runs with --client-cert-auth).  With ``etcd_user`` the store
+    authenticates lazily, on its first call (so opening a store never blocks),
+    and sends the token as call metadata.  A token etcd no longer accepts
+    (expired simple token, auth store revision moved on) is renewed once and
+    the call repeated: the refused call was not applied.  Refusals are
+    ``MetadataUnauthorized`` at once, without retries, with a message naming
+    the setting to fix: an untrusted server certificate (etcd_ca_file), a
+    refused client certificate (etcd_cert_file / etcd_key_file), a wrong
+    password or deleted user (etcd_user / etcd_password_file), a permission
+    the user's role lacks (docs/operations.md, "Securing etcd").  A
+    plaintext client against a TLS etcd sees the socket closed:
+    ``MetadataUnavailable`` with a hint to set etcd_ca_file.
+  * ``auth_request`` is the port of the etcd Auth API (users, roles, grants)
+    that ``pybk_spark/admin/etcd_roles.py`` drives.
 """
 from __future__ import annotations
 
@@ -44,15 +61,30 @@ from typing import Callable, Iterable, Optional
 
 import grpc
 import pyetcd
+from pyetcd import etcdrpc
 from pyetcd import exceptions as etcd_exc
 
 from pybk_spark import errors
+from pybk_spark.metadata.etcd_refusals import (StaleToken, refusal_for_status,
+                                               refusal_for_transport)
+from pybk_spark.metadata.security import EtcdSecurity
 from pybk_spark.metadata.store import Lease, MetadataStore, Versioned
 
 
-def _translate(fn):
+def _details(exc: BaseException | None) -> str:
+    """The gRPC detail behind a pyetcd exception (pyetcd raises its own
+    classes inside ``except RpcError``, so the RpcError is the context)."""
+    for e in (exc, getattr(exc, "__context__", None)):
+        if isinstance(e, grpc.RpcError) and hasattr(e, "details"):
+            return e.details() or ""
+    return ""
+
+
+def _translate(fn, sec: EtcdSecurity | None = None):
     """Turn every etcd/gRPC failure raised by ``fn`` into a pybk error (one
     attempt; ``EtcdMetadataStore._call`` adds retries and the endpoints)."""
+    sec = sec or EtcdSecurity()
+
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
@@ -62,12 +94,26 @@ def _translate(fn):
         except (etcd_exc.ConnectionFailedError, etcd_exc.ConnectionTimeoutError,
                 etcd_exc.NoServerAvailableError, etcd_exc.InternalServerError,
                 etcd_exc.WatchTimedOut) as exc:
+            refused = refusal_for_transport(_details(exc), sec)
+            if refused is not None:
+                raise refused from exc
             raise errors.MetadataUnavailable(f"etcd unavailable: {exc or type(exc).__name__}") from exc
+        except etcd_exc.PreconditionFailedError as exc:
+            ctx = exc.__context__
+            refused = (refusal_for_status(ctx.code().name, _details(ctx), sec)
+                       if isinstance(ctx, grpc.RpcError) else None)
+            if refused is not None:
+                raise refused from exc
+            raise errors.MetadataError(f"etcd error: {type(exc).__name__} {exc}") from exc
         except etcd_exc.Etcd3Exception as exc:
             raise errors.MetadataError(f"etcd error: {type(exc).__name__} {exc}") from exc
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
             detail = exc.details() if hasattr(exc, "details") else str(exc)
+            refused = (refusal_for_status(code.name if code else "", detail or "", sec)
+                       or refusal_for_transport(detail or "", sec))
+            if refused is not None:
+                raise refused from exc
             if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
                         grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN):
                 raise errors.MetadataUnavailable(f"etcd unavailable: {code} {detail}") from exc
@@ -170,17 +216,28 @@ class EtcdMetadataStore(MetadataStore):
     """MetadataStore on etcd; thread-safe (one gRPC channel per endpoint, shared)."""
 
     def __init__(self, endpoints: str | Iterable, scope: str, *, timeout: float = 10.0,
-                 read_retry: float = 5.0):
+                 read_retry: float = 5.0, security: EtcdSecurity | None = None):
         scope = scope.strip("/")
         if not scope:
             raise errors.IncorrectParameter("empty metadata scope")
         self.scope = scope
         self.endpoints = parse_endpoints(endpoints)
+        self.security = sec = security or EtcdSecurity()
+        sec.validate()
         self._prefix = f"/{scope}/"
         self._all_endpoints = [f"{h}:{p}" for h, p in self.endpoints]
         self._read_retry = read_retry
+        self._timeout = timeout
+        creds = None
+        if sec.tls:
+            creds = grpc.ssl_channel_credentials(sec.read_file("etcd_ca_file"),
+                                                 sec.read_file("etcd_key_file"),
+                                                 sec.read_file("etcd_cert_file"))
+        self._password = sec.password() if sec.etcd_user else None
+        self._auth_lock = threading.Lock()
+        self._auth_epoch = 0                 # authentications so far (0: not yet)
         self._client = pyetcd.MultiEndpointEtcd3Client(
-            [pyetcd.Endpoint(host, port, secure=False, time_retry=0.5,
+            [pyetcd.Endpoint(host, port, secure=sec.tls, creds=creds, time_retry=0.5,
                              opts=list(_CHANNEL_OPTIONS))
              for host, port in self.endpoints],
             failover=True, timeout=timeout)
@@ -192,7 +249,8 @@ class EtcdMetadataStore(MetadataStore):
     @property
     def uri(self) -> str:
         eps = ",".join(f"{h}:{p}" for h, p in self.endpoints)
-        return f"etcd://{eps}/{self.scope}"
+        query = self.security.query()
+        return f"etcd://{eps}/{self.scope}" + (f"?{query}" if query else "")
 
     # -- helpers --------------------------------------------------------------
     def _k(self, key: str) -> bytes:
@@ -208,27 +266,67 @@ class EtcdMetadataStore(MetadataStore):
         except Exception:              # no endpoint chosen yet
             return ""
 
-    def _call(self, fn, *, idempotent: bool):
+    # -- authentication -------------------------------------------------------------
+    def _authenticate(self, seen_epoch: int) -> None:
+        """Get a token for etcd_user unless another thread did since ``seen_epoch``."""
+        with self._auth_lock:
+            if self._auth_epoch != seen_epoch:
+                return
+            req = etcdrpc.AuthenticateRequest(name=self.security.etcd_user,
+                                              password=self._password)
+            try:
+                resp = self._client.authstub.Authenticate(req, self._timeout)
+            except grpc.RpcError as exc:
+                if (exc.code() == grpc.StatusCode.FAILED_PRECONDITION
+                        and "not enabled" in (exc.details() or "")):
+                    token = None             # auth not enabled (yet): go without a token
+                else:
+                    self._client._manage_grpc_errors(exc)   # marks the endpoint failed; raises
+                    raise
+            else:
+                token = resp.token
+            self._client.metadata = (("token", token),) if token else None
+            self._client._clear_old_stubs()  # the watcher keeps the metadata it was made with
+            self._auth_epoch += 1
+
+    def _ensure_auth(self) -> int:
+        epoch = self._auth_epoch
+        if self._password is not None and epoch == 0:
+            self._call(lambda: self._authenticate(0), idempotent=True, auth=False)
+        return self._auth_epoch
+
+    def _call(self, fn, *, idempotent: bool, auth: bool = True):
         """``fn()`` with etcd errors translated; retried for ``read_retry``
         seconds when that is safe (see the module docstring).  The final
-        MetadataUnavailable names the endpoints tried."""
+        MetadataUnavailable names the endpoints tried.  A stale auth token
+        is renewed once and the call repeated."""
         deadline = time.monotonic() + self._read_retry
         delay = 0.05
         tried: list[str] = []
+        renewed = False
+        reason = ""                          # what the last endpoint reached said
         while True:
             try:
-                return _translate(fn)()
+                epoch = self._ensure_auth() if auth else 0
+                return _translate(fn, self.security)()
+            except StaleToken as exc:
+                if renewed or not auth or self._password is None:
+                    raise errors.MetadataUnauthorized(
+                        f"{exc}: check etcd_user / etcd_password_file") from exc.__cause__
+                renewed = True
+                self._call(lambda: self._authenticate(epoch), idempotent=True, auth=False)
             except errors.MetadataUnavailable as exc:
                 netloc = self._endpoint_in_use()     # the one that failed (or last chosen)
                 unsent = isinstance(exc.__cause__, etcd_exc.NoServerAvailableError)
+                if not unsent or not reason:
+                    reason = str(exc.args[0]) if exc.args else "etcd unavailable"
                 for ep in (self._all_endpoints if unsent else [netloc]):
                     if ep and ep not in tried:
                         tried.append(ep)
                 if (not (idempotent or unsent) or self._closed
                         or time.monotonic() + delay > deadline):
                     raise errors.MetadataUnavailable(
-                        str(exc.args[0]) if exc.args else "etcd unavailable",
-                        endpoints=",".join(tried) or ",".join(self._all_endpoints),
+                        reason, endpoints=",".join(tried) or ",".join(self._all_endpoints),
                     ) from exc.__cause__
                 time.sleep(delay)
                 delay = min(delay * 2, 0.5)
@@ -338,9 +436,13 @@ class EtcdMetadataStore(MetadataStore):
         full = self._k(prefix)
         if timeout <= 0:
             return False
+        epoch = self._ensure_auth()
         try:
-            resp = _translate(self._client.watch_prefix_once_response)(
+            resp = _translate(self._client.watch_prefix_once_response, self.security)(
                 full, timeout=timeout, start_revision=int(after_revision) + 1)
+        except StaleToken:
+            self._call(lambda: self._authenticate(epoch), idempotent=True, auth=False)
+            return True            # not watched: something may have changed
         except errors.MetadataUnavailable as exc:
             if isinstance(exc.__cause__, etcd_exc.WatchTimedOut):
                 return False
@@ -355,6 +457,35 @@ class EtcdMetadataStore(MetadataStore):
         if isinstance(resp, BaseException):
             raise errors.MetadataUnavailable(f"etcd watch failed: {resp}") from resp
         return True
+
+    # -- etcd Auth API (users, roles, grants): pybk_spark/admin/etcd_roles.py ----------
+    def auth_request(self, op: str, perm: tuple[str, str, bool] | None = None, **fields):
+        """One etcd Auth API call: ``op`` names the RPC ("UserAdd", "RoleGet",
+        "RoleGrantPermission", "AuthEnable", ...), ``fields`` its request's
+        fields, ``perm`` a ``(READ|WRITE|READWRITE, key, is_prefix)`` grant on
+        a key relative to this store's scope.  Returns the protobuf response.
+        Not retried (a write); MetadataError / MetadataUnauthorized."""
+        self._check()
+        name = op if op.startswith("Auth") else f"Auth{op}"
+        if perm is not None:
+            kind, key, is_prefix = perm
+            start = self._k(key)
+            end = (start[:-1] + bytes([start[-1] + 1])) if is_prefix else b""
+            fields["perm"] = etcdrpc.Permission(permType=getattr(etcdrpc.Permission, kind),
+                                                key=start, range_end=end)
+        try:
+            request = getattr(etcdrpc, f"{name}Request")(**fields)
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise errors.IncorrectParameter(f"bad etcd auth request {op}: {exc}") from None
+
+        def call():
+            try:
+                return getattr(self._client.authstub, op)(request, self._timeout,
+                                                          metadata=self._client.metadata)
+            except grpc.RpcError as exc:
+                self._client._manage_grpc_errors(exc)   # marks the endpoint failed; raises
+                raise
+        return self._write(call)
 
     def close(self) -> None:
         if self._closed:

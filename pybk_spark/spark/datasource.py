@@ -8,7 +8,12 @@ Theory of operation
 -------------------
 This class only validates options and hands out readers; it holds no client,
 no channel and no lock, because Spark pickles it into other Python processes.
-Options are parsed in ``pybk_spark.spark.options`` (errors name the option),
+Options are parsed in ``pybk_spark.spark.options`` (errors name the option;
+unknown names are refused, option_names.py) on the driver: at ``load()``
+(``schema()``, which cannot tell ``read`` from ``readStream``), at
+``save()`` (``writer()``), and at planning / ``start()`` (``reader()``,
+``streamReader()``, ``streamWriter()``); the ledger password is checked
+against the ledger metadata while planning, before any task runs.
 planning and reading live in ``pybk_spark.spark.reader``.  See docs/spark.md.
 """
 from __future__ import annotations
@@ -22,8 +27,8 @@ from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStre
 from pyspark.sql.types import StructType
 
 from pybk_spark import errors
-from pybk_spark.spark.options import (parse_read_options, parse_stream_options,
-                                      parse_write_options)
+from pybk_spark.spark.options import (parse_load_options, parse_read_options,
+                                      parse_stream_options, parse_write_options)
 from pybk_spark.spark.reader import (BookKeeperBatchReader, BookKeeperPushdownReader,
                                      check_schema, output_spark_schema)
 
@@ -52,7 +57,7 @@ class BookKeeperDataSource(DataSource):
 
     # -- batch read ----------------------------------------------------------------------
     def schema(self) -> StructType:
-        opts = parse_read_options(self.options)      # fail at load(), not at the first action
+        opts = parse_load_options(self.options)      # fail at load(), not at the first action
         return output_spark_schema(_table_schema(opts.metadata_uri, opts.log),
                                    opts.include_metadata)
 

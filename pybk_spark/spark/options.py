@@ -26,6 +26,7 @@ from typing import Mapping, Optional
 
 from pybk_spark import errors
 from pybk_spark.spark.tls_options import parse_client_options
+from pybk_spark.spark import option_names as names
 
 EARLIEST = -2
 LATEST = -1
@@ -35,12 +36,6 @@ DEFAULT_READ_BATCH_ENTRIES = 1000
 DEFAULT_READ_BATCH_BYTES = 16 << 20     # one read window (all bookies together)
 DEFAULT_READ_AHEAD_BATCHES = 1          # windows read while Spark takes the previous one
 DEFAULT_READ_WINDOWS_IN_FLIGHT = 3      # read requests out at once per task (read_handle.py)
-
-KNOWN_READ_OPTIONS = (
-    "metadataServiceUri", "ledgers", "log", "startingOffsets", "endingOffsets",
-    "recovery", "maxEntriesPerPartition", "readBatchEntries", "readBatchBytes", "password", "path",
-    "includeMetadata", "readAheadBatches", "readWindowsInFlight",
-)
 
 
 @dataclass(frozen=True)
@@ -171,7 +166,11 @@ def _check_special(name: str, value: int, allow_earliest: bool, allow_latest: bo
         raise errors.IncorrectParameter(f"option {name!r} cannot be 'latest'")
 
 
-def parse_read_options(options: Mapping[str, str]) -> ReadOptions:
+def parse_read_options(options: Mapping[str, str], *, check_names: bool = True) -> ReadOptions:
+    """Options of a batch read (``check_names=False``: the caller checked the
+    names already, for another operation)."""
+    if check_names:
+        names.check_names(options, names.BATCH_READ, "batch reads")
     uri = _uri(options)
 
     ledgers_text = _get(options, "ledgers")
@@ -261,6 +260,10 @@ def _uri(options: Mapping[str, str]) -> str:
 
 
 def parse_write_options(options: Mapping[str, str], *, streaming: bool = False) -> WriteOptions:
+    if streaming:
+        names.check_names(options, names.STREAM_WRITE, "stream writes")
+    else:
+        names.check_names(options, names.BATCH_WRITE, "batch writes")
     uri = _uri(options)
     log = _get(options, "log") or _get(options, "path")
     if log is None or not str(log).strip():
@@ -311,10 +314,11 @@ class StreamOptions:
 
 
 def parse_stream_options(options: Mapping[str, str]) -> StreamOptions:
+    names.check_names(options, names.STREAM_READ, "stream reads")
     if _get(options, "log") is None:
-        raise errors.IncorrectParameter("the streaming bookkeeper source needs option 'log'")
-    if _get(options, "endingOffsets") is not None:
-        raise errors.IncorrectParameter("option 'endingOffsets' is for batch reads only")
+        raise errors.IncorrectParameter(
+            "the streaming bookkeeper source needs option 'log' (streams read a log; "
+            "option 'ledgers' is for batch reads)")
     starting = _get(options, "startingOffsets") or "earliest"
     stripped = str(starting).strip()
     if stripped.lower() in ("earliest", "latest"):
@@ -331,9 +335,39 @@ def parse_stream_options(options: Mapping[str, str]) -> StreamOptions:
                 "option 'startingOffsets' of a stream must be 'earliest', 'latest' or JSON "
                 f"{{\"index\": SEGMENT_INDEX, \"entry\": ENTRY_ID}}, got {starting!r}")
         starting = stripped
-    base = {k: v for k, v in dict(options).items() if k.lower() != "startingoffsets"}
+    base = {k: v for k, v in dict(options).items()
+            if k.lower() not in ("startingoffsets", "maxentriespertrigger")}
     limit = _get(options, "maxEntriesPerTrigger")
     return StreamOptions(
-        read=parse_read_options(base), starting=starting,
+        read=parse_read_options(base, check_names=False), starting=starting,
         max_entries_per_trigger=parse_positive_int("maxEntriesPerTrigger", limit, 1)
         if limit is not None else None)
+
+
+# -- load(): batch or stream ------------------------------------------------------------------
+def parse_load_options(options: Mapping[str, str]) -> ReadOptions:
+    """What ``load()`` can check: Spark calls the same ``schema()`` for
+    ``read`` and ``readStream``.  Names must be valid for some read; a
+    stream-only option makes it a stream read, a batch-only one a batch read
+    (both: refused); otherwise ``startingOffsets`` may have either form.  The
+    batch reader and the stream reader check their own set again."""
+    names.check_names(options, names.ANY_READ, "reads")
+    stream_only = names.present(options, names.STREAM_ONLY_READ)
+    batch_only = names.present(options, names.BATCH_ONLY_READ)
+    if stream_only and batch_only:
+        raise errors.IncorrectParameter(
+            f"options {batch_only} are for batch reads (spark.read) and {stream_only} for "
+            "stream reads (spark.readStream); a read cannot have both")
+    if stream_only:
+        return parse_stream_options(options).read
+    if batch_only:
+        return parse_read_options(options)
+    try:
+        return parse_read_options(options)
+    except errors.IncorrectParameter as batch_error:
+        if _get(options, "startingOffsets") is None:
+            raise
+        try:
+            return parse_stream_options(options).read
+        except errors.IncorrectParameter:
+            raise batch_error from None

@@ -11,7 +11,9 @@ and for every requested ledger fixes the readable prefix BEFORE planning:
     change is durable in the metadata before any entry of it is acknowledged);
   * OPEN ledger, ``recovery=true``: fencing open first (recovery closes the
     ledger), then up to the recovered last entry.
-It then cuts the prefix into fragment slices (``planning.plan_slices``) and
+Every ledger's password is checked against its metadata first (a wrong one
+fails planning with ``Unauthorized``, not each task).  It then cuts the
+prefix into fragment slices (``planning.plan_slices``) and
 ships each slice as one picklable :class:`LedgerSlicePartition`.
 
 ``read(partition)`` runs on an executor: a non-fencing open of the slice's
@@ -41,6 +43,7 @@ from pybk_spark.spark import arrow_codec
 from pybk_spark.spark.options import ReadOptions
 from pybk_spark.spark.planning import LedgerView, Slice, plan_slices
 from pybk_spark.spark.pushdown import Bounds, push
+from pybk_spark.protocol.ledger_metadata import check_password
 from pybk_spark.spark.read_ahead import read_ahead
 from pybk_spark.spark.tls_options import client_conf
 from pybk_spark.wire.entries import one_batch
@@ -245,8 +248,10 @@ class PlanningClient:
 
 
 def ledger_view(bk, ledger_id: int, opts: ReadOptions) -> LedgerView:
-    """Fix the readable prefix of one ledger (see module docstring)."""
+    """Fix the readable prefix of one ledger (see module docstring).  A wrong
+    password fails here, on the driver, before any task is planned."""
     md = bk.get_ledger_metadata(ledger_id)
+    check_password(md, opts.password)
     if md.state == CLOSED_STATE:
         return LedgerView(ledger_id, tuple(md.fragments()), md.last_entry_id)
     handle = _open(bk, ledger_id, recovery=opts.recovery, password=opts.password)

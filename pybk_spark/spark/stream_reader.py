@@ -14,7 +14,8 @@ Python process per query):
     ``Trigger.AvailableNow`` never past the end fixed by
     ``prepareForTriggerAvailableNow``.
   * ``partitions(start, end)``: per-ledger ranges cut into fragment slices, as
-    the batch read plans them.
+    the batch read plans them; each ledger's password is checked against its
+    metadata here, so a wrong one fails the query on the driver.
 Executors read slices exactly like the batch reader (entries up to the planned
 last one, which is <= the LAC seen by the driver) and decode DataFrame entries.
 ``commit(end)`` deletes nothing: the log is shared and has its own retention.
@@ -30,6 +31,7 @@ from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadM
                                               SupportsTriggerAvailableNow)
 
 from pybk_spark import errors
+from pybk_spark.protocol.ledger_metadata import check_password
 from pybk_spark.protocol.log_metadata import SEGMENT_CLOSED, LogMetadata
 from pybk_spark.spark.options import LATEST, StreamOptions
 from pybk_spark.spark.planning import LedgerView, plan_ledger
@@ -130,6 +132,7 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         out: list[InputPartition] = []
         for ledger_id, first, last in ranges(begin, finish, extents):
             meta = bk.get_ledger_metadata(ledger_id)
+            check_password(meta, self.opts.read.password)      # on the driver, not in tasks
             view = LedgerView(ledger_id, tuple(meta.fragments()), last)
             out.extend(LedgerSlicePartition.of(s) for s in plan_ledger(
                 view, first, LATEST, self.opts.read.max_entries_per_partition))

@@ -20,6 +20,14 @@ than its launch (a leftover key of a killed predecessor does not count) while
 its process is alive; if it dies first the error carries its log tail.
 Every child is started by ``procs.spawn``: it dies with this process, even
 when this process is SIGKILLed (PR_SET_PDEATHSIG; see procs).
+
+Secured etcd (docs/operations.md, "Securing etcd"): ``etcd_tls=EtcdTLS(...)``
+serves etcd's client URL over TLS; ``etcd_auth=True`` also enables etcd
+authentication on the first start (users operator / bookie / client with the
+least-privilege roles, passwords under ``etcd-auth/``; pybk_spark/testing/
+etcd_users.py).  Then ``uri_for(user)`` is the metadata URI carrying that
+user's settings: bookies run as ``bookie``, the cluster's own store as
+``operator``, and ``metadata_uri`` is the ``client`` one.
 """
 from __future__ import annotations
 
@@ -34,9 +42,9 @@ from typing import Optional
 
 from pybk_spark import errors
 from pybk_spark.dirlock import DirLock
-from pybk_spark.metadata import open_store
-from pybk_spark.testing import procs
-from pybk_spark.testing.etcd_process import EtcdProcess
+from pybk_spark.metadata import EtcdSecurity, open_store, with_security
+from pybk_spark.testing import etcd_users, procs
+from pybk_spark.testing.etcd_process import EtcdProcess, EtcdTLS
 from pybk_spark.testing.ports import free_port, port_is_free
 
 
@@ -60,8 +68,11 @@ class LocalCluster:
     def __init__(self, data_dir: str | os.PathLike, num_bookies: int = 3, scope: str = "pybk",
                  bookie_conf: dict | str | os.PathLike | None = None,
                  extra_bookie_args: tuple | list = (), *, metrics: bool = True,
-                 ready_timeout: float = 60.0, bookie_command: tuple | list | None = None):
+                 ready_timeout: float = 60.0, bookie_command: tuple | list | None = None,
+                 etcd_tls: EtcdTLS | None = None, etcd_auth: bool = False):
         self.data_dir = Path(data_dir).absolute()
+        self.etcd_tls = etcd_tls
+        self.etcd_auth = etcd_auth
         self.num_bookies = int(num_bookies)
         self.scope = scope
         self.bookie_conf = bookie_conf
@@ -82,9 +93,23 @@ class LocalCluster:
     # -- public view ------------------------------------------------------------
     @property
     def metadata_uri(self) -> str:
+        """The URI clients use (with the ``client`` user's settings when secured)."""
+        return self.uri_for("client")
+
+    def uri_for(self, user: str | None) -> str:
+        """The metadata URI for ``user`` (operator, bookie, client; None = TLS only)."""
         if self.etcd is None:
             raise RuntimeError("cluster not started")
-        return self.etcd.uri(self.scope)
+        return with_security(self.etcd.uri(self.scope), self.etcd_security(user))
+
+    def etcd_security(self, user: str | None) -> EtcdSecurity:
+        tls = self.etcd_tls
+        base = EtcdSecurity() if tls is None else EtcdSecurity(
+            etcd_ca_file=tls.ca_file, etcd_cert_file=tls.probe_cert_file,
+            etcd_key_file=tls.probe_key_file)
+        if not self.etcd_auth or user is None:
+            return base
+        return etcd_users.security_for(base, self.data_dir / "etcd-auth", user)
 
     @property
     def bookie_ids(self) -> list[str]:
@@ -137,8 +162,11 @@ class LocalCluster:
         if pport and not port_is_free(pport):
             pport = None
         self.etcd = EtcdProcess(self.data_dir / "etcd", client_port=cport,
-                                peer_port=pport).start()
-        self.store = open_store(self.metadata_uri)
+                                peer_port=pport, tls=self.etcd_tls).start()
+        if self.etcd_auth and not state.get("etcd_auth"):
+            etcd_users.create(self.etcd.uri(self.scope), self.etcd_security(None),
+                              self.data_dir / "etcd-auth")
+        self.store = open_store(self.uri_for("operator"))
         known = state.get("bookies", {})
         ids = list(known) or []
         while len(ids) < self.num_bookies:
@@ -293,7 +321,7 @@ class LocalCluster:
                 "--conf", str(self._conf_path()),
                 "--port", str(b.port),
                 "--data-dir", str(data),
-                "--metadata-uri", self.metadata_uri,
+                "--metadata-uri", self.uri_for("bookie"),
                 "--bookie-id", bookie_id]
         if self.metrics:
             args += ["--metrics-port", str(b.metrics_port)]
@@ -354,7 +382,7 @@ class LocalCluster:
             return {}
 
     def _save_state(self) -> None:
-        state = {"scope": self.scope,
+        state = {"scope": self.scope, "etcd_auth": self.etcd_auth,
                  "etcd": {"client_port": self.etcd.client_port, "peer_port": self.etcd.peer_port},
                  "bookies": {bid: {"port": b.port, "metrics_port": b.metrics_port}
                              for bid, b in self._bookies.items()}}

@@ -10,7 +10,8 @@ so a killed member restarts with its data and rejoins as itself.
 ``leader()`` asks the members' ``Maintenance.Status`` (HTTP gateway) and
 returns the member the live ones agree on.  Readiness is "``/health`` is
 true", which needs a quorum: a new cluster starts every member without
-waiting, then waits on each.
+waiting, then waits on each.  ``tls=`` (one ``EtcdTLS`` whose certificate
+names every member's address) serves every member's client URL over TLS.
 """
 from __future__ import annotations
 
@@ -19,12 +20,13 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from pybk_spark.testing.etcd_process import EtcdProcess
+from pybk_spark.testing.etcd_process import EtcdProcess, EtcdTLS
 
 
 class EtcdCluster:
     def __init__(self, hosts: Sequence, data_root: str | os.PathLike, *,
-                 token: str = "pybk-etcd-cluster", ready_timeout: float = 60.0):
+                 token: str = "pybk-etcd-cluster", ready_timeout: float = 60.0,
+                 tls: EtcdTLS | None = None):
         if not hosts:
             raise ValueError("an etcd cluster needs at least one host")
         self.data_root = Path(data_root)
@@ -33,7 +35,8 @@ class EtcdCluster:
         initial = ",".join(f"{n}=http://{h.address}:2380" for n, h in zip(names, self.hosts))
         self.members: list[EtcdProcess] = [
             EtcdProcess(self.data_root / n, name=n, host=h.address, initial_cluster=initial,
-                        cluster_token=token, spawn=h.spawn, ready_timeout=ready_timeout)
+                        cluster_token=token, spawn=h.spawn, ready_timeout=ready_timeout,
+                        tls=tls)
             for n, h in zip(names, self.hosts)]
 
     # -- addresses ----------------------------------------------------------------------

@@ -17,6 +17,15 @@ namespace), ``initial_cluster=`` (``name=http://addr:2380,...``) and
 ``spawn=`` (``Host.spawn``, which starts the binary inside the namespace).
 Its readiness needs a quorum, so a new cluster starts every member with
 ``start(wait=False)`` and then waits on each.
+
+``tls=EtcdTLS(...)`` serves the client URLs over TLS (``--cert-file``,
+``--key-file``; with ``client_cert_auth`` also ``--trusted-ca-file`` and
+``--client-cert-auth``: clients must present a certificate that CA signed).
+The health probe then speaks https, trusting ``ca_file`` and presenting
+``probe_cert_file`` when client certificates are required.  Peer traffic
+stays plaintext (peers are on loopback or a test host's private network).
+Authentication (users, roles) is enabled through etcd's API once it runs:
+``pybk_spark.admin.etcd_roles.apply`` (LocalCluster does it for tests).
 """
 from __future__ import annotations
 
@@ -24,9 +33,11 @@ import importlib.util
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -40,6 +51,29 @@ _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 class EtcdNotFound(RuntimeError):
     pass
+
+
+@dataclass(frozen=True)
+class EtcdTLS:
+    """TLS files of an etcd's client URLs (paths; PEM)."""
+    cert_file: str                  # server certificate (must name the client URL host)
+    key_file: str
+    ca_file: str                    # CA of that certificate, and of client certificates
+    client_cert_auth: bool = False  # require client certificates signed by ca_file
+    probe_cert_file: str = ""       # a client certificate for the health probe
+    probe_key_file: str = ""
+
+    def args(self) -> list[str]:
+        out = ["--cert-file", self.cert_file, "--key-file", self.key_file]
+        if self.client_cert_auth:
+            out += ["--trusted-ca-file", self.ca_file, "--client-cert-auth"]
+        return out
+
+    def ssl_context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=self.ca_file)
+        if self.probe_cert_file:
+            ctx.load_cert_chain(self.probe_cert_file, self.probe_key_file)
+        return ctx
 
 
 def find_etcd_binary() -> str:
@@ -74,8 +108,10 @@ class EtcdProcess:
                  binary: str | None = None, ready_timeout: float = 30.0, *,
                  host: str = "127.0.0.1", initial_cluster: str | None = None,
                  cluster_token: str | None = None,
-                 spawn: Callable[..., subprocess.Popen] | None = None):
+                 spawn: Callable[..., subprocess.Popen] | None = None,
+                 tls: EtcdTLS | None = None):
         self.data_dir = Path(data_dir)
+        self.tls = tls
         self.binary = binary or find_etcd_binary()
         self.name = name
         self.host = host
@@ -101,7 +137,7 @@ class EtcdProcess:
 
     @property
     def client_url(self) -> str:
-        return f"http://{self.endpoint}"
+        return f"{'https' if self.tls else 'http'}://{self.endpoint}"
 
     def uri(self, scope: str = "pybk") -> str:
         return f"etcd://{self.endpoint}/{scope}"
@@ -141,6 +177,7 @@ class EtcdProcess:
             "--logger", "zap",
             "--auto-compaction-retention", "1h",
             "--quota-backend-bytes", str(4 << 30),
+            *(self.tls.args() if self.tls else []),
         ]
         self._log = open(self.log_path, "ab")
         if self._spawn is not None:
@@ -159,9 +196,17 @@ class EtcdProcess:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def _open(self, req, timeout: float):
+        if self.tls is None:
+            return _NO_PROXY.open(req, timeout=timeout)
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),
+                                             urllib.request.HTTPSHandler(
+                                                 context=self.tls.ssl_context()))
+        return opener.open(req, timeout=timeout)
+
     def healthy(self) -> bool:
         try:
-            with _NO_PROXY.open(self.client_url + "/health", timeout=1.0) as resp:
+            with self._open(self.client_url + "/health", timeout=1.0) as resp:
                 return json.loads(resp.read().decode()).get("health") == "true"
         except (OSError, ValueError):
             return False
@@ -172,7 +217,7 @@ class EtcdProcess:
         when the member does not answer."""
         req = urllib.request.Request(self.client_url + "/v3/maintenance/status", data=b"{}",
                                      headers={"Content-Type": "application/json"})
-        with _NO_PROXY.open(req, timeout=timeout) as resp:
+        with self._open(req, timeout=timeout) as resp:
             body = json.loads(resp.read().decode())
         return {"member_id": int(body["header"]["member_id"]),
                 "leader": int(body.get("leader", 0)),

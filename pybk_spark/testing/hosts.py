@@ -37,10 +37,10 @@ Capability.  ``unavailable_reason()`` says why namespaces cannot be made here
 namespace) or returns None; tests skip with that reason, ``make test-hosts``
 fails with it.
 
-Faults (later).  Per-link faults belong on ``HostNetwork``, keyed by host
-pairs, applied to the root-side veth of a host (``Host.link``): ``tc qdisc
-... netem`` for delay/loss, and drops between host pairs.  The
-``_faults`` table and ``heal()`` are the place for them.
+Faults.  ``HostNetwork.faults`` (``pybk_spark.testing.link_faults``) cuts,
+drops, loses and delays traffic between hosts: packet-filter rules inside the
+hosts' namespaces and netem on a host's root-side veth (``Host.link``).
+``heal()`` undoes them all; they vanish with the namespaces on close.
 """
 from __future__ import annotations
 
@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 from pybk_spark.testing import procs
+from pybk_spark.testing.link_faults import LinkFaults
 
 PREFIX = "pbk"
 SUBNET_PREFIX = "10.213"          # 10.213.<slot>.0/24, only inside our namespaces
@@ -281,7 +282,7 @@ class HostNetwork:
         self.hosts: dict[str, Host] = {}
         self._lock_fd: Optional[int] = None
         self._mutex = threading.Lock()
-        self._faults: dict = {}             # (host, host) -> fault; filled by later work
+        self.faults = LinkFaults(self)      # partitions, drops, loss, netem
 
     # -- addresses --------------------------------------------------------------------
     @property
@@ -358,10 +359,10 @@ class HostNetwork:
     def add_hosts(self, *names: str) -> list[Host]:
         return [self.add_host(n) for n in names]
 
-    # -- faults (seam for later work: tc netem / drops per host pair) -------------------
-    def heal(self) -> None:
-        """Undo every link fault (none exist yet)."""
-        self._faults.clear()
+    # -- faults ----------------------------------------------------------------------
+    def heal(self) -> int:
+        """Undo every link fault; returns how many there were."""
+        return self.faults.heal_all()
 
     def close(self) -> None:
         """Kill everything inside, delete namespaces, links and bridge; drop the slot."""
@@ -369,6 +370,7 @@ class HostNetwork:
             hosts, self.hosts = list(self.hosts.values()), {}
             fd, self._lock_fd = self._lock_fd, None
         _LIVE.discard(self)
+        self.faults.forget()                # the rules go with the namespaces
         if fd is None:
             return
         try:

@@ -6,27 +6,16 @@ import json
 import os
 import shutil
 import signal
-import time
 
 import pytest
 
 from pybk_spark.metadata.store import ledger_key
 from pybk_spark.testing.bookie_process import entries_bytes, payload_for, read_all
 from pybk_spark.wire import bookie_wire_pb2 as pb
+from pybk_spark.testing.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 KEY = b"key"
-
-
-def _until(pred, what, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        time.sleep(0.05)
 
 
 def test_registration_moves_with_disk_threshold_and_vanishes_on_kill(bookies, etcd_scope):
@@ -34,28 +23,28 @@ def test_registration_moves_with_disk_threshold_and_vanishes_on_kill(bookies, et
     bp = bookies(metadata_uri=uri, conf={"disk_check_interval_s": 0.1,
                                          "registration_ttl_s": 2}).start()
     wkey, rkey = f"bookies/writable/{bp.bookie_id}", f"bookies/readonly/{bp.bookie_id}"
-    reg = json.loads(_until(lambda: store.get(wkey), "writable registration").value)
+    reg = json.loads(wait_until(lambda: store.get(wkey), "writable registration").value)
     assert reg["address"] == bp.address and reg["state"] == "writable"
     assert store.get(rkey) is None
     # tiny threshold: read-only, re-registered as such
     bp.write_conf(disk_usage_threshold=0.0001, disk_usage_lwm=0.00005)
     bp.signal(signal.SIGHUP)
-    _until(lambda: store.get(rkey) is not None and store.get(wkey) is None, "readonly key")
+    wait_until(lambda: store.get(rkey) is not None and store.get(wkey) is None, "readonly key")
     stub = bp.stub()
     assert stub.AddEntries(pb.AddRequest(ledger_id=1, master_key=KEY,
                                          entries=entries_bytes(1, [0]))).code == pb.READ_ONLY
     # below the low-water mark again: writable
     bp.write_conf(disk_usage_threshold=0.99999, disk_usage_lwm=0.99998)
     bp.signal(signal.SIGHUP)
-    _until(lambda: store.get(wkey) is not None and store.get(rkey) is None, "writable key")
+    wait_until(lambda: store.get(wkey) is not None and store.get(rkey) is None, "writable key")
     assert stub.AddEntries(pb.AddRequest(ledger_id=1, master_key=KEY,
                                          entries=entries_bytes(1, [0]))).code == 0
     # crash: the lease expires and the registration disappears
     bp.kill()
-    _until(lambda: store.get(wkey) is None, "registration expiry after SIGKILL")
+    wait_until(lambda: store.get(wkey) is None, "registration expiry after SIGKILL")
     # clean shutdown removes it at once
     bp.start()
-    _until(lambda: store.get(wkey), "re-registration")
+    wait_until(lambda: store.get(wkey), "re-registration")
     assert bp.terminate() == 0
     assert store.get(wkey) is None
 
@@ -108,10 +97,10 @@ def test_gc_reclaims_deleted_ledger_only(bookies, etcd_scope):
                 entries=entries_bytes(ledger, range(i * 50, i * 50 + 50), size=200)))
             assert r.code == 0
     seg_dir = os.path.join(bp.data_dir, "store", "segments")
-    _until(lambda: os.listdir(seg_dir), "segments written")
+    wait_until(lambda: os.listdir(seg_dir), "segments written")
     assert store.delete(ledger_key(dead))
-    _until(lambda: dead not in stub.ListLedgers(pb.ListLedgersRequest()).ledger_ids,
-           "GC of the deleted ledger")
+    wait_until(lambda: dead not in stub.ListLedgers(pb.ListLedgersRequest()).ledger_ids,
+               "GC of the deleted ledger")
     assert live in stub.ListLedgers(pb.ListLedgersRequest()).ledger_ids
     expected = {e: payload_for(live, e, 200) for e in range(1000)}
     assert read_all(stub, live, 0, 999) == expected
@@ -120,8 +109,8 @@ def test_gc_reclaims_deleted_ledger_only(bookies, etcd_scope):
     # data is reclaimed on disk: segment bytes shrink to about the live ledger's share
     def seg_bytes():
         return sum(os.path.getsize(os.path.join(seg_dir, n)) for n in os.listdir(seg_dir))
-    _until(lambda: seg_bytes() < 1000 * 200 * 1.6,
-           f"segment space reclaimed: {sorted(os.listdir(seg_dir))} {seg_bytes()}")
+    wait_until(lambda: seg_bytes() < 1000 * 200 * 1.6,
+               f"segment space reclaimed: {sorted(os.listdir(seg_dir))} {seg_bytes()}")
     # and it stays deleted across a crash
     bp.kill()
     bp.start()

@@ -8,12 +8,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
 from pybk_spark.testing.bookie_process import entries_bytes, payload_for, read_all
 from pybk_spark.wire import bookie_wire_pb2 as pb
+from pybk_spark.testing.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 KEY = b"key"
@@ -25,22 +25,11 @@ CONF = {"disk_usage_threshold": 1.0, "disk_usage_lwm": 0.99, "disk_check_interva
         "flush_interval_s": 3600, "registration_ttl_s": 2}
 
 
-def _until(pred, what, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        time.sleep(0.05)     # poll interval, not synchronisation
-
-
 def _registered(store, bookie_id: str, read_only: bool):
     want = f"bookies/{'readonly' if read_only else 'writable'}/{bookie_id}"
     other = f"bookies/{'writable' if read_only else 'readonly'}/{bookie_id}"
-    _until(lambda: store.get(want) is not None and store.get(other) is None,
-           f"registration {want}")
+    wait_until(lambda: store.get(want) is not None and store.get(other) is None,
+               f"registration {want}")
 
 
 def _add(stub, ledger: int, ids: list[int], lac: int, size: int = 100):

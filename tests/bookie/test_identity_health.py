@@ -23,20 +23,15 @@ from pybk_spark import errors
 from pybk_spark.testing import procs
 from pybk_spark.testing.bookie_process import free_port
 from pybk_spark.testing.fixtures import bookie_server_available
+from pybk_spark.testing.waiting import wait_until
 
 HANG_GUARD = 90.0
 REMOTE = "etcd://10.1.2.3:2379,10.1.2.4:2379/s"
 
 
+
 def until(pred, what, timeout=HANG_GUARD):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"gave up waiting for {what}")
-        time.sleep(0.05)     # poll interval, not synchronisation
+    return wait_until(pred, what, timeout)
 
 
 # -- pure rules ----------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from pybk_spark.metadata import open_store
 from pybk_spark.testing import procs
 from pybk_spark.testing.cluster import LocalCluster
 from pybk_spark.testing.fixtures import bookie_server_available
+from pybk_spark.testing.waiting import wait_until
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not bookie_server_available(),
@@ -30,15 +31,9 @@ HANG_GUARD = 90.0
 PW = b"pw"
 
 
+
 def until(pred, what, timeout=HANG_GUARD):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"gave up waiting for {what}")
-        time.sleep(0.05)
+    return wait_until(pred, what, timeout)
 
 
 def bookie_server(*args) -> subprocess.CompletedProcess:

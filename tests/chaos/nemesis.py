@@ -24,6 +24,10 @@ Fault kinds (``KINDS``):
                    (the runner starts a successor, which fences the log).
   leader_takeover  start a second leader for a log while the first is alive
                    (the old one must be fenced off: its adds end unknown).
+  partition, one_way, loss, stall, netem
+                   network faults between test hosts (link_nemesis.py); only
+                   on the host topology, where every process has its own
+                   host; elsewhere they are never drawn.
 
 Bound (the rule): at most ``max_bookie_faults`` bookies are faulty at once
 (killed, paused, torn or read-only), default min(Qa) - 1 over the ledger
@@ -31,9 +35,10 @@ configs, so every acknowledged entry keeps a live, writable replica and the
 guarantee being checked (Qa - 1 failures lose nothing) is the one promised;
 and never more than N - max(E), so an ensemble change always finds a
 replacement.  etcd and client faults do not count against it (a client is
-not a replica; etcd is restarted, never wiped).  All processes are on
-127.0.0.1.  The loop is bounded by ``until`` and by ``max_faults``; pending
-repairs are always carried out (``heal_all``), also on error.
+not a replica; etcd is restarted, never wiped), nor do link faults (at most
+one at a time, see link_nemesis.py).  The loop is bounded by ``until`` and by
+``max_faults``; pending repairs are always carried out (``heal_all``), also
+on error.
 """
 from __future__ import annotations
 
@@ -44,9 +49,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from .link_nemesis import LINK_KINDS, LINK_WEIGHTS, LinkNemesis
+
 KINDS = ["bookie_kill", "bookie_pause", "bookie_torn_tail", "bookie_disk_full",
-         "etcd_restart", "writer_kill", "leader_takeover"]
-WEIGHTS = [4, 4, 2, 2, 1, 2, 1]
+         "etcd_restart", "writer_kill", "leader_takeover", *LINK_KINDS]
+WEIGHTS = [4, 4, 2, 2, 1, 2, 1, *LINK_WEIGHTS]
 BOOKIE_KINDS = {"bookie_kill", "bookie_pause", "bookie_torn_tail", "bookie_disk_full"}
 
 
@@ -57,7 +64,7 @@ class _Repair:
     kind: str
 
 
-class Nemesis:
+class Nemesis(LinkNemesis):
     def __init__(self, cluster, workers, rng, *, max_bookie_faults: int = 1,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep,
@@ -67,9 +74,15 @@ class Nemesis:
         self.rng = rng
         self.max_bookie_faults = max(0, max_bookie_faults)
         self.clock, self.sleep, self.log = clock, sleep, log
+        shapes = [k for k in kinds or () if ":" in k]
+        kinds = list(dict.fromkeys(k.split(":", 1)[0] for k in kinds or ()))
+        unknown = sorted(set(kinds) - set(KINDS))
+        if unknown:
+            raise ValueError(f"unknown fault kind(s) {unknown}: choose from {KINDS}")
         self.kinds = kinds or KINDS
         self.counts: dict[str, int] = {k: 0 for k in KINDS}
         self._repairs: list[_Repair] = []
+        self._link_init(shapes)
         self._stop = False
 
     def stop(self) -> None:
@@ -107,11 +120,14 @@ class Nemesis:
             return len(self._repairs) < self.max_bookie_faults
         if kind in ("writer_kill", "leader_takeover"):
             return self.workers is not None
+        if kind in LINK_KINDS:
+            return self._link_allowed(kind)
         return True
 
     def _do_repairs(self, now: float) -> None:
         for r in [r for r in self._repairs if r.due <= now]:
             self._repair(r)
+        self._do_link_repairs(now)
 
     def _repair(self, r: _Repair) -> None:
         try:
@@ -129,6 +145,7 @@ class Nemesis:
             self._repairs.remove(r)
 
     def heal_all(self) -> None:
+        self._heal_links()
         for r in list(self._repairs):
             self._repair(r)
         self.cluster.heal()

@@ -43,8 +43,10 @@ class Workers:
     """The worker processes; thread-safe (nemesis and supervisor share it)."""
 
     def __init__(self, uri: str, hist_dir: Path, log_dir: Path, seed: int, until: float,
-                 env: dict | None = None):
+                 env: dict | None = None, place=None, worker_args: dict | None = None):
         self.uri, self.hist_dir, self.log_dir = uri, hist_dir, log_dir
+        self.place = place or _spawn_here      # (name, argv, **kw) -> Popen
+        self.worker_args = dict(worker_args or {})   # kind -> extra argv (--plant ...)
         self.seed, self.until = seed, until
         self.env = dict(os.environ, **(env or {}))
         self._lock = threading.Lock()
@@ -67,9 +69,10 @@ class Workers:
                     "--seed", str(seed), "--until", str(self.until)]
             if log:
                 args += ["--log", log]
+            args += self.worker_args.get(kind, [])
             out = open(self.log_dir / f"{name}.log", "ab")
-            p = procs.spawn(args, cwd=REPO, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL)
+            p = self.place(name, args, cwd=REPO, env=self.env, stdout=out,
+                           stderr=subprocess.STDOUT)
             out.close()
             self.procs[name] = p
             self.kind_of[name] = kind
@@ -136,6 +139,28 @@ class Workers:
         return stragglers
 
 
+def _spawn_here(name: str, argv: list, **kw) -> subprocess.Popen:
+    return procs.spawn(argv, stdin=subprocess.DEVNULL, **kw)
+
+
+def _make_cluster(topology: str, base: Path, bookies: int, etcd_members: int, out):
+    """(cluster, topology actually used): "hosts" puts every etcd member,
+    bookie and worker on its own test host; "auto" falls back to loopback
+    (printing why) where test hosts cannot be made."""
+    if topology in ("auto", "hosts"):
+        from .host_topology import ChaosHosts, unavailable_reason
+        reason = unavailable_reason()
+        if reason is None:
+            return ChaosHosts(base / "cluster", num_bookies=bookies, etcd_members=etcd_members,
+                              bookie_conf=dict(BOOKIE_CONF, journal_prealloc_bytes=4 << 20)), \
+                "hosts"
+        if topology == "hosts":
+            raise RuntimeError(f"--topology hosts: test hosts unavailable: {reason}")
+        out(f"chaos: test hosts unavailable ({reason}); every process on 127.0.0.1")
+    return LocalCluster(base / "cluster", num_bookies=bookies, bookie_conf=BOOKIE_CONF), \
+        "loopback"
+
+
 def _watch_metadata(uri: str, stop: threading.Event, out: list) -> None:
     """Record every observed change of ledger metadata (for I4)."""
     last: dict[int, tuple] = {}
@@ -158,8 +183,9 @@ def _watch_metadata(uri: str, stop: threading.Event, out: list) -> None:
 
 def run(duration: float, seed: int, *, workdir: str | None = None, bookies: int = 5,
         ledger_writers: int = 2, logs: int = 2, tail_readers: int = 1, recoverers: int = 1,
-        nemesis: bool = True, rereplicate: bool = True, strict_replicas: bool = True, worker_env: dict | None = None, kinds: list | None = None,
-        out=print) -> dict:
+        nemesis: bool = True, rereplicate: bool = True, strict_replicas: bool = True,
+        worker_env: dict | None = None, kinds: list | None = None, topology: str = "auto",
+        etcd_members: int = 3, worker_args: dict | None = None, out=print) -> dict:
     """One chaos run; returns a summary dict (``violations`` is a list of str)."""
     t_start = time.time()
     base = Path(workdir or tempfile.mkdtemp(prefix="pybk-chaos-"))
@@ -171,15 +197,17 @@ def run(duration: float, seed: int, *, workdir: str | None = None, bookies: int 
     min_qa = min(c[2] for c in CONFIGS)
     max_e = max(c[0] for c in CONFIGS)
     max_faults = max(0, min(min_qa - 1, bookies - max_e))
-    cluster = LocalCluster(base / "cluster", num_bookies=bookies, bookie_conf=BOOKIE_CONF)
-    summary: dict = {"seed": seed, "workdir": str(base)}
+    cluster, topology = _make_cluster(topology, base, bookies, etcd_members, out)
+    summary: dict = {"seed": seed, "workdir": str(base), "topology": topology}
     snapshots: list = []
     stop_watch = threading.Event()
     workers = None
     try:
         cluster.start()
         until = time.time() + duration
-        workers = Workers(cluster.metadata_uri, hist_dir, log_dir, seed, until, worker_env)
+        workers = Workers(cluster.metadata_uri, hist_dir, log_dir, seed, until, worker_env,
+                          place=getattr(cluster, "spawn_worker", None),
+                          worker_args=worker_args)
         for _ in range(ledger_writers):
             workers.spawn("ledger-writer")
         for i in range(logs):
@@ -223,6 +251,7 @@ def run(duration: float, seed: int, *, workdir: str | None = None, bookies: int 
         violations = chk.check(ops, final, snapshots, strict_replicas=strict_replicas)
         summary["replication"] = chk.under_replicated(final)
         summary.update(_totals(ops, final, nem.counts, workers))
+        summary["fault_shapes"] = dict(sorted(nem.shapes.items()))
         summary["violations"] = [str(v) for v in violations]
         summary["elapsed_s"] = round(time.time() - t_start, 1)
         _report(out, seed, duration, ops, violations, summary)
@@ -317,6 +346,12 @@ def main(argv=None) -> int:
     p.add_argument("--lenient-replicas", action="store_true",
                    help="I6: accept Qa..Qw-1 replicas (default: every entry needs Qw)")
     p.add_argument("--faults", help="comma-separated subset of " + ",".join(KINDS))
+    p.add_argument("--topology", choices=["auto", "hosts", "loopback"], default="auto",
+                   help="hosts: every etcd member, bookie and worker on its own test host "
+                        "(network namespace; needed by the link faults); auto (default): "
+                        "hosts where they can be made, else loopback, saying why")
+    p.add_argument("--etcd-members", type=int, default=3,
+                   help="etcd members on the host topology (loopback runs one)")
     p.add_argument("--json", help="write the summary here")
     a = p.parse_args(argv)
     seed = a.seed if a.seed is not None else random.SystemRandom().randrange(1 << 31)
@@ -326,7 +361,8 @@ def main(argv=None) -> int:
         summary = run(a.duration, seed, workdir=a.workdir, bookies=a.bookies,
                       ledger_writers=a.ledger_writers, logs=a.logs, nemesis=not a.no_nemesis,
                       rereplicate=not a.no_rereplicate, strict_replicas=not a.lenient_replicas,
-                      kinds=a.faults.split(",") if a.faults else None, out=procs_out)
+                      kinds=a.faults.split(",") if a.faults else None, topology=a.topology,
+                      etcd_members=a.etcd_members, out=procs_out)
     except Exception as exc:  # noqa: BLE001
         print(f"chaos: run broke (seed {seed}): {exc!r}", flush=True)
         return 2

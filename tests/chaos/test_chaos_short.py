@@ -1,6 +1,8 @@
 """A short chaos run in the test suite: etcd + 5 bookies + writers/readers +
 nemesis for CHAOS_SECONDS (default 60), then heal, recover, re-replicate and
-check.  On failure the message carries the seed and the replay command.
+check.  Where test hosts can be made (runner ``--topology auto``) every
+process has its own host (3 etcd members) and link faults are drawn too;
+elsewhere everything runs on 127.0.0.1.  On failure the message carries the seed and the replay command.
 Replay / longer runs: ``make chaos DURATION=600 SEED=<seed>``."""
 from __future__ import annotations
 

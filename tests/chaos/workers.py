@@ -19,6 +19,8 @@ KIND:
                  suspicion, the fencing wiki's scenario); reads each
                  recovered ledger completely.
 Every worker stops by itself at ``--until``; all randomness comes from --seed.
+``--plant NAME`` plants a test-only client fault (faulty_client.py) into the
+worker's BookKeeper: how the chaos tests check that the checker sees it.
 """
 from __future__ import annotations
 
@@ -53,10 +55,18 @@ class HungClient(RuntimeError):
     pass
 
 
+_PLANT: str | None = None          # --plant (faulty_client.py), test-only
+_ADD_PAUSE_S = 0.0                 # --add-pause: a ledger writer's pause after each add
+
+
 def _bk(uri: str, hist: History) -> BookKeeper:
     """Every fencing recovery this client runs (recoverer opens, a log
     leader's take-over, closes by recovery) records its own decision."""
-    return BookKeeper(uri, conf=CLIENT_CONF, recovery_listener=hist.recovery)
+    bk = BookKeeper(uri, conf=CLIENT_CONF, recovery_listener=hist.recovery)
+    if _PLANT:
+        from .faulty_client import plant
+        plant(bk, _PLANT)
+    return bk
 
 
 def _settle(fut: cf.Future) -> None:
@@ -104,6 +114,8 @@ def ledger_writer(uri, hist: History, rng: random.Random, until: float) -> None:
                 _settle(pending.popleft())
             if rng.random() < 0.05:
                 time.sleep(rng.uniform(0.0, 0.3))
+            if _ADD_PAUSE_S:
+                time.sleep(_ADD_PAUSE_S)
         for fut in pending:
             _settle(fut)
         if bad or rng.random() < 0.15:
@@ -313,13 +325,25 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--until", type=float, required=True)
     p.add_argument("--log")
+    p.add_argument("--plant", help="a test-only client fault (faulty_client.PLANTS)")
+    p.add_argument("--fence-live", type=float, default=0.03,
+                   help="recoverer: chance to recover a ledger whose writer is alive")
+    p.add_argument("--lease-ttl", type=int, help="writer_lease_ttl_s of this worker's client")
+    p.add_argument("--add-pause", type=float, default=0.0,
+                   help="ledger-writer: seconds to pause after each add (longer-lived ledgers)")
     a = p.parse_args(argv)
+    global _PLANT, _ADD_PAUSE_S
+    _PLANT, _ADD_PAUSE_S = a.plant, a.add_pause
+    if a.lease_ttl:
+        CLIENT_CONF["writer_lease_ttl_s"] = a.lease_ttl
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     hist = History(a.hist, a.proc)
     rng = random.Random(a.seed)
     try:
         if a.kind == "log-writer":
             log_writer(a.uri, hist, rng, a.until, a.log)
+        elif a.kind == "recoverer":
+            recoverer(a.uri, hist, rng, a.until, p_fence_live=a.fence_live)
         else:
             KINDS[a.kind](a.uri, hist, rng, a.until)
     except HungClient:

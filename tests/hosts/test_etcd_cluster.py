@@ -3,7 +3,9 @@ namespace) is the client, through ``etcd://e1:2379,e2:2379,e3:2379/scope``.
 
 Scenarios (issue #26): write and read back; the etcd leader SIGKILLed in the
 middle of writes (writers carry on, no acknowledged entry lost, metadata
-works again through the survivors); a rolling restart of every member under
+works again through the survivors); the leader partitioned from the other
+members during writes and a fencing recovery (the majority carries on, the
+cut-off member takes no write); a rolling restart of every member under
 writes; every member down -> ``MetadataUnavailable`` naming the endpoints
 within the operation's bound (and likewise with one member: no quorum), then
 recovery by itself once the members are back.  Waits are on progress and
@@ -222,3 +224,73 @@ def test_no_quorum_then_all_down_is_unavailable_then_recovers(host_cluster):
         assert [e.payload for e in bk.open_ledger(lh.ledger_id).read(0, 1)] == [b"a", b"b"]
     finally:
         bk.close()
+
+
+def _leader_among(members):
+    """The member that ``members`` themselves report as leader (a cut-off
+    old leader may still believe it leads: ask only these)."""
+    for m in members:
+        try:
+            st = m.status()
+        except (OSError, ValueError, KeyError):
+            continue
+        if st["leader"] and st["leader"] == st["member_id"]:
+            return m
+    return None
+
+
+def test_leader_partitioned_from_the_other_members(host_cluster):
+    """The etcd leader's host cut off from the other two members (the client
+    still reaches all three): the majority elects a new leader and carries on
+    (writes, ledger creation and a fencing recovery through it); a store
+    that can reach only the cut-off member fails typed, and no CAS succeeds
+    there; after the heal the old leader rejoins and nothing acked is lost."""
+    from pybk_spark.metadata.etcd_store import EtcdMetadataStore
+    from pybk_spark.testing import link_faults
+    reason = link_faults.unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"link faults unavailable: {reason}")
+    etcd = host_cluster.etcd
+    faults = host_cluster.network.faults
+    bk = _bk(host_cluster)
+    fault = None
+    try:
+        abandoned = bk.create_ledger(3, 2, 2)          # its writer "dies": recovered below
+        abandoned.add_entries([b"a0", b"a1", b"a2"])
+        with Writers(bk) as writers:
+            writers.wait_more(100)
+            old = etcd.leader()
+            host_of = {m.name: h for m, h in zip(etcd.members, etcd.hosts)}
+            others = [m for m in etcd.members if m is not old]
+            fault = faults.partition([host_of[old.name]], [host_of[m.name] for m in others])
+            new = _until(lambda: _leader_among(others), 60, "a leader on the majority side")
+            print(f"partitioned leader {old.name}; majority elected {new.name}")
+            writers.wait_more(300)                     # writers carry on
+            lh = _retry_metadata(lambda: bk.create_ledger(3, 2, 2))
+            lh.add_entry(b"during the partition")
+            _retry_metadata(lh.close)
+            rh = _retry_metadata(lambda: bk.open_ledger(abandoned.ledger_id))
+            assert rh.last_add_confirmed >= 2          # recovered through the majority
+            # the minority side: a store that reaches only the cut-off member
+            lone = EtcdMetadataStore([old.endpoint], host_cluster.scope, timeout=2.0,
+                                     read_retry=1.0)
+            try:
+                with pytest.raises(errors.MetadataUnavailable):
+                    lone.put_if_absent("hosts-test/minority", b"x")
+            finally:
+                lone.close()
+            faults.heal(fault)
+            fault = None
+            etcd.wait_healthy()
+            writers.wait_more(100)
+        writers.verify(host_cluster)
+        store = EtcdMetadataStore(etcd.endpoints, host_cluster.scope)
+        try:
+            assert _retry_metadata(lambda: store.get("hosts-test/minority")) is None
+        finally:
+            store.close()
+    finally:
+        if fault is not None:
+            faults.heal(fault)
+        bk.close()
+        etcd.wait_healthy()

@@ -1,0 +1,236 @@
+"""``pybk triggeraudit | lostbookierecoverydelay | autorecoveryctl | deletelog |
+truncatelog | bookiesanity | updatecookie``: the operator commands of
+BookKeeper's shell that act on the autorecovery switches (admin/audit_control.py),
+on logs, or on one bookie."""
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+from pybk_spark import cli, errors
+from pybk_spark.admin import audit_control as ctl
+from pybk_spark.admin.report import table
+from pybk_spark.admin.shell_recovery import client
+
+
+def _who() -> str:
+    return f"pybk@{socket.gethostname()}:{os.getpid()}"
+
+
+# -- autorecovery switches -----------------------------------------------------------------
+def _triggeraudit(args) -> int:
+    store = cli.open_store_from(args)
+    try:
+        version = ctl.trigger(store, time.time(), _who())
+        st = ctl.status(store)
+    finally:
+        store.close()
+    note = ("" if st["leader"] else
+            " (no autorecovery process is running: the request waits for one)")
+    if not st["enabled"]:
+        note += " (autorecovery is disabled: pybk autorecoveryctl --enable)"
+    cli.emit(args, {"triggered": True, "version": version, "leader": st["leader"],
+                    "enabled": st["enabled"]},
+             f"audit requested from the autorecovery leader {st['leader'] or '-'}{note}")
+    return 0
+
+
+def _delay_args(p):
+    cli.add_metadata_uri(p)
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--get", action="store_true", help="print the stored delay (default)")
+    g.add_argument("--set", type=float, metavar="SECONDS",
+                   help="store the delay; autorecovery uses it from its next round on")
+    g.add_argument("--clear", action="store_true",
+                   help="remove the stored delay (autorecovery --delay applies again)")
+
+
+def _lostbookierecoverydelay(args) -> int:
+    store = cli.open_store_from(args)
+    try:
+        if args.set is not None:
+            conf = ctl.set_lost_bookie_delay(store, args.set)
+        elif args.clear:
+            conf = ctl.set_lost_bookie_delay(store, None)
+        else:
+            conf = ctl.read_config(store)
+    finally:
+        store.close()
+    delay = conf["lost_bookie_recovery_delay_s"]
+    cli.emit(args, {"lost_bookie_recovery_delay_s": delay},
+             f"lostBookieRecoveryDelay = {delay:g} s" if delay is not None else
+             "lostBookieRecoveryDelay not set (each autorecovery process uses its --delay)")
+    return 0
+
+
+def _ctl_args(p):
+    cli.add_metadata_uri(p)
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--enable", action="store_true", help="let autorecovery audit and repair")
+    g.add_argument("--disable", action="store_true",
+                   help="autorecovery keeps running but does nothing until enabled")
+
+
+def _autorecoveryctl(args) -> int:
+    store = cli.open_store_from(args)
+    try:
+        if args.enable or args.disable:
+            ctl.set_enabled(store, bool(args.enable))
+        st = ctl.status(store)
+    finally:
+        store.close()
+    delay = st["lost_bookie_recovery_delay_s"]
+    lines = [f"autorecovery: {'enabled' if st['enabled'] else 'DISABLED'}; leader: "
+             f"{st['leader'] or '(none running)'}; lostBookieRecoveryDelay: "
+             f"{'(per process --delay)' if delay is None else f'{delay:g} s'}",
+             table([{"bookie": b, "unregistered_since": time.strftime(
+                 "%Y-%m-%dT%H:%M:%S", time.localtime(since)) if since else "-"}
+                   for b, since in sorted(st["missing_bookies"].items())],
+                   ["bookie", "unregistered_since"], empty="no bookie seen missing")]
+    cli.emit(args, st, "\n".join(lines))
+    return 0
+
+
+# -- logs ------------------------------------------------------------------------------------------
+def _deletelog_args(p):
+    cli.add_metadata_uri(p)
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--force", action="store_true",
+                   help="delete even while a writer holds the log (its next append fails)")
+
+
+def _deletelog(args) -> int:
+    """The log's key goes first (CAS on the version read), then its ledgers:
+    a crash in between leaves ledgers no log names, never a log naming
+    deleted ledgers."""
+    from pybk_spark.log import read_log
+    from pybk_spark.metadata.store import log_key
+    from pybk_spark.protocol.log_metadata import SEGMENT_CLOSED
+    with client(args) as bk:
+        md, version = read_log(bk.metadata_store, args.name)
+        open_ids = [s.ledger_id for s in md.segments if s.state != SEGMENT_CLOSED]
+        live = [lid for lid in open_ids if bk.is_writer_alive(lid)]
+        if live and not args.force:
+            raise errors.IllegalOp(f"log {args.name!r} has an active writer (ledger {live[-1]} "
+                                   "is open and its writer lease is alive); stop the writer or "
+                                   "pass --force", log=args.name)
+        try:
+            bk.metadata_store.delete(log_key(args.name), expected_version=version)
+        except errors.MetadataVersion:
+            raise errors.MetadataVersion(f"log {args.name!r} changed while being deleted; "
+                                         "run deletelog again") from None
+        deleted = []
+        for lid in md.ledger_ids:
+            try:
+                bk.delete_ledger(lid)
+                deleted.append(lid)
+            except errors.NoSuchLedger:
+                pass
+    cli.emit(args, {"log": args.name, "deleted_ledgers": deleted, "forced": bool(live)},
+             f"deleted log {args.name} and its {len(deleted)} ledgers"
+             + (f" (writer of ledger {live[-1]} was alive)" if live else ""))
+    return 0
+
+
+def _truncatelog_args(p):
+    cli.add_metadata_uri(p)
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--before", type=int, required=True, metavar="LEDGER",
+                   help="drop every (closed) segment before this ledger of the log")
+
+
+def _truncatelog(args) -> int:
+    from pybk_spark.log import truncate_log
+    with client(args) as bk:
+        dropped = truncate_log(bk, args.name, args.before)
+    cli.emit(args, {"log": args.name, "deleted_ledgers": dropped},
+             f"truncated log {args.name}: deleted ledgers "
+             f"{', '.join(map(str, dropped)) or '(none)'}")
+    return 0
+
+
+# -- bookiesanity ------------------------------------------------------------------------------
+def _sanity_args(p):
+    cli.add_metadata_uri(p)
+    p.add_argument("--bookie", required=True, metavar="ID", help="the bookie to test")
+    p.add_argument("--entries", "-n", type=int, default=10)
+
+
+class _OnlyBookie:
+    """Placement seam: every new ensemble is the one bookie under test."""
+
+    def __init__(self, bookie: str):
+        self.bookie = bookie
+
+    def new_ensemble(self, n, bookies, exclude=()):
+        if self.bookie not in bookies:
+            raise errors.NotEnoughBookies(f"bookie {self.bookie!r} is not registered writable "
+                                          "(pybk listbookies --all)")
+        return (self.bookie,)
+
+    def replace(self, ensemble, slot, bookies, exclude=()):
+        raise errors.NotEnoughBookies(f"bookie {self.bookie!r} failed a write")
+
+
+def _bookiesanity(args) -> int:
+    """BookKeeper's bookiesanity: a ledger of ensemble 1 on the bookie, written,
+    read back, deleted."""
+    if args.entries < 1:
+        raise errors.IncorrectParameter("--entries must be >= 1")
+    t0 = time.monotonic()
+    with client(args) as bk:
+        bk.placement = _OnlyBookie(args.bookie)
+        payloads = [f"bookiesanity-{i}".encode() for i in range(args.entries)]
+        lid = None
+        try:
+            lh = bk.create_ledger(1, 1, 1, custom_metadata={"purpose": "pybk bookiesanity"})
+            lid = lh.ledger_id
+            lh.add_entries(payloads)
+            lh.close()
+            got = [e.payload for e in bk.open_ledger(lid, recovery=False).read(0, args.entries - 1)]
+            if got != payloads:
+                raise errors.ReadError(f"bookie {args.bookie} returned {len(got)} entries that "
+                                       "differ from those written", ledger_id=lid)
+        except errors.BKError as exc:
+            if not str(exc).startswith(f"bookie {args.bookie}"):
+                exc.args = (f"bookie {args.bookie}: {exc}",) + exc.args[1:]
+            raise
+        finally:
+            if lid is not None:
+                try:
+                    bk.delete_ledger(lid)
+                except errors.BKError:
+                    pass
+    seconds = round(time.monotonic() - t0, 3)
+    cli.emit(args, {"bookie": args.bookie, "ledger": lid, "entries": args.entries, "ok": True,
+                    "seconds": seconds},
+             f"bookiesanity OK: bookie {args.bookie} wrote, read back and deleted "
+             f"{args.entries} entries (ledger {lid}) in {seconds:.2f}s")
+    return 0
+
+
+# -- updatecookie ------------------------------------------------------------------------------
+def _updatecookie(args) -> int:
+    cli.emit(args, {"command": "bookie-server updatecookie"},
+             "updatecookie runs on the bookie's host, with the bookie stopped, against its "
+             "data dir:\n  bookie-server updatecookie --conf BOOKIE.CONF [--advertised-address "
+             "HOST] [--yes]\nIt records the bookie's new advertised address in its cookie "
+             "(docs/operations.md, 'A bookie moved').")
+    return 0
+
+
+cli.register("triggeraudit", "ask the autorecovery leader for an audit round now",
+             lambda p: cli.add_metadata_uri(p), _triggeraudit)
+cli.register("lostbookierecoverydelay", "get or set lostBookieRecoveryDelay (stored in the "
+             "metadata store, honoured by autorecovery)", _delay_args, _lostbookierecoverydelay)
+cli.register("autorecoveryctl", "show autorecovery status; --enable / --disable it "
+             "cluster-wide", _ctl_args, _autorecoveryctl)
+cli.register("deletelog", "delete a log and its ledgers (refused while a writer is active "
+             "unless --force)", _deletelog_args, _deletelog)
+cli.register("truncatelog", "drop a log's closed segments before a ledger and delete them",
+             _truncatelog_args, _truncatelog)
+cli.register("bookiesanity", "write, read back and delete a ledger on one bookie (ensemble 1)",
+             _sanity_args, _bookiesanity)
+cli.register("updatecookie", "how to record a moved bookie's address (bookie-server "
+             "updatecookie)", lambda p: None, _updatecookie)

@@ -1,0 +1,92 @@
+"""Which option names the ``bookkeeper`` source accepts, and where.
+
+Theory of operation
+-------------------
+Spark hands a Python data source every ``.option(...)`` the user set, with
+names lowercased (a ``CaseInsensitiveDict``), plus a few of its own:
+``path`` (``load(PATH)`` / ``save(PATH)`` / ``start(PATH)``), and for
+``writeStream`` ``checkpointLocation`` and ``queryName`` (checked against
+PySpark 4.3: nothing else reaches the source).  An option Spark does not
+know is silently passed through, so a misspelt name would be ignored.
+
+:func:`check_names` refuses, with ``IncorrectParameter``, every name that is
+not valid for the operation at hand: a name valid for another operation is
+named as such ("applies to batch reads only"); any other name gets the
+closest valid names (``difflib``).  Names are compared case-insensitively
+and reported in their documented spelling.
+
+``load()`` cannot tell a batch read from a stream read (Spark calls the same
+``schema()`` for both), so it checks against :data:`ANY_READ`; the batch
+reader (at planning) and the stream reader (at ``start()``) check their own
+sets again.
+
+Pure: no I/O.
+"""
+from __future__ import annotations
+
+import difflib
+from typing import Iterable, Mapping
+
+from pybk_spark import errors
+from pybk_spark.spark.tls_options import KNOWN_TLS_OPTIONS   # tls.caFile ... operator
+
+# -- the catalogue: documented spelling -------------------------------------------------------
+COMMON_READ = (
+    "metadataServiceUri", "log", "startingOffsets", "includeMetadata", "password",
+    "maxEntriesPerPartition", "readBatchEntries", "readBatchBytes", "readAheadBatches",
+    "readWindowsInFlight",
+) + KNOWN_TLS_OPTIONS
+BATCH_READ = COMMON_READ + ("ledgers", "endingOffsets", "recovery", "path")
+STREAM_READ = COMMON_READ + ("maxEntriesPerTrigger",)
+BATCH_WRITE = (
+    "metadataServiceUri", "log", "path", "ensembleSize", "writeQuorum", "ackQuorum",
+    "maxRowsPerEntry", "maxBytesPerEntry", "password",
+    "_testFailTaskOnce",                 # the documented test hook (writer.py)
+) + KNOWN_TLS_OPTIONS
+STREAM_WRITE = BATCH_WRITE + ("checkpointLocation", "sinkId", "queryName")
+ANY_READ = tuple(dict.fromkeys(BATCH_READ + STREAM_READ))
+
+BATCH_ONLY_READ = tuple(n for n in BATCH_READ if n not in STREAM_READ)
+STREAM_ONLY_READ = tuple(n for n in STREAM_READ if n not in BATCH_READ)
+
+_OPERATIONS = (
+    ("batch reads", BATCH_READ),
+    ("stream reads", STREAM_READ),
+    ("batch writes", BATCH_WRITE),
+    ("stream writes", STREAM_WRITE),
+)
+_SPELLING = {n.lower(): n for _, names in _OPERATIONS for n in names}
+
+
+def spelling(name: str) -> str:
+    """The documented spelling of an option name (the name itself if unknown)."""
+    return _SPELLING.get(str(name).lower(), str(name))
+
+
+def present(options: Mapping[str, str], names: Iterable[str]) -> list[str]:
+    """The names (documented spelling) of ``names`` set in ``options``."""
+    given = {str(k).lower() for k in options}
+    return [n for n in names if n.lower() in given]
+
+
+def check_names(options: Mapping[str, str], valid: tuple[str, ...], operation: str) -> None:
+    """Refuse any option name not in ``valid``; ``operation`` ('batch reads',
+    'stream reads', 'batch writes', 'stream writes', 'reads') is named in the
+    message."""
+    allowed = {n.lower() for n in valid}
+    for key in options:
+        lowered = str(key).lower()
+        if lowered in allowed:
+            continue
+        name = spelling(key)
+        where = [op for op, names in _OPERATIONS if lowered in {n.lower() for n in names}]
+        if where:
+            raise errors.IncorrectParameter(
+                f"option {name!r} applies to {' and '.join(where)} only, not to {operation}")
+        close = difflib.get_close_matches(lowered, sorted(allowed), n=3, cutoff=0.6)
+        hint = (f"; did you mean {' or '.join(repr(spelling(c)) for c in close)}?" if close
+                else "; valid options: " + ", ".join(
+                    sorted((n for n in valid if not n.startswith("_")), key=str.lower)))
+        raise errors.IncorrectParameter(
+            f"unknown option {str(key)!r} for bookkeeper {operation}{hint} "
+            "(option names are case-insensitive; docs/spark.md lists them)")
