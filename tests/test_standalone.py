@@ -149,7 +149,7 @@ def test_standalone_tls_prints_client_settings_that_work(tmp_path):
             assert [e.payload for e in bk.open_ledger(lh.ledger_id).read(0, 1)] == \
                 [b"over", b"tls"]
         with BookKeeper(uri) as plain:                  # no TLS settings: refused, typed
-            with pytest.raises(errors.NotEnoughBookies):
+            with pytest.raises(errors.NotEnoughBookies, match="TlsError.*tls_ca_file"):
                 plain.create_ledger(3, 2, 2).add_entry(b"x")
     finally:
         assert sa.terminate() == 0
