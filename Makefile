@@ -17,7 +17,7 @@ venv: $(STAMP)
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q -e '.[dev,bench,fastcrc,connect]' --config-settings editable_mode=compat
+	$(VPY) -m pip install -q -e '.[dev,bench,fastcrc,connect,tls]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 demo: venv

@@ -19,6 +19,8 @@ TARGETS = {
     "catchup_read_vs_redis_xrange": (">=", 1.0, "(5) catch-up read / Redis XRANGE"),
     "spark_write_vs_parquet": (">=", 0.5, "(6) Spark write / Parquet write"),
     "spark_read_vs_parquet": (">=", 0.5, "(6) Spark full scan / Parquet full scan"),
+    "tls_append_vs_plain": (">=", 0.5, "(10) batched append, mutual TLS / plaintext"),
+    "tls_catchup_vs_plain": (">=", 0.5, "(10) catch-up read, mutual TLS / plaintext"),
     "entry_cpu_7_vs_3_bookies": ("<=", 1.2, "(9) CPU-s per M batched entries, every process, "
                                  "7 bookie hosts / 3 (1.0 = flat)"),
 }

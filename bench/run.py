@@ -13,7 +13,9 @@ add latency, (5) catch-up read of the ledger (3) wrote, (6) Spark vs Parquet,
 then, once that cluster is gone, (9) scaling (bench.scaling): batched appends
 and reads with 3, 5 and 7 bookies, each on its own test host (network
 namespace), with every process's CPU per entry; where namespaces cannot be
-made it is recorded as skipped with the reason.
+made it is recorded as skipped with the reason; then (10) the cost of TLS:
+append and catch-up read on a TLS cluster against a plaintext one
+(bench.tls_cost).
 
 Outputs: full mode writes bench/results/latest.{json,md,png} and regenerates
 the marked section of docs/performance.md; ``--quick`` (tiny sizes, same code
@@ -41,7 +43,8 @@ RESULTS = os.path.join(HERE, "results")
 DOC = os.path.join(os.path.dirname(HERE), "docs", "performance.md")
 RATIO_KEYS = ("append_vs_redis_pipelined_1c", "append_vs_redis_50c", "sync_add_p99_ms",
               "bookie_ingest_vs_disk", "catchup_read_vs_redis_xrange", "spark_write_vs_parquet",
-              "spark_read_vs_parquet", "entry_cpu_7_vs_3_bookies")
+              "spark_read_vs_parquet", "entry_cpu_7_vs_3_bookies", "tls_append_vs_plain",
+              "tls_catchup_vs_plain")
 
 
 def _log(msg: str) -> None:
@@ -126,7 +129,7 @@ def compute_ratios(f: dict, errors: dict) -> tuple[dict, dict]:
 
 def run(quick: bool, data_dir: str | None) -> dict:
     from bench import (bookie_ingest, catchup, client_append, disk_writers, machine,
-                       recovery_bench, redis_peer, redis_sweep, rereplication)
+                       recovery_bench, redis_peer, redis_sweep, rereplication, tls_cost)
     started = dt.datetime.now().astimezone().isoformat(timespec="seconds")
     t_start = time.perf_counter()
     base = data_dir or tempfile.gettempdir()
@@ -148,10 +151,12 @@ def run(quick: bool, data_dir: str | None) -> dict:
         _cluster_figures(r, quick, work, redis_sw, client_append, catchup, recovery_bench,
                          rereplication)
         r.step("9_scaling", lambda: scaling.measure(quick, work))
+        r.step("10_tls", lambda: tls_cost.measure(quick, work))
     finally:
         import shutil
         shutil.rmtree(work, ignore_errors=True)
     ratios, missing = compute_ratios(r.figures, r.errors)
+    tls_cost.add_ratios(ratios, missing, r.figures, r.errors)
     return {"mode": "quick" if quick else "full",
             "command": "make bench QUICK=1" if quick else "make bench",
             "started_at": started, "duration_s": time.perf_counter() - t_start,

@@ -9,7 +9,9 @@
 
 Without a metadata URI the bookie runs standalone (no registration, no GC).
 SIGTERM/SIGINT: unregister, stop accepting, flush, exit 0.  SIGHUP: reload
-the disk thresholds from the conf file.
+the disk thresholds from the conf file, and the TLS certificate, key and CA
+files (bookie_server/tls.py: new connections use them; a reload that fails
+keeps the old ones and logs event=tls_reload_failed naming the setting).
 
 Start-up order: lock the data dir (bookie.lock), bind every port (gRPC,
 add lane, metrics), check that no other live bookie holds the bookie id,
@@ -21,7 +23,8 @@ cookie records that address, and a start advertising another one is refused
 until ``updatecookie`` records the move.  Health: bookie_server/health.py.
 
 Exit codes: 0 stopped cleanly; 2 refused to start, with a one-line reason:
-bad config (a wildcard advertised address, or a loopback one with the
+bad config (TLS files that cannot be read or do not match, naming the
+setting; a wildcard advertised address, or a loopback one with the
 metadata store on another host), data dir locked by another process (its pid is named), a port
 in use (the port and its setting are named), the bookie id registered by
 another live bookie, an invalid cookie (also: the advertised address
@@ -40,7 +43,7 @@ import time
 import sys
 import uuid
 
-from bookie_server import admin_http, cookie, health, identity
+from bookie_server import admin_http, cookie, health, identity, tls as bookie_tls
 from bookie_server.background import DamagePublisher, DiskChecker, GarbageCollector
 from bookie_server.bookie import Bookie
 from bookie_server.config import load_config, replace
@@ -128,13 +131,19 @@ def main(argv=None, *, make_bookie=Bookie) -> int:
 
 def _locked_main(args, cfg, make_bookie=Bookie) -> int:
     bookie_id = cfg.effective_bookie_id()
-    listeners = metrics = readiness = admin = None
+    listeners = metrics = readiness = admin = server_tls = None
     if args.command == "run":
+        if cfg.tls_cert_file:
+            try:
+                server_tls = bookie_tls.ServerTls(cfg)
+            except bookie_tls.TlsConfigError as exc:
+                print(f"bookie-server: bad configuration: {exc}", file=sys.stderr)
+                return 2
         metrics = BookieMetrics()
         readiness = health.Readiness(needs_registration=bool(cfg.metadata_uri))
         admin = admin_http.AdminApi(allow_remote=cfg.admin_http_allow_remote)
         try:
-            listeners = bind_all(cfg, metrics, readiness, admin)
+            listeners = bind_all(cfg, metrics, readiness, admin, server_tls)
         except errors.PortInUse as exc:
             print(f"bookie-server: refusing to start: {exc}", file=sys.stderr)
             return 2
@@ -161,7 +170,7 @@ def _locked_main(args, cfg, make_bookie=Bookie) -> int:
         if registrar is not None:
             registrar.owner["cookie_instance"] = cookie_value.get("instance_id", "")
         return _serve(cfg, bookie_id, store, args.conf, listeners, metrics, registrar,
-                      make_bookie, readiness, admin)
+                      make_bookie, readiness, admin, server_tls)
     except (errors.InvalidCookie, errors.BookieIdInUse) as exc:
         print(f"bookie-server: refusing to start: {exc}", file=sys.stderr)
         return 2
@@ -190,7 +199,8 @@ def _registrar(cfg, bookie_id: str, store, listeners) -> Registrar:
     return Registrar(store, bookie_id, f"{host}:{port}", cfg.rack,
                      cfg.metrics_port, cfg.registration_ttl_s, lane_address, owner=owner,
                      limits={"max_entry_bytes": cfg.max_entry_bytes,
-                             "max_batch_bytes": cfg.max_batch_bytes})
+                             "max_batch_bytes": cfg.max_batch_bytes},
+                     tls=bool(cfg.tls_cert_file))
 
 
 def _update_cookie(cfg, bookie_id: str, store, address: str, confirmed: bool) -> int:
@@ -217,6 +227,21 @@ def _update_cookie(cfg, bookie_id: str, store, address: str, confirmed: bool) ->
     return 0
 
 
+def _reload_tls(server_tls, conf_path) -> None:
+    """SIGHUP: the certificate files again (new paths from the conf file
+    only for the three file settings; the rest needs a restart)."""
+    try:
+        cfg = server_tls.cfg
+        if conf_path:
+            new = load_config(conf_path, {})
+            cfg = replace(cfg, tls_cert_file=new.tls_cert_file or cfg.tls_cert_file,
+                          tls_key_file=new.tls_key_file or cfg.tls_key_file,
+                          tls_ca_file=new.tls_ca_file or cfg.tls_ca_file)
+        server_tls.reload(cfg)
+    except Exception as exc:  # noqa: BLE001 - keep serving with the old certificates
+        log.error("event=tls_reload_failed error=%s", exc)
+
+
 def _freeze_startup_heap() -> None:
     """Move what start-up built (modules, protobuf descriptors, the replayed
     index) out of the cyclic collector's reach.  It lives as long as the
@@ -228,7 +253,7 @@ def _freeze_startup_heap() -> None:
 
 
 def _serve(cfg, bookie_id: str, store, conf_path, listeners, metrics, registrar,
-           make_bookie=Bookie, readiness=None, admin=None) -> int:
+           make_bookie=Bookie, readiness=None, admin=None, server_tls=None) -> int:
     # Signal handlers only flip plain flags: taking a lock (Event.set) inside a
     # handler can deadlock when the signal lands while the main thread holds
     # that same lock.  The main loop polls the flags.
@@ -244,7 +269,7 @@ def _serve(cfg, bookie_id: str, store, conf_path, listeners, metrics, registrar,
     health.add_grpc_health(server, readiness)
     bookie.add_mode_listener(lambda ro: readiness.set(read_only=ro))
     lane = make_add_lane(bookie, cfg, bookie_id,     # listening before Health answers
-                         listeners.lane_listener)
+                         listeners.lane_listener, server_tls)
     server.start()
     readiness.set(serving=True, read_only=bookie.read_only)
     if registrar is not None:          # disk full, journal failure: the registry follows
@@ -277,9 +302,11 @@ def _serve(cfg, bookie_id: str, store, conf_path, listeners, metrics, registrar,
     _freeze_startup_heap()
     lane_port = lane.port if lane is not None else -1
     log.info("event=bookie_ready bookie_id=%s port=%d add_lane_port=%d data_dir=%s "
-             "read_only=%s journal_crc=%s bind_address=%s advertised_address=%s", bookie_id,
+             "read_only=%s journal_crc=%s bind_address=%s advertised_address=%s tls=%s "
+             "client_auth=%s", bookie_id,
              port, lane_port, cfg.data_dir, bookie.read_only, CRC_IMPLEMENTATION,
-             cfg.bind_address, cfg.advertised_address)
+             cfg.bind_address, cfg.advertised_address, server_tls is not None,
+             cfg.tls_client_auth if server_tls is not None else "-")
     print(f"bookie-server ready bookie_id={bookie_id} port={port} add_lane_port={lane_port}",
           flush=True)
 
@@ -297,6 +324,8 @@ def _serve(cfg, bookie_id: str, store, conf_path, listeners, metrics, registrar,
                 checker.check_once()
             except Exception as exc:  # noqa: BLE001
                 log.error("event=config_reload_failed error=%r", exc)
+            if server_tls is not None:
+                _reload_tls(server_tls, conf_path)
 
     log.info("event=bookie_stopping bookie_id=%s", bookie_id)
     readiness.set(stopping=True)       # probes see it before the registration goes

@@ -31,6 +31,14 @@ which is what makes the journal order of one connection its send order.
   that has not sent its magic and hello within ``lane_hello_timeout_s`` is
   closed.  After the hello nothing is timed: an idle client connection is
   the client's to close (it closes idle ones itself).
+* TLS (``tls``, bookie_server/tls.py): the connection thread first runs
+  the TLS handshake (wire/tls_socket.py) with the context current at that
+  moment (a SIGHUP reload serves the next connection), within the same
+  ``lane_hello_timeout_s`` as the hello: a handshake that never completes,
+  garbage instead of a ClientHello, a plaintext client or a certificate the
+  CA does not vouch for closes the connection (counted as refused) and
+  frees its thread.  The peer's identities (its certificate) go with every
+  request to the role check of protocol/access.py.
 * A read connection (``READ_MAGIC``) is served by its thread alone: read a
   ReadRequest, answer it through ``BookieService.read_answer`` (the same
   code, codes and metrics as gRPC's ``ReadEntries``), send the answer whole,
@@ -40,17 +48,21 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 import threading
 import time
 
 from google.protobuf.message import DecodeError
 
 from bookie_server.config import BookieConfig
+from bookie_server.tls import cert_peer
+from pybk_spark.protocol import access
 from pybk_spark.wire.frame_socket import FrameWriter, configure, read_frame, send_parts
 from pybk_spark.wire import add_lane, framing
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire.entries import batch_to_parts
 from pybk_spark.wire.framing import parse_add_request
+from pybk_spark.wire.tls_socket import handshake
 
 log = logging.getLogger("bookie.add_lane")
 
@@ -69,7 +81,8 @@ def bind_listener(cfg: BookieConfig) -> socket.socket:
 
 
 class AddLaneServer:
-    def __init__(self, service, cfg: BookieConfig, listener: socket.socket | None = None):
+    def __init__(self, service, cfg: BookieConfig, listener: socket.socket | None = None,
+                 tls=None):
         self.service = service
         self.bookie_id = service.bookie_id.encode()
         self.metrics = service.m
@@ -77,6 +90,7 @@ class AddLaneServer:
         self.max_inflight = max(1, cfg.max_inflight_per_stream)
         self.max_connections = cfg.lane_max_connections
         self.hello_timeout_s = cfg.lane_hello_timeout_s
+        self.tls = tls
         self._listener = listener if listener is not None else bind_listener(cfg)
         self.port = self._listener.getsockname()[1]
         self._lock = threading.Lock()
@@ -116,7 +130,37 @@ class AddLaneServer:
             threading.Thread(target=self._serve, args=(conn, peer), daemon=True,
                              name="add-lane-conn").start()
 
+    def _handshake(self, raw: socket.socket, peer):
+        """The TLS connection over ``raw`` and who is on the other end; None
+        (the connection closed, the refusal counted) when the handshake fails."""
+        try:
+            conn = handshake(raw, self.tls.lane_context(), server_side=True,
+                             timeout=self.hello_timeout_s)
+        except TimeoutError:
+            why = f"no TLS handshake within lane_hello_timeout_s = {self.hello_timeout_s}"
+        except (ssl.SSLError, OSError, ValueError) as exc:
+            why = f"TLS handshake failed: {exc}"
+        else:
+            with self._lock:
+                self._connections.discard(raw)
+                self._connections.add(conn)
+            return conn, cert_peer(conn.getpeercert())
+        self.metrics.lane_refused.inc()
+        log.info("event=add_lane_tls_refused peer=%s reason=%s", peer, why)
+        with self._lock:
+            self._connections.discard(raw)
+            self.metrics.lane_connections.set(len(self._connections))
+        raw.close()
+        return None
+
     def _serve(self, conn: socket.socket, peer) -> None:
+        who = access.ANONYMOUS
+        started = time.monotonic()
+        if self.tls is not None:
+            done = self._handshake(conn, peer)
+            if done is None:
+                return
+            conn, who = done
         writer = FrameWriter(configure(conn), "add-lane-answers", _MAX_UNREAD_ANSWER_BYTES)
         slots = threading.BoundedSemaphore(self.max_inflight)
         answer_cls = pb.AddResponse
@@ -129,7 +173,8 @@ class AddLaneServer:
                 request_id=add_lane.CONNECTION_REQUEST_ID).SerializeToString()))
 
         try:
-            conn.settimeout(self.hello_timeout_s)   # a silent connection must not hold a thread
+            # a silent connection must not hold a thread (the handshake counts)
+            conn.settimeout(max(0.001, self.hello_timeout_s - (time.monotonic() - started)))
             with conn.makefile("rb") as stream:
                 magic = stream.read(len(add_lane.MAGIC))
                 if magic not in add_lane.MAGICS:
@@ -151,9 +196,9 @@ class AddLaneServer:
                     return
                 conn.settimeout(None)
                 if magic == add_lane.READ_MAGIC:
-                    self._serve_reads(conn, stream, refuse)
+                    self._serve_reads(conn, stream, refuse, who)
                 else:
-                    self._serve_adds(stream, writer, slots, refuse)
+                    self._serve_adds(stream, writer, slots, refuse, who)
         except TimeoutError:              # only the hello is timed
             self.metrics.lane_refused.inc()
             log.info("event=add_lane_hello_timeout peer=%s", peer)
@@ -168,7 +213,7 @@ class AddLaneServer:
             self._finish(conn, writer, slots)
 
     def _serve_adds(self, stream, writer: FrameWriter, slots: threading.BoundedSemaphore,
-                    refuse) -> None:
+                    refuse, who: access.Peer) -> None:
         def respond(resp: pb.AddResponse) -> None:
             slots.release()
             writer.send(add_lane.frame(resp.SerializeToString()))
@@ -185,9 +230,9 @@ class AddLaneServer:
             while not slots.acquire(timeout=_SLOT_WAIT_S):
                 if writer.closed or self._stopped.is_set():
                     return
-            self.service.submit_add(req, respond)
+            self.service.submit_add(req, respond, who)
 
-    def _serve_reads(self, conn: socket.socket, stream, refuse) -> None:
+    def _serve_reads(self, conn: socket.socket, stream, refuse, who: access.Peer) -> None:
         """One read at a time, in arrival order; each answer is sent whole
         (blocking: this thread has nothing else to do) before the next
         request is read, so a client that stops reading holds back only its
@@ -202,7 +247,7 @@ class AddLaneServer:
             except (ValueError, DecodeError) as exc:
                 refuse(f"malformed read lane frame: {exc}")
                 return
-            head, batch = self.service.read_answer(req)
+            head, batch = self.service.read_answer(req, who)
             if batch is None:
                 send_parts(conn, add_lane.frame_parts(head.SerializeToString()))
             else:

@@ -328,14 +328,16 @@ class Bookie:
 
     # -- operations ------------------------------------------------------------------------
     def add_async(self, ledger_id: int, master_key: bytes, data: bytes,
-                  recovery: bool = False) -> tuple[Future, int, int]:
-        """Returns (future completing when durable+visible, first id, last id)."""
+                  recovery: bool = False, keyless: bool = False) -> tuple[Future, int, int]:
+        """Returns (future completing when durable+visible, first id, last id).
+        ``keyless``: an operator's recovery add without the master key
+        (protocol/access.py)."""
         batch = validate_batch(data, ledger_id, self.cfg)
         first, last = batch.column(1)[0].as_py(), batch.column(1)[batch.num_rows - 1].as_py()
         self._check_storage()
         release = self.admission.admit(len(data))      # TooManyRequests past its bounds
         try:
-            fut = self._submit_add(ledger_id, master_key, data, batch, recovery)
+            fut = self._submit_add(ledger_id, master_key, data, batch, recovery, keyless)
         except BaseException:
             release()
             raise
@@ -344,10 +346,10 @@ class Bookie:
         return fut, first, last
 
     def _submit_add(self, ledger_id: int, master_key: bytes, data: bytes,
-                    batch: pa.RecordBatch, recovery: bool) -> Future:
+                    batch: pa.RecordBatch, recovery: bool, keyless: bool = False) -> Future:
         with self.cond:
             plan = ls.decide_add(self._state(ledger_id), master_key, recovery=recovery,
-                                 read_only=self.read_only)
+                                 read_only=self.read_only, keyless=keyless)
             records = self._key_records(plan, ledger_id, master_key)
             records.append((RecordType.ADD_BATCH, data))
             self.states[ledger_id] = plan.state
@@ -359,10 +361,10 @@ class Bookie:
         fut.result(timeout)
         return first, last
 
-    def fence(self, ledger_id: int, master_key: bytes) -> LacResult:
+    def fence(self, ledger_id: int, master_key: bytes, keyless: bool = False) -> LacResult:
         self._check_storage()
         with self.cond:
-            plan = ls.decide_fence(self._state(ledger_id), master_key)
+            plan = ls.decide_fence(self._state(ledger_id), master_key, keyless)
             records = self._key_records(plan, ledger_id, master_key)
             self.states[ledger_id] = plan.state
             fut = self.journal.submit(records, lead=True) if records else None
@@ -390,15 +392,21 @@ class Bookie:
         self.journal.lead()
         fut.result()
 
+    def master_key_of(self, ledger_id: int) -> bytes:
+        """The key this bookie recorded for the ledger (b"" if none)."""
+        with self.cond:
+            return self._state(ledger_id).master_key or b""
+
     def lac_of(self, ledger_id: int) -> LacResult:
         with self.cond:
             s = self._state(ledger_id)
             return LacResult(s.lac, max(s.last_entry_id, self.store.max_entry(ledger_id)), s.fenced)
 
     def read_lac(self, ledger_id: int, *, fence: bool = False, master_key: bytes = b"",
-                 wait_for_lac_above: int = -2, timeout_s: float = 0.0) -> LacResult:
+                 wait_for_lac_above: int = -2, timeout_s: float = 0.0,
+                 keyless: bool = False) -> LacResult:
         if fence:
-            return self.fence(ledger_id, master_key)
+            return self.fence(ledger_id, master_key, keyless)
         if wait_for_lac_above >= -1 and timeout_s > 0:
             timeout_s = min(timeout_s, self.cfg.long_poll_max_timeout_ms / 1000.0)
             with self.cond:
@@ -418,9 +426,10 @@ class Bookie:
 
     def read(self, ledger_id: int, first: int, last: int, *, max_entries: int = 0,
              max_bytes: int = 0, fence: bool = False, master_key: bytes = b"",
-             sparse: bool = False, stripe: Optional[tuple[int, int]] = None) -> ReadResult:
+             sparse: bool = False, stripe: Optional[tuple[int, int]] = None,
+             keyless: bool = False) -> ReadResult:
         if fence:
-            self.fence(ledger_id, master_key)
+            self.fence(ledger_id, master_key, keyless)
         if first < 0 or last < first:
             raise errors.BadRequest(f"bad entry range [{first}, {last}]")
         max_entries = min(max_entries or self.cfg.max_read_entries, self.cfg.max_read_entries)

@@ -62,6 +62,14 @@ class BookieConfig:
     lane_hello_timeout_s: float = 10.0   # a connection must send magic + hello within this
     long_poll_max_timeout_ms: int = 60000
     metrics_port: int = 0                # 0 = no Prometheus endpoint
+    # TLS (bookie_server/tls.py; docs/operations.md, "Securing a cluster")
+    tls_cert_file: str = ""              # PEM server certificate (chain); set = TLS on every port
+    tls_key_file: str = ""               # PEM private key of tls_cert_file
+    tls_ca_file: str = ""                # PEM CA bundle client certificates are verified against
+    tls_client_auth: str = "required"    # required | optional | none
+    tls_writer_identities: str = ""      # comma-separated CN/SANs; empty = any admitted client
+    tls_operator_identities: str = ""    # comma-separated CN/SANs allowed the key-less path
+    metrics_tls: bool = False            # serve /metrics /health /ready over HTTPS
     admin_http_allow_remote: bool = False  # admin API (/api/v1) answers loopback peers only
     # etcd TLS / authentication (pybk_spark/metadata/security.py; "" = unset)
     etcd_ca_file: str = ""
@@ -146,6 +154,8 @@ def validate(cfg: BookieConfig) -> None:
         raise ValueError("scrub_interval_s must be >= 0 (0 = no scrubber)")
     if cfg.scrub_rate_bytes_per_s <= 0:
         raise ValueError("scrub_rate_bytes_per_s must be > 0")
+    from bookie_server.tls import validate as validate_tls
+    validate_tls(cfg)                    # TlsConfigError is a ValueError naming the setting
     if cfg.journal_page_cache_keep_mb < -1:
         raise ValueError("journal_page_cache_keep_mb must be -1 (never drop) or >= 0")
 

@@ -4,7 +4,10 @@ Two views of one ``Readiness`` state (``serving``, ``registered``,
 ``read_only``, ``stopping``), set by ``bookie_server.__main__``:
 
 * HTTP on the metrics port (``metrics_port``), bound with the other ports
-  before anything is written to the metadata store:
+  before anything is written to the metadata store (HTTPS with
+  ``metrics_tls``: server certificate only; each connection's handshake runs
+  on its own request thread, bounded by ``_TLS_HANDSHAKE_S``, so a client
+  that never finishes it holds up nobody):
     ``/metrics``  Prometheus text (the bookie's own registry);
     ``/health``   200 while the process answers (liveness);
     ``/ready``    200 when serving, registered (or standalone) and writable;
@@ -83,10 +86,16 @@ class Readiness:
 
 
 # -- HTTP -----------------------------------------------------------------------------------
-def serve_http(port: int, addr: str, registry, readiness: Optional[Readiness], admin=None):
+_TLS_HANDSHAKE_S = 10.0
+
+
+def serve_http(port: int, addr: str, registry, readiness: Optional[Readiness], admin=None,
+               tls_context: Optional[Callable] = None):
     """Bind and serve ``/metrics``, ``/health``, ``/ready`` and, with
     ``admin`` (an ``admin_http.AdminApi``), ``/api/v1/...`` (OSError if the
-    port is taken); returns the server (``shutdown()`` stops it)."""
+    port is taken); returns the server (``shutdown()`` stops it).
+    ``tls_context()``: the current ``ssl.SSLContext`` for HTTPS (asked per
+    connection, so a reloaded certificate serves the next one)."""
     readiness = readiness or Readiness(needs_registration=False)
 
     class Handler(BaseHTTPRequestHandler):
@@ -123,14 +132,27 @@ def serve_http(port: int, addr: str, registry, readiness: Optional[Readiness], a
         def log_message(self, *args):   # probes poll often: no line per request
             pass
 
-    family_server = ThreadingHTTPServer
-    if ":" in addr:
-        import socket
+    import socket
 
-        class _V6(ThreadingHTTPServer):
-            address_family = socket.AF_INET6
-        family_server = _V6
-    server = family_server((addr, port), Handler)
+    class _Server(ThreadingHTTPServer):
+        address_family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+
+        def finish_request(self, request, client_address):
+            if tls_context is not None:
+                import ssl
+                request.settimeout(_TLS_HANDSHAKE_S)
+                try:
+                    tls = tls_context().wrap_socket(request, server_side=True)
+                except (OSError, ssl.SSLError):
+                    return             # not TLS, or too slow: closed by the caller
+                try:
+                    super().finish_request(tls, client_address)
+                finally:
+                    tls.close()
+                return
+            super().finish_request(request, client_address)
+
+    server = _Server((addr, port), Handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="http-health", daemon=True).start()
     return server

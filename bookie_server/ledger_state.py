@@ -9,7 +9,10 @@ the highest explicitly written LAC and the highest entry id stored.
 Decisions (called under the bookie's state lock, in journal-submission order,
 so that a fence submitted before an add is also before it on disk):
   * ``check_key``: a recorded key must match exactly -> else Unauthorized.
-    An empty key on a ledger with a recorded key is also Unauthorized.
+    An empty key on a ledger with a recorded key is also Unauthorized,
+    except on the operator's key-less path (``keyless``: protocol/access.py
+    decided the peer is an operator sending the empty key on a recovery add
+    or a fence): no check, and no key is recorded.
   * ``decide_add``: read-only bookie -> ReadOnly (recovery adds are allowed,
     like BookKeeper's high-priority writes); fenced ledger + plain add ->
     LedgerFenced; recovery adds bypass the fence.
@@ -64,8 +67,10 @@ def empty(ledger_id: int) -> LedgerState:
     return LedgerState(ledger_id)
 
 
-def check_key(state: LedgerState, key: bytes) -> bool:
+def check_key(state: LedgerState, key: bytes, keyless: bool = False) -> bool:
     """Raise Unauthorized on mismatch; True if the key must be recorded now."""
+    if keyless:
+        return False
     if state.master_key is None:
         return True
     if bytes(key) != state.master_key:
@@ -73,10 +78,11 @@ def check_key(state: LedgerState, key: bytes) -> bool:
     return False
 
 
-def decide_add(state: LedgerState, key: bytes, *, recovery: bool, read_only: bool) -> Plan:
+def decide_add(state: LedgerState, key: bytes, *, recovery: bool, read_only: bool,
+               keyless: bool = False) -> Plan:
     if read_only and not recovery:
         raise errors.ReadOnly("bookie is read-only", ledger_id=state.ledger_id)
-    new_key = check_key(state, key)
+    new_key = check_key(state, key, keyless)
     if state.fenced and not recovery:
         raise errors.LedgerFenced("ledger is fenced", ledger_id=state.ledger_id)
     if new_key:
@@ -84,8 +90,8 @@ def decide_add(state: LedgerState, key: bytes, *, recovery: bool, read_only: boo
     return Plan(state)
 
 
-def decide_fence(state: LedgerState, key: bytes) -> Plan:
-    new_key = check_key(state, key)
+def decide_fence(state: LedgerState, key: bytes, keyless: bool = False) -> Plan:
+    new_key = check_key(state, key, keyless)
     new_state = replace(state, master_key=bytes(key)) if new_key else state
     if state.fenced:
         return Plan(new_state, record_key=new_key)

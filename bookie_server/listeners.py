@@ -30,17 +30,20 @@ class Listeners:
     http: object = None                 # the metrics/health/ready HTTP server, if any
 
 
-def bind_all(cfg: BookieConfig, metrics, readiness=None, admin=None) -> Listeners:
+def bind_all(cfg: BookieConfig, metrics, readiness=None, admin=None, tls=None) -> Listeners:
     """Bind gRPC (``port``), the add lane (``add_lane_port``) and the
     HTTP endpoint (``metrics_port``: Prometheus ``/metrics``, ``/health``,
-    ``/ready`` from ``readiness``, the admin API ``admin``; serving at once).
-    Raises ``errors.PortInUse``; on failure nothing stays bound."""
+    ``/ready`` from ``readiness``, the admin API ``admin``; serving at once,
+    over HTTPS with ``metrics_tls``).  ``tls``: the bookie_server.tls.ServerTls
+    of a TLS bookie (gRPC is bound with its credentials; the lane wraps each
+    connection it accepts).  Raises ``errors.PortInUse``; on failure nothing
+    stays bound."""
     from bookie_server.add_lane import bind_listener
     from bookie_server.service import bind_server
 
     _probe(cfg.bind_address, cfg.port, "port / --port")
     try:
-        server, port = bind_server(cfg)
+        server, port = bind_server(cfg, tls)
     except OSError as exc:
         raise _in_use(cfg.bind_address, cfg.port, "port / --port", exc) from None
     lane = http = None
@@ -53,7 +56,9 @@ def bind_all(cfg: BookieConfig, metrics, readiness=None, admin=None) -> Listener
                               "add_lane_port / --add-lane-port", exc) from None
         if cfg.metrics_port:
             try:
-                http = metrics.serve(cfg.metrics_port, cfg.bind_address, readiness, admin)
+                http = metrics.serve(cfg.metrics_port, cfg.bind_address, readiness, admin,
+                                     tls.http_context if tls is not None and cfg.metrics_tls
+                                     else None)
             except OSError as exc:
                 raise _in_use(cfg.bind_address, cfg.metrics_port,
                               "metrics_port / --metrics-port", exc) from None

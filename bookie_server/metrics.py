@@ -68,8 +68,10 @@ class BookieMetrics:
         self.write_cache.set_function(write_cache)
         self.journal_live.set_function(journal_live)
 
-    def serve(self, port: int, addr: str = "127.0.0.1", readiness=None, admin=None):
+    def serve(self, port: int, addr: str = "127.0.0.1", readiness=None, admin=None,
+              tls_context=None):
         """``/metrics`` plus ``/health`` and ``/ready`` (bookie_server/health.py)
-        and the admin API (bookie_server/admin_http.py) when ``admin`` is given."""
+        and the admin API (bookie_server/admin_http.py) when ``admin`` is given;
+        ``tls_context``: a callable giving the current ``ssl.SSLContext`` (HTTPS)."""
         from bookie_server.health import serve_http
-        return serve_http(port, addr, self.registry, readiness, admin)
+        return serve_http(port, addr, self.registry, readiness, admin, tls_context)

@@ -2,12 +2,15 @@
 
 ``bookies/writable/<id>`` or ``bookies/readonly/<id>`` holds a JSON dict
 ``{"bookie_id","address","rack","metrics_port","state","add_lane_address",
-"limits","owner"}`` (``add_lane_address`` is empty when the bookie serves no
+"limits","owner","tls"}`` (``add_lane_address`` is empty when the bookie serves no
 add lane; ``limits`` is ``{"max_entry_bytes", "max_batch_bytes"}``, the add
 sizes this bookie accepts, which clients check before assigning entry ids)
 under a lease of ``ttl`` seconds, refreshed every ttl/3.  ``owner`` says which
 process holds the id: ``{"token","host","pid","data_dir","cookie_instance"}``
-(``token`` is fresh per process).  Readers must ignore keys they do not know.
+(``token`` is fresh per process).  ``tls`` is true when the bookie's ports
+speak TLS: clients only use it to explain a refused connection (a client
+configured for TLS never falls back to plaintext).  Readers must ignore
+keys they do not know.
 
 Theory of operation
 -------------------
@@ -98,7 +101,7 @@ def describe_owner(existing: dict) -> str:
 class Registrar:
     def __init__(self, store, bookie_id: str, address: str, rack: str, metrics_port: int,
                  ttl: int = 5, add_lane_address: str = "", *, owner: Optional[dict] = None,
-                 limits: Optional[dict] = None,
+                 limits: Optional[dict] = None, tls: bool = False,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep):
         self.store = store
@@ -109,6 +112,7 @@ class Registrar:
         self.add_lane_address = add_lane_address
         self.owner = dict(owner or {})
         self.limits = dict(limits or {})
+        self.tls = bool(tls)
         self.ttl = max(2, int(ttl))
         self.read_only = False
         self.clock = clock
@@ -125,7 +129,7 @@ class Registrar:
                 "rack": self.rack, "metrics_port": self.metrics_port,
                 "state": "readonly" if self.read_only else "writable",
                 "add_lane_address": self.add_lane_address, "limits": self.limits,
-                "owner": self.owner}
+                "owner": self.owner, "tls": self.tls}
 
     def _value(self) -> bytes:
         return json.dumps(self.value_dict()).encode()

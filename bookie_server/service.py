@@ -7,6 +7,12 @@ leader path makes each durable inline, and otherwise is pipelined: a reader
 thread submits each request as it arrives (bounded by
 ``max_inflight_per_stream``) and responses are streamed back as their
 journal groups become durable, matched by request_id.
+
+With TLS (bookie_server/tls.py) every request is first checked against the
+roles of protocol/access.py, the peer known by its client certificate
+(``context.auth_context()``; the lane passes the peer of its connection):
+a peer with no role gets ``UNAUTHORIZED``; an operator's recovery add or
+fence with the empty key skips the master-key check (``keyless``).
 """
 from __future__ import annotations
 
@@ -21,6 +27,8 @@ import grpc
 
 from bookie_server.bookie import Bookie
 from bookie_server.config import BookieConfig
+from bookie_server.tls import grpc_peer, policy_of
+from pybk_spark.protocol import access
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import bookie_wire_pb2_grpc as pb_grpc
 from pybk_spark.wire import framing
@@ -48,9 +56,20 @@ class BookieService(pb_grpc.BookieServicer):
         self.bookie_id = bookie_id
         self.m = bookie.metrics
         self._adds_ok = self.m.add_requests.labels("ok")     # bound once: every add counts
+        self.policy = policy_of(cfg)
+
+    def peer(self, context) -> access.Peer:
+        """Who sent a gRPC request (anonymous without TLS: not looked up)."""
+        return grpc_peer(context) if self.policy.tls else access.ANONYMOUS
+
+    def authorize(self, peer: access.Peer, op: str, key: bytes = b"x") -> bool:
+        """Unauthorized unless ``peer`` may do ``op``; True for the key-less path."""
+        if not self.policy.tls:
+            return False
+        return access.check(self.policy, peer, op, key)
 
     # -- adds ---------------------------------------------------------------------------
-    def submit_add(self, req: pb.AddRequest, done) -> None:
+    def submit_add(self, req: pb.AddRequest, done, peer: access.Peer = access.ANONYMOUS) -> None:
         """Submit one add; ``done(response)`` is called exactly once."""
         t0 = time.perf_counter()
         if isinstance(req, framing.Malformed):     # an AddStream message that did not parse
@@ -58,8 +77,10 @@ class BookieService(pb_grpc.BookieServicer):
             done(pb.AddResponse(code=pb.BAD_REQUEST, message=req.error))
             return
         try:
+            keyless = self.authorize(peer, "recovery_add" if req.recovery else "add",
+                                     req.master_key)
             fut, first, last = self.bookie.add_async(req.ledger_id, req.master_key,
-                                                     req.entries, req.recovery)
+                                                     req.entries, req.recovery, keyless)
         except BaseException as exc:  # noqa: BLE001
             code, msg = _code(exc, "add")
             self.m.add_requests.labels("error").inc()
@@ -88,7 +109,7 @@ class BookieService(pb_grpc.BookieServicer):
     def AddEntries(self, request, context):
         box: "queue.Queue[pb.AddResponse]" = queue.Queue(1)
         try:
-            self.submit_add(request, box.put)
+            self.submit_add(request, box.put, self.peer(context))
             return box.get()
         except BaseException as exc:  # noqa: BLE001
             code, msg = _code(exc, "add")
@@ -111,21 +132,22 @@ class BookieService(pb_grpc.BookieServicer):
             slots.release()
             out.put(resp)
 
+        peer = self.peer(context)
         try:
             for req in request_iterator:
                 slots.acquire()
-                self.submit_add(req, respond)
+                self.submit_add(req, respond, peer)
                 try:
                     yield out.get_nowait()
                 except queue.Empty:          # not durable yet: go pipelined
                     yield from self._pipelined_answers(request_iterator, context, out, slots,
-                                                       respond)
+                                                       respond, peer)
                     return
         except Exception as exc:  # noqa: BLE001 - client went away / cancelled
             if context.is_active():
                 log.debug("event=add_stream_error error=%r", exc)
 
-    def _pipelined_answers(self, request_iterator, context, out, slots, respond):
+    def _pipelined_answers(self, request_iterator, context, out, slots, respond, peer):
         """The rest of an AddStream with one add already outstanding."""
         pending = [1]
         lock = threading.Lock()
@@ -136,7 +158,7 @@ class BookieService(pb_grpc.BookieServicer):
                     slots.acquire()
                     with lock:
                         pending[0] += 1
-                    self.submit_add(req, respond)
+                    self.submit_add(req, respond, peer)
             except BaseException as exc:  # noqa: BLE001 - client went away / cancelled
                 if context.is_active():
                     log.debug("event=add_stream_reader_error error=%r", exc)
@@ -159,24 +181,27 @@ class BookieService(pb_grpc.BookieServicer):
 
     # -- reads ----------------------------------------------------------------------------
     def ReadEntries(self, request, context):
-        head, batch = self.read_answer(request)
+        head, batch = self.read_answer(request, self.peer(context))
         if batch is None:
             return head
         # pre-framed: see pybk_spark/wire/framing.py
         return framing.with_payload(head, batch_to_buffer(batch))
 
-    def read_answer(self, request) -> tuple:
+    def read_answer(self, request, peer: access.Peer = access.ANONYMOUS) -> tuple:
         """(ReadResponse without its entries, the entries as a record batch or
         None): the answer to a read, for gRPC's ``ReadEntries`` and for a
         read lane connection, which encodes the batch itself."""
         t0 = time.perf_counter()
         try:
+            keyless = self.authorize(peer, "fence" if request.fence else "read",
+                                     request.master_key)
             res = self.bookie.read(request.ledger_id, request.first_entry_id,
                                    request.last_entry_id, max_entries=request.max_entries,
                                    max_bytes=request.max_bytes, fence=request.fence,
                                    master_key=request.master_key, sparse=request.sparse,
                                    stripe=((request.stripe_ensemble, request.stripe_slot)
-                                           if request.stripe_ensemble else None))
+                                           if request.stripe_ensemble else None),
+                                   keyless=keyless)
             self.m.read_requests.labels("ok").inc()
             self.m.read_entries.inc(res.batch.num_rows)
             self.m.read_latency.observe(time.perf_counter() - t0)
@@ -196,19 +221,26 @@ class BookieService(pb_grpc.BookieServicer):
 
     def ReadLac(self, request, context):
         try:
+            peer = self.peer(context)
+            keyless = self.authorize(peer, "fence" if request.fence else "read",
+                                     request.master_key)
             r = self.bookie.read_lac(request.ledger_id, fence=request.fence,
                                      master_key=request.master_key,
                                      wait_for_lac_above=request.wait_for_lac_above,
-                                     timeout_s=request.timeout_ms / 1000.0)
+                                     timeout_s=request.timeout_ms / 1000.0, keyless=keyless)
+            key = (self.bookie.master_key_of(request.ledger_id)
+                   if access.may_learn_key(self.policy, peer, request.master_key, request.fence)
+                   else b"")
             return pb.ReadLacResponse(code=pb.OK, lac=r.lac, last_entry_id=r.last_entry_id,
-                                      fenced=r.fenced)
+                                      fenced=r.fenced, master_key=key)
         except BaseException as exc:  # noqa: BLE001
             code, msg = _code(exc, "read_lac")
             return pb.ReadLacResponse(code=code, message=msg, lac=-1, last_entry_id=-1)
 
     def Fence(self, request, context):
         try:
-            r = self.bookie.fence(request.ledger_id, request.master_key)
+            keyless = self.authorize(self.peer(context), "fence", request.master_key)
+            r = self.bookie.fence(request.ledger_id, request.master_key, keyless)
             return pb.FenceResponse(code=pb.OK, lac=r.lac, last_entry_id=r.last_entry_id)
         except BaseException as exc:  # noqa: BLE001
             code, msg = _code(exc, "fence")
@@ -216,6 +248,7 @@ class BookieService(pb_grpc.BookieServicer):
 
     def WriteLac(self, request, context):
         try:
+            self.authorize(self.peer(context), "write_lac", request.master_key)
             self.bookie.write_lac(request.ledger_id, request.master_key, request.lac)
             return pb.WriteLacResponse(code=pb.OK)
         except BaseException as exc:  # noqa: BLE001
@@ -225,6 +258,7 @@ class BookieService(pb_grpc.BookieServicer):
     # -- info -------------------------------------------------------------------------------
     def GetBookieInfo(self, request, context):
         try:
+            self.authorize(self.peer(context), "info")
             free, total = self.bookie.disk_usage()
             return pb.BookieInfoResponse(
                 code=pb.OK, bookie_id=self.bookie_id, free_bytes=free, total_bytes=total,
@@ -237,6 +271,7 @@ class BookieService(pb_grpc.BookieServicer):
 
     def ListLedgers(self, request, context):
         try:
+            self.authorize(self.peer(context), "info")
             return pb.ListLedgersResponse(code=pb.OK, ledger_ids=self.bookie.ledger_ids())
         except BaseException as exc:  # noqa: BLE001
             code, msg = _code(exc, "list")
@@ -246,10 +281,11 @@ class BookieService(pb_grpc.BookieServicer):
         return pb.HealthResponse(serving=True, bookie_id=self.bookie_id)
 
 
-def bind_server(cfg: BookieConfig) -> tuple[grpc.Server, int]:
+def bind_server(cfg: BookieConfig, tls=None) -> tuple[grpc.Server, int]:
     """A gRPC server bound to ``cfg.port`` but serving nothing yet (the port
     is taken before the bookie writes anything anywhere; ``add_service``
-    comes once the bookie is open).  OSError if the port cannot be bound."""
+    comes once the bookie is open).  OSError if the port cannot be bound.
+    ``tls``: a bookie_server.tls.ServerTls, for a TLS port."""
     limit = cfg.grpc_message_limit()
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=cfg.grpc_threads, thread_name_prefix="grpc"),
@@ -257,7 +293,9 @@ def bind_server(cfg: BookieConfig) -> tuple[grpc.Server, int]:
                  ("grpc.max_receive_message_length", limit),
                  ("grpc.so_reuseport", 0)])
     try:
-        port = server.add_insecure_port(f"{cfg.bind_address}:{cfg.port}")
+        address = f"{cfg.bind_address}:{cfg.port}"
+        port = (server.add_secure_port(address, tls.grpc_credentials()) if tls is not None
+                else server.add_insecure_port(address))
     except RuntimeError as exc:           # grpc >= 1.5x raises instead of returning 0
         raise OSError(f"cannot bind {cfg.bind_address}:{cfg.port}: {exc}") from None
     if port == 0:
@@ -275,10 +313,11 @@ def make_server(bookie: Bookie, cfg: BookieConfig, bookie_id: str) -> tuple[grpc
     return server, port
 
 
-def make_add_lane(bookie: Bookie, cfg: BookieConfig, bookie_id: str, listener=None):
+def make_add_lane(bookie: Bookie, cfg: BookieConfig, bookie_id: str, listener=None, tls=None):
     """The started add lane server (bookie_server/add_lane.py), or None when
-    ``add_lane_port`` is -1.  ``listener``: its socket, bound beforehand."""
+    ``add_lane_port`` is -1.  ``listener``: its socket, bound beforehand;
+    ``tls``: a bookie_server.tls.ServerTls for TLS connections."""
     if cfg.add_lane_port < 0:
         return None
     from bookie_server.add_lane import AddLaneServer
-    return AddLaneServer(BookieService(bookie, cfg, bookie_id), cfg, listener).start()
+    return AddLaneServer(BookieService(bookie, cfg, bookie_id), cfg, listener, tls).start()

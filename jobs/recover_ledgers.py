@@ -15,6 +15,8 @@ from pybk_spark.admin.spark_runner import run_job
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="recover_ledgers.py", description=__doc__.splitlines()[0])
     p.add_argument("--metadata-uri", required=True)
+    p.add_argument("--client-conf", default=None,
+                   help="client conf file: TLS files and operator = true (conf/client.conf)")
     p.add_argument("--log", help="only the ledgers of this log")
     p.add_argument("--ledger", type=int, action="append", default=None, metavar="ID",
                    help="only this ledger (repeatable)")
@@ -30,7 +32,7 @@ def main(argv=None) -> int:
                    lambda bk, mapper: orchestrate.run_recover(
                        bk, args.metadata_uri, mapper, log=args.log, ledgers=args.ledger,
                        min_idle_s=args.min_idle, force=args.force, password=password),
-                   verbose=args.verbose)
+                   verbose=args.verbose, client_conf=args.client_conf)
 
 
 if __name__ == "__main__":

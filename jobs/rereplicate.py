@@ -18,6 +18,8 @@ from pybk_spark.admin.spark_runner import run_job
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="rereplicate.py", description=__doc__.splitlines()[0])
     p.add_argument("--metadata-uri", required=True)
+    p.add_argument("--client-conf", default=None,
+                   help="client conf file: TLS files and operator = true (conf/client.conf)")
     p.add_argument("--bookie", action="append", default=[], metavar="ID")
     p.add_argument("--verify", action="store_true")
     p.add_argument("--delay", type=float, default=0.0, metavar="SECONDS")
@@ -32,7 +34,7 @@ def main(argv=None) -> int:
                    lambda bk, mapper: orchestrate.run_rereplicate(
                        bk, args.metadata_uri, mapper, bookies=args.bookie, delay_s=args.delay,
                        grace_s=args.grace, verify=args.verify, password=password),
-                   verbose=args.verbose)
+                   verbose=args.verbose, client_conf=args.client_conf)
 
 
 if __name__ == "__main__":

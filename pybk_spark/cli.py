@@ -59,6 +59,22 @@ def add_metadata_uri(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metadata-uri", default=os.environ.get("PYBK_METADATA_URI"),
                         help="etcd://HOST:PORT[,HOST:PORT...]/SCOPE "
                              "(default: $PYBK_METADATA_URI)")
+    parser.add_argument("--client-conf", default=os.environ.get("PYBK_CLIENT_CONF"),
+                        help="client conf file (conf/client.conf: TLS files, operator = "
+                             "true, timeouts; default: $PYBK_CLIENT_CONF)")
+
+
+def client_conf(args: argparse.Namespace):
+    """The client settings of ``--client-conf`` (None: the defaults)."""
+    path = getattr(args, "client_conf", None)
+    if not path:
+        return None
+    from pybk_spark.config import load_client_conf
+    try:
+        return load_client_conf(path)
+    except OSError as exc:
+        raise errors.IncorrectParameter(f"cannot read --client-conf {path}: "
+                                        f"{exc.strerror or exc}") from None
 
 
 def require_metadata_uri(args: argparse.Namespace) -> str:
@@ -96,6 +112,10 @@ def _standalone_args(p: argparse.ArgumentParser) -> None:
                    help="cluster data dir; a restart on it keeps all data")
     p.add_argument("--scope", default="pybk", help="metadata scope (default pybk)")
     p.add_argument("--bookie-conf", help="bookie conf file (default: built-in defaults)")
+    p.add_argument("--tls", action="store_true",
+                   help="mutual TLS on every bookie port, with a throwaway CA and certificates "
+                        "made in DATA_DIR/tls (needs trustme: pip install 'pybk-spark[tls]'); "
+                        "prints the client settings to use")
 
 
 def _standalone(args: argparse.Namespace) -> int:
@@ -105,8 +125,11 @@ def _standalone(args: argparse.Namespace) -> int:
     from pybk_spark.testing.cluster import BookieStartError, LocalCluster
     if args.bookies < 1:
         raise errors.IncorrectParameter("--bookies must be >= 1")
+    bookie_conf, client_lines = args.bookie_conf, []
+    if args.tls:
+        bookie_conf, client_lines = _standalone_tls(args)
     cluster = LocalCluster(args.data_dir, num_bookies=args.bookies, scope=args.scope,
-                           bookie_conf=args.bookie_conf)
+                           bookie_conf=bookie_conf)
     try:
         cluster.lock()                       # before anything in the dir is touched
     except errors.DataDirInUse as exc:
@@ -127,6 +150,8 @@ def _standalone(args: argparse.Namespace) -> int:
         for bid in cluster.bookie_ids:
             print(f"bookie {bid} {cluster.bookie_address(bid)} pid={cluster.bookie_pid(bid)}",
                   flush=True)
+        for line in client_lines:
+            print(line, flush=True)
         print(f"standalone ready: etcd pid={cluster.etcd.pid} data_dir={cluster.data_dir} "
               "(Ctrl-C or SIGTERM to stop)", flush=True)
         while not stop.wait(1.0):
@@ -144,6 +169,32 @@ def _standalone(args: argparse.Namespace) -> int:
             signal.signal(s, handler)
         print("standalone stopped", flush=True)
     return rc
+
+
+def _standalone_tls(args: argparse.Namespace) -> tuple[dict, list[str]]:
+    """(bookie conf with TLS on, lines telling clients how to connect)."""
+    from pybk_spark.testing import certs
+    try:
+        files = certs.ensure_cert_files(os.path.join(args.data_dir, "tls"))
+    except RuntimeError as exc:               # trustme missing: say how to get it
+        raise errors.IncorrectParameter(f"--tls: {exc}") from None
+    conf: dict = {}
+    if args.bookie_conf:
+        from bookie_server.config import parse_conf_text
+        with open(args.bookie_conf, encoding="utf-8") as fh:
+            conf.update(parse_conf_text(fh.read()))
+    conf.update(files.bookie_conf())
+    confs = certs.write_client_confs(files)
+    client = files.client_conf(certs.WRITER)
+    lines = [f"tls: client settings (conf/client.conf keys): "
+             + " ".join(f"{k}={v}" for k, v in client.items()),
+             f"tls: client conf file: {confs['client.conf']} (pybk --client-conf, "
+             f"BookKeeper(uri, conf=path)); operator: {confs['operator.conf']}",
+             "tls: Spark options: " + " ".join(
+                 f"{opt}={client[key]}" for opt, key in (("tls.caFile", "tls_ca_file"),
+                                                        ("tls.certFile", "tls_cert_file"),
+                                                        ("tls.keyFile", "tls_key_file")))]
+    return conf, lines
 
 
 # -- listbookies -------------------------------------------------------------------------

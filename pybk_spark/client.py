@@ -55,7 +55,8 @@ class BookKeeper:
             metadata_uri, EtcdSecurity.from_config(self.conf))
         if transports is None:
             from pybk_spark.transport.grpc_bookie import GrpcTransportPool
-            transports = GrpcTransportPool(self.metadata_store,
+            from pybk_spark.transport.tls import ClientTls
+            transports = GrpcTransportPool(self.metadata_store, tls=ClientTls.from_conf(self.conf),
                                            max_message_bytes=self.conf.max_message_bytes,
                                            timeout=self.conf.add_timeout_s,
                                            stream_idle_close_s=self.conf.add_stream_idle_close_s,
@@ -219,4 +220,6 @@ def _timer(delay_s: float, fn: Callable[[], None]) -> None:
 def _as_bytes(password) -> bytes:
     if isinstance(password, str):
         return password.encode()
+    if isinstance(password, lm.MasterKey):       # an operator's learned key
+        return password
     return bytes(password or b"")

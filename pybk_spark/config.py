@@ -32,6 +32,14 @@ class ClientConfig:
     placement_policy: str = "random"
     writer_lease_ttl_s: int = 10
     metadata_retries: int = 100
+    # TLS to bookies (pybk_spark/transport/tls.py): tls_ca_file set = TLS on
+    tls_ca_file: str = ""
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_server_name: str = ""
+    # operator: recovery adds and fencing without ledger passwords (needs an
+    # identity in the bookies' tls_operator_identities; protocol/access.py)
+    operator: bool = False
     # etcd TLS / authentication (pybk_spark/metadata/security.py; also accepted
     # as query parameters of the metadata URI)
     etcd_ca_file: str = ""
@@ -48,10 +56,21 @@ class ClientConfig:
                 raise errors.IncorrectParameter(f"unknown client config key {key!r}")
             default = getattr(self, key)
             try:
-                conv[key] = type(default)(raw)
+                conv[key] = _bool(raw) if isinstance(default, bool) else type(default)(raw)
             except (TypeError, ValueError):
                 raise errors.IncorrectParameter(f"bad value for {key}: {raw!r}") from None
         return replace(self, **conv)
+
+
+def _bool(raw) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(raw)
 
 
 def parse_conf_text(text: str) -> dict[str, str]:

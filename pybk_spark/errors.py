@@ -115,6 +115,10 @@ class BookieUnavailable(BKError):
     outcome_known = False
 
 
+class TlsError(BookieUnavailable):
+    """TLS between this client and a bookie failed (handshake, certificate, name)."""
+
+
 class ReadOnly(BKError):
     """Write on a read-only bookie."""
     code = -104

@@ -82,6 +82,7 @@ class LedgerWriter:
         self._chunks: list[_Chunk] = []
         self._error: errors.BKError | None = None
         self._failed_bookies: set[str] = set()
+        self._last_bookie_error: BaseException | None = None
         self._inflight = threading.BoundedSemaphore(max(1, bk.conf.max_inflight_adds))
         self._sends = 0                         # requests to bookies not yet answered
         self._sends_done = threading.Condition(self._lock)
@@ -300,6 +301,7 @@ class LedgerWriter:
             if self._error is not None:
                 return
             self._failed_bookies.add(bookie)
+            self._last_bookie_error = exc     # named if no replacement is found
             change = self.core.on_failure(slot, bookie)
         if change is not None:
             try:
@@ -316,8 +318,10 @@ class LedgerWriter:
                 new_md = self._cas_change(store, change)
             except errors.NotEnoughBookies as exc:
                 # adds were sent: some bookies may hold them (unknown outcome)
+                last = self._last_bookie_error
+                why = f"; last bookie error: {type(last).__name__}: {last}" if last else ""
                 self._abort(errors.unknown_outcome(errors.NotEnoughBookies(
-                    f"ensemble change failed: {exc}", ledger_id=self.ledger_id)))
+                    f"ensemble change failed: {exc}{why}", ledger_id=self.ledger_id)))
                 return
             except errors.BKError as exc:
                 err = exc if not exc.outcome_known or isinstance(exc, errors.RecoveryRaced) \

@@ -28,10 +28,10 @@ HANG_GUARD = 90.0
 class Standalone:
     """``pybk standalone`` in a subprocess, its output read by a thread."""
 
-    def __init__(self, data_dir, bookies=3):
+    def __init__(self, data_dir, bookies=3, extra=()):
         self.proc = procs.spawn(
             [sys.executable, "-m", "pybk_spark.cli", "standalone", "--bookies", str(bookies),
-             "--data-dir", str(data_dir)],
+             "--data-dir", str(data_dir), *extra],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             text=True, start_new_session=False)
         self.lines: list[str] = []
@@ -130,3 +130,26 @@ def test_listbookies_without_uri_is_a_clear_error():
     assert out.returncode == 1
     err = json.loads(out.stdout)
     assert err["error"] == "IncorrectParameter" and err["code"] == -14
+
+
+def test_standalone_tls_prints_client_settings_that_work(tmp_path):
+    pytest.importorskip("trustme")
+    from pybk_spark import errors
+    from pybk_spark.client import BookKeeper
+    sa = Standalone(tmp_path / "tls", bookies=3, extra=("--tls",))
+    try:
+        uri = sa.wait_for(r"metadataServiceUri=(etcd://127\.0\.0\.1:\d+/pybk)").group(1)
+        conf_path = sa.wait_for(r"tls: client conf file: (\S+) .*").group(1)
+        sa.wait_for(r"tls: Spark options: tls\.caFile=\S+ tls\.certFile=\S+ tls\.keyFile=\S+")
+        sa.wait_for(r"standalone ready: .*")
+        with BookKeeper(uri, conf=conf_path) as bk:
+            lh = bk.create_ledger(3, 2, 2)
+            lh.add_entries([b"over", b"tls"])
+            lh.close()
+            assert [e.payload for e in bk.open_ledger(lh.ledger_id).read(0, 1)] == \
+                [b"over", b"tls"]
+        with BookKeeper(uri) as plain:                  # no TLS settings: refused, typed
+            with pytest.raises(errors.NotEnoughBookies, match="TlsError.*tls_ca_file"):
+                plain.create_ledger(3, 2, 2).add_entry(b"x")
+    finally:
+        assert sa.terminate() == 0

@@ -35,7 +35,7 @@ import numpy as np
 
 from pybk_spark import errors
 from pybk_spark.admin import entry_sets as es
-from pybk_spark.admin.recover import ledger_password
+from pybk_spark.admin.recover import access_key
 from pybk_spark.admin.rereplicate import verify_ledger
 from pybk_spark.protocol import damage_marker as dm
 from pybk_spark.protocol import ledger_metadata as lm
@@ -56,7 +56,7 @@ def _refence(bk, md: lm.LedgerMetadata, bookie: str, password: Optional[bytes]) 
     """Fence the ledger on the damaged bookie again: a FENCE record in the
     damaged bytes cannot be recognised, and a bookie that forgot its fence
     could let a writer that lost the ledger reach Qa."""
-    key = lm.master_key(ledger_password(md, password))
+    key, _ = access_key(bk, md, password)
     bk.transports.get(bookie).read_lac(md.ledger_id, fence=True, master_key=key,
                                        timeout=bk.conf.read_timeout_s).result()
 

@@ -40,22 +40,32 @@ def _row_label(row) -> str:
 
 
 # -- picklable tasks -------------------------------------------------------------------------------
-def _client(metadata_uri: str):
+def client_target(bk, metadata_uri: str):
+    """What a task needs to open its own client like ``bk``: the metadata URI
+    and the driver's client settings (TLS files, ``operator``), so executors
+    reach TLS bookies as the same identity (the file paths must exist on
+    every executor)."""
+    import dataclasses
+    return (metadata_uri, dataclasses.asdict(bk.conf))
+
+
+def _client(target):
     from pybk_spark.client import BookKeeper
-    return BookKeeper(metadata_uri, background=False)
+    uri, conf = target if isinstance(target, tuple) else (target, None)
+    return BookKeeper(uri, conf=conf, background=False)
 
 
-def recover_task(metadata_uri: str, password: Optional[bytes], ledger_id: int) -> dict:
+def recover_task(metadata_uri, password: Optional[bytes], ledger_id: int) -> dict:
     with _client(metadata_uri) as bk:
         return rec.recover_with(bk, ledger_id, password)
 
 
-def copy_task(metadata_uri: str, password: Optional[bytes], work) -> dict:
+def copy_task(metadata_uri, password: Optional[bytes], work) -> dict:
     with _client(metadata_uri) as bk:
         return rr.copy_fragment(bk, work, password)
 
 
-def verify_task(metadata_uri: str, password: Optional[bytes], ledger_id: int) -> list[dict]:
+def verify_task(metadata_uri, password: Optional[bytes], ledger_id: int) -> list[dict]:
     with _client(metadata_uri) as bk:
         return rr.verify_ledger(bk, ledger_id, password, repair=True)
 
@@ -67,7 +77,7 @@ def run_recover(bk, metadata_uri: str, mapper: Mapper, *, log: str | None = None
     """(json report, human text, exit status)."""
     ids, skipped = rec.list_candidates(bk, log=log, ledgers=ledgers, min_idle_s=min_idle_s,
                                        force=force)
-    rows = mapper(functools.partial(recover_task, metadata_uri, password), ids,
+    rows = mapper(functools.partial(recover_task, client_target(bk, metadata_uri), password), ids,
                   "recover") if ids else []
     text, status = rec.summary(rows, skipped)
     return rec.report_json(rows, skipped), text, status
@@ -82,13 +92,13 @@ def run_rereplicate(bk, metadata_uri: str, mapper: Mapper, *, bookies: Iterable[
     first = rr.run_audit(bk, delay_s=delay_s, grace_s=grace_s, named=named, plan=False)
     fenced = []
     if first.fence:
-        fenced = mapper(functools.partial(recover_task, metadata_uri, password), first.fence,
+        fenced = mapper(functools.partial(recover_task, client_target(bk, metadata_uri), password), first.fence,
                         "fence")
     result = rr.run_audit(bk, delay_s=delay_s, grace_s=grace_s, named=named)
     if result.work and hasattr(mapper, "warm_up"):
         mapper.warm_up()           # keep Spark start-up out of the copy rate
     t0 = clock()
-    copies = mapper(functools.partial(copy_task, metadata_uri, password), result.work,
+    copies = mapper(functools.partial(copy_task, client_target(bk, metadata_uri), password), result.work,
                     "rereplicate") if result.work else []
     copies = copies + result.unplaced
     summary = rr.copy_summary(copies, clock() - t0)
@@ -96,7 +106,7 @@ def run_rereplicate(bk, metadata_uri: str, mapper: Mapper, *, bookies: Iterable[
     under: list[dict] = []
     if verify:
         ids = bk.list_ledgers()
-        for rows in mapper(functools.partial(verify_task, metadata_uri, password), ids,
+        for rows in mapper(functools.partial(verify_task, client_target(bk, metadata_uri), password), ids,
                            "verify", one_per_task=False):
             under.extend(rows)
     report = {"lost": sorted(result.lost), "fenced": fenced, "deferred": result.deferred,

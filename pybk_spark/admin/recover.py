@@ -18,7 +18,11 @@ Theory of operation
    ``failed`` row makes the exit status non-zero.
 
 Passwords: ``--password`` or the ledger's custom metadata ``password``
-(default empty).
+(default empty).  An operator client (``operator = true``, an identity
+in the bookies' ``tls_operator_identities``) needs neither: it learns each
+ledger's master key from a bookie of the ledger (:func:`learn_key`, checked
+against the metadata) and recovers with it; re-replication and damage
+repair likewise (:func:`access_key`).
 """
 from __future__ import annotations
 
@@ -39,6 +43,53 @@ def ledger_password(md: lm.LedgerMetadata, given: Optional[bytes]) -> bytes:
     if given is not None:
         return given
     return str(md.custom.get(PASSWORD_CUSTOM_KEY, "")).encode()
+
+
+def access_key(bk, md: lm.LedgerMetadata, given: Optional[bytes], check: bool = True):
+    """(master key, Digester) with which a tool copies, fills in or fences a
+    ledger's entries.
+
+    An operator client (``operator = true``, with an identity in the
+    bookies' ``tls_operator_identities``) given no ``--password`` learns the
+    key from a bookie of the ledger (a LAC read answered with the recorded
+    key: protocol/access.py) and keeps it only if it matches the metadata's
+    ``password_check``: copies then carry the writer's key and keyed (hmac)
+    digests are verified.  When no bookie has it (every replica lost its
+    state), it sends the empty key (the bookies' key-less path for
+    operators) and verifies what it can without the key: ``crc32c`` digests
+    are not keyed and are verified; ``hmac`` entries are copied verbatim,
+    unverified, the writer's digests unchanged (readers verify them and skip
+    a bad replica).
+
+    Otherwise the ledger's password (``--password`` or its custom metadata
+    ``password``), checked against the metadata when ``check``."""
+    from pybk_spark.digest import Digester
+    from pybk_spark.protocol.access import OPERATOR_KEY
+    if getattr(bk.conf, "operator", False) and given is None:
+        key = learn_key(bk, md)
+        if key:
+            return key, Digester.with_key(md.digest_type, key)
+        return OPERATOR_KEY, Digester("none" if md.digest_type == "hmac" else md.digest_type)
+    pw = ledger_password(md, given)
+    if check:
+        lm.check_password(md, pw)
+    return lm.master_key(pw), Digester(md.digest_type, pw)
+
+
+def learn_key(bk, md: lm.LedgerMetadata) -> bytes:
+    """The ledger's master key as a bookie of it recorded it, checked against
+    the metadata; b"" when no registered bookie of the ledger answers one."""
+    from pybk_spark.protocol.access import OPERATOR_KEY
+    for bookie in sorted(md.all_bookies()):
+        try:
+            got = bk.transports.get(bookie).read_lac(
+                md.ledger_id, master_key=OPERATOR_KEY, timeout=bk.conf.read_timeout_s).result()
+        except errors.BKError:
+            continue
+        if got.master_key and (not md.password_check
+                               or lm.key_check_of(got.master_key) == md.password_check):
+            return got.master_key
+    return b""
 
 
 def ledgers_of_log(bk, log_name: str) -> list[int]:
@@ -81,6 +132,10 @@ def recover_with(bk, ledger_id: int, password: Optional[bytes] = None,
         md = bk.get_ledger_metadata(ledger_id)
         row["state_before"] = md.state
         pw = ledger_password(md, password)
+        if getattr(bk.conf, "operator", False) and password is None and not md.is_closed:
+            key = learn_key(bk, md)            # an operator: no password needed
+            if key:
+                pw = lm.MasterKey(key)
         if md.is_closed:
             row.update(last_entry=md.last_entry_id, entries_recovered=0, outcome="already-closed")
             return row

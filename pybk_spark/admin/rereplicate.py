@@ -41,7 +41,7 @@ import pyarrow.compute as pc
 
 from pybk_spark import errors
 from pybk_spark.admin import audit, entry_sets as es
-from pybk_spark.admin.recover import ledger_password, recover_with
+from pybk_spark.admin.recover import access_key, recover_with
 from pybk_spark.admin.replica_reads import read_ids
 from pybk_spark.digest import Digester
 from pybk_spark.metadata.store import ledger_key
@@ -169,10 +169,8 @@ def copy_fragment(bk, w: audit.FragmentWork, password: Optional[bytes] = None, *
         if not _fragment_still_has(md, w):
             row["outcome"] = "already-done"
             return row
-        pw = ledger_password(md, password)
-        lm.check_password(md, pw)
-        key = lm.master_key(pw)
-        rows = _gather(bk, md, w, key, Digester(md.digest_type, pw))
+        key, digester = access_key(bk, md, password)
+        rows = _gather(bk, md, w, key, digester)
         row["entries"], row["bytes"] = rows.num_rows, int(rows.nbytes)
         _write(bk, w, key, rows, batch_entries, batch_bytes)
         store = bk.metadata_store
@@ -289,8 +287,7 @@ def verify_ledger(bk, ledger_id: int, password: Optional[bytes] = None, *,
         md = bk.get_ledger_metadata(ledger_id)
     except errors.NoSuchLedger:
         return []
-    pw = ledger_password(md, password)
-    key = lm.master_key(pw)
+    key, digester = access_key(bk, md, password, check=False)
     conf = bk.conf
     out = []
     only = bookies
@@ -308,7 +305,7 @@ def verify_ledger(bk, ledger_id: int, password: Optional[bytes] = None, *,
             missing = np.setdiff1d(want, got.present_ids())
             if len(missing) and repair and not got.unreachable:
                 before = missing
-                missing = _fill_in(bk, md, first, last, bookies, slot, missing, key, pw)
+                missing = _fill_in(bk, md, first, last, bookies, slot, missing, key, digester)
                 if copied is not None and len(before) > len(missing):
                     copied.append(np.setdiff1d(before, missing))
             if len(missing):
@@ -319,12 +316,12 @@ def verify_ledger(bk, ledger_id: int, password: Optional[bytes] = None, *,
 
 
 def _fill_in(bk, md: lm.LedgerMetadata, first: int, last: int, bookies, slot: int,
-             missing: np.ndarray, key: bytes, password: bytes) -> np.ndarray:
+             missing: np.ndarray, key: bytes, digester: Digester) -> np.ndarray:
     """Recovery-add ``missing`` to the live bookie at ``slot``; what is still missing."""
     w = audit.FragmentWork(md.ledger_id, first, last, tuple(bookies), slot,
                            lost=bookies[slot], replacement=bookies[slot])
     try:
-        rows = _gather(bk, md, w, key, Digester(md.digest_type, password), wanted=missing)
+        rows = _gather(bk, md, w, key, digester, wanted=missing)
         _write(bk, w, key, rows, 5000, 8 << 20)
     except errors.BKError:
         return missing

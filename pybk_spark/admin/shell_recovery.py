@@ -23,7 +23,8 @@ def password_of(args) -> bytes | None:
 
 def client(args):
     from pybk_spark.client import BookKeeper
-    return BookKeeper(cli.require_metadata_uri(args), background=False)
+    return BookKeeper(cli.require_metadata_uri(args), conf=cli.client_conf(args),
+                      background=False)
 
 
 def _progress(args) -> bool:

@@ -93,11 +93,13 @@ def job_session(app_name: str, verbose: bool = False):
 
 
 def run_job(prog: str, app_name: str, metadata_uri: str, as_json: bool, body,
-            verbose: bool = False) -> int:
+            verbose: bool = False, client_conf: str | None = None) -> int:
     """The shared driver of the spark-submit jobs: a SparkMapper and a client,
     ``body(bk, mapper) -> (report, text, status)``, typed errors -> exit 2,
     the report as text or JSON (for a typed error the document ``pybk --json``
-    prints: ``{"error", "code", "message", "outcome_known"}``), the job's status as exit code."""
+    prints: ``{"error", "code", "message", "outcome_known"}``), the job's status as exit code.
+    ``client_conf``: a client.conf path (TLS files, ``operator = true``); the
+    tasks open their clients with the same settings."""
     import json
 
     from pybk_spark import errors
@@ -107,7 +109,7 @@ def run_job(prog: str, app_name: str, metadata_uri: str, as_json: bool, body,
     separate_stderr(as_json)
     mapper = SparkMapper(app_name, verbose=verbose)
     try:
-        with BookKeeper(metadata_uri, background=False) as bk:
+        with BookKeeper(metadata_uri, conf=client_conf, background=False) as bk:
             report, text, status = body(bk, mapper)
     except errors.BKError as exc:
         if as_json:                       # the same document as `pybk --json`

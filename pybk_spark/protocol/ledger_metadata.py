@@ -48,14 +48,28 @@ def validate_quorums(ensemble: int, write_quorum: int, ack_quorum: int) -> None:
             ensemble=ensemble, write_quorum=write_quorum, ack_quorum=ack_quorum)
 
 
+class MasterKey(bytes):
+    """A ledger's master key standing in for its password (an operator
+    learned the key from a bookie, not the password): ``master_key`` returns
+    it unchanged, so the password check, fencing, recovery adds and keyed
+    digests all work with it."""
+
+
 def master_key(password: bytes) -> bytes:
     """The key bookies check on adds and fences (BookKeeper: SHA-1 of 'ledger'+pw)."""
+    if isinstance(password, MasterKey):
+        return bytes(password)
     return hashlib.sha256(b"pybk-ledger:" + bytes(password)).digest()
 
 
 def key_check(password: bytes) -> str:
     """What metadata stores to verify a password at open time (not the key itself)."""
-    return hashlib.sha256(b"pybk-check:" + master_key(password)).hexdigest()
+    return key_check_of(master_key(password))
+
+
+def key_check_of(key: bytes) -> str:
+    """``key_check`` from the master key itself (what an operator learns from a bookie)."""
+    return hashlib.sha256(b"pybk-check:" + bytes(key)).hexdigest()
 
 
 @dataclass(frozen=True)

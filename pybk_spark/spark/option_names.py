@@ -28,20 +28,21 @@ import difflib
 from typing import Iterable, Mapping
 
 from pybk_spark import errors
+from pybk_spark.spark.tls_options import KNOWN_TLS_OPTIONS   # tls.caFile ... operator
 
 # -- the catalogue: documented spelling -------------------------------------------------------
 COMMON_READ = (
     "metadataServiceUri", "log", "startingOffsets", "includeMetadata", "password",
     "maxEntriesPerPartition", "readBatchEntries", "readBatchBytes", "readAheadBatches",
     "readWindowsInFlight",
-)
+) + KNOWN_TLS_OPTIONS
 BATCH_READ = COMMON_READ + ("ledgers", "endingOffsets", "recovery", "path")
 STREAM_READ = COMMON_READ + ("maxEntriesPerTrigger",)
 BATCH_WRITE = (
     "metadataServiceUri", "log", "path", "ensembleSize", "writeQuorum", "ackQuorum",
     "maxRowsPerEntry", "maxBytesPerEntry", "password",
     "_testFailTaskOnce",                 # the documented test hook (writer.py)
-)
+) + KNOWN_TLS_OPTIONS
 STREAM_WRITE = BATCH_WRITE + ("checkpointLocation", "sinkId", "queryName")
 ANY_READ = tuple(dict.fromkeys(BATCH_READ + STREAM_READ))
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
 from pybk_spark import errors
+from pybk_spark.spark.tls_options import parse_client_options
 from pybk_spark.spark import option_names as names
 
 EARLIEST = -2
@@ -54,6 +55,7 @@ class ReadOptions:
     read_windows_in_flight: int = DEFAULT_READ_WINDOWS_IN_FLIGHT
     password: bytes = b""
     include_metadata: bool = False          # DataFrame logs: add _ledger_id, _entry_id
+    client: tuple = ()                      # TLS / operator settings (spark/tls_options.py)
 
     def start_for(self, ledger_id: int) -> int:
         return self.starting.get(ledger_id, self.starting_default)
@@ -198,6 +200,7 @@ def parse_read_options(options: Mapping[str, str], *, check_names: bool = True) 
 
     password = _get(options, "password")
     return ReadOptions(
+        client=parse_client_options(options),
         metadata_uri=uri,
         ledgers=ledgers,
         log=str(log).strip() if log is not None else None,
@@ -240,6 +243,7 @@ class WriteOptions:
     password: bytes = b""
     sink_id: Optional[str] = None            # streaming sink identity (exactly-once key)
     test_fail_task_once: Optional[str] = None  # test hook: marker file path (see writer.py)
+    client: tuple = ()                       # TLS / operator settings (spark/tls_options.py)
 
 
 def _uri(options: Mapping[str, str]) -> str:
@@ -289,6 +293,7 @@ def parse_write_options(options: Mapping[str, str], *, streaming: bool = False) 
         sink_id = str(sink_id).strip()
     password = _get(options, "password")
     return WriteOptions(
+        client=parse_client_options(options),
         metadata_uri=uri, log=log, ensemble=ensemble, write_quorum=write_quorum,
         ack_quorum=ack_quorum,
         max_rows_per_entry=parse_positive_int("maxRowsPerEntry", _get(options, "maxRowsPerEntry"),

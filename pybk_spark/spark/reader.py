@@ -45,6 +45,7 @@ from pybk_spark.spark.planning import LedgerView, Slice, plan_slices
 from pybk_spark.spark.pushdown import Bounds, push
 from pybk_spark.protocol.ledger_metadata import check_password
 from pybk_spark.spark.read_ahead import read_ahead
+from pybk_spark.spark.tls_options import client_conf
 from pybk_spark.wire.entries import one_batch
 
 RAW_SCHEMA = StructType([
@@ -80,15 +81,16 @@ class LedgerSlicePartition(InputPartition):
 
 
 # -- per-process client cache (never pickled) ---------------------------------------------
-_CLIENTS: dict[str, object] = {}
+_CLIENTS: dict[tuple, object] = {}
 
 
-def _client(uri: str):
-    bk = _CLIENTS.get(uri)
+def _client(uri: str, client: tuple = ()):
+    """``client``: the TLS / operator settings of the options (spark/tls_options.py)."""
+    bk = _CLIENTS.get((uri, client))
     if bk is None:
         from pybk_spark.client import BookKeeper
-        bk = BookKeeper(uri)
-        _CLIENTS[uri] = bk
+        bk = BookKeeper(uri, conf=client_conf(client))
+        _CLIENTS[(uri, client)] = bk
         freeze_long_lived_objects()
     return bk
 
@@ -115,8 +117,8 @@ def freeze_long_lived_objects() -> None:
     _FROZEN[0] = True
 
 
-def _drop_client(uri: str) -> None:
-    bk = _CLIENTS.pop(uri, None)
+def _drop_client(uri: str, client: tuple = ()) -> None:
+    bk = _CLIENTS.pop((uri, client), None)
     if bk is not None:
         try:
             bk.close()
@@ -126,8 +128,8 @@ def _drop_client(uri: str) -> None:
 
 @atexit.register
 def _close_clients() -> None:
-    for uri in list(_CLIENTS):
-        _drop_client(uri)
+    for uri, client in list(_CLIENTS):
+        _drop_client(uri, client)
 
 
 def _open(bk, ledger_id: int, *, recovery: bool, password: bytes):
@@ -213,9 +215,10 @@ class PlanningClient:
     transports, ledger handles, their imports) is built only when an open
     ledger needs it; planning a closed log touches etcd only."""
 
-    def __init__(self, uri: str):
+    def __init__(self, uri: str, client: tuple = ()):
         from pybk_spark.metadata import open_store
         self.uri = uri
+        self.client = client
         self.metadata_store = open_store(uri)
         self._bk = None
 
@@ -226,7 +229,8 @@ class PlanningClient:
     def open_ledger(self, ledger_id: int, **kwargs):
         if self._bk is None:
             from pybk_spark.client import BookKeeper
-            self._bk = BookKeeper(self.uri, store=self.metadata_store)
+            self._bk = BookKeeper(self.uri, store=self.metadata_store,
+                                  conf=client_conf(self.client))
         return self._bk.open_ledger(ledger_id, **kwargs)
 
     def close(self) -> None:
@@ -339,11 +343,11 @@ def read_partition(partition: LedgerSlicePartition, opts: ReadOptions,
     current one (read_ahead.py)."""
     uri = opts.metadata_uri
     try:
-        yield from read_ahead(decode_slice(read_slice(_client(uri), partition, opts),
+        yield from read_ahead(decode_slice(read_slice(_client(uri, opts.client), partition, opts),
                                            table_schema, opts.include_metadata),
                               opts.read_ahead_batches)
     except Exception:
-        _drop_client(uri)          # next task in this worker starts from a fresh client
+        _drop_client(uri, opts.client)   # next task in this worker starts from a fresh client
         raise
 
 
@@ -354,7 +358,7 @@ class BookKeeperBatchReader(DataSourceReader):
         self.bounds = Bounds()
 
     def partitions(self) -> list[InputPartition]:
-        bk = PlanningClient(self.opts.metadata_uri)
+        bk = PlanningClient(self.opts.metadata_uri, self.opts.client)
         try:
             ledger_ids = resolve_ledgers(bk, self.opts)
             return [LedgerSlicePartition.of(s) for s in plan(bk, self.opts, ledger_ids, self.bounds)]

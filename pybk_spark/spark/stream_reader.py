@@ -82,7 +82,9 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     def _client(self):
         if self._bk is None:
             from pybk_spark.client import BookKeeper
-            self._bk = BookKeeper(self.opts.read.metadata_uri)
+            from pybk_spark.spark.tls_options import client_conf
+            self._bk = BookKeeper(self.opts.read.metadata_uri,
+                                  conf=client_conf(self.opts.read.client))
         return self._bk
 
     def _log(self) -> LogMetadata:

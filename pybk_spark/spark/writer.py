@@ -112,7 +112,7 @@ def write_task(opts: WriteOptions, job: str, schema_text: str,
     from pybk_spark.spark.reader import _client, _drop_client
     partition, attempt = _task_ids()
     schema = arrow_codec.decode_schema(schema_text)
-    bk = _client(opts.metadata_uri)
+    bk = _client(opts.metadata_uri, opts.client)
     handle, key = None, None
     entries = nbytes = rows = 0
     try:
@@ -154,7 +154,7 @@ def write_task(opts: WriteOptions, job: str, schema_text: str,
             handle.close()
     except BaseException:
         _abandon(bk, handle, key)
-        _drop_client(opts.metadata_uri)
+        _drop_client(opts.metadata_uri, opts.client)
         raise
     _maybe_fail_for_test(opts, partition, attempt)
     ledger_id = handle.ledger_id if handle is not None else -1
@@ -241,9 +241,10 @@ def abort_job(bk, opts: WriteOptions, job: str, messages) -> list[int]:
     return pending.clean_job(bk, opts.log, job, in_log, extra=message_ledger_ids(messages))
 
 
-def _driver_client(uri: str):
+def _driver_client(uri: str, client: tuple = ()):
     from pybk_spark.client import BookKeeper
-    return BookKeeper(uri)
+    from pybk_spark.spark.tls_options import client_conf
+    return BookKeeper(uri, conf=client_conf(client))
 
 
 class BookKeeperBatchWriter(DataSourceArrowWriter):
@@ -256,12 +257,12 @@ class BookKeeperBatchWriter(DataSourceArrowWriter):
         return write_task(self.opts, self.job, self.schema_text, iterator)
 
     def commit(self, messages: List[Optional[WriterCommitMessage]]) -> None:
-        with _driver_client(self.opts.metadata_uri) as bk:
+        with _driver_client(self.opts.metadata_uri, self.opts.client) as bk:
             commit_job(bk, self.opts, self.job, self.schema_text, messages,
                        overwrite=self.overwrite)
 
     def abort(self, messages: List[Optional[WriterCommitMessage]]) -> None:
-        with _driver_client(self.opts.metadata_uri) as bk:
+        with _driver_client(self.opts.metadata_uri, self.opts.client) as bk:
             abort_job(bk, self.opts, self.job, messages)
 
 
@@ -276,10 +277,10 @@ class BookKeeperStreamWriter(DataSourceStreamArrowWriter):
         return write_task(self.opts, self.job, self.schema_text, iterator)
 
     def commit(self, messages: List[Optional[WriterCommitMessage]], batchId: int) -> None:
-        with _driver_client(self.opts.metadata_uri) as bk:
+        with _driver_client(self.opts.metadata_uri, self.opts.client) as bk:
             commit_job(bk, self.opts, self.job, self.schema_text, messages,
                        sink=(self.opts.sink_id, int(batchId)))
 
     def abort(self, messages: List[Optional[WriterCommitMessage]], batchId: int) -> None:
-        with _driver_client(self.opts.metadata_uri) as bk:
+        with _driver_client(self.opts.metadata_uri, self.opts.client) as bk:
             abort_job(bk, self.opts, self.job, messages)

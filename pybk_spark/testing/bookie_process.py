@@ -39,7 +39,8 @@ def _kill_all() -> None:
 class BookieProcess:
     def __init__(self, data_dir: str, *, port: Optional[int] = None,
                  metadata_uri: str = "", bookie_id: str = "", conf: Optional[dict] = None,
-                 log_path: Optional[str] = None, command: Optional[list] = None):
+                 log_path: Optional[str] = None, command: Optional[list] = None,
+                 client_tls=None):
         self.data_dir = data_dir
         self.port = port or free_port()
         self.metadata_uri = metadata_uri
@@ -51,6 +52,7 @@ class BookieProcess:
         self.base_command = list(command or [sys.executable, "-m", "bookie_server"])
         self.proc: Optional[subprocess.Popen] = None
         self._channel: Optional[grpc.Channel] = None
+        self.client_tls = client_tls     # transport/tls.ClientTls for a TLS bookie's channel
 
     @property
     def address(self) -> str:
@@ -115,9 +117,14 @@ class BookieProcess:
     def channel(self) -> grpc.Channel:
         if self._channel is None:
             limit = 80 << 20
-            self._channel = grpc.insecure_channel(self.address, options=[
-                ("grpc.max_send_message_length", limit),
-                ("grpc.max_receive_message_length", limit)])
+            options = [("grpc.max_send_message_length", limit),
+                       ("grpc.max_receive_message_length", limit)]
+            if self.client_tls is None:
+                self._channel = grpc.insecure_channel(self.address, options=options)
+            else:
+                self._channel = grpc.secure_channel(
+                    self.address, self.client_tls.channel_credentials(),
+                    options=options + self.client_tls.channel_options())
         return self._channel
 
     def stub(self) -> pb_grpc.BookieStub:

@@ -24,7 +24,12 @@ new buffer and parsed in place (``framing.parse_read_response``): the
 entries are a zero-copy view of it.  A reader that cancels its future (it
 stopped early) only drops the answer when it comes.
 
-Socket errors become typed errors in ``wire.codes.translate_socket_error``.
+With TLS (``tls``: transport/tls.py) the connection is wrapped and its
+handshake completed, within the connect timeout, before the magic is sent
+(wire/tls_socket.py: the reader thread and the senders share it safely).
+
+Socket errors become typed errors in ``wire.codes.translate_socket_error``
+(a failed handshake: ``TlsError``).
 """
 from __future__ import annotations
 
@@ -39,6 +44,7 @@ from pybk_spark.wire.frame_socket import FrameWriter, configure, read_frame, rea
 from pybk_spark.wire import add_lane
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import codes, framing
+from pybk_spark.wire.tls_socket import handshake
 
 # answers are a few dozen bytes; a bookie that sends more is not one
 _MAX_ANSWER_BYTES = 1 << 20
@@ -60,13 +66,23 @@ class LaneConnection(PendingRequests):
     kind = "add"
 
     def __init__(self, address: str, bookie_id: str, now: float, connect_timeout: float,
-                 max_backlog_bytes: int):
+                 max_backlog_bytes: int, tls=None):
         super().__init__(bookie_id, now)
         try:
-            sock = socket.create_connection(add_lane.split_address(address),
-                                            timeout=connect_timeout)
+            host_port = add_lane.split_address(address)
+            sock = socket.create_connection(host_port, timeout=connect_timeout)
         except (OSError, ValueError) as exc:
             raise codes.translate_socket_error(exc, bookie=bookie_id) from None
+        if tls is not None:
+            try:
+                sock = handshake(sock, tls.context, server_side=False,
+                                 server_hostname=tls.server_hostname(host_port[0]),
+                                 timeout=connect_timeout)
+            except OSError as exc:         # ssl.SSLError, a reset, the timeout
+                sock.close()
+                if isinstance(exc, TimeoutError):
+                    raise codes.translate_socket_error(exc, bookie=bookie_id) from None
+                raise codes.translate_tls_error(exc, address, bookie=bookie_id) from None
         self.sock = configure(sock)
         self.writer = FrameWriter(self.sock, f"pybk-lane-send-{bookie_id}", max_backlog_bytes)
         self.writer.send(add_lane.hello(bookie_id, self.magic))
@@ -128,9 +144,9 @@ class ReadLaneConnection(LaneConnection):
     kind = "read"
 
     def __init__(self, address: str, bookie_id: str, now: float, connect_timeout: float,
-                 max_backlog_bytes: int, max_answer_bytes: int):
+                 max_backlog_bytes: int, max_answer_bytes: int, tls=None):
         self.max_answer_bytes = max_answer_bytes
-        super().__init__(address, bookie_id, now, connect_timeout, max_backlog_bytes)
+        super().__init__(address, bookie_id, now, connect_timeout, max_backlog_bytes, tls)
 
     def _receive(self, stream):
         body = read_frame_into(stream, self.max_answer_bytes)
@@ -138,24 +154,25 @@ class ReadLaneConnection(LaneConnection):
 
 
 def read_lane_connector(address: str, bookie_id: str, connect_timeout: float,
-                        resolve: Callable[[], str], max_answer_bytes: int
+                        resolve: Callable[[], str], max_answer_bytes: int, tls=None
                         ) -> Callable[[float], PendingRequests]:
     """Opens read lane connections; see :func:`lane_connector`."""
     def open_read(addr: str, now: float) -> PendingRequests:
         return ReadLaneConnection(addr, bookie_id, now, connect_timeout, 1 << 20,
-                                  max_answer_bytes)
+                                  max_answer_bytes, tls)
     return _reconnecting(address, resolve, open_read)
 
 
 def lane_connector(address: str, bookie_id: str, connect_timeout: float,
                    resolve: Callable[[], str] = lambda: "",
-                   max_backlog_bytes: int = 1 << 30) -> Callable[[float], PendingRequests]:
+                   max_backlog_bytes: int = 1 << 30, tls=None
+                   ) -> Callable[[float], PendingRequests]:
     """Opens add lane connections (see ``RequestStreamer``) to ``address``.  When
     the connection is refused, ``resolve()`` is asked for the bookie's
     current lane address (a restarted bookie may listen on a new port) and,
     if it changed, that one is tried once."""
     def open_add(addr: str, now: float) -> PendingRequests:
-        return LaneConnection(addr, bookie_id, now, connect_timeout, max_backlog_bytes)
+        return LaneConnection(addr, bookie_id, now, connect_timeout, max_backlog_bytes, tls)
     return _reconnecting(address, resolve, open_add)
 
 

@@ -226,8 +226,10 @@ class RequestStreamer:
                         return fut
             if stream.add(request_id, req, fut, deadline, convert, now):
                 return fut
-        fut.set_exception(errors.BookieUnavailable(
-            f"add stream keeps breaking: {stream.broken}", bookie=self._bookie_id))
+        cls = errors.TlsError if isinstance(stream.broken, errors.TlsError) \
+            else errors.BookieUnavailable
+        fut.set_exception(cls(f"add stream keeps breaking: {stream.broken}",
+                              bookie=self._bookie_id))
         return fut
 
     @property

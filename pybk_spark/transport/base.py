@@ -28,6 +28,7 @@ class LacResult:
     lac: int
     last_entry_id: int
     fenced: bool
+    master_key: bytes = b""   # only to an operator (protocol/access.may_learn_key)
 
 
 def settle(fut: Future, convert, resp, **context) -> None:

@@ -10,6 +10,9 @@ transport/add_lane.py), else one bidirectional ``AddStream``
 connection per bookie (``read_transport``, default ``lane``), else the unary
 ``ReadEntries``.  The pool's watchdog thread expires adds and lane reads
 older than their timeout.  Everything else (LAC, fencing, info) is gRPC.
+With ``tls`` (transport/tls.py) the channel and the lane connections are
+TLS; a bookie whose registration disagrees with the client about TLS is
+refused before any connection (``TlsError`` naming the setting).
 """
 from __future__ import annotations
 
@@ -43,14 +46,17 @@ class BookieClient(BookieTransport):
                  default_timeout: float = 5.0, bookie_id: str = "",
                  clock: Callable[[], float] = time.monotonic, stream_idle_close_s: float = 30.0,
                  add_lane_address: str = "", resolve_add_lane: Callable[[], str] = lambda: "",
-                 read_lane_address: str = ""):
+                 read_lane_address: str = "", tls=None):
         self.address = address
         self.bookie_id = bookie_id or address
         self.default_timeout = default_timeout
-        self._channel = grpc.insecure_channel(address, options=[
-            ("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.max_receive_message_length", max_message_bytes),
-        ])
+        options = [("grpc.max_send_message_length", max_message_bytes),
+                   ("grpc.max_receive_message_length", max_message_bytes)]
+        if tls is None:
+            self._channel = grpc.insecure_channel(address, options=options)
+        else:
+            self._channel = grpc.secure_channel(address, tls.channel_credentials(),
+                                                options=options + tls.channel_options())
         self._stub = pbg.BookieStub(self._channel)
         # read answers are parsed in place (wire/framing.py): no copy of the entries
         self._read_entries = self._channel.unary_unary(
@@ -58,7 +64,7 @@ class BookieClient(BookieTransport):
             response_deserializer=framing.parse_read_response)
         if add_lane_address:
             add_connector = lane_connector(add_lane_address, self.bookie_id, default_timeout,
-                                           resolve_add_lane)
+                                           resolve_add_lane, tls=tls)
             self._adds = RequestStreamer(add_connector, self.bookie_id, clock,
                                          stream_idle_close_s, frame=frame_add)
         else:
@@ -68,7 +74,7 @@ class BookieClient(BookieTransport):
         if read_lane_address:
             read_connector = read_lane_connector(read_lane_address, self.bookie_id,
                                                  default_timeout, resolve_add_lane,
-                                                 max_message_bytes)
+                                                 max_message_bytes, tls)
             self._reads = RequestStreamer(read_connector, self.bookie_id, clock,
                                           stream_idle_close_s, frame=frame_read)
 
@@ -150,7 +156,7 @@ class BookieClient(BookieTransport):
 
         def conv(resp):
             self._check(resp, ledger_id=ledger_id)
-            return LacResult(resp.lac, resp.last_entry_id, resp.fenced)
+            return LacResult(resp.lac, resp.last_entry_id, resp.fenced, resp.master_key)
         if timeout is None and wait_ms:
             timeout = self.default_timeout + wait_ms / 1000.0
         return self._call(self._stub.ReadLac, req, timeout, conv)
@@ -192,13 +198,14 @@ class GrpcTransportPool(TransportPool):
     def __init__(self, store: MetadataStore, *, max_message_bytes: int = 64 << 20,
                  timeout: float = 5.0, clock: Callable[[], float] = time.monotonic,
                  stream_idle_close_s: float = 30.0, add_transport: str = "lane",
-                 read_transport: str = "lane"):
+                 read_transport: str = "lane", tls=None):
         if add_transport not in ADD_TRANSPORTS:
             raise errors.IncorrectParameter(
                 f"add_transport must be one of {ADD_TRANSPORTS}, not {add_transport!r}")
         if read_transport not in READ_TRANSPORTS:
             raise errors.IncorrectParameter(
                 f"read_transport must be one of {READ_TRANSPORTS}, not {read_transport!r}")
+        self._tls = tls
         self._use_lane = add_transport == "lane"
         self._read_lane = read_transport == "lane"
         self._store = store
@@ -227,11 +234,14 @@ class GrpcTransportPool(TransportPool):
         reg = registration_of(self._store, bookie_id)
         if reg is None or not reg.get("address"):
             return _Unavailable(bookie_id)
+        mismatch = _tls_mismatch(bool(reg.get("tls")), self._tls is not None)
+        if mismatch:
+            return _Unavailable(bookie_id, errors.TlsError(mismatch, bookie=bookie_id))
         lane = reg.get("add_lane_address") or ""
         client = BookieClient(reg["address"], self._max, self._timeout, bookie_id, self._clock,
                               self._idle_close_s, lane if self._use_lane else "",
                               lambda: self._lane_address(bookie_id),
-                              lane if self._read_lane else "")
+                              lane if self._read_lane else "", self._tls)
         with self._lock:
             old = self._clients.setdefault(bookie_id, client)
             if self._watchdog is None and not self._stop.is_set():
@@ -262,15 +272,30 @@ class GrpcTransportPool(TransportPool):
             c.close()
 
 
-class _Unavailable(BookieTransport):
-    """A bookie that is not registered (dead): every call fails at once."""
+def _tls_mismatch(bookie_tls: bool, client_tls: bool) -> str:
+    """Why this client cannot talk to a bookie registered with(out) TLS ('' = it can)."""
+    if bookie_tls and not client_tls:
+        return ("the bookie serves TLS only and this client has no TLS settings: set "
+                "tls_ca_file (client.conf, or the Spark option tls.caFile) and, if the "
+                "bookies require client certificates, tls_cert_file / tls_key_file")
+    if client_tls and not bookie_tls:
+        return ("this client requires TLS (tls_ca_file is set) and the bookie does not serve "
+                "it (its registration has no tls): set tls_cert_file / tls_key_file in the "
+                "bookie's conf, or clear tls_ca_file on this client")
+    return ""
 
-    def __init__(self, bookie_id: str):
+
+class _Unavailable(BookieTransport):
+    """A bookie that is not registered (dead), or that this client may not
+    talk to (TLS on one side only): every call fails at once."""
+
+    def __init__(self, bookie_id: str, error: errors.BKError | None = None):
         self.bookie_id = bookie_id
+        self.error = error
 
     def _fail(self) -> Future:
-        return failed_future(errors.BookieUnavailable("bookie not registered",
-                                                      bookie=self.bookie_id))
+        return failed_future(self.error or errors.BookieUnavailable("bookie not registered",
+                                                                    bookie=self.bookie_id))
 
     def add(self, *a, **k):
         return self._fail()

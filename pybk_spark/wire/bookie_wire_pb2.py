@@ -24,19 +24,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!pybk_spark/wire/bookie_wire.proto\x12\x0cpybk.wire.v1\"j\n\nAddRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x12\n\nmaster_key\x18\x02 \x01(\x0c\x12\x0f\n\x07\x65ntries\x18\x03 \x01(\x0c\x12\x10\n\x08recovery\x18\x04 \x01(\x08\x12\x12\n\nrequest_id\x18\x05 \x01(\x04\"\x82\x01\n\x0b\x41\x64\x64Response\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\tledger_id\x18\x03 \x01(\x04\x12\x16\n\x0e\x66irst_entry_id\x18\x04 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x05 \x01(\x03\x12\x12\n\nrequest_id\x18\x06 \x01(\x04\"\xec\x01\n\x0bReadRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x16\n\x0e\x66irst_entry_id\x18\x02 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x03 \x01(\x03\x12\x13\n\x0bmax_entries\x18\x04 \x01(\r\x12\x11\n\tmax_bytes\x18\x05 \x01(\x04\x12\r\n\x05\x66\x65nce\x18\x06 \x01(\x08\x12\x12\n\nmaster_key\x18\x07 \x01(\x0c\x12\x0e\n\x06sparse\x18\x08 \x01(\x08\x12\x17\n\x0fstripe_ensemble\x18\t \x01(\r\x12\x13\n\x0bstripe_slot\x18\n \x01(\r\x12\x12\n\nrequest_id\x18\x0b \x01(\x04\"\x93\x01\n\x0cReadResponse\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0f\n\x07\x65ntries\x18\x03 \x01(\x0c\x12\"\n\x03\x65nd\x18\x04 \x01(\x0e\x32\x15.pybk.wire.v1.ReadEnd\x12\x0b\n\x03lac\x18\x05 \x01(\x03\x12\x0e\n\x06\x66\x65nced\x18\x06 \x01(\x08\x12\x12\n\nrequest_id\x18\x07 \x01(\x04\"v\n\x0eReadLacRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\r\n\x05\x66\x65nce\x18\x02 \x01(\x08\x12\x12\n\nmaster_key\x18\x03 \x01(\x0c\x12\x1a\n\x12wait_for_lac_above\x18\x04 \x01(\x03\x12\x12\n\ntimeout_ms\x18\x05 \x01(\r\"d\n\x0fReadLacResponse\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0b\n\x03lac\x18\x03 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x04 \x01(\x03\x12\x0e\n\x06\x66\x65nced\x18\x05 \x01(\x08\"5\n\x0c\x46\x65nceRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x12\n\nmaster_key\x18\x02 \x01(\x0c\"R\n\rFenceResponse\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0b\n\x03lac\x18\x03 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x04 \x01(\x03\"E\n\x0fWriteLacRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x12\n\nmaster_key\x18\x02 \x01(\x0c\x12\x0b\n\x03lac\x18\x03 \x01(\x03\"1\n\x10WriteLacResponse\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x13\n\x11\x42ookieInfoRequest\"\xde\x01\n\x12\x42ookieInfoResponse\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\tbookie_id\x18\x03 \x01(\t\x12\x12\n\nfree_bytes\x18\x04 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x05 \x01(\x04\x12(\n\x05state\x18\x06 \x01(\x0e\x32\x19.pybk.wire.v1.BookieState\x12\x14\n\x0cledger_count\x18\x07 \x01(\x04\x12\x13\n\x0b\x65ntry_count\x18\x08 \x01(\x04\x12\x18\n\x10protocol_version\x18\t \x01(\r\"\x14\n\x12ListLedgersRequest\"H\n\x13ListLedgersResponse\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x12\n\nledger_ids\x18\x03 \x03(\x04\"\x0f\n\rHealthRequest\"4\n\x0eHealthResponse\x12\x0f\n\x07serving\x18\x01 \x01(\x08\x12\x11\n\tbookie_id\x18\x02 \x01(\t*\xcb\x01\n\nStatusCode\x12\x06\n\x02OK\x10\x00\x12\x13\n\x0eNO_SUCH_LEDGER\x10\x92\x03\x12\x12\n\rNO_SUCH_ENTRY\x10\x93\x03\x12\x10\n\x0b\x42\x41\x44_REQUEST\x10\x94\x03\x12\x0e\n\tTOO_LARGE\x10\x9d\x03\x12\r\n\x08IO_ERROR\x10\xf5\x03\x12\x11\n\x0cUNAUTHORIZED\x10\xf6\x03\x12\x0b\n\x06\x46\x45NCED\x10\xf8\x03\x12\x0e\n\tREAD_ONLY\x10\xf9\x03\x12\x16\n\x11TOO_MANY_REQUESTS\x10\xfa\x03\x12\x13\n\x0eINVALID_COOKIE\x10\xfb\x03*0\n\x0b\x42ookieState\x12\x0c\n\x08WRITABLE\x10\x00\x12\x13\n\x0fREAD_ONLY_STATE\x10\x01*/\n\x07ReadEnd\x12\x0c\n\x08\x43OMPLETE\x10\x00\x12\t\n\x05LIMIT\x10\x01\x12\x0b\n\x07MISSING\x10\x02\x32\x99\x05\n\x06\x42ookie\x12\x41\n\nAddEntries\x12\x18.pybk.wire.v1.AddRequest\x1a\x19.pybk.wire.v1.AddResponse\x12\x44\n\tAddStream\x12\x18.pybk.wire.v1.AddRequest\x1a\x19.pybk.wire.v1.AddResponse(\x01\x30\x01\x12\x44\n\x0bReadEntries\x12\x19.pybk.wire.v1.ReadRequest\x1a\x1a.pybk.wire.v1.ReadResponse\x12\x46\n\x07ReadLac\x12\x1c.pybk.wire.v1.ReadLacRequest\x1a\x1d.pybk.wire.v1.ReadLacResponse\x12@\n\x05\x46\x65nce\x12\x1a.pybk.wire.v1.FenceRequest\x1a\x1b.pybk.wire.v1.FenceResponse\x12I\n\x08WriteLac\x12\x1d.pybk.wire.v1.WriteLacRequest\x1a\x1e.pybk.wire.v1.WriteLacResponse\x12R\n\rGetBookieInfo\x12\x1f.pybk.wire.v1.BookieInfoRequest\x1a .pybk.wire.v1.BookieInfoResponse\x12R\n\x0bListLedgers\x12 .pybk.wire.v1.ListLedgersRequest\x1a!.pybk.wire.v1.ListLedgersResponse\x12\x43\n\x06Health\x12\x1b.pybk.wire.v1.HealthRequest\x1a\x1c.pybk.wire.v1.HealthResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!pybk_spark/wire/bookie_wire.proto\x12\x0cpybk.wire.v1\"j\n\nAddRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x12\n\nmaster_key\x18\x02 \x01(\x0c\x12\x0f\n\x07\x65ntries\x18\x03 \x01(\x0c\x12\x10\n\x08recovery\x18\x04 \x01(\x08\x12\x12\n\nrequest_id\x18\x05 \x01(\x04\"\x82\x01\n\x0b\x41\x64\x64Response\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\tledger_id\x18\x03 \x01(\x04\x12\x16\n\x0e\x66irst_entry_id\x18\x04 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x05 \x01(\x03\x12\x12\n\nrequest_id\x18\x06 \x01(\x04\"\xec\x01\n\x0bReadRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x16\n\x0e\x66irst_entry_id\x18\x02 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x03 \x01(\x03\x12\x13\n\x0bmax_entries\x18\x04 \x01(\r\x12\x11\n\tmax_bytes\x18\x05 \x01(\x04\x12\r\n\x05\x66\x65nce\x18\x06 \x01(\x08\x12\x12\n\nmaster_key\x18\x07 \x01(\x0c\x12\x0e\n\x06sparse\x18\x08 \x01(\x08\x12\x17\n\x0fstripe_ensemble\x18\t \x01(\r\x12\x13\n\x0bstripe_slot\x18\n \x01(\r\x12\x12\n\nrequest_id\x18\x0b \x01(\x04\"\x93\x01\n\x0cReadResponse\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0f\n\x07\x65ntries\x18\x03 \x01(\x0c\x12\"\n\x03\x65nd\x18\x04 \x01(\x0e\x32\x15.pybk.wire.v1.ReadEnd\x12\x0b\n\x03lac\x18\x05 \x01(\x03\x12\x0e\n\x06\x66\x65nced\x18\x06 \x01(\x08\x12\x12\n\nrequest_id\x18\x07 \x01(\x04\"v\n\x0eReadLacRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\r\n\x05\x66\x65nce\x18\x02 \x01(\x08\x12\x12\n\nmaster_key\x18\x03 \x01(\x0c\x12\x1a\n\x12wait_for_lac_above\x18\x04 \x01(\x03\x12\x12\n\ntimeout_ms\x18\x05 \x01(\r\"x\n\x0fReadLacResponse\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0b\n\x03lac\x18\x03 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x04 \x01(\x03\x12\x0e\n\x06\x66\x65nced\x18\x05 \x01(\x08\x12\x12\n\nmaster_key\x18\x06 \x01(\x0c\"5\n\x0c\x46\x65nceRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x12\n\nmaster_key\x18\x02 \x01(\x0c\"R\n\rFenceResponse\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0b\n\x03lac\x18\x03 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x04 \x01(\x03\"E\n\x0fWriteLacRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x12\n\nmaster_key\x18\x02 \x01(\x0c\x12\x0b\n\x03lac\x18\x03 \x01(\x03\"1\n\x10WriteLacResponse\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x13\n\x11\x42ookieInfoRequest\"\xde\x01\n\x12\x42ookieInfoResponse\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\tbookie_id\x18\x03 \x01(\t\x12\x12\n\nfree_bytes\x18\x04 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x05 \x01(\x04\x12(\n\x05state\x18\x06 \x01(\x0e\x32\x19.pybk.wire.v1.BookieState\x12\x14\n\x0cledger_count\x18\x07 \x01(\x04\x12\x13\n\x0b\x65ntry_count\x18\x08 \x01(\x04\x12\x18\n\x10protocol_version\x18\t \x01(\r\"\x14\n\x12ListLedgersRequest\"H\n\x13ListLedgersResponse\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x12\n\nledger_ids\x18\x03 \x03(\x04\"\x0f\n\rHealthRequest\"4\n\x0eHealthResponse\x12\x0f\n\x07serving\x18\x01 \x01(\x08\x12\x11\n\tbookie_id\x18\x02 \x01(\t*\xcb\x01\n\nStatusCode\x12\x06\n\x02OK\x10\x00\x12\x13\n\x0eNO_SUCH_LEDGER\x10\x92\x03\x12\x12\n\rNO_SUCH_ENTRY\x10\x93\x03\x12\x10\n\x0b\x42\x41\x44_REQUEST\x10\x94\x03\x12\x0e\n\tTOO_LARGE\x10\x9d\x03\x12\r\n\x08IO_ERROR\x10\xf5\x03\x12\x11\n\x0cUNAUTHORIZED\x10\xf6\x03\x12\x0b\n\x06\x46\x45NCED\x10\xf8\x03\x12\x0e\n\tREAD_ONLY\x10\xf9\x03\x12\x16\n\x11TOO_MANY_REQUESTS\x10\xfa\x03\x12\x13\n\x0eINVALID_COOKIE\x10\xfb\x03*0\n\x0b\x42ookieState\x12\x0c\n\x08WRITABLE\x10\x00\x12\x13\n\x0fREAD_ONLY_STATE\x10\x01*/\n\x07ReadEnd\x12\x0c\n\x08\x43OMPLETE\x10\x00\x12\t\n\x05LIMIT\x10\x01\x12\x0b\n\x07MISSING\x10\x02\x32\x99\x05\n\x06\x42ookie\x12\x41\n\nAddEntries\x12\x18.pybk.wire.v1.AddRequest\x1a\x19.pybk.wire.v1.AddResponse\x12\x44\n\tAddStream\x12\x18.pybk.wire.v1.AddRequest\x1a\x19.pybk.wire.v1.AddResponse(\x01\x30\x01\x12\x44\n\x0bReadEntries\x12\x19.pybk.wire.v1.ReadRequest\x1a\x1a.pybk.wire.v1.ReadResponse\x12\x46\n\x07ReadLac\x12\x1c.pybk.wire.v1.ReadLacRequest\x1a\x1d.pybk.wire.v1.ReadLacResponse\x12@\n\x05\x46\x65nce\x12\x1a.pybk.wire.v1.FenceRequest\x1a\x1b.pybk.wire.v1.FenceResponse\x12I\n\x08WriteLac\x12\x1d.pybk.wire.v1.WriteLacRequest\x1a\x1e.pybk.wire.v1.WriteLacResponse\x12R\n\rGetBookieInfo\x12\x1f.pybk.wire.v1.BookieInfoRequest\x1a .pybk.wire.v1.BookieInfoResponse\x12R\n\x0bListLedgers\x12 .pybk.wire.v1.ListLedgersRequest\x1a!.pybk.wire.v1.ListLedgersResponse\x12\x43\n\x06Health\x12\x1b.pybk.wire.v1.HealthRequest\x1a\x1c.pybk.wire.v1.HealthResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pybk_spark.wire.bookie_wire_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_STATUSCODE']._serialized_start=1578
-  _globals['_STATUSCODE']._serialized_end=1781
-  _globals['_BOOKIESTATE']._serialized_start=1783
-  _globals['_BOOKIESTATE']._serialized_end=1831
-  _globals['_READEND']._serialized_start=1833
-  _globals['_READEND']._serialized_end=1880
+  _globals['_STATUSCODE']._serialized_start=1598
+  _globals['_STATUSCODE']._serialized_end=1801
+  _globals['_BOOKIESTATE']._serialized_start=1803
+  _globals['_BOOKIESTATE']._serialized_end=1851
+  _globals['_READEND']._serialized_start=1853
+  _globals['_READEND']._serialized_end=1900
   _globals['_ADDREQUEST']._serialized_start=51
   _globals['_ADDREQUEST']._serialized_end=157
   _globals['_ADDRESPONSE']._serialized_start=160
@@ -48,27 +48,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_READLACREQUEST']._serialized_start=681
   _globals['_READLACREQUEST']._serialized_end=799
   _globals['_READLACRESPONSE']._serialized_start=801
-  _globals['_READLACRESPONSE']._serialized_end=901
-  _globals['_FENCEREQUEST']._serialized_start=903
-  _globals['_FENCEREQUEST']._serialized_end=956
-  _globals['_FENCERESPONSE']._serialized_start=958
-  _globals['_FENCERESPONSE']._serialized_end=1040
-  _globals['_WRITELACREQUEST']._serialized_start=1042
-  _globals['_WRITELACREQUEST']._serialized_end=1111
-  _globals['_WRITELACRESPONSE']._serialized_start=1113
-  _globals['_WRITELACRESPONSE']._serialized_end=1162
-  _globals['_BOOKIEINFOREQUEST']._serialized_start=1164
-  _globals['_BOOKIEINFOREQUEST']._serialized_end=1183
-  _globals['_BOOKIEINFORESPONSE']._serialized_start=1186
-  _globals['_BOOKIEINFORESPONSE']._serialized_end=1408
-  _globals['_LISTLEDGERSREQUEST']._serialized_start=1410
-  _globals['_LISTLEDGERSREQUEST']._serialized_end=1430
-  _globals['_LISTLEDGERSRESPONSE']._serialized_start=1432
-  _globals['_LISTLEDGERSRESPONSE']._serialized_end=1504
-  _globals['_HEALTHREQUEST']._serialized_start=1506
-  _globals['_HEALTHREQUEST']._serialized_end=1521
-  _globals['_HEALTHRESPONSE']._serialized_start=1523
-  _globals['_HEALTHRESPONSE']._serialized_end=1575
-  _globals['_BOOKIE']._serialized_start=1883
-  _globals['_BOOKIE']._serialized_end=2548
+  _globals['_READLACRESPONSE']._serialized_end=921
+  _globals['_FENCEREQUEST']._serialized_start=923
+  _globals['_FENCEREQUEST']._serialized_end=976
+  _globals['_FENCERESPONSE']._serialized_start=978
+  _globals['_FENCERESPONSE']._serialized_end=1060
+  _globals['_WRITELACREQUEST']._serialized_start=1062
+  _globals['_WRITELACREQUEST']._serialized_end=1131
+  _globals['_WRITELACRESPONSE']._serialized_start=1133
+  _globals['_WRITELACRESPONSE']._serialized_end=1182
+  _globals['_BOOKIEINFOREQUEST']._serialized_start=1184
+  _globals['_BOOKIEINFOREQUEST']._serialized_end=1203
+  _globals['_BOOKIEINFORESPONSE']._serialized_start=1206
+  _globals['_BOOKIEINFORESPONSE']._serialized_end=1428
+  _globals['_LISTLEDGERSREQUEST']._serialized_start=1430
+  _globals['_LISTLEDGERSREQUEST']._serialized_end=1450
+  _globals['_LISTLEDGERSRESPONSE']._serialized_start=1452
+  _globals['_LISTLEDGERSRESPONSE']._serialized_end=1524
+  _globals['_HEALTHREQUEST']._serialized_start=1526
+  _globals['_HEALTHREQUEST']._serialized_end=1541
+  _globals['_HEALTHRESPONSE']._serialized_start=1543
+  _globals['_HEALTHRESPONSE']._serialized_end=1595
+  _globals['_BOOKIE']._serialized_start=1903
+  _globals['_BOOKIE']._serialized_end=2568
 # @@protoc_insertion_point(module_scope)

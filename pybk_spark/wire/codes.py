@@ -5,6 +5,7 @@ Both directions live here:
   * ``raise_for_code(code, message)``  (client side)  StatusCode -> BKError
   * ``translate_rpc_error(rpc_error)``  (client side)  grpc.RpcError -> BKError
   * ``translate_socket_error(exc)``  (client side, add lane)  OSError etc. -> BKError
+    (a failed TLS handshake -> ``TlsError`` naming the setting to check)
 """
 from __future__ import annotations
 
@@ -64,10 +65,24 @@ def translate_rpc_error(exc: Exception, **context) -> errors.BKError:
             return errors.TooLarge(f"grpc message limit: {detail}", **context)
         if status == grpc.StatusCode.UNAUTHENTICATED:
             return errors.Unauthorized(detail, **context)
+        low = (detail or "").lower()
+        if status == grpc.StatusCode.UNAVAILABLE and any(m in low for m in _TLS_FAILURES):
+            hint = ("tls_server_name, or the bookie certificate's subject alternative names "
+                    "(they must hold the address the bookie registered)" if "hostname" in low
+                    else "the client's tls_ca_file (the CA of the bookie's certificate), "
+                    "tls_cert_file / tls_key_file, and the bookie's tls_cert_file (expired?) "
+                    "and tls_ca_file")
+            return errors.TlsError(f"TLS with the bookie failed: {detail}; check {hint}",
+                                   **context)
         return errors.BookieUnavailable(f"{status.name}: {detail}", **context)
     if isinstance(exc, errors.BKError):
         return exc
     return errors.BookieUnavailable(f"{type(exc).__name__}: {exc}", **context)
+
+
+# gRPC's words for a failed TLS handshake ("Ssl handshake failed", "Hostname
+# Verification Check failed")
+_TLS_FAILURES = ("handshake", "verification check")
 
 
 def translate_socket_error(exc: BaseException, **context) -> errors.BKError:
@@ -75,6 +90,28 @@ def translate_socket_error(exc: BaseException, **context) -> errors.BKError:
     a malformed frame.  Outcome of a write is UNKNOWN."""
     if isinstance(exc, errors.BKError):
         return exc
+    import ssl
+    if isinstance(exc, ssl.SSLError):
+        return translate_tls_error(exc, **context)
     if isinstance(exc, (TimeoutError, BufferError)):  # connect timed out / bookie not reading
         return errors.Timeout(f"add lane: {type(exc).__name__}: {exc}", **context)
     return errors.BookieUnavailable(f"add lane: {type(exc).__name__}: {exc}", **context)
+
+
+def translate_tls_error(exc: BaseException, address: str = "", **context) -> errors.TlsError:
+    """Client side, lane: a failed TLS handshake, naming what to fix."""
+    import ssl
+    where = f" at {address}" if address else ""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        why = exc.verify_message or str(exc)
+        hint = ("tls_server_name, or the bookie certificate's subject alternative names "
+                "(they must hold the address the bookie registered)"
+                if "hostname" in why.lower() or "ip address" in why.lower()
+                else "the client's tls_ca_file (the CA that signed the bookie's "
+                     "certificate) and the bookie's tls_cert_file (expired?)")
+        return errors.TlsError(f"bookie certificate{where} not accepted: {why}; check {hint}",
+                               **context)
+    return errors.TlsError(
+        f"TLS handshake{where} failed ({type(exc).__name__}: {exc}): the bookie may not serve "
+        "TLS, or refused this client's certificate; check the client's tls_cert_file / "
+        "tls_key_file and the bookie's tls_ca_file / tls_operator_identities", **context)
