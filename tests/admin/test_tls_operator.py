@@ -1,6 +1,6 @@
 """Re-replication on a TLS cluster (mutual TLS, roles) holding ledgers with
 three different passwords, none of them known to the tool: refused for a
-writer identity, done by an operator identity (the key-less path of
+writer identity, done by an operator identity running the spark-submit job (the key-less path of
 protocol/access.py: it learns each ledger's key from a surviving replica),
 and the ledgers read back intact with their own passwords afterwards."""
 import shutil
@@ -10,7 +10,7 @@ import pytest
 from pybk_spark import errors
 from pybk_spark.protocol import ledger_metadata as lm
 
-from admin_helpers import pybk, registered, wait_until
+from admin_helpers import pybk, registered, spark_submit, wait_until
 
 pytest.importorskip("trustme")
 pytestmark = pytest.mark.slow
@@ -90,9 +90,10 @@ def test_operator_rereplicates_ledgers_with_three_passwords(tls_cluster):
     assert copies and {c["outcome"] for c in copies} == {"failed"}
     assert all("tls_operator_identities" in c["error"] for c in copies), copies
 
-    # an operator identity: no passwords needed
-    done = pybk("--json", "rereplicate", "--metadata-uri", uri, "--client-conf",
-                operator_file, "--verify")
+    # an operator identity: no passwords needed; the spark-submit job, whose
+    # executors open their clients from the same client conf
+    done = spark_submit("rereplicate.py", "--metadata-uri", uri, "--client-conf",
+                        operator_file, "--verify", "--json")
     assert done.rc == 0, done.out + done.err
     report = done.json()
     assert {c["outcome"] for c in report["copies"]} == {"replicated"}
