@@ -33,7 +33,7 @@ from pybk_spark import errors
 COMMON_READ = (
     "metadataServiceUri", "log", "startingOffsets", "includeMetadata", "password",
     "maxEntriesPerPartition", "readBatchEntries", "readBatchBytes", "readAheadBatches",
-    "readWindowsInFlight",
+    "readWindowsInFlight", "failOnDataLoss", "minPartitions",
 )
 BATCH_READ = COMMON_READ + ("ledgers", "endingOffsets", "recovery", "path")
 STREAM_READ = COMMON_READ + ("maxEntriesPerTrigger",)

@@ -54,6 +54,8 @@ class ReadOptions:
     read_windows_in_flight: int = DEFAULT_READ_WINDOWS_IN_FLIGHT
     password: bytes = b""
     include_metadata: bool = False          # DataFrame logs: add _ledger_id, _entry_id
+    fail_on_data_loss: bool = True          # truncated position / deleted ledger: LogTruncated
+    min_partitions: Optional[int] = None    # split slices until there are at least this many
 
     def start_for(self, ledger_id: int) -> int:
         return self.starting.get(ledger_id, self.starting_default)
@@ -219,6 +221,9 @@ def parse_read_options(options: Mapping[str, str], *, check_names: bool = True) 
             DEFAULT_READ_WINDOWS_IN_FLIGHT),
         password=password.encode() if password else b"",
         include_metadata=parse_bool("includeMetadata", _get(options, "includeMetadata"), False),
+        fail_on_data_loss=parse_bool("failOnDataLoss", _get(options, "failOnDataLoss"), True),
+        min_partitions=parse_positive_int("minPartitions", _get(options, "minPartitions"), 0)
+        or None,
     )
 
 

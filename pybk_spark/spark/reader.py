@@ -39,9 +39,9 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 
 from pybk_spark import errors
-from pybk_spark.spark import arrow_codec
+from pybk_spark.spark import arrow_codec, data_loss
 from pybk_spark.spark.options import ReadOptions
-from pybk_spark.spark.planning import LedgerView, Slice, plan_slices
+from pybk_spark.spark.planning import LedgerView, Slice, plan_slices, split_to_min
 from pybk_spark.spark.pushdown import Bounds, push
 from pybk_spark.protocol.ledger_metadata import check_password
 from pybk_spark.spark.read_ahead import read_ahead
@@ -288,10 +288,31 @@ def plan(bk, opts: ReadOptions, ledger_ids, bounds: Bounds = Bounds()) -> list[S
     ledger_ids = [lid for lid in ledger_ids if bounds.allows_ledger(lid)]
     if bounds.entry_hi is not None and bounds.entry_hi < bounds.entry_lo:
         return []
-    views = [ledger_view(bk, lid, opts) for lid in ledger_ids]
-    return plan_slices(views, [opts.start_for(lid) for lid in ledger_ids],
-                       [opts.end_for(lid) for lid in ledger_ids],
-                       opts.max_entries_per_partition, bounds.entry_lo, bounds.entry_hi)
+    views, kept = [], []
+    for lid in ledger_ids:
+        view = _view_or_data_loss(bk, lid, opts)
+        if view is not None:
+            views.append(view)
+            kept.append(lid)
+    ledger_ids = kept
+    slices = plan_slices(views, [opts.start_for(lid) for lid in ledger_ids],
+                         [opts.end_for(lid) for lid in ledger_ids],
+                         opts.max_entries_per_partition, bounds.entry_lo, bounds.entry_hi)
+    return split_to_min(slices, opts.min_partitions)
+
+
+def _view_or_data_loss(bk, ledger_id: int, opts: ReadOptions) -> Optional[LedgerView]:
+    """A ledger a log lists but that was deleted is data loss (data_loss.py);
+    a ledger named by option 'ledgers' that does not exist stays NoSuchLedger
+    unless failOnDataLoss=false (then it is skipped)."""
+    try:
+        return ledger_view(bk, ledger_id, opts)
+    except errors.NoSuchLedger:
+        if opts.log is None and opts.fail_on_data_loss:
+            raise
+        data_loss.report(opts.fail_on_data_loss, "a ledger of the log was deleted",
+                         log=opts.log, ledger_id=ledger_id)
+        return None
 
 
 # -- executor side: reading ----------------------------------------------------------------------
@@ -342,6 +363,13 @@ def read_partition(partition: LedgerSlicePartition, opts: ReadOptions,
         yield from read_ahead(decode_slice(read_slice(_client(uri), partition, opts),
                                            table_schema, opts.include_metadata),
                               opts.read_ahead_batches)
+    except errors.NoSuchLedger as exc:
+        # deleted after planning: data loss unless nothing of it was planned to be read
+        if opts.log is None and opts.fail_on_data_loss:
+            raise
+        data_loss.report(opts.fail_on_data_loss, "a ledger was deleted while being read",
+                         log=opts.log, ledger_id=partition.ledger_id,
+                         first=partition.first, last=partition.last, error=exc)
     except Exception:
         _drop_client(uri)          # next task in this worker starts from a fresh client
         raise

@@ -31,18 +31,21 @@ from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadM
                                               SupportsTriggerAvailableNow)
 
 from pybk_spark import errors
+from pybk_spark.spark import data_loss
 from pybk_spark.protocol.ledger_metadata import check_password
 from pybk_spark.protocol.log_metadata import SEGMENT_CLOSED, LogMetadata
 from pybk_spark.spark.options import LATEST, StreamOptions
-from pybk_spark.spark.planning import LedgerView, plan_ledger
+from pybk_spark.spark.planning import LedgerView, plan_ledger, split_to_min
 from pybk_spark.spark.stream_offsets import Extent, Offset, advance, ranges
 
 CLOSED_STATE = "CLOSED"
 
 
 def measure(bk, md: LogMetadata, from_index: int, password: bytes, *,
-            read_lac: bool = True) -> list[Extent]:
-    """Extents of the log's segments from ``from_index`` up to the first open one."""
+            read_lac: bool = True, fail_on_data_loss: bool = True) -> list[Extent]:
+    """Extents of the log's segments from ``from_index`` up to the first open one.
+    A listed ledger that was deleted is data loss (data_loss.py): with
+    ``fail_on_data_loss=False`` it counts as a closed, empty segment."""
     if from_index < md.truncated_ledgers:
         raise errors.LogTruncated("stream position was truncated away", log=md.name,
                                   index=from_index, first_index=md.truncated_ledgers)
@@ -55,7 +58,13 @@ def measure(bk, md: LogMetadata, from_index: int, password: bytes, *,
         if seg.state == SEGMENT_CLOSED and seg.entry_count >= 0:
             out.append(Extent(index, seg.ledger_id, seg.entry_count, True))
             continue
-        meta = bk.get_ledger_metadata(seg.ledger_id)
+        try:
+            meta = bk.get_ledger_metadata(seg.ledger_id)
+        except errors.NoSuchLedger:
+            data_loss.report(fail_on_data_loss, "a ledger of the log was deleted",
+                             log=md.name, index=index, ledger_id=seg.ledger_id)
+            out.append(Extent(index, seg.ledger_id, 0, True))
+            continue
         if meta.state == CLOSED_STATE:
             out.append(Extent(index, seg.ledger_id, meta.last_entry_id + 1, True))
             continue
@@ -89,9 +98,23 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         from pybk_spark.log import read_log
         return read_log(self._client().metadata_store, self.opts.read.log)[0]
 
+    def _extents(self, md: LogMetadata, start: Offset, read_lac: bool = True) -> list[Extent]:
+        return measure(self._client(), md, start.index, self.opts.read.password,
+                       read_lac=read_lac, fail_on_data_loss=self.opts.read.fail_on_data_loss)
+
     def _end(self, md: LogMetadata, start: Offset, budget: Optional[int]) -> Offset:
-        extents = measure(self._client(), md, start.index, self.opts.read.password)
-        return advance(start, extents, budget)
+        return advance(start, self._extents(md, start), budget)
+
+    def _clamp(self, md: LogMetadata, start: Offset) -> Offset:
+        """``start``, or the log's first entry when truncation removed ``start``
+        (data loss: LogTruncated unless failOnDataLoss=false)."""
+        first = Offset(md.truncated_ledgers, 0)
+        if start.index >= first.index:
+            return start
+        data_loss.report(self.opts.read.fail_on_data_loss,
+                         "the stream's position was truncated away", log=md.name,
+                         index=start.index, entry=start.entry, first_index=first.index)
+        return first
 
     def initialOffset(self) -> dict:
         md = self._log()
@@ -112,29 +135,37 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._target = self._end(md, Offset(md.truncated_ledgers, 0), None)
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        begin = Offset.from_dict(start)
+        md = self._log()
+        begin = self._clamp(md, Offset.from_dict(start))
         budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        end = self._end(self._log(), begin, budget)
+        end = self._end(md, begin, budget)
         if self._target is not None and end > self._target:
             end = max(begin, self._target)
         return end.to_dict()
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         from pybk_spark.spark.reader import LedgerSlicePartition
-        begin, finish = Offset.from_dict(start), Offset.from_dict(end)
-        if finish <= begin:
-            return []
         bk = self._client()
         md = self._log()
-        extents = measure(bk, md, begin.index, self.opts.read.password, read_lac=False)
-        out: list[InputPartition] = []
+        begin, finish = self._clamp(md, Offset.from_dict(start)), Offset.from_dict(end)
+        if finish <= begin:
+            return []
+        extents = self._extents(md, begin, read_lac=False)
+        slices = []
         for ledger_id, first, last in ranges(begin, finish, extents):
-            meta = bk.get_ledger_metadata(ledger_id)
+            try:
+                meta = bk.get_ledger_metadata(ledger_id)
+            except errors.NoSuchLedger:
+                data_loss.report(self.opts.read.fail_on_data_loss,
+                                 "a ledger of the log was deleted", log=md.name,
+                                 ledger_id=ledger_id, first=first, last=last)
+                continue
             check_password(meta, self.opts.read.password)      # on the driver, not in tasks
             view = LedgerView(ledger_id, tuple(meta.fragments()), last)
-            out.extend(LedgerSlicePartition.of(s) for s in plan_ledger(
-                view, first, LATEST, self.opts.read.max_entries_per_partition))
-        return out
+            slices.extend(plan_ledger(view, first, LATEST,
+                                      self.opts.read.max_entries_per_partition))
+        return [LedgerSlicePartition.of(s)
+                for s in split_to_min(slices, self.opts.read.min_partitions)]
 
     def commit(self, end: dict) -> None:
         pass
