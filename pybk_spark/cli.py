@@ -41,7 +41,8 @@ COMMAND_MODULES: tuple[str, ...] = ("pybk_spark.cli_ledgers", "pybk_spark.cli_lo
                                     "pybk_spark.cli_admin",
                                     "pybk_spark.admin.shell_recovery",
                                     "pybk_spark.admin.shell_ledgers",
-                                    "pybk_spark.admin.shell_bookies")
+                                    "pybk_spark.admin.shell_bookies",
+                                    "pybk_spark.admin.shell_positions")
 
 
 def register(name: str, help: str, add_arguments, run) -> None:

@@ -71,12 +71,13 @@ class BookKeeperDataSource(DataSource):
 
     # -- batch write -----------------------------------------------------------------------
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        from pybk_spark.spark.writer import BookKeeperBatchWriter, prepare_log
+        from pybk_spark.spark.writer import BookKeeperBatchWriter, prepare_log_evolving
         from pybk_spark.spark.reader import PlanningClient
         opts = parse_write_options(self.options)
-        with PlanningClient(opts.metadata_uri) as bk:      # metadata only
-            schema_text = prepare_log(bk, opts, schema, overwrite)   # SchemaMismatch: no data written
-        return BookKeeperBatchWriter(opts, schema_text, overwrite)
+        with PlanningClient(opts.metadata_uri, opts.client_conf) as bk:      # metadata only
+            # SchemaMismatch here: no data written
+            schema_text, base = prepare_log_evolving(bk, opts, schema, overwrite)
+        return BookKeeperBatchWriter(opts, schema_text, overwrite, base_schema=base)
 
     # -- streaming --------------------------------------------------------------------------
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
@@ -87,15 +88,15 @@ class BookKeeperDataSource(DataSource):
         return BookKeeperStreamReader(opts, table_schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        from pybk_spark.spark.writer import BookKeeperStreamWriter, prepare_log
+        from pybk_spark.spark.writer import BookKeeperStreamWriter, prepare_log_evolving
         from pybk_spark.spark.reader import PlanningClient
         if overwrite:
             raise errors.IncorrectParameter(
                 "the bookkeeper sink supports outputMode('append') only")
         opts = parse_write_options(self.options, streaming=True)
-        with PlanningClient(opts.metadata_uri) as bk:      # metadata only
-            schema_text = prepare_log(bk, opts, schema, False)
-        return BookKeeperStreamWriter(opts, schema_text)
+        with PlanningClient(opts.metadata_uri, opts.client_conf) as bk:      # metadata only
+            schema_text, base = prepare_log_evolving(bk, opts, schema, False)
+        return BookKeeperStreamWriter(opts, schema_text, base_schema=base)
 
 
 def _planning_with_filter_pushdown() -> bool:

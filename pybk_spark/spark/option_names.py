@@ -36,10 +36,11 @@ COMMON_READ = (
     "readWindowsInFlight", "failOnDataLoss", "minPartitions",
 )
 BATCH_READ = COMMON_READ + ("ledgers", "endingOffsets", "recovery", "path")
-STREAM_READ = COMMON_READ + ("maxEntriesPerTrigger",)
+STREAM_READ = COMMON_READ + ("maxEntriesPerTrigger", "maxBytesPerTrigger",
+                             "minEntriesPerTrigger", "maxTriggerDelay")
 BATCH_WRITE = (
     "metadataServiceUri", "log", "path", "ensembleSize", "writeQuorum", "ackQuorum",
-    "maxRowsPerEntry", "maxBytesPerEntry", "password",
+    "maxRowsPerEntry", "maxBytesPerEntry", "password", "mergeSchema",
     "_testFailTaskOnce",                 # the documented test hook (writer.py)
 )
 STREAM_WRITE = BATCH_WRITE + ("checkpointLocation", "sinkId", "queryName")
@@ -68,14 +69,18 @@ def present(options: Mapping[str, str], names: Iterable[str]) -> list[str]:
     return [n for n in names if n.lower() in given]
 
 
+CLIENT_PREFIX = "bk."        # bk.<client.conf key>: client settings (options.client_settings)
+
+
 def check_names(options: Mapping[str, str], valid: tuple[str, ...], operation: str) -> None:
     """Refuse any option name not in ``valid``; ``operation`` ('batch reads',
     'stream reads', 'batch writes', 'stream writes', 'reads') is named in the
-    message."""
+    message.  ``bk.*`` names are client settings, valid everywhere (their keys
+    are checked by ``options.client_settings``)."""
     allowed = {n.lower() for n in valid}
     for key in options:
         lowered = str(key).lower()
-        if lowered in allowed:
+        if lowered in allowed or lowered.startswith(CLIENT_PREFIX):
             continue
         name = spelling(key)
         where = [op for op, names in _OPERATIONS if lowered in {n.lower() for n in names}]

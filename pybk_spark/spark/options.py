@@ -56,6 +56,7 @@ class ReadOptions:
     include_metadata: bool = False          # DataFrame logs: add _ledger_id, _entry_id
     fail_on_data_loss: bool = True          # truncated position / deleted ledger: LogTruncated
     min_partitions: Optional[int] = None    # split slices until there are at least this many
+    client_conf: tuple[tuple[str, str], ...] = ()   # bk.* options: ClientConfig overrides
 
     def start_for(self, ledger_id: int) -> int:
         return self.starting.get(ledger_id, self.starting_default)
@@ -74,6 +75,35 @@ def _get(options: Mapping[str, str], name: str) -> Optional[str]:
         if key.lower() == lowered:
             return value
     return None
+
+
+def client_settings(options: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """``bk.<key>`` options -> sorted ``(key, value)`` ClientConfig overrides,
+    each key and value checked now (conf/client.conf documents the keys)."""
+    from pybk_spark.config import ClientConfig
+    out = {}
+    for key, value in options.items():
+        lowered = str(key).lower()
+        if not lowered.startswith(names.CLIENT_PREFIX):
+            continue
+        out[lowered[len(names.CLIENT_PREFIX):]] = str(value).strip()
+    valid = sorted(f for f in ClientConfig.__dataclass_fields__)
+    for key, value in out.items():
+        try:
+            ClientConfig().with_overrides({key: value})
+        except errors.IncorrectParameter:
+            if key not in valid:
+                import difflib
+                close = difflib.get_close_matches(key, valid, n=2)
+                hint = f"; did you mean {' or '.join(repr('bk.' + c) for c in close)}?" \
+                    if close else "; valid keys: " + ", ".join(valid)
+                raise errors.IncorrectParameter(
+                    f"option 'bk.{key}': unknown client setting{hint} "
+                    "(conf/client.conf documents them)") from None
+            raise errors.IncorrectParameter(
+                f"option 'bk.{key}': bad value {value!r} (conf/client.conf documents "
+                "the setting)") from None
+    return tuple(sorted(out.items()))
 
 
 def parse_bool(name: str, text: Optional[str], default: bool) -> bool:
@@ -224,6 +254,7 @@ def parse_read_options(options: Mapping[str, str], *, check_names: bool = True) 
         fail_on_data_loss=parse_bool("failOnDataLoss", _get(options, "failOnDataLoss"), True),
         min_partitions=parse_positive_int("minPartitions", _get(options, "minPartitions"), 0)
         or None,
+        client_conf=client_settings(options),
     )
 
 
@@ -244,6 +275,8 @@ class WriteOptions:
     max_bytes_per_entry: int = DEFAULT_MAX_BYTES_PER_ENTRY
     password: bytes = b""
     sink_id: Optional[str] = None            # streaming sink identity (exactly-once key)
+    client_conf: tuple[tuple[str, str], ...] = ()   # bk.* options: ClientConfig overrides
+    merge_schema: bool = False               # allow adding nullable columns at the end
     test_fail_task_once: Optional[str] = None  # test hook: marker file path (see writer.py)
 
 
@@ -301,16 +334,45 @@ def parse_write_options(options: Mapping[str, str], *, streaming: bool = False) 
         max_bytes_per_entry=max_bytes,
         password=password.encode() if password else b"",
         sink_id=sink_id,
+        client_conf=client_settings(options),
+        merge_schema=parse_bool("mergeSchema", _get(options, "mergeSchema"), False),
         test_fail_task_once=_get(options, "_testFailTaskOnce"),
     )
 
 
 # -- streaming read options ------------------------------------------------------------------
+DEFAULT_MAX_TRIGGER_DELAY_S = 15 * 60.0          # Kafka's maxTriggerDelay default, 15m
+
+
 @dataclass(frozen=True)
 class StreamOptions:
     read: ReadOptions
     starting: str = "earliest"                 # earliest | latest | JSON {"index": i, "entry": e}
     max_entries_per_trigger: Optional[int] = None
+    max_bytes_per_trigger: Optional[int] = None
+    min_entries_per_trigger: Optional[int] = None
+    max_trigger_delay_s: float = DEFAULT_MAX_TRIGGER_DELAY_S
+
+
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(name: str, text: Optional[str], default: float) -> float:
+    """``15m``, ``10s``, ``500ms``, ``1h``, ``1d``; a bare number is milliseconds
+    (as Spark's Kafka source reads ``maxTriggerDelay``).  -> seconds."""
+    if text is None:
+        return default
+    raw = str(text).strip().lower()
+    number = raw.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = raw[len(number):].strip() or "ms"
+    try:
+        value = float(number.strip())
+    except ValueError:
+        value = -1.0
+    if unit not in _DURATION_UNITS or value < 0:
+        raise errors.IncorrectParameter(
+            f"option {name!r} must be a duration such as '15m', '30s' or '500ms', got {text!r}")
+    return value * _DURATION_UNITS[unit]
 
 
 def parse_stream_options(options: Mapping[str, str]) -> StreamOptions:
@@ -335,13 +397,19 @@ def parse_stream_options(options: Mapping[str, str]) -> StreamOptions:
                 "option 'startingOffsets' of a stream must be 'earliest', 'latest' or JSON "
                 f"{{\"index\": SEGMENT_INDEX, \"entry\": ENTRY_ID}}, got {starting!r}")
         starting = stripped
-    base = {k: v for k, v in dict(options).items()
-            if k.lower() not in ("startingoffsets", "maxentriespertrigger")}
-    limit = _get(options, "maxEntriesPerTrigger")
+    stream_only = {n.lower() for n in names.STREAM_ONLY_READ} | {"startingoffsets"}
+    base = {k: v for k, v in dict(options).items() if k.lower() not in stream_only}
+
+    def optional_int(name: str) -> Optional[int]:
+        text = _get(options, name)
+        return parse_positive_int(name, text, 1) if text is not None else None
     return StreamOptions(
         read=parse_read_options(base, check_names=False), starting=starting,
-        max_entries_per_trigger=parse_positive_int("maxEntriesPerTrigger", limit, 1)
-        if limit is not None else None)
+        max_entries_per_trigger=optional_int("maxEntriesPerTrigger"),
+        max_bytes_per_trigger=optional_int("maxBytesPerTrigger"),
+        min_entries_per_trigger=optional_int("minEntriesPerTrigger"),
+        max_trigger_delay_s=parse_duration("maxTriggerDelay", _get(options, "maxTriggerDelay"),
+                                           DEFAULT_MAX_TRIGGER_DELAY_S))
 
 
 # -- load(): batch or stream ------------------------------------------------------------------

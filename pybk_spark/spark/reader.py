@@ -80,15 +80,16 @@ class LedgerSlicePartition(InputPartition):
 
 
 # -- per-process client cache (never pickled) ---------------------------------------------
-_CLIENTS: dict[str, object] = {}
+_CLIENTS: dict[tuple, object] = {}
 
 
-def _client(uri: str):
-    bk = _CLIENTS.get(uri)
+def _client(uri: str, conf: tuple = ()):
+    """The worker's client for (uri, ``bk.*`` settings)."""
+    bk = _CLIENTS.get((uri, conf))
     if bk is None:
         from pybk_spark.client import BookKeeper
-        bk = BookKeeper(uri)
-        _CLIENTS[uri] = bk
+        bk = BookKeeper(uri, conf=dict(conf) or None)
+        _CLIENTS[(uri, conf)] = bk
         freeze_long_lived_objects()
     return bk
 
@@ -115,8 +116,8 @@ def freeze_long_lived_objects() -> None:
     _FROZEN[0] = True
 
 
-def _drop_client(uri: str) -> None:
-    bk = _CLIENTS.pop(uri, None)
+def _drop_client(uri: str, conf: tuple = ()) -> None:
+    bk = _CLIENTS.pop((uri, conf), None)
     if bk is not None:
         try:
             bk.close()
@@ -126,8 +127,8 @@ def _drop_client(uri: str) -> None:
 
 @atexit.register
 def _close_clients() -> None:
-    for uri in list(_CLIENTS):
-        _drop_client(uri)
+    for uri, conf in list(_CLIENTS):
+        _drop_client(uri, conf)
 
 
 def _open(bk, ledger_id: int, *, recovery: bool, password: bytes):
@@ -213,9 +214,9 @@ class PlanningClient:
     transports, ledger handles, their imports) is built only when an open
     ledger needs it; planning a closed log touches etcd only."""
 
-    def __init__(self, uri: str):
+    def __init__(self, uri: str, conf: tuple = ()):
         from pybk_spark.metadata import open_store
-        self.uri = uri
+        self.uri, self.conf = uri, conf
         self.metadata_store = open_store(uri)
         self._bk = None
 
@@ -226,7 +227,8 @@ class PlanningClient:
     def open_ledger(self, ledger_id: int, **kwargs):
         if self._bk is None:
             from pybk_spark.client import BookKeeper
-            self._bk = BookKeeper(self.uri, store=self.metadata_store)
+            self._bk = BookKeeper(self.uri, store=self.metadata_store,
+                                  conf=dict(self.conf) or None)
         return self._bk.open_ledger(ledger_id, **kwargs)
 
     def close(self) -> None:
@@ -360,7 +362,8 @@ def read_partition(partition: LedgerSlicePartition, opts: ReadOptions,
     current one (read_ahead.py)."""
     uri = opts.metadata_uri
     try:
-        yield from read_ahead(decode_slice(read_slice(_client(uri), partition, opts),
+        yield from read_ahead(decode_slice(read_slice(_client(uri, opts.client_conf), partition,
+                                                      opts),
                                            table_schema, opts.include_metadata),
                               opts.read_ahead_batches)
     except errors.NoSuchLedger as exc:
@@ -371,7 +374,7 @@ def read_partition(partition: LedgerSlicePartition, opts: ReadOptions,
                          log=opts.log, ledger_id=partition.ledger_id,
                          first=partition.first, last=partition.last, error=exc)
     except Exception:
-        _drop_client(uri)          # next task in this worker starts from a fresh client
+        _drop_client(uri, opts.client_conf)   # next task in this worker: a fresh client
         raise
 
 
@@ -382,7 +385,7 @@ class BookKeeperBatchReader(DataSourceReader):
         self.bounds = Bounds()
 
     def partitions(self) -> list[InputPartition]:
-        bk = PlanningClient(self.opts.metadata_uri)
+        bk = PlanningClient(self.opts.metadata_uri, self.opts.client_conf)
         try:
             ledger_ids = resolve_ledgers(bk, self.opts)
             return [LedgerSlicePartition.of(s) for s in plan(bk, self.opts, ledger_ids, self.bounds)]
