@@ -69,6 +69,32 @@ def present(options: Mapping[str, str], names: Iterable[str]) -> list[str]:
     return [n for n in names if n.lower() in given]
 
 
+TABLE_PREFIX = "option."     # CREATE TABLE ... OPTIONS (k v): Spark also passes option.k
+
+
+# table properties Spark adds for a catalog table (TableCatalog's reserved ones)
+TABLE_PROPERTIES = ("provider", "location", "comment", "owner", "external",
+                    "is_managed_location", "collation")
+
+
+def fold_table_options(options: Mapping[str, str]) -> dict:
+    """Options of a SQL table (``CREATE TABLE t USING bookkeeper OPTIONS
+    (...)``): Spark hands each one over twice, as ``k`` and as ``option.k``
+    (its table-property spelling), with its own table properties
+    (``provider``, ...).  Fold ``option.k`` into ``k``; drop the properties
+    (only then: a read that is not a table keeps its options as given)."""
+    table = any(str(k).lower().startswith(TABLE_PREFIX) for k in options)
+    out = {}
+    for key, value in options.items():
+        if table and str(key).lower() in TABLE_PROPERTIES:
+            continue
+        if str(key).lower().startswith(TABLE_PREFIX):
+            out.setdefault(str(key)[len(TABLE_PREFIX):], value)
+        else:
+            out[key] = value
+    return out
+
+
 CLIENT_PREFIX = "bk."        # bk.<client.conf key>: client settings (options.client_settings)
 
 

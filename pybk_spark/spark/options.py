@@ -199,6 +199,7 @@ def _check_special(name: str, value: int, allow_earliest: bool, allow_latest: bo
 def parse_read_options(options: Mapping[str, str], *, check_names: bool = True) -> ReadOptions:
     """Options of a batch read (``check_names=False``: the caller checked the
     names already, for another operation)."""
+    options = names.fold_table_options(options)
     if check_names:
         names.check_names(options, names.BATCH_READ, "batch reads")
     uri = _uri(options)
@@ -282,10 +283,17 @@ class WriteOptions:
 
 def _uri(options: Mapping[str, str]) -> str:
     uri = _get(options, "metadataServiceUri")
+    if not options:
+        raise errors.IncorrectParameter(
+            "no options reached the bookkeeper source: a catalog table (CREATE TABLE ... "
+            "USING bookkeeper OPTIONS (...)) does not hand its OPTIONS to a Python data "
+            "source when it is read (PySpark 4.x); use CREATE TEMPORARY VIEW ... USING "
+            "bookkeeper OPTIONS (...) instead (docs/spark.md, 'SQL')")
     if uri is None or not str(uri).strip():
         raise errors.IncorrectParameter(
             "option 'metadataServiceUri' is required, e.g. "
-            ".option('metadataServiceUri', 'etcd://127.0.0.1:2379/pybk')")
+            ".option('metadataServiceUri', 'etcd://127.0.0.1:2379/pybk') (options given: "
+            f"{sorted(str(k) for k in options) or 'none'})")
     uri = str(uri).strip()
     if not uri.startswith("etcd://"):
         raise errors.IncorrectParameter(
@@ -294,6 +302,7 @@ def _uri(options: Mapping[str, str]) -> str:
 
 
 def parse_write_options(options: Mapping[str, str], *, streaming: bool = False) -> WriteOptions:
+    options = names.fold_table_options(options)
     if streaming:
         names.check_names(options, names.STREAM_WRITE, "stream writes")
     else:
@@ -376,6 +385,7 @@ def parse_duration(name: str, text: Optional[str], default: float) -> float:
 
 
 def parse_stream_options(options: Mapping[str, str]) -> StreamOptions:
+    options = names.fold_table_options(options)
     names.check_names(options, names.STREAM_READ, "stream reads")
     if _get(options, "log") is None:
         raise errors.IncorrectParameter(
@@ -419,6 +429,7 @@ def parse_load_options(options: Mapping[str, str]) -> ReadOptions:
     stream-only option makes it a stream read, a batch-only one a batch read
     (both: refused); otherwise ``startingOffsets`` may have either form.  The
     batch reader and the stream reader check their own set again."""
+    options = names.fold_table_options(options)
     names.check_names(options, names.ANY_READ, "reads")
     stream_only = names.present(options, names.STREAM_ONLY_READ)
     batch_only = names.present(options, names.BATCH_ONLY_READ)

@@ -263,16 +263,25 @@ def test_merge_schema_adds_nullable_columns_and_refuses_other_changes(spark, met
 
 
 # -- SQL ----------------------------------------------------------------------------------------
-def test_sql_create_table_using_bookkeeper_then_select(spark, metadata_uri, bk):
+def test_sql_temporary_view_using_bookkeeper_and_create_table_explains(spark, metadata_uri, bk):
     log = log_name("sql")
     write(spark.createDataFrame([("alice", 3), ("bob", 5)], "user string, n int"), metadata_uri,
           log)
-    table = "bk_" + log.replace("-", "_")
+    view = "bk_" + log.replace("-", "_")
+    spark.sql(f"CREATE TEMPORARY VIEW {view} USING bookkeeper "
+              f"OPTIONS (metadataServiceUri '{metadata_uri}', log '{log}')")
+    try:
+        rows = spark.sql(f"SELECT user, n FROM {view} WHERE n > 3").collect()
+        assert [tuple(r) for r in rows] == [("bob", 5)]
+        assert spark.sql(f"SELECT count(*) FROM {view}").collect()[0][0] == 2
+    finally:
+        spark.sql(f"DROP VIEW IF EXISTS {view}")
+    # a catalog table is created, but Spark hands its OPTIONS to no Python source read
+    table = view + "_t"
     spark.sql(f"CREATE TABLE {table} USING bookkeeper "
               f"OPTIONS (metadataServiceUri '{metadata_uri}', log '{log}')")
     try:
-        rows = spark.sql(f"SELECT user, n FROM {table} WHERE n > 3").collect()
-        assert [tuple(r) for r in rows] == [("bob", 5)]
-        assert spark.sql(f"SELECT count(*) FROM {table}").collect()[0][0] == 2
+        with pytest.raises(Exception, match="CREATE TEMPORARY VIEW"):
+            spark.sql(f"SELECT * FROM {table}").collect()
     finally:
         spark.sql(f"DROP TABLE IF EXISTS {table}")

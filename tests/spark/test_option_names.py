@@ -102,3 +102,11 @@ def test_client_settings_prefix_maps_onto_client_config():
     refused(parse_read_options, {"ledgers": "1", "bk.read_timout_s": "1"},
             "option 'bk.read_timout_s'", "did you mean 'bk.read_timeout_s'")
     refused(parse_load_options, {"log": "x", "bk.read_timeout_s": "soon"}, "bad value 'soon'")
+
+
+def test_sql_table_options_are_folded():
+    # CREATE TABLE ... OPTIONS (log 'x') reaches the source as both 'log' and 'option.log'
+    o = parse_load_options({"metadataserviceuri": URI, "option.metadataserviceuri": URI,
+                            "log": "x", "option.log": "x", "option.includemetadata": "true",
+                            "provider": "bookkeeper"})
+    assert o.log == "x" and o.include_metadata
