@@ -35,7 +35,8 @@ COMMON_READ = (
     "maxEntriesPerPartition", "readBatchEntries", "readBatchBytes", "readAheadBatches",
     "readWindowsInFlight", "failOnDataLoss", "minPartitions",
 )
-BATCH_READ = COMMON_READ + ("ledgers", "endingOffsets", "recovery", "path")
+BATCH_READ = COMMON_READ + ("ledgers", "endingOffsets", "recovery", "path", "logs",
+                            "logPattern")
 STREAM_READ = COMMON_READ + ("maxEntriesPerTrigger", "maxBytesPerTrigger",
                              "minEntriesPerTrigger", "maxTriggerDelay")
 BATCH_WRITE = (

@@ -57,6 +57,8 @@ class ReadOptions:
     fail_on_data_loss: bool = True          # truncated position / deleted ledger: LogTruncated
     min_partitions: Optional[int] = None    # split slices until there are at least this many
     client_conf: tuple[tuple[str, str], ...] = ()   # bk.* options: ClientConfig overrides
+    logs: tuple[str, ...] = ()              # several logs (multi_log.py)
+    log_pattern: Optional[str] = None       # regex over log names (multi_log.py)
 
     def start_for(self, ledger_id: int) -> int:
         return self.starting.get(ledger_id, self.starting_default)
@@ -150,6 +152,23 @@ def parse_ledgers(text: str) -> tuple[int, ...]:
     return tuple(ids)
 
 
+def _parse_logs(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(p.strip() for p in str(text).split(",") if p.strip()))
+    if not names:
+        raise errors.IncorrectParameter("option 'logs' names no log, e.g. 'events,clicks'")
+    return names
+
+
+def _parse_pattern(text: str) -> str:
+    import re
+    try:
+        re.compile(str(text))
+    except re.error as exc:
+        raise errors.IncorrectParameter(
+            f"option 'logPattern' is not a regular expression ({exc}): {text!r}") from None
+    return str(text)
+
+
 def parse_offsets(name: str, text: Optional[str], *, default: int,
                   allow_earliest: bool, allow_latest: bool) -> tuple[int, dict[int, int]]:
     """-> (default for unnamed ledgers, {ledger_id: offset})."""
@@ -206,12 +225,21 @@ def parse_read_options(options: Mapping[str, str], *, check_names: bool = True) 
 
     ledgers_text = _get(options, "ledgers")
     log = _get(options, "log")
-    if ledgers_text is None and log is None and _get(options, "path"):
+    logs_text, pattern = _get(options, "logs"), _get(options, "logPattern")
+    if (ledgers_text is None and log is None and logs_text is None and pattern is None
+            and _get(options, "path")):
         ledgers_text = _get(options, "path")      # .load("12,13") is a shorthand for ledgers
-    if ledgers_text is not None and log is not None:
-        raise errors.IncorrectParameter("options 'ledgers' and 'log' are mutually exclusive")
-    if ledgers_text is None and log is None:
-        raise errors.IncorrectParameter("one of the options 'ledgers' or 'log' is required")
+    given = [n for n, v in (("ledgers", ledgers_text), ("log", log), ("logs", logs_text),
+                            ("logPattern", pattern)) if v is not None]
+    if len(given) > 1:
+        raise errors.IncorrectParameter(
+            f"options {given} are mutually exclusive: name the data with one of them")
+    if not given:
+        raise errors.IncorrectParameter(
+            "one of the options 'ledgers', 'log', 'logs' or 'logPattern' is required")
+    logs = _parse_logs(logs_text) if logs_text is not None else ()
+    if pattern is not None:
+        pattern = _parse_pattern(pattern)
     ledgers = parse_ledgers(ledgers_text) if ledgers_text is not None else ()
     if log is not None and not str(log).strip():
         raise errors.IncorrectParameter("option 'log' must name a log")
@@ -222,6 +250,10 @@ def parse_read_options(options: Mapping[str, str], *, check_names: bool = True) 
     end_default, ending = parse_offsets(
         "endingOffsets", _get(options, "endingOffsets"), default=LATEST,
         allow_earliest=False, allow_latest=True)
+    if (logs or pattern is not None) and (starting or ending):
+        raise errors.IncorrectParameter(
+            "with 'logs'/'logPattern', 'startingOffsets'/'endingOffsets' may only be "
+            "'earliest'/'latest' (ledger ids are per log)")
     if ledgers:
         for name, named in (("startingOffsets", starting), ("endingOffsets", ending)):
             unknown = sorted(set(named) - set(ledgers))
@@ -256,6 +288,7 @@ def parse_read_options(options: Mapping[str, str], *, check_names: bool = True) 
         min_partitions=parse_positive_int("minPartitions", _get(options, "minPartitions"), 0)
         or None,
         client_conf=client_settings(options),
+        logs=logs, log_pattern=pattern,
     )
 
 

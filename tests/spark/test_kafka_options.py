@@ -285,3 +285,29 @@ def test_sql_temporary_view_using_bookkeeper_and_create_table_explains(spark, me
             spark.sql(f"SELECT * FROM {table}").collect()
     finally:
         spark.sql(f"DROP TABLE IF EXISTS {table}")
+
+
+# -- several logs in one read ---------------------------------------------------------------------
+def test_logs_and_log_pattern_read_several_logs_with_a_log_column(spark, metadata_uri, bk):
+    prefix = log_name("multi")
+    a, b, odd = f"{prefix}-a", f"{prefix}-b", f"{prefix}-odd"
+    write(spark.range(0, 10).coalesce(1), metadata_uri, a, maxRowsPerEntry="2")   # 5 entries
+    write(spark.range(10, 15).coalesce(1), metadata_uri, b, maxRowsPerEntry="2")  # 3 entries
+    df = spark.read.format("bookkeeper").option("metadataServiceUri", metadata_uri) \
+        .option("logs", f"{a},{b}").load()
+    assert df.columns == ["id", "_log"]
+    assert sorted(tuple(r) for r in df.collect()) == sorted(
+        [(i, a) for i in range(10)] + [(i, b) for i in range(10, 15)])
+    by_pattern = spark.read.format("bookkeeper").option("metadataServiceUri", metadata_uri) \
+        .option("logPattern", rf"{prefix}-[ab]").option("minPartitions", "4").load()
+    assert by_pattern.rdd.getNumPartitions() >= 4
+    assert sorted(tuple(r) for r in by_pattern.collect()) == sorted(tuple(r) for r in df.collect())
+    write(spark.createDataFrame([("x",)], "s string"), metadata_uri, odd)
+    with pytest.raises(Exception, match="SchemaMismatch"):
+        spark.read.format("bookkeeper").option("metadataServiceUri", metadata_uri) \
+            .option("logPattern", rf"{prefix}-.*").load()
+    with pytest.raises(Exception, match="for batch reads"):     # refused at load()
+        run_available_now(spark.readStream.format("bookkeeper")
+                          .option("metadataServiceUri", metadata_uri)
+                          .option("logs", f"{a},{b}").option("maxEntriesPerTrigger", "1").load(),
+                          "/tmp/unused-" + prefix)

@@ -46,7 +46,7 @@ def test_offsets_json_and_words():
 
 
 @pytest.mark.parametrize("options, pattern", [
-    ({}, "'ledgers' or 'log'"),
+    ({}, "'ledgers', 'log'"),
     ({"ledgers": "1,x"}, "ledgers"),
     ({"ledgers": "1", "log": "a"}, "mutually exclusive"),
     ({"ledgers": "1", "startingOffsets": "first"}, "startingOffsets"),
