@@ -45,7 +45,8 @@ COMMAND_MODULES: tuple[str, ...] = ("pybk_spark.cli_ledgers", "pybk_spark.cli_lo
                                     "pybk_spark.admin.shell_bookies",
                                     "pybk_spark.admin.shell_operator",
                                     "pybk_spark.admin.shell_offline",
-                                    "pybk_spark.admin.etcd_roles")
+                                    "pybk_spark.admin.etcd_roles",
+                                    "pybk_spark.admin.shell_positions")
 
 
 def register(name: str, help: str, add_arguments, run) -> None:

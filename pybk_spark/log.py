@@ -27,7 +27,9 @@ A CAS adding a new ledger (open step 5, roll) that is refused deletes that
   the list may name it, so it is only closed and the writer stops.  Step 2
   records a listed ledger that no longer exists (deleted by older code) as
   closed and empty.
-Truncate: CAS the list first, then delete the dropped ledgers.
+Truncate: CAS the list first, then delete the dropped ledgers; never past a
+  registered read position (a streaming query's committed cursor,
+  protocol/positions.py) unless forced.
 Reader: non-fencing; reads each closed segment to its last entry (stepping
   over closed empty ones without opening them) and the open tail up to its
   LAC, long-polling the LAC (no busy polling); when the tail
@@ -321,11 +323,25 @@ class LogWriter:
 
 
 # -- truncation -------------------------------------------------------------------------------
-def truncate_log(bk, name: str, before_ledger_id: int) -> list[int]:
-    """CAS the list first, then delete the dropped ledgers."""
+def truncate_log(bk, name: str, before_ledger_id: int, *, force: bool = False) -> list[int]:
+    """CAS the list first, then delete the dropped ledgers.  Refused
+    (``IllegalOp``, nothing changed) when a registered read position
+    (``positions/<log>/``, protocol/positions.py) still needs a segment it
+    would drop, unless ``force``."""
+    from pybk_spark.positions import list_positions
+    from pybk_spark.protocol.positions import blockers
     dropped: list[int] = []
+    registered = [] if force else list_positions(bk.metadata_store, name)
 
     def transform(m: LogMetadata) -> LogMetadata:
+        first_kept = m.truncated_ledgers + m.segment_index(before_ledger_id)
+        stuck = blockers(first_kept, registered)
+        if stuck:
+            raise errors.IllegalOp(
+                "truncation would drop segments that registered read positions still need: "
+                + ", ".join(f"{p.name} at index {p.index} entry {p.entry}" for p in stuck)
+                + f"; drop a stale one with 'pybk dropposition {name} NAME' "
+                "or truncate with force=True", log=name, first_kept_index=first_kept)
         new, ids = logmd.truncate_before(m, before_ledger_id)
         dropped[:] = ids
         return new

@@ -22,6 +22,8 @@ Key layout under the scope prefix ``/<scope>/``:
   instanceid                     cluster instance id
   writers/<ledger id:020d>       writer liveness, under the writer's lease
   logs/<name>                    log metadata JSON
+  positions/<log>/<name>         a consumer's committed read position of the log (CAS; it
+                                 holds back truncation: protocol/positions.py)
   spark/pending/<...>            Spark write attempts in flight
   audit/missing/<bookie_id>      auditor: first time the bookie was seen unregistered
   audit/decommissioned/<id>      operator: bookie being decommissioned (pybk decommission)
@@ -157,6 +159,14 @@ def writer_key(ledger_id: int) -> str:
 
 def log_key(name: str) -> str:
     return f"logs/{name}"
+
+
+def position_key(log: str, name: str) -> str:
+    return f"positions/{log}/{name}"
+
+
+def positions_prefix(log: str) -> str:
+    return f"positions/{log}/"
 
 
 def iter_ids(keys: Iterator[str]) -> Iterator[int]:

@@ -186,7 +186,8 @@ def truncate_before(md: LogMetadata, ledger_id: int) -> tuple[LogMetadata, list[
 
 def append_closed(md: LogMetadata, ledgers: Iterable[tuple[int, int, int, int]], *,
                   schema: Optional[str] = None, sink: Optional[tuple[str, int]] = None,
-                  overwrite: bool = False) -> tuple[LogMetadata, list[int]]:
+                  overwrite: bool = False,
+                  base_schema: Optional[str] = None) -> tuple[LogMetadata, list[int]]:
     """Atomic batch commit (Spark writer/sink): append closed ledgers given as
     (ledger_id, entry_count, byte_count, rows) in one step.
 
@@ -194,14 +195,21 @@ def append_closed(md: LogMetadata, ledgers: Iterable[tuple[int, int, int, int]],
     recorded, the commit is a no-op (exactly-once replay); returns ([], ...).
     ``overwrite``: replace the whole list; returns the ids that were replaced,
     for the caller to delete AFTER the CAS.
-    ``schema``: recorded if the log has none; must match if it has one.
+    ``schema``: recorded if the log has none; must match if it has one,
+    unless ``base_schema`` (schema evolution, ``mergeSchema``) is given: the
+    writer checked that ``schema`` extends ``base_schema``, so a log still
+    recording ``base_schema`` now records ``schema``; one that records a
+    third schema (changed concurrently) refuses.
     """
     if sink is not None:
         query_id, batch_id = sink
         if md.sink_commits.get(query_id, -1) >= batch_id:
             return md, []
     if schema is not None and md.schema is not None and md.schema != schema and not overwrite:
-        raise errors.SchemaMismatch("DataFrame schema differs from the log's schema", log=md.name)
+        if base_schema is None or md.schema != base_schema:
+            raise errors.SchemaMismatch("DataFrame schema differs from the log's schema "
+                                        "(changed since the write was planned?)", log=md.name)
+        md = replace(md, schema=schema)
     new_segs = tuple(Segment(lid, SEGMENT_CLOSED, count, nbytes, rows=rows)
                      for lid, count, nbytes, rows in ledgers)
     replaced: list[int] = []

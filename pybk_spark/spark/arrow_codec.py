@@ -21,6 +21,15 @@ IPC stream is still over ``max_bytes`` is halved until it fits (a single row
 larger than ``max_bytes`` becomes one entry of its own).  All work is
 per-slice / per-entry Arrow calls; never per row.
 
+Schema evolution (``mergeSchema``): a DataFrame may add nullable columns
+AFTER the recorded ones (:func:`merge_schemas`); the log then records the
+wider schema and older entries read back with nulls in the new columns
+(:func:`conform` pads a batch whose columns are a prefix of the schema).  A
+query that fixed its schema before the change reads newer entries without
+the added columns.  Any other difference (a column dropped, renamed,
+re-typed or moved) is refused with ``SchemaMismatch`` naming it
+(:func:`schema_difference`).
+
 Pure: no I/O, no clock.
 """
 from __future__ import annotations
@@ -89,13 +98,65 @@ def with_metadata_columns(schema: pa.Schema) -> pa.Schema:
     return pa.schema(list(schema) + list(META_FIELDS))
 
 
+def schema_difference(recorded: pa.Schema, incoming: pa.Schema) -> str:
+    """What differs, in words ('' when nothing does)."""
+    parts = []
+    have = {f.name: f.type for f in recorded}
+    new = {f.name: f.type for f in incoming}
+    missing = [n for n in recorded.names if n not in new]
+    added = [n for n in incoming.names if n not in have]
+    retyped = [f"{n} {have[n]} -> {new[n]}" for n in recorded.names
+               if n in new and have[n] != new[n]]
+    if missing:
+        parts.append(f"columns missing from the DataFrame: {missing}")
+    if retyped:
+        parts.append(f"types changed: {retyped}")
+    if added:
+        parts.append(f"columns added: {added}")
+    common = [n for n in incoming.names if n in have]
+    if not missing and not retyped and common != recorded.names:
+        parts.append(f"columns in another order: log {recorded.names}, DataFrame {common}")
+    elif not missing and not retyped and added and incoming.names[:len(recorded)] != recorded.names:
+        parts.append("added columns must come after the log's columns")
+    return "; ".join(parts)
+
+
+def merge_schemas(recorded: pa.Schema, incoming: pa.Schema) -> pa.Schema:
+    """The schema to record under ``mergeSchema``: ``incoming`` when it is
+    ``recorded`` plus (nullable, canonical) columns at the end; otherwise
+    ``SchemaMismatch`` naming the difference."""
+    n = len(recorded)
+    if (len(incoming) > n and incoming.names[:n] == recorded.names
+            and pa.schema(list(incoming)[:n]).equals(recorded)):
+        return incoming
+    if incoming.equals(recorded):
+        return recorded
+    raise errors.SchemaMismatch(
+        "mergeSchema only adds nullable columns after the log's columns; "
+        + (schema_difference(recorded, incoming) or "schemas differ"))
+
+
 def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
-    """Relabel/cast a batch to exactly ``schema`` (columnar, no per-row work)."""
+    """Relabel/cast a batch to exactly ``schema`` (columnar, no per-row work).
+    An entry written before columns were added (its columns a prefix of
+    ``schema``) gets null columns; one written after (``schema`` a prefix of
+    its columns) loses the columns the reader does not know."""
     if batch.schema.equals(schema):
         return batch
-    if batch.schema.names != schema.names:
-        raise errors.SchemaMismatch("batch columns differ from the log's schema",
-                                    got=batch.schema.names, expected=schema.names)
+    got, want = batch.schema.names, schema.names
+    if got != want:
+        if len(got) < len(want) and want[:len(got)] == got:
+            batch = pa.RecordBatch.from_arrays(
+                list(batch.columns) + [pa.nulls(batch.num_rows, f.type)
+                                       for f in list(schema)[len(got):]],
+                names=want)
+        elif len(got) > len(want) and got[:len(want)] == want:
+            batch = pa.RecordBatch.from_arrays(list(batch.columns)[:len(want)], names=want)
+        else:
+            raise errors.SchemaMismatch("batch columns differ from the log's schema",
+                                        got=got, expected=want)
+        if batch.schema.equals(schema):
+            return batch
     try:
         return pa.RecordBatch.from_arrays(batch.columns, schema=schema)
     except (pa.ArrowException, ValueError, TypeError):

@@ -29,6 +29,8 @@ from pyspark.sql.types import StructType
 from pybk_spark import errors
 from pybk_spark.spark.options import (parse_load_options, parse_read_options,
                                       parse_stream_options, parse_write_options)
+from pybk_spark.spark.multi_log import (BookKeeperMultiLogReader, common_schema, is_multi,
+                                        log_names, with_log_column)
 from pybk_spark.spark.reader import (BookKeeperBatchReader, BookKeeperPushdownReader,
                                      check_schema, output_spark_schema)
 
@@ -46,6 +48,20 @@ def _table_schema(uri: str, log: Optional[str]) -> Optional[str]:
         store.close()
 
 
+def _multi_schema(opts) -> tuple[Optional[str], StructType]:
+    """(the logs' common recorded schema, the output schema with ``_log``)."""
+    from pybk_spark.metadata import open_store
+    from pybk_spark.spark import arrow_codec
+    from pybk_spark.spark.reader import output_arrow_schema
+    store = open_store(opts.metadata_uri)
+    try:
+        table_schema = common_schema(store, log_names(store, opts))
+    finally:
+        store.close()
+    arrow = with_log_column(output_arrow_schema(table_schema, opts.include_metadata))
+    return table_schema, arrow_codec.canonical_to_spark(arrow)
+
+
 class BookKeeperDataSource(DataSource):
     """Reads ledgers (``ledger_id long, entry_id long, payload binary``) and
     logs (raw, or the DataFrame columns recorded in the log); writes
@@ -58,11 +74,17 @@ class BookKeeperDataSource(DataSource):
     # -- batch read ----------------------------------------------------------------------
     def schema(self) -> StructType:
         opts = parse_load_options(self.options)      # fail at load(), not at the first action
+        if is_multi(opts):
+            return _multi_schema(opts)[1]
         return output_spark_schema(_table_schema(opts.metadata_uri, opts.log),
                                    opts.include_metadata)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         opts = parse_read_options(self.options)
+        if is_multi(opts):
+            table_schema, expected = _multi_schema(opts)
+            check_schema(schema, expected)
+            return BookKeeperMultiLogReader(opts, table_schema)
         table_schema = _table_schema(opts.metadata_uri, opts.log)
         check_schema(schema, output_spark_schema(table_schema, opts.include_metadata))
         if _planning_with_filter_pushdown():
@@ -71,12 +93,13 @@ class BookKeeperDataSource(DataSource):
 
     # -- batch write -----------------------------------------------------------------------
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        from pybk_spark.spark.writer import BookKeeperBatchWriter, prepare_log
+        from pybk_spark.spark.writer import BookKeeperBatchWriter, prepare_log_evolving
         from pybk_spark.spark.reader import PlanningClient
         opts = parse_write_options(self.options)
-        with PlanningClient(opts.metadata_uri) as bk:      # metadata only
-            schema_text = prepare_log(bk, opts, schema, overwrite)   # SchemaMismatch: no data written
-        return BookKeeperBatchWriter(opts, schema_text, overwrite)
+        with PlanningClient(opts.metadata_uri, opts.client_conf) as bk:      # metadata only
+            # SchemaMismatch here: no data written
+            schema_text, base = prepare_log_evolving(bk, opts, schema, overwrite)
+        return BookKeeperBatchWriter(opts, schema_text, overwrite, base_schema=base)
 
     # -- streaming --------------------------------------------------------------------------
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
@@ -87,15 +110,15 @@ class BookKeeperDataSource(DataSource):
         return BookKeeperStreamReader(opts, table_schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        from pybk_spark.spark.writer import BookKeeperStreamWriter, prepare_log
+        from pybk_spark.spark.writer import BookKeeperStreamWriter, prepare_log_evolving
         from pybk_spark.spark.reader import PlanningClient
         if overwrite:
             raise errors.IncorrectParameter(
                 "the bookkeeper sink supports outputMode('append') only")
         opts = parse_write_options(self.options, streaming=True)
-        with PlanningClient(opts.metadata_uri) as bk:      # metadata only
-            schema_text = prepare_log(bk, opts, schema, False)
-        return BookKeeperStreamWriter(opts, schema_text)
+        with PlanningClient(opts.metadata_uri, opts.client_conf) as bk:      # metadata only
+            schema_text, base = prepare_log_evolving(bk, opts, schema, False)
+        return BookKeeperStreamWriter(opts, schema_text, base_schema=base)
 
 
 def _planning_with_filter_pushdown() -> bool:

@@ -34,13 +34,15 @@ from pybk_spark.spark.tls_options import KNOWN_TLS_OPTIONS   # tls.caFile ... op
 COMMON_READ = (
     "metadataServiceUri", "log", "startingOffsets", "includeMetadata", "password",
     "maxEntriesPerPartition", "readBatchEntries", "readBatchBytes", "readAheadBatches",
-    "readWindowsInFlight",
+    "readWindowsInFlight", "failOnDataLoss", "minPartitions",
 ) + KNOWN_TLS_OPTIONS
-BATCH_READ = COMMON_READ + ("ledgers", "endingOffsets", "recovery", "path")
-STREAM_READ = COMMON_READ + ("maxEntriesPerTrigger",)
+BATCH_READ = COMMON_READ + ("ledgers", "endingOffsets", "recovery", "path", "logs",
+                            "logPattern")
+STREAM_READ = COMMON_READ + ("maxEntriesPerTrigger", "maxBytesPerTrigger",
+                             "minEntriesPerTrigger", "maxTriggerDelay")
 BATCH_WRITE = (
     "metadataServiceUri", "log", "path", "ensembleSize", "writeQuorum", "ackQuorum",
-    "maxRowsPerEntry", "maxBytesPerEntry", "password",
+    "maxRowsPerEntry", "maxBytesPerEntry", "password", "mergeSchema",
     "_testFailTaskOnce",                 # the documented test hook (writer.py)
 ) + KNOWN_TLS_OPTIONS
 STREAM_WRITE = BATCH_WRITE + ("checkpointLocation", "sinkId", "queryName")
@@ -69,14 +71,44 @@ def present(options: Mapping[str, str], names: Iterable[str]) -> list[str]:
     return [n for n in names if n.lower() in given]
 
 
+TABLE_PREFIX = "option."     # CREATE TABLE ... OPTIONS (k v): Spark also passes option.k
+
+
+# table properties Spark adds for a catalog table (TableCatalog's reserved ones)
+TABLE_PROPERTIES = ("provider", "location", "comment", "owner", "external",
+                    "is_managed_location", "collation")
+
+
+def fold_table_options(options: Mapping[str, str]) -> dict:
+    """Options of a SQL table (``CREATE TABLE t USING bookkeeper OPTIONS
+    (...)``): Spark hands each one over twice, as ``k`` and as ``option.k``
+    (its table-property spelling), with its own table properties
+    (``provider``, ...).  Fold ``option.k`` into ``k``; drop the properties
+    (only then: a read that is not a table keeps its options as given)."""
+    table = any(str(k).lower().startswith(TABLE_PREFIX) for k in options)
+    out = {}
+    for key, value in options.items():
+        if table and str(key).lower() in TABLE_PROPERTIES:
+            continue
+        if str(key).lower().startswith(TABLE_PREFIX):
+            out.setdefault(str(key)[len(TABLE_PREFIX):], value)
+        else:
+            out[key] = value
+    return out
+
+
+CLIENT_PREFIX = "bk."        # bk.<client.conf key>: client settings (options.client_settings)
+
+
 def check_names(options: Mapping[str, str], valid: tuple[str, ...], operation: str) -> None:
     """Refuse any option name not in ``valid``; ``operation`` ('batch reads',
     'stream reads', 'batch writes', 'stream writes', 'reads') is named in the
-    message."""
+    message.  ``bk.*`` names are client settings, valid everywhere (their keys
+    are checked by ``options.client_settings``)."""
     allowed = {n.lower() for n in valid}
     for key in options:
         lowered = str(key).lower()
-        if lowered in allowed:
+        if lowered in allowed or lowered.startswith(CLIENT_PREFIX):
             continue
         name = spelling(key)
         where = [op for op, names in _OPERATIONS if lowered in {n.lower() for n in names}]

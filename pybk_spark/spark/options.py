@@ -55,7 +55,11 @@ class ReadOptions:
     read_windows_in_flight: int = DEFAULT_READ_WINDOWS_IN_FLIGHT
     password: bytes = b""
     include_metadata: bool = False          # DataFrame logs: add _ledger_id, _entry_id
-    client: tuple = ()                      # TLS / operator settings (spark/tls_options.py)
+    fail_on_data_loss: bool = True          # truncated position / deleted ledger: LogTruncated
+    min_partitions: Optional[int] = None    # split slices until there are at least this many
+    client_conf: tuple[tuple[str, str], ...] = ()   # ClientConfig overrides: bk.* + tls.*
+    logs: tuple[str, ...] = ()              # several logs (multi_log.py)
+    log_pattern: Optional[str] = None       # regex over log names (multi_log.py)
 
     def start_for(self, ledger_id: int) -> int:
         return self.starting.get(ledger_id, self.starting_default)
@@ -74,6 +78,49 @@ def _get(options: Mapping[str, str], name: str) -> Optional[str]:
         if key.lower() == lowered:
             return value
     return None
+
+
+def client_settings(options: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """``bk.<key>`` options -> sorted ``(key, value)`` ClientConfig overrides,
+    each key and value checked now (conf/client.conf documents the keys)."""
+    from pybk_spark.config import ClientConfig
+    out = {}
+    for key, value in options.items():
+        lowered = str(key).lower()
+        if not lowered.startswith(names.CLIENT_PREFIX):
+            continue
+        out[lowered[len(names.CLIENT_PREFIX):]] = str(value).strip()
+    valid = sorted(f for f in ClientConfig.__dataclass_fields__)
+    for key, value in out.items():
+        try:
+            ClientConfig().with_overrides({key: value})
+        except errors.IncorrectParameter:
+            if key not in valid:
+                import difflib
+                close = difflib.get_close_matches(key, valid, n=2)
+                hint = f"; did you mean {' or '.join(repr('bk.' + c) for c in close)}?" \
+                    if close else "; valid keys: " + ", ".join(valid)
+                raise errors.IncorrectParameter(
+                    f"option 'bk.{key}': unknown client setting{hint} "
+                    "(conf/client.conf documents them)") from None
+            raise errors.IncorrectParameter(
+                f"option 'bk.{key}': bad value {value!r} (conf/client.conf documents "
+                "the setting)") from None
+    return tuple(sorted(out.items()))
+
+
+def client_overrides(options: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """Every ClientConfig override the options carry: ``bk.<key>`` and the
+    TLS / operator options (spark/tls_options.py).  One setting given both
+    ways with different values is refused, naming both options."""
+    merged = dict(client_settings(options))
+    for key, value in parse_client_options(options):
+        if key in merged and merged[key] != value:
+            raise errors.IncorrectParameter(
+                f"options 'bk.{key}' and its TLS option give different values "
+                f"({merged[key]!r} and {value!r}); set one")
+        merged[key] = value
+    return tuple(sorted(merged.items()))
 
 
 def parse_bool(name: str, text: Optional[str], default: bool) -> bool:
@@ -118,6 +165,23 @@ def parse_ledgers(text: str) -> tuple[int, ...]:
     if not ids:
         raise errors.IncorrectParameter("option 'ledgers' names no ledger")
     return tuple(ids)
+
+
+def _parse_logs(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(p.strip() for p in str(text).split(",") if p.strip()))
+    if not names:
+        raise errors.IncorrectParameter("option 'logs' names no log, e.g. 'events,clicks'")
+    return names
+
+
+def _parse_pattern(text: str) -> str:
+    import re
+    try:
+        re.compile(str(text))
+    except re.error as exc:
+        raise errors.IncorrectParameter(
+            f"option 'logPattern' is not a regular expression ({exc}): {text!r}") from None
+    return str(text)
 
 
 def parse_offsets(name: str, text: Optional[str], *, default: int,
@@ -169,18 +233,28 @@ def _check_special(name: str, value: int, allow_earliest: bool, allow_latest: bo
 def parse_read_options(options: Mapping[str, str], *, check_names: bool = True) -> ReadOptions:
     """Options of a batch read (``check_names=False``: the caller checked the
     names already, for another operation)."""
+    options = names.fold_table_options(options)
     if check_names:
         names.check_names(options, names.BATCH_READ, "batch reads")
     uri = _uri(options)
 
     ledgers_text = _get(options, "ledgers")
     log = _get(options, "log")
-    if ledgers_text is None and log is None and _get(options, "path"):
+    logs_text, pattern = _get(options, "logs"), _get(options, "logPattern")
+    if (ledgers_text is None and log is None and logs_text is None and pattern is None
+            and _get(options, "path")):
         ledgers_text = _get(options, "path")      # .load("12,13") is a shorthand for ledgers
-    if ledgers_text is not None and log is not None:
-        raise errors.IncorrectParameter("options 'ledgers' and 'log' are mutually exclusive")
-    if ledgers_text is None and log is None:
-        raise errors.IncorrectParameter("one of the options 'ledgers' or 'log' is required")
+    given = [n for n, v in (("ledgers", ledgers_text), ("log", log), ("logs", logs_text),
+                            ("logPattern", pattern)) if v is not None]
+    if len(given) > 1:
+        raise errors.IncorrectParameter(
+            f"options {given} are mutually exclusive: name the data with one of them")
+    if not given:
+        raise errors.IncorrectParameter(
+            "one of the options 'ledgers', 'log', 'logs' or 'logPattern' is required")
+    logs = _parse_logs(logs_text) if logs_text is not None else ()
+    if pattern is not None:
+        pattern = _parse_pattern(pattern)
     ledgers = parse_ledgers(ledgers_text) if ledgers_text is not None else ()
     if log is not None and not str(log).strip():
         raise errors.IncorrectParameter("option 'log' must name a log")
@@ -191,6 +265,10 @@ def parse_read_options(options: Mapping[str, str], *, check_names: bool = True) 
     end_default, ending = parse_offsets(
         "endingOffsets", _get(options, "endingOffsets"), default=LATEST,
         allow_earliest=False, allow_latest=True)
+    if (logs or pattern is not None) and (starting or ending):
+        raise errors.IncorrectParameter(
+            "with 'logs'/'logPattern', 'startingOffsets'/'endingOffsets' may only be "
+            "'earliest'/'latest' (ledger ids are per log)")
     if ledgers:
         for name, named in (("startingOffsets", starting), ("endingOffsets", ending)):
             unknown = sorted(set(named) - set(ledgers))
@@ -200,7 +278,6 @@ def parse_read_options(options: Mapping[str, str], *, check_names: bool = True) 
 
     password = _get(options, "password")
     return ReadOptions(
-        client=parse_client_options(options),
         metadata_uri=uri,
         ledgers=ledgers,
         log=str(log).strip() if log is not None else None,
@@ -222,6 +299,11 @@ def parse_read_options(options: Mapping[str, str], *, check_names: bool = True) 
             DEFAULT_READ_WINDOWS_IN_FLIGHT),
         password=password.encode() if password else b"",
         include_metadata=parse_bool("includeMetadata", _get(options, "includeMetadata"), False),
+        fail_on_data_loss=parse_bool("failOnDataLoss", _get(options, "failOnDataLoss"), True),
+        min_partitions=parse_positive_int("minPartitions", _get(options, "minPartitions"), 0)
+        or None,
+        client_conf=client_overrides(options),
+        logs=logs, log_pattern=pattern,
     )
 
 
@@ -242,16 +324,24 @@ class WriteOptions:
     max_bytes_per_entry: int = DEFAULT_MAX_BYTES_PER_ENTRY
     password: bytes = b""
     sink_id: Optional[str] = None            # streaming sink identity (exactly-once key)
+    client_conf: tuple[tuple[str, str], ...] = ()   # ClientConfig overrides: bk.* + tls.*
+    merge_schema: bool = False               # allow adding nullable columns at the end
     test_fail_task_once: Optional[str] = None  # test hook: marker file path (see writer.py)
-    client: tuple = ()                       # TLS / operator settings (spark/tls_options.py)
 
 
 def _uri(options: Mapping[str, str]) -> str:
     uri = _get(options, "metadataServiceUri")
+    if not options:
+        raise errors.IncorrectParameter(
+            "no options reached the bookkeeper source: a catalog table (CREATE TABLE ... "
+            "USING bookkeeper OPTIONS (...)) does not hand its OPTIONS to a Python data "
+            "source when it is read (PySpark 4.x); use CREATE TEMPORARY VIEW ... USING "
+            "bookkeeper OPTIONS (...) instead (docs/spark.md, 'SQL')")
     if uri is None or not str(uri).strip():
         raise errors.IncorrectParameter(
             "option 'metadataServiceUri' is required, e.g. "
-            ".option('metadataServiceUri', 'etcd://127.0.0.1:2379/pybk')")
+            ".option('metadataServiceUri', 'etcd://127.0.0.1:2379/pybk') (options given: "
+            f"{sorted(str(k) for k in options) or 'none'})")
     uri = str(uri).strip()
     if not uri.startswith("etcd://"):
         raise errors.IncorrectParameter(
@@ -260,6 +350,7 @@ def _uri(options: Mapping[str, str]) -> str:
 
 
 def parse_write_options(options: Mapping[str, str], *, streaming: bool = False) -> WriteOptions:
+    options = names.fold_table_options(options)
     if streaming:
         names.check_names(options, names.STREAM_WRITE, "stream writes")
     else:
@@ -293,7 +384,6 @@ def parse_write_options(options: Mapping[str, str], *, streaming: bool = False) 
         sink_id = str(sink_id).strip()
     password = _get(options, "password")
     return WriteOptions(
-        client=parse_client_options(options),
         metadata_uri=uri, log=log, ensemble=ensemble, write_quorum=write_quorum,
         ack_quorum=ack_quorum,
         max_rows_per_entry=parse_positive_int("maxRowsPerEntry", _get(options, "maxRowsPerEntry"),
@@ -301,19 +391,49 @@ def parse_write_options(options: Mapping[str, str], *, streaming: bool = False) 
         max_bytes_per_entry=max_bytes,
         password=password.encode() if password else b"",
         sink_id=sink_id,
+        client_conf=client_overrides(options),
+        merge_schema=parse_bool("mergeSchema", _get(options, "mergeSchema"), False),
         test_fail_task_once=_get(options, "_testFailTaskOnce"),
     )
 
 
 # -- streaming read options ------------------------------------------------------------------
+DEFAULT_MAX_TRIGGER_DELAY_S = 15 * 60.0          # Kafka's maxTriggerDelay default, 15m
+
+
 @dataclass(frozen=True)
 class StreamOptions:
     read: ReadOptions
     starting: str = "earliest"                 # earliest | latest | JSON {"index": i, "entry": e}
     max_entries_per_trigger: Optional[int] = None
+    max_bytes_per_trigger: Optional[int] = None
+    min_entries_per_trigger: Optional[int] = None
+    max_trigger_delay_s: float = DEFAULT_MAX_TRIGGER_DELAY_S
+
+
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(name: str, text: Optional[str], default: float) -> float:
+    """``15m``, ``10s``, ``500ms``, ``1h``, ``1d``; a bare number is milliseconds
+    (as Spark's Kafka source reads ``maxTriggerDelay``).  -> seconds."""
+    if text is None:
+        return default
+    raw = str(text).strip().lower()
+    number = raw.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = raw[len(number):].strip() or "ms"
+    try:
+        value = float(number.strip())
+    except ValueError:
+        value = -1.0
+    if unit not in _DURATION_UNITS or value < 0:
+        raise errors.IncorrectParameter(
+            f"option {name!r} must be a duration such as '15m', '30s' or '500ms', got {text!r}")
+    return value * _DURATION_UNITS[unit]
 
 
 def parse_stream_options(options: Mapping[str, str]) -> StreamOptions:
+    options = names.fold_table_options(options)
     names.check_names(options, names.STREAM_READ, "stream reads")
     if _get(options, "log") is None:
         raise errors.IncorrectParameter(
@@ -335,13 +455,19 @@ def parse_stream_options(options: Mapping[str, str]) -> StreamOptions:
                 "option 'startingOffsets' of a stream must be 'earliest', 'latest' or JSON "
                 f"{{\"index\": SEGMENT_INDEX, \"entry\": ENTRY_ID}}, got {starting!r}")
         starting = stripped
-    base = {k: v for k, v in dict(options).items()
-            if k.lower() not in ("startingoffsets", "maxentriespertrigger")}
-    limit = _get(options, "maxEntriesPerTrigger")
+    stream_only = {n.lower() for n in names.STREAM_ONLY_READ} | {"startingoffsets"}
+    base = {k: v for k, v in dict(options).items() if k.lower() not in stream_only}
+
+    def optional_int(name: str) -> Optional[int]:
+        text = _get(options, name)
+        return parse_positive_int(name, text, 1) if text is not None else None
     return StreamOptions(
         read=parse_read_options(base, check_names=False), starting=starting,
-        max_entries_per_trigger=parse_positive_int("maxEntriesPerTrigger", limit, 1)
-        if limit is not None else None)
+        max_entries_per_trigger=optional_int("maxEntriesPerTrigger"),
+        max_bytes_per_trigger=optional_int("maxBytesPerTrigger"),
+        min_entries_per_trigger=optional_int("minEntriesPerTrigger"),
+        max_trigger_delay_s=parse_duration("maxTriggerDelay", _get(options, "maxTriggerDelay"),
+                                           DEFAULT_MAX_TRIGGER_DELAY_S))
 
 
 # -- load(): batch or stream ------------------------------------------------------------------
@@ -351,6 +477,7 @@ def parse_load_options(options: Mapping[str, str]) -> ReadOptions:
     stream-only option makes it a stream read, a batch-only one a batch read
     (both: refused); otherwise ``startingOffsets`` may have either form.  The
     batch reader and the stream reader check their own set again."""
+    options = names.fold_table_options(options)
     names.check_names(options, names.ANY_READ, "reads")
     stream_only = names.present(options, names.STREAM_ONLY_READ)
     batch_only = names.present(options, names.BATCH_ONLY_READ)

@@ -17,6 +17,14 @@ of at most ``max_entries`` entries.  Obligations:
     ensemble (one partition = one fragment or a piece of a large one);
   * slices come out in (ledger order as requested, entry id) order.
 
+:func:`split_to_min` (option ``minPartitions``, as in Spark's Kafka source)
+cuts slices further when there are fewer than asked for: each slice gets a
+share of the partitions proportional to its entries (at least one, at most
+one per entry), then is cut into that many near-equal consecutive pieces.
+Union, order and fragment boundaries are kept, so the obligations above
+still hold; the result may exceed the minimum slightly (rounding), and stays
+below it only when there are fewer entries than partitions asked for.
+
 Pure: no I/O, no clock.
 """
 from __future__ import annotations
@@ -82,4 +90,22 @@ def plan_slices(views: Sequence[LedgerView], starts: Iterable[int], ends: Iterab
     out: list[Slice] = []
     for view, start, end in zip(views, starts, ends):
         out.extend(plan_ledger(view, start, end, max_entries, entry_lo, entry_hi))
+    return out
+
+
+def split_to_min(slices: Sequence[Slice], min_partitions: Optional[int]) -> list[Slice]:
+    """At least ``min_partitions`` slices when there are that many entries."""
+    slices = list(slices)
+    if not min_partitions or len(slices) >= min_partitions:
+        return slices
+    total = sum(s.num_entries for s in slices)
+    out: list[Slice] = []
+    for s in slices:
+        parts = max(1, min(s.num_entries, -(-s.num_entries * min_partitions // total)))
+        size, extra = divmod(s.num_entries, parts)
+        lo = s.first
+        for i in range(parts):
+            hi = lo + size + (1 if i < extra else 0) - 1
+            out.append(Slice(s.ledger_id, lo, hi, s.bookies))
+            lo = hi + 1
     return out

@@ -39,13 +39,12 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 
 from pybk_spark import errors
-from pybk_spark.spark import arrow_codec
+from pybk_spark.spark import arrow_codec, data_loss
 from pybk_spark.spark.options import ReadOptions
-from pybk_spark.spark.planning import LedgerView, Slice, plan_slices
+from pybk_spark.spark.planning import LedgerView, Slice, plan_slices, split_to_min
 from pybk_spark.spark.pushdown import Bounds, push
 from pybk_spark.protocol.ledger_metadata import check_password
 from pybk_spark.spark.read_ahead import read_ahead
-from pybk_spark.spark.tls_options import client_conf
 from pybk_spark.wire.entries import one_batch
 
 RAW_SCHEMA = StructType([
@@ -84,13 +83,13 @@ class LedgerSlicePartition(InputPartition):
 _CLIENTS: dict[tuple, object] = {}
 
 
-def _client(uri: str, client: tuple = ()):
-    """``client``: the TLS / operator settings of the options (spark/tls_options.py)."""
-    bk = _CLIENTS.get((uri, client))
+def _client(uri: str, conf: tuple = ()):
+    """The worker's client for (uri, ``bk.*`` settings)."""
+    bk = _CLIENTS.get((uri, conf))
     if bk is None:
         from pybk_spark.client import BookKeeper
-        bk = BookKeeper(uri, conf=client_conf(client))
-        _CLIENTS[(uri, client)] = bk
+        bk = BookKeeper(uri, conf=dict(conf) or None)
+        _CLIENTS[(uri, conf)] = bk
         freeze_long_lived_objects()
     return bk
 
@@ -117,8 +116,8 @@ def freeze_long_lived_objects() -> None:
     _FROZEN[0] = True
 
 
-def _drop_client(uri: str, client: tuple = ()) -> None:
-    bk = _CLIENTS.pop((uri, client), None)
+def _drop_client(uri: str, conf: tuple = ()) -> None:
+    bk = _CLIENTS.pop((uri, conf), None)
     if bk is not None:
         try:
             bk.close()
@@ -128,8 +127,8 @@ def _drop_client(uri: str, client: tuple = ()) -> None:
 
 @atexit.register
 def _close_clients() -> None:
-    for uri, client in list(_CLIENTS):
-        _drop_client(uri, client)
+    for uri, conf in list(_CLIENTS):
+        _drop_client(uri, conf)
 
 
 def _open(bk, ledger_id: int, *, recovery: bool, password: bytes):
@@ -215,10 +214,9 @@ class PlanningClient:
     transports, ledger handles, their imports) is built only when an open
     ledger needs it; planning a closed log touches etcd only."""
 
-    def __init__(self, uri: str, client: tuple = ()):
+    def __init__(self, uri: str, conf: tuple = ()):
         from pybk_spark.metadata import open_store
-        self.uri = uri
-        self.client = client
+        self.uri, self.conf = uri, conf
         self.metadata_store = open_store(uri)
         self._bk = None
 
@@ -230,7 +228,7 @@ class PlanningClient:
         if self._bk is None:
             from pybk_spark.client import BookKeeper
             self._bk = BookKeeper(self.uri, store=self.metadata_store,
-                                  conf=client_conf(self.client))
+                                  conf=dict(self.conf) or None)
         return self._bk.open_ledger(ledger_id, **kwargs)
 
     def close(self) -> None:
@@ -292,10 +290,31 @@ def plan(bk, opts: ReadOptions, ledger_ids, bounds: Bounds = Bounds()) -> list[S
     ledger_ids = [lid for lid in ledger_ids if bounds.allows_ledger(lid)]
     if bounds.entry_hi is not None and bounds.entry_hi < bounds.entry_lo:
         return []
-    views = [ledger_view(bk, lid, opts) for lid in ledger_ids]
-    return plan_slices(views, [opts.start_for(lid) for lid in ledger_ids],
-                       [opts.end_for(lid) for lid in ledger_ids],
-                       opts.max_entries_per_partition, bounds.entry_lo, bounds.entry_hi)
+    views, kept = [], []
+    for lid in ledger_ids:
+        view = _view_or_data_loss(bk, lid, opts)
+        if view is not None:
+            views.append(view)
+            kept.append(lid)
+    ledger_ids = kept
+    slices = plan_slices(views, [opts.start_for(lid) for lid in ledger_ids],
+                         [opts.end_for(lid) for lid in ledger_ids],
+                         opts.max_entries_per_partition, bounds.entry_lo, bounds.entry_hi)
+    return split_to_min(slices, opts.min_partitions)
+
+
+def _view_or_data_loss(bk, ledger_id: int, opts: ReadOptions) -> Optional[LedgerView]:
+    """A ledger a log lists but that was deleted is data loss (data_loss.py);
+    a ledger named by option 'ledgers' that does not exist stays NoSuchLedger
+    unless failOnDataLoss=false (then it is skipped)."""
+    try:
+        return ledger_view(bk, ledger_id, opts)
+    except errors.NoSuchLedger:
+        if opts.log is None and opts.fail_on_data_loss:
+            raise
+        data_loss.report(opts.fail_on_data_loss, "a ledger of the log was deleted",
+                         log=opts.log, ledger_id=ledger_id)
+        return None
 
 
 # -- executor side: reading ----------------------------------------------------------------------
@@ -343,11 +362,19 @@ def read_partition(partition: LedgerSlicePartition, opts: ReadOptions,
     current one (read_ahead.py)."""
     uri = opts.metadata_uri
     try:
-        yield from read_ahead(decode_slice(read_slice(_client(uri, opts.client), partition, opts),
+        yield from read_ahead(decode_slice(read_slice(_client(uri, opts.client_conf), partition,
+                                                      opts),
                                            table_schema, opts.include_metadata),
                               opts.read_ahead_batches)
+    except errors.NoSuchLedger as exc:
+        # deleted after planning: data loss unless nothing of it was planned to be read
+        if opts.log is None and opts.fail_on_data_loss:
+            raise
+        data_loss.report(opts.fail_on_data_loss, "a ledger was deleted while being read",
+                         log=opts.log, ledger_id=partition.ledger_id,
+                         first=partition.first, last=partition.last, error=exc)
     except Exception:
-        _drop_client(uri, opts.client)   # next task in this worker starts from a fresh client
+        _drop_client(uri, opts.client_conf)   # next task in this worker: a fresh client
         raise
 
 
@@ -358,7 +385,7 @@ class BookKeeperBatchReader(DataSourceReader):
         self.bounds = Bounds()
 
     def partitions(self) -> list[InputPartition]:
-        bk = PlanningClient(self.opts.metadata_uri, self.opts.client)
+        bk = PlanningClient(self.opts.metadata_uri, self.opts.client_conf)
         try:
             ledger_ids = resolve_ledgers(bk, self.opts)
             return [LedgerSlicePartition.of(s) for s in plan(bk, self.opts, ledger_ids, self.bounds)]

@@ -10,39 +10,56 @@ Python process per query):
   * ``latestOffset(start, limit)``: re-reads the log metadata, measures every
     segment from ``start`` on (closed: its entry count; the open tail: its LAC
     from a NON-fencing open, so a live writer is never disturbed) and advances
-    at most ``limit`` entries (``maxEntriesPerTrigger``); with
-    ``Trigger.AvailableNow`` never past the end fixed by
-    ``prepareForTriggerAvailableNow``.
+    within the admission limits (``maxEntriesPerTrigger``,
+    ``maxBytesPerTrigger``; ``minEntriesPerTrigger`` holds the batch back
+    until ``maxTriggerDelay`` has passed since the last one; stream_offsets.py);
+    ``ReadAllAvailable`` from Spark lifts them all.  With
+    ``Trigger.AvailableNow`` it never goes past the end fixed by
+    ``prepareForTriggerAvailableNow`` and never waits for more entries.  It
+    keeps the log's latest offset and the lag behind it (entries, bytes) for
+    ``reportLatestOffset`` (the query progress).
   * ``partitions(start, end)``: per-ledger ranges cut into fragment slices, as
     the batch read plans them; each ledger's password is checked against its
     metadata here, so a wrong one fails the query on the driver.
 Executors read slices exactly like the batch reader (entries up to the planned
 last one, which is <= the LAC seen by the driver) and decode DataFrame entries.
-``commit(end)`` deletes nothing: the log is shared and has its own retention.
+``commit(end)`` deletes nothing (the log is shared); it records the query's
+position in etcd (``positions/<log>/<name>``, protocol/positions.py), which
+truncation will not pass.  The name is minted by ``initialOffset`` and rides
+in every offset (key ``"stream"``), so it lives in the query's checkpoint and
+a restarted query keeps it; an offset without it (a checkpoint written
+before) registers nothing.
 """
 from __future__ import annotations
 
 import json
-from typing import Iterator, Optional
+import time
+import uuid
+from typing import Callable, Iterator, Optional
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadMaxRows,
+from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadMaxBytes,
+                                              ReadMaxRows, ReadMinRows,
                                               SupportsTriggerAvailableNow)
 
 from pybk_spark import errors
+from pybk_spark.spark import data_loss
 from pybk_spark.protocol.ledger_metadata import check_password
 from pybk_spark.protocol.log_metadata import SEGMENT_CLOSED, LogMetadata
 from pybk_spark.spark.options import LATEST, StreamOptions
-from pybk_spark.spark.planning import LedgerView, plan_ledger
-from pybk_spark.spark.stream_offsets import Extent, Offset, advance, ranges
+from pybk_spark.spark.planning import LedgerView, plan_ledger, split_to_min
+from pybk_spark.spark.stream_offsets import (Extent, Offset, advance, count, delay_batch, lag,
+                                             ranges)
 
 CLOSED_STATE = "CLOSED"
 
 
 def measure(bk, md: LogMetadata, from_index: int, password: bytes, *,
-            read_lac: bool = True) -> list[Extent]:
-    """Extents of the log's segments from ``from_index`` up to the first open one."""
+            read_lac: bool = True, fail_on_data_loss: bool = True) -> list[Extent]:
+    """Extents of the log's segments from ``from_index`` up to the first open one.
+    A listed ledger that was deleted is data loss (data_loss.py): with
+    ``fail_on_data_loss=False`` it counts as a closed, empty segment."""
     if from_index < md.truncated_ledgers:
         raise errors.LogTruncated("stream position was truncated away", log=md.name,
                                   index=from_index, first_index=md.truncated_ledgers)
@@ -53,11 +70,17 @@ def measure(bk, md: LogMetadata, from_index: int, password: bytes, *,
         if index < from_index:
             continue
         if seg.state == SEGMENT_CLOSED and seg.entry_count >= 0:
-            out.append(Extent(index, seg.ledger_id, seg.entry_count, True))
+            out.append(Extent(index, seg.ledger_id, seg.entry_count, True, seg.byte_count))
             continue
-        meta = bk.get_ledger_metadata(seg.ledger_id)
+        try:
+            meta = bk.get_ledger_metadata(seg.ledger_id)
+        except errors.NoSuchLedger:
+            data_loss.report(fail_on_data_loss, "a ledger of the log was deleted",
+                             log=md.name, index=index, ledger_id=seg.ledger_id)
+            out.append(Extent(index, seg.ledger_id, 0, True))
+            continue
         if meta.state == CLOSED_STATE:
-            out.append(Extent(index, seg.ledger_id, meta.last_entry_id + 1, True))
+            out.append(Extent(index, seg.ledger_id, meta.last_entry_id + 1, True, meta.length))
             continue
         end = 0
         if read_lac:
@@ -71,75 +94,181 @@ def measure(bk, md: LogMetadata, from_index: int, password: bytes, *,
     return out
 
 
+def _average_entry_bytes(md: LogMetadata) -> Optional[float]:
+    """Average payload bytes per entry over the log's closed segments (None:
+    none has a recorded size); what the open tail's entries are costed at."""
+    entries = nbytes = 0
+    for seg in md.segments:
+        if seg.state == SEGMENT_CLOSED and seg.entry_count > 0 and seg.byte_count >= 0:
+            entries += seg.entry_count
+            nbytes += seg.byte_count
+    return nbytes / entries if entries else None
+
+
 class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    def __init__(self, opts: StreamOptions, table_schema: Optional[str]):
+    def __init__(self, opts: StreamOptions, table_schema: Optional[str],
+                 clock: Callable[[], float] = time.monotonic,
+                 wall_clock: Callable[[], float] = time.time,
+                 new_name: Callable[[], str] = lambda: "stream-" + uuid.uuid4().hex[:12]):
         self.opts = opts
         self.table_schema = table_schema
         self._target: Optional[Offset] = None          # Trigger.AvailableNow end
         self._bk = None                                # driver-side client, created lazily
+        self._clock, self._wall_clock, self._new_name = clock, wall_clock, new_name
+        self._name: Optional[str] = None               # registered position name
+        self._last_batch_at = clock()                  # maxTriggerDelay counts from here
+        self._report: Optional[dict] = None            # reportLatestOffset (progress)
 
     # -- driver ------------------------------------------------------------------------------
     def _client(self):
         if self._bk is None:
             from pybk_spark.client import BookKeeper
-            from pybk_spark.spark.tls_options import client_conf
             self._bk = BookKeeper(self.opts.read.metadata_uri,
-                                  conf=client_conf(self.opts.read.client))
+                                  conf=dict(self.opts.read.client_conf) or None)
         return self._bk
 
     def _log(self) -> LogMetadata:
         from pybk_spark.log import read_log
         return read_log(self._client().metadata_store, self.opts.read.log)[0]
 
+    def _extents(self, md: LogMetadata, start: Offset, read_lac: bool = True) -> list[Extent]:
+        return measure(self._client(), md, start.index, self.opts.read.password,
+                       read_lac=read_lac, fail_on_data_loss=self.opts.read.fail_on_data_loss)
+
     def _end(self, md: LogMetadata, start: Offset, budget: Optional[int]) -> Offset:
-        extents = measure(self._client(), md, start.index, self.opts.read.password)
-        return advance(start, extents, budget)
+        return advance(start, self._extents(md, start), budget)
+
+    def _clamp(self, md: LogMetadata, start: Offset) -> Offset:
+        """``start``, or the log's first entry when truncation removed ``start``
+        (data loss: LogTruncated unless failOnDataLoss=false)."""
+        first = Offset(md.truncated_ledgers, 0)
+        if start.index >= first.index:
+            return start
+        data_loss.report(self.opts.read.fail_on_data_loss,
+                         "the stream's position was truncated away", log=md.name,
+                         index=start.index, entry=start.entry, first_index=first.index)
+        return first
+
+    def _out(self, offset: Offset) -> dict:
+        d = offset.to_dict()
+        if self._name is not None:
+            d["stream"] = self._name
+        return d
+
+    def _in(self, offset: dict) -> Offset:
+        name = offset.get("stream") if isinstance(offset, dict) else None
+        if name is not None and self._name is None:
+            self._name = str(name)
+        return Offset.from_dict(offset)
 
     def initialOffset(self) -> dict:
         md = self._log()
+        self._name = self._new_name()
         earliest = Offset(md.truncated_ledgers, 0)
         if self.opts.starting == "earliest":
-            return earliest.to_dict()
+            return self._out(earliest)
         if self.opts.starting == "latest":
-            return self._end(md, earliest, None).to_dict()
-        return Offset.from_dict(json.loads(self.opts.starting)).to_dict()
+            return self._out(self._end(md, earliest, None))
+        return self._out(Offset.from_dict(json.loads(self.opts.starting)))
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        if self.opts.max_entries_per_trigger is None:
-            return ReadAllAvailable()
-        return ReadMaxRows(self.opts.max_entries_per_trigger)
+        """One limit for Spark to hand back (it does not interpret it); the
+        source applies every limit set in the options (``_budgets``)."""
+        o = self.opts
+        if o.max_entries_per_trigger is not None:
+            return ReadMaxRows(o.max_entries_per_trigger)
+        if o.max_bytes_per_trigger is not None:
+            return ReadMaxBytes(o.max_bytes_per_trigger)
+        if o.min_entries_per_trigger is not None:
+            return ReadMinRows(o.min_entries_per_trigger)
+        return ReadAllAvailable()
+
+    def _budgets(self, limit: ReadLimit) -> tuple[Optional[int], Optional[int], Optional[int]]:
+        """(max entries, max bytes, min entries) for this trigger: none for
+        ReadAllAvailable (Trigger.Once, or Spark overriding the options);
+        otherwise the options, with the limit Spark passed taking precedence."""
+        if isinstance(limit, ReadAllAvailable):
+            return None, None, None
+        o = self.opts
+        most, nbytes, least = (o.max_entries_per_trigger, o.max_bytes_per_trigger,
+                               o.min_entries_per_trigger)
+        if isinstance(limit, ReadMaxRows):
+            most = limit.max_rows
+        elif isinstance(limit, ReadMaxBytes):
+            nbytes = limit.max_bytes
+        elif isinstance(limit, ReadMinRows):
+            least = limit.min_rows
+        return most, nbytes, least
 
     def prepareForTriggerAvailableNow(self) -> None:
         md = self._log()
         self._target = self._end(md, Offset(md.truncated_ledgers, 0), None)
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        begin = Offset.from_dict(start)
-        budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        end = self._end(self._log(), begin, budget)
+        md = self._log()
+        begin = self._clamp(md, self._in(start))
+        extents = self._extents(md, begin)
+        average = _average_entry_bytes(md)
+        latest = advance(begin, extents)
+        most, nbytes, least = self._budgets(limit)
+        now = self._clock()
+        available = count(begin, min(latest, self._target or latest), extents)
+        if self._target is None and delay_batch(available, least, now - self._last_batch_at,
+                                                self.opts.max_trigger_delay_s):
+            end = begin                                     # minEntriesPerTrigger: wait
+        else:
+            end = advance(begin, extents, most, nbytes, average)
         if self._target is not None and end > self._target:
             end = max(begin, self._target)
-        return end.to_dict()
+        if end > begin:
+            self._last_batch_at = now
+        entries, behind_bytes = lag(end, extents, average)
+        self._report = dict(latest.to_dict(), entriesBehindLatest=entries,
+                            bytesBehindLatest=behind_bytes)
+        return self._out(end)
+
+    def reportLatestOffset(self) -> Optional[dict]:
+        """The log's latest offset, for the query progress (``latestOffset``),
+        with how far the planned batch's end is behind it: PySpark gives a
+        Python source no ``metrics`` of its own (Kafka's
+        ``avgOffsetsBehindLatest``), so they ride along here."""
+        return self._report
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         from pybk_spark.spark.reader import LedgerSlicePartition
-        begin, finish = Offset.from_dict(start), Offset.from_dict(end)
-        if finish <= begin:
-            return []
         bk = self._client()
         md = self._log()
-        extents = measure(bk, md, begin.index, self.opts.read.password, read_lac=False)
-        out: list[InputPartition] = []
+        begin, finish = self._clamp(md, self._in(start)), self._in(end)
+        if finish <= begin:
+            return []
+        extents = self._extents(md, begin, read_lac=False)
+        slices = []
         for ledger_id, first, last in ranges(begin, finish, extents):
-            meta = bk.get_ledger_metadata(ledger_id)
+            try:
+                meta = bk.get_ledger_metadata(ledger_id)
+            except errors.NoSuchLedger:
+                data_loss.report(self.opts.read.fail_on_data_loss,
+                                 "a ledger of the log was deleted", log=md.name,
+                                 ledger_id=ledger_id, first=first, last=last)
+                continue
             check_password(meta, self.opts.read.password)      # on the driver, not in tasks
             view = LedgerView(ledger_id, tuple(meta.fragments()), last)
-            out.extend(LedgerSlicePartition.of(s) for s in plan_ledger(
-                view, first, LATEST, self.opts.read.max_entries_per_partition))
-        return out
+            slices.extend(plan_ledger(view, first, LATEST,
+                                      self.opts.read.max_entries_per_partition))
+        return [LedgerSlicePartition.of(s)
+                for s in split_to_min(slices, self.opts.read.min_partitions)]
 
     def commit(self, end: dict) -> None:
-        pass
+        """Spark committed every batch up to ``end``: record the query's
+        position (CAS, forward only) so that truncation keeps what it needs."""
+        offset = self._in(end)
+        if self._name is None:
+            return
+        from pybk_spark.positions import record
+        from pybk_spark.protocol.positions import RegisteredPosition
+        record(self._client().metadata_store, RegisteredPosition(
+            self.opts.read.log, self._name, offset.index, offset.entry, "stream",
+            self._wall_clock()))
 
     def stop(self) -> None:
         if self._bk is not None:

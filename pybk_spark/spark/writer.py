@@ -66,7 +66,24 @@ class LedgerCommitMessage(WriterCommitMessage):
 def prepare_log(bk, opts: WriteOptions, spark_schema, overwrite: bool) -> str:
     """Create the log if needed and check the schema; returns the encoded
     schema to record (the log's own string when compatible)."""
+    return prepare_log_evolving(bk, opts, spark_schema, overwrite)[0]
+
+
+def prepare_log_evolving(bk, opts: WriteOptions, spark_schema, overwrite: bool
+                         ) -> tuple[str, Optional[str]]:
+    """``prepare_log`` with ``mergeSchema``: -> (schema to record, the recorded
+    schema it extends, or None when unchanged)."""
     schema = arrow_codec.spark_to_canonical(spark_schema)
+    md, _ = read_or_create_log(bk.metadata_store, opts.log)
+    if md.schema is not None and not overwrite and opts.merge_schema:
+        recorded = arrow_codec.decode_schema(md.schema)
+        if not recorded.equals(schema):
+            merged = arrow_codec.merge_schemas(recorded, schema)   # SchemaMismatch naming it
+            return arrow_codec.encode_schema(merged), md.schema
+    return _prepare_log(bk, opts, schema, overwrite), None
+
+
+def _prepare_log(bk, opts: WriteOptions, schema, overwrite: bool) -> str:
     md, _ = read_or_create_log(bk.metadata_store, opts.log)
     if overwrite:
         return arrow_codec.encode_schema(schema)
@@ -82,7 +99,9 @@ def prepare_log(bk, opts: WriteOptions, spark_schema, overwrite: bool) -> str:
         raise errors.SchemaMismatch(
             f"DataFrame schema is incompatible with log {opts.log!r}: log has "
             f"{arrow_codec.canonical_to_spark(recorded).simpleString()}, DataFrame has "
-            f"{arrow_codec.canonical_to_spark(schema).simpleString()}", log=opts.log)
+            f"{arrow_codec.canonical_to_spark(schema).simpleString()} ("
+            f"{arrow_codec.schema_difference(recorded, schema)}; option mergeSchema=true "
+            "allows adding nullable columns at the end)", log=opts.log)
     return md.schema
 
 
@@ -112,7 +131,7 @@ def write_task(opts: WriteOptions, job: str, schema_text: str,
     from pybk_spark.spark.reader import _client, _drop_client
     partition, attempt = _task_ids()
     schema = arrow_codec.decode_schema(schema_text)
-    bk = _client(opts.metadata_uri, opts.client)
+    bk = _client(opts.metadata_uri, opts.client_conf)
     handle, key = None, None
     entries = nbytes = rows = 0
     try:
@@ -154,7 +173,7 @@ def write_task(opts: WriteOptions, job: str, schema_text: str,
             handle.close()
     except BaseException:
         _abandon(bk, handle, key)
-        _drop_client(opts.metadata_uri, opts.client)
+        _drop_client(opts.metadata_uri, opts.client_conf)
         raise
     _maybe_fail_for_test(opts, partition, attempt)
     ledger_id = handle.ledger_id if handle is not None else -1
@@ -210,14 +229,14 @@ def message_ledger_ids(messages) -> list[int]:
 
 
 def commit_job(bk, opts: WriteOptions, job: str, schema_text: str, messages, *,
-               overwrite: bool = False, sink: Optional[tuple[str, int]] = None
-               ) -> logmd.LogMetadata:
+               overwrite: bool = False, sink: Optional[tuple[str, int]] = None,
+               base_schema: Optional[str] = None) -> logmd.LogMetadata:
     ledgers = committed_ledgers(messages)
     replaced: list[int] = []
 
     def transform(md: logmd.LogMetadata) -> logmd.LogMetadata:
         new, old = logmd.append_closed(md, ledgers, schema=schema_text, sink=sink,
-                                       overwrite=overwrite)
+                                       overwrite=overwrite, base_schema=base_schema)
         replaced[:] = old
         return new
     store = bk.metadata_store
@@ -241,46 +260,46 @@ def abort_job(bk, opts: WriteOptions, job: str, messages) -> list[int]:
     return pending.clean_job(bk, opts.log, job, in_log, extra=message_ledger_ids(messages))
 
 
-def _driver_client(uri: str, client: tuple = ()):
+def _driver_client(uri: str, conf: tuple = ()):
     from pybk_spark.client import BookKeeper
-    from pybk_spark.spark.tls_options import client_conf
-    return BookKeeper(uri, conf=client_conf(client))
+    return BookKeeper(uri, conf=dict(conf) or None)
 
 
 class BookKeeperBatchWriter(DataSourceArrowWriter):
     def __init__(self, opts: WriteOptions, schema_text: str, overwrite: bool,
-                 job: Optional[str] = None):
+                 job: Optional[str] = None, base_schema: Optional[str] = None):
         self.opts, self.schema_text, self.overwrite = opts, schema_text, overwrite
+        self.base_schema = base_schema          # mergeSchema: the recorded schema it extends
         self.job = job or uuid.uuid4().hex
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> LedgerCommitMessage:
         return write_task(self.opts, self.job, self.schema_text, iterator)
 
     def commit(self, messages: List[Optional[WriterCommitMessage]]) -> None:
-        with _driver_client(self.opts.metadata_uri, self.opts.client) as bk:
+        with _driver_client(self.opts.metadata_uri, self.opts.client_conf) as bk:
             commit_job(bk, self.opts, self.job, self.schema_text, messages,
-                       overwrite=self.overwrite)
+                       overwrite=self.overwrite, base_schema=self.base_schema)
 
     def abort(self, messages: List[Optional[WriterCommitMessage]]) -> None:
-        with _driver_client(self.opts.metadata_uri, self.opts.client) as bk:
+        with _driver_client(self.opts.metadata_uri, self.opts.client_conf) as bk:
             abort_job(bk, self.opts, self.job, messages)
 
 
 class BookKeeperStreamWriter(DataSourceStreamArrowWriter):
     """Exactly-once sink: (sink id, batchId) is recorded in the commit CAS."""
 
-    def __init__(self, opts: WriteOptions, schema_text: str):
-        self.opts, self.schema_text = opts, schema_text
+    def __init__(self, opts: WriteOptions, schema_text: str, base_schema: Optional[str] = None):
+        self.opts, self.schema_text, self.base_schema = opts, schema_text, base_schema
         self.job = pending.sink_job(opts.sink_id)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> LedgerCommitMessage:
         return write_task(self.opts, self.job, self.schema_text, iterator)
 
     def commit(self, messages: List[Optional[WriterCommitMessage]], batchId: int) -> None:
-        with _driver_client(self.opts.metadata_uri, self.opts.client) as bk:
+        with _driver_client(self.opts.metadata_uri, self.opts.client_conf) as bk:
             commit_job(bk, self.opts, self.job, self.schema_text, messages,
-                       sink=(self.opts.sink_id, int(batchId)))
+                       sink=(self.opts.sink_id, int(batchId)), base_schema=self.base_schema)
 
     def abort(self, messages: List[Optional[WriterCommitMessage]], batchId: int) -> None:
-        with _driver_client(self.opts.metadata_uri, self.opts.client) as bk:
+        with _driver_client(self.opts.metadata_uri, self.opts.client_conf) as bk:
             abort_job(bk, self.opts, self.job, messages)

@@ -1,4 +1,6 @@
 """Pure Arrow entry codec (no I/O, no Spark session)."""
+import re
+
 import pyarrow as pa
 import pytest
 
@@ -49,3 +51,24 @@ def test_bad_entry_and_metadata_clash_are_typed_errors():
         list(ac.decode_entry(b"not arrow", pa.schema([("a", pa.int64())])))
     with pytest.raises(errors.IncorrectParameter):
         ac.with_metadata_columns(pa.schema([("_entry_id", pa.int64())]))
+
+
+# -- schema evolution (mergeSchema) ------------------------------------------------------------
+def test_merge_schemas_adds_columns_at_the_end_and_names_other_changes():
+    import pyarrow as pa
+    from pybk_spark import errors
+    from pybk_spark.spark.arrow_codec import conform, merge_schemas
+    base = pa.schema([pa.field("u", pa.string()), pa.field("n", pa.int32())])
+    wider = pa.schema(list(base) + [pa.field("x", pa.float64())])
+    assert merge_schemas(base, wider).equals(wider) and merge_schemas(base, base).equals(base)
+    for other, words in [
+            (pa.schema([pa.field("u", pa.string()), pa.field("n", pa.int64())]),
+             "types changed: ['n int32 -> int64']"),
+            (pa.schema([pa.field("u", pa.string())]), "columns missing from the DataFrame: ['n']"),
+            (pa.schema([pa.field("x", pa.int8())] + list(base)), "must come after")]:
+        with pytest.raises(errors.SchemaMismatch, match=re.escape(words)):
+            merge_schemas(base, other)
+    old = pa.record_batch([pa.array(["a"]), pa.array([1], pa.int32())], schema=base)
+    assert conform(old, wider).to_pydict() == {"u": ["a"], "n": [1], "x": [None]}
+    new = conform(old, wider)
+    assert conform(new, base).to_pydict() == {"u": ["a"], "n": [1]}      # reader fixed earlier

@@ -87,3 +87,26 @@ def test_catalogue_is_documented():
     doc = (Path(__file__).resolve().parents[2] / "docs" / "spark.md").read_text()
     for name in set(BATCH_READ + STREAM_READ + BATCH_WRITE + STREAM_WRITE):
         assert f"`{name}`" in doc, f"option {name} is not in docs/spark.md"
+
+
+def test_client_settings_prefix_maps_onto_client_config():
+    o = parse_read_options({"metadataServiceUri": URI, "ledgers": "1",
+                            "bk.read_timeout_s": "9", "BK.Read_Transport": "grpc"})
+    assert dict(o.client_conf) == {"read_timeout_s": "9", "read_transport": "grpc"}
+    assert dict(parse_stream_options({"metadataServiceUri": URI, "log": "x",
+                                      "bk.placement_policy": "random"}).read.client_conf) == {
+        "placement_policy": "random"}
+    assert dict(parse_write_options({"metadataServiceUri": URI, "log": "x",
+                                     "bk.add_timeout_s": "2"}).client_conf) == {
+        "add_timeout_s": "2"}
+    refused(parse_read_options, {"ledgers": "1", "bk.read_timout_s": "1"},
+            "option 'bk.read_timout_s'", "did you mean 'bk.read_timeout_s'")
+    refused(parse_load_options, {"log": "x", "bk.read_timeout_s": "soon"}, "bad value 'soon'")
+
+
+def test_sql_table_options_are_folded():
+    # CREATE TABLE ... OPTIONS (log 'x') reaches the source as both 'log' and 'option.log'
+    o = parse_load_options({"metadataserviceuri": URI, "option.metadataserviceuri": URI,
+                            "log": "x", "option.log": "x", "option.includemetadata": "true",
+                            "provider": "bookkeeper"})
+    assert o.log == "x" and o.include_metadata

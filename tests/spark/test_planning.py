@@ -46,7 +46,7 @@ def test_offsets_json_and_words():
 
 
 @pytest.mark.parametrize("options, pattern", [
-    ({}, "'ledgers' or 'log'"),
+    ({}, "'ledgers', 'log'"),
     ({"ledgers": "1,x"}, "ledgers"),
     ({"ledgers": "1", "log": "a"}, "mutually exclusive"),
     ({"ledgers": "1", "startingOffsets": "first"}, "startingOffsets"),
@@ -167,3 +167,21 @@ def test_load_path_is_shorthand_for_ledgers_and_user_schema_must_be_raw():
     check_schema(RAW_SCHEMA)
     with pytest.raises(errors.IncorrectParameter, match="ledger_id long, entry_id long, payload binary"):
         check_schema(StructType([StructField("entry_id", LongType())]))
+
+
+# -- minPartitions -------------------------------------------------------------------------
+def test_split_to_min_is_proportional_gap_free_and_keeps_order():
+    from pybk_spark.spark.planning import Slice, split_to_min
+    slices = [Slice(1, 0, 89, B1), Slice(1, 90, 99, B2), Slice(2, 5, 5, B1)]
+    out = split_to_min(slices, 10)
+    assert len(out) >= 10
+    for ledger in (1, 2):
+        mine = [s for s in out if s.ledger_id == ledger]
+        entries = [e for s in mine for e in range(s.first, s.last + 1)]
+        want = [e for s in slices if s.ledger_id == ledger for e in range(s.first, s.last + 1)]
+        assert entries == want                                  # no gap, no duplicate, ascending
+    assert all(s.bookies == B2 for s in out if s.ledger_id == 1 and s.first >= 90)
+    assert [s.ledger_id for s in out] == sorted(s.ledger_id for s in out)
+    assert split_to_min(slices, 2) == slices and split_to_min(slices, None) == slices
+    tiny = [Slice(3, 0, 2, B1)]
+    assert split_to_min(tiny, 8) == [Slice(3, e, e, B1) for e in range(3)]   # one per entry at most

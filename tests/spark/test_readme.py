@@ -56,7 +56,7 @@ def code_blocks(path: Path) -> list[tuple[int, str, str, bool]]:
     return out
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture                      # one per file: README and the guide both use log "events"
 def readme_cluster(tmp_path_factory):
     from pybk_spark.testing.fixtures import bookie_server_available
     if not bookie_server_available():

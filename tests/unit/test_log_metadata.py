@@ -83,3 +83,14 @@ def test_json_round_trip():
 def test_bad_log_names(name):
     with pytest.raises(errors.IncorrectParameter):
         logmd.new_log(name)
+
+
+def test_append_closed_evolves_the_schema_only_from_the_base_it_checked():
+    from pybk_spark.protocol import log_metadata as logmd
+    md, _ = logmd.append_closed(logmd.new_log("evo"), [(1, 1, 10, 1)], schema="A")
+    with pytest.raises(errors.SchemaMismatch):
+        logmd.append_closed(md, [(2, 1, 10, 1)], schema="AB")
+    evolved, _ = logmd.append_closed(md, [(2, 1, 10, 1)], schema="AB", base_schema="A")
+    assert evolved.schema == "AB" and evolved.ledger_ids == [1, 2]
+    with pytest.raises(errors.SchemaMismatch):                # changed concurrently to "AC"
+        logmd.append_closed(evolved, [(3, 1, 10, 1)], schema="AC", base_schema="A")

@@ -1,0 +1,59 @@
+"""``pybk positions [LOG]`` and ``pybk dropposition LOG NAME``: the read
+positions streaming queries registered (positions/<log>/<name>), which hold
+back log truncation; an operator drops the position of a query that is gone."""
+from __future__ import annotations
+
+import time
+
+from pybk_spark import cli
+from pybk_spark.admin.report import table
+from pybk_spark.positions import drop, list_positions
+
+
+def _row(p, now: float) -> dict:
+    return {"log": p.log, "name": p.name, "index": p.index, "entry": p.entry, "kind": p.kind,
+            "updated_at": p.updated_at,
+            "age_s": round(now - p.updated_at, 1) if p.updated_at else None}
+
+
+def _positions_args(p):
+    cli.add_metadata_uri(p)
+    p.add_argument("log", nargs="?", help="only this log's positions")
+
+
+def _positions(args) -> int:
+    store = cli.open_store_from(args)
+    try:
+        found = list_positions(store, args.log)
+    finally:
+        store.close()
+    now = time.time()
+    rows = [_row(p, now) for p in found]
+    cli.emit(args, rows, table(rows, ["log", "name", "index", "entry", "kind", "age_s"],
+                               empty="(no registered positions)"))
+    return 0
+
+
+def _drop_args(p):
+    cli.add_metadata_uri(p)
+    p.add_argument("log", help="the log")
+    p.add_argument("name", help="the position's name (pybk positions LOG lists them)")
+
+
+def _drop(args) -> int:
+    store = cli.open_store_from(args)
+    try:
+        gone = drop(store, args.log, args.name)
+    finally:
+        store.close()
+    row = _row(gone, time.time())
+    cli.emit(args, {"dropped": row},
+             f"dropped position {gone.name} of log {gone.log} "
+             f"(index {gone.index}, entry {gone.entry}): truncation may now pass it")
+    return 0
+
+
+cli.register("positions", "list the read positions registered by streaming queries "
+             "(they hold back log truncation)", _positions_args, _positions)
+cli.register("dropposition", "drop a stale registered read position so that truncation "
+             "may pass it", _drop_args, _drop)

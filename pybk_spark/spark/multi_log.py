@@ -1,0 +1,134 @@
+"""Batch reads of several logs in one query: options ``logs`` and ``logPattern``.
+
+Theory of operation
+-------------------
+``logs`` names the logs (``a,b,c``); ``logPattern`` is a regular expression
+that must match a whole log name (``re.fullmatch``) and is resolved against
+``logs/`` in etcd on the driver when the read is planned (and when ``load()``
+fixes the schema).  Every log read must record the same DataFrame schema, or
+all be raw logs: the output is that schema plus a ``_log`` string column
+naming the row's log.  Each log is planned exactly as option ``log`` plans
+one (reader.py), so its guarantees (readable prefix fixed at planning,
+failOnDataLoss, minPartitions over all the slices) hold per log; a partition
+remembers its log and its rows get that name as a constant column (no
+per-row Python).  Streams over several logs are not supported yet: the
+stream source refuses these options.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Iterator, Optional
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceReader, InputPartition
+
+from pybk_spark import errors
+from pybk_spark.spark.options import ReadOptions
+from pybk_spark.spark.planning import split_to_min
+
+LOG_COLUMN = "_log"
+LOG_FIELD = pa.field(LOG_COLUMN, pa.string())
+
+
+def is_multi(opts: ReadOptions) -> bool:
+    return bool(opts.logs) or opts.log_pattern is not None
+
+
+def log_names(store, opts: ReadOptions) -> list[str]:
+    """The logs to read, in name order (``logs``: as given, each must exist)."""
+    from pybk_spark.log import list_logs, read_log
+    if opts.logs:
+        for name in opts.logs:
+            read_log(store, name)                    # LogNotFound naming it
+        return list(opts.logs)
+    pattern = re.compile(opts.log_pattern)
+    return sorted(n for n in list_logs(store) if pattern.fullmatch(n))
+
+
+def common_schema(store, names: list[str]) -> Optional[str]:
+    """The schema all ``names`` record (None: raw logs); SchemaMismatch otherwise."""
+    from pybk_spark.log import read_log
+    schemas = {name: read_log(store, name)[0].schema for name in names}
+    distinct = set(schemas.values())
+    if len(distinct) > 1:
+        groups = {}
+        for name, text in schemas.items():
+            groups.setdefault(text, []).append(name)
+        raise errors.SchemaMismatch(
+            "the logs of one read must record the same schema (or all be raw logs); "
+            f"these differ: {sorted(groups.values())}")
+    return next(iter(distinct)) if distinct else None
+
+
+def with_log_column(schema: pa.Schema) -> pa.Schema:
+    if LOG_COLUMN in schema.names:
+        raise errors.IncorrectParameter(
+            f"options 'logs'/'logPattern' add column {LOG_COLUMN!r} that the logs already have")
+    return pa.schema(list(schema) + [LOG_FIELD])
+
+
+def add_log_column(batch: pa.RecordBatch, log: str) -> pa.RecordBatch:
+    """Constant ``_log`` column, built columnar (dictionary of one, cast)."""
+    indices = pa.array(np.zeros(batch.num_rows, dtype=np.int32))
+    column = pa.DictionaryArray.from_arrays(indices, pa.array([log], pa.string()))
+    return pa.RecordBatch.from_arrays(list(batch.columns) + [column.cast(pa.string())],
+                                      schema=with_log_column(batch.schema))
+
+
+class LogSlicePartition(InputPartition):
+    """A slice of one of the logs read (reader.LedgerSlicePartition + its log)."""
+
+    def __init__(self, log: str, part):
+        super().__init__((log, part.ledger_id, part.first, part.last))
+        self.log, self.part = log, part
+
+
+class BookKeeperMultiLogReader(DataSourceReader):
+    def __init__(self, opts: ReadOptions, table_schema: Optional[str]):
+        self.opts, self.table_schema = opts, table_schema
+
+    def _one(self, name: str) -> ReadOptions:
+        return dataclasses.replace(self.opts, log=name, logs=(), log_pattern=None,
+                                   min_partitions=None)
+
+    def partitions(self) -> list[InputPartition]:
+        from pybk_spark.spark.reader import (LedgerSlicePartition, PlanningClient, plan,
+                                             resolve_ledgers)
+        bk = PlanningClient(self.opts.metadata_uri, self.opts.client_conf)
+        try:
+            names = log_names(bk.metadata_store, self.opts)
+            if common_schema(bk.metadata_store, names) != self.table_schema:
+                raise errors.SchemaMismatch(
+                    "a log's schema changed between load() and planning; load() again",
+                    logs=names)
+            tagged = []
+            for name in names:
+                one = self._one(name)
+                tagged.extend((name, s) for s in plan(bk, one, resolve_ledgers(bk, one)))
+        finally:
+            bk.close()
+        out = []
+        for name, s in tagged:      # minPartitions over all logs' slices
+            for piece in split_to_min([s], _share(s, tagged, self.opts.min_partitions)):
+                out.append(LogSlicePartition(name, LedgerSlicePartition.of(piece)))
+        return out
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, LogSlicePartition):
+            return iter(())
+        return self._read(partition)
+
+    def _read(self, partition: LogSlicePartition) -> Iterator[pa.RecordBatch]:
+        from pybk_spark.spark.reader import read_partition
+        for batch in read_partition(partition.part, self._one(partition.log), self.table_schema):
+            yield add_log_column(batch, partition.log)
+
+
+def _share(s, tagged, min_partitions: Optional[int]) -> Optional[int]:
+    """This slice's share of ``minPartitions`` (split_to_min on one slice)."""
+    if not min_partitions or len(tagged) >= min_partitions:
+        return None
+    total = sum(t.num_entries for _, t in tagged)
+    return max(1, -(-s.num_entries * min_partitions // total))
