@@ -1,0 +1,58 @@
+"""The host-by-host report of ``make demo-cluster`` (pybk_spark.demo_timeline)
+and the launcher's pure helpers; the run itself needs test hosts and JVMs."""
+from __future__ import annotations
+
+from pybk_spark import demo_cluster
+from pybk_spark.demo_timeline import Timeline
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_timeline_host_by_host_then_in_time_order():
+    clock = FakeClock()
+    tl = Timeline(clock)
+    tl.add_host("etcd-1", "10.213.7.2", "etcd member")
+    tl.add_host("bookie-1", "10.213.7.5", "bookie /rack-a")
+    tl.event("etcd-1", "started")
+    clock.now = 102.5
+    tl.event("bookie-1", "SIGKILL bookie-server")
+    clock.now = 103.0
+    assert tl.event("etcd-1", "SIGKILL etcd (it was the leader)") == 3.0
+    tl.figure("bookie-1", "entries acked", 1234)
+    out = tl.format().splitlines()
+    assert out == [
+        "hosts:",
+        "  etcd-1    10.213.7.2  etcd member",
+        "              +    0.0s  started",
+        "              +    3.0s  SIGKILL etcd (it was the leader)",
+        "  bookie-1  10.213.7.5  bookie /rack-a  [entries acked=1234]",
+        "              +    2.5s  SIGKILL bookie-server",
+        "timeline:",
+        "  +    0.0s  etcd-1    started",
+        "  +    2.5s  bookie-1  SIGKILL bookie-server",
+        "  +    3.0s  etcd-1    SIGKILL etcd (it was the leader)",
+    ]
+
+
+def test_chronological_keeps_ties_in_host_order():
+    clock = FakeClock()
+    tl = Timeline(clock)
+    tl.add_host("a", "x", "r")
+    tl.add_host("b", "y", "r")
+    tl.event("b", "first b")
+    tl.event("a", "first a")
+    assert [h for _, h, _ in tl.chronological()] == ["a", "b"]
+
+
+def test_racks_span_two_racks_and_job_args_parse():
+    assert set(demo_cluster.RACKS.values()) == {"/rack-a", "/rack-b"}
+    assert len(demo_cluster.RACKS) == 5
+    assert demo_cluster._rack_summary() == "/rack-a: 1+3+5, /rack-b: 2+4"
+    assert demo_cluster._arg(["--ledgers", "4"], "--ledgers", 3) == "4"
+    assert demo_cluster._arg([], "--entries", 1000) == "1000"
