@@ -86,8 +86,9 @@ def main(argv=None) -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
     rng = random.Random(seed)
     problems: list[str] = []
-    report: list[str] = [f"demo seed={seed} metadataServiceUri={args.metadata_uri} "
-                         f"placement_policy={args.placement_policy}"]
+    head = (f"demo seed={seed} metadataServiceUri={args.metadata_uri} "
+            f"placement_policy={args.placement_policy}")
+    report: list[str] = [head]
 
     from pyspark.sql import functions as F
 
