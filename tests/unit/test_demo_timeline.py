@@ -56,3 +56,15 @@ def test_racks_span_two_racks_and_job_args_parse():
     assert demo_cluster._rack_summary() == "/rack-a: 1+3+5, /rack-b: 2+4"
     assert demo_cluster._arg(["--ledgers", "4"], "--ledgers", 3) == "4"
     assert demo_cluster._arg([], "--entries", 1000) == "1000"
+
+
+def test_fails_naming_what_is_missing(monkeypatch, capsys):
+    """Where test hosts cannot be made, `make demo-cluster` fails (exit 2) with
+    the reason on one line; it never passes quietly."""
+    from pybk_spark.testing import hosts
+    monkeypatch.setattr(hosts, "unavailable_reason",
+                        lambda: "no CAP_NET_ADMIN: run as root to make network namespaces")
+    assert demo_cluster.main([]) == 2
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == ["demo-cluster: FAILED: cannot run here: test hosts unavailable: "
+                   "no CAP_NET_ADMIN: run as root to make network namespaces"]
