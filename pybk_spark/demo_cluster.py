@@ -105,6 +105,7 @@ class Demo:
         self.victim: str | None = None
         self.killed_etcd: str | None = None
         self.mid_write = False
+        self.seen: tuple[int, int, tuple[str, ...]] | None = None   # (ledger, first entry, ensemble) at the kill
 
     def say(self, text: str) -> None:
         print(f"demo-cluster: [{time.monotonic() - self.tl.t0:6.1f}s] {text}", flush=True)
@@ -203,6 +204,7 @@ class Demo:
                       + ("(open)" if not md.is_closed else "(closed: the writes are over)")
                       + f" on {', '.join(md.ensembles[-1][1])}")
         self.victim = md.ensembles[-1][1][0]
+        self.seen = (ids[-1], *md.ensembles[-1])
         b = self.cluster.bookies[self.victim]
         before = bookie_entries(b.host.address)
         self.cluster.kill_bookie(self.victim)
@@ -266,6 +268,8 @@ class Demo:
                 self._note_replacements(lid, md)
                 print(f"  ledger {lid}: closed={md.is_closed} last_entry={md.last_entry_id} "
                       f"ensembles {[list(e) for _, e in md.ensembles]}"
+                      + (f" (at the kill: {list(self.seen[2])} from entry {self.seen[1]})"
+                         if self.seen and self.seen[0] == lid else "")
                       + (f" ({changes} ensemble change{'s' * (changes > 1)})" if changes else ""),
                       flush=True)
                 for _, ens in md.ensembles:
@@ -292,7 +296,14 @@ class Demo:
 
     def _note_replacements(self, lid: int, md) -> None:
         """Timeline events for the ensemble changes (who replaced whom, from which entry)."""
-        for (_, old), (first, new) in zip(md.ensembles, md.ensembles[1:]):
+        pairs = list(zip(md.ensembles, md.ensembles[1:]))
+        if self.seen is not None and self.seen[0] == lid:
+            # an ensemble that had no entry yet is replaced in place (same first entry)
+            _, first, ens = self.seen
+            now = dict(md.ensembles).get(first)
+            if now is not None and tuple(now) != tuple(ens):
+                pairs.insert(0, ((first, ens), (first, now)))
+        for (_, old), (first, new) in pairs:
             for gone, came in zip(old, new):
                 if gone != came:
                     self.tl.event(gone, f"replaced by {came} in ledger {lid} from entry {first} "

@@ -68,3 +68,23 @@ def test_fails_naming_what_is_missing(monkeypatch, capsys):
     out = capsys.readouterr().out.strip().splitlines()
     assert out == ["demo-cluster: FAILED: cannot run here: test hosts unavailable: "
                    "no CAP_NET_ADMIN: run as root to make network namespaces"]
+
+
+def test_replacements_include_one_made_in_place_before_any_entry():
+    """An ensemble that had no entry yet is replaced in place (same first
+    entry): the launcher compares it with what it saw at the kill."""
+    from types import SimpleNamespace
+    demo = demo_cluster.Demo.__new__(demo_cluster.Demo)
+    demo.tl = Timeline(FakeClock())
+    for b in demo_cluster.RACKS:
+        demo.tl.add_host(b, "x", "bookie")
+    demo.seen = (1, 0, ("bookie-4", "bookie-3", "bookie-2"))
+    md = SimpleNamespace(ensembles=((0, ("bookie-1", "bookie-3", "bookie-2")),
+                                    (700, ("bookie-1", "bookie-5", "bookie-2"))))
+    demo._note_replacements(1, md)
+    events = {b: [t for _, t in h.events] for b, h in demo.tl.hosts.items() if h.events}
+    note = " (seen in the ledger's metadata after the job)"
+    assert events == {"bookie-4": ["replaced by bookie-1 in ledger 1 from entry 0" + note],
+                      "bookie-3": ["replaced by bookie-5 in ledger 1 from entry 700" + note]}
+    demo._note_replacements(2, md)          # another ledger: not compared with the kill's view
+    assert len(demo.tl.hosts["bookie-4"].events) == 1
