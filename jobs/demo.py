@@ -78,19 +78,24 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=100, help="entries per add_entries call")
     ap.add_argument("--max-entries-per-partition", type=int, default=400)
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--placement-policy", default="random",
+                    help="the writing client's placement_policy: random or rack-aware "
+                         "(conf/client.conf)")
     ap.add_argument("--verbose", action="store_true", help="Spark's INFO log lines too")
     args = ap.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
     rng = random.Random(seed)
     problems: list[str] = []
-    report: list[str] = [f"demo seed={seed} metadataServiceUri={args.metadata_uri}"]
+    head = (f"demo seed={seed} metadataServiceUri={args.metadata_uri} "
+            f"placement_policy={args.placement_policy}")
+    report: list[str] = [head]
 
     from pyspark.sql import functions as F
 
     from pybk_spark import BookKeeper
     from pybk_spark.admin.spark_runner import job_session
     spark = job_session("pybk-demo", args.verbose)
-    bk = BookKeeper(args.metadata_uri)
+    bk = BookKeeper(args.metadata_uri, conf={"placement_policy": args.placement_policy})
     try:
         t0 = time.perf_counter()
         written = write_ledgers(bk, args, rng)

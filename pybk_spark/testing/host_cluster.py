@@ -10,6 +10,9 @@ interface of its host (``--bind-address 0.0.0.0``) and registering
 ``--advertised-address <host address>``, which the client can reach, with the
 multi-endpoint metadata URI ``etcd://<e1>:2379,<e2>:2379,<e3>:2379/<scope>``.  Data lives under
 ``data_dir``: ``etcd/<member>/`` and ``bookie-<i>/`` (logs beside them).
+``racks`` (bookie id -> rack label, e.g. ``/rack-a``) gives a bookie its own
+conf file, ``<bookie id>.conf`` = the shared keys plus ``rack``; the others
+share ``bookie.conf`` (rack ``/default-rack``).
 
 A bookie is ready when its registration appears under
 ``bookies/writable/<id>`` with a revision newer than its launch while its
@@ -74,10 +77,12 @@ class HostBookie:
 class HostCluster:
     def __init__(self, data_dir: str | os.PathLike, *, etcd_members: int = 3,
                  num_bookies: int = 3, scope: str = "pybk", bookie_conf: dict | None = None,
-                 network: HostNetwork | None = None, ready_timeout: float = 90.0):
+                 network: HostNetwork | None = None, ready_timeout: float = 90.0,
+                 racks: dict[str, str] | None = None):
         self.data_dir = Path(data_dir).absolute()
         self.scope = scope
         self.bookie_conf = dict(bookie_conf or {})
+        self.racks = dict(racks or {})
         self.ready_timeout = ready_timeout
         self._own_network = network is None
         self.network = network or HostNetwork()
@@ -150,9 +155,12 @@ class HostCluster:
         self._wait_registered(bookie_id, self._launch(bookie_id))
 
     def add_bookie(self, bookie_id: str, advertised_address: str | None = None,
-                   wait: bool = True) -> HostBookie:
+                   wait: bool = True, rack: str | None = None) -> HostBookie:
         """One more bookie on a new host ``bookie_id``; ``advertised_address``
-        (default: its host's address) is what it registers."""
+        (default: its host's address) is what it registers, ``rack`` its rack."""
+        if rack is not None:
+            self.racks[bookie_id] = rack
+            self._write_conf()
         b = self.bookies[bookie_id] = HostBookie(bookie_id, self.network.add_host(bookie_id),
                                                  self.data_dir / bookie_id, advertised_address)
         since = self._launch(bookie_id)
@@ -164,7 +172,9 @@ class HostCluster:
         return self._wait_registered(bookie_id, 0, timeout)
 
     # -- internals ----------------------------------------------------------------------
-    def _conf_path(self) -> Path:
+    def _conf_path(self, bookie_id: str | None = None) -> Path:
+        if bookie_id in self.racks:
+            return self.data_dir / f"{bookie_id}.conf"
         return self.data_dir / "bookie.conf"
 
     def _write_conf(self) -> None:
@@ -174,12 +184,14 @@ class HostCluster:
                 value = "true" if value else "false"
             lines.append(f"{key} = {value}")
         self._conf_path().write_text("\n".join(lines) + "\n")
+        for bookie_id, rack in self.racks.items():
+            self._conf_path(bookie_id).write_text("\n".join(lines + [f"rack = {rack}"]) + "\n")
 
     def _launch(self, bookie_id: str) -> int:
         """Spawn the bookie on its host; returns the etcd revision before the launch."""
         b = self.bookies[bookie_id]
         since = self.store.current_revision()
-        args = bookie_command(str(self._conf_path()), BOOKIE_PORT, "0.0.0.0",
+        args = bookie_command(str(self._conf_path(bookie_id)), BOOKIE_PORT, "0.0.0.0",
                               b.advertised_address, str(b.data_dir), self.metadata_uri,
                               bookie_id)
         b.log = open(b.log_path, "ab")
