@@ -15,10 +15,10 @@ test hosts or iptables are unavailable.
   The nemesis cuts writers
   off from etcd while they still reach their bookies (zombie writers); the
   recoverer closes their ledgers unfenced, the zombies keep getting acks, and
-  the checker must report acknowledged entries beyond the close (I1).  The
-  control: the same plant under process faults only (bookie kill/pause,
-  writer kill, etcd restart) stays clean, since a writer that is dead or
-  holds its lease is never recovered by that recoverer.
+  the checker must report acknowledged entries beyond the close (I1).  There
+  is no control run for this plant: a fresh CI run saw the recoverer race a
+  live writer's first adds without any partition (recovery right after the
+  create, LAC -1 from unfenced bookies), so the plant is not partition-only.
 
 * The second planted bug: the ledger writers run with ``faulty_client``'s
   ``reuse_id_on_timeout`` (an add that timed out is taken as failed and its
@@ -128,15 +128,6 @@ def test_partition_nemesis_catches_unfenced_recovery(tmp_path):
     summary = _caught(tmp_path, PLANT_SEEDS, ["partition:writer-etcd"],
                       worker_args=PLANTED, **PLANT_RUN)
     assert summary["faults"].get("partition", 0) > 0
-
-
-def test_unfenced_recovery_is_invisible_without_partitions(tmp_path):
-    _need_hosts()
-    summary, lines = _run(tmp_path, PLANT_SECONDS, PLANT_SEEDS[0],
-                          ["bookie_kill", "bookie_pause", "writer_kill", "etcd_restart"],
-                          worker_args=PLANTED, **PLANT_RUN)
-    assert summary["faults_total"] > 0
-    assert not summary["violations"], "\n".join(lines[-60:])
 
 
 def test_link_nemesis_catches_reused_ids_after_timeout(tmp_path):

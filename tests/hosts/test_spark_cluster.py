@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import os
 import time
 import uuid
 from pathlib import Path
@@ -138,6 +139,9 @@ def test_recover_ledgers_job(spark_hosts):
         bk.close()
 
 
+CONNECT_ENV = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE")
+
+
 def test_spark_connect_reads_and_writes_bookkeeper(spark_hosts):
     cluster, spark = spark_hosts
     try:
@@ -151,6 +155,11 @@ def test_spark_connect_reads_and_writes_bookkeeper(spark_hosts):
     print(f"Spark Connect server ready at {url} in {time.monotonic() - t0:.1f}s")
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
+    # a Connect session marks the whole process as Connect-only through the
+    # environment (SPARK_CONNECT_MODE_ENABLED): every later classic session
+    # in this pytest process, and every spark-submit it starts, would then fail
+    # with CONNECT_URL_NOT_SET.  Put the environment back afterwards.
+    saved = {k: os.environ.get(k) for k in CONNECT_ENV}
     session = SparkSession.builder.remote(url).getOrCreate()
     try:
         uri, log = cluster.metadata_uri, f"connect-{uuid.uuid4().hex[:8]}"
@@ -165,6 +174,11 @@ def test_spark_connect_reads_and_writes_bookkeeper(spark_hosts):
         assert back.filter("id >= 150").count() == 50
     finally:
         session.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         spark.stop_connect()            # it holds every worker core while it runs
 
 
