@@ -71,16 +71,8 @@ def sizes(quick: bool) -> dict:
 
 def unavailable_reason() -> str | None:
     """Why the figure cannot run here, or None."""
-    from pybk_spark.testing import hosts
-    reason = hosts.unavailable_reason()
-    if reason:
-        return f"test hosts unavailable: {reason}"
-    from pybk_spark.testing.etcd_process import EtcdNotFound, find_etcd_binary
-    try:
-        find_etcd_binary()
-    except EtcdNotFound as exc:
-        return str(exc)
-    return None
+    from pybk_spark.testing.host_cluster import unavailable_reason as cluster_reason
+    return cluster_reason()
 
 
 def cpu_times(pid: int) -> tuple[float, float]:

@@ -54,15 +54,10 @@ class DemoFailed(Exception):
 
 def missing_requirement() -> str | None:
     """Why the demo cannot run here (None: it can)."""
-    from pybk_spark.testing import hosts
-    reason = hosts.unavailable_reason()
+    from pybk_spark.testing.host_cluster import unavailable_reason
+    reason = unavailable_reason()
     if reason:
-        return f"test hosts unavailable: {reason}"
-    from pybk_spark.testing.etcd_process import EtcdNotFound, find_etcd_binary
-    try:
-        find_etcd_binary()
-    except EtcdNotFound as exc:
-        return str(exc)
+        return reason
     if shutil.which("java") is None:
         return "no 'java' on PATH (Spark needs a JRE 17+)"
     if importlib.util.find_spec("pyspark") is None:

@@ -39,6 +39,20 @@ from pybk_spark.testing.hosts import Host, HostNetwork
 BOOKIE_PORT = 3181
 
 
+def unavailable_reason() -> str | None:
+    """Why a HostCluster cannot run here (no test hosts, no etcd binary), or None."""
+    from pybk_spark.testing import hosts
+    from pybk_spark.testing.etcd_process import EtcdNotFound, find_etcd_binary
+    reason = hosts.unavailable_reason()
+    if reason:
+        return f"test hosts unavailable: {reason}"
+    try:
+        find_etcd_binary()
+    except EtcdNotFound as exc:
+        return str(exc)
+    return None
+
+
 def bookie_command(conf: str, port: int, bind_address: str, advertised_address: str,
                    data_dir: str, metadata_uri: str, bookie_id: str) -> list[str]:
     """The bookie command line, flag for flag the systemd unit's ExecStart."""
