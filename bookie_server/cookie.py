@@ -17,7 +17,7 @@ Theory of operation
 cookie and the local data so the bookie can join as a new one.
 
 The cookie also records the bookie's advertised address (``address``,
-``host:port`` of gRPC, bookie_server/identity.py), as BookKeeper's cookie
+``host:port`` of gRPC, bookie_server/serving/identity.py), as BookKeeper's cookie
 records its bookie host.  ``decide_address(recorded, current)`` (pure):
   * no address recorded (a cookie from before addresses were recorded)
     -> RECORD it now, in both copies;

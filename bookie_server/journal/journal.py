@@ -74,8 +74,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from bookie_server import page_cache
-from bookie_server.journal_crc import crc_of
+from bookie_server.storage import page_cache
+from bookie_server.journal.journal_crc import crc_of
 from pybk_spark import errors
 
 log = logging.getLogger("bookie.journal")

@@ -15,7 +15,7 @@ Two views of one ``Readiness`` state (``serving``, ``registered``,
                   (``starting``, ``not registered``, ``read-only``,
                   ``stopping``);
     ``/api/v1/...`` the admin API, when an ``admin`` object is given
-                  (bookie_server/admin_http.py).
+                  (bookie_server/serving/admin_http.py).
 * The standard gRPC health service (``grpc.health.v1.Health``) on the gRPC
   port, with these service names:
     ``""`` and ``pybk.wire.v1.Bookie``  SERVING while the bookie serves reads

@@ -1,5 +1,5 @@
 """Bookie end of the add lane and its read connections (protocol:
-pybk_spark/wire/add_lane.py).
+pybk_spark/wire/lane_frames.py).
 
 Theory of operation
 -------------------
@@ -31,7 +31,7 @@ which is what makes the journal order of one connection its send order.
   that has not sent its magic and hello within ``lane_hello_timeout_s`` is
   closed.  After the hello nothing is timed: an idle client connection is
   the client's to close (it closes idle ones itself).
-* TLS (``tls``, bookie_server/tls.py): the connection thread first runs
+* TLS (``tls``, bookie_server/serving/tls.py): the connection thread first runs
   the TLS handshake (wire/tls_socket.py) with the context current at that
   moment (a SIGHUP reload serves the next connection), within the same
   ``lane_hello_timeout_s`` as the hello: a handshake that never completes,
@@ -55,10 +55,11 @@ import time
 from google.protobuf.message import DecodeError
 
 from bookie_server.config import BookieConfig
-from bookie_server.tls import cert_peer
+from bookie_server.serving.tls import cert_peer
 from pybk_spark.protocol import access
 from pybk_spark.wire.frame_socket import FrameWriter, configure, read_frame, send_parts
-from pybk_spark.wire import add_lane, framing
+from pybk_spark.wire import framing
+from pybk_spark.wire import lane_frames
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire.entries import batch_to_parts
 from pybk_spark.wire.framing import parse_add_request
@@ -168,20 +169,20 @@ class AddLaneServer:
         def refuse(message: str) -> None:
             self.metrics.lane_refused.inc()
             log.info("event=add_lane_refused peer=%s reason=%s", peer, message)
-            writer.send(add_lane.frame(answer_cls(
+            writer.send(lane_frames.frame(answer_cls(
                 code=pb.BAD_REQUEST, message=message,
-                request_id=add_lane.CONNECTION_REQUEST_ID).SerializeToString()))
+                request_id=lane_frames.CONNECTION_REQUEST_ID).SerializeToString()))
 
         try:
             # a silent connection must not hold a thread (the handshake counts)
             conn.settimeout(max(0.001, self.hello_timeout_s - (time.monotonic() - started)))
             with conn.makefile("rb") as stream:
-                magic = stream.read(len(add_lane.MAGIC))
-                if magic not in add_lane.MAGICS:
+                magic = stream.read(len(lane_frames.MAGIC))
+                if magic not in lane_frames.MAGICS:
                     self.metrics.lane_refused.inc()
                     log.info("event=add_lane_bad_magic peer=%s", peer)
                     return
-                if magic == add_lane.READ_MAGIC:
+                if magic == lane_frames.READ_MAGIC:
                     answer_cls = pb.ReadResponse
                 try:
                     wanted = read_frame(stream, _MAX_ID_BYTES)
@@ -195,7 +196,7 @@ class AddLaneServer:
                            f"not {wanted.decode(errors='replace')}")
                     return
                 conn.settimeout(None)
-                if magic == add_lane.READ_MAGIC:
+                if magic == lane_frames.READ_MAGIC:
                     self._serve_reads(conn, stream, refuse, who)
                 else:
                     self._serve_adds(stream, writer, slots, refuse, who)
@@ -216,7 +217,7 @@ class AddLaneServer:
                     refuse, who: access.Peer) -> None:
         def respond(resp: pb.AddResponse) -> None:
             slots.release()
-            writer.send(add_lane.frame(resp.SerializeToString()))
+            writer.send(lane_frames.frame(resp.SerializeToString()))
 
         while not self._stopped.is_set():
             try:
@@ -249,11 +250,11 @@ class AddLaneServer:
                 return
             head, batch = self.service.read_answer(req, who)
             if batch is None:
-                send_parts(conn, add_lane.frame_parts(head.SerializeToString()))
+                send_parts(conn, lane_frames.frame_parts(head.SerializeToString()))
             else:
                 ipc = batch_to_parts(batch)
                 prefix = framing.payload_prefix(head, sum(len(p) for p in ipc))
-                send_parts(conn, add_lane.frame_parts(*prefix, *ipc))
+                send_parts(conn, lane_frames.frame_parts(*prefix, *ipc))
 
     def _finish(self, conn: socket.socket, writer: FrameWriter,
                 slots: threading.BoundedSemaphore) -> None:

@@ -34,12 +34,12 @@ def bind_all(cfg: BookieConfig, metrics, readiness=None, admin=None, tls=None) -
     """Bind gRPC (``port``), the add lane (``add_lane_port``) and the
     HTTP endpoint (``metrics_port``: Prometheus ``/metrics``, ``/health``,
     ``/ready`` from ``readiness``, the admin API ``admin``; serving at once,
-    over HTTPS with ``metrics_tls``).  ``tls``: the bookie_server.tls.ServerTls
+    over HTTPS with ``metrics_tls``).  ``tls``: the bookie_server.serving.tls.ServerTls
     of a TLS bookie (gRPC is bound with its credentials; the lane wraps each
     connection it accepts).  Raises ``errors.PortInUse``; on failure nothing
     stays bound."""
-    from bookie_server.add_lane import bind_listener
-    from bookie_server.service import bind_server
+    from bookie_server.serving.lane_server import bind_listener
+    from bookie_server.serving.service import bind_server
 
     _probe(cfg.bind_address, cfg.port, "port / --port")
     try:

@@ -70,8 +70,8 @@ class BookieMetrics:
 
     def serve(self, port: int, addr: str = "127.0.0.1", readiness=None, admin=None,
               tls_context=None):
-        """``/metrics`` plus ``/health`` and ``/ready`` (bookie_server/health.py)
-        and the admin API (bookie_server/admin_http.py) when ``admin`` is given;
+        """``/metrics`` plus ``/health`` and ``/ready`` (bookie_server/serving/health.py)
+        and the admin API (bookie_server/serving/admin_http.py) when ``admin`` is given;
         ``tls_context``: a callable giving the current ``ssl.SSLContext`` (HTTPS)."""
-        from bookie_server.health import serve_http
+        from bookie_server.serving.health import serve_http
         return serve_http(port, addr, self.registry, readiness, admin, tls_context)

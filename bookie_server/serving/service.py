@@ -8,7 +8,7 @@ thread submits each request as it arrives (bounded by
 ``max_inflight_per_stream``) and responses are streamed back as their
 journal groups become durable, matched by request_id.
 
-With TLS (bookie_server/tls.py) every request is first checked against the
+With TLS (bookie_server/serving/tls.py) every request is first checked against the
 roles of protocol/access.py, the peer known by its client certificate
 (``context.auth_context()``; the lane passes the peer of its connection):
 a peer with no role gets ``UNAUTHORIZED``; an operator's recovery add or
@@ -27,7 +27,7 @@ import grpc
 
 from bookie_server.bookie import Bookie
 from bookie_server.config import BookieConfig
-from bookie_server.tls import grpc_peer, policy_of
+from bookie_server.serving.tls import grpc_peer, policy_of
 from pybk_spark.protocol import access
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import bookie_wire_pb2_grpc as pb_grpc
@@ -285,7 +285,7 @@ def bind_server(cfg: BookieConfig, tls=None) -> tuple[grpc.Server, int]:
     """A gRPC server bound to ``cfg.port`` but serving nothing yet (the port
     is taken before the bookie writes anything anywhere; ``add_service``
     comes once the bookie is open).  OSError if the port cannot be bound.
-    ``tls``: a bookie_server.tls.ServerTls, for a TLS port."""
+    ``tls``: a bookie_server.serving.tls.ServerTls, for a TLS port."""
     limit = cfg.grpc_message_limit()
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=cfg.grpc_threads, thread_name_prefix="grpc"),
@@ -314,10 +314,10 @@ def make_server(bookie: Bookie, cfg: BookieConfig, bookie_id: str) -> tuple[grpc
 
 
 def make_add_lane(bookie: Bookie, cfg: BookieConfig, bookie_id: str, listener=None, tls=None):
-    """The started add lane server (bookie_server/add_lane.py), or None when
+    """The started add lane server (bookie_server/serving/lane_server.py), or None when
     ``add_lane_port`` is -1.  ``listener``: its socket, bound beforehand;
-    ``tls``: a bookie_server.tls.ServerTls for TLS connections."""
+    ``tls``: a bookie_server.serving.tls.ServerTls for TLS connections."""
     if cfg.add_lane_port < 0:
         return None
-    from bookie_server.add_lane import AddLaneServer
+    from bookie_server.serving.lane_server import AddLaneServer
     return AddLaneServer(BookieService(bookie, cfg, bookie_id), cfg, listener, tls).start()

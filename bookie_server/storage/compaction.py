@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import os
 
-from bookie_server.entry_store import JOURNAL_SEGMENT_BASE, EntryStore, Ref, is_journal_segment
+from bookie_server.storage.entry_store import JOURNAL_SEGMENT_BASE, EntryStore, Ref, is_journal_segment
 
 
 def compact(store: EntryStore, min_live_ratio: float, journal_below_seq: int = 0) -> int:

@@ -49,7 +49,7 @@ from typing import Callable, Iterable, Optional
 import numpy as np
 import pyarrow as pa
 
-from bookie_server.run_index import runs_of
+from bookie_server.storage.run_index import runs_of
 
 from pybk_spark import errors
 from pybk_spark.protocol.damage_marker import (  # noqa: F401  (re-exported)

@@ -59,8 +59,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bookie_server.journal import file_name as journal_file_name
-from bookie_server.run_index import LedgerIndex, runs_of
+from bookie_server.journal.journal import file_name as journal_file_name
+from bookie_server.storage.run_index import LedgerIndex, runs_of
 from pybk_spark.wire.entries import ENTRY_SCHEMA, batch_to_bytes, empty_batch, one_batch
 
 log = logging.getLogger("bookie.store")

@@ -25,8 +25,8 @@ import os
 import numpy as np
 import pyarrow as pa
 
-from bookie_server.entry_store import EntryStore, Ref, is_journal_segment
-from bookie_server.run_index import LedgerIndex
+from bookie_server.storage.entry_store import EntryStore, Ref, is_journal_segment
+from bookie_server.storage.run_index import LedgerIndex
 
 log = logging.getLogger("bookie.store")
 

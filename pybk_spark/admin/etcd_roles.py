@@ -34,7 +34,8 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping
 
-from pybk_spark import cli, errors
+from pybk_spark import errors
+from pybk_spark.commands import cli
 
 OPERATOR, BOOKIE, CLIENT = "pybk-operator", "pybk-bookie", "pybk-client"
 PREFIX = True

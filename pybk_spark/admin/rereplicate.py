@@ -43,9 +43,9 @@ from pybk_spark import errors
 from pybk_spark.admin import audit, entry_sets as es
 from pybk_spark.admin.recover import access_key, recover_with
 from pybk_spark.admin.replica_reads import read_ids
-from pybk_spark.digest import Digester
+from pybk_spark.ledger.digest import Digester
 from pybk_spark.metadata.store import ledger_key
-from pybk_spark.placement import writable_bookies
+from pybk_spark.ledger.placement import writable_bookies
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.wire.entries import ENTRY_SCHEMA, batch_to_bytes, one_batch
 

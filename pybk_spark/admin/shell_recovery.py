@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from pybk_spark import cli
+from pybk_spark.commands import cli
 from pybk_spark.admin import audit, damage_repair
 from pybk_spark.admin import orchestrate as orch
 from pybk_spark.admin import rereplicate as rr
@@ -22,7 +22,7 @@ def password_of(args) -> bytes | None:
 
 
 def client(args):
-    from pybk_spark.client import BookKeeper
+    from pybk_spark.ledger.client import BookKeeper
     return BookKeeper(cli.require_metadata_uri(args), conf=cli.client_conf(args),
                       background=False)
 

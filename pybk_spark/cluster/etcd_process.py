@@ -8,7 +8,7 @@ Client and peer URLs are on 127.0.0.1 on free ports; the data dir is the
 caller's, so ``restart()`` brings the same data back (on the same client port,
 so URIs handed out stay valid).  Readiness is polled on ``/health`` with a
 deadline; stop is SIGTERM, then SIGKILL after a grace period.  Every started
-process is also registered with ``pybk_spark.testing.procs`` so an atexit hook
+process is also registered with ``pybk_spark.cluster.procs`` so an atexit hook
 kills it if the owner forgets.
 
 A cluster member (``etcd_cluster.EtcdCluster`` builds them) is the same class
@@ -41,8 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from pybk_spark.testing import procs
-from pybk_spark.testing.ports import free_port, port_is_free
+from pybk_spark.cluster import procs
+from pybk_spark.cluster.ports import free_port, port_is_free
 
 
 # Test traffic goes only to loopback or our own test hosts: never via a proxy.

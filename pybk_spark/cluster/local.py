@@ -43,9 +43,9 @@ from typing import Optional
 from pybk_spark import errors
 from pybk_spark.dirlock import DirLock
 from pybk_spark.metadata import EtcdSecurity, open_store, with_security
-from pybk_spark.testing import etcd_users, procs
-from pybk_spark.testing.etcd_process import EtcdProcess, EtcdTLS
-from pybk_spark.testing.ports import free_port, port_is_free
+from pybk_spark.cluster import etcd_users, procs
+from pybk_spark.cluster.etcd_process import EtcdProcess, EtcdTLS
+from pybk_spark.cluster.ports import free_port, port_is_free
 
 
 LOCK_NAME = "standalone.lock"
@@ -300,7 +300,7 @@ class LocalCluster:
     def _write_conf(self) -> None:
         if self.bookie_conf is not None and not isinstance(self.bookie_conf, dict):
             return
-        lines = ["# written by pybk_spark.testing.cluster.LocalCluster"]
+        lines = ["# written by pybk_spark.cluster.local.LocalCluster"]
         for key, value in (self.bookie_conf or {}).items():
             if isinstance(value, bool):
                 value = "true" if value else "false"

@@ -123,7 +123,7 @@ def _standalone(args: argparse.Namespace) -> int:
     """Exit 0 after a clean stop; 2 when refused to start because another
     process runs a cluster on the data dir (one line naming its pid); 1 when
     a child failed to start (its reason and log path on the first line)."""
-    from pybk_spark.testing.cluster import BookieStartError, LocalCluster
+    from pybk_spark.cluster.local import BookieStartError, LocalCluster
     if args.bookies < 1:
         raise errors.IncorrectParameter("--bookies must be >= 1")
     bookie_conf, client_lines = args.bookie_conf, []
@@ -174,7 +174,7 @@ def _standalone(args: argparse.Namespace) -> int:
 
 def _standalone_tls(args: argparse.Namespace) -> tuple[dict, list[str]]:
     """(bookie conf with TLS on, lines telling clients how to connect)."""
-    from pybk_spark.testing import certs
+    from pybk_spark.cluster import certs
     try:
         files = certs.ensure_cert_files(os.path.join(args.data_dir, "tls"))
     except RuntimeError as exc:               # trustme missing: say how to get it

@@ -1,6 +1,6 @@
 """``make demo``: a real local cluster, the demo job through spark-submit, teardown.
 
-    python -m pybk_spark.demo [--bookies 3] [--keep-data] [-- extra args for jobs/demo.py]
+    python -m pybk_spark.commands.demo [--bookies 3] [--keep-data] [-- extra args for jobs/demo.py]
 
 Starts etcd and N ``bookie-server`` processes on loopback (free ports, a temp
 dir), runs ``spark-submit jobs/demo.py --metadata-uri URI`` with this
@@ -83,14 +83,14 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pybk_spark.demo", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m pybk_spark.commands.demo", description=__doc__.splitlines()[0])
     ap.add_argument("--bookies", type=int, default=3)
     ap.add_argument("--keep-data", action="store_true", help="do not delete the temp data dir")
     ap.add_argument("--timeout", type=float, default=JOB_TIMEOUT_S)
     ap.add_argument("job_args", nargs="*", help="extra arguments for jobs/demo.py (after --)")
     args = ap.parse_args(argv)
 
-    from pybk_spark.testing.cluster import LocalCluster
+    from pybk_spark.cluster.local import LocalCluster
 
     data_dir = tempfile.mkdtemp(prefix="pybk-demo-")
     rc = 1

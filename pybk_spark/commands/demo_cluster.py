@@ -1,7 +1,7 @@
 """``make demo-cluster``: the demo job on a many-host cluster, with a bookie
 host and the etcd leader killed while it writes.
 
-    python -m pybk_spark.demo_cluster [--keep-data] [--timeout S] [-- extra jobs/demo.py args]
+    python -m pybk_spark.commands.demo_cluster [--keep-data] [--timeout S] [-- extra jobs/demo.py args]
 
 Layout, every process on its own test host (network namespace,
 ``pybk_spark.testing.hosts``; needs root / CAP_NET_ADMIN, etcd, java):
@@ -90,7 +90,7 @@ def load_job_module():
 
 class Demo:
     def __init__(self, data_dir: Path, job_args: list[str], timeout: float, seed: int):
-        from pybk_spark.demo_timeline import Timeline
+        from pybk_spark.commands.demo_timeline import Timeline
         self.data_dir = data_dir
         self.job_args = job_args
         self.timeout = timeout
@@ -177,7 +177,7 @@ class Demo:
         """As soon as one of the job's ledgers is open (being written): SIGKILL
         a bookie of its current ensemble, then the etcd leader."""
         from pybk_spark import errors
-        from pybk_spark.client import BookKeeper
+        from pybk_spark.ledger.client import BookKeeper
         bk = BookKeeper(store=self.cluster.store, background=False)
         try:
             md = None
@@ -244,7 +244,7 @@ class Demo:
     # -- independent verification -------------------------------------------------------
     def verify(self, job_stdout: str) -> list[str]:
         """Read every ledger back with a fresh client; returns the problems."""
-        from pybk_spark.client import BookKeeper
+        from pybk_spark.ledger.client import BookKeeper
         job = load_job_module()
         n_ledgers = int(_arg(self.job_args, "--ledgers", 3))
         entries = int(_arg(self.job_args, "--entries", 1000))
@@ -322,7 +322,7 @@ def _rack_summary() -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pybk_spark.demo_cluster",
+    ap = argparse.ArgumentParser(prog="python -m pybk_spark.commands.demo_cluster",
                                  description=__doc__.splitlines()[0])
     ap.add_argument("--keep-data", action="store_true", help="do not delete the temp data dir")
     ap.add_argument("--timeout", type=float, default=JOB_TIMEOUT_S)

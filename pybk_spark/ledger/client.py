@@ -26,14 +26,14 @@ from typing import Callable, Mapping
 
 from pybk_spark import errors
 from pybk_spark.config import ClientConfig, as_config
-from pybk_spark.ledger_handle import LedgerHandle
+from pybk_spark.ledger.ledger_handle import LedgerHandle
 from pybk_spark.metadata import EtcdSecurity, open_store
 from pybk_spark.metadata.store import (MetadataStore, iter_ids, ledger_key, read_ledger_metadata,
                                        writer_key)
-from pybk_spark.placement import make_policy, writable_bookies
+from pybk_spark.ledger.placement import make_policy, writable_bookies
 from pybk_spark.protocol import add_admission as admission
 from pybk_spark.protocol import ledger_metadata as lm
-from pybk_spark.read_handle import ReadHandle, query_lac
+from pybk_spark.ledger.read_handle import ReadHandle, query_lac
 from pybk_spark.transport.base import TransportPool
 
 
@@ -119,7 +119,7 @@ class BookKeeper:
         md = self.get_ledger_metadata(ledger_id)
         lm.check_password(md, password)
         if recovery:
-            from pybk_spark.recovery_op import recover
+            from pybk_spark.ledger.recovery_op import recover
             return recover(self, md, password)
         if md.is_closed:
             return ReadHandle(self, md, password, md.last_entry_id)
@@ -158,17 +158,17 @@ class BookKeeper:
     # -- logs ---------------------------------------------------------------------------------
     def open_log_writer(self, name: str, **options):
         """Become the leader of log ``name`` (the seed's fence-then-CAS open)."""
-        from pybk_spark.log import LogWriter
+        from pybk_spark.logs.log import LogWriter
         return LogWriter(self, name, **options).open()
 
     def open_log_reader(self, name: str, start="earliest", **options):
         """A non-fencing reader of log ``name`` from ``start`` ("earliest",
         "latest" or a position)."""
-        from pybk_spark.log_reader import LogReader
+        from pybk_spark.logs.log_reader import LogReader
         return LogReader(self, name, start, **options)
 
     def list_logs(self) -> list[str]:
-        from pybk_spark.log import list_logs
+        from pybk_spark.logs.log import list_logs
         return list_logs(self.metadata_store)
 
     # -- lifecycle ---------------------------------------------------------------------------

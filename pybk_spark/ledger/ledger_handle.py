@@ -31,12 +31,12 @@ from concurrent.futures import Future
 from typing import Iterable
 
 from pybk_spark import errors
-from pybk_spark.digest import Digester
-from pybk_spark.ledger_writer import LedgerWriter, Waiter
+from pybk_spark.ledger.digest import Digester
+from pybk_spark.ledger.ledger_writer import LedgerWriter, Waiter
 from pybk_spark.metadata.store import ledger_key
 from pybk_spark.protocol import add_admission as admission
 from pybk_spark.protocol import ledger_metadata as lm
-from pybk_spark.read_handle import ReadHandle
+from pybk_spark.ledger.read_handle import ReadHandle
 from pybk_spark.wire.entries import cumulative_lengths, make_batch
 
 

@@ -45,7 +45,7 @@ import pyarrow as pa
 
 from pybk_spark import errors
 from pybk_spark.metadata.store import ledger_key
-from pybk_spark.placement import writable_bookies
+from pybk_spark.ledger.placement import writable_bookies
 from pybk_spark.protocol import add_admission as admission
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.protocol.pending_adds import EnsembleChange, PendingAdds

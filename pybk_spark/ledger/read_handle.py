@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 
 from pybk_spark import errors
-from pybk_spark.digest import Digester
+from pybk_spark.ledger.digest import Digester
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.protocol.distribution import is_covered, write_set
 from pybk_spark.transport.base import failed_future

@@ -47,12 +47,12 @@ from concurrent.futures import Future
 import pyarrow as pa
 
 from pybk_spark import errors
-from pybk_spark.digest import Digester
-from pybk_spark.ledger_writer import LedgerWriter, Waiter
+from pybk_spark.ledger.digest import Digester
+from pybk_spark.ledger.ledger_writer import LedgerWriter, Waiter
 from pybk_spark.metadata.store import ledger_key
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.protocol import recovery as rc
-from pybk_spark.read_handle import ReadHandle
+from pybk_spark.ledger.read_handle import ReadHandle
 from pybk_spark.wire.entries import one_batch
 
 

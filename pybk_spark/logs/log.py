@@ -328,7 +328,7 @@ def truncate_log(bk, name: str, before_ledger_id: int, *, force: bool = False) -
     (``IllegalOp``, nothing changed) when a registered read position
     (``positions/<log>/``, protocol/positions.py) still needs a segment it
     would drop, unless ``force``."""
-    from pybk_spark.positions import list_positions
+    from pybk_spark.logs.positions import list_positions
     from pybk_spark.protocol.positions import blockers
     dropped: list[int] = []
     registered = [] if force else list_positions(bk.metadata_store, name)

@@ -25,7 +25,7 @@ from typing import Iterator, Optional
 import pyarrow as pa
 
 from pybk_spark import errors
-from pybk_spark.log import LogRecord, read_log
+from pybk_spark.logs.log import LogRecord, read_log
 from pybk_spark.metadata.store import ledger_key, log_key
 from pybk_spark.protocol.ledger_metadata import CLOSED, LedgerMetadata
 from pybk_spark.protocol.log_metadata import SEGMENT_CLOSED, Position

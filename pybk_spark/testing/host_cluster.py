@@ -32,7 +32,7 @@ from typing import Optional
 
 from pybk_spark import errors
 from pybk_spark.metadata import open_store
-from pybk_spark.testing import procs
+from pybk_spark.cluster import procs
 from pybk_spark.testing.etcd_cluster import EtcdCluster
 from pybk_spark.testing.hosts import Host, HostNetwork
 
@@ -42,7 +42,7 @@ BOOKIE_PORT = 3181
 def unavailable_reason() -> str | None:
     """Why a HostCluster cannot run here (no test hosts, no etcd binary), or None."""
     from pybk_spark.testing import hosts
-    from pybk_spark.testing.etcd_process import EtcdNotFound, find_etcd_binary
+    from pybk_spark.cluster.etcd_process import EtcdNotFound, find_etcd_binary
     reason = hosts.unavailable_reason()
     if reason:
         return f"test hosts unavailable: {reason}"

@@ -1,9 +1,9 @@
-"""Client end of the lane (protocol: wire/add_lane.py): add and read connections.
+"""Client end of the lane (protocol: wire/lane_frames.py): add and read connections.
 
 Theory of operation
 -------------------
 One TCP connection per bookie carries this client's adds, with exactly the
-semantics of an ``AddStream`` (transport/add_stream.py, whose
+semantics of an ``AddStream`` (transport/request_streams.py, whose
 :class:`RequestStreamer` reopens connections and whose :class:`PendingRequests`
 matches answers, expires late adds and closes idle connections):
 
@@ -39,9 +39,9 @@ import time
 from typing import Callable
 
 from pybk_spark import errors
-from pybk_spark.transport.add_stream import PendingRequests
+from pybk_spark.transport.request_streams import PendingRequests
 from pybk_spark.wire.frame_socket import FrameWriter, configure, read_frame, read_frame_into
-from pybk_spark.wire import add_lane
+from pybk_spark.wire import lane_frames
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import codes, framing
 from pybk_spark.wire.tls_socket import handshake
@@ -52,24 +52,24 @@ _MAX_ANSWER_BYTES = 1 << 20
 
 def frame_add(head: pb.AddRequest, entries) -> bytes:
     """An AddRequest as one lane frame (header + pre-framed message)."""
-    return add_lane.frame(*framing.payload_parts(head, entries))
+    return lane_frames.frame(*framing.payload_parts(head, entries))
 
 
 def frame_read(head: pb.ReadRequest, _entries=b"") -> bytes:
     """A ReadRequest as one lane frame (``RequestStreamer`` passes no entries)."""
-    return add_lane.frame(head.SerializeToString())
+    return lane_frames.frame(head.SerializeToString())
 
 
 class LaneConnection(PendingRequests):
     """Adds over one lane connection."""
-    magic = add_lane.MAGIC
+    magic = lane_frames.MAGIC
     kind = "add"
 
     def __init__(self, address: str, bookie_id: str, now: float, connect_timeout: float,
                  max_backlog_bytes: int, tls=None):
         super().__init__(bookie_id, now)
         try:
-            host_port = add_lane.split_address(address)
+            host_port = lane_frames.split_address(address)
             sock = socket.create_connection(host_port, timeout=connect_timeout)
         except (OSError, ValueError) as exc:
             raise codes.translate_socket_error(exc, bookie=bookie_id) from None
@@ -85,7 +85,7 @@ class LaneConnection(PendingRequests):
                 raise codes.translate_tls_error(exc, address, bookie=bookie_id) from None
         self.sock = configure(sock)
         self.writer = FrameWriter(self.sock, f"pybk-lane-send-{bookie_id}", max_backlog_bytes)
-        self.writer.send(add_lane.hello(bookie_id, self.magic))
+        self.writer.send(lane_frames.hello(bookie_id, self.magic))
         self.reader = threading.Thread(target=self._read,
                                        name=f"pybk-{self.kind}-lane-{bookie_id}", daemon=True)
         self.reader.start()
@@ -98,7 +98,7 @@ class LaneConnection(PendingRequests):
                     resp = self._receive(stream)
                     if resp is None:
                         raise EOFError(f"{self.kind} lane closed by the bookie")
-                    if resp.request_id == add_lane.CONNECTION_REQUEST_ID and resp.code != pb.OK:
+                    if resp.request_id == lane_frames.CONNECTION_REQUEST_ID and resp.code != pb.OK:
                         # earlier adds may be journaled: their outcome stays unknown
                         raise ConnectionAbortedError(
                             "bookie refused this connection's input: "
@@ -140,7 +140,7 @@ class LaneConnection(PendingRequests):
 
 class ReadLaneConnection(LaneConnection):
     """Reads over one lane connection; answers are up to ``max_answer_bytes``."""
-    magic = add_lane.READ_MAGIC
+    magic = lane_frames.READ_MAGIC
     kind = "read"
 
     def __init__(self, address: str, bookie_id: str, now: float, connect_timeout: float,

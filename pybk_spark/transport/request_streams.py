@@ -1,5 +1,5 @@
 """Adds over one long-lived connection per bookie: an ``AddStream``, or an
-add lane connection (transport/add_lane.py, same semantics).
+add lane connection (transport/lane_client.py, same semantics).
 
 Theory of operation
 -------------------

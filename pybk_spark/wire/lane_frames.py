@@ -56,7 +56,7 @@ Limits
   is a protocol error: the receiver closes the connection.
 
 Pure: no I/O.  The sockets live in wire/frame_socket.py (both sides),
-transport/add_lane.py (client) and bookie_server/add_lane.py (bookie).
+transport/lane_client.py (client) and bookie_server/serving/lane_server.py (bookie).
 """
 from __future__ import annotations
 
