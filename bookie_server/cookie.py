@@ -37,6 +37,7 @@ import uuid
 from typing import Optional
 
 from pybk_spark import errors
+from pybk_spark.metadata import keys
 
 LOCAL_NAME = "cookie.json"
 LOCK_NAME = "bookie.lock"     # the data dir's lock (pybk_spark/dirlock.py): not data
@@ -45,7 +46,7 @@ ENTRY_FORMAT = 2          # 2: entries carry ``length`` (pybk_spark/wire/entries
 
 
 def cookie_key(bookie_id: str) -> str:
-    return f"cookies/{bookie_id}"
+    return keys.cookie_key(bookie_id)
 
 
 def decide(bookie_id: str, local: Optional[dict], remote: Optional[dict],

@@ -38,6 +38,7 @@ import time
 from typing import Callable, Optional
 
 from pybk_spark import errors
+from pybk_spark.metadata import keys
 
 log = logging.getLogger("bookie.admin_http")
 PREFIX = "/api/v1/"
@@ -204,10 +205,10 @@ class AdminApi:
         """BookKeeper's ClusterInfoService, from the registry, cookies and audit keys."""
         from pybk_spark.admin import audit_control as ctl
         store = self._need_store()
-        writable = {k.rsplit("/", 1)[1] for k, _ in store.list_prefix("bookies/writable/")}
-        readonly = {k.rsplit("/", 1)[1] for k, _ in store.list_prefix("bookies/readonly/")}
-        known = {k.rsplit("/", 1)[1] for k, _ in store.list_prefix("cookies/")}
-        damaged = sorted(k.rsplit("/", 1)[1] for k, _ in store.list_prefix("bookies/damaged/"))
+        writable = {k.rsplit("/", 1)[1] for k, _ in store.list_prefix(keys.bookies_prefix("writable"))}
+        readonly = {k.rsplit("/", 1)[1] for k, _ in store.list_prefix(keys.bookies_prefix("readonly"))}
+        known = {k.rsplit("/", 1)[1] for k, _ in store.list_prefix(keys.COOKIES_PREFIX)}
+        damaged = sorted(k.rsplit("/", 1)[1] for k, _ in store.list_prefix(keys.DAMAGED_PREFIX))
         st = ctl.status(store)
         return {"auditor_elected": st["leader"] is not None, "auditor_id": st["leader"],
                 "autorecovery_enabled": st["enabled"],

@@ -54,6 +54,7 @@ import time
 from typing import Callable, Optional
 
 from pybk_spark import errors
+from pybk_spark.metadata import keys
 
 log = logging.getLogger("bookie.registration")
 
@@ -62,7 +63,7 @@ MODES = ("writable", "readonly")
 
 
 def registration_key(bookie_id: str, read_only: bool) -> str:
-    return f"bookies/{'readonly' if read_only else 'writable'}/{bookie_id}"
+    return keys.bookie_key("readonly" if read_only else "writable", bookie_id)
 
 
 def decide_claim(existing: Optional[dict], me: dict) -> str:
@@ -143,7 +144,7 @@ class Registrar:
     def _existing(self) -> list[tuple[str, object, dict]]:
         out = []
         for mode in MODES:
-            key = f"bookies/{mode}/{self.bookie_id}"
+            key = keys.bookie_key(mode, self.bookie_id)
             got = self.store.get(key)
             if got is not None:
                 out.append((key, got, _loads(got.value)))

@@ -7,6 +7,7 @@ from pybk_spark import errors
 from pybk_spark.commands import cli
 from pybk_spark.admin.report import HEX_HINT, preview, table
 from pybk_spark.admin.shell_recovery import client, password_arg, password_of
+from pybk_spark.metadata import keys
 
 
 # -- bookieinfo ----------------------------------------------------------------------------------
@@ -21,7 +22,7 @@ def _bookieinfo(args) -> int:
     try:
         regs = []
         for mode in ("writable", "readonly"):
-            for key, v in store.list_prefix(f"bookies/{mode}/"):
+            for key, v in store.list_prefix(keys.bookies_prefix(mode)):
                 try:
                     reg = json.loads(v.value)
                 except ValueError:

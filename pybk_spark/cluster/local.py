@@ -46,6 +46,7 @@ from pybk_spark.metadata import EtcdSecurity, open_store, with_security
 from pybk_spark.cluster import etcd_users, procs
 from pybk_spark.cluster.etcd_process import EtcdProcess, EtcdTLS
 from pybk_spark.cluster.ports import free_port, port_is_free
+from pybk_spark.metadata import keys
 
 
 LOCK_NAME = "standalone.lock"
@@ -348,7 +349,7 @@ class LocalCluster:
                                        f"log tail:\n{tail}")
             for mode in modes[read_only]:
                 try:
-                    got = self.store.get(f"bookies/{mode}/{bookie_id}")
+                    got = self.store.get(keys.bookie_key(mode, bookie_id))
                 except errors.MetadataUnavailable:
                     got = None
                 if got is not None and got.version > since:

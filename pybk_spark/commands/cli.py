@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from pybk_spark import errors
+from pybk_spark.metadata import keys
 
 
 @dataclass(frozen=True)
@@ -212,7 +213,7 @@ def _listbookies(args: argparse.Namespace) -> int:
             ["readonly"] if args.readonly else ["writable"])
         rows = []
         for mode in modes:
-            for key, versioned in store.list_prefix(f"bookies/{mode}/"):
+            for key, versioned in store.list_prefix(keys.bookies_prefix(mode)):
                 try:
                     info = json.loads(versioned.value)
                 except ValueError:

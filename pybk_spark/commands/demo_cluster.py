@@ -37,6 +37,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from pybk_spark.metadata import keys
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEMO_JOB = PROJECT_ROOT / "jobs" / "demo.py"
@@ -77,7 +78,7 @@ def bookie_entries(address: str) -> int | None:
 
 
 def ledger_ids(store) -> list[int]:
-    return sorted(int(k.rsplit("/", 1)[1]) for k, _ in store.list_prefix("ledgers/")
+    return sorted(int(k.rsplit("/", 1)[1]) for k, _ in store.list_prefix(keys.LEDGERS_PREFIX)
                   if k.rsplit("/", 1)[1].isdigit())
 
 
@@ -232,7 +233,7 @@ class Demo:
                     new_leader = True
             if not unregistered:
                 try:
-                    gone = all(self.cluster.store.get(f"bookies/{m}/{self.victim}") is None
+                    gone = all(self.cluster.store.get(keys.bookie_key(m, self.victim)) is None
                                for m in ("writable", "readonly"))
                 except errors.MetadataError:
                     gone = False

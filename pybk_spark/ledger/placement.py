@@ -19,6 +19,7 @@ from typing import Iterable, Mapping
 
 from pybk_spark import errors
 from pybk_spark.metadata.store import MetadataStore
+from pybk_spark.metadata import keys
 
 
 DECOMMISSIONED_PREFIX = "audit/decommissioned/"
@@ -29,7 +30,7 @@ def writable_bookies(store: MetadataStore) -> dict[str, dict]:
     (``pybk decommission``): no new ensemble or replacement lands on them."""
     leaving = {key.rsplit("/", 1)[1] for key, _v in store.list_prefix(DECOMMISSIONED_PREFIX)}
     out = {}
-    for key, v in store.list_prefix("bookies/writable/"):
+    for key, v in store.list_prefix(keys.bookies_prefix("writable")):
         bookie_id = key.rsplit("/", 1)[1]
         if bookie_id in leaving:
             continue

@@ -49,6 +49,7 @@ from pybk_spark.metadata.store import log_key
 from pybk_spark.protocol import log_metadata as logmd
 from pybk_spark.protocol.ledger_metadata import CLOSED
 from pybk_spark.protocol.log_metadata import LogMetadata, Position
+from pybk_spark.metadata import keys
 
 Start = Union[str, Position, tuple]
 
@@ -93,7 +94,7 @@ def update_log(store, name: str, transform: Callable[[LogMetadata], LogMetadata]
 
 
 def list_logs(store) -> list[str]:
-    return [k.split("/", 1)[1] for k, _ in store.list_prefix("logs/")]
+    return [k.split("/", 1)[1] for k, _ in store.list_prefix(keys.LOGS_PREFIX)]
 
 
 def recover_tail(bk, md: LogMetadata, password: bytes) -> dict[int, tuple[int, int]]:

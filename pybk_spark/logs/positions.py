@@ -11,6 +11,7 @@ from pybk_spark import errors
 from pybk_spark.metadata.store import position_key, positions_prefix
 from pybk_spark.protocol import positions as pos
 from pybk_spark.protocol.positions import RegisteredPosition
+from pybk_spark.metadata import keys
 
 
 def record(store, new: RegisteredPosition) -> RegisteredPosition:
@@ -33,7 +34,7 @@ def record(store, new: RegisteredPosition) -> RegisteredPosition:
 
 
 def list_positions(store, log: Optional[str] = None) -> list[RegisteredPosition]:
-    prefix = positions_prefix(log) if log is not None else "positions/"
+    prefix = positions_prefix(log) if log is not None else keys.POSITIONS_PREFIX
     out = []
     for _, versioned in store.list_prefix(prefix):
         out.append(RegisteredPosition.from_json(versioned.value))

@@ -35,6 +35,7 @@ from pybk_spark.metadata import open_store
 from pybk_spark.cluster import procs
 from pybk_spark.testing.etcd_cluster import EtcdCluster
 from pybk_spark.testing.hosts import Host, HostNetwork
+from pybk_spark.metadata import keys
 
 BOOKIE_PORT = 3181
 
@@ -223,7 +224,7 @@ class HostCluster:
                 raise RuntimeError(f"{bookie_id} exited (code {code}) before registering; "
                                    f"log tail:\n{_tail(b.log_path)}")
             try:
-                got = self.store.get(f"bookies/writable/{bookie_id}")
+                got = self.store.get(keys.bookie_key("writable", bookie_id))
             except errors.MetadataUnavailable:
                 got = None
             if got is not None and got.version > since:

@@ -35,6 +35,7 @@ from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import bookie_wire_pb2_grpc as pbg
 from pybk_spark.wire import codes, framing
 from pybk_spark.wire.entries import batch_from_bytes
+from pybk_spark.metadata import keys
 
 ADD_TRANSPORTS = ("lane", "grpc")
 READ_TRANSPORTS = ADD_TRANSPORTS
@@ -183,7 +184,7 @@ class BookieClient(BookieTransport):
 
 def registration_of(store: MetadataStore, bookie_id: str) -> dict | None:
     for state in ("writable", "readonly"):
-        v = store.get(f"bookies/{state}/{bookie_id}")
+        v = store.get(keys.bookie_key(state, bookie_id))
         if v is not None:
             try:
                 return json.loads(v.value)
