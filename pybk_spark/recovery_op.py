@@ -61,7 +61,6 @@ from pybk_spark.protocol import recovery as rc
 from pybk_spark.read_handle import ReadHandle, read_lac_coverage, verified_prefix
 from pybk_spark.wire.entries import one_batch
 
-
 RACE_RETRIES = 5
 
 

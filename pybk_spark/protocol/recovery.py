@@ -73,9 +73,9 @@ class EntryProbe:
     ensemble_size: int
     write_quorum: int
     ack_quorum: int
-    found: set = field(default_factory=set)
-    no_entry: set = field(default_factory=set)
-    failed: set = field(default_factory=set)
+    found: set[int] = field(default_factory=set)
+    no_entry: set[int] = field(default_factory=set)
+    failed: set[int] = field(default_factory=set)
 
     @property
     def slots(self) -> tuple[int, ...]:

@@ -4,7 +4,8 @@ checked against a naive oracle."""
 import itertools
 
 import numpy as np
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pybk_spark.protocol import read_decisions as rd
 from pybk_spark.protocol import recovery as rc
