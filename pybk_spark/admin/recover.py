@@ -160,7 +160,7 @@ def _lac_before(bk, md: lm.LedgerMetadata, password: bytes) -> Optional[int]:
     from pybk_spark.ledger.read_handle import query_lac
     lm.check_password(md, password)
     try:
-        return query_lac(bk, md, lm.master_key(password), fence=False)
+        return query_lac(bk.context, md, lm.master_key(password), fence=False)
     except errors.BKError as exc:
         if isinstance(exc, errors.Unauthorized):
             raise

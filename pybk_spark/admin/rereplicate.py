@@ -18,8 +18,10 @@ Driver (``run_audit``, pure decisions in ``admin.audit``):
 Task (``copy_fragment``, one per work item; a Spark task or in-process):
   4. The ids the lost slot must hold (``entry_sets.slot_entries``) are read
      from replicas, largest holder first (the lost bookie itself first when
-     it is still up, as in a decommission), digests verified, rows kept
-     byte-for-byte (lac and digest unchanged).
+     it is still up, as in a decommission), rows kept byte-for-byte (lac and
+     digest unchanged) iff their digest verifies and the id is still wanted
+     (``read_decisions.copy_rows``; a corrupt row is read from the next
+     source).
   5. They are written to the replacement with RECOVERY adds (the ledger may
      be fenced) in Arrow batches of up to ``batch_entries`` rows, each one
      durable before it is acknowledged.
@@ -47,6 +49,7 @@ from pybk_spark.ledger.digest import Digester
 from pybk_spark.metadata.store import ledger_key
 from pybk_spark.ledger.placement import writable_bookies
 from pybk_spark.protocol import ledger_metadata as lm
+from pybk_spark.protocol import read_decisions as rd
 from pybk_spark.wire.entries import ENTRY_SCHEMA, batch_to_bytes, one_batch
 from pybk_spark.metadata import keys
 
@@ -226,10 +229,8 @@ def _gather(bk, md: lm.LedgerMetadata, w: audit.FragmentWork, key: bytes,
         t = got.table()
         if t is None:
             continue
-        ok = digester.verify_batch(t) if t.num_rows else None
-        if ok is not None and not ok.all():
-            t = t.filter(pa.array(ok))
-        t = t.filter(pa.array(np.isin(t.column("entry_id").to_numpy(), remaining)))
+        keep = rd.copy_rows(t.column("entry_id").to_numpy(), digester.verify_batch(t), remaining)
+        t = t.filter(pa.array(keep))
         pieces.append(t)
         remaining = np.setdiff1d(remaining, t.column("entry_id").to_numpy())
     if len(remaining):

@@ -14,9 +14,13 @@ TransportPool (gRPC by default).  Clock, rng and ``call_later(delay_s, fn)``
 RecoveryDecision`` of every fencing recovery this client runs (its own
 opens, a log leader's take-over, a close by recovery), before that recovery
 re-writes anything; it must not raise.  The chaos harness records them.
+Handles and recovery get these dependencies as one typed
+``context.ClientContext`` (``bk.context``), built here once; they never
+call back into the client.
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 import time
@@ -26,14 +30,17 @@ from typing import Callable, Mapping
 
 from pybk_spark import errors
 from pybk_spark.config import ClientConfig, as_config
+from pybk_spark.ledger.context import ClientContext
 from pybk_spark.ledger.ledger_handle import LedgerHandle
-from pybk_spark.metadata import EtcdSecurity, open_store
+from pybk_spark.metadata import EtcdSecurity, keys, open_store
 from pybk_spark.metadata.store import (MetadataStore, iter_ids, ledger_key, read_ledger_metadata,
                                        writer_key)
-from pybk_spark.ledger.placement import make_policy, writable_bookies
+from pybk_spark.ledger.placement import PlacementPolicy, make_policy, writable_bookies
 from pybk_spark.protocol import add_admission as admission
 from pybk_spark.protocol import ledger_metadata as lm
+from pybk_spark.protocol.recovery import RecoveryDecision
 from pybk_spark.ledger.read_handle import ReadHandle, query_lac
+from pybk_spark.ledger.recovery_op import recover
 from pybk_spark.transport.base import TransportPool
 
 
@@ -49,7 +56,7 @@ class BookKeeper:
         self.clock = clock
         self.rng = rng or random.Random()
         self._call_later = call_later or _timer
-        self.recovery_listener = recovery_listener
+        self._recovery_listener = recovery_listener
         self._own_store = store is None
         self.metadata_store = store if store is not None else open_store(
             metadata_uri, EtcdSecurity.from_config(self.conf))
@@ -62,9 +69,14 @@ class BookKeeper:
                                            stream_idle_close_s=self.conf.add_stream_idle_close_s,
                                            add_transport=self.conf.add_transport,
                                            read_transport=self.conf.read_transport)
-        self.transports = transports
-        self.placement = make_policy(self.conf.placement_policy, self.rng)
+        self._transports: TransportPool = transports
+        self._placement: PlacementPolicy = make_policy(self.conf.placement_policy, self.rng)
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="pybk-client")
+        # what handles and recovery use of this client, built once (docs: context.py)
+        self.context = ClientContext(
+            transports=self._transports, metadata_store=self.metadata_store,
+            placement=self._placement, executor=self.executor, conf=self.conf, clock=self.clock,
+            call_later=self.call_later, rng=self.rng, recovery_listener=recovery_listener)
         self._handles: "weakref.WeakSet[LedgerHandle]" = weakref.WeakSet()
         self._closed = False
         self._stop = threading.Event()
@@ -72,6 +84,41 @@ class BookKeeper:
         if background and self.conf.explicit_lac_interval_ms > 0:
             self._ticker = threading.Thread(target=self._tick_loop, name="pybk-lac", daemon=True)
             self._ticker.start()
+
+    # -- the context's parts: replacing one (a test's fault plant, an operator
+    # command's placement) replaces the context; handles made earlier keep theirs
+    @property
+    def transports(self) -> TransportPool:
+        return self._transports
+
+    @transports.setter
+    def transports(self, pool: TransportPool) -> None:
+        self._transports = pool
+        self._rebuild_context()
+
+    @property
+    def placement(self) -> PlacementPolicy:
+        return self._placement
+
+    @placement.setter
+    def placement(self, policy: PlacementPolicy) -> None:
+        self._placement = policy
+        self._rebuild_context()
+
+    @property
+    def recovery_listener(self) -> Callable[[RecoveryDecision], None] | None:
+        return self._recovery_listener
+
+    @recovery_listener.setter
+    def recovery_listener(self, listener: Callable[[RecoveryDecision], None] | None) -> None:
+        self._recovery_listener = listener
+        self._rebuild_context()
+
+    def _rebuild_context(self) -> None:
+        if hasattr(self, "context"):
+            self.context = dataclasses.replace(
+                self.context, transports=self._transports, placement=self._placement,
+                recovery_listener=self._recovery_listener)
 
     # -- ledgers ----------------------------------------------------------------------------
     def create_ledger(self, ensemble: int = 3, write_quorum: int = 2, ack_quorum: int = 2,
@@ -105,7 +152,8 @@ class BookKeeper:
             lease = None  # liveness key is advisory; the ledger itself is created
         limits = admission.limits(self.conf.max_entry_size_bytes, self.conf.max_message_bytes,
                                   [registry.get(b, {}) for b in bookies])
-        lh = LedgerHandle(self, md, password, lease, limits=limits)
+        lh = LedgerHandle(self.context, md, password, lease, limits=limits,
+                          on_close=self._handles.discard)
         self._handles.add(lh)
         return lh
 
@@ -119,18 +167,17 @@ class BookKeeper:
         md = self.get_ledger_metadata(ledger_id)
         lm.check_password(md, password)
         if recovery:
-            from pybk_spark.ledger.recovery_op import recover
-            return recover(self, md, password)
+            return recover(self.context, md, password)
         if md.is_closed:
-            return ReadHandle(self, md, password, md.last_entry_id)
-        lac = query_lac(self, md, lm.master_key(password), fence=False)
-        return ReadHandle(self, md, password, lac)
+            return ReadHandle(self.context, md, password, md.last_entry_id)
+        lac = query_lac(self.context, md, lm.master_key(password), fence=False)
+        return ReadHandle(self.context, md, password, lac)
 
     def get_ledger_metadata(self, ledger_id: int) -> lm.LedgerMetadata:
         return read_ledger_metadata(self.metadata_store, ledger_id)
 
     def list_ledgers(self) -> list[int]:
-        return list(iter_ids(k for k, _ in self.metadata_store.list_prefix("ledgers/")))
+        return list(iter_ids(k for k, _ in self.metadata_store.list_prefix(keys.LEDGERS_PREFIX)))
 
     def delete_ledger(self, ledger_id: int) -> None:
         """Delete the metadata (CAS); bookies garbage-collect the entries."""
@@ -177,9 +224,6 @@ class BookKeeper:
         if self._closed:
             raise RuntimeError("client closed")
         self._call_later(delay_s, fn)
-
-    def _forget_handle(self, lh: LedgerHandle) -> None:
-        self._handles.discard(lh)
 
     def _tick_loop(self) -> None:
         interval = self.conf.explicit_lac_interval_ms / 1000.0

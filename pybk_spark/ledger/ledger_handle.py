@@ -18,7 +18,9 @@ LAC following the seed's three outcomes (``close_by_writer``); the writer
 lease key is revoked.  Exception: a handle whose writer aborted (fenced, or a
 failed ensemble change) with unreleased adds closes by fencing recovery,
 because those adds may still land on a bookie after the close (chaos run 7:
-a SIGSTOPped bookie resumed and stored entry LAC+1 on its whole write set).
+a SIGSTOPped bookie resumed and stored entry LAC+1 on its whole write set);
+the handle runs that recovery itself (``recovery_op.recover`` with its own
+context), it does not re-enter the client's open path.
 If that recovery fails, the ledger stays OPEN/IN_RECOVERY for a recoverer.
 
 An idle handle sends an explicit LAC (driven by the client's background
@@ -28,27 +30,34 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future
-from typing import Iterable
+from typing import Callable, Iterable
 
 from pybk_spark import errors
+from pybk_spark.ledger.context import ClientContext
 from pybk_spark.ledger.digest import Digester
 from pybk_spark.ledger.ledger_writer import LedgerWriter, Waiter
 from pybk_spark.metadata.store import ledger_key
 from pybk_spark.protocol import add_admission as admission
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.ledger.read_handle import ReadHandle
+from pybk_spark.ledger.recovery_op import recover
 from pybk_spark.wire.entries import cumulative_lengths, make_batch
 
 
 class LedgerHandle:
-    def __init__(self, bk, md: lm.LedgerMetadata, password: bytes, lease=None,
-                 limits: admission.AddLimits | None = None):
-        self.bk = bk
+    """``ctx``: the client's dependencies; ``on_close(handle)``: called once
+    the handle is closed (the client stops ticking it)."""
+
+    def __init__(self, ctx: ClientContext, md: lm.LedgerMetadata, password: bytes, lease=None,
+                 limits: admission.AddLimits | None = None,
+                 on_close: Callable[["LedgerHandle"], None] | None = None):
+        self.ctx = ctx
+        self._on_close = on_close
         self.ledger_id = md.ledger_id
         self._password = password
         self._key = lm.master_key(password)
         self._digester = Digester(md.digest_type, password)
-        self._writer = LedgerWriter(bk, md, self._key, recovery=False, limits=limits)
+        self._writer = LedgerWriter(ctx, md, self._key, recovery=False, limits=limits)
         self._lease = lease
         self._submit_lock = threading.RLock()  # ids assigned and sent in order
         # add_entry_async calls made while earlier ones are being sent are
@@ -57,7 +66,7 @@ class LedgerHandle:
         self._queue_lock = threading.Lock()
         self._drain_scheduled = False
         self._async_inflight = 0
-        self._async_window = max(1, bk.conf.async_add_window)
+        self._async_window = max(1, ctx.conf.async_add_window)
         self._closed = False
         self._explicit_lac_sent = -1
 
@@ -93,7 +102,7 @@ class LedgerHandle:
 
     def _fits_request(self, entries: int, size: int) -> bool:
         """Whether ``entries`` payloads of ``size`` bytes go in one request."""
-        conf = self.bk.conf
+        conf = self.ctx.conf
         return (entries <= conf.add_batch_entries and size <= conf.add_batch_bytes
                 and size <= self._writer.limits.request_payload_budget(entries))
 
@@ -126,7 +135,7 @@ class LedgerHandle:
 
     def _schedule_drain(self) -> None:
         try:
-            self.bk.executor.submit(self._drain_queued)
+            self.ctx.executor.submit(self._drain_queued)
         except RuntimeError:            # client executor shut down: send inline
             self._drain_queued()
 
@@ -202,7 +211,7 @@ class LedgerHandle:
         if sizes and not lim.entry_fits(max(sizes)):
             self._check_size(next(p for p in payloads if not lim.entry_fits(len(p))))
         # _fits_request, unrolled: this loop runs once per entry of a batch
-        conf = self.bk.conf
+        conf = self.ctx.conf
         max_entries, max_bytes = conf.add_batch_entries, conf.add_batch_bytes
         per_entry = admission.BATCH_PER_ENTRY_OVERHEAD
         budget = lim.request_payload_budget(0)       # payload + per-entry overhead
@@ -253,7 +262,7 @@ class LedgerHandle:
     # -- explicit LAC --------------------------------------------------------------------
     def tick(self, now: float) -> None:
         """Called periodically by the client: send an explicit LAC when idle."""
-        interval = self.bk.conf.explicit_lac_interval_ms / 1000.0
+        interval = self.ctx.conf.explicit_lac_interval_ms / 1000.0
         w = self._writer
         if self._closed or not interval or w.error is not None:
             return
@@ -261,11 +270,11 @@ class LedgerHandle:
         if lac > self._explicit_lac_sent and now - w.last_activity >= interval:
             self._explicit_lac_sent = lac
             for b in w.md.current_ensemble:
-                self.bk.transports.get(b).write_lac(self.ledger_id, self._key, lac)
+                self.ctx.transports.get(b).write_lac(self.ledger_id, self._key, lac)
 
     # -- reads by the writer ----------------------------------------------------------------
     def read(self, first: int, last: int):
-        return ReadHandle(self.bk, self.metadata, self._password, self.last_add_confirmed).read(first, last)
+        return ReadHandle(self.ctx, self.metadata, self._password, self.last_add_confirmed).read(first, last)
 
     # -- close ------------------------------------------------------------------------------
     def close(self) -> None:
@@ -279,20 +288,21 @@ class LedgerHandle:
             if self._writer.unknown_tail:
                 # aborted with adds of unknown outcome still able to land on a
                 # bookie: only fencing recovery may decide where the ledger ends
-                rh = self.bk.open_ledger(self.ledger_id, password=self._password, recovery=True)
-                self._writer.md = rh.metadata
+                md = self.ctx.ledger_metadata(self.ledger_id)
+                self._writer.md = recover(self.ctx, md, self._password).metadata
                 return
-            self._writer.wait_all_sent(self.bk.conf.add_timeout_s)   # the Qw - Qa stragglers
+            self._writer.wait_all_sent(self.ctx.conf.add_timeout_s)   # the Qw - Qa stragglers
             lac, length = self._writer.lac, self._writer.length
 
             def transform(raw: bytes) -> bytes:
                 md = lm.LedgerMetadata.from_json(raw)
                 return lm.close_by_writer(md, lac, length).to_json()
-            raw, _ = self.bk.metadata_store.update(ledger_key(self.ledger_id), transform)
+            raw, _ = self.ctx.metadata_store.update(ledger_key(self.ledger_id), transform)
             self._writer.md = lm.LedgerMetadata.from_json(raw)
             self._writer.fail(errors.LedgerClosed("ledger closed", ledger_id=self.ledger_id))
         finally:
-            self.bk._forget_handle(self)
+            if self._on_close is not None:
+                self._on_close(self)
             if self._lease is not None:
                 try:
                     self._lease.revoke()

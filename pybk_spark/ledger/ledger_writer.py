@@ -14,13 +14,15 @@ futures (never completing a future while holding the lock).
   on the client's executor: pick replacements (placement policy), CAS
   ``replace_bookies`` through ``store.update`` (which re-reads and re-decides
   on conflict; a non-OPEN ledger raises LedgerFenced), then
-  ``core.commit_change`` and the resends.  Nothing is released before the CAS
+  ``core.commit_change`` and the resends it decides (``Resend`` ranges per
+  replaced slot: the parts of the held chunks inside each range go to that
+  slot's new bookie, nothing else).  Nothing is released before the CAS
   succeeded (#1591).
 * What a bookie's add error means is ``protocol.add_admission.
   classify_add_failure``: a bookie failure starts an ensemble change; an
   overload (``TooManyRequests``) re-sends the same request to the same
-  bookie after a jittered exponential backoff (``bk.call_later``, rng
-  ``bk.rng``), counted in ``_sends`` while it waits, until
+  bookie after a jittered exponential backoff (``ctx.call_later``, rng
+  ``ctx.rng``), counted in ``_sends`` while it waits, until
   ``add_overload_retry_s`` after the first refusal (then: a bookie failure);
   a ``TooLarge`` (a bookie with a smaller limit than it advertised) aborts
   with ``TooLarge`` and replaces nobody.
@@ -44,11 +46,12 @@ import numpy as np
 import pyarrow as pa
 
 from pybk_spark import errors
+from pybk_spark.ledger.context import ClientContext
 from pybk_spark.metadata.store import ledger_key
 from pybk_spark.ledger.placement import writable_bookies
 from pybk_spark.protocol import add_admission as admission
 from pybk_spark.protocol import ledger_metadata as lm
-from pybk_spark.protocol.pending_adds import EnsembleChange, PendingAdds
+from pybk_spark.protocol.pending_adds import EnsembleChange, PendingAdds, Resend
 from pybk_spark.wire.entries import batch_to_buffer
 
 
@@ -68,10 +71,10 @@ class _Chunk:
 
 
 class LedgerWriter:
-    def __init__(self, bk, md: lm.LedgerMetadata, master_key: bytes, *, recovery: bool,
-                 last_released: int = -1, on_metadata: Callable | None = None,
+    def __init__(self, ctx: ClientContext, md: lm.LedgerMetadata, master_key: bytes, *,
+                 recovery: bool, last_released: int = -1, on_metadata: Callable | None = None,
                  limits: admission.AddLimits | None = None):
-        self.bk = bk
+        self.ctx = ctx
         self.md = md
         self.ledger_id = md.ledger_id
         self.master_key = master_key
@@ -83,16 +86,16 @@ class LedgerWriter:
         self._error: errors.BKError | None = None
         self._failed_bookies: set[str] = set()
         self._last_bookie_error: BaseException | None = None
-        self._inflight = threading.BoundedSemaphore(max(1, bk.conf.max_inflight_adds))
+        self._inflight = threading.BoundedSemaphore(max(1, ctx.conf.max_inflight_adds))
         self._sends = 0                         # requests to bookies not yet answered
         self._sends_done = threading.Condition(self._lock)
         self._on_metadata = on_metadata
         self.length = 0                 # payload bytes of the released entries
         self._assigned_length = 0       # ... of every assigned entry (ids are assigned in order)
-        self.last_activity = bk.clock()
+        self.last_activity = ctx.clock()
         # add size limits of the current ensemble (read by LedgerHandle before it assigns ids)
-        self.limits = limits or admission.limits(bk.conf.max_entry_size_bytes,
-                                                 bk.conf.max_message_bytes, ())
+        self.limits = limits or admission.limits(ctx.conf.max_entry_size_bytes,
+                                                 ctx.conf.max_message_bytes, ())
 
     # -- public -----------------------------------------------------------------------
     @property
@@ -132,7 +135,7 @@ class LedgerWriter:
                 self._waiters.append(waiter)
                 ensemble = self.core.ensemble
                 bad = self.core.unavailable_slots
-                self.last_activity = self.bk.clock()
+                self.last_activity = self.ctx.clock()
         if err is not None:
             waiter.future.set_exception(err)
             return
@@ -207,9 +210,9 @@ class LedgerWriter:
         with self._lock:
             self._sends += 1
         try:
-            transport = self.bk.transports.get(bookie)
+            transport = self.ctx.transports.get(bookie)
             fut = transport.add(self.ledger_id, self.master_key, data, recovery=self.recovery,
-                                timeout=self.bk.conf.add_timeout_s)
+                                timeout=self.ctx.conf.add_timeout_s)
         except BaseException:
             with self._lock:
                 self._sends -= 1
@@ -238,8 +241,8 @@ class LedgerWriter:
         """The bookie refused the request as overloaded: send it again later.
         False when it has refused for too long (the caller treats it as a
         bookie failure)."""
-        conf = self.bk.conf
-        now = self.bk.clock()
+        conf = self.ctx.conf
+        now = self.ctx.clock()
         first, attempt = overload or (now, 0)
         if not admission.keep_retrying(first, now, conf.add_overload_retry_s):
             return False
@@ -248,7 +251,7 @@ class LedgerWriter:
                     or slot in self.core.unavailable_slots):
                 return True     # aborted, or the slot is being replaced: resends cover it
             self._sends += 1    # the retry is still a send not yet answered
-        delay = admission.backoff_delay(attempt, self.bk.rng.random(),
+        delay = admission.backoff_delay(attempt, self.ctx.rng.random(),
                                         conf.add_overload_backoff_ms / 1000.0,
                                         conf.add_overload_backoff_max_ms / 1000.0)
 
@@ -265,7 +268,7 @@ class LedgerWriter:
             except errors.BKError as exc:
                 self._on_failed(slot, bookie, exc)
         try:
-            self.bk.call_later(delay, resend)
+            self.ctx.call_later(delay, resend)
         except RuntimeError:            # the client was closed under us
             with self._lock:
                 self._sends -= 1
@@ -296,7 +299,7 @@ class LedgerWriter:
                 ledger_id=self.ledger_id)))
             return
         if isinstance(exc, errors.BookieUnavailable):
-            self.bk.transports.invalidate(bookie)
+            self.ctx.transports.invalidate(bookie)
         with self._lock:
             if self._error is not None:
                 return
@@ -305,14 +308,14 @@ class LedgerWriter:
             change = self.core.on_failure(slot, bookie)
         if change is not None:
             try:
-                self.bk.executor.submit(self._run_change, change)
+                self.ctx.executor.submit(self._run_change, change)
             except RuntimeError:            # the client was closed under us
                 self._abort(errors.Timeout("client closed while adds were in flight",
                                                 ledger_id=self.ledger_id))
 
     # -- ensemble change ------------------------------------------------------------------
     def _run_change(self, change: EnsembleChange) -> None:
-        store = self.bk.metadata_store
+        store = self.ctx.metadata_store
         while change is not None:
             try:
                 new_md = self._cas_change(store, change)
@@ -345,14 +348,27 @@ class LedgerWriter:
             if self._on_metadata is not None:
                 self._on_metadata(new_md)
             self._complete(done)
-            slots = {s.slot for s in resends}
+            self._resend(chunks, resends, ensemble, bad)
+
+    def _resend(self, chunks: list[_Chunk], resends: list[Resend], ensemble, bad) -> None:
+        """Send what the core's resends name: for each range, the part of
+        every held chunk inside it, to the slots resending that range (the
+        slot filter in ``_send`` keeps each bookie's own ids)."""
+        by_range: dict[tuple[int, int], set[int]] = {}
+        for r in resends:
+            by_range.setdefault((r.first, r.last), set()).add(r.slot)
+        for (first, last), slots in by_range.items():
             for ch in chunks:
-                if slots:
-                    self._send(ch.batch, ensemble, bad, wait=False, only_slots=slots)
+                lo, hi = max(first, ch.first), min(last, ch.last)
+                if lo > hi:
+                    continue
+                part = ch.batch if (lo, hi) == (ch.first, ch.last) else \
+                    ch.batch.slice(lo - ch.first, hi - lo + 1)
+                self._send(part, ensemble, bad, wait=False, only_slots=slots)
 
     def _cas_change(self, store, change: EnsembleChange) -> lm.LedgerMetadata:
-        policy = self.bk.placement
-        for _ in range(self.bk.conf.metadata_retries):
+        policy = self.ctx.placement
+        for _ in range(self.ctx.conf.metadata_retries):
             bookies = writable_bookies(store)
             exclude = set(self._failed_bookies)
             repl: dict[int, str] = {}
@@ -384,7 +400,7 @@ class LedgerWriter:
                 continue
             new_md = lm.LedgerMetadata.from_json(raw)
             self.limits = admission.limits(
-                self.bk.conf.max_entry_size_bytes, self.bk.conf.max_message_bytes,
+                self.ctx.conf.max_entry_size_bytes, self.ctx.conf.max_message_bytes,
                 [bookies.get(b, {}) for b in new_md.current_ensemble])
             return new_md
         raise errors.MetadataVersion("too many retries of an ensemble change")

@@ -2,6 +2,10 @@
 
 Theory of operation
 -------------------
+The decisions (verified prefix, merged sparse answers, replica order and
+speculative reads, when an entry is missing, LAC coverage) are
+``protocol.read_decisions``; this module sends the requests, verifies
+digests and turns the verdicts into typed errors.
 A range [first, last] is read fragment by fragment.  For the next wanted id
 ``e`` the replicas are the write set of ``e`` in its fragment's ensemble; one
 replica is asked for the run [e, min(last, fragment end, e + batch - 1)]
@@ -36,9 +40,10 @@ import numpy as np
 import pyarrow as pa
 
 from pybk_spark import errors
+from pybk_spark.ledger.context import ClientContext
 from pybk_spark.ledger.digest import Digester
 from pybk_spark.protocol import ledger_metadata as lm
-from pybk_spark.protocol.distribution import is_covered, write_set
+from pybk_spark.protocol import read_decisions as rd
 from pybk_spark.transport.base import failed_future
 from pybk_spark.wire.entries import Entry, one_batch, to_entries
 
@@ -47,8 +52,8 @@ STRIPED_WINDOW = 1 << 20   # (ids per striped read are bounded by max_entries)
 
 
 class ReadHandle:
-    def __init__(self, bk, md: lm.LedgerMetadata, password: bytes, lac: int):
-        self.bk = bk
+    def __init__(self, ctx: ClientContext, md: lm.LedgerMetadata, password: bytes, lac: int):
+        self.ctx = ctx
         self.metadata = md
         self.ledger_id = md.ledger_id
         self._password = password
@@ -76,7 +81,7 @@ class ReadHandle:
         self.close()
 
     def _refresh_metadata(self) -> None:
-        md = self.bk.get_ledger_metadata(self.ledger_id)
+        md = self.ctx.ledger_metadata(self.ledger_id)
         self.metadata = md
         if md.is_closed:
             self._lac = md.last_entry_id
@@ -87,7 +92,7 @@ class ReadHandle:
         self._refresh_metadata()
         if self.metadata.is_closed:
             return self._lac
-        lac = query_lac(self.bk, self.metadata, self._master_key, fence=False)
+        lac = query_lac(self.ctx, self.metadata, self._master_key, fence=False)
         self._lac = max(self._lac, lac)
         return self._lac
 
@@ -95,16 +100,16 @@ class ReadHandle:
         """Long poll: return as soon as the LAC exceeds ``above`` or at timeout."""
         if self._lac > above:
             return self._lac
-        deadline = self.bk.clock() + timeout
+        deadline = self.ctx.clock() + timeout
         while True:
             self._refresh_metadata()
             if self.metadata.is_closed or self._lac > above:
                 return self._lac
-            remaining = deadline - self.bk.clock()
+            remaining = deadline - self.ctx.clock()
             if remaining <= 0:
                 return self._lac
             wait_ms = int(min(remaining, 10.0) * 1000)
-            futs = [self.bk.transports.get(b).read_lac(
+            futs = [self.ctx.transports.get(b).read_lac(
                 self.ledger_id, master_key=self._master_key, wait_for_lac_above=above,
                 wait_ms=wait_ms) for b in self.metadata.current_ensemble]
             for f in cf.as_completed(futs, timeout=None):
@@ -121,7 +126,7 @@ class ReadHandle:
     # -- reads ---------------------------------------------------------------------------
     def read(self, first: int, last: int) -> list[Entry]:
         out: list[Entry] = []
-        for batch in self._raw_batches(first, last, self.bk.conf.read_batch_entries):
+        for batch in self._raw_batches(first, last, self.ctx.conf.read_batch_entries):
             out.extend(to_entries(batch))
         return out
 
@@ -137,8 +142,8 @@ class ReadHandle:
         may come as a ``pyarrow.Table`` of zero-copy row slices instead of
         being copied into one batch, for a consumer that copies the rows
         anyway (the Spark source decodes them)."""
-        for batch in self._raw_batches(first, last, max_entries or self.bk.conf.read_batch_entries,
-                                       max_bytes or self.bk.conf.read_batch_bytes,
+        for batch in self._raw_batches(first, last, max_entries or self.ctx.conf.read_batch_entries,
+                                       max_bytes or self.ctx.conf.read_batch_bytes,
                                        windows_in_flight):
             batch = batch.select(OUT_COLUMNS)
             yield batch if as_tables else one_batch(batch)
@@ -162,7 +167,7 @@ class ReadHandle:
         come out contiguous and in order.  Windows still in flight when the
         consumer stops (closes the generator) are cancelled."""
         self._check_range(first, last)
-        depth = max(1, windows_in_flight or self.bk.conf.read_windows_in_flight)
+        depth = max(1, windows_in_flight or self.ctx.conf.read_windows_in_flight)
         ahead: collections.deque = collections.deque()
         planned = nxt = first
         try:
@@ -226,7 +231,7 @@ class ReadHandle:
 
     def _sparse_reads(self, first: int, last: int, ensemble, by_slot: bool,
                       max_bytes: int | None) -> list:
-        conf = self.bk.conf
+        conf = self.ctx.conf
         budget = max_bytes or conf.read_batch_bytes
         if by_slot:                  # each bookie returns ~1/E of the window
             budget = max(1, budget // len(ensemble))
@@ -240,9 +245,9 @@ class ReadHandle:
         requested ahead never fails the reader before its turn, and the
         replica is skipped like any other failed one."""
         try:
-            return self.bk.transports.get(bookie).read(
+            return self.ctx.transports.get(bookie).read(
                 self.ledger_id, first, last, master_key=self._master_key,
-                timeout=self.bk.conf.read_timeout_s, **kw)
+                timeout=self.ctx.conf.read_timeout_s, **kw)
         except errors.BKError as exc:
             return failed_future(exc)
 
@@ -262,22 +267,16 @@ class ReadHandle:
         if not batches:
             return None
         table = pa.Table.from_batches(batches)
-        ids = table.column("entry_id").to_numpy()
-        order = np.argsort(ids, kind="stable")
-        uniq, idx = np.unique(ids[order], return_index=True)
-        take = order[idx]
-        gaps = uniq != np.arange(first, first + len(uniq))
-        n = int(np.argmax(gaps)) if gaps.any() else len(uniq)
-        if n == 0:
+        take = rd.gap_free_first_copies(table.column("entry_id").to_numpy(), first)
+        if len(take) == 0:
             return None
-        merged = _gather(batches, table, take[:n])
-        ok = self._digester.verify_batch(merged)
-        if not ok.all():
+        merged = _gather(batches, table, take)
+        n = rd.verified_prefix(self._digester.verify_batch(merged))
+        if n < merged.num_rows:
             self._stripe_reads_ok = False
-            bad = int((~ok).argmax())
-            if bad == 0:
+            if n == 0:
                 return None
-            merged = merged.slice(0, bad)
+            merged = merged.slice(0, n)
         return merged
 
     def _fragment_end(self, entry_id: int) -> int:
@@ -285,104 +284,125 @@ class ReadHandle:
         return (min(later) - 1) if later else 1 << 62
 
     def _start_run(self, e: int, last: int, max_bytes: int | None) -> "_RunRead":
-        """Ask the first replica (round robin over the write set) for [e, last]."""
+        """Ask the first replica (``read_decisions.replica_order``: round robin
+        over the write set) for [e, last]."""
         md = self.metadata
         ensemble = md.ensemble_for(e)
         last = min(last, self._fragment_end(e))
-        slots = list(write_set(e, len(ensemble), md.write_quorum))
         self._rr += 1
-        k = self._rr % len(slots)
-        run = _RunRead(e, last, max_bytes, ensemble, slots[k:] + slots[:k])
-        self._launch(run)
+        run = _RunRead(e, last, max_bytes, ensemble,
+                       rd.ReplicaRun(rd.replica_order(e, len(ensemble), md.write_quorum, self._rr)))
+        self._launch(run, run.choice.next_replica())
         return run
 
-    def _launch(self, run: "_RunRead") -> None:
-        b = run.ensemble[run.slots[run.tried]]
-        run.tried += 1
+    def _launch(self, run: "_RunRead", slot: int | None) -> None:
+        if slot is None:
+            return
+        b = run.ensemble[slot]
         f = self._ask(b, run.first, run.last, max_entries=run.last - run.first + 1,
-                      max_bytes=run.max_bytes or self.bk.conf.read_batch_bytes)
+                      max_bytes=run.max_bytes or self.ctx.conf.read_batch_bytes)
         run.pending[f] = b
 
     def _finish_run(self, run: "_RunRead") -> pa.RecordBatch:
         """The first usable answer: a verified non-empty prefix from ``run.first``.
-        A replica not answering within the speculative delay gets company from
-        the next one; failing or corrupt replicas are skipped."""
-        conf = self.bk.conf
+        Whom to ask next (a speculative read when a replica is silent past
+        the delay, the next one when all asked failed) and what it means when
+        none answered usably are ``read_decisions.ReplicaRun``'s decisions."""
+        conf = self.ctx.conf
         spec = conf.speculative_read_timeout_ms / 1000.0 if conf.speculative_read_timeout_ms else None
-        e, slots, pending = run.first, run.slots, run.pending
-        corrupt = no_entry = 0
+        e, choice, pending = run.first, run.choice, run.pending
         last_exc: BaseException | None = None
         while pending:
-            done, _ = cf.wait(list(pending), timeout=spec if run.tried < len(slots) else None,
+            done, _ = cf.wait(list(pending), timeout=choice.wait_limit(spec),
                               return_when=cf.FIRST_COMPLETED)
             if not done:
-                self._launch(run)  # speculative read to the next replica
+                self._launch(run, choice.on_silence())  # speculative read to the next replica
                 continue
             for f in done:
                 bookie = pending.pop(f)
                 exc = f.exception()
                 if exc is None:
-                    batch = f.result().batch
-                    good = self._verified_prefix(batch, e)
+                    good = self._verified_prefix(f.result().batch, e)
                     if good is not None:
                         return good
-                    corrupt += 1
+                    kind = rd.CORRUPT
                 else:
                     last_exc = exc
-                    if isinstance(exc, (errors.NoSuchEntry, errors.NoSuchLedger)):
-                        no_entry += 1
-                    elif isinstance(exc, errors.BookieUnavailable):
-                        self.bk.transports.invalidate(bookie)
                     if isinstance(exc, errors.Unauthorized):
                         raise exc
-            if not pending and run.tried < len(slots):
-                self._launch(run)
-        if corrupt and corrupt + no_entry == len(slots) and no_entry == 0:
+                    if isinstance(exc, errors.BookieUnavailable):
+                        self.ctx.transports.invalidate(bookie)
+                    kind = rd.NO_ENTRY if isinstance(exc, (errors.NoSuchEntry,
+                                                           errors.NoSuchLedger)) else rd.ERROR
+                self._launch(run, choice.on_answer(kind))
+        verdict = choice.verdict
+        if verdict == rd.BAD_DIGEST_ALL:
             raise errors.BadDigest("every replica is corrupt", ledger_id=self.ledger_id, entry_id=e)
-        if no_entry == len(slots):
+        if verdict == rd.MISSING:
             raise errors.NoSuchEntry(ledger_id=self.ledger_id, entry_id=e)
-        if corrupt:
+        if verdict == rd.BAD_DIGEST:
             raise errors.BadDigest("no intact replica", ledger_id=self.ledger_id, entry_id=e)
         if isinstance(last_exc, errors.MetadataError):
             raise last_exc      # no replica could even be asked: etcd is the cause
         raise errors.ReadError(f"read failed on every replica: {last_exc}",
                                ledger_id=self.ledger_id, entry_id=e)
 
-    def _verified_prefix(self, batch: pa.RecordBatch, e: int) -> pa.RecordBatch | None:
-        if batch.num_rows == 0 or batch.column("entry_id")[0].as_py() != e:
-            return None
-        ok = self._digester.verify_batch(batch)
-        if ok.all():
-            return batch
-        bad = int((~ok).argmax())
-        return batch.slice(0, bad) if bad > 0 else None
+    def _verified_prefix(self, batch: pa.RecordBatch | pa.Table, e: int
+                         ) -> pa.RecordBatch | pa.Table | None:
+        """``read_decisions.usable_prefix`` of an answer for ids from ``e``."""
+        return verified_prefix(batch, e, self._digester)
 
 
-def query_lac(bk, md: lm.LedgerMetadata, key: bytes, *, fence: bool) -> int:
-    """Max LAC of the last fragment's bookies, returning once they cover it."""
+def verified_prefix(batch: pa.RecordBatch | pa.Table, e: int, digester: Digester
+                    ) -> pa.RecordBatch | pa.Table | None:
+    """The usable rows of an answer for ids from ``e`` (the rule:
+    ``read_decisions.usable_prefix``), or None if there are none."""
+    first = int(batch.column("entry_id")[0].as_py()) if batch.num_rows else None
+    n = rd.usable_prefix(first, e, lambda: digester.verify_batch(batch))
+    if n == 0:
+        return None
+    return batch if n == batch.num_rows else batch.slice(0, n)
+
+
+def lac_answer_kind(exc: BaseException | None) -> str:
+    """What a ReadLac answer is to ``read_decisions.LacCoverage``
+    (Unauthorized is raised: no bookie will answer a wrong key)."""
+    if exc is None:
+        return rd.OK
+    if isinstance(exc, errors.Unauthorized):
+        raise exc
+    if isinstance(exc, errors.NoSuchLedger):
+        return rd.NO_LEDGER
+    if isinstance(exc, errors.NoSuchEntry):
+        return rd.NO_ENTRY
+    return rd.ERROR
+
+
+def read_lac_coverage(ctx: ClientContext, md: lm.LedgerMetadata, key: bytes, *,
+                      fence: bool) -> rd.LacCoverage:
+    """ReadLac (fenced or not) to every bookie of the last fragment; returns
+    the coverage as soon as it is covered or can no longer be."""
     ensemble = md.current_ensemble
-    futs = {bk.transports.get(b).read_lac(md.ledger_id, fence=fence, master_key=key,
-                                           timeout=bk.conf.read_timeout_s): i
+    cov = rd.LacCoverage(len(ensemble), md.write_quorum, md.ack_quorum,
+                         floor=md.last_fragment_first_entry - 1)
+    futs = {ctx.transports.get(b).read_lac(md.ledger_id, fence=fence, master_key=key,
+                                            timeout=ctx.conf.read_timeout_s): i
             for i, b in enumerate(ensemble)}
-    answered: set[int] = set()
-    lac = md.last_fragment_first_entry - 1
     for f in cf.as_completed(futs):
-        slot = futs[f]
-        try:
-            lac = max(lac, f.result().lac)
-            answered.add(slot)
-        except (errors.NoSuchLedger, errors.NoSuchEntry):
-            answered.add(slot)
-        except errors.Unauthorized:
-            raise
-        except errors.BKError:
-            continue
-        if is_covered(len(ensemble), md.write_quorum, md.ack_quorum, answered):
-            return lac
-    if not is_covered(len(ensemble), md.write_quorum, md.ack_quorum, answered):
+        exc = f.exception()
+        cov.on_answer(futs[f], lac_answer_kind(exc), f.result().lac if exc is None else -1)
+        if cov.covered or cov.impossible:
+            break
+    return cov
+
+
+def query_lac(ctx: ClientContext, md: lm.LedgerMetadata, key: bytes, *, fence: bool) -> int:
+    """Max LAC of the last fragment's bookies, returning once they cover it."""
+    cov = read_lac_coverage(ctx, md, key, fence=fence)
+    if not cov.covered:
         raise errors.ReadError("could not read the LAC from enough bookies",
                                ledger_id=md.ledger_id)
-    return lac
+    return cov.lac
 
 
 SLICE_GATHER_MAX_ROWS = 256
@@ -424,11 +444,12 @@ def _cancel_all(futures) -> None:
 
 @dataclasses.dataclass
 class _RunRead:
-    """[first, last] asked of the replicas of one write set, in ``slots`` order."""
+    """[first, last] asked of the replicas of one write set (``choice``
+    decides whom and what their answers mean); ``pending``: request ->
+    bookie."""
     first: int
     last: int
     max_bytes: int | None
-    ensemble: list
-    slots: list
-    tried: int = 0
+    ensemble: tuple[str, ...]
+    choice: rd.ReplicaRun
     pending: dict = dataclasses.field(default_factory=dict)

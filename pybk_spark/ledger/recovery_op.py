@@ -1,12 +1,14 @@
 """Fencing open: recover an OPEN/IN_RECOVERY ledger and close it.
 
-Theory of operation (pure decisions in ``protocol.recovery``)
-----------------------------------------------------------------
+Theory of operation (pure decisions in ``protocol.recovery`` and
+``protocol.read_decisions``; dependencies from the ``ClientContext``)
+----------------------------------------------------------------------
 1. CAS the metadata to IN_RECOVERY (``to_in_recovery``; a writer's later
    ensemble change or close then fails).
-2. Fenced ReadLac to every bookie of the last fragment; stop waiting as soon
-   as the answers cover the ensemble (#1067); LAC only from fenced answers
-   (#2614).
+2. Fenced ReadLac to every bookie of the last fragment (the readers' LAC
+   query, ``read_handle.read_lac_coverage``, with ``fence=True``); stop
+   waiting as soon as the answers cover the ensemble (#1067); LAC only from
+   fenced answers (#2614).
 3. start = max(LAC, last fragment first - 1) (#2615); last fragment first - 1
    if an earlier recovery replaced writer bookies there (``lm.
    recovery_replaced_tail``: those ids must reach the replacements).  Probe ids > start:
@@ -16,8 +18,11 @@ Theory of operation (pure decisions in ``protocol.recovery``)
    an earlier recovery replaced the writer's bookie of a slot, both are
    asked, and the slot counts as "no" only if both say so
    (``lm.recovery_read_bookies``; the writer's ensemble is recorded by step 1).
-   EXISTS -> keep the row; MISSING -> stop; UNRECOVERABLE ->
-   LedgerRecoveryError (retry later).
+   An answer's rows count only as their verified prefix from the id
+   (``read_decisions.usable_prefix``); the probe stops waiting once settled
+   (``EntryProbe.settled``: an answer that already arrived is read first,
+   since a positive one wins).  EXISTS -> keep the row; MISSING -> stop;
+   UNRECOVERABLE -> LedgerRecoveryError (retry later).
 4. Report the decision (``rc.RecoveryDecision``: start and the last found
    id) to the client's ``recovery_listener``, if any, before re-writing:
    a recovery that loses the close race (or dies) leaves its re-writes
@@ -47,104 +52,89 @@ from concurrent.futures import Future
 import pyarrow as pa
 
 from pybk_spark import errors
+from pybk_spark.ledger.context import ClientContext
 from pybk_spark.ledger.digest import Digester
 from pybk_spark.ledger.ledger_writer import LedgerWriter, Waiter
 from pybk_spark.metadata.store import ledger_key
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.protocol import recovery as rc
-from pybk_spark.ledger.read_handle import ReadHandle
+from pybk_spark.ledger.read_handle import ReadHandle, read_lac_coverage, verified_prefix
 from pybk_spark.wire.entries import one_batch
-
 
 RACE_RETRIES = 5
 
 
-def recover(bk, md: lm.LedgerMetadata, password: bytes) -> ReadHandle:
+def recover(ctx: ClientContext, md: lm.LedgerMetadata, password: bytes) -> ReadHandle:
     for _attempt in range(RACE_RETRIES):
         try:
-            return _recover_once(bk, md, password)
+            return _recover_once(ctx, md, password)
         except errors.RecoveryRaced:
-            md = bk.get_ledger_metadata(md.ledger_id)      # NoSuchLedger if deleted meanwhile
+            md = ctx.ledger_metadata(md.ledger_id)      # NoSuchLedger if deleted meanwhile
         except errors.LedgerRecoveryError:
-            closed = _closed_meanwhile(bk, md.ledger_id)
+            closed = _closed_meanwhile(ctx, md.ledger_id)
             if closed is None:
                 raise
-            return ReadHandle(bk, closed, password, closed.last_entry_id)
+            return ReadHandle(ctx, closed, password, closed.last_entry_id)
     raise errors.LedgerRecoveryError("concurrent recoveries kept changing the ensemble",
                                      ledger_id=md.ledger_id)
 
 
-def _closed_meanwhile(bk, ledger_id: int) -> lm.LedgerMetadata | None:
+def _closed_meanwhile(ctx: ClientContext, ledger_id: int) -> lm.LedgerMetadata | None:
     """After this recovery failed: the ledger's metadata if someone else (a
     concurrent recovery, the writer) closed it meanwhile.  Every recovery
     converges on the first close, so that close is this open's answer too."""
     try:
-        md = bk.get_ledger_metadata(ledger_id)
+        md = ctx.ledger_metadata(ledger_id)
     except errors.BKError:
         return None
     return md if md.is_closed else None
 
 
-def _recover_once(bk, md: lm.LedgerMetadata, password: bytes) -> ReadHandle:
-    store = bk.metadata_store
+def _recover_once(ctx: ClientContext, md: lm.LedgerMetadata, password: bytes) -> ReadHandle:
+    store = ctx.metadata_store
     key = lm.master_key(password)
     if md.is_closed:
-        return ReadHandle(bk, md, password, md.last_entry_id)
+        return ReadHandle(ctx, md, password, md.last_entry_id)
     raw, _ = store.update(ledger_key(md.ledger_id),
                           lambda r: lm.to_in_recovery(lm.LedgerMetadata.from_json(r)).to_json())
     md = lm.LedgerMetadata.from_json(raw)
     if md.is_closed:
-        return ReadHandle(bk, md, password, md.last_entry_id)
+        return ReadHandle(ctx, md, password, md.last_entry_id)
 
-    max_lac = fence_and_read_lac(bk, md, key)
+    max_lac = fence_and_read_lac(ctx, md, key)
     start = rc.recovery_start(max_lac, md.last_fragment_first_entry,
                               lm.recovery_replaced_tail(md))
-    rows = read_forward(bk, md, key, Digester(md.digest_type, password), start)
+    rows = read_forward(ctx, md, key, Digester(md.digest_type, password), start)
     last = start + (rows.num_rows if rows is not None else 0)
-    listener = bk.recovery_listener
+    listener = ctx.recovery_listener
     if listener is not None:
         listener(rc.RecoveryDecision(md.ledger_id, start, last))
-    length = closing_length(bk, md, password, start, rows)
+    length = closing_length(ctx, md, password, start, rows)
     if last > start:
-        md = rewrite(bk, md, key, start, rows)
+        md = rewrite(ctx, md, key, start, rows)
     wrote_through = md.ensembles
     raw, _ = store.update(ledger_key(md.ledger_id), lambda r: lm.close_by_recovery(
         lm.LedgerMetadata.from_json(r), last, length, wrote_through).to_json())
     md = lm.LedgerMetadata.from_json(raw)
-    return ReadHandle(bk, md, password, md.last_entry_id)
+    return ReadHandle(ctx, md, password, md.last_entry_id)
 
 
-def fence_and_read_lac(bk, md: lm.LedgerMetadata, key: bytes) -> int:
-    ensemble = md.current_ensemble
-    phase = rc.FenceLacPhase(len(ensemble), md.write_quorum, md.ack_quorum)
-    futs = {bk.transports.get(b).read_lac(md.ledger_id, fence=True, master_key=key,
-                                           timeout=bk.conf.read_timeout_s): i
-            for i, b in enumerate(ensemble)}
-    for f in cf.as_completed(futs):
-        slot = futs[f]
-        exc = f.exception()
-        if exc is None:
-            phase.on_answer(slot, rc.OK, f.result().lac)
-        elif isinstance(exc, errors.NoSuchLedger):
-            phase.on_answer(slot, rc.NO_LEDGER)
-        elif isinstance(exc, errors.Unauthorized):
-            raise exc
-        else:
-            phase.on_answer(slot, rc.ERROR)
-        if phase.covered:
-            return phase.max_lac
-        if phase.impossible:
-            break
-    raise errors.LedgerRecoveryError("could not fence enough bookies",
-                                     ledger_id=md.ledger_id, answered=len(phase.answered))
+def fence_and_read_lac(ctx: ClientContext, md: lm.LedgerMetadata, key: bytes) -> int:
+    """Step 2: the readers' LAC query with fenced reads; the max LAC of the
+    fenced answers (-1 if none carried one) once they cover the ensemble."""
+    phase = read_lac_coverage(ctx, md, key, fence=True)
+    if not phase.covered:
+        raise errors.LedgerRecoveryError("could not fence enough bookies",
+                                         ledger_id=md.ledger_id, answered=len(phase.answered))
+    return phase.max_lac
 
 
-def read_forward(bk, md: lm.LedgerMetadata, key: bytes, digester: Digester,
+def read_forward(ctx: ClientContext, md: lm.LedgerMetadata, key: bytes, digester: Digester,
                  start: int) -> pa.RecordBatch | None:
     """Rows of every existing entry after ``start`` up to the first missing."""
     ensemble = md.current_ensemble
     E, Qw, Qa = len(ensemble), md.write_quorum, md.ack_quorum
-    batch_n = max(1, bk.conf.read_batch_entries)
+    batch_n = max(1, ctx.conf.read_batch_entries)
     known_upto = start
     pieces: list[pa.RecordBatch] = []
     e = start + 1
@@ -158,9 +148,9 @@ def read_forward(bk, md: lm.LedgerMetadata, key: bytes, digester: Digester,
             holders = lm.recovery_read_bookies(md, s)
             slot_answers[s] = rc.SlotAnswers(len(holders))
             for b in holders:
-                futs[bk.transports.get(b).read(
+                futs[ctx.transports.get(b).read(
                     md.ledger_id, e, e + batch_n - 1, max_entries=batch_n, master_key=key,
-                    fence=True, timeout=bk.conf.read_timeout_s)] = s
+                    fence=True, timeout=ctx.conf.read_timeout_s)] = s
         best: pa.RecordBatch | None = None
         seen: set = set()
         for f in _completed_preferring_done(futs):
@@ -170,15 +160,10 @@ def read_forward(bk, md: lm.LedgerMetadata, key: bytes, digester: Digester,
             slot = futs[f]
             exc = f.exception()
             if exc is None:
-                batch = f.result().batch
-                ok = digester.verify_batch(batch)
-                good = batch if ok.all() else batch.slice(0, int((~ok).argmax()))
-                if good.num_rows and good.column("entry_id")[0].as_py() == e:
-                    kind = rc.OK
-                    if best is None or good.num_rows > best.num_rows:
-                        best = good
-                else:
-                    kind = rc.ERROR
+                good = verified_prefix(f.result().batch, e, digester)
+                kind = rc.OK if good is not None else rc.ERROR
+                if good is not None and (best is None or good.num_rows > best.num_rows):
+                    best = good
             elif isinstance(exc, errors.NoSuchEntry):
                 kind = rc.NO_ENTRY
             elif isinstance(exc, errors.NoSuchLedger):
@@ -189,15 +174,11 @@ def read_forward(bk, md: lm.LedgerMetadata, key: bytes, digester: Digester,
             verdict = slot_answers[slot].on_answer(kind)
             if verdict is not None and before is None:
                 probe.on_answer(slot, verdict)
-            if probe.status == rc.MISSING:
-                # a positive answer that already arrived wins (it must be re-replicated)
-                if not any(g.done() and g.exception() is None and g not in seen for g in futs):
-                    break
-            if probe.status == rc.EXISTS:
-                break       # never wait for the other replicas (a hung one would block)
-            if probe.status == rc.UNRECOVERABLE:
-                raise errors.LedgerRecoveryError("cannot decide whether an entry exists",
-                                                 ledger_id=md.ledger_id, entry_id=e)
+            # never wait for the other replicas once settled (a hung one would
+            # block), but an answer that already arrived is read first
+            if probe.settled(any(g.done() and g.exception() is None and g not in seen
+                                 for g in futs)):
+                break
         status = probe.status
         if status == rc.MISSING:
             break
@@ -212,7 +193,7 @@ def read_forward(bk, md: lm.LedgerMetadata, key: bytes, digester: Digester,
     return one_batch(pa.Table.from_batches(pieces))
 
 
-def closing_length(bk, md: lm.LedgerMetadata, password: bytes, start: int,
+def closing_length(ctx: ClientContext, md: lm.LedgerMetadata, password: bytes, start: int,
                    rows: pa.RecordBatch | None) -> int:
     """The ledger's length at its recovered end: the cumulative ``length``
     the last found entry carries; if none was found after ``start``, that of
@@ -223,18 +204,18 @@ def closing_length(bk, md: lm.LedgerMetadata, password: bytes, start: int,
     if start < 0:
         return 0
     try:
-        got = ReadHandle(bk, md, password, start).read(start, start)
+        got = ReadHandle(ctx, md, password, start).read(start, start)
     except errors.BKError as exc:
         raise errors.LedgerRecoveryError(f"cannot read entry {start} for the ledger's length: "
                                          f"{exc}", ledger_id=md.ledger_id) from exc
     return got[0].length
 
 
-def rewrite(bk, md: lm.LedgerMetadata, key: bytes, start: int,
+def rewrite(ctx: ClientContext, md: lm.LedgerMetadata, key: bytes, start: int,
             rows: pa.RecordBatch) -> lm.LedgerMetadata:
     """Recovery adds of ``rows`` (ids start+1..) to their whole write sets.
     Returns the metadata as this recovery left it (its own ensemble changes)."""
-    writer = LedgerWriter(bk, md, key, recovery=True, last_released=start)
+    writer = LedgerWriter(ctx, md, key, recovery=True, last_released=start)
     first, _lac, _length = writer.assign(rows.num_rows)
     assert first == start + 1
     fut: Future = Future()

@@ -6,7 +6,9 @@ Theory of operation
 Inputs: ``assign`` (new entries), ``on_ack`` / ``on_failure`` (bookie answers),
 ``commit_change`` / ``abort`` (outcome of the metadata CAS done by the caller).
 Outputs: entry ids released to the application (always ascending, gap-free),
-``EnsembleChange`` decisions, and ``Send`` actions (entries to (re)send).
+``EnsembleChange`` decisions, ``Send`` actions (where a new entry goes) and,
+after a change, ``Resend`` ranges (per replaced slot: the unreleased ids it
+must now receive; the writer sends exactly those parts of its batches).
 
 Ordering obligations:
   * An entry is released only when Qa slots of its write set acked it AND all
@@ -50,6 +52,26 @@ class Send:
     entry_id: int
     slot: int
     bookie: str
+
+
+@dataclass(frozen=True)
+class Resend:
+    """After an ensemble change: send the replacement ``bookie`` at ``slot``
+    every entry of [first, last] whose write set holds ``slot`` (one range
+    per slot, not one object per entry: a batching writer sends the parts of
+    its batches that fall in the range)."""
+    slot: int
+    bookie: str
+    first: int
+    last: int
+    ensemble_size: int
+    write_quorum: int
+
+    def entry_ids(self) -> np.ndarray:
+        """The ids to resend (ascending)."""
+        ids = np.arange(self.first, self.last + 1, dtype=np.int64)
+        return ids[((self.slot - ids % self.ensemble_size) % self.ensemble_size)
+                   < self.write_quorum]
 
 
 class _Run:
@@ -178,16 +200,22 @@ class PendingAdds:
             return None
         return self._decide({slot})
 
-    def commit_change(self, new_ensemble: tuple[str, ...]) -> tuple[list[int], list[Send], EnsembleChange | None]:
+    def commit_change(self, new_ensemble: tuple[str, ...]
+                      ) -> tuple[list[int], list[Resend], EnsembleChange | None]:
         """The CAS for ``self.change`` succeeded with ``new_ensemble``.
-        Returns (released ids, resends, next change to perform or None)."""
+        Returns (released ids, resends, next change to perform or None).
+        Resends: per replaced slot (not failed again meanwhile), every
+        unreleased id whose write set holds it, as one ``Resend`` range."""
         change = self.change
         assert change is not None, "no pending ensemble change"
         self.ensemble = tuple(new_ensemble)
         self.change = None
-        replaced = set(change.slots)
-        resends = [Send(e, s, self.ensemble[s]) for e in self.pending
-                   for s in self.write_set(e) if s in replaced and s not in self._queued]
+        resends: list[Resend] = []
+        first, last = self.lac + 1, self.next_entry_id - 1
+        if self._runs and first <= last:
+            resends = [Resend(s, self.ensemble[s], first, last, len(self.ensemble),
+                              self.write_quorum)
+                       for s in change.slots if s not in self._queued]
         released = self._release()
         nxt = None
         if self._queued:

@@ -5,11 +5,13 @@ Theory of operation
 Recovery of an IN_RECOVERY ledger runs in two phases over the LAST fragment:
 
 1. Fence + LAC.  A fenced ReadLac is sent to every bookie of the last
-   fragment.  ``FenceLacPhase`` collects answers; it is done as soon as the
+   fragment.  ``FenceLacPhase`` (the readers' ``read_decisions.LacCoverage``,
+   fed fenced answers) collects answers; it is done as soon as the
    answering slots *cover* the ensemble ((Qw-Qa)+1 per write quorum), never
    waiting for a hanging bookie (#1067).  The LAC is the max over bookies
-   that answered the FENCED read (#2614); NoSuchLedger answers count for
-   coverage with LAC -1.  If coverage becomes impossible the phase fails.
+   that answered the FENCED read (#2614); NoSuchLedger (and NoSuchEntry)
+   answers count for coverage with LAC -1.  If coverage becomes impossible
+   the phase fails.
 2. Read forward.  ``recovery_start`` = max(max LAC, first entry of the last
    fragment - 1) (#2615): every id <= start is known acknowledged (and where
    an earlier recovery replaced writer bookies in the last fragment, its
@@ -19,6 +21,10 @@ Recovery of an IN_RECOVERY ledger runs in two phases over the LAST fragment:
    with recovery adds); (Qw-Qa)+1 NoSuchEntry => MISSING (end of ledger: the
    ledger closes at the previous id); otherwise UNDECIDED (ask more bookies /
    retry; if all answered and still undecided the recovery cannot finish).
+   The prober stops waiting once the status is settled (``EntryProbe.
+   settled``): EXISTS and UNRECOVERABLE at once; MISSING only when no
+   successful answer has already arrived unread, because a positive answer
+   that already arrived wins (the entry exists and must be re-written).
    A slot may have two bookies to ask (``SlotAnswers``): when an earlier
    recovery replaced the writer's bookie at that slot, the replacement may
    not have the entries beyond its fragment's start yet, so the slot says
@@ -32,12 +38,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pybk_spark.protocol.distribution import coverage_threshold, is_covered, write_set
+from pybk_spark.protocol.distribution import coverage_threshold, write_set
+from pybk_spark.protocol.read_decisions import ERROR, NO_ENTRY, NO_LEDGER, OK, LacCoverage
 
-OK = "ok"
-NO_LEDGER = "no_ledger"
-NO_ENTRY = "no_entry"
-ERROR = "error"
+__all__ = ["OK", "NO_LEDGER", "NO_ENTRY", "ERROR", "EXISTS", "MISSING", "UNDECIDED",
+           "UNRECOVERABLE", "FenceLacPhase", "LacCoverage", "recovery_start", "EntryProbe",
+           "SlotAnswers", "closing_entry", "RecoveryDecision"]
 
 EXISTS = "exists"
 MISSING = "missing"
@@ -45,33 +51,8 @@ UNDECIDED = "undecided"
 UNRECOVERABLE = "unrecoverable"
 
 
-@dataclass
-class FenceLacPhase:
-    ensemble_size: int
-    write_quorum: int
-    ack_quorum: int
-    answered: set = field(default_factory=set)
-    failed: set = field(default_factory=set)
-    max_lac: int = -1
-
-    def on_answer(self, slot: int, kind: str, lac: int = -1) -> None:
-        """kind: OK (fenced read answered with ``lac``), NO_LEDGER, or ERROR."""
-        if kind == OK:
-            self.answered.add(slot)
-            self.max_lac = max(self.max_lac, lac)
-        elif kind == NO_LEDGER:
-            self.answered.add(slot)
-        else:
-            self.failed.add(slot)
-
-    @property
-    def covered(self) -> bool:
-        return is_covered(self.ensemble_size, self.write_quorum, self.ack_quorum, self.answered)
-
-    @property
-    def impossible(self) -> bool:
-        alive = [s for s in range(self.ensemble_size) if s not in self.failed or s in self.answered]
-        return not is_covered(self.ensemble_size, self.write_quorum, self.ack_quorum, alive)
+# Phase 1 is the LAC query of every reader, with fenced reads: one machine.
+FenceLacPhase = LacCoverage
 
 
 def recovery_start(max_lac: int, last_fragment_first: int, tail_replaced: bool = False) -> int:
@@ -92,9 +73,9 @@ class EntryProbe:
     ensemble_size: int
     write_quorum: int
     ack_quorum: int
-    found: set = field(default_factory=set)
-    no_entry: set = field(default_factory=set)
-    failed: set = field(default_factory=set)
+    found: set[int] = field(default_factory=set)
+    no_entry: set[int] = field(default_factory=set)
+    failed: set[int] = field(default_factory=set)
 
     @property
     def slots(self) -> tuple[int, ...]:
@@ -105,6 +86,17 @@ class EntryProbe:
             {OK: self.found, NO_ENTRY: self.no_entry, NO_LEDGER: self.no_entry}.get(
                 kind, self.failed).add(slot)
         return self.status
+
+    def settled(self, success_arrived_unread: bool) -> bool:
+        """Whether the prober may stop waiting for more answers.
+        ``success_arrived_unread``: a successful read answer has arrived that
+        was not yet fed to ``on_answer``; it may make a MISSING entry
+        EXISTS, so MISSING waits for it (a positive answer that already
+        arrived wins)."""
+        status = self.status
+        if status == MISSING:
+            return not success_arrived_unread
+        return status in (EXISTS, UNRECOVERABLE)
 
     @property
     def status(self) -> str:

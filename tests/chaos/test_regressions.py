@@ -79,17 +79,17 @@ def _lost_fence_scenario(cluster, hist_dir, lost: int):
         md = _in_recovery(bk2, lid)
         key = lm.master_key(b"")
         try:
-            lac = recovery_op.fence_and_read_lac(bk2, md, key)
+            lac = recovery_op.fence_and_read_lac(bk2.context, md, key)
         finally:
             for b in lost_bookies:
                 restart_bookie(cluster, [bk, bk2], b)
         start = rc.recovery_start(lac, md.last_fragment_first_entry)
-        rows = recovery_op.read_forward(bk2, md, key, Digester(md.digest_type, b""), start)
+        rows = recovery_op.read_forward(bk2.context, md, key, Digester(md.digest_type, b""), start)
         last = start
-        length = recovery_op.closing_length(bk2, md, b"", start, rows)
+        length = recovery_op.closing_length(bk2.context, md, b"", start, rows)
         if rows is not None and rows.num_rows:
             last = start + rows.num_rows
-            recovery_op.rewrite(bk2, md, key, start, rows)
+            recovery_op.rewrite(bk2.context, md, key, start, rows)
         _close_by_recovery(bk2, lid, last, length)
         cluster.stop_bookie(fenced)
         try:
@@ -133,7 +133,7 @@ def test_bk2614_fencing_waits_for_coverage(cluster, hist_dir):
             cluster.stop_bookie(b)
         try:
             with pytest.raises(errors.LedgerRecoveryError):
-                recovery_op.fence_and_read_lac(bk, md, lm.master_key(b""))
+                recovery_op.fence_and_read_lac(bk.context, md, lm.master_key(b""))
         finally:
             for b in ens[1:]:
                 cluster.resume_bookie(b)
@@ -167,7 +167,7 @@ def test_tla_defect1_recovery_reads_must_fence(cluster, hist_dir):
         cluster.stop_bookie(b2)                                   # b2's read answer comes late
         try:
             from pybk_spark.ledger.digest import Digester
-            rows = recovery_op.read_forward(bk2, md, key, Digester(md.digest_type, b""),
+            rows = recovery_op.read_forward(bk2.context, md, key, Digester(md.digest_type, b""),
                                             rc.recovery_start(phase.max_lac, 0))
             assert rows is None or rows.num_rows == 0
             _close_by_recovery(bk2, lid, -1, 0)                   # closed as empty

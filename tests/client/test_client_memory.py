@@ -258,10 +258,11 @@ def test_reserved_ledger_id_and_pending_cleanup_of_a_ledger_never_created(env):
         bk.get_ledger_metadata(other)
 
 
-def test_close_after_an_aborted_ensemble_change_recovers_instead(env):
+def test_close_after_an_aborted_ensemble_change_recovers_instead(env, monkeypatch):
     """An ensemble change that fails aborts the pending adds (unknown
     outcome); one of them is already on a bookie.  The writer's close must
-    not end the ledger at its LAC: it fences and recovers (chaos run 7)."""
+    not end the ledger at its LAC: it fences and recovers (chaos run 7),
+    with its own context, not through the client's open path."""
     bk, store, pool = env
     lh = bk.create_ledger(3, 2, 2)
     lh.add_entries([b"a%d" % i for i in range(10)])
@@ -276,7 +277,12 @@ def test_close_after_an_aborted_ensemble_change_recovers_instead(env):
     assert not info.value.outcome_known     # slot 2 stored it: it may be in the ledger
     for b, value in regs.items():
         store.put(f"bookies/writable/{b}", value)
+
+    def no_reentry(*_a, **_kw):
+        raise AssertionError("close() re-entered the client's open path")
+    monkeypatch.setattr(bk, "open_ledger", no_reentry)
     lh.close()
+    monkeypatch.undo()
     md = bk.get_ledger_metadata(lh.ledger_id)
     assert md.is_closed and md.last_entry_id == 10    # recovered, not closed at LAC 9
     assert pool.bookies[ensemble[2]].read_lac(lh.ledger_id, False, b"").fenced
@@ -385,3 +391,22 @@ def test_recovery_length_with_an_unconfirmed_tail(env):
     got = rh.read(0, 7)
     assert [e.payload for e in got] == acked + tail
     assert [e.length for e in got] == [_sizes((acked + tail)[:i + 1]) for i in range(8)]
+
+
+def test_handles_get_one_typed_context(env):
+    """Handles, readers and recovery take their dependencies from the
+    client's ClientContext; replacing a part of it replaces the context."""
+    from pybk_spark.ledger.context import ClientContext
+    bk, _, pool = env
+    ctx = bk.context
+    assert isinstance(ctx, ClientContext)
+    assert (ctx.transports, ctx.metadata_store, ctx.placement, ctx.conf) == (
+        bk.transports, bk.metadata_store, bk.placement, bk.conf)
+    lh = bk.create_ledger(3, 2, 2)
+    lh.add_entry(b"x")
+    assert lh.ctx is ctx
+    decisions = []
+    bk.recovery_listener = decisions.append
+    assert bk.context is not ctx and bk.context.recovery_listener == decisions.append
+    rh = bk.open_ledger(lh.ledger_id)
+    assert rh.ctx is bk.context and [d.last for d in decisions] == [0]

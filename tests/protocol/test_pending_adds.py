@@ -55,7 +55,8 @@ def test_ensemble_change_boundary_and_hold():
     assert p.on_ack(1, 1, "b") == []                     # replaced slot ignored (#4651)
     released, resends, nxt = p.commit_change(("a", "d", "c"))
     assert nxt is None
-    assert {(s.entry_id, s.bookie) for s in resends} == {(1, "d"), (3, "d")}  # write sets with slot 1
+    assert [(r.slot, r.bookie, r.first, r.last) for r in resends] == [(1, "d", 1, 3)]
+    assert resends[0].entry_ids().tolist() == [1, 3]    # write sets with slot 1
     assert released == []                                # 1 still needs slot 1 (now d)
     assert p.on_ack(1, 1, "b") == []                     # old bookie, same slot: ignored
     assert p.on_ack(1, 2, "c") == []
@@ -154,3 +155,31 @@ def test_vectorised_acks_match_per_entry_acks():
         got_b += b.on_ack_ids(ids, slot, bookie)
     assert got_a == got_b == list(range(9))
     assert a.pending == b.pending == [] and a.pending_count == 0
+
+
+@settings(max_examples=200)
+@given(st.integers(2, 5), st.data())
+def test_resend_ranges_match_per_entry_resends(E, data):
+    """The core's per-slot resend ranges name exactly the (entry, slot) pairs
+    a per-entry rule would: every unreleased id whose write set holds a
+    replaced slot that did not fail again."""
+    Qw = data.draw(st.integers(1, E))
+    ens = tuple(f"b{i}" for i in range(E))
+    p = PendingAdds(Qw, 1, ens)
+    p.assign(data.draw(st.integers(1, 12)))
+    released = data.draw(st.integers(0, 3))
+    for e in range(released):
+        for s in p.write_set(e):
+            p.on_ack(e, s, ens[s])
+    slot = data.draw(st.integers(0, E - 1))
+    p.on_failure(slot, ens[slot])
+    again = data.draw(st.sets(st.integers(0, E - 1)))
+    for s in again:
+        p.on_failure(s, ens[s])
+    pending = p.pending
+    new = tuple(f"n{i}" if i == slot else b for i, b in enumerate(ens))
+    _released, resends, _nxt = p.commit_change(new)
+    want = {(e, s) for e in pending for s in p.write_set(e) if s == slot and s not in again - {slot}}
+    got = {(int(e), r.slot) for r in resends for e in r.entry_ids()}
+    assert got == want
+    assert all(r.bookie == new[r.slot] for r in resends)

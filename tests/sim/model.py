@@ -316,8 +316,9 @@ class SimWriter:
             return
         released, resends, nxt = self.core.commit_change(md.current_ensemble)
         sim.writer_acked.update(released)
-        for s in resends:
-            self._send(s.entry_id, self.carried.get(s.entry_id, -1), s.slot, s.bookie)
+        for r in resends:
+            for e in r.entry_ids().tolist():
+                self._send(e, self.carried.get(e, -1), r.slot, r.bookie)
         if nxt is not None:
             sim.at(sim.rng.uniform(0.1, 2.0), self._change, nxt)
 
