@@ -230,7 +230,8 @@ def print_table(r: dict) -> None:
               f"(p50 {dk['fsync_4k']['p50_ms']:.2f} ms, p99 {dk['fsync_4k']['p99_ms']:.2f} ms); "
               f"sequential write {dk['seq_write']['mb_per_s']:.0f} MB/s (fdatasync / 64 MiB), "
               f"{dk['sync_1m_write']['mb_per_s']:.0f} MB/s (fdatasync / 1 MiB)")
-    print(f"{'batch':>16} {'entries/s':>12} {'MB/s':>8} {'batches/s':>10} {'server CPU':>10} {'(kernel)':>8} {'client CPU':>10}")
+    print(f"{'batch':>16} {'entries/s':>12} {'MB/s':>8} {'batches/s':>10} "
+          f"{'server CPU':>10} {'(kernel)':>8} {'client CPU':>10}")
     for n in ("1", "100", "1000", "1000_sustained", "1000_group8m"):
         x = r.get(f"add_batch_{n}")
         if x is None:

@@ -80,7 +80,7 @@ class DiskChecker:
         while not self._stop.wait(self.interval):
             try:
                 self.check_once()
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - the disk checker thread must not die
                 log.error("event=disk_check_failed error=%r", exc)
 
     def stop(self) -> None:

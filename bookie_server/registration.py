@@ -282,7 +282,7 @@ class Registrar:
                      registration_key(self.bookie_id, self.read_only))
         except errors.BookieIdInUse as exc:
             log.error("event=registration_taken error=%s", exc)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - the registrar thread logs and retries
             log.warning("event=reregister_failed error=%r", exc)
         finally:
             if old is not None and old is not self._lease:
@@ -305,5 +305,5 @@ class Registrar:
             try:
                 if self._lease is not None:
                     self._lease.revoke()
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - shutdown goes on; the lease expires anyway
                 log.warning("event=unregister_failed error=%r", exc)

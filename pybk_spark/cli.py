@@ -187,7 +187,7 @@ def _standalone_tls(args: argparse.Namespace) -> tuple[dict, list[str]]:
     conf.update(files.bookie_conf())
     confs = certs.write_client_confs(files)
     client = files.client_conf(certs.WRITER)
-    lines = [f"tls: client settings (conf/client.conf keys): "
+    lines = ["tls: client settings (conf/client.conf keys): "
              + " ".join(f"{k}={v}" for k, v in client.items()),
              f"tls: client conf file: {confs['client.conf']} (pybk --client-conf, "
              f"BookKeeper(uri, conf=path)); operator: {confs['operator.conf']}",

@@ -147,7 +147,7 @@ class Demo:
             try:
                 result["res"] = self.spark.submit(DEMO_JOB, *args, timeout=self.timeout,
                                                   name="demo")
-            except BaseException as exc:            # reported by the main thread
+            except BaseException as exc:  # noqa: BLE001 - reported by the main thread
                 result["error"] = exc
 
         self.tl.event("spark-driver", "spark-submit jobs/demo.py " + " ".join(args[2:]))
@@ -359,7 +359,7 @@ def main(argv=None) -> int:
         print(demo.tl.format(), flush=True)
     except KeyboardInterrupt:
         reason = "interrupted; everything stopped"
-    except Exception as exc:                        # a launcher failure: say which, one line
+    except Exception as exc:  # noqa: BLE001 - the command's top level: any launcher failure, one line
         reason = f"{type(exc).__name__}: " + (str(exc).splitlines() or [""])[0]
         print(f"demo-cluster: {exc}", file=sys.stderr, flush=True)
     finally:

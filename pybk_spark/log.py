@@ -142,7 +142,7 @@ class LogWriter:
             handle = self._create_ledger()                                    # 3
             try:
                 new = update_log(store, self.name, lambda m: logmd.open_as_leader(   # 4 + 5
-                    m, fenced_tail, closed, handle.ledger_id))
+                    m, fenced_tail, closed, handle.ledger_id))  # noqa: B023 (called within this iteration)
             except logmd.LeaderConflict:
                 self._discard(handle)
                 continue

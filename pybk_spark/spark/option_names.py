@@ -43,7 +43,6 @@ STREAM_READ = COMMON_READ + ("maxEntriesPerTrigger", "maxBytesPerTrigger",
 BATCH_WRITE = (
     "metadataServiceUri", "log", "path", "ensembleSize", "writeQuorum", "ackQuorum",
     "maxRowsPerEntry", "maxBytesPerEntry", "password", "mergeSchema",
-    "_testFailTaskOnce",                 # the documented test hook (writer.py)
 ) + KNOWN_TLS_OPTIONS
 STREAM_WRITE = BATCH_WRITE + ("checkpointLocation", "sinkId", "queryName")
 ANY_READ = tuple(dict.fromkeys(BATCH_READ + STREAM_READ))

@@ -121,7 +121,7 @@ def _drop_client(uri: str, conf: tuple = ()) -> None:
     if bk is not None:
         try:
             bk.close()
-        except Exception:        # closing a broken client must not hide the real error
+        except Exception:  # noqa: BLE001 - closing a broken client must not hide the real error
             pass
 
 

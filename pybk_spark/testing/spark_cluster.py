@@ -127,7 +127,7 @@ class SparkCluster:
                     "--memory", self.worker_memory,
                     "--work-dir", self.data_dir / "work" / h.name), self._daemon_env())
             for h in self.worker_hosts:
-                self._until(lambda: h.address in self.alive_workers(), h.name,
+                self._until(lambda: h.address in self.alive_workers(), h.name,  # noqa: B023 (waits here)
                             f"{h.name} to be ALIVE in the master's /json")
         except BaseException:
             self.close()

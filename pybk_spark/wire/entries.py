@@ -128,7 +128,7 @@ def batch_from_bytes(data) -> pa.RecordBatch:
     try:
         reader = pa.ipc.open_stream(data if isinstance(data, pa.Buffer) else pa.py_buffer(data))
         batches = list(reader)
-    except Exception as exc:  # pyarrow raises several types for garbage
+    except pa.ArrowException as exc:  # pyarrow raises several of its types for garbage
         raise errors.BadRequest(f"malformed Arrow IPC entry batch: {exc}") from None
     schema = reader.schema
     if not schema.equals(ENTRY_SCHEMA, check_metadata=False):
