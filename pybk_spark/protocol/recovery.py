@@ -50,8 +50,8 @@ class FenceLacPhase:
     ensemble_size: int
     write_quorum: int
     ack_quorum: int
-    answered: set = field(default_factory=set)
-    failed: set = field(default_factory=set)
+    answered: set[int] = field(default_factory=set)
+    failed: set[int] = field(default_factory=set)
     max_lac: int = -1
 
     def on_answer(self, slot: int, kind: str, lac: int = -1) -> None:
@@ -92,9 +92,9 @@ class EntryProbe:
     ensemble_size: int
     write_quorum: int
     ack_quorum: int
-    found: set = field(default_factory=set)
-    no_entry: set = field(default_factory=set)
-    failed: set = field(default_factory=set)
+    found: set[int] = field(default_factory=set)
+    no_entry: set[int] = field(default_factory=set)
+    failed: set[int] = field(default_factory=set)
 
     @property
     def slots(self) -> tuple[int, ...]:
