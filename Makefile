@@ -44,6 +44,7 @@ test-hosts: venv fault-tools
 # wire/); the settings are in pyproject.toml
 lint: venv
 	$(VENV)/bin/ruff check .
+	$(VPY) -m mypy
 
 # the wheel, installed (not editable) into a clean venv outside the repo, runs:
 # console scripts + a client round trip on a cluster started from it (docs/testing.md)

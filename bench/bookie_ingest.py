@@ -95,7 +95,7 @@ def stream_adds(target, ledger_id: int, n_per_batch: int, n_batches: int,
     chunks = [reqs[i::streams] for i in range(streams)]
     if isinstance(target, tuple):
         chunks = [_lane_frames(c) for c in chunks]
-    errors = []
+    errors: list = []
 
     def one(chunk):
         if isinstance(target, tuple):

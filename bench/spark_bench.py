@@ -85,7 +85,8 @@ def _timed_pair(peer, ours, warmups: int, reps: int) -> tuple[dict, dict]:
     for _ in range(warmups):
         peer()
         ours()
-    a, b = [], []
+    a: list = []
+    b: list = []
     for _ in range(reps):
         for fn, samples in ((peer, a), (ours, b)):
             t0 = time.perf_counter()

@@ -17,7 +17,7 @@ import logging
 import shutil
 import threading
 import time
-from typing import Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from pybk_spark.metadata.store import ledger_key
 
@@ -122,7 +122,7 @@ class GarbageCollector:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._lock = threading.Lock()
-        self._status = {"running": False, "forced_pending": False, "runs": 0,
+        self._status: dict[str, Any] = {"running": False, "forced_pending": False, "runs": 0,
                         "last_start": None, "last_end": None, "last_deleted": [],
                         "last_error": None, "deleted_total": 0}
         self._thread = threading.Thread(target=self._loop, name="gc", daemon=True)

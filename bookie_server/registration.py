@@ -51,7 +51,7 @@ import json
 import logging
 import threading
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from pybk_spark import errors
 
@@ -117,7 +117,7 @@ class Registrar:
         self.read_only = False
         self.clock = clock
         self.sleep = sleep
-        self._lease = None
+        self._lease: Any = None
         self._version: Optional[int] = None
         self._lock = threading.Lock()
         self._stop = threading.Event()

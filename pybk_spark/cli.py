@@ -126,7 +126,7 @@ def _standalone(args: argparse.Namespace) -> int:
     from pybk_spark.testing.cluster import BookieStartError, LocalCluster
     if args.bookies < 1:
         raise errors.IncorrectParameter("--bookies must be >= 1")
-    bookie_conf, client_lines = args.bookie_conf, []
+    bookie_conf, client_lines = args.bookie_conf, list[str]()
     if args.tls:
         bookie_conf, client_lines = _standalone_tls(args)
     cluster = LocalCluster(args.data_dir, num_bookies=args.bookies, scope=args.scope,

@@ -37,6 +37,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEMO_JOB = PROJECT_ROOT / "jobs" / "demo.py"
@@ -96,7 +97,8 @@ class Demo:
         self.timeout = timeout
         self.seed = seed
         self.tl = Timeline()
-        self.cluster = self.spark = None
+        self.cluster: Any = None
+        self.spark: Any = None
         self.victim: str | None = None
         self.killed_etcd: str | None = None
         self.mid_write = False
@@ -275,7 +277,7 @@ class Demo:
                                     f"last_entry={md.last_entry_id}, expected {entries - 1}")
                     continue
                 rh = bk.open_ledger(lid, recovery=False)
-                got = []
+                got: list = []
                 for lo in range(0, entries, 500):
                     got.extend(e.payload for e in rh.read(lo, min(entries - 1, lo + 499)))
                 m = re.match(rb"ledger (\d+) entry 0\|", got[0] if got else b"")

@@ -428,7 +428,7 @@ class _RunRead:
     first: int
     last: int
     max_bytes: int | None
-    ensemble: list
+    ensemble: tuple[str, ...] | list[str]
     slots: list
     tried: int = 0
     pending: dict = dataclasses.field(default_factory=dict)

@@ -51,7 +51,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from pybk_spark.testing import procs
 from pybk_spark.testing.hosts import Host, HostNetwork
@@ -87,7 +87,7 @@ class SparkCluster:
         self.worker_hosts: list[Host] = []
         self.driver_host: Optional[Host] = None
         self._procs: dict[str, subprocess.Popen] = {}
-        self._logs: dict[str, object] = {}
+        self._logs: dict[str, Any] = {}
 
     # -- addresses ----------------------------------------------------------------------
     @property

@@ -70,7 +70,7 @@ class MemoryBookie:
             led = self.ledgers.get(lid)
             if led is None:
                 raise errors.NoSuchLedger(ledger_id=lid)
-            rows = []
+            rows: list = []
             e = first
             limit = max_entries or 1 << 30
             while e <= last and e in led.rows and len(rows) < limit:
