@@ -14,13 +14,17 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from pybk_spark import errors
 from pybk_spark.transport.base import (BookieTransport, LacResult, ReadResult, TransportPool,
                                        failed_future)
-from pybk_spark.wire.entries import ENTRY_SCHEMA, batch_from_bytes, empty_batch
+from pybk_spark.wire.entries import ENTRY_SCHEMA, empty_batch
+
+if TYPE_CHECKING:
+    from bookie_server.config import BookieConfig
 
 
 class _Ledger:
@@ -33,8 +37,10 @@ class _Ledger:
 
 
 class MemoryBookie:
-    def __init__(self, bookie_id: str):
+    def __init__(self, bookie_id: str, config: "BookieConfig | None" = None):
+        from bookie_server.config import BookieConfig
         self.bookie_id = bookie_id
+        self.config = config or BookieConfig()      # its add limits (max_entry_bytes, ...)
         self.ledgers: dict[int, _Ledger] = {}
         self.lock = threading.Lock()
 
@@ -49,7 +55,8 @@ class MemoryBookie:
         return led
 
     def add(self, lid: int, key: bytes, data: bytes, recovery: bool) -> tuple[int, int]:
-        batch = batch_from_bytes(data)
+        from bookie_server.bookie import validate_batch     # the real bookie's checks
+        batch = validate_batch(data, lid, self.config)
         with self.lock:
             led = self._ledger(lid, key)
             if led.fenced and not recovery:
