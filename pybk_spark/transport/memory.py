@@ -70,23 +70,30 @@ class MemoryBookie:
             return (ids[0], ids[-1]) if ids else (-1, -1)
 
     def read(self, lid: int, first: int, last: int, max_entries: int = 0,
-             fence: bool = False, key: bytes = b"") -> ReadResult:
+             fence: bool = False, key: bytes = b"", max_bytes: int = 0) -> ReadResult:
         with self.lock:
             if fence:
                 self._ledger(lid, key).fenced = True
+            if first < 0 or last < first:
+                raise errors.BadRequest(f"bad entry range [{first}, {last}]")
             led = self.ledgers.get(lid)
             if led is None:
                 raise errors.NoSuchLedger(ledger_id=lid)
             rows: list = []
             e = first
             limit = max_entries or 1 << 30
+            budget, size, over = max_bytes or 1 << 62, 0, False    # payload bytes, >= 1 entry
             while e <= last and e in led.rows and len(rows) < limit:
+                size += len(led.rows[e]["payload"])
+                if rows and size > budget:
+                    over = True
+                    break
                 rows.append(led.rows[e])
                 e += 1
             if not rows:
                 raise errors.NoSuchEntry(ledger_id=lid, entry_id=first)
             batch = pa.RecordBatch.from_pylist(rows, schema=ENTRY_SCHEMA) if rows else empty_batch()
-            end = "COMPLETE" if e > last else ("LIMIT" if len(rows) >= limit else "MISSING")
+            end = "COMPLETE" if e > last else ("LIMIT" if len(rows) >= limit or over else "MISSING")
             return ReadResult(batch, end, max(led.lac, led.explicit_lac), led.fenced)
 
     def read_sparse(self, lid: int, first: int, last: int, max_entries: int = 0,
@@ -154,7 +161,8 @@ class MemoryTransport(BookieTransport):
         if sparse:
             return self._do(lambda b: b.read_sparse(ledger_id, first, last, max_entries,
                                                     fence, master_key, stripe))
-        return self._do(lambda b: b.read(ledger_id, first, last, max_entries, fence, master_key))
+        return self._do(lambda b: b.read(ledger_id, first, last, max_entries, fence, master_key,
+                                         max_bytes))
 
     def read_lac(self, ledger_id, *, fence=False, master_key=b"", wait_for_lac_above=-2,
                  wait_ms=0, timeout=None):

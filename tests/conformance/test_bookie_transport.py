@@ -112,6 +112,11 @@ def test_duplicate_add_keeps_the_first_copy(transport, lid):
     assert r.batch.column("payload").to_pylist() == [b"p0"]
 
 
+def test_a_bad_range_is_a_bad_request(transport, lid):
+    add(transport, lid, 0, 1)
+    raises(errors.BadRequest, transport.read(lid, 1, 0))
+
+
 # -- missing entries (what recovery reads rely on) --------------------------------------------
 def test_unknown_entry_of_a_known_ledger_is_no_such_entry(transport, lid):
     add(transport, lid, 0, 1)
@@ -197,3 +202,35 @@ def test_an_entry_over_max_entry_bytes_is_too_large(transport, lid):
     exc = raises(errors.TooLarge, transport.add(lid, KEY, data))
     assert exc.outcome_known
     raises((errors.NoSuchLedger, errors.NoSuchEntry), transport.read(lid, 0, 0))
+
+
+# -- reads bounded in bytes, striped reads, long-poll -----------------------------------------
+def test_read_range_stops_at_max_bytes_after_one_entry_at_least(transport, lid):
+    add(transport, lid, 0, 9)
+    r = transport.read(lid, 0, 9, max_bytes=1).result(HANG_GUARD)
+    assert ids(r) == [0] and r.end == "LIMIT"
+
+
+def test_striped_sparse_read_answers_its_stripe(transport, lid):
+    add(transport, lid, 0, 9)
+    r = transport.read(lid, 0, 9, sparse=True, stripe=(3, 1)).result(HANG_GUARD)
+    assert ids(r) == [1, 4, 7] and r.end == "COMPLETE"
+
+
+def test_long_poll_answers_the_current_lac(transport, lid):
+    add(transport, lid, 0, 3)
+    assert transport.read_lac(lid, wait_for_lac_above=1, wait_ms=10_000).result(HANG_GUARD).lac == 2
+    # not above: the answer after the wait is the current LAC (no timing asserted)
+    assert transport.read_lac(lid, wait_for_lac_above=5, wait_ms=100).result(HANG_GUARD).lac == 2
+
+
+# -- ledgers a bookie has not seen ------------------------------------------------------------
+def test_fencing_an_unknown_ledger_records_the_fence(transport, lid):
+    lac = transport.read_lac(lid, fence=True, master_key=KEY).result(HANG_GUARD)
+    assert lac.fenced and (lac.lac, lac.last_entry_id) == (-1, -1)
+    raises(errors.LedgerFenced, transport.add(lid, KEY, entries(lid, 0, 0)))
+
+
+def test_explicit_lac_of_an_unknown_ledger(transport, lid):
+    transport.write_lac(lid, KEY, 4).result(HANG_GUARD)
+    assert transport.read_lac(lid).result(HANG_GUARD).lac == 4
