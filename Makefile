@@ -21,13 +21,13 @@ $(STAMP): setup.cfg pyproject.toml
 	touch $(STAMP)
 
 demo: venv
-	$(VPY) -m pybk_spark.demo
+	$(VPY) -m pybk_spark.commands.demo
 
 # The demo on many hosts (network namespaces; needs root, etcd, java): 3 etcd
 # members, 5 bookies on 2 racks, a Spark master + 2 workers; a bookie and the
 # etcd leader are killed while the job writes.  FAILS naming what is missing.
 demo-cluster: venv
-	$(VPY) -m pybk_spark.demo_cluster
+	$(VPY) -m pybk_spark.commands.demo_cluster
 
 # lint and install-check run first so pytest's summary stays the last line CI reads
 test: venv bench-peers fault-tools lint install-check

@@ -32,7 +32,8 @@ import pyarrow as pa
 from bench import disk
 from bookie_server.config import BookieConfig
 from pybk_spark.testing.bookie_process import BookieProcess, free_port
-from pybk_spark.wire import add_lane, framing
+from pybk_spark.wire import framing
+from pybk_spark.wire import lane_frames
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire.frame_socket import read_frame
 from pybk_spark.wire.entries import ENTRY_SCHEMA, batch_to_bytes
@@ -58,7 +59,7 @@ def _lane_frames(chunk) -> list:
     out = []
     for r in chunk:
         entries, r.entries = r.entries, b""
-        out.append(add_lane.frame(*framing.payload_parts(r, entries)))
+        out.append(lane_frames.frame(*framing.payload_parts(r, entries)))
     return out
 
 
@@ -70,7 +71,7 @@ def _lane_stream(target: tuple, frames: list, errors: list) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
         def send():
-            sock.sendall(add_lane.hello(bookie_id))
+            sock.sendall(lane_frames.hello(bookie_id))
             for f in frames:
                 sock.sendall(f)
         sender = threading.Thread(target=send)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 
 from bench.stats import rate
-from pybk_spark.client import BookKeeper
+from pybk_spark.ledger.client import BookKeeper
 
 
 def wait_for_lac(bk: BookKeeper, ledger_id: int, last: int, timeout: float = 60.0):

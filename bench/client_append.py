@@ -24,7 +24,7 @@ import os
 import time
 
 from bench.stats import latency_summary, rate
-from pybk_spark.client import BookKeeper
+from pybk_spark.ledger.client import BookKeeper
 
 ENTRY_BYTES = 1024
 CONFIGS = ((3, 3, 2), (3, 2, 2))

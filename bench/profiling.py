@@ -107,8 +107,8 @@ def _pyinstrument(fn) -> str:
 
 
 def run(quick: bool) -> str:
-    from pybk_spark.client import BookKeeper
-    from pybk_spark.testing.cluster import LocalCluster
+    from pybk_spark.ledger.client import BookKeeper
+    from pybk_spark.cluster.local import LocalCluster
     n_batched, n_async, n_sync, n_read = ((20_000, 300, 200, 20_000) if quick else
                                           (200_000, 3_000, 1_000, 200_000))
     sections = []

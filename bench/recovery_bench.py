@@ -30,7 +30,7 @@ import statistics
 import time
 
 from bench.client_append import payloads
-from pybk_spark.client import BookKeeper
+from pybk_spark.ledger.client import BookKeeper
 from pybk_spark.protocol import ledger_metadata as lm
 
 TAIL_ENTRIES = 1000

@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 
 from bench.client_append import payloads
-from pybk_spark.client import BookKeeper
+from pybk_spark.ledger.client import BookKeeper
 
 
 def measure(cluster, quick: bool) -> dict:

@@ -168,7 +168,7 @@ def run(quick: bool, data_dir: str | None) -> dict:
 
 def _cluster_figures(r: Run, quick: bool, work: str, redis_sw, client_append, catchup,
                      recovery_bench, rereplication) -> None:
-    from pybk_spark.testing.cluster import LocalCluster
+    from pybk_spark.cluster.local import LocalCluster
     catchup_entries = 20_000 if quick else 1_000_000
     with LocalCluster(os.path.join(work, "cluster"), num_bookies=3) as cluster:
         uri = cluster.metadata_uri

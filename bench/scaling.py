@@ -96,7 +96,7 @@ class Writers:
         self.names: list[str] = []
         self._queues: list[queue.SimpleQueue] = []
         self._logs = []
-        from pybk_spark.testing import procs
+        from pybk_spark.cluster import procs
         try:
             for i in range(count):
                 name = f"client-{i + 1}"
@@ -160,7 +160,7 @@ class Writers:
 
 
 def _wait_or_kill(proc: subprocess.Popen, grace: float) -> None:
-    from pybk_spark.testing import procs
+    from pybk_spark.cluster import procs
     try:
         proc.wait(grace)
     except subprocess.TimeoutExpired:

@@ -33,8 +33,8 @@ import traceback
 from typing import Any
 
 from bench import catchup, client_append
-from pybk_spark.client import BookKeeper
-from pybk_spark.placement import RandomPlacement
+from pybk_spark.ledger.client import BookKeeper
+from pybk_spark.ledger.placement import RandomPlacement
 
 
 # On 2 shared cores with a dozen busy processes an add can wait seconds for a

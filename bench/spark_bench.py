@@ -108,7 +108,7 @@ def _bk_reader(spark, uri: str, ledgers: list[int] | None, log: str | None):
 
 
 def _write_ledgers_with_client(uri: str, table: pa.Table) -> list[int]:
-    from pybk_spark.client import BookKeeper
+    from pybk_spark.ledger.client import BookKeeper
     payloads = table.column("payload").to_pylist()
     with BookKeeper(uri) as bk:
         lh = bk.create_ledger(3, 3, 2)     # Qw < E stripes entries: see docs/performance.md

@@ -26,7 +26,7 @@ RATIO_KEYS = ("tls_append_vs_plain", "tls_catchup_vs_plain")
 
 
 def _round(uri: str, conf, data: list) -> dict:
-    from pybk_spark.client import BookKeeper
+    from pybk_spark.ledger.client import BookKeeper
     with BookKeeper(uri, conf=conf) as bk:
         lh = bk.create_ledger(3, 3, 2)
         lh.add_entries(data[:2000])                 # warm: connections, handshakes
@@ -49,8 +49,8 @@ def _round(uri: str, conf, data: list) -> dict:
 
 
 def measure(quick: bool, work: str) -> dict:
-    from pybk_spark.testing.certs import WRITER, make_cert_files
-    from pybk_spark.testing.cluster import LocalCluster
+    from pybk_spark.cluster.certs import WRITER, make_cert_files
+    from pybk_spark.cluster.local import LocalCluster
     n = 20_000 if quick else 200_000
     rounds = 1 if quick else 3
     certs = make_cert_files(os.path.join(work, "tls-certs"))

@@ -10,7 +10,7 @@
 Without a metadata URI the bookie runs standalone (no registration, no GC).
 SIGTERM/SIGINT: unregister, stop accepting, flush, exit 0.  SIGHUP: reload
 the disk thresholds from the conf file, and the TLS certificate, key and CA
-files (bookie_server/tls.py: new connections use them; a reload that fails
+files (bookie_server/serving/tls.py: new connections use them; a reload that fails
 keeps the old ones and logs event=tls_reload_failed naming the setting).
 
 Start-up order: lock the data dir (bookie.lock), bind every port (gRPC,
@@ -18,9 +18,9 @@ add lane, metrics), check that no other live bookie holds the bookie id,
 check the cookie, replay, serve, register.  A refused start writes nothing.
 
 Identity: the bookie listens on ``bind_address`` and registers
-``advertised_address`` (derived when unset: bookie_server/identity.py); the
+``advertised_address`` (derived when unset: bookie_server/serving/identity.py); the
 cookie records that address, and a start advertising another one is refused
-until ``updatecookie`` records the move.  Health: bookie_server/health.py.
+until ``updatecookie`` records the move.  Health: bookie_server/serving/health.py.
 
 Exit codes: 0 stopped cleanly; 2 refused to start, with a one-line reason:
 bad config (TLS files that cannot be read or do not match, naming the
@@ -43,16 +43,17 @@ import time
 import sys
 import uuid
 
-from bookie_server import admin_http, cookie, health, identity, tls as bookie_tls
+from bookie_server import cookie
+from bookie_server.serving import admin_http, health, identity, tls as bookie_tls
 from bookie_server.background import DamagePublisher, DiskChecker, GarbageCollector
 from bookie_server.bookie import Bookie
 from bookie_server.config import load_config, replace
-from bookie_server.journal_crc import CRC_IMPLEMENTATION
-from bookie_server.listeners import bind_all
-from bookie_server.metrics import BookieMetrics
-from bookie_server.registration import Registrar
-from bookie_server.scrubber import Scrubber
-from bookie_server.service import add_service, make_add_lane
+from bookie_server.journal.journal_crc import CRC_IMPLEMENTATION
+from bookie_server.serving.listeners import bind_all
+from bookie_server.serving.metrics import BookieMetrics
+from bookie_server.serving.registration import Registrar
+from bookie_server.storage.scrubber import Scrubber
+from bookie_server.serving.service import add_service, make_add_lane
 from pybk_spark import errors
 from pybk_spark.dirlock import DirLock
 
@@ -194,7 +195,7 @@ def _registrar(cfg, bookie_id: str, store, listeners) -> Registrar:
              "cookie_instance": local.get("instance_id", "")}
     port = listeners.port if listeners is not None else cfg.port
     lane = listeners.lane_listener if listeners is not None else None
-    host = cfg.advertised_address          # resolved by main(): bookie_server/identity.py
+    host = cfg.advertised_address          # resolved by main(): bookie_server/serving/identity.py
     lane_address = f"{host}:{lane.getsockname()[1]}" if lane is not None else ""
     return Registrar(store, bookie_id, f"{host}:{port}", cfg.rack,
                      cfg.metrics_port, cfg.registration_ttl_s, lane_address, owner=owner,

@@ -20,6 +20,7 @@ import time
 from typing import Any, Callable, Iterable, Optional
 
 from pybk_spark.metadata.store import ledger_key
+from pybk_spark.metadata import keys
 
 log = logging.getLogger("bookie.background")
 
@@ -100,7 +101,7 @@ def gc_once(bookie, store) -> list[int]:
     local = bookie.ledger_ids()
     if not local:
         return []
-    listed = [k for k, _ in store.list_prefix("ledgers/")]
+    listed = [k for k, _ in store.list_prefix(keys.LEDGERS_PREFIX)]
     deleted = []
     for ledger_id in gc_candidates(local, listed):
         if store.get(ledger_key(ledger_id)) is not None:   # confirm absence directly

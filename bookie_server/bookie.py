@@ -64,13 +64,14 @@ from typing import Callable, Optional
 import numpy as np
 import pyarrow as pa
 
-from bookie_server import compaction, damage, journal_replay, store_index
-from bookie_server.admission import AddAdmission
+from bookie_server.storage import compaction, damage, store_index
+from bookie_server.journal import journal_replay
+from bookie_server.serving.admission import AddAdmission
 from bookie_server import ledger_state as ls
 from bookie_server.config import BookieConfig, MiB
-from bookie_server.entry_store import EntryStore
-from bookie_server.journal import LEDGER, LEDGER_LAC, Journal, Position, RecordType
-from bookie_server.metrics import BookieMetrics
+from bookie_server.storage.entry_store import EntryStore
+from bookie_server.journal.journal import LEDGER, LEDGER_LAC, Journal, Position, RecordType
+from bookie_server.serving.metrics import BookieMetrics
 from pybk_spark import errors
 from pybk_spark.wire.entries import batch_from_bytes
 

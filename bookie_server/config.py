@@ -17,7 +17,7 @@ MiB = 1024 * 1024
 class BookieConfig:
     port: int = 3181
     bind_address: str = "127.0.0.1"       # 0.0.0.0 / :: = every interface
-    advertised_address: str = ""         # registered host; empty = derived (bookie_server/identity.py)
+    advertised_address: str = ""         # registered host; empty = derived (bookie_server/serving/identity.py)
     data_dir: str = "./data/bookie"
     metadata_uri: str = ""               # empty = standalone (no registration, no GC)
     bookie_id: str = ""                  # empty = "<advertised address>:<port>"
@@ -62,7 +62,7 @@ class BookieConfig:
     lane_hello_timeout_s: float = 10.0   # a connection must send magic + hello within this
     long_poll_max_timeout_ms: int = 60000
     metrics_port: int = 0                # 0 = no Prometheus endpoint
-    # TLS (bookie_server/tls.py; docs/operations.md, "Securing a cluster")
+    # TLS (bookie_server/serving/tls.py; docs/operations.md, "Securing a cluster")
     tls_cert_file: str = ""              # PEM server certificate (chain); set = TLS on every port
     tls_key_file: str = ""               # PEM private key of tls_cert_file
     tls_ca_file: str = ""                # PEM CA bundle client certificates are verified against
@@ -154,7 +154,7 @@ def validate(cfg: BookieConfig) -> None:
         raise ValueError("scrub_interval_s must be >= 0 (0 = no scrubber)")
     if cfg.scrub_rate_bytes_per_s <= 0:
         raise ValueError("scrub_rate_bytes_per_s must be > 0")
-    from bookie_server.tls import validate as validate_tls
+    from bookie_server.serving.tls import validate as validate_tls
     validate_tls(cfg)                    # TlsConfigError is a ValueError naming the setting
     if cfg.journal_page_cache_keep_mb < -1:
         raise ValueError("journal_page_cache_keep_mb must be -1 (never drop) or >= 0")

@@ -17,7 +17,7 @@ Theory of operation
 cookie and the local data so the bookie can join as a new one.
 
 The cookie also records the bookie's advertised address (``address``,
-``host:port`` of gRPC, bookie_server/identity.py), as BookKeeper's cookie
+``host:port`` of gRPC, bookie_server/serving/identity.py), as BookKeeper's cookie
 records its bookie host.  ``decide_address(recorded, current)`` (pure):
   * no address recorded (a cookie from before addresses were recorded)
     -> RECORD it now, in both copies;
@@ -37,6 +37,7 @@ import uuid
 from typing import Optional
 
 from pybk_spark import errors
+from pybk_spark.metadata import keys
 
 LOCAL_NAME = "cookie.json"
 LOCK_NAME = "bookie.lock"     # the data dir's lock (pybk_spark/dirlock.py): not data
@@ -45,7 +46,7 @@ ENTRY_FORMAT = 2          # 2: entries carry ``length`` (pybk_spark/wire/entries
 
 
 def cookie_key(bookie_id: str) -> str:
-    return f"cookies/{bookie_id}"
+    return keys.cookie_key(bookie_id)
 
 
 def decide(bookie_id: str, local: Optional[dict], remote: Optional[dict],

@@ -5,7 +5,7 @@ the client and with ``spark.read.format("bookkeeper")``, compare, report.
 
 Exit status 0 only if every read matches what was written: per ledger the
 entry count, the entry ids 0..n-1, an order-sensitive checksum, and the exact
-rows.  ``make demo`` runs it against a fresh local cluster (pybk_spark.demo).
+rows.  ``make demo`` runs it against a fresh local cluster (pybk_spark.commands.demo).
 """
 from __future__ import annotations
 

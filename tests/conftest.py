@@ -12,7 +12,7 @@
                     the cluster's own URI: bookies register, allocate ledger ids
                     and garbage-collect against ONE scope, so a second scope on
                     the same bookies would collide; use per-test names there.
-Everything is torn down in ``finally`` blocks, and pybk_spark.testing.procs
+Everything is torn down in ``finally`` blocks, and pybk_spark.cluster.procs
 kills any child still alive at interpreter exit.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pybk_spark.testing.fixtures import bookie_server_available, unique_scope
 
 @pytest.fixture(scope="session")
 def etcd(tmp_path_factory):
-    from pybk_spark.testing.etcd_process import EtcdProcess
+    from pybk_spark.cluster.etcd_process import EtcdProcess
     proc = EtcdProcess(tmp_path_factory.mktemp("etcd") / "data").start()
     try:
         yield proc
@@ -36,7 +36,7 @@ def etcd(tmp_path_factory):
 def cluster(tmp_path_factory):
     if not bookie_server_available():
         pytest.skip("bookie_server is not available yet")
-    from pybk_spark.testing.cluster import LocalCluster
+    from pybk_spark.cluster.local import LocalCluster
     local = LocalCluster(tmp_path_factory.mktemp("cluster"), num_bookies=3)
     try:
         local.start()

@@ -27,7 +27,7 @@ def processes_mentioning(text: str) -> list[str]:
 def test_demo_exits_zero_reports_a_match_and_leaves_no_process(tmp_path):
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
                SPARK_LOCAL_IP="127.0.0.1")
-    out = subprocess.run([sys.executable, "-m", "pybk_spark.demo", "--", "--ledgers", "2",
+    out = subprocess.run([sys.executable, "-m", "pybk_spark.commands.demo", "--", "--ledgers", "2",
                           "--entries", "300"],
                          cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from pybk_spark.metadata import open_store
-from pybk_spark.testing import procs
-from pybk_spark.testing.cluster import LocalCluster
+from pybk_spark.cluster import procs
+from pybk_spark.cluster.local import LocalCluster
 from pybk_spark.testing.fixtures import bookie_server_available
 
 pytestmark = [pytest.mark.slow,

@@ -232,7 +232,7 @@ def test_the_wheel_holds_every_package_file(wheel):
     with zipfile.ZipFile(wheel) as zf:
         text = zf.read(entry_points).decode()
     assert "bookie-server = bookie_server.__main__:main" in text
-    assert "pybk = pybk_spark.cli:main" in text
+    assert "pybk = pybk_spark.commands.cli:main" in text
 
 
 def test_the_wheel_requires_what_setup_cfg_declares(wheel):

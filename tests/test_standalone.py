@@ -15,7 +15,7 @@ import time
 import pytest
 
 from pybk_spark.metadata import open_store
-from pybk_spark.testing import procs
+from pybk_spark.cluster import procs
 from pybk_spark.testing.fixtures import bookie_server_available
 
 pytestmark = [pytest.mark.slow,
@@ -30,7 +30,7 @@ class Standalone:
 
     def __init__(self, data_dir, bookies=3, extra=()):
         self.proc = procs.spawn(
-            [sys.executable, "-m", "pybk_spark.cli", "standalone", "--bookies", str(bookies),
+            [sys.executable, "-m", "pybk_spark.commands.cli", "standalone", "--bookies", str(bookies),
              "--data-dir", str(data_dir), *extra],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             text=True, start_new_session=False)
@@ -97,7 +97,7 @@ def test_standalone_serves_stops_cleanly_and_keeps_data(tmp_path):
         finally:
             store.close()
 
-        out = subprocess.run([sys.executable, "-m", "pybk_spark.cli", "--json", "listbookies",
+        out = subprocess.run([sys.executable, "-m", "pybk_spark.commands.cli", "--json", "listbookies",
                               "--metadata-uri", uri], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
         assert sorted(b["bookie_id"] for b in json.loads(out.stdout)) == \
@@ -125,7 +125,7 @@ def test_standalone_serves_stops_cleanly_and_keeps_data(tmp_path):
 
 def test_listbookies_without_uri_is_a_clear_error():
     env = {k: v for k, v in os.environ.items() if k != "PYBK_METADATA_URI"}
-    out = subprocess.run([sys.executable, "-m", "pybk_spark.cli", "--json", "listbookies"],
+    out = subprocess.run([sys.executable, "-m", "pybk_spark.commands.cli", "--json", "listbookies"],
                          capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 1
     err = json.loads(out.stdout)
@@ -135,7 +135,7 @@ def test_listbookies_without_uri_is_a_clear_error():
 def test_standalone_tls_prints_client_settings_that_work(tmp_path):
     pytest.importorskip("trustme")
     from pybk_spark import errors
-    from pybk_spark.client import BookKeeper
+    from pybk_spark.ledger.client import BookKeeper
     sa = Standalone(tmp_path / "tls", bookies=3, extra=("--tls",))
     try:
         uri = sa.wait_for(r"metadataServiceUri=(etcd://127\.0\.0\.1:\d+/pybk)").group(1)

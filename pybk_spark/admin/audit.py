@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
 from pybk_spark import errors
-from pybk_spark.placement import DECOMMISSIONED_PREFIX  # noqa: F401  (re-exported)
+from pybk_spark.ledger.placement import DECOMMISSIONED_PREFIX  # noqa: F401  (re-exported)
 from pybk_spark.protocol import ledger_metadata as lm
 
 MISSING_PREFIX = "audit/missing/"

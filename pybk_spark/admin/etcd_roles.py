@@ -34,7 +34,9 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping
 
-from pybk_spark import cli, errors
+from pybk_spark import errors
+from pybk_spark.commands import cli
+from pybk_spark.metadata import keys
 
 OPERATOR, BOOKIE, CLIENT = "pybk-operator", "pybk-bookie", "pybk-client"
 PREFIX = True
@@ -43,13 +45,13 @@ PREFIX = True
 LAYOUT: dict[str, list[tuple[str, str, bool]]] = {
     OPERATOR: [("READWRITE", "", PREFIX)],
     BOOKIE: [("READ", "", PREFIX),
-             ("READWRITE", "bookies/", PREFIX),
-             ("READWRITE", "cookies/", PREFIX)],
+             ("READWRITE", keys.BOOKIES_PREFIX, PREFIX),
+             ("READWRITE", keys.COOKIES_PREFIX, PREFIX)],
     CLIENT: [("READ", "", PREFIX),
-             ("READWRITE", "ledgers/", PREFIX),
+             ("READWRITE", keys.LEDGERS_PREFIX, PREFIX),
              ("READWRITE", "idgen", False),
-             ("READWRITE", "writers/", PREFIX),
-             ("READWRITE", "logs/", PREFIX),
+             ("READWRITE", keys.WRITERS_PREFIX, PREFIX),
+             ("READWRITE", keys.LOGS_PREFIX, PREFIX),
              ("READWRITE", "spark/", PREFIX)],
 }
 
@@ -60,10 +62,10 @@ def bookie_role(bookie_id: str) -> tuple[str, list[tuple[str, str, bool]]]:
         raise errors.IncorrectParameter(f"bad bookie id {bookie_id!r}")
     return f"{BOOKIE}-{bookie_id}", [
         ("READ", "", PREFIX),
-        ("READWRITE", f"bookies/writable/{bookie_id}", False),
-        ("READWRITE", f"bookies/readonly/{bookie_id}", False),
-        ("READWRITE", f"bookies/damaged/{bookie_id}", False),
-        ("READWRITE", f"cookies/{bookie_id}", False)]
+        ("READWRITE", keys.bookie_key("writable", bookie_id), False),
+        ("READWRITE", keys.bookie_key("readonly", bookie_id), False),
+        ("READWRITE", keys.bookie_key("damaged", bookie_id), False),
+        ("READWRITE", keys.cookie_key(bookie_id), False)]
 
 
 def layout(bookie_ids: Iterable[str] = ()) -> dict[str, list[tuple[str, str, bool]]]:

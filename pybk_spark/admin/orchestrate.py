@@ -50,7 +50,7 @@ def client_target(bk, metadata_uri: str):
 
 
 def _client(target):
-    from pybk_spark.client import BookKeeper
+    from pybk_spark.ledger.client import BookKeeper
     uri, conf = target if isinstance(target, tuple) else (target, None)
     return BookKeeper(uri, conf=conf, background=False)
 

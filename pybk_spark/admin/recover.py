@@ -63,7 +63,7 @@ def access_key(bk, md: lm.LedgerMetadata, given: Optional[bytes], check: bool = 
 
     Otherwise the ledger's password (``--password`` or its custom metadata
     ``password``), checked against the metadata when ``check``."""
-    from pybk_spark.digest import Digester
+    from pybk_spark.ledger.digest import Digester
     from pybk_spark.protocol.access import OPERATOR_KEY
     if getattr(bk.conf, "operator", False) and given is None:
         key = learn_key(bk, md)
@@ -93,7 +93,7 @@ def learn_key(bk, md: lm.LedgerMetadata) -> bytes:
 
 
 def ledgers_of_log(bk, log_name: str) -> list[int]:
-    from pybk_spark.log import read_log
+    from pybk_spark.logs.log import read_log
     md, _ = read_log(bk.metadata_store, log_name)
     return list(md.ledger_ids)
 
@@ -157,7 +157,7 @@ def recover_with(bk, ledger_id: int, password: Optional[bytes] = None,
 
 
 def _lac_before(bk, md: lm.LedgerMetadata, password: bytes) -> Optional[int]:
-    from pybk_spark.read_handle import query_lac
+    from pybk_spark.ledger.read_handle import query_lac
     lm.check_password(md, password)
     try:
         return query_lac(bk, md, lm.master_key(password), fence=False)
@@ -169,7 +169,7 @@ def _lac_before(bk, md: lm.LedgerMetadata, password: bytes) -> Optional[int]:
 
 def recover_task(metadata_uri: str, ledger_id: int, password: Optional[bytes] = None) -> dict:
     """One Spark task: its own client (clients are not picklable)."""
-    from pybk_spark.client import BookKeeper
+    from pybk_spark.ledger.client import BookKeeper
     with BookKeeper(metadata_uri, background=False) as bk:
         return recover_with(bk, ledger_id, password)
 

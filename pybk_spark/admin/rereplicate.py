@@ -43,11 +43,12 @@ from pybk_spark import errors
 from pybk_spark.admin import audit, entry_sets as es
 from pybk_spark.admin.recover import access_key, recover_with
 from pybk_spark.admin.replica_reads import read_ids
-from pybk_spark.digest import Digester
+from pybk_spark.ledger.digest import Digester
 from pybk_spark.metadata.store import ledger_key
-from pybk_spark.placement import writable_bookies
+from pybk_spark.ledger.placement import writable_bookies
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.wire.entries import ENTRY_SCHEMA, batch_to_bytes, one_batch
+from pybk_spark.metadata import keys
 
 SPARSE_READ_ENTRIES = 5000      # ids per sparse read (bookie cap: max_read_entries)
 COPY_COLUMNS = ["ledger", "fragment", "lost", "replacement", "entries", "mb", "seconds",
@@ -59,7 +60,7 @@ VERIFY_COLUMNS = ["ledger", "fragment", "bookie", "missing", "entries"]
 def registered_bookies(store) -> set[str]:
     out = set()
     for mode in ("writable", "readonly"):
-        out |= {k.rsplit("/", 1)[1] for k, _ in store.list_prefix(f"bookies/{mode}/")}
+        out |= {k.rsplit("/", 1)[1] for k, _ in store.list_prefix(keys.bookies_prefix(mode))}
     return out
 
 
@@ -111,7 +112,7 @@ def run_audit(bk, *, delay_s: float = 0.0, grace_s: float = 30.0, named: Iterabl
         except errors.NoSuchLedger:
             continue
     res.ledgers = len(mds)
-    cookies = [k.rsplit("/", 1)[1] for k, _ in store.list_prefix("cookies/")]
+    cookies = [k.rsplit("/", 1)[1] for k, _ in store.list_prefix(keys.COOKIES_PREFIX)]
     known = audit.known_bookies(cookies, mds)
     marks = read_marks(store, audit.MISSING_PREFIX)
     if mark:

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import json
 
-from pybk_spark import cli, errors
+from pybk_spark import errors
+from pybk_spark.commands import cli
 from pybk_spark.admin.report import HEX_HINT, preview, table
 from pybk_spark.admin.shell_recovery import client, password_arg, password_of
+from pybk_spark.metadata import keys
 
 
 # -- bookieinfo ----------------------------------------------------------------------------------
@@ -20,7 +22,7 @@ def _bookieinfo(args) -> int:
     try:
         regs = []
         for mode in ("writable", "readonly"):
-            for key, v in store.list_prefix(f"bookies/{mode}/"):
+            for key, v in store.list_prefix(keys.bookies_prefix(mode)):
                 try:
                     reg = json.loads(v.value)
                 except ValueError:
@@ -58,7 +60,7 @@ def _bookieinfo(args) -> int:
 
 # -- logs ------------------------------------------------------------------------------------------
 def _listlogs(args) -> int:
-    from pybk_spark.log import list_logs, read_log
+    from pybk_spark.logs.log import list_logs, read_log
     store = cli.open_store_from(args)
     try:
         rows = []
@@ -83,7 +85,7 @@ def _log_name_args(p):
 
 
 def _logmetadata(args) -> int:
-    from pybk_spark.log import read_log
+    from pybk_spark.logs.log import read_log
     store = cli.open_store_from(args)
     try:
         md, version = read_log(store, args.name)
@@ -124,7 +126,7 @@ def _parse_position(text: str):
 def _dataframe_decoder(store, name: str):
     """For a DataFrame log (its metadata records an Arrow schema): a function
     payload -> list of row dicts; None for a log of raw payloads."""
-    from pybk_spark.log import read_log
+    from pybk_spark.logs.log import read_log
     md, _ = read_log(store, name)
     if not md.schema:
         return None
@@ -143,7 +145,7 @@ def _row_text(row: dict) -> str:
 
 
 def _readlog(args) -> int:
-    from pybk_spark.log_reader import LogReader, _records
+    from pybk_spark.logs.log_reader import LogReader, _records
     start = _parse_position(args.start)
     limit = args.max if args.max > 0 else None
     as_json = getattr(args, "json", False)

@@ -4,7 +4,8 @@ from __future__ import annotations
 import json
 import time
 
-from pybk_spark import cli, errors
+from pybk_spark import errors
+from pybk_spark.commands import cli
 from pybk_spark.admin.report import HEX_HINT, Progress, preview, table
 from pybk_spark.admin.shell_recovery import client, password_arg, password_of
 

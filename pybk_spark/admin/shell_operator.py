@@ -8,7 +8,8 @@ import os
 import socket
 import time
 
-from pybk_spark import cli, errors
+from pybk_spark import errors
+from pybk_spark.commands import cli
 from pybk_spark.admin import audit_control as ctl
 from pybk_spark.admin.report import table
 from pybk_spark.admin.shell_recovery import client
@@ -104,7 +105,7 @@ def _deletelog(args) -> int:
     """The log's key goes first (CAS on the version read), then its ledgers:
     a crash in between leaves ledgers no log names, never a log naming
     deleted ledgers."""
-    from pybk_spark.log import read_log
+    from pybk_spark.logs.log import read_log
     from pybk_spark.metadata.store import log_key
     from pybk_spark.protocol.log_metadata import SEGMENT_CLOSED
     with client(args) as bk:
@@ -141,7 +142,7 @@ def _truncatelog_args(p):
 
 
 def _truncatelog(args) -> int:
-    from pybk_spark.log import truncate_log
+    from pybk_spark.logs.log import truncate_log
     with client(args) as bk:
         dropped = truncate_log(bk, args.name, args.before)
     cli.emit(args, {"log": args.name, "deleted_ledgers": dropped},

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import time
 
-from pybk_spark import cli
+from pybk_spark.commands import cli
 from pybk_spark.admin.report import table
-from pybk_spark.positions import drop, list_positions
+from pybk_spark.logs.positions import drop, list_positions
 
 
 def _row(p, now: float) -> dict:

@@ -4,11 +4,12 @@ from __future__ import annotations
 import argparse
 import time
 
-from pybk_spark import cli
+from pybk_spark.commands import cli
 from pybk_spark.admin import audit, damage_repair
 from pybk_spark.admin import orchestrate as orch
 from pybk_spark.admin import rereplicate as rr
 from pybk_spark.admin.report import table
+from pybk_spark.metadata import keys
 
 
 def password_arg(p: argparse.ArgumentParser) -> None:
@@ -22,7 +23,7 @@ def password_of(args) -> bytes | None:
 
 
 def client(args):
-    from pybk_spark.client import BookKeeper
+    from pybk_spark.ledger.client import BookKeeper
     return BookKeeper(cli.require_metadata_uri(args), conf=cli.client_conf(args),
                       background=False)
 
@@ -98,7 +99,7 @@ def _decommission(args) -> int:
     with client(args) as bk:
         store = bk.metadata_store
         known = set(rr.registered_bookies(store)) | {
-            k.rsplit("/", 1)[1] for k, _ in store.list_prefix("cookies/")}
+            k.rsplit("/", 1)[1] for k, _ in store.list_prefix(keys.COOKIES_PREFIX)}
         if args.bookie not in known:
             raise errors.IncorrectParameter(f"unknown bookie {args.bookie!r} (no registration "
                                             "and no cookie)")
@@ -169,7 +170,7 @@ def _listunderreplicated(args) -> int:
 def _unregistered(bk) -> list[str]:
     store = bk.metadata_store
     reg = rr.registered_bookies(store)
-    known = audit.known_bookies([k.rsplit("/", 1)[1] for k, _ in store.list_prefix("cookies/")],
+    known = audit.known_bookies([k.rsplit("/", 1)[1] for k, _ in store.list_prefix(keys.COOKIES_PREFIX)],
                                 [bk.get_ledger_metadata(l) for l in bk.list_ledgers()])
     return sorted(known - reg)
 

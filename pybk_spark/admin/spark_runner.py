@@ -104,7 +104,7 @@ def run_job(prog: str, app_name: str, metadata_uri: str, as_json: bool, body,
 
     from pybk_spark import errors
     from pybk_spark.admin.job_output import separate_stderr
-    from pybk_spark.client import BookKeeper
+    from pybk_spark.ledger.client import BookKeeper
 
     separate_stderr(as_json)
     mapper = SparkMapper(app_name, verbose=verbose)

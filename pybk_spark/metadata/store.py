@@ -36,9 +36,12 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional, TypeVar
+from typing import Callable, Optional, TypeVar
 
 from pybk_spark import errors
+# the key layout lives in metadata/keys.py; these names stay importable from here
+from pybk_spark.metadata.keys import (iter_ids, ledger_key, log_key,  # noqa: F401
+                                      position_key, positions_prefix, writer_key)
 
 T = TypeVar("T")
 
@@ -140,10 +143,6 @@ class MetadataStore(abc.ABC):
                 continue
 
 
-def ledger_key(ledger_id: int) -> str:
-    return f"ledgers/{ledger_id:020d}"
-
-
 def read_ledger_metadata(store: "MetadataStore", ledger_id: int):
     """The ledger's metadata, or NoSuchLedger."""
     from pybk_spark.protocol.ledger_metadata import LedgerMetadata
@@ -151,24 +150,3 @@ def read_ledger_metadata(store: "MetadataStore", ledger_id: int):
     if v is None:
         raise errors.NoSuchLedger(ledger_id=ledger_id)
     return LedgerMetadata.from_json(v.value)
-
-
-def writer_key(ledger_id: int) -> str:
-    return f"writers/{ledger_id:020d}"
-
-
-def log_key(name: str) -> str:
-    return f"logs/{name}"
-
-
-def position_key(log: str, name: str) -> str:
-    return f"positions/{log}/{name}"
-
-
-def positions_prefix(log: str) -> str:
-    return f"positions/{log}/"
-
-
-def iter_ids(keys: Iterator[str]) -> Iterator[int]:
-    for k in keys:
-        yield int(k.rsplit("/", 1)[1])

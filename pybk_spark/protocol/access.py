@@ -5,7 +5,7 @@ Theory of operation
 A bookie serving TLS knows each peer by its client certificate: the
 identities of a peer are its subject common name and every subject
 alternative name (DNS names, IP addresses, URIs), as the transport reports
-them (bookie_server/tls.py).  A peer without a certificate (client
+them (bookie_server/serving/tls.py).  A peer without a certificate (client
 certificates ``optional`` or ``none``) has no identity.
 
 Roles, from the bookie's configuration:

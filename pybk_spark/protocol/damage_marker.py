@@ -11,7 +11,7 @@ key layout), value ``{"ranges": [[ledger, first, last], ...],
 so every ledger with the bookie in an ensemble must be checked.
 
 Two writers, both by CAS on the marker's version:
-  * the bookie (``bookie_server/damage.py``) merges new damage in
+  * the bookie (``bookie_server/storage/damage.py``) merges new damage in
     (``merge``: union, so re-publishing is idempotent);
   * the auditor (``pybk_spark/admin/damage_repair.py``) copies the entries
     back from the other replicas, then writes ``remaining`` (what it could

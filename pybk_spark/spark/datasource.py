@@ -39,7 +39,7 @@ def _table_schema(uri: str, log: Optional[str]) -> Optional[str]:
     """The DataFrame schema recorded in log metadata (None: raw ledgers/log)."""
     if log is None:
         return None
-    from pybk_spark.log import read_log
+    from pybk_spark.logs.log import read_log
     from pybk_spark.metadata import open_store
     store = open_store(uri)
     try:

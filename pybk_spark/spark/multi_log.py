@@ -38,7 +38,7 @@ def is_multi(opts: ReadOptions) -> bool:
 
 def log_names(store, opts: ReadOptions) -> list[str]:
     """The logs to read, in name order (``logs``: as given, each must exist)."""
-    from pybk_spark.log import list_logs, read_log
+    from pybk_spark.logs.log import list_logs, read_log
     if opts.logs:
         for name in opts.logs:
             read_log(store, name)                    # LogNotFound naming it
@@ -49,7 +49,7 @@ def log_names(store, opts: ReadOptions) -> list[str]:
 
 def common_schema(store, names: list[str]) -> Optional[str]:
     """The schema all ``names`` record (None: raw logs); SchemaMismatch otherwise."""
-    from pybk_spark.log import read_log
+    from pybk_spark.logs.log import read_log
     schemas = {name: read_log(store, name)[0].schema for name in names}
     distinct = set(schemas.values())
     if len(distinct) > 1:

@@ -87,7 +87,7 @@ def _client(uri: str, conf: tuple = ()):
     """The worker's client for (uri, ``bk.*`` settings)."""
     bk = _CLIENTS.get((uri, conf))
     if bk is None:
-        from pybk_spark.client import BookKeeper
+        from pybk_spark.ledger.client import BookKeeper
         bk = BookKeeper(uri, conf=dict(conf) or None)
         _CLIENTS[(uri, conf)] = bk
         freeze_long_lived_objects()
@@ -175,7 +175,7 @@ def table_schema_of(bk, opts: ReadOptions) -> Optional[str]:
     """The recorded DataFrame schema of option 'log' (None: raw ledgers)."""
     if opts.log is None:
         return None
-    from pybk_spark.log import read_log
+    from pybk_spark.logs.log import read_log
     return read_log(bk.metadata_store, opts.log)[0].schema
 
 
@@ -226,7 +226,7 @@ class PlanningClient:
 
     def open_ledger(self, ledger_id: int, **kwargs):
         if self._bk is None:
-            from pybk_spark.client import BookKeeper
+            from pybk_spark.ledger.client import BookKeeper
             self._bk = BookKeeper(self.uri, store=self.metadata_store,
                                   conf=dict(self.conf) or None)
         return self._bk.open_ledger(ledger_id, **kwargs)
@@ -273,7 +273,7 @@ def resolve_ledgers(bk, opts: ReadOptions) -> tuple[int, ...]:
     (raw logs, whose entries are plain payloads) in log order."""
     if opts.log is None:
         return opts.ledgers
-    from pybk_spark.log import read_log
+    from pybk_spark.logs.log import read_log
     md, _ = read_log(bk.metadata_store, opts.log)
     ids = tuple(md.ledger_ids)
     for name, named in (("startingOffsets", opts.starting), ("endingOffsets", opts.ending)):

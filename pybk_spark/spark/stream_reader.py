@@ -122,13 +122,13 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     # -- driver ------------------------------------------------------------------------------
     def _client(self):
         if self._bk is None:
-            from pybk_spark.client import BookKeeper
+            from pybk_spark.ledger.client import BookKeeper
             self._bk = BookKeeper(self.opts.read.metadata_uri,
                                   conf=dict(self.opts.read.client_conf) or None)
         return self._bk
 
     def _log(self) -> LogMetadata:
-        from pybk_spark.log import read_log
+        from pybk_spark.logs.log import read_log
         return read_log(self._client().metadata_store, self.opts.read.log)[0]
 
     def _extents(self, md: LogMetadata, start: Offset, read_lac: bool = True) -> list[Extent]:
@@ -264,7 +264,7 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         offset = self._in(end)
         if self._name is None:
             return
-        from pybk_spark.positions import record
+        from pybk_spark.logs.positions import record
         from pybk_spark.protocol.positions import RegisteredPosition
         record(self._client().metadata_store, RegisteredPosition(
             self.opts.read.log, self._name, offset.index, offset.entry, "stream",

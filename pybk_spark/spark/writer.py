@@ -43,7 +43,7 @@ from pyspark.sql.datasource import (DataSourceArrowWriter, DataSourceStreamArrow
                                     WriterCommitMessage)
 
 from pybk_spark import errors
-from pybk_spark.log import read_or_create_log, update_log
+from pybk_spark.logs.log import read_or_create_log, update_log
 from pybk_spark.protocol import log_metadata as logmd
 from pybk_spark.spark import arrow_codec, pending
 from pybk_spark.spark.options import WriteOptions
@@ -238,7 +238,7 @@ def commit_job(bk, opts: WriteOptions, job: str, schema_text: str, messages, *,
 
 
 def abort_job(bk, opts: WriteOptions, job: str, messages) -> list[int]:
-    from pybk_spark.log import read_log
+    from pybk_spark.logs.log import read_log
     try:
         in_log = read_log(bk.metadata_store, opts.log)[0].ledger_ids
     except errors.LogNotFound:
@@ -247,7 +247,7 @@ def abort_job(bk, opts: WriteOptions, job: str, messages) -> list[int]:
 
 
 def _driver_client(uri: str, conf: tuple = ()):
-    from pybk_spark.client import BookKeeper
+    from pybk_spark.ledger.client import BookKeeper
     return BookKeeper(uri, conf=dict(conf) or None)
 
 

@@ -17,7 +17,7 @@ from typing import Optional
 
 import grpc
 
-from pybk_spark.testing import procs
+from pybk_spark.cluster import procs
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import bookie_wire_pb2_grpc as pb_grpc
 

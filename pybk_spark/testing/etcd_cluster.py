@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from pybk_spark.testing.etcd_process import EtcdProcess, EtcdTLS
+from pybk_spark.cluster.etcd_process import EtcdProcess, EtcdTLS
 
 
 class EtcdCluster:

@@ -32,9 +32,10 @@ from typing import Any, Optional
 
 from pybk_spark import errors
 from pybk_spark.metadata import open_store
-from pybk_spark.testing import procs
+from pybk_spark.cluster import procs
 from pybk_spark.testing.etcd_cluster import EtcdCluster
 from pybk_spark.testing.hosts import Host, HostNetwork
+from pybk_spark.metadata import keys
 
 BOOKIE_PORT = 3181
 
@@ -42,7 +43,7 @@ BOOKIE_PORT = 3181
 def unavailable_reason() -> str | None:
     """Why a HostCluster cannot run here (no test hosts, no etcd binary), or None."""
     from pybk_spark.testing import hosts
-    from pybk_spark.testing.etcd_process import EtcdNotFound, find_etcd_binary
+    from pybk_spark.cluster.etcd_process import EtcdNotFound, find_etcd_binary
     reason = hosts.unavailable_reason()
     if reason:
         return f"test hosts unavailable: {reason}"
@@ -223,7 +224,7 @@ class HostCluster:
                 raise RuntimeError(f"{bookie_id} exited (code {code}) before registering; "
                                    f"log tail:\n{_tail(b.log_path)}")
             try:
-                got = self.store.get(f"bookies/writable/{bookie_id}")
+                got = self.store.get(keys.bookie_key("writable", bookie_id))
             except errors.MetadataUnavailable:
                 got = None
             if got is not None and got.version > since:

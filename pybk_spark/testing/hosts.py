@@ -58,7 +58,7 @@ import threading
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
-from pybk_spark.testing import procs
+from pybk_spark.cluster import procs
 from pybk_spark.testing.link_faults import LinkFaults
 
 PREFIX = "pbk"

@@ -53,7 +53,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from pybk_spark.testing import procs
+from pybk_spark.cluster import procs
 from pybk_spark.testing.hosts import Host, HostNetwork
 
 MASTER_PORT = 7077

@@ -5,8 +5,8 @@ gRPC failures via ``wire.codes.translate_rpc_error`` (deadline => Timeout,
 outcome unknown).  Channels get explicit send/receive message limits.
 Adds go over one connection per bookie: the bookie's add lane when it
 registered one and the client's ``add_transport`` is ``lane`` (the default;
-transport/add_lane.py), else one bidirectional ``AddStream``
-(transport/add_stream.py).  Entry reads likewise go over one read lane
+transport/lane_client.py), else one bidirectional ``AddStream``
+(transport/request_streams.py).  Entry reads likewise go over one read lane
 connection per bookie (``read_transport``, default ``lane``), else the unary
 ``ReadEntries``.  The pool's watchdog thread expires adds and lane reads
 older than their timeout.  Everything else (LAC, fencing, info) is gRPC.
@@ -26,15 +26,16 @@ import grpc
 
 from pybk_spark import errors
 from pybk_spark.metadata.store import MetadataStore
-from pybk_spark.transport.add_lane import (frame_add, frame_read, lane_connector,
+from pybk_spark.transport.lane_client import (frame_add, frame_read, lane_connector,
                                            read_lane_connector)
-from pybk_spark.transport.add_stream import PendingRequests, RequestStreamer, stream_connector
+from pybk_spark.transport.request_streams import PendingRequests, RequestStreamer, stream_connector
 from pybk_spark.transport.base import (BookieTransport, LacResult, ReadResult, TransportPool,
                                        fail, failed_future, settle)
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import bookie_wire_pb2_grpc as pbg
 from pybk_spark.wire import codes, framing
 from pybk_spark.wire.entries import batch_from_bytes
+from pybk_spark.metadata import keys
 
 ADD_TRANSPORTS = ("lane", "grpc")
 READ_TRANSPORTS = ADD_TRANSPORTS
@@ -183,7 +184,7 @@ class BookieClient(BookieTransport):
 
 def registration_of(store: MetadataStore, bookie_id: str) -> dict | None:
     for state in ("writable", "readonly"):
-        v = store.get(f"bookies/{state}/{bookie_id}")
+        v = store.get(keys.bookie_key(state, bookie_id))
         if v is not None:
             try:
                 return json.loads(v.value)

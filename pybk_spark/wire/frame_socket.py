@@ -1,4 +1,4 @@
-"""Frames over a TCP socket, for both ends of the add lane (wire/add_lane.py).
+"""Frames over a TCP socket, for both ends of the add lane (wire/lane_frames.py).
 
 Theory of operation
 -------------------
@@ -38,7 +38,7 @@ from typing import Any, Optional
 
 import pyarrow as pa
 
-from pybk_spark.wire import add_lane
+from pybk_spark.wire import lane_frames
 
 _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
 
@@ -53,10 +53,10 @@ def configure(sock: socket.socket) -> socket.socket:
 def read_frame(reader: io.BufferedIOBase, limit: int) -> Optional[bytes]:
     """The next frame's body; ``None`` at a clean end of stream (between
     frames).  ``ValueError`` for an oversized or truncated frame."""
-    header = reader.read(add_lane.HEADER_BYTES)
+    header = reader.read(lane_frames.HEADER_BYTES)
     if not header:
         return None
-    size = add_lane.frame_length(header, limit)
+    size = lane_frames.frame_length(header, limit)
     body = reader.read(size) if size else b""
     if len(body) != size:
         raise ValueError(f"connection ended inside a frame ({len(body)} of {size} bytes)")
@@ -70,10 +70,10 @@ def read_frame_into(reader: io.BufferedIOBase, limit: int) -> Optional[memoryvie
     neither zero-fills it nor returns its pages to the kernel between reads,
     as a ``bytearray`` of MiBs would (a fresh mapping, faulted in page by
     page)."""
-    header = reader.read(add_lane.HEADER_BYTES)
+    header = reader.read(lane_frames.HEADER_BYTES)
     if not header:
         return None
-    size = add_lane.frame_length(header, limit)
+    size = lane_frames.frame_length(header, limit)
     view, got = memoryview(pa.allocate_buffer(size)), 0
     while got < size:
         n = reader.readinto(view[got:])

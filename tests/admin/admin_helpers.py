@@ -8,7 +8,7 @@ import time
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
-from pybk_spark import cli
+from pybk_spark.commands import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,7 +46,7 @@ def wait_until(predicate, timeout: float = 60.0, what: str = "condition"):
 
 
 def spark_submit(job: str, *args, timeout: float = 300.0) -> Result:
-    from pybk_spark.demo import _kill_group, spark_env, spark_submit_path
+    from pybk_spark.commands.demo import _kill_group, spark_env, spark_submit_path
     cmd = [spark_submit_path(), "--master", "local[2]",
            "--conf", "spark.ui.enabled=false",
            "--conf", "spark.driver.host=127.0.0.1",

@@ -9,7 +9,7 @@ def own_cluster(tmp_path_factory):
     from pybk_spark.testing.fixtures import bookie_server_available
     if not bookie_server_available():
         pytest.skip("bookie_server is not available")
-    from pybk_spark.testing.cluster import LocalCluster
+    from pybk_spark.cluster.local import LocalCluster
     local = LocalCluster(tmp_path_factory.mktemp("admin-cluster"), num_bookies=4)
     try:
         local.start()
@@ -21,7 +21,7 @@ def own_cluster(tmp_path_factory):
 @pytest.fixture(scope="module")
 def bk(own_cluster):
     """A client of the module's private cluster."""
-    from pybk_spark.client import BookKeeper
+    from pybk_spark.ledger.client import BookKeeper
     client = BookKeeper(own_cluster.metadata_uri)
     try:
         yield client

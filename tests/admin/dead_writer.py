@@ -3,7 +3,7 @@ prints ``LEDGER <id>``, then adds chunks of entries ``e<i>`` forever, printing
 ``ACK <last id>`` after each chunk is acknowledged.  The test SIGKILLs it."""
 import sys
 
-from pybk_spark.client import BookKeeper
+from pybk_spark.ledger.client import BookKeeper
 
 uri, chunk = sys.argv[1], int(sys.argv[2])
 bk = BookKeeper(uri, conf={"writer_lease_ttl_s": 2})

@@ -1,4 +1,4 @@
-"""The bookie's admin HTTP API (bookie_server/admin_http.py) on the metrics
+"""The bookie's admin HTTP API (bookie_server/serving/admin_http.py) on the metrics
 port of the shared cluster's real bookie processes: every route, its typed
 JSON, and the error answers.  The loopback-only rule is checked on the
 handler itself (a test host has no second interface to call from)."""
@@ -8,9 +8,9 @@ import urllib.request
 
 import pytest
 
-from bookie_server.admin_http import AdminApi, is_loopback
+from bookie_server.serving.admin_http import AdminApi, is_loopback
 from pybk_spark.admin import audit_control as ctl
-from pybk_spark.client import BookKeeper
+from pybk_spark.ledger.client import BookKeeper
 
 from admin_helpers import wait_until
 

@@ -15,7 +15,7 @@ import signal
 
 import pytest
 
-from bookie_server.journal import HEADER, RecordType, list_files, file_name
+from bookie_server.journal.journal import HEADER, RecordType, list_files, file_name
 from pybk_spark import errors
 from pybk_spark.admin import rereplicate as rr
 from pybk_spark.protocol import ledger_metadata as lm
@@ -34,7 +34,7 @@ def damage_cluster(tmp_path_factory):
     from pybk_spark.testing.fixtures import bookie_server_available
     if not bookie_server_available():
         pytest.skip("bookie_server is not available")
-    from pybk_spark.testing.cluster import LocalCluster
+    from pybk_spark.cluster.local import LocalCluster
     local = LocalCluster(tmp_path_factory.mktemp("damage-cluster"), num_bookies=3,
                          bookie_conf=CONF, metrics=False)
     try:
@@ -118,7 +118,7 @@ def _all_readable(bk, ledgers: dict[int, tuple[str, int]]) -> None:
 
 
 def test_journal_and_segment_damage_repaired_onto_the_same_bookie(damage_cluster):
-    from pybk_spark.client import BookKeeper
+    from pybk_spark.ledger.client import BookKeeper
     cluster = damage_cluster
     uri = cluster.metadata_uri
     victim = cluster.bookie_ids[0]

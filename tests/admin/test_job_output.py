@@ -61,7 +61,7 @@ def test_without_a_usable_parent_stderr_json_silences_it(tmp_path):
 
 def _submit(job: str, *args) -> subprocess.CompletedProcess:
     """spark-submit as an operator runs it: no log-level flag of our own."""
-    from pybk_spark.demo import spark_env, spark_submit_path
+    from pybk_spark.commands.demo import spark_env, spark_submit_path
     cmd = [spark_submit_path(), "--master", "local[2]", "--conf", "spark.ui.enabled=false",
            "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
            str(ROOT / "jobs" / job), *args]
@@ -71,7 +71,7 @@ def _submit(job: str, *args) -> subprocess.CompletedProcess:
 
 @pytest.mark.spark
 def test_jobs_print_one_json_document_under_spark_submit(cluster):
-    from pybk_spark.client import BookKeeper
+    from pybk_spark.ledger.client import BookKeeper
     uri = cluster.metadata_uri
     with BookKeeper(uri) as bk:
         for _ in range(2):

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from pybk_spark import errors
-from pybk_spark.client import BookKeeper
-from pybk_spark.testing import procs
+from pybk_spark.ledger.client import BookKeeper
+from pybk_spark.cluster import procs
 
 from admin_helpers import pybk, spark_submit, wait_until
 
@@ -112,7 +112,7 @@ def test_recover_in_process_and_log_filter(cluster, bk):
 
 def test_recover_by_log_and_wrong_password_fails(cluster, bk):
     import uuid
-    from pybk_spark.log import LogWriter
+    from pybk_spark.logs.log import LogWriter
     uri = cluster.metadata_uri
     name = f"dead-log-{uuid.uuid4().hex[:8]}"
     w = LogWriter(bk, name, password=b"logpw").open()

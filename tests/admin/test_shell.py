@@ -5,7 +5,7 @@ import uuid
 
 import pytest
 
-from pybk_spark.client import BookKeeper
+from pybk_spark.ledger.client import BookKeeper
 
 from admin_helpers import pybk
 
@@ -103,7 +103,7 @@ def test_listunderreplicated_healthy_cluster(uri, cluster):
 
 
 def test_log_commands(uri, bk):
-    from pybk_spark.log import LogWriter
+    from pybk_spark.logs.log import LogWriter
     name = f"admin-log-{uuid.uuid4().hex[:8]}"
     w = LogWriter(bk, name).open()
     w.append_batch([f"rec{i}".encode() for i in range(5)])

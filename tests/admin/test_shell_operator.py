@@ -12,7 +12,7 @@ import pytest
 
 from pybk_spark.admin import audit_control as ctl
 from pybk_spark.admin.autorecovery import AutoRecovery, AutoRecoveryConfig
-from pybk_spark.client import BookKeeper
+from pybk_spark.ledger.client import BookKeeper
 
 from admin_helpers import pybk, wait_until
 
@@ -73,7 +73,7 @@ def test_readledger_escapes_binary_payloads_and_hints_hex(uri, bk):
 
 
 def test_readlog_prints_dataframe_rows(uri, bk):
-    from pybk_spark.log import LogWriter, update_log
+    from pybk_spark.logs.log import LogWriter, update_log
     from pybk_spark.spark.arrow_codec import encode_schema
     name = f"df-log-{uuid.uuid4().hex[:8]}"
     schema = pa.schema([pa.field("id", pa.int64()), pa.field("name", pa.string())])
@@ -155,7 +155,7 @@ def test_triggeraudit_starts_a_round_at_once(uri, bk):
 
 # -- logs -------------------------------------------------------------------------------------------
 def test_deletelog_refuses_an_active_writer_unless_forced(uri, bk):
-    from pybk_spark.log import LogWriter
+    from pybk_spark.logs.log import LogWriter
     name = f"del-log-{uuid.uuid4().hex[:8]}"
     w = LogWriter(bk, name).open()
     w.append(b"x")

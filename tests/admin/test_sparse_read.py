@@ -6,9 +6,9 @@ import random
 import numpy as np
 import pytest
 
-from bookie_server.run_index import LedgerIndex
+from bookie_server.storage.run_index import LedgerIndex
 from pybk_spark import errors
-from pybk_spark.client import BookKeeper
+from pybk_spark.ledger.client import BookKeeper
 from pybk_spark.transport.memory import MemoryTransportPool
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.wire.entries import batch_to_bytes, make_batch

@@ -30,8 +30,8 @@ def _write_conf(path, conf: dict) -> str:
 
 @pytest.fixture(scope="module")
 def tls_cluster(tmp_path_factory):
-    from pybk_spark.testing.certs import OPERATOR, make_cert_files
-    from pybk_spark.testing.cluster import LocalCluster
+    from pybk_spark.cluster.certs import OPERATOR, make_cert_files
+    from pybk_spark.cluster.local import LocalCluster
     from pybk_spark.testing.fixtures import bookie_server_available
     if not bookie_server_available():
         pytest.skip("bookie_server is not available")
@@ -47,8 +47,8 @@ def tls_cluster(tmp_path_factory):
 
 
 def test_operator_rereplicates_ledgers_with_three_passwords(tls_cluster):
-    from pybk_spark.client import BookKeeper
-    from pybk_spark.testing.certs import OPERATOR, WRITER
+    from pybk_spark.ledger.client import BookKeeper
+    from pybk_spark.cluster.certs import OPERATOR, WRITER
     cluster, certs, root = tls_cluster
     uri = cluster.metadata_uri
     writer_conf = certs.client_conf(WRITER)
@@ -116,8 +116,8 @@ def test_operator_rereplicates_ledgers_with_three_passwords(tls_cluster):
 
 
 def test_operator_recovers_a_dead_writers_ledger_without_its_password(tls_cluster):
-    from pybk_spark.client import BookKeeper
-    from pybk_spark.testing.certs import OPERATOR, WRITER
+    from pybk_spark.ledger.client import BookKeeper
+    from pybk_spark.cluster.certs import OPERATOR, WRITER
     cluster, certs, root = tls_cluster
     uri = cluster.metadata_uri
     writer_conf = certs.client_conf(WRITER)

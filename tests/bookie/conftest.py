@@ -37,7 +37,7 @@ def _have_etcd_store() -> bool:
 def bookie_etcd(tmp_path_factory):
     if not _have_etcd_store():
         pytest.skip("pybk_spark.metadata.open_store not available yet")
-    from pybk_spark.testing.etcd_process import EtcdProcess
+    from pybk_spark.cluster.etcd_process import EtcdProcess
     etcd = EtcdProcess(str(tmp_path_factory.mktemp("etcd") / "data")).start()
     try:
         yield etcd

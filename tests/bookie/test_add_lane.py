@@ -1,4 +1,4 @@
-"""The bookie's add lane (wire/add_lane.py) and its read connections against
+"""The bookie's add lane (wire/lane_frames.py) and its read connections against
 a real bookie-server, spoken to over raw sockets: the same answers as the
 gRPC calls, and bad
 input (wrong magic, garbage, oversized or torn frames) gets a typed answer
@@ -12,7 +12,7 @@ import pytest
 from pybk_spark.testing.bookie_process import entries_bytes, free_port
 from pybk_spark.wire.entries import batch_from_bytes
 from pybk_spark.wire.frame_socket import read_frame, read_frame_into
-from pybk_spark.wire import add_lane
+from pybk_spark.wire import lane_frames
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import framing
 
@@ -30,13 +30,13 @@ def bookie(bookies):
 
 def _connect(bp, hello=None) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", int(bp.conf["add_lane_port"])), timeout=30)
-    sock.sendall(add_lane.hello(bp.bookie_id) if hello is None else hello)
+    sock.sendall(lane_frames.hello(bp.bookie_id) if hello is None else hello)
     return sock
 
 
 def _request(ledger, ids, request_id, key=KEY, **kw) -> bytes:
     head = pb.AddRequest(ledger_id=ledger, master_key=key, request_id=request_id)
-    return add_lane.frame(*framing.payload_parts(head, entries_bytes(ledger, ids, **kw)))
+    return lane_frames.frame(*framing.payload_parts(head, entries_bytes(ledger, ids, **kw)))
 
 
 def _answers(sock, n):
@@ -76,14 +76,14 @@ def test_wrong_magic_is_refused_and_the_bookie_keeps_serving(bookie):
 def test_a_connection_meant_for_another_bookie_is_refused(bookie):
     """An address can outlive its bookie (a new port after a restart, taken
     by another): adds must never be acknowledged by the wrong bookie."""
-    with _connect(bookie, hello=add_lane.hello("127.0.0.1:1")) as sock:
+    with _connect(bookie, hello=lane_frames.hello("127.0.0.1:1")) as sock:
         sock.sendall(_request(10, [0], 1))
         with sock.makefile("rb") as stream:
             answers = []
             while (body := read_frame(stream, 1 << 20)) is not None:
                 answers.append(pb.AddResponse.FromString(body))
     assert [(a.request_id, a.code) for a in answers] == [
-        (add_lane.CONNECTION_REQUEST_ID, pb.BAD_REQUEST)]
+        (lane_frames.CONNECTION_REQUEST_ID, pb.BAD_REQUEST)]
     assert "not 127.0.0.1:1" in answers[0].message
     with _connect(bookie) as sock:               # the add never happened
         sock.sendall(_request(10, [0], 2))
@@ -95,7 +95,7 @@ def test_bad_frames_get_a_connection_answer_then_a_close(bookie, bad):
     with _connect(bookie) as sock:
         good = _request(9, [0], 1)
         if bad == "garbage":
-            sock.sendall(good + add_lane.frame(b"\xff" * 40))
+            sock.sendall(good + lane_frames.frame(b"\xff" * 40))
         elif bad == "oversized":
             sock.sendall(good + (LIMIT + 1).to_bytes(4, "little"))
         else:                                    # a frame cut short, then the client leaves
@@ -107,7 +107,7 @@ def test_bad_frames_get_a_connection_answer_then_a_close(bookie, bad):
                 answers.append(pb.AddResponse.FromString(body))
     assert (answers[0].request_id, answers[0].code) == (1, pb.OK)   # earlier adds answered
     assert [(a.request_id, a.code) for a in answers[1:]] == [
-        (add_lane.CONNECTION_REQUEST_ID, pb.BAD_REQUEST)]
+        (lane_frames.CONNECTION_REQUEST_ID, pb.BAD_REQUEST)]
     assert _serving(bookie)
     with _connect(bookie) as sock:               # and a new connection works
         sock.sendall(_request(9, [1], 3))
@@ -136,7 +136,7 @@ def test_lane_metrics(bookies):
         assert metric("bookie_add_lane_connections") == [1.0]
     with _connect(bp, hello=b"nonsense") as sock:
         assert sock.recv(100) == b""
-    with _connect(bp, hello=add_lane.hello("someone-else")) as sock:
+    with _connect(bp, hello=lane_frames.hello("someone-else")) as sock:
         with sock.makefile("rb") as stream:
             while read_frame(stream, 1 << 20) is not None:
                 pass
@@ -146,7 +146,7 @@ def test_lane_metrics(bookies):
 
 # -- read connections (READ_MAGIC) --------------------------------------------------------
 def _read_request(ledger, first, last, request_id, key=b"", **kw) -> bytes:
-    return add_lane.frame(pb.ReadRequest(ledger_id=ledger, first_entry_id=first,
+    return lane_frames.frame(pb.ReadRequest(ledger_id=ledger, first_entry_id=first,
                                          last_entry_id=last, master_key=key,
                                          request_id=request_id, **kw).SerializeToString())
 
@@ -162,7 +162,7 @@ def test_read_connection_answers_like_read_entries_in_order(bookie):
         sock.sendall(_request(20, list(range(6)), 1))
         assert _answers(sock, 1)[0].code == pb.OK
     stub = bookie.stub()
-    with _connect(bookie, hello=add_lane.hello(bookie.bookie_id, add_lane.READ_MAGIC)) as sock:
+    with _connect(bookie, hello=lane_frames.hello(bookie.bookie_id, lane_frames.READ_MAGIC)) as sock:
         # pipelined: answered one at a time, in the order sent, each with its id
         sock.sendall(_read_request(20, 0, 5, 31) + _read_request(20, 2, 3, 32)
                      + _read_request(20, 9, 9, 33) + _read_request(21, 0, 0, 34)
@@ -185,11 +185,11 @@ def test_read_connection_answers_like_read_entries_in_order(bookie):
 @pytest.mark.parametrize("bad", ["garbage", "wrong bookie"])
 def test_bad_read_connections_get_a_read_answer_then_a_close(bookie, bad):
     if bad == "wrong bookie":
-        hello = add_lane.hello("127.0.0.1:1", add_lane.READ_MAGIC)
+        hello = lane_frames.hello("127.0.0.1:1", lane_frames.READ_MAGIC)
         request = _read_request(20, 0, 0, 1)
     else:
-        hello = add_lane.hello(bookie.bookie_id, add_lane.READ_MAGIC)
-        request = add_lane.frame(b"\xff" * 40)
+        hello = lane_frames.hello(bookie.bookie_id, lane_frames.READ_MAGIC)
+        request = lane_frames.frame(b"\xff" * 40)
     with _connect(bookie, hello=hello) as sock:
         sock.sendall(request)
         with sock.makefile("rb") as stream:
@@ -197,7 +197,7 @@ def test_bad_read_connections_get_a_read_answer_then_a_close(bookie, bad):
             while (body := read_frame_into(stream, 64 << 20)) is not None:
                 answers.append(framing.parse_read_response(body))
     assert [(a.request_id, a.code) for a in answers] == [
-        (add_lane.CONNECTION_REQUEST_ID, pb.BAD_REQUEST)]
+        (lane_frames.CONNECTION_REQUEST_ID, pb.BAD_REQUEST)]
     assert _serving(bookie)
 
 
@@ -205,7 +205,7 @@ def test_a_silent_connection_is_closed_after_the_hello_timeout(bookies):
     bp = bookies(conf={"add_lane_port": free_port(), "lane_hello_timeout_s": 0.5}).start()
     with socket.create_connection(("127.0.0.1", int(bp.conf["add_lane_port"])),
                                   timeout=30) as sock:
-        sock.sendall(add_lane.MAGIC)                 # and then nothing
+        sock.sendall(lane_frames.MAGIC)                 # and then nothing
         assert sock.recv(100) == b""                 # closed by the bookie, nothing answered
     assert "event=add_lane_hello_timeout" in open(bp.log_path).read()
     with _connect(bp) as sock:                       # a client that says hello is served

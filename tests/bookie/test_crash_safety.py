@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from bookie_server.journal import HEADER, file_name, list_files
+from bookie_server.journal.journal import HEADER, file_name, list_files
 from pybk_spark.testing.bookie_process import entries_bytes, payload_for, read_all
 from pybk_spark.wire import bookie_wire_pb2 as pb
 

@@ -1,5 +1,5 @@
 """Fuzzing a real bookie-server with random and mutated requests, on both
-transports: add lane / read lane frames (wire/add_lane.py) and gRPC
+transports: add lane / read lane frames (wire/lane_frames.py) and gRPC
 messages (bookie_wire.proto, AddRequest framed by hand: wire/framing.py).
 
 Every example starts from a VALID encoding and damages it (flipped bytes,
@@ -28,7 +28,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pybk_spark.testing.bookie_process import BookieProcess, entries_bytes, free_port, read_all
-from pybk_spark.wire import add_lane, framing
+from pybk_spark.wire import framing
+from pybk_spark.wire import lane_frames
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire.entries import batch_from_bytes
 from pybk_spark.wire.frame_socket import read_frame, read_frame_into
@@ -114,7 +115,7 @@ def read_request_bytes(draw) -> bytes:
 def lane_stream(draw, request_bytes) -> bytes:
     """The bytes a client sends on a lane connection: magic, hello, frames;
     any part may be damaged (a wrong frame length: short, zero, huge)."""
-    magic = add_lane.READ_MAGIC if request_bytes is read_request_bytes else add_lane.MAGIC
+    magic = lane_frames.READ_MAGIC if request_bytes is read_request_bytes else lane_frames.MAGIC
     parts = [draw(st.one_of(st.just(magic), st.binary(min_size=0, max_size=8)))]
     parts.append(None)                           # the hello: filled in by the test
     for _ in range(draw(st.integers(1, 4))):
@@ -170,18 +171,18 @@ class Valid:
 
 
 # -- lane ---------------------------------------------------------------------------------
-def _lane(bp: BookieProcess, magic=add_lane.MAGIC) -> socket.socket:
+def _lane(bp: BookieProcess, magic=lane_frames.MAGIC) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", int(bp.conf["add_lane_port"])),
                                     timeout=IO_TIMEOUT_S)
     if magic is not None:
-        sock.sendall(add_lane.hello(bp.bookie_id, magic))
+        sock.sendall(lane_frames.hello(bp.bookie_id, magic))
     return sock
 
 
 def _send_and_drain(bp: BookieProcess, parts: list, answer_cls) -> list:
     """Send a fuzzed connection's bytes, end the sending side, read every
     answer until the bookie closes.  A timeout fails the test (a hang)."""
-    hello = add_lane.frame(bp.bookie_id.encode())
+    hello = lane_frames.frame(bp.bookie_id.encode())
     with _lane(bp, magic=None) as sock:
         try:
             sock.sendall(b"".join(hello if p is None else p for p in parts))
@@ -204,12 +205,12 @@ def _send_and_drain(bp: BookieProcess, parts: list, answer_cls) -> list:
 def _lane_round_trip(valid: Valid) -> None:
     e, payload, req = valid.request()
     with _lane(valid.bp) as sock, sock.makefile("rb") as stream:
-        sock.sendall(add_lane.frame(req))
+        sock.sendall(lane_frames.frame(req))
         ans = pb.AddResponse.FromString(read_frame(stream, LIMIT))
     assert (ans.code, ans.first_entry_id, ans.last_entry_id) == (pb.OK, e, e), ans
     valid.ack(e, payload)
-    with _lane(valid.bp, add_lane.READ_MAGIC) as sock, sock.makefile("rb") as stream:
-        sock.sendall(add_lane.frame(pb.ReadRequest(ledger_id=valid.ledger, first_entry_id=e,
+    with _lane(valid.bp, lane_frames.READ_MAGIC) as sock, sock.makefile("rb") as stream:
+        sock.sendall(lane_frames.frame(pb.ReadRequest(ledger_id=valid.ledger, first_entry_id=e,
                                                    last_entry_id=e, request_id=7)
                                     .SerializeToString()))
         got = framing.parse_read_response(read_frame_into(stream, LIMIT))

@@ -17,9 +17,10 @@ import urllib.request
 import grpc
 import pytest
 
-from bookie_server import cookie, identity
+from bookie_server import cookie
+from bookie_server.serving import identity
 from pybk_spark import errors
-from pybk_spark.testing import procs
+from pybk_spark.cluster import procs
 from pybk_spark.testing.bookie_process import free_port
 from pybk_spark.testing.fixtures import bookie_server_available
 from pybk_spark.testing.waiting import wait_until

@@ -5,9 +5,9 @@ import logging
 import os
 import random
 
-from bookie_server import journal_replay
-from bookie_server.journal import LEDGER, Position, RecordType, file_name, frame
-from bookie_server.journal_replay import Damage, find_next_frame, replay
+from bookie_server.journal import journal_replay
+from bookie_server.journal.journal import LEDGER, Position, RecordType, file_name, frame
+from bookie_server.journal.journal_replay import Damage, find_next_frame, replay
 
 
 def _records(n: int, seed: int = 1, size: tuple[int, int] = (8, 3000)) -> list[tuple[int, bytes]]:

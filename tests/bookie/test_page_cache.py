@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bookie_server.journal import Journal, Position, RecordType, file_name, list_files
-from bookie_server.journal_replay import replay
-from bookie_server.page_cache import PAGE, SyncedWindow
+from bookie_server.journal.journal import Journal, Position, RecordType, file_name, list_files
+from bookie_server.journal.journal_replay import replay
+from bookie_server.storage.page_cache import PAGE, SyncedWindow
 
 
 def test_nothing_is_dropped_inside_the_window():
@@ -154,7 +154,7 @@ def test_journal_keeps_only_its_window_in_the_page_cache(tmp_path):
 
 
 def test_failing_advice_never_fails_the_journal(tmp_path, monkeypatch):
-    from bookie_server import page_cache
+    from bookie_server.storage import page_cache
 
     def broken(*args, **kwargs):
         raise RuntimeError("injected: advice failed")

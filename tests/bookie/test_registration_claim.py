@@ -1,4 +1,4 @@
-"""The registration claim (bookie_server/registration.py) against the
+"""The registration claim (bookie_server/serving/registration.py) against the
 in-memory metadata store twin, with an injected clock: one id, one live
 bookie; a crashed predecessor on the same data dir is replaced at once; an
 unprovable one is waited out, boundedly."""
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from bookie_server.registration import (FREE, REFUSE, REPLACE, WAIT, Registrar, decide_claim,
+from bookie_server.serving.registration import (FREE, REFUSE, REPLACE, WAIT, Registrar, decide_claim,
                                         registration_key)
 from pybk_spark import errors
 from pybk_spark.metadata.memory_store import MemoryMetadataStore

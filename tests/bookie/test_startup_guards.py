@@ -15,10 +15,10 @@ import threading
 
 import pytest
 
-from pybk_spark.client import BookKeeper
+from pybk_spark.ledger.client import BookKeeper
 from pybk_spark.metadata import open_store
-from pybk_spark.testing import procs
-from pybk_spark.testing.cluster import LocalCluster
+from pybk_spark.cluster import procs
+from pybk_spark.cluster.local import LocalCluster
 from pybk_spark.testing.fixtures import bookie_server_available
 from pybk_spark.testing.waiting import wait_until
 
@@ -193,7 +193,7 @@ def test_crashed_bookie_restarts_at_once_over_its_own_live_registration(one, sto
 
 # -- pybk standalone and child processes ---------------------------------------------------
 def standalone(data_dir, *extra):
-    return procs.spawn([sys.executable, "-m", "pybk_spark.cli", "standalone", "--bookies", "1",
+    return procs.spawn([sys.executable, "-m", "pybk_spark.commands.cli", "standalone", "--bookies", "1",
                         "--data-dir", str(data_dir), *extra],
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -239,7 +239,7 @@ def test_second_standalone_on_same_data_dir_fails_fast_and_sigkill_takes_childre
 
 LAUNCHER = textwrap.dedent("""
     import sys, threading, time
-    from pybk_spark.testing import procs
+    from pybk_spark.cluster import procs
     sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
     pids = [procs.spawn(sleeper).pid]
     box = []

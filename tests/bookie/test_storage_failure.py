@@ -14,8 +14,8 @@ import pytest
 from bookie_server.background import DiskChecker, next_read_only
 from bookie_server.bookie import CHECKPOINT, Bookie
 from bookie_server.config import BookieConfig
-from bookie_server.journal import Journal, Position, RecordType
-from bookie_server.journal_replay import replay
+from bookie_server.journal.journal import Journal, Position, RecordType
+from bookie_server.journal.journal_replay import replay
 from pybk_spark import errors
 from pybk_spark.testing.bookie_process import entries_bytes
 

@@ -57,7 +57,7 @@ def test_bookie_unit_flags_parse():
 def test_autorecovery_unit_flags_parse():
     unit = _exec_start("pybk-autorecovery.service")
     assert Path(unit[0]).name == "pybk" and unit[1] == "autorecovery"
-    code = ("import sys; from pybk_spark.cli import build_parser; "
+    code = ("import sys; from pybk_spark.commands.cli import build_parser; "
             "a = build_parser().parse_args(sys.argv[1:]); print(a.command, a.metadata_uri)")
     argv = _substitute(unit[1:], {"METADATA_URI": "etcd://10.0.0.2:2379/pybk"})
     out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True)

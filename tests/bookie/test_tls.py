@@ -17,7 +17,7 @@ import pytest
 from pybk_spark import errors
 from pybk_spark.config import ClientConfig
 from pybk_spark.testing.bookie_process import entries_bytes, free_port
-from pybk_spark.testing.certs import OPERATOR, WRITER, issue, make_ca, make_cert_files
+from pybk_spark.cluster.certs import OPERATOR, WRITER, issue, make_ca, make_cert_files
 from pybk_spark.transport.grpc_bookie import BookieClient
 from pybk_spark.transport.tls import ClientTls
 

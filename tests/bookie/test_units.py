@@ -14,9 +14,9 @@ from bookie_server import ledger_state as ls
 from bookie_server.background import gc_candidates, next_read_only
 from bookie_server.bookie import max_value_length
 from bookie_server.config import BookieConfig, load_config, parse_conf_text
-from bookie_server.run_index import runs_of
-from bookie_server.journal import Journal, Position, RecordType
-from bookie_server.journal_replay import replay
+from bookie_server.storage.run_index import runs_of
+from bookie_server.journal.journal import Journal, Position, RecordType
+from bookie_server.journal.journal_replay import replay
 from pybk_spark import errors
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -338,7 +338,7 @@ def test_big_batches_stay_in_the_journal_and_are_never_copied(tmp_path):
     later checkpoints and restarts while the ledger lives, and goes once GC
     has deleted the ledger; small batches still go to segments."""
     from bookie_server.bookie import Bookie
-    from bookie_server.journal import list_files
+    from bookie_server.journal.journal import list_files
     from pybk_spark.testing.bookie_process import entries_bytes, payload_for
 
     cfg = BookieConfig(data_dir=str(tmp_path), flush_interval_s=3600,
@@ -417,7 +417,7 @@ def test_idle_restarts_never_move_the_checkpoint_back(tmp_path):
     import json
 
     from bookie_server.bookie import Bookie
-    from bookie_server.journal import list_files
+    from bookie_server.journal.journal import list_files
     from pybk_spark.testing.bookie_process import entries_bytes
 
     cfg = BookieConfig(data_dir=str(tmp_path), flush_interval_s=3600, journal_prealloc_bytes=0)
@@ -446,7 +446,7 @@ def test_both_journal_crc_implementations_give_the_same_values():
     """The optional ``crc32c`` package (the fastcrc extra) and google_crc32c
     must agree, so a journal written with one replays with the other."""
     import pyarrow as pa
-    from bookie_server import journal_crc as journal
+    from bookie_server.journal import journal_crc as journal
     if not journal.FAST_AVAILABLE:
         pytest.skip("the fastcrc extra (crc32c package) is not installed")
     rng = np.random.default_rng(5)

@@ -33,7 +33,7 @@ def unavailable_reason() -> Optional[str]:
     from pybk_spark.testing import hosts, link_faults
     reason = hosts.unavailable_reason() or link_faults.unavailable_reason()
     if reason is None:
-        from pybk_spark.testing.etcd_process import EtcdNotFound, find_etcd_binary
+        from pybk_spark.cluster.etcd_process import EtcdNotFound, find_etcd_binary
         try:
             find_etcd_binary()
         except EtcdNotFound as exc:

@@ -218,7 +218,7 @@ class Nemesis(LinkNemesis):
 def tear_journal_tail(data_dir: Path, rng) -> str:
     """Damage the bytes after the last complete record of the newest journal
     file of a STOPPED bookie; returns a description."""
-    from bookie_server.journal import HEADER, crc_of, list_files, file_name
+    from bookie_server.journal.journal import HEADER, crc_of, list_files, file_name
     jdir = _journal_dir(Path(data_dir))
     if jdir is None:
         return "(no journal)"

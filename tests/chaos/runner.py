@@ -25,10 +25,10 @@ import threading
 import time
 from pathlib import Path
 
-from pybk_spark.client import BookKeeper
+from pybk_spark.ledger.client import BookKeeper
 from pybk_spark.protocol import ledger_metadata as lm
-from pybk_spark.testing import procs
-from pybk_spark.testing.cluster import LocalCluster
+from pybk_spark.cluster import procs
+from pybk_spark.cluster.local import LocalCluster
 
 from . import checker as chk
 from .history import load_histories, pair_ops

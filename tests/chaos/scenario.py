@@ -9,8 +9,8 @@ import signal
 from pathlib import Path
 
 from pybk_spark import errors
-from pybk_spark.client import BookKeeper
-from pybk_spark.digest import Digester
+from pybk_spark.ledger.client import BookKeeper
+from pybk_spark.ledger.digest import Digester
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.wire.entries import batch_to_bytes, make_batch
 

@@ -18,7 +18,7 @@ import signal
 
 import pytest
 
-from pybk_spark.testing.cluster import LocalCluster
+from pybk_spark.cluster.local import LocalCluster
 from pybk_spark.testing.fixtures import bookie_server_available
 
 from . import faulty_bookie

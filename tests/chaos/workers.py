@@ -45,9 +45,9 @@ import sys
 import time
 
 from pybk_spark import errors
-from pybk_spark.client import BookKeeper
-from pybk_spark.log import LogWriter, RollPolicy
-from pybk_spark.log_reader import LogReader
+from pybk_spark.ledger.client import BookKeeper
+from pybk_spark.logs.log import LogWriter, RollPolicy
+from pybk_spark.logs.log_reader import LogReader
 from pybk_spark.protocol import ledger_metadata as lm
 
 from .history import History, digest, make_payload

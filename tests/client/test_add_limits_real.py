@@ -23,8 +23,8 @@ import urllib.request
 import pytest
 
 from pybk_spark import errors
-from pybk_spark.client import BookKeeper
-from pybk_spark.placement import writable_bookies
+from pybk_spark.ledger.client import BookKeeper
+from pybk_spark.ledger.placement import writable_bookies
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.testing.fixtures import bookie_server_available
 
@@ -45,7 +45,7 @@ def small_cluster(tmp_path_factory):
     """4 bookies with small size and admission limits (``SMALL``)."""
     if not bookie_server_available():
         pytest.skip("bookie_server is not available")
-    from pybk_spark.testing.cluster import LocalCluster
+    from pybk_spark.cluster.local import LocalCluster
     local = LocalCluster(tmp_path_factory.mktemp("small"), num_bookies=4,
                          bookie_conf=dict(SMALL))
     try:

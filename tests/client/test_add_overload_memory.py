@@ -9,7 +9,7 @@ import random
 import pytest
 
 from pybk_spark import errors
-from pybk_spark.client import BookKeeper
+from pybk_spark.ledger.client import BookKeeper
 from pybk_spark.metadata.memory_store import MemoryMetadataStore
 from pybk_spark.transport.memory import MemoryBookie, MemoryTransportPool
 

@@ -1,7 +1,7 @@
 """Adds over the per-bookie add connection, against real bookie processes.
 
 Every test runs over both add transports: the add lane (plain TCP,
-transport/add_lane.py) and the gRPC AddStream; they must behave alike.
+transport/lane_client.py) and the gRPC AddStream; they must behave alike.
 
 A stream that breaks or stalls must fail its unanswered adds with an
 unknown-outcome error (never hang, never report success), and the next add
@@ -16,9 +16,9 @@ import time
 import pytest
 
 from pybk_spark import errors
-from pybk_spark.client import BookKeeper
+from pybk_spark.ledger.client import BookKeeper
 from pybk_spark.protocol import ledger_metadata as lm
-from pybk_spark.transport.add_lane import LaneConnection
+from pybk_spark.transport.lane_client import LaneConnection
 from pybk_spark.transport.grpc_bookie import registration_of
 from pybk_spark.wire.entries import batch_to_bytes, make_batch
 

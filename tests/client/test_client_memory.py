@@ -8,7 +8,7 @@ import random
 import pytest
 
 from pybk_spark import errors
-from pybk_spark.client import BookKeeper
+from pybk_spark.ledger.client import BookKeeper
 from pybk_spark.metadata.memory_store import MemoryMetadataStore
 from pybk_spark.metadata.store import ledger_key
 from pybk_spark.protocol import ledger_metadata as lm
@@ -96,7 +96,7 @@ def test_recovery_rewrites_partial_entry(env):
     md = lh.metadata
     # entry 12 reached only one bookie of its write set (partial write)
     from pybk_spark.protocol.distribution import write_set
-    from pybk_spark.digest import Digester
+    from pybk_spark.ledger.digest import Digester
     from pybk_spark.wire.entries import make_batch, batch_to_bytes
     slot = write_set(12, 3, 2)[0]
     length = lh.length + 3

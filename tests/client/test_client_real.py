@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from pybk_spark import errors
-from pybk_spark.client import BookKeeper
+from pybk_spark.ledger.client import BookKeeper
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.protocol.distribution import write_set
 

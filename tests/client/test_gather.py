@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 from hypothesis import given, settings, strategies as st
 
-from pybk_spark import read_handle
+from pybk_spark.ledger import read_handle
 from pybk_spark.wire.entries import cumulative_lengths, make_batch, one_batch
 
 

@@ -1,5 +1,5 @@
 """Entry reads over both read transports, against real bookie processes: the
-read lane (plain TCP, transport/add_lane.py ReadLaneConnection) and gRPC's
+read lane (plain TCP, transport/lane_client.py ReadLaneConnection) and gRPC's
 ReadEntries must return the same batches, and the lane must survive what
 the add lane survives (a restarted bookie on a new port, a reader that
 stops waiting).  No timing thresholds."""
@@ -11,8 +11,8 @@ import time
 import pytest
 
 from pybk_spark import errors
-from pybk_spark.client import BookKeeper
-from pybk_spark.transport.add_lane import ReadLaneConnection
+from pybk_spark.ledger.client import BookKeeper
+from pybk_spark.transport.lane_client import ReadLaneConnection
 from pybk_spark.transport.grpc_bookie import registration_of
 
 

@@ -31,7 +31,7 @@ def transport(request):
         pool.add_bookie("bookie-0")
         yield pool.get("bookie-0")
         return
-    from pybk_spark.client import BookKeeper
+    from pybk_spark.ledger.client import BookKeeper
     cluster = request.getfixturevalue("cluster")
     bk = BookKeeper(cluster.metadata_uri,
                     conf={"explicit_lac_interval_ms": 0, "add_transport": request.param,

@@ -9,7 +9,7 @@ import pytest
 
 from pybk_spark import errors
 from pybk_spark.metadata import open_store
-from pybk_spark.testing.etcd_process import EtcdProcess
+from pybk_spark.cluster.etcd_process import EtcdProcess
 
 HANG_GUARD = 60.0
 

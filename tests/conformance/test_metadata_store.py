@@ -261,7 +261,7 @@ def test_multi_endpoint_uri_fails_over_from_a_dead_endpoint(etcd):
     """``etcd://dead,live/scope``: reads go on through the live endpoint
     whichever one the client tried first; a write that failed at the dead one
     is not retried (its outcome would be unknown) and names the endpoint."""
-    from pybk_spark.testing.ports import free_port
+    from pybk_spark.cluster.ports import free_port
     scope = unique_scope()
     dead = f"127.0.0.1:{free_port()}"            # nothing listens there
     single = open_store(etcd.uri(scope))

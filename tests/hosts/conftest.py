@@ -16,7 +16,7 @@ def need_hosts(*, etcd: bool = False, bookies: bool = False, java: bool = False)
     from pybk_spark.testing import hosts
     reason = hosts.unavailable_reason()
     if reason is None and etcd:
-        from pybk_spark.testing.etcd_process import EtcdNotFound, find_etcd_binary
+        from pybk_spark.cluster.etcd_process import EtcdNotFound, find_etcd_binary
         try:
             find_etcd_binary()
         except EtcdNotFound as exc:

@@ -19,8 +19,8 @@ import urllib.request
 import grpc
 import pytest
 
-from pybk_spark.client import BookKeeper
-from pybk_spark.testing import procs
+from pybk_spark.ledger.client import BookKeeper
+from pybk_spark.cluster import procs
 from pybk_spark.testing.host_cluster import BOOKIE_PORT, bookie_command
 from tests.hosts.conftest import need_hosts
 

@@ -19,7 +19,7 @@ import time
 import pytest
 
 from pybk_spark import errors
-from pybk_spark.client import BookKeeper
+from pybk_spark.ledger.client import BookKeeper
 
 pytestmark = pytest.mark.slow
 

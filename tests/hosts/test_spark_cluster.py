@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from pybk_spark.client import BookKeeper
+from pybk_spark.ledger.client import BookKeeper
 
 from tests.hosts.conftest import need_hosts
 

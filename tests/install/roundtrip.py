@@ -26,7 +26,7 @@ def main() -> int:
     import bookie_server
     import pybk_spark
     from pybk_spark import BookKeeper
-    from pybk_spark.testing.cluster import LocalCluster
+    from pybk_spark.cluster.local import LocalCluster
 
     prefix = Path(sys.prefix).resolve()
     for mod in (pybk_spark, bookie_server):

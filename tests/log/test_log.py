@@ -6,8 +6,8 @@ import time
 import pytest
 
 from pybk_spark import BookKeeper, errors
-from pybk_spark.log import LogWriter, RollPolicy, list_logs, read_log, truncate_log
-from pybk_spark.log_reader import LogReader
+from pybk_spark.logs.log import LogWriter, RollPolicy, list_logs, read_log, truncate_log
+from pybk_spark.logs.log_reader import LogReader
 
 pytestmark = pytest.mark.slow
 

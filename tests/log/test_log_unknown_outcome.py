@@ -10,9 +10,9 @@ import random
 import pytest
 
 from pybk_spark import errors
-from pybk_spark.client import BookKeeper
-from pybk_spark.log import LogWriter, RollPolicy, read_log
-from pybk_spark.log_reader import LogReader
+from pybk_spark.ledger.client import BookKeeper
+from pybk_spark.logs.log import LogWriter, RollPolicy, read_log
+from pybk_spark.logs.log_reader import LogReader
 from pybk_spark.metadata.memory_store import MemoryMetadataStore
 from pybk_spark.metadata.store import ledger_key
 from pybk_spark.protocol import log_metadata as logmd

@@ -37,7 +37,7 @@ def certs(tmp_path_factory):
 
 
 def etcd_tls(certs):
-    from pybk_spark.testing.etcd_process import EtcdTLS
+    from pybk_spark.cluster.etcd_process import EtcdTLS
     return EtcdTLS(cert_file=certs.server_cert, key_file=certs.server_key, ca_file=certs.ca,
                    client_cert_auth=True, probe_cert_file=certs.client_cert,
                    probe_key_file=certs.client_key)
@@ -45,7 +45,7 @@ def etcd_tls(certs):
 
 @pytest.fixture(scope="module")
 def tls_etcd(tmp_path_factory, certs):
-    from pybk_spark.testing.etcd_process import EtcdProcess
+    from pybk_spark.cluster.etcd_process import EtcdProcess
     proc = EtcdProcess(tmp_path_factory.mktemp("tls-etcd") / "data", tls=etcd_tls(certs)).start()
     try:
         yield proc
@@ -55,7 +55,7 @@ def tls_etcd(tmp_path_factory, certs):
 
 @pytest.fixture(scope="module")
 def secure_cluster(tmp_path_factory, certs):
-    from pybk_spark.testing.cluster import LocalCluster
+    from pybk_spark.cluster.local import LocalCluster
     from pybk_spark.testing.fixtures import bookie_server_available
     if not bookie_server_available():
         pytest.skip("bookie_server is not available")

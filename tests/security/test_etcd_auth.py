@@ -9,8 +9,9 @@ import json
 
 import pytest
 
-from pybk_spark import cli, errors
-from pybk_spark.client import BookKeeper
+from pybk_spark import errors
+from pybk_spark.commands import cli
+from pybk_spark.ledger.client import BookKeeper
 from pybk_spark.metadata import EtcdSecurity, open_store, with_security
 from pybk_spark.metadata.store import ledger_key
 
@@ -154,7 +155,7 @@ def test_bookie_conf_keys_and_refused_bookie_exits_2(secure_cluster, tmp_path):
     from bookie_server.__main__ import _open_store
     from bookie_server.config import BookieConfig
     from pybk_spark.metadata.security import SETTINGS
-    from pybk_spark.testing.ports import free_port
+    from pybk_spark.cluster.ports import free_port
     sec = secure_cluster.etcd_security("bookie")
     bare = secure_cluster.etcd.uri(secure_cluster.scope)
     store = _open_store(bare, BookieConfig(**{k: getattr(sec, k) for k in SETTINGS}))

@@ -4,7 +4,7 @@ import uuid
 
 import pytest
 
-from pybk_spark.log import read_log, truncate_log
+from pybk_spark.logs.log import read_log, truncate_log
 
 from .test_stream import run_available_now, stream
 from .test_write import read, write
@@ -183,7 +183,7 @@ def pybk_json(*argv):
     import contextlib
     import io
     import json
-    from pybk_spark.cli import main
+    from pybk_spark.commands.cli import main
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         code = main(["--json", *argv])
@@ -192,7 +192,7 @@ def pybk_json(*argv):
 
 def test_committed_stream_position_holds_back_truncation(spark, metadata_uri, bk, tmp_path):
     from pybk_spark import errors
-    from pybk_spark.positions import list_positions
+    from pybk_spark.logs.positions import list_positions
     log = log_name("retain")
     three_writes(spark, metadata_uri, log)
     checkpoint = str(tmp_path / "ckpt")

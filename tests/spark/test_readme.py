@@ -61,7 +61,7 @@ def readme_cluster(tmp_path_factory):
     from pybk_spark.testing.fixtures import bookie_server_available
     if not bookie_server_available():
         pytest.skip("bookie_server is not available")
-    from pybk_spark.testing.cluster import LocalCluster
+    from pybk_spark.cluster.local import LocalCluster
     local = LocalCluster(tmp_path_factory.mktemp("readme-cluster"), num_bookies=3)
     try:
         local.start()

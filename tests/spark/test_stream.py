@@ -6,7 +6,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.types import LongType, StructField, StructType
 
-from pybk_spark.log import read_log
+from pybk_spark.logs.log import read_log
 from pybk_spark.spark.datasource import BookKeeperDataSource
 
 from .test_write import read, write

@@ -29,8 +29,8 @@ def test_options_parse_into_client_settings():
 @pytest.fixture(scope="module")
 def tls_cluster(tmp_path_factory):
     pytest.importorskip("trustme")
-    from pybk_spark.testing.certs import make_cert_files
-    from pybk_spark.testing.cluster import LocalCluster
+    from pybk_spark.cluster.certs import make_cert_files
+    from pybk_spark.cluster.local import LocalCluster
     root = tmp_path_factory.mktemp("spark-tls")
     certs = make_cert_files(root / "certs")
     local = LocalCluster(root / "cluster", num_bookies=3, bookie_conf=certs.bookie_conf())
@@ -43,7 +43,7 @@ def tls_cluster(tmp_path_factory):
 
 def test_write_and_read_a_log_over_tls(spark, tls_cluster):
     from pybk_spark.spark.datasource import BookKeeperDataSource
-    from pybk_spark.testing.certs import WRITER
+    from pybk_spark.cluster.certs import WRITER
     spark.dataSource.register(BookKeeperDataSource)
     cluster, certs = tls_cluster
     conf = certs.client_conf(WRITER)

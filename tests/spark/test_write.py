@@ -11,7 +11,7 @@ from pyspark.sql.types import (BinaryType, DecimalType, DoubleType, IntegerType,
                                StringType, StructField, StructType, TimestampType)
 
 from pybk_spark import errors
-from pybk_spark.log import read_log
+from pybk_spark.logs.log import read_log
 from pybk_spark.spark.datasource import BookKeeperDataSource
 
 pytestmark = pytest.mark.spark

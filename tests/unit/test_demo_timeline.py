@@ -1,9 +1,9 @@
-"""The host-by-host report of ``make demo-cluster`` (pybk_spark.demo_timeline)
+"""The host-by-host report of ``make demo-cluster`` (pybk_spark.commands.demo_timeline)
 and the launcher's pure helpers; the run itself needs test hosts and JVMs."""
 from __future__ import annotations
 
-from pybk_spark import demo_cluster
-from pybk_spark.demo_timeline import Timeline
+from pybk_spark.commands import demo_cluster
+from pybk_spark.commands.demo_timeline import Timeline
 
 
 class FakeClock:

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from pybk_spark.wire.frame_socket import FrameWriter, read_frame
-from pybk_spark.wire import add_lane
+from pybk_spark.wire import lane_frames
 
 
 def _pair():
@@ -20,7 +20,7 @@ def _pair():
 def test_frames_arrive_whole_and_in_order_through_a_slow_reader():
     a, b = _pair()
     writer = FrameWriter(a, "t", max_backlog_bytes=1 << 30)
-    frames = [add_lane.frame(bytes([i % 251]) * (1000 + 7919 * i % 70000)) for i in range(300)]
+    frames = [lane_frames.frame(bytes([i % 251]) * (1000 + 7919 * i % 70000)) for i in range(300)]
     got = []
 
     def read():
@@ -35,13 +35,13 @@ def test_frames_arrive_whole_and_in_order_through_a_slow_reader():
     assert writer.flush(60)
     writer.close()
     reader.join(60)
-    assert got == [f[add_lane.HEADER_BYTES:] for f in frames]
+    assert got == [f[lane_frames.HEADER_BYTES:] for f in frames]
 
 
 def test_a_peer_that_stops_reading_is_cut_off_not_waited_for():
     a, b = _pair()
     writer = FrameWriter(a, "t", max_backlog_bytes=256 * 1024)
-    frame = add_lane.frame(b"x" * 32 * 1024)
+    frame = lane_frames.frame(b"x" * 32 * 1024)
     sent = 0
     while writer.send(frame):              # returns at once each time; never blocks
         sent += 1
@@ -53,10 +53,10 @@ def test_a_peer_that_stops_reading_is_cut_off_not_waited_for():
 
 def test_frame_length_limits():
     with pytest.raises(ValueError):
-        add_lane.frame_length((100).to_bytes(4, "little"), 99)
+        lane_frames.frame_length((100).to_bytes(4, "little"), 99)
     with pytest.raises(ValueError):
-        add_lane.frame_length(b"\x01\x00", 99)
-    assert add_lane.frame_length((99).to_bytes(4, "little"), 99) == 99
-    assert add_lane.split_address("[::1]:3181") == ("::1", 3181)
+        lane_frames.frame_length(b"\x01\x00", 99)
+    assert lane_frames.frame_length((99).to_bytes(4, "little"), 99) == 99
+    assert lane_frames.split_address("[::1]:3181") == ("::1", 3181)
     with pytest.raises(ValueError):
-        add_lane.split_address("no-port")
+        lane_frames.split_address("no-port")

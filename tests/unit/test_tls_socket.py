@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from pybk_spark.wire import add_lane
+from pybk_spark.wire import lane_frames
 from pybk_spark.wire.frame_socket import FrameWriter, read_frame, send_parts
 from pybk_spark.wire.tls_socket import handshake
 
@@ -18,7 +18,7 @@ pytest.importorskip("trustme")
 
 @pytest.fixture(scope="module")
 def contexts(tmp_path_factory):
-    from pybk_spark.testing.certs import make_cert_files
+    from pybk_spark.cluster.certs import make_cert_files
     files = make_cert_files(tmp_path_factory.mktemp("tlssock"), clients=())
     server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     server.load_cert_chain(files.bookie_cert, files.bookie_key)
@@ -42,7 +42,7 @@ def _tls_pair(contexts):
 
 def test_frames_both_ways_while_a_thread_reads(contexts):
     a, b = _tls_pair(contexts)
-    frames = [add_lane.frame(bytes([i % 251]) * (1000 + 7919 * i % 70000)) for i in range(200)]
+    frames = [lane_frames.frame(bytes([i % 251]) * (1000 + 7919 * i % 70000)) for i in range(200)]
     got_a, got_b = [], []
 
     def reader(sock, got, n):
@@ -60,10 +60,10 @@ def test_frames_both_ways_while_a_thread_reads(contexts):
         s.start()
     for t in senders + readers:
         t.join(60)
-    want = [f[add_lane.HEADER_BYTES:] for f in frames]
+    want = [f[lane_frames.HEADER_BYTES:] for f in frames]
     assert got_a == want and got_b == want
     big = [b"x" * (3 << 20), b"y" * 5, b"z" * (1 << 20)]
-    t = threading.Thread(target=send_parts, args=(a, add_lane.frame_parts(*big)))
+    t = threading.Thread(target=send_parts, args=(a, lane_frames.frame_parts(*big)))
     t.start()
     with b.makefile("rb") as stream:
         assert read_frame(stream, 8 << 20) == b"".join(big)

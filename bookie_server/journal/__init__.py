@@ -1,0 +1,1 @@
+"""The bookie's journal: group-committed, fsynced records, their checksums and replay at startup."""

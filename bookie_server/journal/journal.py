@@ -1,0 +1,520 @@
+"""The journal: append-only, CRC-framed, group-committed write-ahead log.
+
+Theory of operation
+-------------------
+Record frame: ``[length u32][crc32c u32][type u8][body]`` (little endian);
+``length`` is the body length, the CRC covers the type byte and the body.
+The CRC's implementation is chosen in ``journal_crc.py``.
+Files are ``<seq:016x>.jnl`` in the journal directory; a position is
+``(seq, offset)``.
+
+Ordering obligations:
+  * Two stages, like BookKeeper's journal + force-write threads.  The writer
+    thread owns the file: it takes submissions from a FIFO queue, forms groups
+    (bounded by ``max_group_wait_s`` and ``max_group_bytes``), writes them in
+    submission order and hands each written group to the sync thread.  The
+    sync thread takes every group written so far, makes them durable with ONE
+    ``os.fdatasync``, and only then runs the ``on_durable`` hook per group (in
+    order) and completes the submitters' futures.  So every acknowledged
+    record is on disk, a record submitted before another is never durable
+    after it, and writing the next groups overlaps the current fdatasync.
+  * Leader fast path (leader/follower group commit).  A submitter that asks
+    for it (``submit(..., lead=True)`` then ``lead()``, outside its own locks)
+    does the work itself when the journal is idle: no group in the background
+    pipeline and no other leader.  It takes every queued submission (its own
+    and whatever queued behind it) as one group, writes, fdatasyncs, runs
+    ``on_durable`` and completes the futures on its own thread, which saves
+    the two thread hand-offs that dominate a lone add's latency.  Mutual
+    exclusion keeps the order: the leader takes a group only while the
+    background pipeline holds none, and the writer thread takes one only
+    while there is no leader; both take from the one FIFO under one lock.
+    The writer thread owns the file from taking a group until its write and
+    any roll or preallocation are done (``_writer_busy``), so a leader never
+    writes while the file is being rolled.
+    Large submissions (> ``lead_max_bytes``) and anything arriving while busy
+    go through the pipeline, which groups them.
+  * ``page_cache_keep_bytes`` (page_cache.py): after the fdatasync and the acks,
+    synced ranges that fell that far behind leave the page cache (advice).
+  * Rolling to a new file waits (barrier) until the sync thread is done with
+    the old file descriptor.
+  * A write or fdatasync failure poisons the journal for good: after a failed
+    fdatasync the kernel may have dropped the dirty pages, so a retry that
+    succeeds proves nothing ("fsyncgate").  The failed group is not
+    acknowledged, nor any group written after it (the pipeline may already
+    have written more into the same file: the sync stage fails those), nor
+    any later submission; nothing is fsynced again, not at roll or close.
+    One ``event=journal_failed op= errno= path=`` line, one ``on_failure``
+    call; only a restart (replay) re-establishes durability.
+  * ``fsync`` and ``pwritev`` are the journal's syscalls, injected like the
+    clock: tests pass failing or lying ones (fault injection, the chaos
+    checker's planted bug); production passes nothing.
+  * Replay (``journal_replay.replay``, before ``start``) reads the files back
+    from a checkpoint position, checking each CRC; it skips a damaged record
+    (resynchronising on the next valid frame) and truncates only a torn
+    tail.  Writing always starts a fresh file, so only tails can be torn.
+  * Files wholly before a checkpoint are deleted by ``delete_before``, except
+    the ones the entry store still reads: big add batches are not copied out
+    of the journal, the store indexes them where the journal wrote them
+    (``Submission.locations``, replay positions).  Only tails after the
+    checkpoint position are ever truncated, and every indexed batch lies
+    before it, so truncation never cuts an indexed batch.
+"""
+from __future__ import annotations
+
+import collections
+import enum
+import errno
+import logging
+import os
+import queue
+import struct
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from bookie_server.storage import page_cache
+from bookie_server.journal.journal_crc import crc_of
+from pybk_spark import errors
+
+log = logging.getLogger("bookie.journal")
+
+HEADER = struct.Struct("<IIB")
+MAX_RECORD = 1 << 31
+
+
+class RecordType(enum.IntEnum):
+    ADD_BATCH = 1       # body: Arrow IPC stream bytes as received
+    FENCE = 2           # body: ledger u64
+    MASTER_KEY = 3      # body: ledger u64 + key bytes
+    EXPLICIT_LAC = 4    # body: ledger u64 + lac i64
+    LEDGER_DELETED = 5  # body: ledger u64 (written by GC)
+
+
+LEDGER = struct.Struct("<Q")
+LEDGER_LAC = struct.Struct("<Qq")
+
+
+def frame(rtype: int, body: bytes) -> list[bytes]:
+    return [HEADER.pack(len(body), crc_of(rtype, body), rtype), body]
+
+
+@dataclass(order=True, frozen=True)
+class Position:
+    seq: int
+    offset: int
+
+
+@dataclass
+class Submission:
+    records: list[tuple[int, bytes]]
+    payload: Any = None
+    future: Future = field(default_factory=Future)
+    nbytes: int = 0
+    enqueued_at: float = 0.0
+    # after the write: (file seq, offset of the body) of each record, so a
+    # caller can keep pointing at the bytes (journal-resident batches)
+    locations: Optional[list[tuple[int, int]]] = None
+
+
+_STOP = object()
+
+
+def file_name(seq: int) -> str:
+    return f"{seq:016x}.jnl"
+
+
+def list_files(directory: str) -> list[int]:
+    out = []
+    for name in os.listdir(directory):
+        if name.endswith(".jnl"):
+            try:
+                out.append(int(name[:-4], 16))
+            except ValueError:
+                continue
+    return sorted(out)
+
+
+class Journal:
+    def __init__(self, directory: str, *, max_group_wait_s: float = 0.002,
+                 max_group_bytes: int = 512 * 1024, flush_when_queue_empty: bool = True,
+                 sync_data: bool = True, max_file_bytes: int = 256 << 20,
+                 prealloc_bytes: int = 64 << 20, lead_max_bytes: int = 64 * 1024,
+                 page_cache_keep_bytes: Optional[int] = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 metrics: Any = None, fsync: Callable[[int], None] = os.fdatasync,
+                 pwritev: Callable[[int, list, int], int] = os.pwritev,
+                 on_failure: Optional[Callable[[BaseException], None]] = None):
+        self.dir = directory
+        os.makedirs(directory, exist_ok=True)
+        self.max_group_wait_s = max_group_wait_s
+        self.max_group_bytes = max_group_bytes
+        self.flush_when_queue_empty = flush_when_queue_empty
+        self.sync_data = sync_data
+        self.max_file_bytes = max_file_bytes
+        self.prealloc_bytes = prealloc_bytes
+        self.cache_window = None if page_cache_keep_bytes is None or not sync_data \
+            else page_cache.SyncedWindow(page_cache_keep_bytes)
+        # the leader path only where a lone submission would not wait for company anyway
+        self.lead_max_bytes = lead_max_bytes if flush_when_queue_empty else -1
+        self.clock = clock
+        self.metrics = metrics
+        self._fsync = fsync                  # injected like the clock (fault tests)
+        self._pwritev = pwritev
+        self._on_failure = on_failure        # called once, on the failing journal thread
+        self._cv = threading.Condition(threading.Lock())   # guards the fields below
+        self._pending: "collections.deque[Submission]" = collections.deque()
+        self._stopping = False               # close() asked the writer thread to finish
+        self._closed = False                 # no more submissions
+        self._leader = False                 # a submitter is writing a group itself
+        self._pipeline_groups = 0            # groups taken by the writer thread, not yet synced
+        self._writer_busy = False            # the writer thread owns the file (write, roll)
+        self._started = False
+        self._thread: Optional[threading.Thread] = None
+        self._failed: Optional[BaseException] = None
+        self._fd = -1
+        self._seq = 0
+        self._offset = 0
+        self._allocated = 0
+        self.durable_position = Position(0, 0)
+        self._sync_q: "queue.Queue[Any]" = queue.Queue()
+        self._syncer: Optional[threading.Thread] = None
+
+    # -- writing --------------------------------------------------------------
+    def start(self, on_durable: Callable[[list[Submission], Position], None]) -> None:
+        files = list_files(self.dir)
+        self._open_file((files[-1] + 1) if files else 1)
+        self._on_durable = on_durable
+        self._syncer = threading.Thread(target=self._sync_run, name="journal-sync", daemon=True)
+        self._syncer.start()
+        self._thread = threading.Thread(target=self._run, name="journal-writer", daemon=True)
+        self._thread.start()
+        with self._cv:
+            self._started = True
+
+    def _open_file(self, seq: int) -> None:
+        path = os.path.join(self.dir, file_name(seq))
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self._seq, self._offset, self._allocated = seq, 0, 0
+        self._preallocate()
+        dfd = os.open(self.dir, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        self.durable_position = max(self.durable_position, Position(seq, 0))
+
+    def _preallocate(self) -> None:
+        if self.prealloc_bytes <= 0:
+            return
+        while self._allocated < self._offset + self.max_group_bytes * 2:
+            try:
+                os.posix_fallocate(self._fd, self._allocated, self.prealloc_bytes)
+            except OSError:
+                self.prealloc_bytes = 0
+                return
+            self._allocated += self.prealloc_bytes
+
+    def submit(self, records: list[tuple[int, bytes]], payload: Any = None, *,
+               lead: bool = False) -> Future:
+        """Queue records; the future completes with the position after them
+        once they are durable.  ``lead=True``: the caller promises to call
+        ``lead()`` right after releasing its own locks (the writer thread is
+        then not woken for this submission unless the caller cannot lead)."""
+        sub = Submission(records, payload, nbytes=sum(HEADER.size + len(b) for _, b in records),
+                         enqueued_at=self.clock())
+        with self._cv:
+            if self._failed is not None:
+                sub.future.set_exception(errors.BookieIOError(f"journal failed: {self._failed}"))
+                return sub.future
+            if self._closed:
+                sub.future.set_exception(errors.BookieIOError("journal closed"))
+                return sub.future
+            self._pending.append(sub)
+            if not (lead and sub.nbytes <= self.lead_max_bytes and self._can_lead_locked()):
+                self._cv.notify_all()
+        return sub.future
+
+    def write(self, records: list[tuple[int, bytes]], payload: Any = None) -> Future:
+        """``submit`` + ``lead``, for a caller that holds no lock of its own."""
+        fut = self.submit(records, payload, lead=True)
+        self.lead()
+        return fut
+
+    def _can_lead_locked(self) -> bool:
+        return (self._started and not self._leader and not self._writer_busy
+                and self._pipeline_groups == 0 and not self._stopping)
+
+    def lead(self) -> None:
+        """Write and sync the queued submissions on this thread if the
+        journal is idle; otherwise leave them to the writer thread."""
+        with self._cv:
+            if not self._pending:
+                return
+            if (not self._can_lead_locked()
+                    or self._pending[0].nbytes > self.lead_max_bytes):
+                self._cv.notify_all()
+                return
+            self._leader = True
+            group = self._take_locked()
+        try:
+            written = self._write_group(group)
+            if written is not None:
+                self._sync_groups([written])
+                self._maybe_roll()
+        finally:
+            with self._cv:
+                self._leader = False
+                if self._pending or self._stopping:   # only the writer thread waits on it
+                    self._cv.notify_all()
+
+    def queue_depth(self) -> int:
+        return len(self._pending)
+
+    def _take_locked(self) -> list[Submission]:
+        """Pop a group off the queue: at least one submission, then up to
+        ``max_group_bytes``."""
+        group = [self._pending.popleft()]
+        nbytes = group[0].nbytes
+        while self._pending and nbytes < self.max_group_bytes:
+            sub = self._pending.popleft()
+            group.append(sub)
+            nbytes += sub.nbytes
+        return group
+
+    def _next_group(self) -> Optional[list[Submission]]:
+        """Writer thread: wait for work (and, unless ``flush_when_queue_empty``,
+        up to ``max_group_wait_s`` for company); None once closing and drained."""
+        with self._cv:
+            while True:
+                if self._pending and not self._leader:
+                    break
+                if self._stopping and not self._pending and not self._leader:
+                    return None
+                # the timeout is a safety net only: a submitter that said it
+                # would lead always calls lead(), which wakes us if it cannot
+                self._cv.wait(0.1)
+            if not self.flush_when_queue_empty:
+                deadline = self.clock() + self.max_group_wait_s
+                while (sum(s.nbytes for s in self._pending) < self.max_group_bytes
+                       and not self._stopping):
+                    remaining = deadline - self.clock()
+                    if remaining <= 0:
+                        break
+                    self._cv.wait(remaining)
+            self._pipeline_groups += 1
+            self._writer_busy = True
+            return self._take_locked()
+
+    def _run(self) -> None:
+        """Writer stage: group, frame, pwritev; hand the group to the sync stage."""
+        while True:
+            group = self._next_group()
+            if group is None:
+                break
+            try:
+                written = self._write_group(group)
+                if written is None:
+                    self._pipeline_done(1)
+                    continue
+                self._sync_q.put(written)
+                self._maybe_roll()
+            finally:
+                with self._cv:          # the file is free again: a leader may take it
+                    self._writer_busy = False
+                    self._cv.notify_all()
+        self._sync_barrier()
+        self._sync_q.put(_STOP)
+        self._syncer.join()
+        self._finish_file()
+
+    def _pipeline_done(self, groups: int) -> None:
+        with self._cv:
+            self._pipeline_groups -= groups
+            self._cv.notify_all()
+
+    def _fail(self, group: list[Submission], why: str) -> None:
+        for sub in group:
+            if not sub.future.done():
+                sub.future.set_exception(errors.BookieIOError(why))
+
+    def _write_group(self, group: list[Submission]) -> Optional[tuple]:
+        """Write one group at the end of the file; returns what the sync step
+        needs, or None if the group failed (its futures are failed)."""
+        if self._failed is not None:
+            self._fail(group, f"journal failed: {self._failed}")
+            return None
+        pieces: list[bytes] = []
+        at = self._offset
+        for sub in group:
+            sub.locations = []
+            for rtype, body in sub.records:
+                pieces.extend(frame(rtype, body))
+                sub.locations.append((self._seq, at + HEADER.size))
+                at += HEADER.size + len(body)
+        try:
+            total = self._write_all(pieces)
+        except BaseException as exc:  # noqa: BLE001 - poison and fail the group
+            self._poison(exc, "write", self._seq)
+            self._fail(group, f"journal write failed: {exc}")
+            return None
+        self._offset += total
+        return group, Position(self._seq, self._offset), self._fd, total
+
+    def _maybe_roll(self) -> None:
+        if self._failed is not None:    # a failed journal neither rolls nor grows
+            return
+        try:
+            if self._offset >= self.max_file_bytes:
+                self._roll()
+            elif self.prealloc_bytes:
+                self._preallocate()
+        except OSError as exc:      # e.g. ENOSPC creating the next file: later adds fail
+            self._poison(exc, "roll", self._seq)
+
+    @property
+    def failed(self) -> Optional[BaseException]:
+        """The error that poisoned the journal, or None."""
+        return self._failed
+
+    def _poison(self, exc: BaseException, op: str, seq: int) -> None:
+        """Fail the journal for good (never retried; see the docstring)."""
+        if self._failed is None:
+            self._failed = exc
+            code = getattr(exc, "errno", None)
+            log.error("event=journal_failed op=%s errno=%s path=%s error=%r "
+                      "action=read_only_until_restart", op,
+                      errno.errorcode.get(code, code) if code is not None else "-",
+                      self.path_of(seq), exc)
+            if self._on_failure is not None:
+                try:
+                    self._on_failure(exc)
+                except Exception:  # noqa: BLE001 - the journal stays failed regardless
+                    log.exception("event=journal_failure_hook_error")
+
+    def _sync_barrier(self) -> None:
+        """Wait until the sync stage has finished everything handed to it."""
+        done = threading.Event()
+        self._sync_q.put(done)
+        done.wait()
+
+    def _sync_run(self) -> None:
+        """Sync stage (BookKeeper's force-write thread): ONE fdatasync covers
+        every group written so far, then groups are applied and answered in
+        order.  Writing the next groups overlaps with this fdatasync."""
+        while True:
+            items = [self._sync_q.get()]
+            while True:
+                try:
+                    items.append(self._sync_q.get_nowait())
+                except queue.Empty:
+                    break
+            groups = []
+            for item in items + [None]:
+                if isinstance(item, tuple):
+                    groups.append(item)
+                    continue
+                if groups:
+                    self._sync_groups(groups)
+                    self._pipeline_done(len(groups))
+                    groups = []
+                if item is _STOP:
+                    return
+                if isinstance(item, threading.Event):
+                    item.set()
+
+    def _sync_groups(self, groups: list) -> None:
+        subs = [sub for g in groups for sub in g[0]]
+        if self._failed is None:
+            op = "fdatasync"
+            try:
+                t0 = time.perf_counter()
+                if self.sync_data:
+                    self._fsync(groups[-1][2])
+                op = "apply"
+                if self.metrics is not None:
+                    self.metrics.journal_fsync(time.perf_counter() - t0, len(subs),
+                                               sum(g[3] for g in groups))
+                for group, position, _, _ in groups:
+                    self.durable_position = position
+                    self._on_durable(group, position)
+                    for sub in group:
+                        if not sub.future.done():
+                            sub.future.set_result(position)
+            except BaseException as exc:  # noqa: BLE001 - poison and fail
+                # the fdatasync (or applying after it) failed: these groups and
+                # every later one - written behind them into the same file,
+                # whose pages may be gone - fail; nothing is fsynced again
+                self._poison(exc, op, groups[-1][1].seq)
+            else:
+                if self.cache_window is not None:     # after the acks: only advice
+                    self._release_pages(groups)
+                return
+        self._fail(subs, f"journal failed: {self._failed}")
+
+    def _release_pages(self, groups: list) -> None:   # synced range (one file) -> window
+        seq, end = groups[-1][1].seq, groups[-1][1].offset
+        try:
+            ranges = self.cache_window.synced(seq, end - sum(g[3] for g in groups), end)
+            page_cache.drop(self.dir, ranges, file_name, seq, groups[-1][2])
+        except Exception:  # noqa: BLE001 - advice must never fail the journal
+            log.exception("event=journal_page_cache_error")
+
+    def _write_all(self, pieces: list[bytes]) -> int:
+        offset = self._offset
+        for i in range(0, len(pieces), 512):  # stay under IOV_MAX
+            chunk = pieces[i:i + 512]
+            size = sum(len(p) for p in chunk)
+            written = self._pwritev(self._fd, chunk, offset)
+            if written < size:  # rare short write: finish with plain pwrite
+                rest = memoryview(b"".join(chunk))
+                while written < size:
+                    n = os.pwrite(self._fd, rest[written:], offset + written)
+                    if n <= 0:
+                        raise OSError("short write to journal")
+                    written += n
+            offset += size
+        return offset - self._offset
+
+    def _finish_file(self) -> None:
+        if self._fd >= 0:
+            try:
+                if self._failed is None:    # a failed file is left as it is: no retry
+                    os.ftruncate(self._fd, self._offset)
+                    os.fsync(self._fd)
+            finally:
+                os.close(self._fd)
+                self._fd = -1
+
+    def _roll(self) -> None:
+        self._sync_barrier()        # the sync stage must be done with the old fd
+        self._finish_file()
+        self._open_file(self._seq + 1)
+
+    def delete_before(self, position: Position, keep: frozenset = frozenset()) -> list[int]:
+        """Delete journal files whose records all lie before ``position``,
+        except those in ``keep`` (files the entry store still reads batches
+        from).  Returns the deleted file seqs."""
+        removed = []
+        for seq in list_files(self.dir):
+            if seq < position.seq and seq != self._seq and seq not in keep:
+                os.unlink(os.path.join(self.dir, file_name(seq)))
+                removed.append(seq)
+        return removed
+
+    def path_of(self, seq: int) -> str:
+        return os.path.join(self.dir, file_name(seq))
+
+    def close(self) -> None:
+        with self._cv:
+            if self._closed:
+                return
+            self._closed = True
+            self._stopping = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+        with self._cv:      # never started: fail what was queued
+            left, self._pending = list(self._pending), collections.deque()
+        self._fail(left, "journal closed")

@@ -1,0 +1,286 @@
+"""Bookie end of the add lane and its read connections (protocol:
+pybk_spark/wire/lane_frames.py).
+
+Theory of operation
+-------------------
+A listening socket of its own (``add_lane_port``), one thread per accepted
+connection.  That thread checks the connection's magic and that the client
+means this bookie (the hello frame holds the bookie id it wants; another id
+is refused like a malformed frame, below), then reads frames and hands each
+AddRequest to ``BookieService.submit_add`` in arrival order,
+which is what makes the journal order of one connection its send order.
+
+* Answers are sent by whichever thread completes the add: the connection
+  thread itself when the journal's leader path makes the add durable inline
+  (an idle journal: no thread hand-off at all), otherwise the journal's
+  completion callback.  ``FrameWriter`` never blocks that thread: an answer
+  that does not fit the socket buffer is queued for a helper thread, and a
+  client whose unread answers pass ``_MAX_UNREAD_ANSWER_BYTES`` is cut off.
+* At most ``max_inflight_per_stream`` adds of a connection are unanswered;
+  the connection thread waits for a slot before reading on, so a fast
+  client is held back by TCP, not buffered without bound.
+* A frame over the bookie's message limit or a request that does not parse
+  gets an answer with request_id 0 and the BAD_REQUEST code, then the
+  connection is closed: after a framing error nothing later on it can be
+  trusted.  Nothing a client sends can stop the bookie.
+* When the client stops sending (or the connection breaks), the adds it
+  already submitted are still answered, for at most ``_DRAIN_S``, before the
+  connection is closed.
+* Each connection holds a thread, so at most ``lane_max_connections`` are
+  open (more are closed at accept, counted as refused), and a connection
+  that has not sent its magic and hello within ``lane_hello_timeout_s`` is
+  closed.  After the hello nothing is timed: an idle client connection is
+  the client's to close (it closes idle ones itself).
+* TLS (``tls``, bookie_server/serving/tls.py): the connection thread first runs
+  the TLS handshake (wire/tls_socket.py) with the context current at that
+  moment (a SIGHUP reload serves the next connection), within the same
+  ``lane_hello_timeout_s`` as the hello: a handshake that never completes,
+  garbage instead of a ClientHello, a plaintext client or a certificate the
+  CA does not vouch for closes the connection (counted as refused) and
+  frees its thread.  The peer's identities (its certificate) go with every
+  request to the role check of protocol/access.py.
+* A read connection (``READ_MAGIC``) is served by its thread alone: read a
+  ReadRequest, answer it through ``BookieService.read_answer`` (the same
+  code, codes and metrics as gRPC's ``ReadEntries``), send the answer whole,
+  read the next.  A malformed request is refused like a malformed add.
+"""
+from __future__ import annotations
+
+import logging
+import socket
+import ssl
+import threading
+import time
+
+from google.protobuf.message import DecodeError
+
+from bookie_server.config import BookieConfig
+from bookie_server.serving.tls import cert_peer
+from pybk_spark.protocol import access
+from pybk_spark.wire.frame_socket import FrameWriter, configure, read_frame, send_parts
+from pybk_spark.wire import framing
+from pybk_spark.wire import lane_frames
+from pybk_spark.wire import bookie_wire_pb2 as pb
+from pybk_spark.wire.entries import batch_to_parts
+from pybk_spark.wire.framing import parse_add_request
+from pybk_spark.wire.tls_socket import handshake
+
+log = logging.getLogger("bookie.add_lane")
+
+_MAX_UNREAD_ANSWER_BYTES = 16 << 20
+_SLOT_WAIT_S = 1.0
+_DRAIN_S = 5.0
+_MAX_ID_BYTES = 4096
+_MAX_READ_REQUEST_BYTES = 64 << 10     # a ReadRequest is a few dozen bytes and a key
+
+
+def bind_listener(cfg: BookieConfig) -> socket.socket:
+    """The add lane's listening socket on ``add_lane_port`` (OSError if taken)."""
+    family = socket.AF_INET6 if ":" in cfg.bind_address else socket.AF_INET
+    return socket.create_server((cfg.bind_address, cfg.add_lane_port), family=family,
+                                backlog=128)
+
+
+class AddLaneServer:
+    def __init__(self, service, cfg: BookieConfig, listener: socket.socket | None = None,
+                 tls=None):
+        self.service = service
+        self.bookie_id = service.bookie_id.encode()
+        self.metrics = service.m
+        self.limit = cfg.grpc_message_limit()
+        self.max_inflight = max(1, cfg.max_inflight_per_stream)
+        self.max_connections = cfg.lane_max_connections
+        self.hello_timeout_s = cfg.lane_hello_timeout_s
+        self.tls = tls
+        self._listener = listener if listener is not None else bind_listener(cfg)
+        self.port = self._listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._connections: set = set()              # plain or TLS sockets
+        self._stopped = threading.Event()
+        self._acceptor = threading.Thread(target=self._accept_loop, name="add-lane-accept",
+                                          daemon=True)
+
+    def start(self) -> "AddLaneServer":
+        self._acceptor.start()
+        return self
+
+    def _accept_loop(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                conn, peer = self._listener.accept()
+            except OSError as exc:
+                if self._stopped.is_set():
+                    return
+                log.warning("event=add_lane_accept_failed error=%r", exc)
+                self._stopped.wait(0.05)
+                continue
+            with self._lock:
+                if self._stopped.is_set():
+                    conn.close()
+                    return
+                full = len(self._connections) >= self.max_connections
+                if not full:
+                    self._connections.add(conn)
+                    self.metrics.lane_connections.set(len(self._connections))
+            if full:                      # each connection holds a thread: refuse, never queue
+                self.metrics.lane_refused.inc()
+                log.warning("event=add_lane_full peer=%s max_connections=%d", peer,
+                            self.max_connections)
+                conn.close()
+                continue
+            threading.Thread(target=self._serve, args=(conn, peer), daemon=True,
+                             name="add-lane-conn").start()
+
+    def _handshake(self, raw: socket.socket, peer):
+        """The TLS connection over ``raw`` and who is on the other end; None
+        (the connection closed, the refusal counted) when the handshake fails."""
+        try:
+            conn = handshake(raw, self.tls.lane_context(), server_side=True,
+                             timeout=self.hello_timeout_s)
+        except TimeoutError:
+            why = f"no TLS handshake within lane_hello_timeout_s = {self.hello_timeout_s}"
+        except (ssl.SSLError, OSError, ValueError) as exc:
+            why = f"TLS handshake failed: {exc}"
+        else:
+            with self._lock:
+                self._connections.discard(raw)
+                self._connections.add(conn)
+            return conn, cert_peer(conn.getpeercert())
+        self.metrics.lane_refused.inc()
+        log.info("event=add_lane_tls_refused peer=%s reason=%s", peer, why)
+        with self._lock:
+            self._connections.discard(raw)
+            self.metrics.lane_connections.set(len(self._connections))
+        raw.close()
+        return None
+
+    def _serve(self, conn: socket.socket, peer) -> None:
+        who = access.ANONYMOUS
+        started = time.monotonic()
+        if self.tls is not None:
+            done = self._handshake(conn, peer)
+            if done is None:
+                return
+            conn, who = done
+        writer = FrameWriter(configure(conn), "add-lane-answers", _MAX_UNREAD_ANSWER_BYTES)
+        slots = threading.BoundedSemaphore(self.max_inflight)
+        answer_cls: type[pb.AddResponse] | type[pb.ReadResponse] = pb.AddResponse
+
+        def refuse(message: str) -> None:
+            self.metrics.lane_refused.inc()
+            log.info("event=add_lane_refused peer=%s reason=%s", peer, message)
+            writer.send(lane_frames.frame(answer_cls(
+                code=pb.BAD_REQUEST, message=message,
+                request_id=lane_frames.CONNECTION_REQUEST_ID).SerializeToString()))
+
+        try:
+            # a silent connection must not hold a thread (the handshake counts)
+            conn.settimeout(max(0.001, self.hello_timeout_s - (time.monotonic() - started)))
+            with conn.makefile("rb") as stream:
+                magic = stream.read(len(lane_frames.MAGIC))
+                if magic not in lane_frames.MAGICS:
+                    self.metrics.lane_refused.inc()
+                    log.info("event=add_lane_bad_magic peer=%s", peer)
+                    return
+                if magic == lane_frames.READ_MAGIC:
+                    answer_cls = pb.ReadResponse
+                try:
+                    wanted = read_frame(stream, _MAX_ID_BYTES)
+                except ValueError as exc:
+                    refuse(f"malformed add lane hello: {exc}")
+                    return
+                if wanted is None:
+                    return
+                if wanted != self.bookie_id:
+                    refuse(f"this is bookie {self.bookie_id.decode(errors='replace')}, "
+                           f"not {wanted.decode(errors='replace')}")
+                    return
+                conn.settimeout(None)
+                if magic == lane_frames.READ_MAGIC:
+                    self._serve_reads(conn, stream, refuse, who)
+                else:
+                    self._serve_adds(stream, writer, slots, refuse, who)
+        except TimeoutError:              # only the hello is timed
+            self.metrics.lane_refused.inc()
+            log.info("event=add_lane_hello_timeout peer=%s", peer)
+        except OSError as exc:            # reset by the client, shut down by stop()
+            log.debug("event=add_lane_connection_error peer=%s error=%r", peer, exc)
+        except Exception:                 # noqa: BLE001 - never let a request kill the bookie
+            log.exception("event=add_lane_unexpected_error peer=%s", peer)
+        finally:
+            if isinstance(writer.error, BufferError):
+                self.metrics.lane_refused.inc()
+                log.info("event=add_lane_cut peer=%s reason=%s", peer, writer.error)
+            self._finish(conn, writer, slots)
+
+    def _serve_adds(self, stream, writer: FrameWriter, slots: threading.BoundedSemaphore,
+                    refuse, who: access.Peer) -> None:
+        def respond(resp: pb.AddResponse) -> None:
+            slots.release()
+            writer.send(lane_frames.frame(resp.SerializeToString()))
+
+        while not self._stopped.is_set():
+            try:
+                body = read_frame(stream, self.limit)
+                if body is None:
+                    return
+                req = parse_add_request(body)
+            except ValueError as exc:
+                refuse(f"malformed add lane frame: {exc}")
+                return
+            while not slots.acquire(timeout=_SLOT_WAIT_S):
+                if writer.closed or self._stopped.is_set():
+                    return
+            self.service.submit_add(req, respond, who)
+
+    def _serve_reads(self, conn: socket.socket, stream, refuse, who: access.Peer) -> None:
+        """One read at a time, in arrival order; each answer is sent whole
+        (blocking: this thread has nothing else to do) before the next
+        request is read, so a client that stops reading holds back only its
+        own connection.  The entries go out from the buffer the bookie
+        encoded them into."""
+        while not self._stopped.is_set():
+            try:
+                body = read_frame(stream, _MAX_READ_REQUEST_BYTES)
+                if body is None:
+                    return
+                req = pb.ReadRequest.FromString(body)
+            except (ValueError, DecodeError) as exc:
+                refuse(f"malformed read lane frame: {exc}")
+                return
+            head, batch = self.service.read_answer(req, who)
+            if batch is None:
+                send_parts(conn, lane_frames.frame_parts(head.SerializeToString()))
+            else:
+                ipc = batch_to_parts(batch)
+                prefix = framing.payload_prefix(head, sum(len(p) for p in ipc))
+                send_parts(conn, lane_frames.frame_parts(*prefix, *ipc))
+
+    def _finish(self, conn: socket.socket, writer: FrameWriter,
+                slots: threading.BoundedSemaphore) -> None:
+        """The client stopped sending (or broke off): answer the adds already
+        submitted, at most ``_DRAIN_S`` long, then close."""
+        deadline = time.monotonic() + _DRAIN_S
+        for _ in range(self.max_inflight):
+            if writer.closed or not slots.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                break
+        writer.flush(max(0.0, deadline - time.monotonic()))
+        writer.close()
+        with self._lock:
+            self._connections.discard(conn)
+            self.metrics.lane_connections.set(len(self._connections))
+        conn.close()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        try:
+            self._listener.close()
+        except OSError:
+            pass
+        with self._lock:
+            conns, self._connections = list(self._connections), set()
+        for conn in conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass

@@ -1,0 +1,323 @@
+"""gRPC shell around the Bookie core: requests in, core calls, codes out.
+
+Every handler catches every exception and answers with the code chosen by
+``pybk_spark.wire.codes.error_to_code`` - a request can never crash the
+server.  AddStream answers lone adds on its own thread while the journal's
+leader path makes each durable inline, and otherwise is pipelined: a reader
+thread submits each request as it arrives (bounded by
+``max_inflight_per_stream``) and responses are streamed back as their
+journal groups become durable, matched by request_id.
+
+With TLS (bookie_server/serving/tls.py) every request is first checked against the
+roles of protocol/access.py, the peer known by its client certificate
+(``context.auth_context()``; the lane passes the peer of its connection):
+a peer with no role gets ``UNAUTHORIZED``; an operator's recovery add or
+fence with the empty key skips the master-key check (``keyless``).
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from concurrent import futures
+from typing import Iterator
+
+import grpc
+
+from bookie_server.bookie import Bookie
+from bookie_server.config import BookieConfig
+from bookie_server.serving.tls import grpc_peer, policy_of
+from pybk_spark.protocol import access
+from pybk_spark.wire import bookie_wire_pb2 as pb
+from pybk_spark.wire import bookie_wire_pb2_grpc as pb_grpc
+from pybk_spark.wire import framing
+from pybk_spark.wire.codes import error_to_code
+from pybk_spark.wire.entries import batch_to_buffer
+
+log = logging.getLogger("bookie.service")
+
+PROTOCOL_VERSION = 1
+_END = {"COMPLETE": pb.COMPLETE, "LIMIT": pb.LIMIT, "MISSING": pb.MISSING}
+_DONE = object()
+
+
+def _code(exc: BaseException, op: str) -> tuple[int, str]:
+    code, msg = error_to_code(exc)
+    if code == pb.BAD_REQUEST and not hasattr(exc, "code"):
+        log.exception("event=unexpected_error op=%s", op)
+    return code, msg
+
+
+class BookieService(pb_grpc.BookieServicer):
+    def __init__(self, bookie: Bookie, cfg: BookieConfig, bookie_id: str):
+        self.bookie = bookie
+        self.cfg = cfg
+        self.bookie_id = bookie_id
+        self.m = bookie.metrics
+        self._adds_ok = self.m.add_requests.labels("ok")     # bound once: every add counts
+        self.policy = policy_of(cfg)
+
+    def peer(self, context) -> access.Peer:
+        """Who sent a gRPC request (anonymous without TLS: not looked up)."""
+        return grpc_peer(context) if self.policy.tls else access.ANONYMOUS
+
+    def authorize(self, peer: access.Peer, op: str, key: bytes = b"x") -> bool:
+        """Unauthorized unless ``peer`` may do ``op``; True for the key-less path."""
+        if not self.policy.tls:
+            return False
+        return access.check(self.policy, peer, op, key)
+
+    # -- adds ---------------------------------------------------------------------------
+    def submit_add(self, req: pb.AddRequest, done, peer: access.Peer = access.ANONYMOUS) -> None:
+        """Submit one add; ``done(response)`` is called exactly once."""
+        t0 = time.perf_counter()
+        if isinstance(req, framing.Malformed):     # an AddStream message that did not parse
+            self.m.add_requests.labels("error").inc()
+            done(pb.AddResponse(code=pb.BAD_REQUEST, message=req.error))
+            return
+        try:
+            keyless = self.authorize(peer, "recovery_add" if req.recovery else "add",
+                                     req.master_key)
+            fut, first, last = self.bookie.add_async(req.ledger_id, req.master_key,
+                                                     req.entries, req.recovery, keyless)
+        except BaseException as exc:  # noqa: BLE001 - a request never kills the bookie
+            code, msg = _code(exc, "add")
+            self.m.add_requests.labels("error").inc()
+            done(pb.AddResponse(code=code, message=msg, ledger_id=req.ledger_id,
+                                request_id=req.request_id))
+            return
+        nbytes = len(req.entries)
+
+        def finished(f: futures.Future) -> None:
+            exc = f.exception()
+            if exc is not None:
+                code, msg = _code(exc, "add")
+                self.m.add_requests.labels("error").inc()
+                done(pb.AddResponse(code=code, message=msg, ledger_id=req.ledger_id,
+                                    request_id=req.request_id))
+                return
+            self._adds_ok.inc()
+            self.m.add_entries.inc(last - first + 1)
+            self.m.add_bytes.inc(nbytes)
+            self.m.add_latency.observe(time.perf_counter() - t0)
+            done(pb.AddResponse(code=pb.OK, ledger_id=req.ledger_id, first_entry_id=first,
+                                last_entry_id=last, request_id=req.request_id))
+
+        fut.add_done_callback(finished)
+
+    def AddEntries(self, request, context):
+        box: "queue.Queue[pb.AddResponse]" = queue.Queue(1)
+        try:
+            self.submit_add(request, box.put, self.peer(context))
+            return box.get()
+        except BaseException as exc:  # noqa: BLE001 - a request never kills the bookie
+            code, msg = _code(exc, "add")
+            return pb.AddResponse(code=code, message=msg, request_id=request.request_id)
+
+    def AddStream(self, request_iterator, context) -> Iterator[pb.AddResponse]:
+        """Two modes, one per stream.  Lone adds: while every add is answered
+        by the time it is submitted (an idle journal writes and syncs it on
+        the submitting thread: the journal's leader path), this handler
+        thread receives, submits and answers each add itself, with no
+        hand-off to another thread.  Pipelined: the first add that is not
+        answered at once (a busy journal, a pipelining client) moves the
+        stream for good to a reader thread that receives and submits, while
+        this thread sends the answers as their groups become durable.
+        Answers leave in completion order, each carrying its request_id."""
+        out: "queue.SimpleQueue" = queue.SimpleQueue()
+        slots = threading.BoundedSemaphore(max(1, self.cfg.max_inflight_per_stream))
+
+        def respond(resp) -> None:
+            slots.release()
+            out.put(resp)
+
+        peer = self.peer(context)
+        try:
+            for req in request_iterator:
+                slots.acquire()
+                self.submit_add(req, respond, peer)
+                try:
+                    yield out.get_nowait()
+                except queue.Empty:          # not durable yet: go pipelined
+                    yield from self._pipelined_answers(request_iterator, context, out, slots,
+                                                       respond, peer)
+                    return
+        except Exception as exc:  # noqa: BLE001 - client went away / cancelled
+            if context.is_active():
+                log.debug("event=add_stream_error error=%r", exc)
+
+    def _pipelined_answers(self, request_iterator, context, out, slots, respond, peer):
+        """The rest of an AddStream with one add already outstanding."""
+        pending = [1]
+        lock = threading.Lock()
+
+        def reader() -> None:
+            try:
+                for req in request_iterator:
+                    slots.acquire()
+                    with lock:
+                        pending[0] += 1
+                    self.submit_add(req, respond, peer)
+            except BaseException as exc:  # noqa: BLE001 - client went away / cancelled
+                if context.is_active():
+                    log.debug("event=add_stream_reader_error error=%r", exc)
+            finally:
+                out.put(_DONE)
+
+        threading.Thread(target=reader, name="add-stream-reader", daemon=True).start()
+        reader_done = False
+        while True:
+            with lock:
+                if reader_done and pending[0] == 0:
+                    return
+            item = out.get()
+            if item is _DONE:
+                reader_done = True
+                continue
+            with lock:
+                pending[0] -= 1
+            yield item
+
+    # -- reads ----------------------------------------------------------------------------
+    def ReadEntries(self, request, context):
+        head, batch = self.read_answer(request, self.peer(context))
+        if batch is None:
+            return head
+        # pre-framed: see pybk_spark/wire/framing.py
+        return framing.with_payload(head, batch_to_buffer(batch))
+
+    def read_answer(self, request, peer: access.Peer = access.ANONYMOUS) -> tuple:
+        """(ReadResponse without its entries, the entries as a record batch or
+        None): the answer to a read, for gRPC's ``ReadEntries`` and for a
+        read lane connection, which encodes the batch itself."""
+        t0 = time.perf_counter()
+        try:
+            keyless = self.authorize(peer, "fence" if request.fence else "read",
+                                     request.master_key)
+            res = self.bookie.read(request.ledger_id, request.first_entry_id,
+                                   request.last_entry_id, max_entries=request.max_entries,
+                                   max_bytes=request.max_bytes, fence=request.fence,
+                                   master_key=request.master_key, sparse=request.sparse,
+                                   stripe=((request.stripe_ensemble, request.stripe_slot)
+                                           if request.stripe_ensemble else None),
+                                   keyless=keyless)
+            self.m.read_requests.labels("ok").inc()
+            self.m.read_entries.inc(res.batch.num_rows)
+            self.m.read_latency.observe(time.perf_counter() - t0)
+            return (pb.ReadResponse(code=pb.OK, end=_END[res.end], lac=res.lac, fenced=res.fenced,
+                                    request_id=request.request_id), res.batch)
+        except BaseException as exc:  # noqa: BLE001 - a request never kills the bookie
+            code, msg = _code(exc, "read")
+            self.m.read_requests.labels("error").inc()
+            lac, fenced = -1, False
+            try:
+                r = self.bookie.lac_of(request.ledger_id)
+                lac, fenced = r.lac, r.fenced
+            except BaseException:  # noqa: BLE001 - the error answer goes out regardless
+                pass
+            return (pb.ReadResponse(code=code, message=msg, end=pb.MISSING, lac=lac, fenced=fenced,
+                                    request_id=request.request_id), None)
+
+    def ReadLac(self, request, context):
+        try:
+            peer = self.peer(context)
+            keyless = self.authorize(peer, "fence" if request.fence else "read",
+                                     request.master_key)
+            r = self.bookie.read_lac(request.ledger_id, fence=request.fence,
+                                     master_key=request.master_key,
+                                     wait_for_lac_above=request.wait_for_lac_above,
+                                     timeout_s=request.timeout_ms / 1000.0, keyless=keyless)
+            key = (self.bookie.master_key_of(request.ledger_id)
+                   if access.may_learn_key(self.policy, peer, request.master_key, request.fence)
+                   else b"")
+            return pb.ReadLacResponse(code=pb.OK, lac=r.lac, last_entry_id=r.last_entry_id,
+                                      fenced=r.fenced, master_key=key)
+        except BaseException as exc:  # noqa: BLE001 - a request never kills the bookie
+            code, msg = _code(exc, "read_lac")
+            return pb.ReadLacResponse(code=code, message=msg, lac=-1, last_entry_id=-1)
+
+    def Fence(self, request, context):
+        try:
+            keyless = self.authorize(self.peer(context), "fence", request.master_key)
+            r = self.bookie.fence(request.ledger_id, request.master_key, keyless)
+            return pb.FenceResponse(code=pb.OK, lac=r.lac, last_entry_id=r.last_entry_id)
+        except BaseException as exc:  # noqa: BLE001 - a request never kills the bookie
+            code, msg = _code(exc, "fence")
+            return pb.FenceResponse(code=code, message=msg, lac=-1, last_entry_id=-1)
+
+    def WriteLac(self, request, context):
+        try:
+            self.authorize(self.peer(context), "write_lac", request.master_key)
+            self.bookie.write_lac(request.ledger_id, request.master_key, request.lac)
+            return pb.WriteLacResponse(code=pb.OK)
+        except BaseException as exc:  # noqa: BLE001 - a request never kills the bookie
+            code, msg = _code(exc, "write_lac")
+            return pb.WriteLacResponse(code=code, message=msg)
+
+    # -- info -------------------------------------------------------------------------------
+    def GetBookieInfo(self, request, context):
+        try:
+            self.authorize(self.peer(context), "info")
+            free, total = self.bookie.disk_usage()
+            return pb.BookieInfoResponse(
+                code=pb.OK, bookie_id=self.bookie_id, free_bytes=free, total_bytes=total,
+                state=pb.READ_ONLY_STATE if self.bookie.read_only else pb.WRITABLE,
+                ledger_count=len(self.bookie.ledger_ids()),
+                entry_count=self.bookie.store.entry_count(), protocol_version=PROTOCOL_VERSION)
+        except BaseException as exc:  # noqa: BLE001 - a request never kills the bookie
+            code, msg = _code(exc, "info")
+            return pb.BookieInfoResponse(code=code, message=msg, bookie_id=self.bookie_id)
+
+    def ListLedgers(self, request, context):
+        try:
+            self.authorize(self.peer(context), "info")
+            return pb.ListLedgersResponse(code=pb.OK, ledger_ids=self.bookie.ledger_ids())
+        except BaseException as exc:  # noqa: BLE001 - a request never kills the bookie
+            code, msg = _code(exc, "list")
+            return pb.ListLedgersResponse(code=code, message=msg)
+
+    def Health(self, request, context):
+        return pb.HealthResponse(serving=True, bookie_id=self.bookie_id)
+
+
+def bind_server(cfg: BookieConfig, tls=None) -> tuple[grpc.Server, int]:
+    """A gRPC server bound to ``cfg.port`` but serving nothing yet (the port
+    is taken before the bookie writes anything anywhere; ``add_service``
+    comes once the bookie is open).  OSError if the port cannot be bound.
+    ``tls``: a bookie_server.serving.tls.ServerTls, for a TLS port."""
+    limit = cfg.grpc_message_limit()
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=cfg.grpc_threads, thread_name_prefix="grpc"),
+        options=[("grpc.max_send_message_length", limit),
+                 ("grpc.max_receive_message_length", limit),
+                 ("grpc.so_reuseport", 0)])
+    try:
+        address = f"{cfg.bind_address}:{cfg.port}"
+        port = (server.add_secure_port(address, tls.grpc_credentials()) if tls is not None
+                else server.add_insecure_port(address))
+    except RuntimeError as exc:           # grpc >= 1.5x raises instead of returning 0
+        raise OSError(f"cannot bind {cfg.bind_address}:{cfg.port}: {exc}") from None
+    if port == 0:
+        raise OSError(f"cannot bind {cfg.bind_address}:{cfg.port}")
+    return server, port
+
+
+def add_service(server: grpc.Server, bookie: Bookie, cfg: BookieConfig, bookie_id: str) -> None:
+    framing.add_bookie_servicer(BookieService(bookie, cfg, bookie_id), server)
+
+
+def make_server(bookie: Bookie, cfg: BookieConfig, bookie_id: str) -> tuple[grpc.Server, int]:
+    server, port = bind_server(cfg)
+    add_service(server, bookie, cfg, bookie_id)
+    return server, port
+
+
+def make_add_lane(bookie: Bookie, cfg: BookieConfig, bookie_id: str, listener=None, tls=None):
+    """The started add lane server (bookie_server/serving/lane_server.py), or None when
+    ``add_lane_port`` is -1.  ``listener``: its socket, bound beforehand;
+    ``tls``: a bookie_server.serving.tls.ServerTls for TLS connections."""
+    if cfg.add_lane_port < 0:
+        return None
+    from bookie_server.serving.lane_server import AddLaneServer
+    return AddLaneServer(BookieService(bookie, cfg, bookie_id), cfg, listener, tls).start()

@@ -1,0 +1,1 @@
+"""Operator and user entry points: the ``pybk`` shell and the demos."""

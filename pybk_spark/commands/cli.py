@@ -1,0 +1,291 @@
+"""``pybk``: the operator's shell (``bookkeeper shell`` / ``localbookie`` analogue).
+
+Adding a subcommand: write ``add_arguments(parser)`` and ``run(args) -> int``
+and either append ``Command(name, help, add_arguments, run)`` to ``COMMANDS``
+below, or call ``register(...)`` from a module listed in ``COMMAND_MODULES``
+(imported lazily when ``pybk`` starts; a missing module is skipped).
+
+Conventions every subcommand follows:
+  * ``--metadata-uri`` (default ``$PYBK_METADATA_URI``) via ``add_metadata_uri``;
+  * results through ``emit(args, data, text)``: ``pybk --json CMD`` prints the
+    data as one JSON document, otherwise the text;
+  * failures are ``pybk_spark.errors`` exceptions: ``main`` prints them (JSON
+    with code when ``--json``) and exits 1, as it does an ``OSError`` (one
+    line naming the file); bad usage exits 2, and so does
+    ``standalone`` refused because its data dir is in use.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from pybk_spark import errors
+from pybk_spark.metadata import keys
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+COMMANDS: list[Command] = []
+COMMAND_MODULES: tuple[str, ...] = ("pybk_spark.cli_ledgers", "pybk_spark.cli_logs",
+                                    "pybk_spark.cli_admin",
+                                    "pybk_spark.admin.shell_recovery",
+                                    "pybk_spark.admin.shell_ledgers",
+                                    "pybk_spark.admin.shell_bookies",
+                                    "pybk_spark.admin.shell_operator",
+                                    "pybk_spark.admin.shell_offline",
+                                    "pybk_spark.admin.etcd_roles",
+                                    "pybk_spark.admin.shell_positions")
+
+
+def register(name: str, help: str, add_arguments, run) -> None:
+    """Add (or replace) a subcommand."""
+    COMMANDS[:] = [c for c in COMMANDS if c.name != name]
+    COMMANDS.append(Command(name, help, add_arguments, run))
+
+
+# -- helpers for subcommands --------------------------------------------------------
+def add_metadata_uri(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--metadata-uri", default=os.environ.get("PYBK_METADATA_URI"),
+                        help="etcd://HOST:PORT[,HOST:PORT...]/SCOPE "
+                             "(default: $PYBK_METADATA_URI)")
+    parser.add_argument("--client-conf", default=os.environ.get("PYBK_CLIENT_CONF"),
+                        help="client conf file (conf/client.conf: TLS files, operator = "
+                             "true, timeouts; default: $PYBK_CLIENT_CONF)")
+
+
+def client_conf(args: argparse.Namespace):
+    """The client settings of ``--client-conf`` (None: the defaults)."""
+    path = getattr(args, "client_conf", None)
+    if not path:
+        return None
+    from pybk_spark.config import load_client_conf
+    try:
+        return load_client_conf(path)
+    except OSError as exc:
+        raise errors.IncorrectParameter(f"cannot read --client-conf {path}: "
+                                        f"{exc.strerror or exc}") from None
+
+
+def require_metadata_uri(args: argparse.Namespace) -> str:
+    if not getattr(args, "metadata_uri", None):
+        raise errors.IncorrectParameter("no metadata URI: pass --metadata-uri or set "
+                                        "PYBK_METADATA_URI")
+    return args.metadata_uri
+
+
+def open_store_from(args: argparse.Namespace):
+    from pybk_spark.metadata import open_store
+    return open_store(require_metadata_uri(args))
+
+
+def emit(args: argparse.Namespace, data: Any, text: str | None = None) -> None:
+    """Print ``data`` as JSON under ``--json``, else ``text`` (or a plain rendering)."""
+    if getattr(args, "json", False):
+        print(json.dumps(data, sort_keys=True, default=str), flush=True)
+    else:
+        print(text if text is not None else _plain(data), flush=True)
+
+
+def _plain(data: Any) -> str:
+    if isinstance(data, (list, tuple)):
+        return "\n".join(_plain(d) for d in data)
+    if isinstance(data, dict):
+        return " ".join(f"{k}={v}" for k, v in data.items())
+    return str(data)
+
+
+# -- standalone ------------------------------------------------------------------------
+def _standalone_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bookies", type=int, default=3, help="number of bookies (default 3)")
+    p.add_argument("--data-dir", default="./data/standalone",
+                   help="cluster data dir; a restart on it keeps all data")
+    p.add_argument("--scope", default="pybk", help="metadata scope (default pybk)")
+    p.add_argument("--bookie-conf", help="bookie conf file (default: built-in defaults)")
+    p.add_argument("--tls", action="store_true",
+                   help="mutual TLS on every bookie port, with a throwaway CA and certificates "
+                        "made in DATA_DIR/tls (needs trustme: pip install 'pybk-spark[tls]'); "
+                        "prints the client settings to use")
+
+
+def _standalone(args: argparse.Namespace) -> int:
+    """Exit 0 after a clean stop; 2 when refused to start because another
+    process runs a cluster on the data dir (one line naming its pid); 1 when
+    a child failed to start (its reason and log path on the first line)."""
+    from pybk_spark.cluster.local import BookieStartError, LocalCluster
+    if args.bookies < 1:
+        raise errors.IncorrectParameter("--bookies must be >= 1")
+    bookie_conf, client_lines = args.bookie_conf, list[str]()
+    if args.tls:
+        bookie_conf, client_lines = _standalone_tls(args)
+    cluster = LocalCluster(args.data_dir, num_bookies=args.bookies, scope=args.scope,
+                           bookie_conf=bookie_conf)
+    try:
+        cluster.lock()                       # before anything in the dir is touched
+    except errors.DataDirInUse as exc:
+        print(f"pybk standalone: refusing to start: {exc}", file=sys.stderr, flush=True)
+        return 2
+    stop = threading.Event()
+
+    def on_signal(signum, _frame):
+        if not stop.is_set():
+            stop.set()
+            raise KeyboardInterrupt          # also interrupts a start in progress
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT,
+                                                          signal.SIGHUP)}
+    rc = 0
+    try:
+        cluster.start()
+        print(f"metadataServiceUri={cluster.metadata_uri}", flush=True)
+        for bid in cluster.bookie_ids:
+            print(f"bookie {bid} {cluster.bookie_address(bid)} pid={cluster.bookie_pid(bid)}",
+                  flush=True)
+        for line in client_lines:
+            print(line, flush=True)
+        print(f"standalone ready: etcd pid={cluster.etcd.pid} data_dir={cluster.data_dir} "
+              "(Ctrl-C or SIGTERM to stop)", flush=True)
+        while not stop.wait(1.0):
+            pass
+    except KeyboardInterrupt:
+        pass
+    except BookieStartError as exc:
+        print(f"pybk standalone: {str(exc).splitlines()[0]}", file=sys.stderr, flush=True)
+        rc = 1
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)    # no second interrupt mid-stop
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        cluster.stop()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        print("standalone stopped", flush=True)
+    return rc
+
+
+def _standalone_tls(args: argparse.Namespace) -> tuple[dict, list[str]]:
+    """(bookie conf with TLS on, lines telling clients how to connect)."""
+    from pybk_spark.cluster import certs
+    try:
+        files = certs.ensure_cert_files(os.path.join(args.data_dir, "tls"))
+    except RuntimeError as exc:               # trustme missing: say how to get it
+        raise errors.IncorrectParameter(f"--tls: {exc}") from None
+    conf: dict = {}
+    if args.bookie_conf:
+        from bookie_server.config import parse_conf_text
+        with open(args.bookie_conf, encoding="utf-8") as fh:
+            conf.update(parse_conf_text(fh.read()))
+    conf.update(files.bookie_conf())
+    confs = certs.write_client_confs(files)
+    client = files.client_conf(certs.WRITER)
+    lines = ["tls: client settings (conf/client.conf keys): "
+             + " ".join(f"{k}={v}" for k, v in client.items()),
+             f"tls: client conf file: {confs['client.conf']} (pybk --client-conf, "
+             f"BookKeeper(uri, conf=path)); operator: {confs['operator.conf']}",
+             "tls: Spark options: " + " ".join(
+                 f"{opt}={client[key]}" for opt, key in (("tls.caFile", "tls_ca_file"),
+                                                        ("tls.certFile", "tls_cert_file"),
+                                                        ("tls.keyFile", "tls_key_file")))]
+    return conf, lines
+
+
+# -- listbookies -------------------------------------------------------------------------
+def _listbookies_args(p: argparse.ArgumentParser) -> None:
+    add_metadata_uri(p)
+    p.add_argument("--readonly", action="store_true", help="list read-only bookies")
+    p.add_argument("--all", action="store_true", help="list writable and read-only bookies")
+
+
+def _listbookies(args: argparse.Namespace) -> int:
+    store = open_store_from(args)
+    try:
+        modes = ["writable", "readonly"] if args.all else (
+            ["readonly"] if args.readonly else ["writable"])
+        rows = []
+        for mode in modes:
+            for key, versioned in store.list_prefix(keys.bookies_prefix(mode)):
+                try:
+                    info = json.loads(versioned.value)
+                except ValueError:
+                    info = {"bookie_id": key.rsplit("/", 1)[1], "raw": versioned.value.decode(
+                        errors="replace")}
+                info.setdefault("state", mode)
+                rows.append(info)
+    finally:
+        store.close()
+    from pybk_spark.admin.report import table
+    human = [{"bookie": r.get("bookie_id"), "address": r.get("address"),
+              "add_lane": r.get("add_lane_address") or "-", "rack": r.get("rack"),
+              "state": r.get("state"), "metrics_port": r.get("metrics_port") or "-"}
+             for r in rows]
+    text = table(human, ["bookie", "address", "add_lane", "rack", "state", "metrics_port"],
+                 empty="(no bookies)")
+    emit(args, rows, text)
+    return 0
+
+
+COMMANDS.extend([
+    Command("standalone", "run etcd + N bookies locally until Ctrl-C / SIGTERM (exit 2: "
+            "data dir in use by another standalone, whose pid is named)",
+            _standalone_args, _standalone),
+    Command("listbookies", "list registered bookies", _listbookies_args, _listbookies),
+])
+
+
+# -- entry point -----------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    for module in COMMAND_MODULES:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+    parser = argparse.ArgumentParser(prog="pybk", description="pybk-spark operator shell")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for cmd in COMMANDS:
+        p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
+        p.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                       help="machine-readable output")
+        cmd.add_arguments(p)
+        p.set_defaults(_run=cmd.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except errors.BKError as exc:
+        if getattr(args, "json", False):
+            print(json.dumps({"error": type(exc).__name__, "code": exc.code,
+                              "message": str(exc), "outcome_known": exc.outcome_known}),
+                  flush=True)
+        else:
+            print(f"pybk {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:           # a file or socket the operator named: one line, no traceback
+        where = f" ({exc.filename})" if exc.filename else ""
+        if getattr(args, "json", False):
+            print(json.dumps({"error": type(exc).__name__, "code": errors.BKError.code,
+                              "message": f"{exc.strerror or exc}{where}",
+                              "outcome_known": True}), flush=True)
+        else:
+            print(f"pybk {args.command}: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

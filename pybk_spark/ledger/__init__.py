@@ -1,0 +1,1 @@
+"""The ledger client: BookKeeper, ledger handles, the writer, reads, recovery, placement and digests."""

@@ -1,0 +1,318 @@
+"""``LedgerHandle``: the single writer of an OPEN ledger.
+
+Theory of operation
+-------------------
+A payload over the ledger's entry limit (``protocol.add_admission``:
+client ``max_entry_size_bytes`` bounded by the ensemble bookies' advertised
+limits) is refused with ``TooLarge`` before it gets an id, and so is a whole
+``add_entries`` call holding one; the handle stays usable.
+Payloads are cut into chunks (``add_batch_entries`` / ``add_batch_bytes``,
+and the bookies' per-request limit);
+each chunk gets consecutive ids, the current LAC and the ledger length
+before it in one core step (each entry carries its cumulative length, as in
+BookKeeper), its digests are computed, and it becomes one Arrow batch sent to every bookie of
+its write sets (``LedgerWriter``).  Futures complete in id order.
+
+``close()`` waits for outstanding adds, then CASes CLOSED with last entry =
+LAC following the seed's three outcomes (``close_by_writer``); the writer
+lease key is revoked.  Exception: a handle whose writer aborted (fenced, or a
+failed ensemble change) with unreleased adds closes by fencing recovery,
+because those adds may still land on a bookie after the close (chaos run 7:
+a SIGSTOPped bookie resumed and stored entry LAC+1 on its whole write set).
+If that recovery fails, the ledger stays OPEN/IN_RECOVERY for a recoverer.
+
+An idle handle sends an explicit LAC (driven by the client's background
+ticker, ``tick()``).
+"""
+from __future__ import annotations
+
+import functools
+import threading
+from concurrent.futures import Future
+from typing import Iterable
+
+from pybk_spark import errors
+from pybk_spark.ledger.digest import Digester
+from pybk_spark.ledger.ledger_writer import LedgerWriter, Waiter
+from pybk_spark.metadata.store import ledger_key
+from pybk_spark.protocol import add_admission as admission
+from pybk_spark.protocol import ledger_metadata as lm
+from pybk_spark.ledger.read_handle import ReadHandle
+from pybk_spark.wire.entries import cumulative_lengths, make_batch
+
+
+class LedgerHandle:
+    def __init__(self, bk, md: lm.LedgerMetadata, password: bytes, lease=None,
+                 limits: admission.AddLimits | None = None):
+        self.bk = bk
+        self.ledger_id = md.ledger_id
+        self._password = password
+        self._key = lm.master_key(password)
+        self._digester = Digester(md.digest_type, password)
+        self._writer = LedgerWriter(bk, md, self._key, recovery=False, limits=limits)
+        self._lease = lease
+        self._submit_lock = threading.RLock()  # ids assigned and sent in order
+        # add_entry_async calls made while earlier ones are being sent are
+        # coalesced into one Arrow batch per bookie (one RPC, not one per entry)
+        self._queued: list[tuple[bytes, Future]] = []
+        self._queue_lock = threading.Lock()
+        self._drain_scheduled = False
+        self._async_inflight = 0
+        self._async_window = max(1, bk.conf.async_add_window)
+        self._closed = False
+        self._explicit_lac_sent = -1
+
+    # -- properties -------------------------------------------------------------------
+    @property
+    def metadata(self) -> lm.LedgerMetadata:
+        return self._writer.md
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._writer.lac
+
+    @property
+    def length(self) -> int:
+        return self._writer.length
+
+    @property
+    def error(self) -> errors.BKError | None:
+        """Why this handle's writer aborted (every later add fails with it),
+        or None while it is usable."""
+        return self._writer.error
+
+    @property
+    def limits(self) -> admission.AddLimits:
+        """The add size limits of the current ensemble."""
+        return self._writer.limits
+
+    # -- adds ---------------------------------------------------------------------------
+    def _check_size(self, payload: bytes) -> None:
+        lim = self._writer.limits
+        if not lim.entry_fits(len(payload)):
+            raise admission.too_large(len(payload), lim, ledger_id=self.ledger_id)
+
+    def _fits_request(self, entries: int, size: int) -> bool:
+        """Whether ``entries`` payloads of ``size`` bytes go in one request."""
+        conf = self.bk.conf
+        return (entries <= conf.add_batch_entries and size <= conf.add_batch_bytes
+                and size <= self._writer.limits.request_payload_budget(entries))
+
+    def add_entry(self, payload: bytes) -> int:
+        payload = bytes(payload)
+        self._check_size(payload)
+        fut: Future = Future()
+        self._submit_chunk([payload], fut, single=True)
+        return fut.result()
+
+    def add_entry_async(self, payload: bytes) -> "Future[int]":
+        """Pipelined add.  Calls are coalesced into batches (one Arrow batch and
+        one request per bookie each) with at most ``async_add_window`` batches
+        in flight: while they are out, new calls queue up and leave together
+        (Nagle's idea).  Entry ids follow call order."""
+        fut: Future = Future()
+        payload = bytes(payload)
+        try:
+            self._check_size(payload)
+        except errors.TooLarge as exc:
+            fut.set_exception(exc)
+            return fut
+        with self._queue_lock:
+            self._queued.append((payload, fut))
+            if self._drain_scheduled or self._async_inflight >= self._async_window:
+                return fut
+            self._drain_scheduled = True
+        self._schedule_drain()
+        return fut
+
+    def _schedule_drain(self) -> None:
+        try:
+            self.bk.executor.submit(self._drain_queued)
+        except RuntimeError:            # client executor shut down: send inline
+            self._drain_queued()
+
+    def _drain_queued(self) -> None:
+        with self._submit_lock:
+            self._send_queued_locked(windowed=True)
+
+    def _take_queued(self, windowed: bool) -> list[tuple[bytes, Future]]:
+        """Pop one batch worth of queued adds.  Clears the drain flag when
+        nothing more may go now (atomically with the check: no add strands,
+        because a finishing batch re-schedules a drain)."""
+        with self._queue_lock:
+            if windowed and self._async_inflight >= self._async_window:
+                self._drain_scheduled = False
+                return []
+            take = size = 0
+            for payload, _ in self._queued:
+                if take and not self._fits_request(take + 1, size + len(payload)):
+                    break
+                take += 1
+                size += len(payload)
+            items, self._queued = self._queued[:take], self._queued[take:]
+            if not items:
+                self._drain_scheduled = False
+            else:
+                self._async_inflight += 1
+            return items
+
+    def _async_batch_done(self, chunk: Future, futures: list[Future]) -> None:
+        with self._queue_lock:
+            self._async_inflight -= 1
+            again = bool(self._queued) and not self._drain_scheduled
+            if again:
+                self._drain_scheduled = True
+        _fan_out(chunk, futures)
+        if again:
+            self._schedule_drain()
+
+    def _send_queued_locked(self, windowed: bool = False) -> None:
+        """Caller holds _submit_lock: send queued async adds, in order (all of
+        them unless ``windowed``, e.g. before a sync add or close)."""
+        while True:
+            items = self._take_queued(windowed)
+            if not items:
+                return
+            chunk_fut: Future = Future()
+            try:
+                self._assign_and_send([p for p, _ in items], chunk_fut, single=False)
+            except BaseException as exc:  # noqa: BLE001 - e.g. a bookie address lookup
+                # while etcd is unreachable: these adds' outcome is unknown, and
+                # they must fail rather than strand in a background task
+                if not chunk_fut.done():
+                    chunk_fut.set_exception(exc if isinstance(exc, errors.BKError) else
+                                            errors.Timeout(f"add not sent: {exc!r}",
+                                                           ledger_id=self.ledger_id))
+            chunk_fut.add_done_callback(
+                functools.partial(self._async_batch_done, futures=[fut for _, fut in items]))
+
+    def add_entries(self, payloads: Iterable[bytes]) -> list[int]:
+        futs = [f for f in self.add_entries_async(payloads)]
+        out: list[int] = []
+        for f in futs:
+            out.extend(f.result())
+        return out
+
+    def add_entries_async(self, payloads: Iterable[bytes]) -> list[Future]:
+        """Raises ``TooLarge`` (nothing sent, no id assigned) when any payload
+        is over the entry limit; otherwise cuts the payloads into requests
+        each within the bookies' per-request limit."""
+        payloads = [bytes(p) for p in payloads]
+        sizes = list(map(len, payloads))
+        lim = self._writer.limits
+        if sizes and not lim.entry_fits(max(sizes)):
+            self._check_size(next(p for p in payloads if not lim.entry_fits(len(p))))
+        # _fits_request, unrolled: this loop runs once per entry of a batch
+        conf = self.bk.conf
+        max_entries, max_bytes = conf.add_batch_entries, conf.add_batch_bytes
+        per_entry = admission.BATCH_PER_ENTRY_OVERHEAD
+        budget = lim.request_payload_budget(0)       # payload + per-entry overhead
+        futs: list[Future] = []
+        start = n = size = 0
+        for i, length in enumerate(sizes):
+            if n and (n >= max_entries or size + length > max_bytes
+                      or size + length + per_entry * (n + 1) > budget):
+                futs.append(self._chunk_future(payloads[start:i]))
+                start, n, size = i, 0, 0
+            n += 1
+            size += length
+        if n:
+            futs.append(self._chunk_future(payloads[start:]))
+        return futs
+
+    def _chunk_future(self, chunk: list[bytes]) -> Future:
+        fut: Future = Future()
+        self._submit_chunk(chunk, fut, single=False)
+        return fut
+
+    def _submit_chunk(self, payloads: list[bytes], fut: Future, *, single: bool) -> None:
+        with self._submit_lock:
+            self._send_queued_locked()          # earlier async adds keep their place
+            self._assign_and_send(payloads, fut, single=single)
+
+    def _assign_and_send(self, payloads: list[bytes], fut: Future, *, single: bool) -> None:
+        if self._closed:
+            fut.set_exception(errors.LedgerClosed("ledger handle is closed", ledger_id=self.ledger_id))
+            return
+        with self._submit_lock:
+            nbytes = sum(map(len, payloads))
+            try:
+                first, lac, base = self._writer.assign(len(payloads), nbytes)
+            except errors.BKError as exc:
+                fut.set_exception(exc)
+                return
+            n = len(payloads)
+            ids = range(first, first + n)
+            lacs = [lac] * n
+            lengths = cumulative_lengths(base, payloads)
+            digests = self._digester.compute(self.ledger_id, ids, lacs, lengths, payloads)
+            batch = make_batch(self.ledger_id, ids, lacs, lengths, payloads, digests)
+            last = first + n - 1
+            result = (lambda: first) if single else (lambda: list(range(first, last + 1)))
+            self._writer.submit(batch, Waiter(last, fut, result), nbytes=nbytes)
+
+    # -- explicit LAC --------------------------------------------------------------------
+    def tick(self, now: float) -> None:
+        """Called periodically by the client: send an explicit LAC when idle."""
+        interval = self.bk.conf.explicit_lac_interval_ms / 1000.0
+        w = self._writer
+        if self._closed or not interval or w.error is not None:
+            return
+        lac = w.lac
+        if lac > self._explicit_lac_sent and now - w.last_activity >= interval:
+            self._explicit_lac_sent = lac
+            for b in w.md.current_ensemble:
+                self.bk.transports.get(b).write_lac(self.ledger_id, self._key, lac)
+
+    # -- reads by the writer ----------------------------------------------------------------
+    def read(self, first: int, last: int):
+        return ReadHandle(self.bk, self.metadata, self._password, self.last_add_confirmed).read(first, last)
+
+    # -- close ------------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._closed:
+            return
+        with self._submit_lock:
+            self._send_queued_locked()          # queued async adds go out first
+            self._closed = True
+        try:
+            self._writer.wait_idle()
+            if self._writer.unknown_tail:
+                # aborted with adds of unknown outcome still able to land on a
+                # bookie: only fencing recovery may decide where the ledger ends
+                rh = self.bk.open_ledger(self.ledger_id, password=self._password, recovery=True)
+                self._writer.md = rh.metadata
+                return
+            self._writer.wait_all_sent(self.bk.conf.add_timeout_s)   # the Qw - Qa stragglers
+            lac, length = self._writer.lac, self._writer.length
+
+            def transform(raw: bytes) -> bytes:
+                md = lm.LedgerMetadata.from_json(raw)
+                return lm.close_by_writer(md, lac, length).to_json()
+            raw, _ = self.bk.metadata_store.update(ledger_key(self.ledger_id), transform)
+            self._writer.md = lm.LedgerMetadata.from_json(raw)
+            self._writer.fail(errors.LedgerClosed("ledger closed", ledger_id=self.ledger_id))
+        finally:
+            self.bk._forget_handle(self)
+            if self._lease is not None:
+                try:
+                    self._lease.revoke()
+                except errors.BKError:
+                    pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _fan_out(chunk: Future, futures: list[Future]) -> None:
+    """Complete each coalesced add's future from its chunk's outcome."""
+    exc = chunk.exception()
+    if exc is not None:
+        for f in futures:
+            f.set_exception(exc)
+        return
+    for f, entry_id in zip(futures, chunk.result()):
+        f.set_result(entry_id)

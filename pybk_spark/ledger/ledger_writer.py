@@ -1,0 +1,422 @@
+"""The I/O shell around ``protocol.pending_adds.PendingAdds``.
+
+Theory of operation
+-------------------
+All protocol decisions are taken by the pure core under ``self._lock``; this
+module only turns them into bookie requests, metadata CAS and completed
+futures (never completing a future while holding the lock).
+
+* ``submit(batch)``: a contiguous run of entries (ENTRY_SCHEMA, ids assigned
+  by the caller via ``assign``) is split per bookie with vectorised Arrow
+  ``take`` and sent as one Add per bookie.  ``Waiter``s are completed in id
+  order when the core's LAC passes their last id.
+* A failed add (not fenced) becomes ``core.on_failure``; a decided change runs
+  on the client's executor: pick replacements (placement policy), CAS
+  ``replace_bookies`` through ``store.update`` (which re-reads and re-decides
+  on conflict; a non-OPEN ledger raises LedgerFenced), then
+  ``core.commit_change`` and the resends.  Nothing is released before the CAS
+  succeeded (#1591).
+* What a bookie's add error means is ``protocol.add_admission.
+  classify_add_failure``: a bookie failure starts an ensemble change; an
+  overload (``TooManyRequests``) re-sends the same request to the same
+  bookie after a jittered exponential backoff (``bk.call_later``, rng
+  ``bk.rng``), counted in ``_sends`` while it waits, until
+  ``add_overload_retry_s`` after the first refusal (then: a bookie failure);
+  a ``TooLarge`` (a bookie with a smaller limit than it advertised) aborts
+  with ``TooLarge`` and replaces nobody.
+* LedgerFenced / Unauthorized from a bookie, or a failed change, aborts: every
+  pending add fails with an unknown-outcome error (no replacement bookie:
+  ``NotEnoughBookies``, marked unknown-outcome).  Such adds may still land
+  on bookies later (a paused bookie resumes), so a writer that aborted with
+  unreleased ids (``unknown_tail``) is closed by fencing recovery, never at
+  its LAC (chaos run 7).
+The writer serves both the application writer (``recovery=False``, ensemble
+changes need OPEN) and recovery adds (``recovery=True``, need IN_RECOVERY).
+"""
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import pyarrow as pa
+
+from pybk_spark import errors
+from pybk_spark.metadata.store import ledger_key
+from pybk_spark.ledger.placement import writable_bookies
+from pybk_spark.protocol import add_admission as admission
+from pybk_spark.protocol import ledger_metadata as lm
+from pybk_spark.protocol.pending_adds import EnsembleChange, PendingAdds
+from pybk_spark.wire.entries import batch_to_buffer
+
+
+@dataclass
+class Waiter:
+    last: int
+    future: Future
+    result: Callable[[], object]
+
+
+@dataclass
+class _Chunk:
+    first: int
+    last: int
+    batch: pa.RecordBatch
+    nbytes: int = 0
+
+
+class LedgerWriter:
+    def __init__(self, bk, md: lm.LedgerMetadata, master_key: bytes, *, recovery: bool,
+                 last_released: int = -1, on_metadata: Callable | None = None,
+                 limits: admission.AddLimits | None = None):
+        self.bk = bk
+        self.md = md
+        self.ledger_id = md.ledger_id
+        self.master_key = master_key
+        self.recovery = recovery
+        self.core = PendingAdds(md.write_quorum, md.ack_quorum, md.current_ensemble, last_released)
+        self._lock = threading.Lock()
+        self._waiters: list[Waiter] = []
+        self._chunks: list[_Chunk] = []
+        self._error: errors.BKError | None = None
+        self._failed_bookies: set[str] = set()
+        self._last_bookie_error: BaseException | None = None
+        self._inflight = threading.BoundedSemaphore(max(1, bk.conf.max_inflight_adds))
+        self._sends = 0                         # requests to bookies not yet answered
+        self._sends_done = threading.Condition(self._lock)
+        self._on_metadata = on_metadata
+        self.length = 0                 # payload bytes of the released entries
+        self._assigned_length = 0       # ... of every assigned entry (ids are assigned in order)
+        self.last_activity = bk.clock()
+        # add size limits of the current ensemble (read by LedgerHandle before it assigns ids)
+        self.limits = limits or admission.limits(bk.conf.max_entry_size_bytes,
+                                                 bk.conf.max_message_bytes, ())
+
+    # -- public -----------------------------------------------------------------------
+    @property
+    def lac(self) -> int:
+        return self.core.lac
+
+    @property
+    def error(self) -> errors.BKError | None:
+        return self._error
+
+    def assign(self, count: int, nbytes: int = 0) -> tuple[int, int, int]:
+        """Reserve ``count`` ids for ``nbytes`` of payload; returns (first id,
+        LAC to carry, ledger length before the first id: each entry carries
+        this plus the payload bytes up to and including its own).  Caller
+        holds no lock."""
+        with self._lock:
+            if self._error is not None:
+                raise self._error
+            first = self.core.assign_run(count)
+            base = self._assigned_length
+            self._assigned_length += nbytes
+            return first, self.core.lac, base
+
+    def submit(self, batch: pa.RecordBatch, waiter: Waiter, nbytes: int | None = None) -> None:
+        """Send the entries of ``batch`` (ids already assigned, contiguous);
+        ``nbytes``: total payload bytes, if the caller knows it."""
+        first = int(batch.column("entry_id")[0].as_py())
+        last = first + batch.num_rows - 1
+        if nbytes is None:
+            nbytes = batch.column("payload").total_values_length
+        with self._lock:
+            if self._error is not None:
+                err = self._error
+            else:
+                err = None
+                self._chunks.append(_Chunk(first, last, batch, nbytes))
+                self._waiters.append(waiter)
+                ensemble = self.core.ensemble
+                bad = self.core.unavailable_slots
+                self.last_activity = self.bk.clock()
+        if err is not None:
+            waiter.future.set_exception(err)
+            return
+        self._send(batch, ensemble, bad, wait=True)
+
+    def wait_idle(self) -> None:
+        """Block until every submitted entry is released or failed."""
+        with self._lock:
+            pending = [w.future for w in self._waiters]
+        for f in pending:
+            try:
+                f.result()
+            except errors.BKError:
+                pass
+
+    def wait_all_sent(self, timeout: float) -> bool:
+        """Block until every request sent to a bookie was answered (acked or
+        failed), at most ``timeout`` seconds; so a ledger closed while healthy
+        has all Qw copies, not just the Qa that released its entries."""
+        with self._lock:
+            return self._sends_done.wait_for(lambda: self._sends == 0, timeout)
+
+    @property
+    def unknown_tail(self) -> bool:
+        """Aborted while adds were unreleased (see ``assigned_beyond_lac``):
+        the ledger must be closed by fencing recovery, not at the LAC."""
+        with self._lock:
+            return self._error is not None and self.core.assigned_beyond_lac
+
+    def fail(self, error: errors.BKError) -> None:
+        self._abort(error)
+
+    # -- sending ------------------------------------------------------------------------
+    def _send(self, batch: pa.RecordBatch, ensemble, bad, *, wait: bool, only_slots=None) -> None:
+        E, Qw = len(ensemble), self.md.write_quorum
+        ids = batch.column("entry_id").to_numpy()
+        # the full batch is serialized once (Qw == E); requests stay Arrow
+        # buffers up to the framing, which copies them once into the message
+        whole: list = []
+        for slot, bookie in enumerate(ensemble):
+            if slot in bad or (only_slots is not None and slot not in only_slots):
+                continue
+            if Qw == E:                          # every slot holds every entry
+                mask, count = None, len(ids)
+            else:
+                mask = ((slot - ids % E) % E) < Qw
+                count = int(mask.sum())
+            if count == 0:
+                continue
+            if count == len(ids):
+                if not whole:
+                    whole.append(batch_to_buffer(batch))
+                data, sent_ids = whole[0], ids
+            else:
+                # a bookie stores contiguous-by-id runs; a filtered part is still ascending
+                data, sent_ids = batch_to_buffer(batch.filter(pa.array(mask))), ids[mask]
+            try:
+                self._send_one(slot, bookie, data, sent_ids, wait)
+            except errors.BKError as exc:
+                # not even sent (e.g. the bookie's address lookup while etcd is
+                # down): a failure of that bookie like any other, so the ids
+                # already assigned never strand behind it
+                self._on_failed(slot, bookie, exc)
+
+    def _send_one(self, slot: int, bookie: str, data: pa.Buffer, ids: np.ndarray,
+                  wait: bool, overload: tuple[float, int] | None = None) -> None:
+        """``overload``: (time of the first TooManyRequests, retries so far)
+        when this is a re-send to an overloaded bookie."""
+        if wait:
+            self._inflight.acquire()
+        released_sem = [not wait]
+        with self._lock:
+            self._sends += 1
+        try:
+            transport = self.bk.transports.get(bookie)
+            fut = transport.add(self.ledger_id, self.master_key, data, recovery=self.recovery,
+                                timeout=self.bk.conf.add_timeout_s)
+        except BaseException:
+            with self._lock:
+                self._sends -= 1
+                self._sends_done.notify_all()
+            if not released_sem[0]:
+                self._inflight.release()
+            raise
+
+        def done(f: Future) -> None:
+            if not released_sem[0]:
+                released_sem[0] = True
+                self._inflight.release()
+            with self._lock:
+                self._sends -= 1
+                self._sends_done.notify_all()
+            exc = f.exception()
+            if exc is None:
+                self._on_acked(ids, slot, bookie)
+            elif not (admission.classify_add_failure(exc) == admission.OVERLOAD
+                      and self._retry_overloaded(slot, bookie, data, ids, overload)):
+                self._on_failed(slot, bookie, exc)
+        fut.add_done_callback(done)
+
+    def _retry_overloaded(self, slot: int, bookie: str, data: pa.Buffer, ids: np.ndarray,
+                          overload: tuple[float, int] | None) -> bool:
+        """The bookie refused the request as overloaded: send it again later.
+        False when it has refused for too long (the caller treats it as a
+        bookie failure)."""
+        conf = self.bk.conf
+        now = self.bk.clock()
+        first, attempt = overload or (now, 0)
+        if not admission.keep_retrying(first, now, conf.add_overload_retry_s):
+            return False
+        with self._lock:
+            if (self._error is not None or self.core.ensemble[slot] != bookie
+                    or slot in self.core.unavailable_slots):
+                return True     # aborted, or the slot is being replaced: resends cover it
+            self._sends += 1    # the retry is still a send not yet answered
+        delay = admission.backoff_delay(attempt, self.bk.rng.random(),
+                                        conf.add_overload_backoff_ms / 1000.0,
+                                        conf.add_overload_backoff_max_ms / 1000.0)
+
+        def resend() -> None:
+            with self._lock:
+                self._sends -= 1
+                self._sends_done.notify_all()
+                stale = (self._error is not None or self.core.ensemble[slot] != bookie
+                         or slot in self.core.unavailable_slots)
+            if stale:
+                return
+            try:
+                self._send_one(slot, bookie, data, ids, False, (first, attempt + 1))
+            except errors.BKError as exc:
+                self._on_failed(slot, bookie, exc)
+        try:
+            self.bk.call_later(delay, resend)
+        except RuntimeError:            # the client was closed under us
+            with self._lock:
+                self._sends -= 1
+                self._sends_done.notify_all()
+            return False
+        return True
+
+    def _on_acked(self, ids: np.ndarray, slot: int, bookie: str) -> None:
+        with self._lock:
+            if len(ids) == ids[-1] - ids[0] + 1:       # contiguous (Qw == E)
+                self.core.on_ack_range(int(ids[0]), int(ids[-1]), slot, bookie)
+            else:                                      # striped part: gaps
+                self.core.on_ack_ids(ids, slot, bookie)
+            done = self._collect_done()
+        self._complete(done)
+
+    def _on_failed(self, slot: int, bookie: str, exc: BaseException) -> None:
+        kind = admission.classify_add_failure(exc)
+        if kind == admission.ABORT:
+            self._abort(exc)        # fenced: every pending add has an UNKNOWN outcome
+            return
+        if kind == admission.ENTRY_REJECTED:
+            # a healthy bookie refused the request itself: replacing it would
+            # not help; ids are assigned, so nothing later may be released
+            self._abort(errors.unknown_outcome(errors.TooLarge(
+                f"bookie {bookie} refused the add as too large ({exc}); its limit is below "
+                "what it advertised: check its max_entry_bytes / max_batch_bytes",
+                ledger_id=self.ledger_id)))
+            return
+        if isinstance(exc, errors.BookieUnavailable):
+            self.bk.transports.invalidate(bookie)
+        with self._lock:
+            if self._error is not None:
+                return
+            self._failed_bookies.add(bookie)
+            self._last_bookie_error = exc     # named if no replacement is found
+            change = self.core.on_failure(slot, bookie)
+        if change is not None:
+            try:
+                self.bk.executor.submit(self._run_change, change)
+            except RuntimeError:            # the client was closed under us
+                self._abort(errors.Timeout("client closed while adds were in flight",
+                                                ledger_id=self.ledger_id))
+
+    # -- ensemble change ------------------------------------------------------------------
+    def _run_change(self, change: EnsembleChange) -> None:
+        store = self.bk.metadata_store
+        while change is not None:
+            try:
+                new_md = self._cas_change(store, change)
+            except errors.NotEnoughBookies as exc:
+                # adds were sent: some bookies may hold them (unknown outcome)
+                last = self._last_bookie_error
+                why = f"; last bookie error: {type(last).__name__}: {last}" if last else ""
+                self._abort(errors.unknown_outcome(errors.NotEnoughBookies(
+                    f"ensemble change failed: {exc}{why}", ledger_id=self.ledger_id)))
+                return
+            except errors.BKError as exc:
+                err = exc if not exc.outcome_known or isinstance(exc, errors.RecoveryRaced) \
+                    else errors.LedgerFenced(f"ensemble change failed: {exc}",
+                                             ledger_id=self.ledger_id)
+                self._abort(err)
+                return
+            except Exception as exc:  # noqa: BLE001 - never leave adds hanging
+                self._abort(errors.LedgerFenced(f"ensemble change failed: {exc!r}",
+                                                ledger_id=self.ledger_id))
+                return
+            with self._lock:
+                if self._error is not None:
+                    return
+                self.md = new_md
+                _released, resends, change = self.core.commit_change(new_md.current_ensemble)
+                done = self._collect_done()
+                chunks = list(self._chunks)
+                ensemble = self.core.ensemble
+                bad = self.core.unavailable_slots
+            if self._on_metadata is not None:
+                self._on_metadata(new_md)
+            self._complete(done)
+            slots = {s.slot for s in resends}
+            for ch in chunks:
+                if slots:
+                    self._send(ch.batch, ensemble, bad, wait=False, only_slots=slots)
+
+    def _cas_change(self, store, change: EnsembleChange) -> lm.LedgerMetadata:
+        policy = self.bk.placement
+        for _ in range(self.bk.conf.metadata_retries):
+            bookies = writable_bookies(store)
+            exclude = set(self._failed_bookies)
+            repl: dict[int, str] = {}
+            ens = list(change.ensemble)
+            for slot in change.slots:
+                b = policy.replace(tuple(ens), slot, bookies, exclude=exclude | set(repl.values()))
+                repl[slot] = b
+            by_writer = not self.recovery
+
+            def transform(raw: bytes) -> bytes:
+                md = lm.LedgerMetadata.from_json(raw)
+                if md.current_ensemble != change.ensemble:
+                    raise _Stale()
+                return lm.replace_bookies(md, change.first_entry, repl, by_writer=by_writer).to_json()  # noqa: B023
+            try:
+                raw, _version = store.update(ledger_key(self.ledger_id), transform)
+            except _Stale:
+                if self.recovery:       # a concurrent recovery: this one starts over
+                    raise errors.RecoveryRaced("ledger ensemble changed by another recovery",
+                                               ledger_id=self.ledger_id) from None
+                raise errors.LedgerFenced("ledger ensemble changed by someone else",
+                                          ledger_id=self.ledger_id) from None
+            except errors.IllegalOp:
+                if by_writer:
+                    raise
+                md = lm.LedgerMetadata.from_json(store.get(ledger_key(self.ledger_id)).value)
+                if md.state != lm.IN_RECOVERY:
+                    raise errors.LedgerFenced("ledger no longer in recovery", ledger_id=self.ledger_id) from None
+                continue
+            new_md = lm.LedgerMetadata.from_json(raw)
+            self.limits = admission.limits(
+                self.bk.conf.max_entry_size_bytes, self.bk.conf.max_message_bytes,
+                [bookies.get(b, {}) for b in new_md.current_ensemble])
+            return new_md
+        raise errors.MetadataVersion("too many retries of an ensemble change")
+
+    # -- completion ------------------------------------------------------------------------
+    def _collect_done(self) -> list[Waiter]:
+        lac = self.core.lac
+        done = []
+        while self._waiters and self._waiters[0].last <= lac:
+            done.append(self._waiters.pop(0))
+        while self._chunks and self._chunks[0].last <= lac:
+            self.length += self._chunks.pop(0).nbytes
+        return done
+
+    @staticmethod
+    def _complete(done: list[Waiter]) -> None:
+        for w in done:
+            if not w.future.done():
+                w.future.set_result(w.result())
+
+    def _abort(self, error: BaseException) -> None:
+        with self._lock:
+            if self._error is None:
+                self._error = error if isinstance(error, errors.BKError) else errors.LedgerFenced(str(error))
+            self.core.abort()
+            waiters, self._waiters = self._waiters, []
+            self._chunks = []
+            err = self._error
+        for w in waiters:
+            if not w.future.done():
+                w.future.set_exception(err)
+
+
+class _Stale(Exception):
+    pass

@@ -1,0 +1,258 @@
+"""Fencing open: recover an OPEN/IN_RECOVERY ledger and close it.
+
+Theory of operation (pure decisions in ``protocol.recovery``)
+----------------------------------------------------------------
+1. CAS the metadata to IN_RECOVERY (``to_in_recovery``; a writer's later
+   ensemble change or close then fails).
+2. Fenced ReadLac to every bookie of the last fragment; stop waiting as soon
+   as the answers cover the ensemble (#1067); LAC only from fenced answers
+   (#2614).
+3. start = max(LAC, last fragment first - 1) (#2615); last fragment first - 1
+   if an earlier recovery replaced writer bookies there (``lm.
+   recovery_replaced_tail``: those ids must reach the replacements).  Probe ids > start:
+   each bookie of the id's write set is asked for the run from that id (the
+   rows returned also settle later ids) with a FENCING read: a bookie that
+   answered NoSuchEntry can no longer accept that id (TLA+ defect 1).  Where
+   an earlier recovery replaced the writer's bookie of a slot, both are
+   asked, and the slot counts as "no" only if both say so
+   (``lm.recovery_read_bookies``; the writer's ensemble is recorded by step 1).
+   EXISTS -> keep the row; MISSING -> stop; UNRECOVERABLE ->
+   LedgerRecoveryError (retry later).
+4. Report the decision (``rc.RecoveryDecision``: start and the last found
+   id) to the client's ``recovery_listener``, if any, before re-writing:
+   a recovery that loses the close race (or dies) leaves its re-writes
+   beyond the converged close, and the chaos checker must be able to tell
+   those copies from a write through a fence.
+5. Re-write every found entry to its whole write set with recovery adds
+   through ``LedgerWriter(recovery=True)`` (ensemble changes allowed while
+   IN_RECOVERY), rows unchanged (LAC, length, digest as the writer made
+   them), and wait for Qa acks of each.
+6. CAS CLOSED at the last found id with the ``length`` that entry carries
+   (nothing found after ``start``: the length of entry ``start``, read back;
+   start -1: 0) (``close_by_recovery``: if another recoverer closed first,
+   its value stands: all converge).  If a concurrent
+   recovery changed the ensemble after this one read it, this one's
+   re-writes may sit on bookies the metadata no longer names: it starts over
+   (``RecoveryRaced``, at most ``RACE_RETRIES`` times).
+7. A recovery that fails (``LedgerRecoveryError``: a bookie lost while
+   re-writing, an entry it cannot read) re-reads the metadata: if another
+   recoverer or the writer closed the ledger meanwhile, that close is the
+   answer (all converge on the first close); otherwise the error stands.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+from concurrent.futures import Future
+
+import pyarrow as pa
+
+from pybk_spark import errors
+from pybk_spark.ledger.digest import Digester
+from pybk_spark.ledger.ledger_writer import LedgerWriter, Waiter
+from pybk_spark.metadata.store import ledger_key
+from pybk_spark.protocol import ledger_metadata as lm
+from pybk_spark.protocol import recovery as rc
+from pybk_spark.ledger.read_handle import ReadHandle
+from pybk_spark.wire.entries import one_batch
+
+
+RACE_RETRIES = 5
+
+
+def recover(bk, md: lm.LedgerMetadata, password: bytes) -> ReadHandle:
+    for _attempt in range(RACE_RETRIES):
+        try:
+            return _recover_once(bk, md, password)
+        except errors.RecoveryRaced:
+            md = bk.get_ledger_metadata(md.ledger_id)      # NoSuchLedger if deleted meanwhile
+        except errors.LedgerRecoveryError:
+            closed = _closed_meanwhile(bk, md.ledger_id)
+            if closed is None:
+                raise
+            return ReadHandle(bk, closed, password, closed.last_entry_id)
+    raise errors.LedgerRecoveryError("concurrent recoveries kept changing the ensemble",
+                                     ledger_id=md.ledger_id)
+
+
+def _closed_meanwhile(bk, ledger_id: int) -> lm.LedgerMetadata | None:
+    """After this recovery failed: the ledger's metadata if someone else (a
+    concurrent recovery, the writer) closed it meanwhile.  Every recovery
+    converges on the first close, so that close is this open's answer too."""
+    try:
+        md = bk.get_ledger_metadata(ledger_id)
+    except errors.BKError:
+        return None
+    return md if md.is_closed else None
+
+
+def _recover_once(bk, md: lm.LedgerMetadata, password: bytes) -> ReadHandle:
+    store = bk.metadata_store
+    key = lm.master_key(password)
+    if md.is_closed:
+        return ReadHandle(bk, md, password, md.last_entry_id)
+    raw, _ = store.update(ledger_key(md.ledger_id),
+                          lambda r: lm.to_in_recovery(lm.LedgerMetadata.from_json(r)).to_json())
+    md = lm.LedgerMetadata.from_json(raw)
+    if md.is_closed:
+        return ReadHandle(bk, md, password, md.last_entry_id)
+
+    max_lac = fence_and_read_lac(bk, md, key)
+    start = rc.recovery_start(max_lac, md.last_fragment_first_entry,
+                              lm.recovery_replaced_tail(md))
+    rows = read_forward(bk, md, key, Digester(md.digest_type, password), start)
+    last = start + (rows.num_rows if rows is not None else 0)
+    listener = bk.recovery_listener
+    if listener is not None:
+        listener(rc.RecoveryDecision(md.ledger_id, start, last))
+    length = closing_length(bk, md, password, start, rows)
+    if last > start:
+        md = rewrite(bk, md, key, start, rows)
+    wrote_through = md.ensembles
+    raw, _ = store.update(ledger_key(md.ledger_id), lambda r: lm.close_by_recovery(
+        lm.LedgerMetadata.from_json(r), last, length, wrote_through).to_json())
+    md = lm.LedgerMetadata.from_json(raw)
+    return ReadHandle(bk, md, password, md.last_entry_id)
+
+
+def fence_and_read_lac(bk, md: lm.LedgerMetadata, key: bytes) -> int:
+    ensemble = md.current_ensemble
+    phase = rc.FenceLacPhase(len(ensemble), md.write_quorum, md.ack_quorum)
+    futs = {bk.transports.get(b).read_lac(md.ledger_id, fence=True, master_key=key,
+                                           timeout=bk.conf.read_timeout_s): i
+            for i, b in enumerate(ensemble)}
+    for f in cf.as_completed(futs):
+        slot = futs[f]
+        exc = f.exception()
+        if exc is None:
+            phase.on_answer(slot, rc.OK, f.result().lac)
+        elif isinstance(exc, errors.NoSuchLedger):
+            phase.on_answer(slot, rc.NO_LEDGER)
+        elif isinstance(exc, errors.Unauthorized):
+            raise exc
+        else:
+            phase.on_answer(slot, rc.ERROR)
+        if phase.covered:
+            return phase.max_lac
+        if phase.impossible:
+            break
+    raise errors.LedgerRecoveryError("could not fence enough bookies",
+                                     ledger_id=md.ledger_id, answered=len(phase.answered))
+
+
+def read_forward(bk, md: lm.LedgerMetadata, key: bytes, digester: Digester,
+                 start: int) -> pa.RecordBatch | None:
+    """Rows of every existing entry after ``start`` up to the first missing."""
+    ensemble = md.current_ensemble
+    E, Qw, Qa = len(ensemble), md.write_quorum, md.ack_quorum
+    batch_n = max(1, bk.conf.read_batch_entries)
+    known_upto = start
+    pieces: list[pa.RecordBatch] = []
+    e = start + 1
+    while True:
+        if e <= known_upto:
+            e += 1
+            continue
+        probe = rc.EntryProbe(e, E, Qw, Qa)
+        futs, slot_answers = {}, {}
+        for s in probe.slots:
+            holders = lm.recovery_read_bookies(md, s)
+            slot_answers[s] = rc.SlotAnswers(len(holders))
+            for b in holders:
+                futs[bk.transports.get(b).read(
+                    md.ledger_id, e, e + batch_n - 1, max_entries=batch_n, master_key=key,
+                    fence=True, timeout=bk.conf.read_timeout_s)] = s
+        best: pa.RecordBatch | None = None
+        seen: set = set()
+        for f in _completed_preferring_done(futs):
+            if f in seen:
+                continue
+            seen.add(f)
+            slot = futs[f]
+            exc = f.exception()
+            if exc is None:
+                batch = f.result().batch
+                ok = digester.verify_batch(batch)
+                good = batch if ok.all() else batch.slice(0, int((~ok).argmax()))
+                if good.num_rows and good.column("entry_id")[0].as_py() == e:
+                    kind = rc.OK
+                    if best is None or good.num_rows > best.num_rows:
+                        best = good
+                else:
+                    kind = rc.ERROR
+            elif isinstance(exc, errors.NoSuchEntry):
+                kind = rc.NO_ENTRY
+            elif isinstance(exc, errors.NoSuchLedger):
+                kind = rc.NO_LEDGER
+            else:
+                kind = rc.ERROR
+            before = slot_answers[slot].verdict
+            verdict = slot_answers[slot].on_answer(kind)
+            if verdict is not None and before is None:
+                probe.on_answer(slot, verdict)
+            if probe.status == rc.MISSING:
+                # a positive answer that already arrived wins (it must be re-replicated)
+                if not any(g.done() and g.exception() is None and g not in seen for g in futs):
+                    break
+            if probe.status == rc.EXISTS:
+                break       # never wait for the other replicas (a hung one would block)
+            if probe.status == rc.UNRECOVERABLE:
+                raise errors.LedgerRecoveryError("cannot decide whether an entry exists",
+                                                 ledger_id=md.ledger_id, entry_id=e)
+        status = probe.status
+        if status == rc.MISSING:
+            break
+        if status != rc.EXISTS:
+            raise errors.LedgerRecoveryError("cannot decide whether an entry exists",
+                                             ledger_id=md.ledger_id, entry_id=e)
+        pieces.append(best)
+        known_upto = e + best.num_rows - 1
+        e = known_upto + 1
+    if not pieces:
+        return None
+    return one_batch(pa.Table.from_batches(pieces))
+
+
+def closing_length(bk, md: lm.LedgerMetadata, password: bytes, start: int,
+                   rows: pa.RecordBatch | None) -> int:
+    """The ledger's length at its recovered end: the cumulative ``length``
+    the last found entry carries; if none was found after ``start``, that of
+    entry ``start`` (acknowledged, so readable: one read); 0 for an empty
+    ledger."""
+    if rows is not None and rows.num_rows:
+        return int(rows.column("length")[rows.num_rows - 1].as_py())
+    if start < 0:
+        return 0
+    try:
+        got = ReadHandle(bk, md, password, start).read(start, start)
+    except errors.BKError as exc:
+        raise errors.LedgerRecoveryError(f"cannot read entry {start} for the ledger's length: "
+                                         f"{exc}", ledger_id=md.ledger_id) from exc
+    return got[0].length
+
+
+def rewrite(bk, md: lm.LedgerMetadata, key: bytes, start: int,
+            rows: pa.RecordBatch) -> lm.LedgerMetadata:
+    """Recovery adds of ``rows`` (ids start+1..) to their whole write sets.
+    Returns the metadata as this recovery left it (its own ensemble changes)."""
+    writer = LedgerWriter(bk, md, key, recovery=True, last_released=start)
+    first, _lac, _length = writer.assign(rows.num_rows)
+    assert first == start + 1
+    fut: Future = Future()
+    writer.submit(rows, Waiter(start + rows.num_rows, fut, lambda: None))
+    try:
+        fut.result()
+    except errors.RecoveryRaced:
+        raise
+    except errors.BKError as exc:
+        raise errors.LedgerRecoveryError(f"recovery adds failed: {exc}",
+                                         ledger_id=md.ledger_id) from exc
+    return writer.md
+
+
+def _completed_preferring_done(futs):
+    """Already-finished futures first (deterministic order), then as they finish."""
+    done = [f for f in futs if f.done()]
+    yield from done
+    rest = [f for f in futs if f not in done]
+    if rest:
+        yield from cf.as_completed(rest)

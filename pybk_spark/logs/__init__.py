@@ -1,0 +1,1 @@
+"""Logs on top of ledgers, client side: the log writer, the log reader and registered read positions."""

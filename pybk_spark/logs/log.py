@@ -1,0 +1,355 @@
+"""Named logs built from ledgers: a fenced single leader, rolling, truncation,
+and non-fencing tailing readers.
+
+Theory of operation (the seed's "Ledgers to logs", in this order)
+------------------------------------------------------------------
+Leader open (``LogWriter.open``):
+  1. read the ledger list;  2. fence AND recover the last two ledgers (the
+  previous leader may be writing to the second-to-last while adding the last);
+  3. create a new ledger;  4. append it;  5. CAS the list back.  On a CAS
+  conflict (or the tail moved) start again at 1.  No append is served before
+  step 5 succeeds.  Two would-be leaders: each one's open fences the other's
+  ledger, so a deposed leader's adds fail with LedgerFenced (unknown outcome)
+  and ``is_leader()`` tells it that it lost.
+Roll: create ledger -> CAS-add -> close the previous ledger (after its
+  in-flight adds settle; by fencing recovery if its adds were aborted), then
+  a best-effort CAS recording its final size.  If that close fails the writer
+  stops (``is_leader()`` is False): rolling on would push an unclosed ledger
+  out of the two a leader open recovers.
+Failed ledger: a ledger whose writer aborted for another reason than fencing
+  (``NotEnoughBookies``: no replacement for a failed bookie; ``TooLarge``
+  from a misconfigured bookie) does not mean lost leadership: the append
+  fails with that error (outcome unknown) and the next append rolls to a new
+  ledger, closing the failed one by fencing recovery.  Only ``LedgerFenced``
+  marks the writer as deposed.
+A CAS adding a new ledger (open step 5, roll) that is refused deletes that
+  ledger; one whose outcome is unknown (etcd went away mid-CAS) never does:
+  the list may name it, so it is only closed and the writer stops.  Step 2
+  records a listed ledger that no longer exists (deleted by older code) as
+  closed and empty.
+Truncate: CAS the list first, then delete the dropped ledgers; never past a
+  registered read position (a streaming query's committed cursor,
+  protocol/positions.py) unless forced.
+Reader: non-fencing; reads each closed segment to its last entry (stepping
+  over closed empty ones without opening them) and the open tail up to its
+  LAC, long-polling the LAC (no busy polling); when the tail
+  ledger is closed it moves to the next segment, so there is no gap and no
+  duplicate across ledger boundaries.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Callable, Union
+
+from pybk_spark import errors
+from pybk_spark.metadata.store import log_key
+from pybk_spark.protocol import log_metadata as logmd
+from pybk_spark.protocol.ledger_metadata import CLOSED
+from pybk_spark.protocol.log_metadata import LogMetadata, Position
+from pybk_spark.metadata import keys
+
+Start = Union[str, Position, tuple]
+
+
+@dataclass(frozen=True)
+class RollPolicy:
+    max_entries: int = 0          # 0 = no limit
+    max_bytes: int = 0
+    max_age_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class LogRecord:
+    position: Position
+    payload: bytes
+
+
+# -- metadata access ------------------------------------------------------------------
+def read_log(store, name: str) -> tuple[LogMetadata, int]:
+    got = store.get(log_key(name))
+    if got is None:
+        raise errors.LogNotFound(f"no log named {name!r}")
+    return LogMetadata.from_json(got.value), got.version
+
+
+def read_or_create_log(store, name: str) -> tuple[LogMetadata, int]:
+    while True:
+        got = store.get(log_key(name))
+        if got is not None:
+            return LogMetadata.from_json(got.value), got.version
+        md = logmd.new_log(name)
+        try:
+            return md, store.put_if_absent(log_key(name), md.to_json())
+        except errors.MetadataVersion:
+            continue
+
+
+def update_log(store, name: str, transform: Callable[[LogMetadata], LogMetadata]) -> LogMetadata:
+    value, _ = store.update(log_key(name),
+                            lambda raw: transform(LogMetadata.from_json(raw)).to_json())
+    return LogMetadata.from_json(value)
+
+
+def list_logs(store) -> list[str]:
+    return [k.split("/", 1)[1] for k, _ in store.list_prefix(keys.LOGS_PREFIX)]
+
+
+def recover_tail(bk, md: LogMetadata, password: bytes) -> dict[int, tuple[int, int]]:
+    """Seed step 2: fence and recover the last two ledgers; their final sizes."""
+    closed = {}
+    for ledger_id in logmd.tail_ids(md):
+        try:
+            rh = bk.open_ledger(ledger_id, password=password, recovery=True)
+        except errors.NoSuchLedger:
+            # listed but gone: a writer before session 12 deleted a ledger
+            # whose roll CAS had in fact landed (see LogWriter._abandon).  It
+            # never took an add (a writer uses a ledger only after the CAS
+            # succeeded), so it is recorded as closed and empty, which lets
+            # readers step over it.
+            closed[ledger_id] = (-1, 0)
+            continue
+        meta = rh.metadata
+        closed[ledger_id] = (meta.last_entry_id, meta.length)
+    return closed
+
+
+# -- writer ---------------------------------------------------------------------------------
+class LogWriter:
+    """The single leader of a log.  Create with ``BookKeeper.open_log_writer``."""
+
+    def __init__(self, bk, name: str, *, ensemble: int = 3, write_quorum: int = 2,
+                 ack_quorum: int = 2, password: bytes = b"", roll_policy: RollPolicy = RollPolicy(),
+                 clock: Callable[[], float] = time.monotonic):
+        self._bk, self.name, self._password = bk, name, password
+        self._quorums = (ensemble, write_quorum, ack_quorum)
+        self._policy, self._clock = roll_policy, clock
+        self._lock = threading.RLock()
+        self._handle: Any = None
+        self._index = -1                 # absolute segment index of the current ledger
+        self._entries = self._bytes = 0
+        self._opened_at = 0.0
+        self._lost = False
+
+    # seed steps 1-5
+    def open(self, max_attempts: int = 50) -> "LogWriter":
+        store = self._bk.metadata_store
+        for _ in range(max_attempts):
+            md, _ = read_or_create_log(store, self.name)                     # 1
+            fenced_tail = logmd.tail_ids(md)
+            closed = recover_tail(self._bk, md, self._password)               # 2
+            handle = self._create_ledger()                                    # 3
+            try:
+                new = update_log(store, self.name, lambda m: logmd.open_as_leader(   # 4 + 5
+                    m, fenced_tail, closed, handle.ledger_id))  # noqa: B023 (called within this iteration)
+            except logmd.LeaderConflict:
+                self._discard(handle)
+                continue
+            except BaseException as exc:
+                self._abandon(handle, exc)
+                raise
+            self._install(handle, new)
+            return self
+        raise errors.MetadataVersion(f"could not become leader of {self.name!r}: tail kept moving")
+
+    def _create_ledger(self):
+        e, w, a = self._quorums
+        return self._bk.create_ledger(ensemble=e, write_quorum=w, ack_quorum=a,
+                                      password=self._password,
+                                      custom_metadata={"log": self.name})
+
+    def _discard(self, handle) -> None:
+        try:
+            handle.close()
+        finally:
+            self._bk.delete_ledger(handle.ledger_id)
+
+    def _abandon(self, handle, exc: BaseException) -> None:
+        """The log CAS meant to list ``handle``'s ledger failed.  Refused (a
+        known outcome): the ledger is deleted.  Outcome unknown (etcd went
+        away mid-CAS): the log may list it now, so it is only closed (empty)
+        and never deleted; the next leader's ``recover_tail`` settles it, and
+        an unlisted empty ledger is all that can be left over."""
+        if getattr(exc, "outcome_known", True):
+            self._discard(handle)
+            return
+        try:
+            handle.close()
+        except errors.BKError:
+            pass            # still OPEN: recovery by the next leader closes it
+
+    def _install(self, handle, md: LogMetadata) -> None:
+        self._handle = handle
+        self._index = md.truncated_ledgers + md.segment_index(handle.ledger_id)
+        self._entries = self._bytes = 0
+        self._opened_at = self._clock()
+
+    @property
+    def current_ledger_id(self) -> int:
+        return self._handle.ledger_id
+
+    def _position(self, index: int, ledger_id: int, entry_id: int) -> Position:
+        return Position(index, ledger_id, entry_id)
+
+    def _check_open(self):
+        if self._handle is None:
+            raise errors.IllegalOp("log writer not open (call open())")
+        if self._lost:
+            raise errors.LedgerFenced("this writer lost leadership of the log, or stopped "
+                                      "after a failed roll: open a new writer", log=self.name)
+
+    def append(self, payload: bytes) -> Position:
+        return self.append_async(payload).result()
+
+    def append_async(self, payload: bytes) -> "Future[Position]":
+        with self._lock:
+            self._check_open()
+            self._maybe_roll()
+            handle, index = self._handle, self._index
+            inner = handle.add_entry_async(payload)
+            self._entries += 1
+            self._bytes += len(payload)
+        outer: Future = Future()
+
+        def done(f):
+            try:
+                outer.set_result(self._position(index, handle.ledger_id, f.result()))
+            except errors.LedgerFenced as exc:
+                self._lost = True
+                outer.set_exception(exc)
+            except BaseException as exc:  # noqa: BLE001 - propagate to the caller's future
+                outer.set_exception(exc)
+        inner.add_done_callback(done)
+        return outer
+
+    def append_batch(self, payloads) -> list[Position]:
+        payloads = list(payloads)
+        with self._lock:
+            self._check_open()
+            self._maybe_roll()
+            handle, index = self._handle, self._index
+            try:
+                ids = handle.add_entries(payloads)
+            except errors.LedgerFenced:
+                self._lost = True
+                raise
+            self._entries += len(payloads)
+            self._bytes += sum(map(len, payloads))
+        return [self._position(index, handle.ledger_id, i) for i in ids]
+
+    def _maybe_roll(self) -> None:
+        p = self._policy
+        failed = self._handle.error
+        if ((failed is not None and not isinstance(failed, errors.LedgerFenced))
+                or (p.max_entries and self._entries >= p.max_entries)
+                or (p.max_bytes and self._bytes >= p.max_bytes)
+                or (p.max_age_s and self._clock() - self._opened_at >= p.max_age_s)):
+            self.roll()
+
+    def roll(self) -> int:
+        """create -> CAS-add -> close previous.  Returns the new ledger id."""
+        with self._lock:
+            self._check_open()
+            previous = self._handle
+            handle = self._create_ledger()
+            try:
+                md = update_log(self._bk.metadata_store, self.name,
+                                lambda m: logmd.roll(m, previous.ledger_id, handle.ledger_id))
+            except errors.LedgerFenced:
+                self._lost = True
+                self._discard(handle)
+                raise
+            except BaseException as exc:
+                if not getattr(exc, "outcome_known", True):
+                    self._lost = True      # the log may now end in a ledger not ours to use
+                self._abandon(handle, exc)
+                raise
+            self._install(handle, md)
+        self._after_roll_cas(previous.ledger_id, handle.ledger_id)
+        try:
+            previous.close()                   # waits for its in-flight adds
+        except BaseException:
+            # the previous ledger is left OPEN / IN_RECOVERY in the middle of
+            # the list; a leader open recovers the last two ledgers, so this
+            # writer must not roll again: it stops, and a reopen recovers it
+            self._lost = True
+            raise
+        self._record_closed(previous)
+        return handle.ledger_id
+
+    def _after_roll_cas(self, previous_ledger_id: int, new_ledger_id: int) -> None:
+        """Extension point between the roll's CAS and the close of the previous
+        ledger (the window the seed says is safe; crash tests stop here)."""
+
+    def _record_closed(self, handle) -> None:
+        try:
+            meta = self._bk.get_ledger_metadata(handle.ledger_id)
+            if meta.state == CLOSED:
+                update_log(self._bk.metadata_store, self.name, lambda m: logmd.record_closed(
+                    m, {handle.ledger_id: (meta.last_entry_id, meta.length)}))
+        except errors.BKError:
+            pass  # best effort: readers fall back to ledger metadata
+
+    def is_leader(self) -> bool:
+        """False once another writer has fenced us or taken the tail."""
+        if self._lost or self._handle is None:
+            return False
+        try:
+            md, _ = read_log(self._bk.metadata_store, self.name)
+            meta = self._bk.get_ledger_metadata(self._handle.ledger_id)
+        except errors.BKError:
+            return False
+        still = md.ledger_ids[-1:] == [self._handle.ledger_id] and meta.state != CLOSED \
+            and meta.state == "OPEN"
+        self._lost = not still
+        return still
+
+    def close(self) -> None:
+        with self._lock:
+            if self._handle is None:
+                return
+            handle, self._handle = self._handle, None
+        try:
+            handle.close()
+        finally:
+            self._record_closed(handle)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+# -- truncation -------------------------------------------------------------------------------
+def truncate_log(bk, name: str, before_ledger_id: int, *, force: bool = False) -> list[int]:
+    """CAS the list first, then delete the dropped ledgers.  Refused
+    (``IllegalOp``, nothing changed) when a registered read position
+    (``positions/<log>/``, protocol/positions.py) still needs a segment it
+    would drop, unless ``force``."""
+    from pybk_spark.logs.positions import list_positions
+    from pybk_spark.protocol.positions import blockers
+    dropped: list[int] = []
+    registered = [] if force else list_positions(bk.metadata_store, name)
+
+    def transform(m: LogMetadata) -> LogMetadata:
+        first_kept = m.truncated_ledgers + m.segment_index(before_ledger_id)
+        stuck = blockers(first_kept, registered)
+        if stuck:
+            raise errors.IllegalOp(
+                "truncation would drop segments that registered read positions still need: "
+                + ", ".join(f"{p.name} at index {p.index} entry {p.entry}" for p in stuck)
+                + f"; drop a stale one with 'pybk dropposition {name} NAME' "
+                "or truncate with force=True", log=name, first_kept_index=first_kept)
+        new, ids = logmd.truncate_before(m, before_ledger_id)
+        dropped[:] = ids
+        return new
+    update_log(bk.metadata_store, name, transform)
+    for ledger_id in dropped:
+        try:
+            bk.delete_ledger(ledger_id)
+        except errors.NoSuchLedger:
+            pass
+    return dropped

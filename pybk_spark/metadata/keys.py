@@ -1,0 +1,76 @@
+"""The etcd key layout: every key and prefix the client, bookies and tools use.
+
+Theory of operation
+-------------------
+All keys live under the store's scope (``etcd://.../SCOPE``; the adapters add
+the scope, callers never do).  The layout, one line per kind:
+
+  ledgers/<id:020d>              ledger metadata (JSON), changed only by CAS
+  writers/<id:020d>              the live writer's claim on a ledger
+  logs/<name>                    a log: its ordered list of ledgers
+  positions/<log>/<name>         a registered read position on a log
+  cookies/<bookie id>            a bookie's identity cookie
+  bookies/writable/<bookie id>   a registered writable bookie (under a lease)
+  bookies/readonly/<bookie id>   a registered read-only bookie (under a lease)
+  bookies/damaged/<bookie id>    a bookie's damage marker (protocol/damage_marker.py)
+
+Pure string functions, no I/O.  Ids are zero-padded so that a prefix listing
+returns ledgers in id order.  etcd roles (admin/etcd_roles.py) grant by these
+prefixes, so a new kind of key needs a role change too.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+from pybk_spark.protocol.damage_marker import MARKER_PREFIX as DAMAGED_PREFIX  # noqa: F401
+
+LEDGERS_PREFIX = "ledgers/"
+WRITERS_PREFIX = "writers/"
+LOGS_PREFIX = "logs/"
+POSITIONS_PREFIX = "positions/"
+COOKIES_PREFIX = "cookies/"
+BOOKIES_PREFIX = "bookies/"
+BOOKIE_MODES = ("writable", "readonly")
+
+
+def ledger_key(ledger_id: int) -> str:
+    return f"{LEDGERS_PREFIX}{ledger_id:020d}"
+
+
+def writer_key(ledger_id: int) -> str:
+    return f"{WRITERS_PREFIX}{ledger_id:020d}"
+
+
+def log_key(name: str) -> str:
+    return f"{LOGS_PREFIX}{name}"
+
+
+def position_key(log: str, name: str) -> str:
+    return f"{POSITIONS_PREFIX}{log}/{name}"
+
+
+def positions_prefix(log: str) -> str:
+    return f"{POSITIONS_PREFIX}{log}/"
+
+
+def cookie_key(bookie_id: str) -> str:
+    return f"{COOKIES_PREFIX}{bookie_id}"
+
+
+def bookies_prefix(mode: str) -> str:
+    """``bookies/<mode>/``; mode is ``writable``, ``readonly`` or ``damaged``."""
+    return f"{BOOKIES_PREFIX}{mode}/"
+
+
+def bookie_key(mode: str, bookie_id: str) -> str:
+    return f"{bookies_prefix(mode)}{bookie_id}"
+
+
+def last_part(key: str) -> str:
+    """The id at the end of a key (``bookies/writable/b1`` -> ``b1``)."""
+    return key.rsplit("/", 1)[1]
+
+
+def iter_ids(keys: Iterator[str]) -> Iterator[int]:
+    for k in keys:
+        yield int(last_part(k))

@@ -1,0 +1,196 @@
+"""Client end of the lane (protocol: wire/lane_frames.py): add and read connections.
+
+Theory of operation
+-------------------
+One TCP connection per bookie carries this client's adds, with exactly the
+semantics of an ``AddStream`` (transport/request_streams.py, whose
+:class:`RequestStreamer` reopens connections and whose :class:`PendingRequests`
+matches answers, expires late adds and closes idle connections):
+
+* ``submit`` writes the framed request from the caller's own thread
+  (``FrameWriter``: never blocking on a bookie that stopped reading), so the
+  bookie receives a writer's requests in the order they were submitted.
+* One reader thread per connection completes the futures, in the order the
+  answers arrive, and runs the callers' callbacks.
+* When the connection ends or breaks, every unanswered add fails with an
+  unknown-outcome error (``Timeout`` if the watchdog cut it for a late add).
+  An answer with request_id 0 is the bookie refusing the connection's input
+  (a malformed frame) before it closes the connection; the unanswered adds
+  fail with ``BookieUnavailable`` quoting it (they may have been journaled).
+
+A :class:`ReadLaneConnection` is the same with reads: ``ReadRequest`` out,
+``ReadResponse`` back (``READ_MAGIC``).  Each answer is received into one
+new buffer and parsed in place (``framing.parse_read_response``): the
+entries are a zero-copy view of it.  A reader that cancels its future (it
+stopped early) only drops the answer when it comes.
+
+With TLS (``tls``: transport/tls.py) the connection is wrapped and its
+handshake completed, within the connect timeout, before the magic is sent
+(wire/tls_socket.py: the reader thread and the senders share it safely).
+
+Socket errors become typed errors in ``wire.codes.translate_socket_error``
+(a failed handshake: ``TlsError``).
+"""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any, Callable
+
+from pybk_spark import errors
+from pybk_spark.transport.request_streams import PendingRequests
+from pybk_spark.wire.frame_socket import FrameWriter, configure, read_frame, read_frame_into
+from pybk_spark.wire import lane_frames
+from pybk_spark.wire import bookie_wire_pb2 as pb
+from pybk_spark.wire import codes, framing
+from pybk_spark.wire.tls_socket import handshake
+
+# answers are a few dozen bytes; a bookie that sends more is not one
+_MAX_ANSWER_BYTES = 1 << 20
+
+
+def frame_add(head: pb.AddRequest, entries) -> bytes:
+    """An AddRequest as one lane frame (header + pre-framed message)."""
+    return lane_frames.frame(*framing.payload_parts(head, entries))
+
+
+def frame_read(head: pb.ReadRequest, _entries=b"") -> bytes:
+    """A ReadRequest as one lane frame (``RequestStreamer`` passes no entries)."""
+    return lane_frames.frame(head.SerializeToString())
+
+
+class LaneConnection(PendingRequests):
+    """Adds over one lane connection."""
+    magic = lane_frames.MAGIC
+    kind = "add"
+
+    def __init__(self, address: str, bookie_id: str, now: float, connect_timeout: float,
+                 max_backlog_bytes: int, tls=None):
+        super().__init__(bookie_id, now)
+        try:
+            host_port = lane_frames.split_address(address)
+            sock: Any = socket.create_connection(host_port, timeout=connect_timeout)   # or a TlsSocket
+        except (OSError, ValueError) as exc:
+            raise codes.translate_socket_error(exc, bookie=bookie_id) from None
+        if tls is not None:
+            try:
+                sock = handshake(sock, tls.context, server_side=False,
+                                 server_hostname=tls.server_hostname(host_port[0]),
+                                 timeout=connect_timeout)
+            except OSError as exc:         # ssl.SSLError, a reset, the timeout
+                sock.close()
+                if isinstance(exc, TimeoutError):
+                    raise codes.translate_socket_error(exc, bookie=bookie_id) from None
+                raise codes.translate_tls_error(exc, address, bookie=bookie_id) from None
+        self.sock = configure(sock)
+        self.writer = FrameWriter(self.sock, f"pybk-lane-send-{bookie_id}", max_backlog_bytes)
+        self.writer.send(lane_frames.hello(bookie_id, self.magic))
+        self.reader = threading.Thread(target=self._read,
+                                       name=f"pybk-{self.kind}-lane-{bookie_id}", daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        err: errors.BKError
+        try:
+            with self.sock.makefile("rb") as stream:
+                while True:
+                    resp = self._receive(stream)
+                    if resp is None:
+                        raise EOFError(f"{self.kind} lane closed by the bookie")
+                    if resp.request_id == lane_frames.CONNECTION_REQUEST_ID and resp.code != pb.OK:
+                        # earlier adds may be journaled: their outcome stays unknown
+                        raise ConnectionAbortedError(
+                            "bookie refused this connection's input: "
+                            f"{codes.error_for_code(resp.code, resp.message)!r}")
+                    self.answer(resp)
+        except Exception as exc:  # noqa: BLE001 - end of stream, socket error, bad frame
+            err = codes.translate_socket_error(self.writer.error or exc, bookie=self.bookie_id)
+        self.writer.close()
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        self.ended(err)
+
+    def _receive(self, stream):
+        """The next answer, or None at the end of the stream."""
+        body = read_frame(stream, _MAX_ANSWER_BYTES)
+        return None if body is None else pb.AddResponse.FromString(body)
+
+    def _send(self, req) -> bool:
+        return self.writer.send(req)
+
+    def _cancel(self) -> None:
+        self.writer.close()            # the reader sees the end and fails what is pending
+
+    def close(self, drain_s: float = 2.0) -> None:
+        """Send what is queued, stop sending, let the bookie answer what it
+        already has (at most ``drain_s`` in all), then cut the connection."""
+        deadline = time.monotonic() + drain_s
+        self.writer.flush(drain_s)
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        if self.reader is not threading.current_thread():
+            self.reader.join(max(0.0, deadline - time.monotonic()))
+        self.writer.close()
+
+
+class ReadLaneConnection(LaneConnection):
+    """Reads over one lane connection; answers are up to ``max_answer_bytes``."""
+    magic = lane_frames.READ_MAGIC
+    kind = "read"
+
+    def __init__(self, address: str, bookie_id: str, now: float, connect_timeout: float,
+                 max_backlog_bytes: int, max_answer_bytes: int, tls=None):
+        self.max_answer_bytes = max_answer_bytes
+        super().__init__(address, bookie_id, now, connect_timeout, max_backlog_bytes, tls)
+
+    def _receive(self, stream):
+        body = read_frame_into(stream, self.max_answer_bytes)
+        return None if body is None else framing.parse_read_response(body)
+
+
+def read_lane_connector(address: str, bookie_id: str, connect_timeout: float,
+                        resolve: Callable[[], str], max_answer_bytes: int, tls=None
+                        ) -> Callable[[float], PendingRequests]:
+    """Opens read lane connections; see :func:`lane_connector`."""
+    def open_read(addr: str, now: float) -> PendingRequests:
+        return ReadLaneConnection(addr, bookie_id, now, connect_timeout, 1 << 20,
+                                  max_answer_bytes, tls)
+    return _reconnecting(address, resolve, open_read)
+
+
+def lane_connector(address: str, bookie_id: str, connect_timeout: float,
+                   resolve: Callable[[], str] = lambda: "",
+                   max_backlog_bytes: int = 1 << 30, tls=None
+                   ) -> Callable[[float], PendingRequests]:
+    """Opens add lane connections (see ``RequestStreamer``) to ``address``.  When
+    the connection is refused, ``resolve()`` is asked for the bookie's
+    current lane address (a restarted bookie may listen on a new port) and,
+    if it changed, that one is tried once."""
+    def open_add(addr: str, now: float) -> PendingRequests:
+        return LaneConnection(addr, bookie_id, now, connect_timeout, max_backlog_bytes, tls)
+    return _reconnecting(address, resolve, open_add)
+
+
+def _reconnecting(address: str, resolve: Callable[[], str],
+                  open_at: Callable[[str, float], PendingRequests]
+                  ) -> Callable[[float], PendingRequests]:
+    current = [address]
+
+    def connect(now: float) -> PendingRequests:
+        try:
+            return open_at(current[0], now)
+        except errors.BookieUnavailable as refused:
+            try:
+                fresh = resolve()
+            except errors.BKError:            # registry unreachable: keep the first answer
+                raise refused from None
+            if not fresh or fresh == current[0]:
+                raise
+            current[0] = fresh
+            return open_at(fresh, now)
+    return connect

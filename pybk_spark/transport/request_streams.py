@@ -1,0 +1,254 @@
+"""Adds over one long-lived connection per bookie: an ``AddStream``, or an
+add lane connection (transport/lane_client.py, same semantics).
+
+Theory of operation
+-------------------
+A unary ``AddEntries`` call per chunk pays call set-up, a deadline timer and a
+completion-queue hand-off each time; one stream per bookie pays them once.
+Requests carry a ``request_id`` the bookie echoes, so answers are matched by id
+(the bookie answers as journal groups become durable, normally in order).
+
+* ``submit`` enqueues the request; gRPC's own thread drains the queue into the
+  stream, in submission order, so a bookie journals a writer's chunks in the
+  order they were sent.
+* One reader thread per stream completes futures as answers arrive.  It runs
+  the callers' callbacks, exactly like a unary future's callback thread.
+* When the stream ends or breaks (bookie died, channel closed) every
+  unanswered add fails with the translated transport error: its outcome is
+  UNKNOWN.  The next ``submit`` opens a fresh stream.
+* Timeouts: ``expire(now)`` (called by the pool's watchdog) cancels a stream
+  whose oldest unanswered add is older than its timeout; all its adds then fail
+  with ``Timeout`` (unknown outcome), as BookKeeper's addEntryTimeout does.
+  One slow bookie therefore never holds a writer longer than the timeout.
+* An open stream holds one of the bookie's gRPC server threads, so a stream
+  idle for ``idle_close_s`` (no add pending) is closed by ``expire``; the next
+  add opens a new one.
+* Requests travel pre-framed (wire/framing.py): the entries payload is
+  appended to the serialized request head, which avoids protobuf's slow
+  handling of large bytes fields.
+"""
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+from concurrent.futures import Future
+from typing import Callable
+
+import grpc
+
+from pybk_spark import errors
+from pybk_spark.transport.base import settle
+from pybk_spark.wire import bookie_wire_pb2 as pb
+from pybk_spark.wire import codes, framing
+
+_CLOSE = object()
+
+
+def add_stream_opener(channel) -> Callable:
+    """The AddStream call of ``channel`` taking pre-framed request bytes."""
+    return channel.stream_stream(framing.ADD_STREAM_METHOD,
+                                 request_serializer=framing.serialize,
+                                 response_deserializer=pb.AddResponse.FromString)
+
+
+class PendingRequests:
+    """The unanswered requests of one connection (an AddStream, or a lane
+    connection carrying adds or reads): register, answer by request_id, fail
+    all on a break, and the watchdog's timeout and idle checks.  Subclasses
+    send and close."""
+
+    def __init__(self, bookie_id: str, now: float):
+        self.bookie_id = bookie_id
+        self.last_used = now
+        self.pending: dict[int, tuple[Future, float, Callable]] = {}
+        self.lock = threading.Lock()
+        self.broken: errors.BKError | None = None
+        self.timed_out = False
+
+    def answer(self, resp) -> None:
+        """Complete the add ``resp`` answers (an unknown id is ignored)."""
+        with self.lock:
+            item = self.pending.pop(resp.request_id, None)
+        if item is None:
+            return
+        fut, _deadline, convert = item
+        settle(fut, convert, resp, bookie=self.bookie_id)
+
+    def ended(self, err: errors.BKError) -> None:
+        """The connection is over: fail every unanswered add (a timeout
+        cancellation reports ``Timeout``)."""
+        if self.timed_out:
+            err = errors.Timeout("add timed out (connection cancelled)", bookie=self.bookie_id)
+        self._fail_all(err)
+
+    def _fail_all(self, err: errors.BKError) -> None:
+        with self.lock:
+            self.broken = self.broken or err
+            items, self.pending = list(self.pending.values()), {}
+        self._after_break()
+        for fut, _deadline, _convert in items:
+            if not fut.done():
+                fut.set_exception(err)
+
+    def _after_break(self) -> None:
+        pass
+
+    def add(self, request_id: int, req, fut: Future, deadline: float, convert: Callable,
+            now: float) -> bool:
+        """False if the connection is already broken (caller opens a new one)."""
+        with self.lock:
+            if self.broken is not None:
+                return False
+            self.pending[request_id] = (fut, deadline, convert)
+            self.last_used = now
+        if self._send(req):
+            return True
+        with self.lock:           # not sent: retry on a new connection, unless the
+            item = self.pending.pop(request_id, None)   # break already failed the add
+        return item is None
+
+    def _send(self, req) -> bool:
+        raise NotImplementedError
+
+    def _cancel(self) -> None:
+        raise NotImplementedError
+
+    def expire(self, now: float, idle_close_s: float) -> None:
+        with self.lock:
+            late = any(deadline <= now for _f, deadline, _c in self.pending.values())
+            idle = (not self.pending and self.broken is None
+                    and now - self.last_used >= idle_close_s)
+            if idle:
+                self.broken = errors.BookieUnavailable("idle add connection closed",
+                                                       bookie=self.bookie_id)
+        if late:
+            self.timed_out = True
+            self._cancel()
+        elif idle:
+            self.close()
+
+    def close(self, drain_s: float = 2.0) -> None:
+        raise NotImplementedError
+
+
+class _Stream(PendingRequests):
+    """Adds over one gRPC AddStream."""
+
+    def __init__(self, open_call: Callable, bookie_id: str, now: float):
+        super().__init__(bookie_id, now)
+        self.requests: "queue.SimpleQueue" = queue.SimpleQueue()
+        try:
+            self.call = open_call(self._iter_requests())
+        except (grpc.RpcError, ValueError) as exc:  # ValueError: channel closed
+            raise codes.translate_rpc_error(exc, bookie=bookie_id) from None
+        self.reader = threading.Thread(target=self._read, name=f"pybk-add-{bookie_id}",
+                                       daemon=True)
+        self.reader.start()
+
+    def _iter_requests(self):
+        while True:
+            req = self.requests.get()
+            if req is _CLOSE:
+                return
+            yield req
+
+    def _read(self) -> None:
+        err: errors.BKError
+        try:
+            for resp in self.call:
+                self.answer(resp)
+            err = errors.BookieUnavailable("add stream ended by the bookie", bookie=self.bookie_id)
+        except Exception as exc:  # noqa: BLE001 - gRPC error / cancellation
+            err = codes.translate_rpc_error(exc, bookie=self.bookie_id)
+        self.ended(err)
+
+    def _after_break(self) -> None:
+        self.requests.put(_CLOSE)           # lets gRPC's request thread finish
+
+    def _send(self, req) -> bool:
+        self.requests.put(req)
+        return True
+
+    def _cancel(self) -> None:
+        self.call.cancel()
+
+    def close(self, drain_s: float = 2.0) -> None:
+        """Half-close, let the bookie answer what it already has (at most
+        ``drain_s``), then cancel."""
+        self.requests.put(_CLOSE)
+        if self.reader is not threading.current_thread():
+            self.reader.join(drain_s)
+        self.call.cancel()
+
+
+def stream_connector(channel, bookie_id: str) -> Callable[[float], PendingRequests]:
+    """Opens a gRPC AddStream on ``channel`` (see :class:`RequestStreamer`)."""
+    opener = add_stream_opener(channel)
+    return lambda now: _Stream(opener, bookie_id, now)
+
+
+class RequestStreamer:
+    """One kind of request to one bookie (its adds, or its lane reads) over
+    one long-lived connection (``connect(now)`` opens a
+    :class:`PendingRequests`: an AddStream or a lane connection), reopened
+    after a break."""
+
+    def __init__(self, connect: Callable[[float], PendingRequests], bookie_id: str,
+                 clock: Callable[[], float], idle_close_s: float = 30.0, frame=None):
+        self._connect = connect
+        self._frame = frame or framing.with_payload
+        self._idle_close_s = idle_close_s
+        self._bookie_id = bookie_id
+        self._clock = clock
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._stream: PendingRequests | None = None
+        self._closed = False
+
+    def submit(self, head: pb.AddRequest, entries, timeout: float, convert: Callable) -> Future:
+        """Send ``head`` (an AddRequest without its entries) + ``entries``."""
+        fut: Future = Future()
+        request_id = head.request_id = next(self._ids)
+        req = self._frame(head, entries)
+        now = self._clock()
+        deadline = now + timeout
+        for _attempt in range(2):
+            with self._lock:
+                if self._closed:
+                    fut.set_exception(errors.BookieUnavailable("client closed",
+                                                               bookie=self._bookie_id))
+                    return fut
+                stream = self._stream
+                if stream is None or stream.broken is not None:
+                    try:
+                        stream = self._stream = self._connect(now)
+                    except errors.BKError as exc:  # channel closed, bookie refused
+                        fut.set_exception(exc)
+                        return fut
+            if stream.add(request_id, req, fut, deadline, convert, now):
+                return fut
+        cls = errors.TlsError if isinstance(stream.broken, errors.TlsError) \
+            else errors.BookieUnavailable
+        fut.set_exception(cls(f"add stream keeps breaking: {stream.broken}",
+                              bookie=self._bookie_id))
+        return fut
+
+    @property
+    def connection(self) -> PendingRequests | None:
+        """The connection requests go over now (None before the first one,
+        or once closed); a broken one stays until the next request replaces
+        it.  For diagnostics and tests."""
+        return self._stream
+
+    def expire(self) -> None:
+        stream = self._stream
+        if stream is not None:
+            stream.expire(self._clock(), self._idle_close_s)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.close()

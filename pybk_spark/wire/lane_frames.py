@@ -1,0 +1,110 @@
+"""The add lane: AddRequest / AddResponse (and ReadRequest / ReadResponse)
+over plain TCP connections.
+
+Theory of operation
+-------------------
+A bookie serves adds two ways: the gRPC ``AddStream`` and this lane, a
+second listening port it registers as ``add_lane_address``.  Both carry the
+same protobuf messages and the same codes; the lane only drops gRPC's
+per-message machinery.  gRPC Python hands every message between several
+threads on each side (about 74 context switches per one-entry add on the
+client, 22 on each bookie: docs/performance.md, (4)); here the caller's
+thread writes the request and one reader thread per connection reads the
+answers.
+
+Connection
+  The client opens it and sends :data:`MAGIC` (protocol name and version),
+  then one frame holding the id of the bookie it means to reach (UTF-8):
+  :func:`hello`.  A bookie that sees another magic closes the connection; a
+  bookie with another id answers with a connection error (below) and closes
+  it.  The id check matters because an address can outlive its bookie: with
+  ``add_lane_port = 0`` a restarted bookie listens on a new port and another
+  process may take the old one, and an add acknowledged by the wrong bookie
+  would count towards a quorum it is not part of.
+Frames
+  Both directions are a sequence of frames: a 4-byte little-endian length n,
+  then n bytes of one serialized message.  Client to bookie: ``AddRequest``
+  (pre-framed, wire/framing.py).  Bookie to client: ``AddResponse``.
+Ordering obligations
+  * The bookie journals the requests of one connection in the order they
+    arrive, which is the order the client sent them.  A writer therefore
+    never has a later add of a ledger journaled before an earlier one it sent
+    on the same connection, as on ``AddStream``.
+  * Answers leave in completion order, each echoing its ``request_id``; the
+    client matches them by id.
+  * An answer with ``request_id`` 0 and a non-OK code is about the
+    connection itself (a malformed request): the bookie closes the
+    connection after it, and every unanswered add on it fails with that
+    typed error.
+  * A connection that ends with adds unanswered fails them with an
+    unknown-outcome error; the client opens a new connection for the next
+    add.
+Read connections
+  A connection that starts with :data:`READ_MAGIC` instead carries reads:
+  ``ReadRequest`` frames one way, ``ReadResponse`` frames the other, each
+  with the request's ``request_id`` (the same hello, the same connection
+  error with request_id 0).  A read answer is up to a read window (MiBs):
+  over gRPC, receiving it cost the reader about five times the CPU of a
+  plain socket (docs/performance.md, (6)).  The bookie serves one read
+  connection's requests one at a time, in order, and sends each answer's
+  entries straight from the buffer they were encoded into
+  (:func:`frame_parts`); the client receives each answer into one buffer
+  the entries are then parsed from in place.  Reads on a connection are
+  independent of each other: nothing orders them against adds.
+Limits
+  A frame longer than the receiver's limit (the bookie's gRPC message limit)
+  is a protocol error: the receiver closes the connection.
+
+Pure: no I/O.  The sockets live in wire/frame_socket.py (both sides),
+transport/lane_client.py (client) and bookie_server/serving/lane_server.py (bookie).
+"""
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+MAGIC = b"PBKLANE1"
+READ_MAGIC = b"PBKREAD1"
+MAGICS = (MAGIC, READ_MAGIC)
+_LENGTH = struct.Struct("<I")
+HEADER_BYTES = _LENGTH.size
+CONNECTION_REQUEST_ID = 0      # an answer about the connection, not one add
+
+
+def frame(*parts: Any) -> bytes:
+    """One frame holding the concatenation of ``parts`` (bytes-like)."""
+    size = sum(len(p) for p in parts)
+    return b"".join((_LENGTH.pack(size), *parts))
+
+
+def frame_parts(*parts: Any) -> list[Any]:
+    """One frame as a list of buffers (header first), for a gathering send
+    that does not copy large parts."""
+    return [_LENGTH.pack(sum(len(p) for p in parts)), *parts]
+
+
+def hello(bookie_id: str, magic: bytes = MAGIC) -> bytes:
+    """What a client sends first on a new connection (``READ_MAGIC`` for a
+    read connection)."""
+    if magic not in MAGICS:
+        raise ValueError(f"unknown lane magic {magic!r}")
+    return magic + frame(bookie_id.encode())
+
+
+def frame_length(header: bytes, limit: int) -> int:
+    """The body length a frame header announces; ``ValueError`` when it is
+    over ``limit`` or the header is short."""
+    if len(header) != HEADER_BYTES:
+        raise ValueError(f"truncated frame header ({len(header)} bytes)")
+    (size,) = _LENGTH.unpack(header)
+    if size > limit:
+        raise ValueError(f"frame of {size} bytes is over the limit of {limit}")
+    return int(size)
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``host:port`` (IPv6 hosts in brackets) as a (host, port) pair."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"bad add lane address {address!r}")
+    return host.strip("[]"), int(port)
