@@ -10,7 +10,7 @@ export SPARK_LOCAL_IP := 127.0.0.1
 export GRPC_ENABLE_FORK_SUPPORT := false
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: venv demo demo-cluster test test-fast test-hosts install-check proto proto-check bench bench-peers fault-tools chaos standalone clean
+.PHONY: venv demo demo-cluster test test-fast test-hosts lint install-check proto proto-check bench bench-peers fault-tools chaos standalone clean
 
 venv: $(STAMP)
 
@@ -29,8 +29,8 @@ demo: venv
 demo-cluster: venv
 	$(VPY) -m pybk_spark.commands.demo_cluster
 
-# install-check runs first so pytest's summary stays the last line CI reads
-test: venv bench-peers fault-tools install-check
+# lint and install-check run first so pytest's summary stays the last line CI reads
+test: venv bench-peers fault-tools lint install-check
 	$(VPY) -m pytest -q tests $(PYTEST_ARGS)
 
 # Tests on separate test hosts (network namespaces; docs/testing.md).  Where
@@ -39,6 +39,12 @@ test: venv bench-peers fault-tools install-check
 test-hosts: venv fault-tools
 	$(VPY) -m pybk_spark.testing.hosts --check
 	PYBK_REQUIRE_HOSTS=1 $(VPY) -m pytest -q tests/hosts $(PYTEST_ARGS)
+
+# ruff (style, bugbear, broad excepts) and mypy (strict for protocol/ and
+# wire/); the settings are in pyproject.toml
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VPY) -m mypy
 
 # the wheel, installed (not editable) into a clean venv outside the repo, runs:
 # console scripts + a client round trip on a cluster started from it (docs/testing.md)

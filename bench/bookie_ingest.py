@@ -96,7 +96,7 @@ def stream_adds(target, ledger_id: int, n_per_batch: int, n_batches: int,
     chunks = [reqs[i::streams] for i in range(streams)]
     if isinstance(target, tuple):
         chunks = [_lane_frames(c) for c in chunks]
-    errors = []
+    errors: list = []
 
     def one(chunk):
         if isinstance(target, tuple):
@@ -231,7 +231,8 @@ def print_table(r: dict) -> None:
               f"(p50 {dk['fsync_4k']['p50_ms']:.2f} ms, p99 {dk['fsync_4k']['p99_ms']:.2f} ms); "
               f"sequential write {dk['seq_write']['mb_per_s']:.0f} MB/s (fdatasync / 64 MiB), "
               f"{dk['sync_1m_write']['mb_per_s']:.0f} MB/s (fdatasync / 1 MiB)")
-    print(f"{'batch':>16} {'entries/s':>12} {'MB/s':>8} {'batches/s':>10} {'server CPU':>10} {'(kernel)':>8} {'client CPU':>10}")
+    print(f"{'batch':>16} {'entries/s':>12} {'MB/s':>8} {'batches/s':>10} "
+          f"{'server CPU':>10} {'(kernel)':>8} {'client CPU':>10}")
     for n in ("1", "100", "1000", "1000_sustained", "1000_group8m"):
         x = r.get(f"add_batch_{n}")
         if x is None:

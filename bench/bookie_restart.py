@@ -39,7 +39,7 @@ def _fill(bookie: Bookie, n_entries: int, batch: int = 1000, ledgers: int = 4) -
 
 
 def run(n_entries: int = 2_000_000, data_dir: str | None = None) -> dict:
-    out = {"entries": n_entries}
+    out: dict = {"entries": n_entries}
     with tempfile.TemporaryDirectory(dir=data_dir) as d:
         cfg = BookieConfig(data_dir=os.path.join(d, "replay"), flush_interval_s=1e9,
                            write_cache_max_bytes=1 << 40, journal_max_file_bytes=1 << 30)

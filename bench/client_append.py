@@ -62,7 +62,7 @@ def _timed_async(lh, data: list[bytes]) -> dict:
             "mb_per_s": rate(len(data) * ENTRY_BYTES, elapsed) / 1e6}
 
 
-def throughput(uri: str, quick: bool, catchup_entries: int) -> dict:
+def throughput(uri: str, quick: bool, catchup_entries: int) -> tuple[dict, tuple]:
     """Batched and pipelined appends for each quorum config.
 
     The first batched run (E=3 Qw=3 Qa=2) writes ``catchup_entries`` entries and

@@ -33,7 +33,7 @@ def _cpu_model() -> str | None:
 def _version(module: str) -> str | None:
     try:
         return __import__(module).__version__
-    except Exception:
+    except (ImportError, AttributeError):
         return None
 
 
@@ -44,7 +44,7 @@ def _redis_version() -> str | None:
     try:
         out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=10).stdout
         return out.split("v=", 1)[1].split()[0] if "v=" in out else out.strip()
-    except Exception:
+    except (OSError, subprocess.SubprocessError, IndexError):
         return None
 
 
@@ -52,7 +52,7 @@ def _java_version() -> str | None:
     try:
         out = subprocess.run(["java", "-version"], capture_output=True, text=True, timeout=20)
         return (out.stderr or out.stdout).splitlines()[0].strip()
-    except Exception:
+    except (OSError, subprocess.SubprocessError, IndexError):
         return None
 
 

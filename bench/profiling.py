@@ -60,7 +60,7 @@ class PySpy:
                 p.wait()
 
     def summary(self, top: int = 14) -> str:
-        self_t, incl = collections.Counter(), collections.Counter()
+        self_t, incl = collections.Counter[str](), collections.Counter[str]()
         total = 0
         for _, path in self.procs:
             if not os.path.exists(path):
@@ -69,12 +69,12 @@ class PySpy:
                 stack, _, n = line.rstrip().rpartition(" ")
                 if not stack or not n.isdigit():
                     continue
-                n = int(n)
+                k = int(n)
                 frames = [_short(f) for f in stack.split(";")]
-                total += n
-                self_t[frames[-1]] += n
+                total += k
+                self_t[frames[-1]] += k
                 for f in set(frames):
-                    incl[f] += n
+                    incl[f] += k
         if not total:
             return "(no py-spy samples)\n"
         lines = [f"py-spy: {total} samples over {len(self.procs)} process(es) "

@@ -57,7 +57,7 @@ def redis_server():
                 break
             except redis.ConnectionError:
                 if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("redis-server did not start")
+                    raise RuntimeError("redis-server did not start") from None
                 time.sleep(0.05)
         yield port, client
     finally:

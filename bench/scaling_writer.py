@@ -30,6 +30,7 @@ import json
 import sys
 import time
 import traceback
+from typing import Any
 
 from bench import catchup, client_append
 from pybk_spark.ledger.client import BookKeeper
@@ -58,7 +59,7 @@ class FixedPlacement(RandomPlacement):
 class Writer:
     def __init__(self, uri: str):
         self.bk = BookKeeper(uri, conf=WRITER_CONF)
-        self.lh = None
+        self.lh: Any = None
         self.data: list[bytes] = []
 
     def setup(self, ensemble, entries: int, warmup: int) -> dict:

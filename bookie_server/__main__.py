@@ -323,7 +323,7 @@ def _serve(cfg, bookie_id: str, store, conf_path, listeners, metrics, registrar,
                 log.info("event=config_reloaded threshold=%s lwm=%s",
                          new.disk_usage_threshold, new.disk_usage_lwm)
                 checker.check_once()
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - a bad reload keeps the old settings serving
                 log.error("event=config_reload_failed error=%r", exc)
             if server_tls is not None:
                 _reload_tls(server_tls, conf_path)

@@ -17,7 +17,7 @@ import logging
 import shutil
 import threading
 import time
-from typing import Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from pybk_spark.metadata.store import ledger_key
 from pybk_spark.metadata import keys
@@ -81,7 +81,7 @@ class DiskChecker:
         while not self._stop.wait(self.interval):
             try:
                 self.check_once()
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - the disk checker thread must not die
                 log.error("event=disk_check_failed error=%r", exc)
 
     def stop(self) -> None:
@@ -123,7 +123,7 @@ class GarbageCollector:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._lock = threading.Lock()
-        self._status = {"running": False, "forced_pending": False, "runs": 0,
+        self._status: dict[str, Any] = {"running": False, "forced_pending": False, "runs": 0,
                         "last_start": None, "last_end": None, "last_deleted": [],
                         "last_error": None, "deleted_total": 0}
         self._thread = threading.Thread(target=self._loop, name="gc", daemon=True)

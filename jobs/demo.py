@@ -59,7 +59,7 @@ def read_with_client(bk, ledger_ids) -> dict[int, list[tuple[int, bytes]]]:
     for lid in ledger_ids:
         rh = bk.open_ledger(lid, recovery=False)
         last = bk.get_ledger_metadata(lid).last_entry_id
-        rows = []
+        rows: list = []
         for lo in range(0, last + 1, 500):
             rows.extend((e.entry_id, e.payload) for e in rh.read(lo, min(last, lo + 499)))
         close = getattr(rh, "close", None)

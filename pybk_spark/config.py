@@ -50,7 +50,7 @@ class ClientConfig:
 
     def with_overrides(self, values: Mapping[str, object]) -> "ClientConfig":
         known = {f.name: f.type for f in fields(self)}
-        conv = {}
+        conv: dict = {}
         for key, raw in values.items():
             if key not in known:
                 raise errors.IncorrectParameter(f"unknown client config key {key!r}")

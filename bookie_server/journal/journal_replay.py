@@ -200,7 +200,7 @@ def _replay_file(directory: str, seq: int, offset: int,
         _truncate(path, cut)
 
 
-def _records(data, seq: int, offset: int, on_damage) -> Generator:
+def _records(data, seq: int, offset: int, on_damage) -> Generator[tuple, None, Optional[int]]:
     """Yield the file's records; returns the offset to truncate at, or None."""
     size = len(data)
     pos = offset

@@ -1,1 +1,2 @@
-"""The bookie's serving shell: gRPC service, add/read lane, listeners, registration, health, admin HTTP, TLS, metrics."""
+"""The bookie's serving shell: gRPC service, add/read lane, listeners, registration,
+health, admin HTTP, TLS, metrics."""

@@ -35,7 +35,7 @@ import json
 import logging
 import socket
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from pybk_spark import errors
 from pybk_spark.metadata import keys
@@ -63,11 +63,11 @@ class AdminApi:
     def __init__(self, *, allow_remote: bool = False, clock: Callable[[], float] = time.time):
         self.allow_remote = allow_remote
         self.clock = clock
-        self.bookie = None
+        self.bookie: Any = None
         self.bookie_id = ""
-        self.store = None
-        self.gc = None
-        self.readiness = None
+        self.store: Any = None
+        self.gc: Any = None
+        self.readiness: Any = None
         self.disk_full: Callable[[], bool] = lambda: False
         self._routes = {
             ("GET", "bookie/state"): self._state,
@@ -137,7 +137,7 @@ class AdminApi:
     # -- bookie ---------------------------------------------------------------------------
     def _state(self, _body) -> dict:
         b = self.bookie
-        st = self.readiness.state() if self.readiness is not None else {}
+        st: dict = self.readiness.state() if self.readiness is not None else {}
         why = None
         if b.read_only:
             why = ("storage failed" if b.io_error is not None else

@@ -40,7 +40,7 @@ def is_wildcard(host: str) -> bool:
 
 def _resolve(host: str) -> list[str]:
     try:
-        return [ai[4][0] for ai in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)]
+        return [str(ai[4][0]) for ai in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)]
     except OSError:
         return []
 
@@ -112,10 +112,10 @@ def check_advertised(host: str, metadata_uri: str, *,
 def effective_host(cfg, resolve: Optional[Callable[[str], list]] = None,
                    route_source: Optional[Callable[[str], str]] = None) -> str:
     """``advertised_host`` + ``check_advertised`` for a BookieConfig."""
-    kw = {}
+    kw: dict = {}
     if resolve is not None:
         kw["resolve"] = resolve
-    host = advertised_host(cfg.bind_address, cfg.advertised_address, cfg.metadata_uri,
-                           **kw, **({"route_source": route_source} if route_source else {}))
+    extra: dict = {"route_source": route_source} if route_source else {}
+    host = advertised_host(cfg.bind_address, cfg.advertised_address, cfg.metadata_uri, **kw, **extra)
     check_advertised(host, cfg.metadata_uri, **kw)
     return host

@@ -95,7 +95,7 @@ class AddLaneServer:
         self._listener = listener if listener is not None else bind_listener(cfg)
         self.port = self._listener.getsockname()[1]
         self._lock = threading.Lock()
-        self._connections: set[socket.socket] = set()
+        self._connections: set = set()              # plain or TLS sockets
         self._stopped = threading.Event()
         self._acceptor = threading.Thread(target=self._accept_loop, name="add-lane-accept",
                                           daemon=True)
@@ -164,7 +164,7 @@ class AddLaneServer:
             conn, who = done
         writer = FrameWriter(configure(conn), "add-lane-answers", _MAX_UNREAD_ANSWER_BYTES)
         slots = threading.BoundedSemaphore(self.max_inflight)
-        answer_cls = pb.AddResponse
+        answer_cls: type[pb.AddResponse] | type[pb.ReadResponse] = pb.AddResponse
 
         def refuse(message: str) -> None:
             self.metrics.lane_refused.inc()

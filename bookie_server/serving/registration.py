@@ -51,7 +51,7 @@ import json
 import logging
 import threading
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from pybk_spark import errors
 from pybk_spark.metadata import keys
@@ -118,7 +118,7 @@ class Registrar:
         self.read_only = False
         self.clock = clock
         self.sleep = sleep
-        self._lease = None
+        self._lease: Any = None
         self._version: Optional[int] = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -283,7 +283,7 @@ class Registrar:
                      registration_key(self.bookie_id, self.read_only))
         except errors.BookieIdInUse as exc:
             log.error("event=registration_taken error=%s", exc)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - the registrar thread logs and retries
             log.warning("event=reregister_failed error=%r", exc)
         finally:
             if old is not None and old is not self._lease:
@@ -306,5 +306,5 @@ class Registrar:
             try:
                 if self._lease is not None:
                     self._lease.revoke()
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - shutdown goes on; the lease expires anyway
                 log.warning("event=unregister_failed error=%r", exc)

@@ -81,7 +81,7 @@ class BookieService(pb_grpc.BookieServicer):
                                      req.master_key)
             fut, first, last = self.bookie.add_async(req.ledger_id, req.master_key,
                                                      req.entries, req.recovery, keyless)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:  # noqa: BLE001 - a request never kills the bookie
             code, msg = _code(exc, "add")
             self.m.add_requests.labels("error").inc()
             done(pb.AddResponse(code=code, message=msg, ledger_id=req.ledger_id,
@@ -111,7 +111,7 @@ class BookieService(pb_grpc.BookieServicer):
         try:
             self.submit_add(request, box.put, self.peer(context))
             return box.get()
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:  # noqa: BLE001 - a request never kills the bookie
             code, msg = _code(exc, "add")
             return pb.AddResponse(code=code, message=msg, request_id=request.request_id)
 
@@ -207,14 +207,14 @@ class BookieService(pb_grpc.BookieServicer):
             self.m.read_latency.observe(time.perf_counter() - t0)
             return (pb.ReadResponse(code=pb.OK, end=_END[res.end], lac=res.lac, fenced=res.fenced,
                                     request_id=request.request_id), res.batch)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:  # noqa: BLE001 - a request never kills the bookie
             code, msg = _code(exc, "read")
             self.m.read_requests.labels("error").inc()
             lac, fenced = -1, False
             try:
                 r = self.bookie.lac_of(request.ledger_id)
                 lac, fenced = r.lac, r.fenced
-            except BaseException:  # noqa: BLE001
+            except BaseException:  # noqa: BLE001 - the error answer goes out regardless
                 pass
             return (pb.ReadResponse(code=code, message=msg, end=pb.MISSING, lac=lac, fenced=fenced,
                                     request_id=request.request_id), None)
@@ -233,7 +233,7 @@ class BookieService(pb_grpc.BookieServicer):
                    else b"")
             return pb.ReadLacResponse(code=pb.OK, lac=r.lac, last_entry_id=r.last_entry_id,
                                       fenced=r.fenced, master_key=key)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:  # noqa: BLE001 - a request never kills the bookie
             code, msg = _code(exc, "read_lac")
             return pb.ReadLacResponse(code=code, message=msg, lac=-1, last_entry_id=-1)
 
@@ -242,7 +242,7 @@ class BookieService(pb_grpc.BookieServicer):
             keyless = self.authorize(self.peer(context), "fence", request.master_key)
             r = self.bookie.fence(request.ledger_id, request.master_key, keyless)
             return pb.FenceResponse(code=pb.OK, lac=r.lac, last_entry_id=r.last_entry_id)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:  # noqa: BLE001 - a request never kills the bookie
             code, msg = _code(exc, "fence")
             return pb.FenceResponse(code=code, message=msg, lac=-1, last_entry_id=-1)
 
@@ -251,7 +251,7 @@ class BookieService(pb_grpc.BookieServicer):
             self.authorize(self.peer(context), "write_lac", request.master_key)
             self.bookie.write_lac(request.ledger_id, request.master_key, request.lac)
             return pb.WriteLacResponse(code=pb.OK)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:  # noqa: BLE001 - a request never kills the bookie
             code, msg = _code(exc, "write_lac")
             return pb.WriteLacResponse(code=code, message=msg)
 
@@ -265,7 +265,7 @@ class BookieService(pb_grpc.BookieServicer):
                 state=pb.READ_ONLY_STATE if self.bookie.read_only else pb.WRITABLE,
                 ledger_count=len(self.bookie.ledger_ids()),
                 entry_count=self.bookie.store.entry_count(), protocol_version=PROTOCOL_VERSION)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:  # noqa: BLE001 - a request never kills the bookie
             code, msg = _code(exc, "info")
             return pb.BookieInfoResponse(code=code, message=msg, bookie_id=self.bookie_id)
 
@@ -273,7 +273,7 @@ class BookieService(pb_grpc.BookieServicer):
         try:
             self.authorize(self.peer(context), "info")
             return pb.ListLedgersResponse(code=pb.OK, ledger_ids=self.bookie.ledger_ids())
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:  # noqa: BLE001 - a request never kills the bookie
             code, msg = _code(exc, "list")
             return pb.ListLedgersResponse(code=code, message=msg)
 

@@ -32,7 +32,6 @@ Ordering obligations:
 """
 from __future__ import annotations
 
-import os
 
 from bookie_server.storage.entry_store import JOURNAL_SEGMENT_BASE, EntryStore, Ref, is_journal_segment
 

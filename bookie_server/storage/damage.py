@@ -175,7 +175,7 @@ class ReplayTracker:
     def ranges(self, gaps: Callable[[int, int, int], list[tuple[int, int]]]
                ) -> list[tuple[int, int, int]]:
         """``gaps(ledger, lo, hi)``: the not-stored ranges of [lo, hi]."""
-        out = []
+        out: list = []
         for (snap, before), after in zip(self._points, self._after_max):
             for lid in before | set(after):
                 lo = snap.get(lid, -1) + 1

@@ -103,7 +103,7 @@ class Ref:
 @dataclass
 class FlushSnapshot:
     by_ledger: dict[int, list[int]]      # ledger -> memory ref ids
-    results: dict[int, tuple] = None     # ledger -> (new Ref, starts, ends, rows, old refs)
+    results: dict[int, list] = None     # ledger -> (new Ref, starts, ends, rows, old refs)
 
 
 class EntryStore:

@@ -192,7 +192,7 @@ def summary(rows: list[dict], skipped: list[dict]) -> tuple[str, int]:
     if skipped:
         parts.append("skipped (not closed): " + ", ".join(
             f"{s['ledger']} ({s['reason']})" for s in skipped))
-    counts = {}
+    counts: dict = {}
     for r in rows:
         counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
     parts.append("summary: " + (", ".join(f"{k}={v}" for k, v in sorted(counts.items()))

@@ -33,10 +33,11 @@ def table(rows: Sequence[Mapping], columns: Sequence[str], empty: str = "(none)"
     for r in rows:
         t.add_row(*(Text(_cell(r.get(c))) for c in columns))
     width = shutil.get_terminal_size().columns if sys.stdout.isatty() else 100_000
-    console = Console(file=io.StringIO(), width=max(width, 40), color_system=None,
+    out = io.StringIO()
+    console = Console(file=out, width=max(width, 40), color_system=None,
                       highlight=False, markup=False, emoji=False, soft_wrap=False)
     console.print(t)
-    lines = [line.rstrip() for line in console.file.getvalue().splitlines()]
+    lines = [line.rstrip() for line in out.getvalue().splitlines()]
     return "\n".join(line for line in lines if line)
 
 

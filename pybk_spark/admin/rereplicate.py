@@ -165,7 +165,7 @@ def copy_fragment(bk, w: audit.FragmentWork, password: Optional[bytes] = None, *
     """Copy the lost slot's entries to the replacement, then CAS the fragment.
     Never raises: the outcome is in the row."""
     t0 = clock()
-    row = {"ledger": w.ledger_id, "fragment": f"{w.first}-{w.last}", "lost": w.lost,
+    row: dict = {"ledger": w.ledger_id, "fragment": f"{w.first}-{w.last}", "lost": w.lost,
            "replacement": w.replacement, "entries": 0, "bytes": 0, "mb": 0.0, "seconds": 0.0,
            "outcome": "failed", "error": ""}
     try:

@@ -99,7 +99,7 @@ def _readledger(args) -> int:
             return _readledger_bookie(args, bk, md, pw)
         rh = bk.open_ledger(args.ledger_id, password=pw, recovery=args.force_recovery)
         last = rh.last_add_confirmed if args.last is None else args.last
-        rows = []
+        rows: list = []
         if last >= args.first:
             total = last - args.first + 1
             with Progress("read", total, enabled=not getattr(args, "json", False)
@@ -148,7 +148,7 @@ def _readledger_bookie(args, bk, md, pw: bytes) -> int:
     if got.unreachable:
         raise errors.BookieUnavailable(f"bookie {args.bookie} could not be read: "
                                        f"{got.unreachable}")
-    rows = []
+    rows: list = []
     for batch in got.batches:
         rows.extend(_entry_row(e, pl, args.hex) for e, pl in
                     zip(batch.column("entry_id").to_pylist(), batch.column("payload").to_pylist()))

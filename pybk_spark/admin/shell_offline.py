@@ -123,7 +123,8 @@ def _readjournal(args) -> int:
     jdir = _journal_dir(args.data_dir)
     mark = read_mark(args.data_dir)
     mark_at = (int(mark["journal_seq"]), int(mark["journal_offset"])) if mark else (0, 0)
-    rows, damage = [], []
+    rows: list = []
+    damage: list = []
     quiet = logging.getLogger("bookie.journal")      # replay's own events say "truncated"
     level, quiet.level = quiet.level, logging.CRITICAL + 1
     try:

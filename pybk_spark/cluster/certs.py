@@ -25,6 +25,7 @@ class CertFiles:
     bookie_cert: Path
     bookie_key: Path
     clients: dict = field(default_factory=dict)     # identity -> (cert, key)
+    ca: object = None                               # the trustme CA, to issue more
 
     def bookie_conf(self, client_auth: str = "required", writers: str = "",
                     operators: str = OPERATOR) -> dict:

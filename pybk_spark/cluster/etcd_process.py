@@ -39,7 +39,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from pybk_spark.cluster import procs
 from pybk_spark.cluster.ports import free_port, port_is_free
@@ -124,7 +124,7 @@ class EtcdProcess:
         self.cluster_token = cluster_token or f"{name}-{self.client_port}"
         self.ready_timeout = ready_timeout
         self.proc: Optional[subprocess.Popen] = None
-        self._log = None
+        self._log: Any = None
 
     # -- addresses --------------------------------------------------------------
     @property

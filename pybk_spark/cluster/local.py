@@ -38,7 +38,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from pybk_spark import errors
 from pybk_spark.dirlock import DirLock
@@ -62,7 +62,7 @@ class _Bookie:
         self.port = port
         self.metrics_port = metrics_port
         self.proc: Optional[subprocess.Popen] = None
-        self.log = None
+        self.log: Any = None
 
 
 class LocalCluster:
@@ -85,7 +85,7 @@ class LocalCluster:
         self.metrics = metrics
         self.ready_timeout = ready_timeout
         self.etcd: Optional[EtcdProcess] = None
-        self.store = None
+        self.store: Any = None
         self._bookies: dict[str, _Bookie] = {}
         self._frozen: set[str] = set()
         self._state_path = self.data_dir / "cluster.json"

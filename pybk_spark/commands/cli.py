@@ -127,7 +127,7 @@ def _standalone(args: argparse.Namespace) -> int:
     from pybk_spark.cluster.local import BookieStartError, LocalCluster
     if args.bookies < 1:
         raise errors.IncorrectParameter("--bookies must be >= 1")
-    bookie_conf, client_lines = args.bookie_conf, []
+    bookie_conf, client_lines = args.bookie_conf, list[str]()
     if args.tls:
         bookie_conf, client_lines = _standalone_tls(args)
     cluster = LocalCluster(args.data_dir, num_bookies=args.bookies, scope=args.scope,
@@ -188,7 +188,7 @@ def _standalone_tls(args: argparse.Namespace) -> tuple[dict, list[str]]:
     conf.update(files.bookie_conf())
     confs = certs.write_client_confs(files)
     client = files.client_conf(certs.WRITER)
-    lines = [f"tls: client settings (conf/client.conf keys): "
+    lines = ["tls: client settings (conf/client.conf keys): "
              + " ".join(f"{k}={v}" for k, v in client.items()),
              f"tls: client conf file: {confs['client.conf']} (pybk --client-conf, "
              f"BookKeeper(uri, conf=path)); operator: {confs['operator.conf']}",

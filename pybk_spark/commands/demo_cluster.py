@@ -37,6 +37,8 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
+
 from pybk_spark.metadata import keys
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -97,7 +99,8 @@ class Demo:
         self.timeout = timeout
         self.seed = seed
         self.tl = Timeline()
-        self.cluster = self.spark = None
+        self.cluster: Any = None
+        self.spark: Any = None
         self.victim: str | None = None
         self.killed_etcd: str | None = None
         self.mid_write = False
@@ -148,7 +151,7 @@ class Demo:
             try:
                 result["res"] = self.spark.submit(DEMO_JOB, *args, timeout=self.timeout,
                                                   name="demo")
-            except BaseException as exc:            # reported by the main thread
+            except BaseException as exc:  # noqa: BLE001 - reported by the main thread
                 result["error"] = exc
 
         self.tl.event("spark-driver", "spark-submit jobs/demo.py " + " ".join(args[2:]))
@@ -276,7 +279,7 @@ class Demo:
                                     f"last_entry={md.last_entry_id}, expected {entries - 1}")
                     continue
                 rh = bk.open_ledger(lid, recovery=False)
-                got = []
+                got: list = []
                 for lo in range(0, entries, 500):
                     got.extend(e.payload for e in rh.read(lo, min(entries - 1, lo + 499)))
                 m = re.match(rb"ledger (\d+) entry 0\|", got[0] if got else b"")
@@ -360,7 +363,7 @@ def main(argv=None) -> int:
         print(demo.tl.format(), flush=True)
     except KeyboardInterrupt:
         reason = "interrupted; everything stopped"
-    except Exception as exc:                        # a launcher failure: say which, one line
+    except Exception as exc:  # noqa: BLE001 - the command's top level: any launcher failure, one line
         reason = f"{type(exc).__name__}: " + (str(exc).splitlines() or [""])[0]
         print(f"demo-cluster: {exc}", file=sys.stderr, flush=True)
     finally:

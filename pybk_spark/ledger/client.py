@@ -231,7 +231,7 @@ class BookKeeper:
             for lh in list(self._handles):
                 try:
                     lh.tick(self.clock())
-                except Exception:  # never kill the ticker
+                except Exception:  # noqa: BLE001 - never kill the ticker thread
                     pass
 
     def _check_open(self) -> None:

@@ -28,6 +28,7 @@ ticker, ``tick()``).
 """
 from __future__ import annotations
 
+import functools
 import threading
 from concurrent.futures import Future
 from typing import Callable, Iterable
@@ -192,7 +193,7 @@ class LedgerHandle:
                                             errors.Timeout(f"add not sent: {exc!r}",
                                                            ledger_id=self.ledger_id))
             chunk_fut.add_done_callback(
-                lambda f, futs=[fut for _, fut in items]: self._async_batch_done(f, futs))
+                functools.partial(self._async_batch_done, futures=[fut for _, fut in items]))
 
     def add_entries(self, payloads: Iterable[bytes]) -> list[int]:
         futs = [f for f in self.add_entries_async(payloads)]

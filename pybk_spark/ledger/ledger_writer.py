@@ -332,7 +332,7 @@ class LedgerWriter:
                                              ledger_id=self.ledger_id)
                 self._abort(err)
                 return
-            except Exception as exc:  # never leave adds hanging
+            except Exception as exc:  # noqa: BLE001 - never leave adds hanging
                 self._abort(errors.LedgerFenced(f"ensemble change failed: {exc!r}",
                                                 ledger_id=self.ledger_id))
                 return
@@ -382,21 +382,21 @@ class LedgerWriter:
                 md = lm.LedgerMetadata.from_json(raw)
                 if md.current_ensemble != change.ensemble:
                     raise _Stale()
-                return lm.replace_bookies(md, change.first_entry, repl, by_writer=by_writer).to_json()
+                return lm.replace_bookies(md, change.first_entry, repl, by_writer=by_writer).to_json()  # noqa: B023
             try:
                 raw, _version = store.update(ledger_key(self.ledger_id), transform)
             except _Stale:
                 if self.recovery:       # a concurrent recovery: this one starts over
                     raise errors.RecoveryRaced("ledger ensemble changed by another recovery",
-                                               ledger_id=self.ledger_id)
+                                               ledger_id=self.ledger_id) from None
                 raise errors.LedgerFenced("ledger ensemble changed by someone else",
-                                          ledger_id=self.ledger_id)
+                                          ledger_id=self.ledger_id) from None
             except errors.IllegalOp:
                 if by_writer:
                     raise
                 md = lm.LedgerMetadata.from_json(store.get(ledger_key(self.ledger_id)).value)
                 if md.state != lm.IN_RECOVERY:
-                    raise errors.LedgerFenced("ledger no longer in recovery", ledger_id=self.ledger_id)
+                    raise errors.LedgerFenced("ledger no longer in recovery", ledger_id=self.ledger_id) from None
                 continue
             new_md = lm.LedgerMetadata.from_json(raw)
             self.limits = admission.limits(

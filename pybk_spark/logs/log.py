@@ -42,7 +42,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Callable, Union
+from typing import Any, Callable, Union
 
 from pybk_spark import errors
 from pybk_spark.metadata.store import log_key
@@ -127,7 +127,7 @@ class LogWriter:
         self._quorums = (ensemble, write_quorum, ack_quorum)
         self._policy, self._clock = roll_policy, clock
         self._lock = threading.RLock()
-        self._handle = None
+        self._handle: Any = None
         self._index = -1                 # absolute segment index of the current ledger
         self._entries = self._bytes = 0
         self._opened_at = 0.0
@@ -143,7 +143,7 @@ class LogWriter:
             handle = self._create_ledger()                                    # 3
             try:
                 new = update_log(store, self.name, lambda m: logmd.open_as_leader(   # 4 + 5
-                    m, fenced_tail, closed, handle.ledger_id))
+                    m, fenced_tail, closed, handle.ledger_id))  # noqa: B023 (called within this iteration)
             except logmd.LeaderConflict:
                 self._discard(handle)
                 continue

@@ -177,7 +177,7 @@ class EtcdLease(Lease):
             if self._on_lost is not None:
                 try:
                     self._on_lost(self)
-                except Exception:       # a callback bug must not kill the refresher
+                except Exception:  # noqa: BLE001 - a callback bug must not kill the refresher
                     pass
 
     def _keepalive_loop(self) -> None:
@@ -263,7 +263,7 @@ class EtcdMetadataStore(MetadataStore):
     def _endpoint_in_use(self) -> str:
         try:
             return self._client.endpoint_in_use.netloc
-        except Exception:              # no endpoint chosen yet
+        except AttributeError:         # no endpoint chosen yet (None)
             return ""
 
     # -- authentication -------------------------------------------------------------
@@ -314,7 +314,7 @@ class EtcdMetadataStore(MetadataStore):
                     raise errors.MetadataUnauthorized(
                         f"{exc}: check etcd_user / etcd_password_file") from exc.__cause__
                 renewed = True
-                self._call(lambda: self._authenticate(epoch), idempotent=True, auth=False)
+                self._call(lambda: self._authenticate(epoch), idempotent=True, auth=False)  # noqa: B023
             except errors.MetadataUnavailable as exc:
                 netloc = self._endpoint_in_use()     # the one that failed (or last chosen)
                 unsent = isinstance(exc.__cause__, etcd_exc.NoServerAvailableError)
@@ -497,7 +497,7 @@ class EtcdMetadataStore(MetadataStore):
             lease.stop_keepalive()
         try:
             self._client.close()
-        except Exception:
+        except Exception:  # noqa: BLE001 - closing etcd's channels is best effort; we are closed regardless
             pass
 
 

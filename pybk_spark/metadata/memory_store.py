@@ -71,7 +71,7 @@ class MemoryLease(Lease):
             if self._on_lost is not None:
                 try:
                     self._on_lost(self)
-                except Exception:
+                except Exception:  # noqa: BLE001 - a callback bug must not kill the refresher
                     pass
 
     def start_keepalive(self, interval: float | None = None) -> None:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional, TypeVar
+from typing import Callable, Optional, TypeVar
 
 from pybk_spark import errors
 # the key layout lives in metadata/keys.py; these names stay importable from here

@@ -62,13 +62,13 @@ KEYED_OPS = frozenset({"add", "recovery_add", "fence", "write_lac"})   # carry t
 @dataclass(frozen=True)
 class Policy:
     tls: bool = False
-    writers: frozenset = frozenset()       # empty: any peer TLS admitted
-    operators: frozenset = frozenset()
+    writers: frozenset[str] = frozenset()       # empty: any peer TLS admitted
+    operators: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
 class Peer:
-    identities: frozenset = frozenset()    # CN + SANs of a verified client certificate
+    identities: frozenset[str] = frozenset()    # CN + SANs of a verified client certificate
 
     def describe(self) -> str:
         return ", ".join(sorted(self.identities)) or "none (no client certificate)"
@@ -77,7 +77,7 @@ class Peer:
 ANONYMOUS = Peer()
 
 
-def parse_identities(text: str) -> frozenset:
+def parse_identities(text: str) -> frozenset[str]:
     """``a, b ,c`` -> {"a", "b", "c"} (the config's comma-separated lists)."""
     return frozenset(p.strip() for p in (text or "").split(",") if p.strip())
 

@@ -47,7 +47,7 @@ injected rng), never above ``cap``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 from pybk_spark import errors
 
@@ -83,7 +83,7 @@ def batch_overhead(entries: int) -> int:
 
 
 def limits(client_max_entry: int, client_max_message: int,
-           registrations: Iterable[Mapping]) -> AddLimits:
+           registrations: Iterable[Mapping[str, Any]]) -> AddLimits:
     """The limits for a ledger whose ensemble registered ``registrations``
     (the JSON dicts of ``bookies/writable/<id>``; their ``limits`` field)."""
     entry = client_max_entry
@@ -102,7 +102,7 @@ def limits(client_max_entry: int, client_max_message: int,
     return AddLimits(max(0, entry), max(0, request))
 
 
-def _positive(value) -> int | None:
+def _positive(value: Any) -> int | None:
     try:
         v = int(value)
     except (TypeError, ValueError):
@@ -110,7 +110,7 @@ def _positive(value) -> int | None:
     return v if v > 0 else None
 
 
-def too_large(size: int, lim: AddLimits, **context) -> errors.TooLarge:
+def too_large(size: int, lim: AddLimits, **context: Any) -> errors.TooLarge:
     """The error for a payload over ``lim`` (names the settings to change)."""
     return errors.TooLarge(
         f"entry of {size} bytes is over the largest entry this ledger accepts, "

@@ -71,7 +71,7 @@ class AckSet:
 
     write_set: tuple[int, ...]
     ack_quorum: int
-    acked: set = field(default_factory=set)
+    acked: set[int] = field(default_factory=set)
 
     def ack(self, slot: int) -> bool:
         if slot in self.write_set:

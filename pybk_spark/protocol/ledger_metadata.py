@@ -239,7 +239,7 @@ def close_by_writer(md: LedgerMetadata, last_acked: int, length: int) -> LedgerM
 
 
 def close_by_recovery(md: LedgerMetadata, last_entry: int, length: int,
-                      wrote_through: tuple | None = None) -> LedgerMetadata:
+                      wrote_through: tuple[tuple[int, tuple[str, ...]], ...] | None = None) -> LedgerMetadata:
     """Recovery's final CAS.  If someone else closed first, their answer stands
     (all recoverers converge on the first CLOSED value).  ``wrote_through``:
     the fragments this recovery re-wrote through; if a concurrent recovery

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional
 
 from pybk_spark import errors
 
@@ -60,13 +60,13 @@ class Segment:
     start_offset: int = -1         # log offset of this segment's first entry, if known
     rows: int = -1                 # rows in the segment (Arrow-table logs), if known
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"ledger_id": self.ledger_id, "state": self.state,
                 "entry_count": self.entry_count, "byte_count": self.byte_count,
                 "start_offset": self.start_offset, "rows": self.rows}
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> "Segment":
+    def from_dict(cls, d: Mapping[str, Any]) -> "Segment":
         return cls(int(d["ledger_id"]), d.get("state", SEGMENT_OPEN),
                    int(d.get("entry_count", -1)), int(d.get("byte_count", -1)),
                    int(d.get("start_offset", -1)), int(d.get("rows", -1)))

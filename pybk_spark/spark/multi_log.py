@@ -53,7 +53,7 @@ def common_schema(store, names: list[str]) -> Optional[str]:
     schemas = {name: read_log(store, name)[0].schema for name in names}
     distinct = set(schemas.values())
     if len(distinct) > 1:
-        groups = {}
+        groups: dict = {}
         for name, text in schemas.items():
             groups.setdefault(text, []).append(name)
         raise errors.SchemaMismatch(
@@ -103,13 +103,13 @@ class BookKeeperMultiLogReader(DataSourceReader):
                 raise errors.SchemaMismatch(
                     "a log's schema changed between load() and planning; load() again",
                     logs=names)
-            tagged = []
+            tagged: list = []
             for name in names:
                 one = self._one(name)
                 tagged.extend((name, s) for s in plan(bk, one, resolve_ledgers(bk, one)))
         finally:
             bk.close()
-        out = []
+        out: list[InputPartition] = []
         for name, s in tagged:      # minPartitions over all logs' slices
             for piece in split_to_min([s], _share(s, tagged, self.opts.min_partitions)):
                 out.append(LogSlicePartition(name, LedgerSlicePartition.of(piece)))

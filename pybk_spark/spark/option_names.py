@@ -43,7 +43,6 @@ STREAM_READ = COMMON_READ + ("maxEntriesPerTrigger", "maxBytesPerTrigger",
 BATCH_WRITE = (
     "metadataServiceUri", "log", "path", "ensembleSize", "writeQuorum", "ackQuorum",
     "maxRowsPerEntry", "maxBytesPerEntry", "password", "mergeSchema",
-    "_testFailTaskOnce",                 # the documented test hook (writer.py)
 ) + KNOWN_TLS_OPTIONS
 STREAM_WRITE = BATCH_WRITE + ("checkpointLocation", "sinkId", "queryName")
 ANY_READ = tuple(dict.fromkeys(BATCH_READ + STREAM_READ))
@@ -86,7 +85,7 @@ def fold_table_options(options: Mapping[str, str]) -> dict:
     (``provider``, ...).  Fold ``option.k`` into ``k``; drop the properties
     (only then: a read that is not a table keeps its options as given)."""
     table = any(str(k).lower().startswith(TABLE_PREFIX) for k in options)
-    out = {}
+    out: dict = {}
     for key, value in options.items():
         if table and str(key).lower() in TABLE_PROPERTIES:
             continue

@@ -326,7 +326,6 @@ class WriteOptions:
     sink_id: Optional[str] = None            # streaming sink identity (exactly-once key)
     client_conf: tuple[tuple[str, str], ...] = ()   # ClientConfig overrides: bk.* + tls.*
     merge_schema: bool = False               # allow adding nullable columns at the end
-    test_fail_task_once: Optional[str] = None  # test hook: marker file path (see writer.py)
 
 
 def _uri(options: Mapping[str, str]) -> str:
@@ -393,7 +392,6 @@ def parse_write_options(options: Mapping[str, str], *, streaming: bool = False) 
         sink_id=sink_id,
         client_conf=client_overrides(options),
         merge_schema=parse_bool("mergeSchema", _get(options, "mergeSchema"), False),
-        test_fail_task_once=_get(options, "_testFailTaskOnce"),
     )
 
 

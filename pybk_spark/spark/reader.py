@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
@@ -80,7 +80,7 @@ class LedgerSlicePartition(InputPartition):
 
 
 # -- per-process client cache (never pickled) ---------------------------------------------
-_CLIENTS: dict[tuple, object] = {}
+_CLIENTS: dict[tuple, Any] = {}
 
 
 def _client(uri: str, conf: tuple = ()):
@@ -121,7 +121,7 @@ def _drop_client(uri: str, conf: tuple = ()) -> None:
     if bk is not None:
         try:
             bk.close()
-        except Exception:        # closing a broken client must not hide the real error
+        except Exception:  # noqa: BLE001 - closing a broken client must not hide the real error
             pass
 
 
@@ -218,7 +218,7 @@ class PlanningClient:
         from pybk_spark.metadata import open_store
         self.uri, self.conf = uri, conf
         self.metadata_store = open_store(uri)
-        self._bk = None
+        self._bk: Any = None
 
     def get_ledger_metadata(self, ledger_id: int):
         from pybk_spark.metadata.store import read_ledger_metadata

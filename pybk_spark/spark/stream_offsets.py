@@ -78,7 +78,8 @@ def advance(start: Offset, extents: Sequence[Extent], max_entries: Optional[int]
             max_bytes: Optional[int] = None,
             default_entry_bytes: Optional[float] = None) -> Offset:
     """The furthest offset reachable from ``start`` within the budgets."""
-    pos, entries_left, bytes_left, taken = start, max_entries, max_bytes, 0
+    bytes_left: Optional[float] = max_bytes           # costs may be averages
+    pos, entries_left, taken = start, max_entries, 0
     for ext in extents:
         if ext.index < pos.index:
             continue
@@ -92,7 +93,7 @@ def advance(start: Offset, extents: Sequence[Extent], max_entries: Optional[int]
             size = default_entry_bytes if size is None else size
             if size is None:                       # unknown: one entry, and only as the first
                 afford = 0 if taken else 1
-                cost = bytes_left
+                cost: float = bytes_left
             elif size <= 0:
                 afford, cost = take, 0.0
             else:
@@ -148,7 +149,7 @@ def delay_batch(available: int, min_entries: Optional[int], since_last_s: float,
 
 def ranges(start: Offset, end: Offset, extents: Sequence[Extent]) -> list[tuple[int, int, int]]:
     """-> [(ledger_id, first, last)] (inclusive, non-empty) covering [start, end)."""
-    out = []
+    out: list = []
     if end <= start:
         return out
     by_index = {e.index: e for e in extents}

@@ -34,7 +34,6 @@ no-op whose fresh ledgers are deleted.
 """
 from __future__ import annotations
 
-import os
 import uuid
 from dataclasses import dataclass
 from typing import Iterator, List, Optional
@@ -114,18 +113,6 @@ def _task_ids() -> tuple[int, int]:
     return ctx.partitionId(), ctx.attemptNumber()
 
 
-def _maybe_fail_for_test(opts: WriteOptions, partition: int, attempt: int) -> None:
-    """THE test hook: option ``_testFailTaskOnce=<marker file>`` fails attempt 0
-    of partition 0 once, after its ledger is written and closed (like a task
-    lost before reporting), so the retry and the orphan cleanup are exercised."""
-    marker = opts.test_fail_task_once
-    if not marker or partition != 0 or attempt != 0 or os.path.exists(marker):
-        return
-    with open(marker, "w") as f:
-        f.write("failed once\n")
-    raise RuntimeError("injected task failure (_testFailTaskOnce)")
-
-
 def write_task(opts: WriteOptions, job: str, schema_text: str,
                batches: Iterator[pa.RecordBatch]) -> LedgerCommitMessage:
     from pybk_spark.spark.reader import _client, _drop_client
@@ -175,7 +162,6 @@ def write_task(opts: WriteOptions, job: str, schema_text: str,
         _abandon(bk, handle, key)
         _drop_client(opts.metadata_uri, opts.client_conf)
         raise
-    _maybe_fail_for_test(opts, partition, attempt)
     ledger_id = handle.ledger_id if handle is not None else -1
     return LedgerCommitMessage(partition, attempt, ledger_id, entries, nbytes, rows)
 
@@ -206,13 +192,13 @@ def _abandon(bk, handle, key) -> None:
         return
     try:
         handle.close()
-    except Exception:
+    except errors.BKError:
         pass
     try:
         pending.delete_ledgers(bk, [handle.ledger_id])
         if key is not None:
             bk.metadata_store.delete(key)
-    except Exception:
+    except errors.BKError:
         pass
 
 

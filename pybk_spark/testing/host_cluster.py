@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from pybk_spark import errors
 from pybk_spark.metadata import open_store
@@ -75,7 +75,7 @@ class HostBookie:
         self.data_dir = data_dir
         self.advertised_address = advertised_address or host.address
         self.proc: Optional[subprocess.Popen] = None
-        self.log = None
+        self.log: Any = None
 
     @property
     def address(self) -> str:
@@ -104,7 +104,7 @@ class HostCluster:
         self._n_etcd = etcd_members
         self._n_bookies = num_bookies
         self.etcd: Optional[EtcdCluster] = None
-        self.store = None
+        self.store: Any = None
         self.bookies: dict[str, HostBookie] = {}
 
     @property

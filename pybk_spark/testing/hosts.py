@@ -223,7 +223,7 @@ def clear_leftovers() -> list[str]:
     return removed
 
 
-def _subnets_in_use() -> set[ipaddress.IPv4Network]:
+def _subnets_in_use() -> set[ipaddress.IPv4Network | ipaddress.IPv6Network]:
     out = _ip("-o", "-4", "addr", "show", check=False).stdout
     nets = set()
     for line in out.splitlines():
@@ -287,7 +287,7 @@ class HostNetwork:
     # -- addresses --------------------------------------------------------------------
     @property
     def subnet(self) -> ipaddress.IPv4Network:
-        return ipaddress.ip_network(f"{SUBNET_PREFIX}.{self.slot}.0/24")
+        return ipaddress.IPv4Network(f"{SUBNET_PREFIX}.{self.slot}.0/24")
 
     @property
     def bridge(self) -> str:
@@ -396,7 +396,7 @@ def _close_all() -> None:
     for net in list(_LIVE):
         try:
             net.close()
-        except Exception:
+        except Exception:  # noqa: BLE001 - at exit every network gets its close
             pass
 
 

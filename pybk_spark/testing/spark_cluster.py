@@ -51,7 +51,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from pybk_spark.cluster import procs
 from pybk_spark.testing.hosts import Host, HostNetwork
@@ -87,7 +87,7 @@ class SparkCluster:
         self.worker_hosts: list[Host] = []
         self.driver_host: Optional[Host] = None
         self._procs: dict[str, subprocess.Popen] = {}
-        self._logs: dict[str, object] = {}
+        self._logs: dict[str, Any] = {}
 
     # -- addresses ----------------------------------------------------------------------
     @property
@@ -127,7 +127,7 @@ class SparkCluster:
                     "--memory", self.worker_memory,
                     "--work-dir", self.data_dir / "work" / h.name), self._daemon_env())
             for h in self.worker_hosts:
-                self._until(lambda: h.address in self.alive_workers(), h.name,
+                self._until(lambda: h.address in self.alive_workers(), h.name,  # noqa: B023 (waits here)
                             f"{h.name} to be ALIVE in the master's /json")
         except BaseException:
             self.close()

@@ -100,14 +100,14 @@ class BookieClient(BookieTransport):
         ctx = {"bookie": self.bookie_id}
         try:
             gfut = method.future(request, timeout=timeout or self.default_timeout)
-        except Exception as exc:  # channel closed etc.
+        except (grpc.RpcError, ValueError) as exc:  # ValueError: channel closed
             return failed_future(codes.translate_rpc_error(exc, **ctx))
         out: Future = Future()
 
         def done(f) -> None:
             try:
                 resp = f.result()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - `out` must settle, or its caller waits forever
                 fail(out, codes.translate_rpc_error(exc, **ctx))
                 return
             settle(out, convert, resp, **ctx)

@@ -36,7 +36,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from pybk_spark import errors
 from pybk_spark.transport.request_streams import PendingRequests
@@ -70,7 +70,7 @@ class LaneConnection(PendingRequests):
         super().__init__(bookie_id, now)
         try:
             host_port = lane_frames.split_address(address)
-            sock = socket.create_connection(host_port, timeout=connect_timeout)
+            sock: Any = socket.create_connection(host_port, timeout=connect_timeout)   # or a TlsSocket
         except (OSError, ValueError) as exc:
             raise codes.translate_socket_error(exc, bookie=bookie_id) from None
         if tls is not None:

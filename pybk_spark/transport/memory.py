@@ -14,13 +14,17 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from pybk_spark import errors
 from pybk_spark.transport.base import (BookieTransport, LacResult, ReadResult, TransportPool,
                                        failed_future)
-from pybk_spark.wire.entries import ENTRY_SCHEMA, batch_from_bytes, empty_batch
+from pybk_spark.wire.entries import ENTRY_SCHEMA, empty_batch
+
+if TYPE_CHECKING:
+    from bookie_server.config import BookieConfig
 
 
 class _Ledger:
@@ -33,8 +37,10 @@ class _Ledger:
 
 
 class MemoryBookie:
-    def __init__(self, bookie_id: str):
+    def __init__(self, bookie_id: str, config: "BookieConfig | None" = None):
+        from bookie_server.config import BookieConfig
         self.bookie_id = bookie_id
+        self.config = config or BookieConfig()      # its add limits (max_entry_bytes, ...)
         self.ledgers: dict[int, _Ledger] = {}
         self.lock = threading.Lock()
 
@@ -49,7 +55,8 @@ class MemoryBookie:
         return led
 
     def add(self, lid: int, key: bytes, data: bytes, recovery: bool) -> tuple[int, int]:
-        batch = batch_from_bytes(data)
+        from bookie_server.bookie import validate_batch     # the real bookie's checks
+        batch = validate_batch(data, lid, self.config)
         with self.lock:
             led = self._ledger(lid, key)
             if led.fenced and not recovery:
@@ -63,23 +70,30 @@ class MemoryBookie:
             return (ids[0], ids[-1]) if ids else (-1, -1)
 
     def read(self, lid: int, first: int, last: int, max_entries: int = 0,
-             fence: bool = False, key: bytes = b"") -> ReadResult:
+             fence: bool = False, key: bytes = b"", max_bytes: int = 0) -> ReadResult:
         with self.lock:
             if fence:
                 self._ledger(lid, key).fenced = True
+            if first < 0 or last < first:
+                raise errors.BadRequest(f"bad entry range [{first}, {last}]")
             led = self.ledgers.get(lid)
             if led is None:
                 raise errors.NoSuchLedger(ledger_id=lid)
-            rows = []
+            rows: list = []
             e = first
             limit = max_entries or 1 << 30
+            budget, size, over = max_bytes or 1 << 62, 0, False    # payload bytes, >= 1 entry
             while e <= last and e in led.rows and len(rows) < limit:
+                size += len(led.rows[e]["payload"])
+                if rows and size > budget:
+                    over = True
+                    break
                 rows.append(led.rows[e])
                 e += 1
             if not rows:
                 raise errors.NoSuchEntry(ledger_id=lid, entry_id=first)
             batch = pa.RecordBatch.from_pylist(rows, schema=ENTRY_SCHEMA) if rows else empty_batch()
-            end = "COMPLETE" if e > last else ("LIMIT" if len(rows) >= limit else "MISSING")
+            end = "COMPLETE" if e > last else ("LIMIT" if len(rows) >= limit or over else "MISSING")
             return ReadResult(batch, end, max(led.lac, led.explicit_lac), led.fenced)
 
     def read_sparse(self, lid: int, first: int, last: int, max_entries: int = 0,
@@ -147,7 +161,8 @@ class MemoryTransport(BookieTransport):
         if sparse:
             return self._do(lambda b: b.read_sparse(ledger_id, first, last, max_entries,
                                                     fence, master_key, stripe))
-        return self._do(lambda b: b.read(ledger_id, first, last, max_entries, fence, master_key))
+        return self._do(lambda b: b.read(ledger_id, first, last, max_entries, fence, master_key,
+                                         max_bytes))
 
     def read_lac(self, ledger_id, *, fence=False, master_key=b"", wait_for_lac_above=-2,
                  wait_ms=0, timeout=None):

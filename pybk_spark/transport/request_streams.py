@@ -35,6 +35,8 @@ import threading
 from concurrent.futures import Future
 from typing import Callable
 
+import grpc
+
 from pybk_spark import errors
 from pybk_spark.transport.base import settle
 from pybk_spark.wire import bookie_wire_pb2 as pb
@@ -138,7 +140,7 @@ class _Stream(PendingRequests):
         self.requests: "queue.SimpleQueue" = queue.SimpleQueue()
         try:
             self.call = open_call(self._iter_requests())
-        except Exception as exc:  # channel closed
+        except (grpc.RpcError, ValueError) as exc:  # ValueError: channel closed
             raise codes.translate_rpc_error(exc, bookie=bookie_id) from None
         self.reader = threading.Thread(target=self._read, name=f"pybk-add-{bookie_id}",
                                        daemon=True)

@@ -1,4 +1,4 @@
-"""Regenerate the gRPC stubs from bookie_wire.proto.
+"""Regenerate the gRPC stubs (and the messages' type stubs, .pyi) from bookie_wire.proto.
 
     python -m pybk_spark.wire.build            # write the stubs
     python -m pybk_spark.wire.build --check    # exit 1 if committed stubs are stale
@@ -17,7 +17,7 @@ from pathlib import Path
 WIRE_DIR = Path(__file__).resolve().parent
 ROOT = WIRE_DIR.parent.parent
 PROTO = "pybk_spark/wire/bookie_wire.proto"
-OUTPUTS = ("bookie_wire_pb2.py", "bookie_wire_pb2_grpc.py")
+OUTPUTS = ("bookie_wire_pb2.py", "bookie_wire_pb2.pyi", "bookie_wire_pb2_grpc.py")
 
 
 def generate(out_root: Path) -> None:
@@ -25,7 +25,7 @@ def generate(out_root: Path) -> None:
 
     rc = protoc.main([
         "grpc_tools.protoc", f"-I{ROOT}",
-        f"--python_out={out_root}", f"--grpc_python_out={out_root}", str(ROOT / PROTO),
+        f"--python_out={out_root}", f"--pyi_out={out_root}", f"--grpc_python_out={out_root}", str(ROOT / PROTO),
     ])
     if rc != 0:
         raise SystemExit(f"protoc failed with exit code {rc}")

@@ -9,12 +9,14 @@ Both directions live here:
 """
 from __future__ import annotations
 
+from typing import Any
+
 from pybk_spark import errors
 from pybk_spark.wire import bookie_wire_pb2 as pb
 
 OK = pb.OK
 
-_CODE_TO_ERROR = {
+_CODE_TO_ERROR: dict[int, type[errors.BKError]] = {
     pb.NO_SUCH_LEDGER: errors.NoSuchLedger,
     pb.NO_SUCH_ENTRY: errors.NoSuchEntry,
     pb.BAD_REQUEST: errors.BadRequest,
@@ -41,18 +43,18 @@ def error_to_code(exc: BaseException) -> tuple[int, str]:
     return pb.BAD_REQUEST, f"{type(exc).__name__}: {exc}"
 
 
-def error_for_code(code: int, message: str = "", **context) -> errors.BKError:
+def error_for_code(code: int, message: str = "", **context: Any) -> errors.BKError:
     cls = _CODE_TO_ERROR.get(code, errors.BKError)
     return cls(message or f"bookie returned status {code}", **context)
 
 
-def raise_for_code(code: int, message: str = "", **context) -> None:
+def raise_for_code(code: int, message: str = "", **context: Any) -> None:
     """Client side: raise the typed error for a non-OK response code."""
     if code != OK:
         raise error_for_code(code, message, **context)
 
 
-def translate_rpc_error(exc: Exception, **context) -> errors.BKError:
+def translate_rpc_error(exc: Exception, **context: Any) -> errors.BKError:
     """Client side: a transport failure.  Outcome of a write is UNKNOWN."""
     import grpc
 
@@ -64,7 +66,7 @@ def translate_rpc_error(exc: Exception, **context) -> errors.BKError:
         if status == grpc.StatusCode.RESOURCE_EXHAUSTED:
             return errors.TooLarge(f"grpc message limit: {detail}", **context)
         if status == grpc.StatusCode.UNAUTHENTICATED:
-            return errors.Unauthorized(detail, **context)
+            return errors.Unauthorized(detail or "", **context)
         low = (detail or "").lower()
         if status == grpc.StatusCode.UNAVAILABLE and any(m in low for m in _TLS_FAILURES):
             hint = ("tls_server_name, or the bookie certificate's subject alternative names "
@@ -85,7 +87,7 @@ def translate_rpc_error(exc: Exception, **context) -> errors.BKError:
 _TLS_FAILURES = ("handshake", "verification check")
 
 
-def translate_socket_error(exc: BaseException, **context) -> errors.BKError:
+def translate_socket_error(exc: BaseException, **context: Any) -> errors.BKError:
     """Client side, add lane: a socket failure, the end of the connection or
     a malformed frame.  Outcome of a write is UNKNOWN."""
     if isinstance(exc, errors.BKError):
@@ -98,7 +100,7 @@ def translate_socket_error(exc: BaseException, **context) -> errors.BKError:
     return errors.BookieUnavailable(f"add lane: {type(exc).__name__}: {exc}", **context)
 
 
-def translate_tls_error(exc: BaseException, address: str = "", **context) -> errors.TlsError:
+def translate_tls_error(exc: BaseException, address: str = "", **context: Any) -> errors.TlsError:
     """Client side, lane: a failed TLS handshake, naming what to fix."""
     import ssl
     where = f" at {address}" if address else ""

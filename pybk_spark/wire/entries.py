@@ -15,7 +15,7 @@ a BadRequest that says so; docs/protocol.md, "Entry format".
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence, cast
 
 import numpy as np
 import pyarrow as pa
@@ -46,7 +46,7 @@ def cumulative_lengths(base: int, payloads: Sequence[bytes]) -> list[int]:
     """The ``length`` of each of ``payloads`` assigned in order after a
     ledger length of ``base`` bytes."""
     sizes = np.fromiter((len(p) for p in payloads), dtype=np.int64, count=len(payloads))
-    return (base + np.cumsum(sizes)).tolist()
+    return cast(list[int], (base + np.cumsum(sizes)).tolist())
 
 
 def make_batch(ledger_id: int, entry_ids: Sequence[int], lacs: Sequence[int],
@@ -71,7 +71,7 @@ def make_batch(ledger_id: int, entry_ids: Sequence[int], lacs: Sequence[int],
 _IPC_OPTIONS = pa.ipc.IpcWriteOptions()
 
 
-def _write_stream(sink, batch: pa.RecordBatch) -> None:
+def _write_stream(sink: Any, batch: pa.RecordBatch) -> None:
     with pa.ipc.new_stream(sink, ENTRY_SCHEMA, options=_IPC_OPTIONS) as writer:
         writer.write_batch(batch)
 
@@ -88,11 +88,11 @@ class _PartsSink:
     record batch's body buffers arrive as zero-copy ``pyarrow.Buffer`` views
     of the stored entries, so they are sent from where they lie."""
 
-    def __init__(self):
-        self.parts: list = []
+    def __init__(self) -> None:
+        self.parts: list[Any] = []
         self.closed = False
 
-    def write(self, data) -> int:
+    def write(self, data: Any) -> int:
         self.parts.append(data)
         return len(data)
 
@@ -103,7 +103,7 @@ class _PartsSink:
         self.closed = True
 
 
-def batch_to_parts(batch: pa.RecordBatch) -> list:
+def batch_to_parts(batch: pa.RecordBatch) -> list[Any]:
     """Like :func:`batch_to_buffer`, but as the list of buffers the IPC writer
     produced, large ones zero-copy views of ``batch`` (for a gathering send)."""
     sink = _PartsSink()
@@ -112,7 +112,7 @@ def batch_to_parts(batch: pa.RecordBatch) -> list:
 
 
 def batch_to_bytes(batch: pa.RecordBatch) -> bytes:
-    return batch_to_buffer(batch).to_pybytes()
+    return cast(bytes, batch_to_buffer(batch).to_pybytes())
 
 
 def empty_batch() -> pa.RecordBatch:
@@ -120,7 +120,7 @@ def empty_batch() -> pa.RecordBatch:
                                       schema=ENTRY_SCHEMA)
 
 
-def batch_from_bytes(data) -> pa.RecordBatch:
+def batch_from_bytes(data: Any) -> pa.RecordBatch:
     """Parse and validate one entry batch (bytes or a pyarrow Buffer, read in
     place).  Raises BadRequest on anything odd."""
     if not len(data):
@@ -128,7 +128,7 @@ def batch_from_bytes(data) -> pa.RecordBatch:
     try:
         reader = pa.ipc.open_stream(data if isinstance(data, pa.Buffer) else pa.py_buffer(data))
         batches = list(reader)
-    except Exception as exc:  # pyarrow raises several types for garbage
+    except (pa.ArrowException, OSError) as exc:  # pyarrow: its own types, and OSError for IO status
         raise errors.BadRequest(f"malformed Arrow IPC entry batch: {exc}") from None
     schema = reader.schema
     if not schema.equals(ENTRY_SCHEMA, check_metadata=False):
@@ -164,7 +164,7 @@ def one_batch(rows: pa.RecordBatch | pa.Table) -> pa.RecordBatch:
     return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=rows.schema)
 
 
-def payload_views(payloads: pa.Array | pa.ChunkedArray) -> list:
+def payload_views(payloads: pa.Array | pa.ChunkedArray) -> list[Any]:
     """Each value of a binary column as a zero-copy pyarrow Buffer slice
     (empty values as b""; nulls, which entries never hold, as b"" too)."""
     if isinstance(payloads, pa.ChunkedArray):      # a table of row slices (read_handle._gather)

@@ -31,9 +31,10 @@ answer.
 from __future__ import annotations
 
 import collections
+import io
 import socket
 import threading
-from typing import Optional
+from typing import Any, Optional
 
 import pyarrow as pa
 
@@ -49,7 +50,7 @@ def configure(sock: socket.socket) -> socket.socket:
     return sock
 
 
-def read_frame(reader, limit: int) -> Optional[bytes]:
+def read_frame(reader: io.BufferedIOBase, limit: int) -> Optional[bytes]:
     """The next frame's body; ``None`` at a clean end of stream (between
     frames).  ``ValueError`` for an oversized or truncated frame."""
     header = reader.read(lane_frames.HEADER_BYTES)
@@ -62,7 +63,7 @@ def read_frame(reader, limit: int) -> Optional[bytes]:
     return body
 
 
-def read_frame_into(reader, limit: int) -> Optional[memoryview]:
+def read_frame_into(reader: io.BufferedIOBase, limit: int) -> Optional[memoryview]:
     """Like :func:`read_frame`, but the body lands in one new buffer from
     Arrow's memory pool, with no intermediate copy (``readinto`` on a
     buffered reader passes large reads straight to the socket).  The pool
@@ -82,7 +83,7 @@ def read_frame_into(reader, limit: int) -> Optional[memoryview]:
     return view
 
 
-def send_parts(sock: socket.socket, parts: list) -> None:
+def send_parts(sock: socket.socket, parts: list[Any]) -> None:
     """Send every buffer of ``parts``, in order, blocking; large parts are
     sent from where they lie (``sendmsg`` gathers them)."""
     views = [memoryview(p).cast("B") for p in parts if len(p)]
@@ -112,7 +113,7 @@ class FrameWriter:
     def closed(self) -> bool:
         return self._closed
 
-    def send(self, data: bytes) -> bool:
+    def send(self, data: bytes | memoryview) -> bool:
         """Send or queue one frame; False if the connection is already closed."""
         with self._cond:
             if self._closed:

@@ -38,10 +38,10 @@ that both parsers agree with the generated ones.
 """
 from __future__ import annotations
 
-from typing import Union
+from typing import Any, Callable, Union
 
 import pyarrow as pa
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 
 from pybk_spark.wire import bookie_wire_pb2 as pb
 
@@ -66,7 +66,7 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
-def payload_parts(head, payload: BytesLike, field_number: int = ENTRIES_FIELD) -> tuple:
+def payload_parts(head: Message, payload: BytesLike, field_number: int = ENTRIES_FIELD) -> tuple[BytesLike, ...]:
     """The pieces of :func:`with_payload`, not yet joined (a caller that adds
     its own header joins once)."""
     size = len(payload)
@@ -75,7 +75,7 @@ def payload_parts(head, payload: BytesLike, field_number: int = ENTRIES_FIELD) -
     return (*payload_prefix(head, size, field_number), payload)
 
 
-def payload_prefix(head, size: int, field_number: int = ENTRIES_FIELD) -> tuple:
+def payload_prefix(head: Message, size: int, field_number: int = ENTRIES_FIELD) -> tuple[bytes, bytes, bytes]:
     """What precedes a payload of ``size`` > 0 bytes: the serialized head and
     the field's key and length, for a sender that sends the payload itself
     as separate buffers."""
@@ -83,14 +83,14 @@ def payload_prefix(head, size: int, field_number: int = ENTRIES_FIELD) -> tuple:
     return head.SerializeToString(), tag, _varint(size)
 
 
-def with_payload(head, payload: BytesLike, field_number: int = ENTRIES_FIELD) -> bytes:
+def with_payload(head: Message, payload: BytesLike, field_number: int = ENTRIES_FIELD) -> bytes:
     """``head`` (a generated message whose payload field is unset) serialized,
     followed by ``payload`` as length-delimited field ``field_number``.  An
     empty payload is left out, as protobuf itself does for proto3 bytes."""
     return b"".join(payload_parts(head, payload, field_number))
 
 
-def _read_varint(data, pos: int, end: int) -> tuple[int, int]:
+def _read_varint(data: BytesLike, pos: int, end: int) -> tuple[int, int]:
     value = shift = 0
     while True:
         if pos >= end or shift > 63:
@@ -112,11 +112,11 @@ class Framed:
     through to ``head``, so ``view.ledger_id`` reads like the generated class."""
     __slots__ = ("head", "entries")
 
-    def __init__(self, head, entries: pa.Buffer):
+    def __init__(self, head: Message, entries: pa.Buffer) -> None:
         self.head = head
         self.entries = entries
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self.head, name)
 
 
@@ -130,7 +130,7 @@ def split_payload(data: bytes, field_number: int = ENTRIES_FIELD) -> tuple[bytes
     ``ValueError``."""
     view = None
     payload = _EMPTY
-    kept: list = []
+    kept: list[tuple[int, int]] = []
     pos, end = 0, len(data)
     while pos < end:
         start = pos
@@ -165,7 +165,7 @@ def split_payload(data: bytes, field_number: int = ENTRIES_FIELD) -> tuple[bytes
     return b"".join(data[a:b] for a, b in kept), payload
 
 
-def _parse_framed(message_cls, data: bytes) -> Framed:
+def _parse_framed(message_cls: type[Message], data: bytes) -> Framed:
     head, entries = split_payload(data)
     try:
         msg = message_cls.FromString(head)
@@ -202,12 +202,12 @@ class Malformed:
     request_id = 0
     ledger_id = 0
 
-    def __init__(self, error: str):
+    def __init__(self, error: str) -> None:
         self.error = error
 
 
-def _lenient(parse):
-    def parse_or_mark(data):
+def _lenient(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    def parse_or_mark(data: bytes) -> Any:
         try:
             return parse(data)
         except (ValueError, DecodeError) as exc:
@@ -215,23 +215,23 @@ def _lenient(parse):
     return parse_or_mark
 
 
-def _refusing(handler, response_cls):
+def _refusing(handler: Callable[[Any, Any], Any], response_cls: Any) -> Callable[[Any, Any], Any]:
     """A unary handler that answers a :class:`Malformed` request itself."""
-    def handle(request, context):
+    def handle(request: Any, context: Any) -> Any:
         if isinstance(request, Malformed):
             return response_cls(code=pb.BAD_REQUEST, message=request.error)
         return handler(request, context)
     return handle
 
 
-def serialize(message) -> bytes:
+def serialize(message: Message | bytes | bytearray) -> bytes:
     """gRPC serializer: a generated message, or bytes already serialized."""
     if isinstance(message, (bytes, bytearray)):
         return bytes(message)
     return message.SerializeToString()
 
 
-def add_bookie_servicer(servicer, server) -> None:
+def add_bookie_servicer(servicer: Any, server: Any) -> None:
     """Register ``servicer`` for every method of the Bookie service; responses
     may be generated messages or pre-framed bytes (:func:`with_payload`)."""
     import grpc

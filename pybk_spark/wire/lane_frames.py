@@ -61,6 +61,7 @@ transport/lane_client.py (client) and bookie_server/serving/lane_server.py (book
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 MAGIC = b"PBKLANE1"
 READ_MAGIC = b"PBKREAD1"
@@ -70,13 +71,13 @@ HEADER_BYTES = _LENGTH.size
 CONNECTION_REQUEST_ID = 0      # an answer about the connection, not one add
 
 
-def frame(*parts) -> bytes:
+def frame(*parts: Any) -> bytes:
     """One frame holding the concatenation of ``parts`` (bytes-like)."""
     size = sum(len(p) for p in parts)
     return b"".join((_LENGTH.pack(size), *parts))
 
 
-def frame_parts(*parts) -> list:
+def frame_parts(*parts: Any) -> list[Any]:
     """One frame as a list of buffers (header first), for a gathering send
     that does not copy large parts."""
     return [_LENGTH.pack(sum(len(p) for p in parts)), *parts]
@@ -98,7 +99,7 @@ def frame_length(header: bytes, limit: int) -> int:
     (size,) = _LENGTH.unpack(header)
     if size > limit:
         raise ValueError(f"frame of {size} bytes is over the limit of {limit}")
-    return size
+    return int(size)
 
 
 def split_address(address: str) -> tuple[str, int]:

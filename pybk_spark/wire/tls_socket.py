@@ -43,7 +43,7 @@ import socket
 import ssl
 import threading
 import time
-from typing import Optional
+from typing import Any, Iterable, Optional, cast
 
 _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
 
@@ -91,10 +91,10 @@ class TlsSocket:
     def settimeout(self, timeout: Optional[float]) -> None:
         self._timeout = timeout
 
-    def setsockopt(self, *args) -> None:
+    def setsockopt(self, *args: Any) -> None:
         self._tls.setsockopt(*args)
 
-    def getpeercert(self) -> Optional[dict]:
+    def getpeercert(self) -> Optional[dict[str, Any]]:
         return self._tls.getpeercert()
 
     def version(self) -> Optional[str]:
@@ -103,7 +103,7 @@ class TlsSocket:
     def _deadline(self) -> Optional[float]:
         return None if self._timeout is None else time.monotonic() + self._timeout
 
-    def recv_into(self, buffer, nbytes: int = 0) -> int:
+    def recv_into(self, buffer: Any, nbytes: int = 0) -> int:
         deadline = self._deadline()
         while True:
             with self._lock:
@@ -122,7 +122,7 @@ class TlsSocket:
         got = self.recv_into(buf, n)
         return bytes(buf[:got])
 
-    def send(self, data, flags: int = 0) -> int:
+    def send(self, data: Any, flags: int = 0) -> int:
         once = bool(_DONTWAIT and flags & _DONTWAIT)
         deadline = self._deadline()
         view = memoryview(data).cast("B")
@@ -138,13 +138,13 @@ class TlsSocket:
                 raise BlockingIOError("TLS send would block")
             _wait(self._tls, for_write, deadline)
 
-    def sendall(self, data) -> None:
+    def sendall(self, data: Any) -> None:
         view = memoryview(data).cast("B")
         while view:
             sent = self.send(view)
             view = view[sent:]
 
-    def sendmsg(self, buffers) -> int:
+    def sendmsg(self, buffers: Iterable[Any]) -> int:
         """One buffer at a time (no gathering over TLS)."""
         for b in buffers:
             if len(b):
@@ -154,7 +154,7 @@ class TlsSocket:
     def makefile(self, mode: str = "rb") -> io.BufferedReader:
         if mode != "rb":
             raise ValueError("only 'rb'")
-        return io.BufferedReader(socket.SocketIO(self, "rb"))
+        return io.BufferedReader(socket.SocketIO(cast(socket.socket, self), "rb"))   # duck-typed
 
     def shutdown(self, how: int) -> None:
         socket.socket.shutdown(self._tls, how)

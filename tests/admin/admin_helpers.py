@@ -61,7 +61,7 @@ def spark_submit(job: str, *args, timeout: float = 300.0) -> Result:
     except subprocess.TimeoutExpired:
         _kill_group(proc)
         out, err = proc.communicate()
-        raise AssertionError(f"spark-submit {job} timed out; stderr tail:\n{err[-3000:]}")
+        raise AssertionError(f"spark-submit {job} timed out; stderr tail:\n{err[-3000:]}") from None
     finally:
         if proc.poll() is None:
             _kill_group(proc)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from pybk_spark import errors
 from pybk_spark.ledger.client import BookKeeper
 from pybk_spark.cluster import procs
 
@@ -92,7 +93,7 @@ def test_live_writer_left_alone_unless_force(cluster, bk):
     assert forced.rc == 0, forced.out
     row = [r for r in forced.json()["ledgers"] if r["ledger"] == lh.ledger_id][0]
     assert row["outcome"] == "recovered" and row["last_entry"] == 3
-    with pytest.raises(Exception):
+    with pytest.raises(errors.BKError):
         lh.add_entry(b"e")                                      # fenced: unknown outcome
     lh._lease = None
 

@@ -11,7 +11,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 

@@ -20,7 +20,6 @@ from pybk_spark.testing.bookie_process import entries_bytes, free_port
 from pybk_spark.cluster.certs import OPERATOR, WRITER, issue, make_ca, make_cert_files
 from pybk_spark.transport.grpc_bookie import BookieClient
 from pybk_spark.transport.tls import ClientTls
-from pybk_spark.wire import bookie_wire_pb2 as pb
 
 pytest.importorskip("trustme")
 pytestmark = pytest.mark.slow

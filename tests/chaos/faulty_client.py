@@ -175,5 +175,5 @@ def plant(bk, name: str):
     try:
         PLANTS[name](bk)
     except KeyError:
-        raise SystemExit(f"faulty_client: unknown --plant {name!r}; one of {sorted(PLANTS)}")
+        raise SystemExit(f"faulty_client: unknown --plant {name!r}; one of {sorted(PLANTS)}") from None
     return bk

@@ -2,6 +2,7 @@
 and reading DataFrame logs back, against a real cluster and local Spark."""
 import datetime
 import decimal
+import os
 import uuid
 
 import pytest
@@ -108,12 +109,45 @@ def test_overwrite_swaps_and_deletes_old_ledgers(spark, metadata_uri, bk):
     assert [tuple(r) for r in read(spark, metadata_uri, log).collect()] == [(7, "x")]
 
 
+def fail_task_once_source(marker: str):
+    """A test-only data source (the test seam; production code has no fault
+    option): attempt 0 of partition 0 fails once after its ledger is written
+    and closed, like a task lost before reporting.  Defined in a function so
+    Spark pickles it by value to the Python workers."""
+    from pyspark import TaskContext
+
+    from pybk_spark.spark.writer import BookKeeperBatchWriter
+
+    class FailOnceWriter(BookKeeperBatchWriter):
+        def write(self, iterator):
+            message = super().write(iterator)
+            ctx = TaskContext.get()
+            if ctx.partitionId() == 0 and ctx.attemptNumber() == 0 and not os.path.exists(marker):
+                with open(marker, "w") as f:
+                    f.write("failed once\n")
+                raise RuntimeError("injected task failure (test data source)")
+            return message
+
+    class FailOnceSource(BookKeeperDataSource):
+        @classmethod
+        def name(cls):
+            return "bookkeeper-fail-once"
+
+        def writer(self, schema, overwrite):
+            w = super().writer(schema, overwrite)
+            return FailOnceWriter(w.opts, w.schema_text, w.overwrite, w.job, w.base_schema)
+
+    return FailOnceSource
+
+
 def test_failed_task_attempt_leaves_no_orphan_and_no_duplicate(spark, metadata_uri, bk, tmp_path):
     log = log_name("retry")
     before = set(bk.list_ledgers())
-    write(spark.range(0, 300).repartition(2), metadata_uri, log,
-          _testFailTaskOnce=str(tmp_path / "failed-once"))
-    assert (tmp_path / "failed-once").exists()                  # the hook did fire
+    source = fail_task_once_source(str(tmp_path / "failed-once"))
+    spark.dataSource.register(source)
+    (spark.range(0, 300).repartition(2).write.format(source.name())
+     .option("metadataServiceUri", metadata_uri).option("log", log).mode("append").save())
+    assert (tmp_path / "failed-once").exists()                  # the failure did fire
     md, _ = read_log(bk.metadata_store, log)
     assert set(bk.list_ledgers()) - before == set(md.ledger_ids)  # the failed attempt's ledger is gone
     assert sorted(r["id"] for r in read(spark, metadata_uri, log).collect()) == list(range(300))
