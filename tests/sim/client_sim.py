@@ -106,7 +106,7 @@ class ClientSim:
         self.closed_value: bytes | None = None
         self.recoveries: list[tuple[str, int, int]] = []   # (who, last, length)
         self.reads: list[tuple[str, int, list[bytes]]] = []
-        self.crash_after_change_p = rng.choice([0.0, 0.3]) if faults else 0.0
+        self.crash_after_change_p = rng.choice([0.0, 0.5, 0.8]) if faults else 0.0
         self.problems: list[str] = []
 
     # -- processes -------------------------------------------------------------------------
@@ -215,7 +215,7 @@ class ClientSim:
         n = rng.randint(5, 40)
         gap = rng.choice([0.2, 1.0, 3.0])
         loop.spawn(self.writer, n, gap, rng.random() < 0.5, owner="w", name="writer")
-        for i in range(rng.choice([0, 1, 1, 2])):
+        for i in range(rng.choice([0, 1, 2, 2, 3])):
             loop.spawn(self.recoverer, f"r{i}", owner=f"r{i}", name="recoverer",
                        delay=rng.uniform(0, n * gap / 2 + 5))
         self.schedule_faults()
@@ -315,10 +315,11 @@ class _FirstAnswerCovers(rc.FenceLacPhase):
         return bool(self.answered)
 
 
-def _recoverers_do_not_fence(net: SimNet, reads_too: bool):
+def _recoverers_do_not_fence(net: SimNet, lac: bool, reads: bool):
     strip = (lambda owner, fence: False if owner != "w" else fence)
-    net.plants["lac_fence"] = strip
-    if reads_too:
+    if lac:
+        net.plants["lac_fence"] = strip
+    if reads:
         net.plants["read_fence"] = strip
 
 
@@ -327,12 +328,12 @@ def planted(name: str | None, sim: ClientSim):
     """Apply the planted bug ``name`` to ``sim`` for the duration."""
     with contextlib.ExitStack() as stack:
         if name == "unfenced_lac":           # recovery trusts a LAC from a non-fenced bookie
-            _recoverers_do_not_fence(sim.net, reads_too=True)
+            _recoverers_do_not_fence(sim.net, lac=True, reads=True)
         elif name == "acks_out_of_order":
             stack.enter_context(mock.patch.object(ledger_writer, "PendingAdds", _OutOfOrderAcks))
-        elif name == "no_coverage_wait":
+        elif name == "no_coverage_wait":      # and non-fencing reads (before #2614)
             stack.enter_context(mock.patch.object(rc, "FenceLacPhase", _FirstAnswerCovers))
-            _recoverers_do_not_fence(sim.net, reads_too=False)
+            _recoverers_do_not_fence(sim.net, lac=False, reads=True)
         elif name == "read_only_replacements":
             stack.enter_context(mock.patch.object(lm, "recovery_read_bookies",
                                                   lambda md, slot: (md.current_ensemble[slot],)))
