@@ -72,7 +72,20 @@ class _SimStore(MemoryMetadataStore):
 
     def __init__(self, loop: SimLoop, on_write):
         super().__init__(clock=loop.clock)
+        self._loop = loop
         self._on_write = on_write
+
+    def wait_for_change(self, prefix, after_revision, timeout):
+        """The twin's wait, on simulated time (its own deadline is real time)."""
+        deadline = self._loop.now + timeout
+        cond = self._shared.cond                 # notified by every write
+        with cond:
+            while not super().wait_for_change(prefix, after_revision, 0):
+                remaining = deadline - self._loop.now
+                if remaining <= 0:
+                    return False
+                cond.wait(remaining)
+        return True
 
     def grant_lease(self, ttl_seconds, *, keepalive=True, **kw):
         return super().grant_lease(ttl_seconds, keepalive=False, **kw)
