@@ -201,8 +201,12 @@ class ClientSim:
         task = self.loop.current()
         if (md.state == lm.IN_RECOVERY and task is not None and task.owner.startswith("r")
                 and len(md.ensembles) > 1 and self.loop.rng.random() < self.crash_after_change_p):
-            # a recoverer crashes right after its recovery ensemble change
+            # a recoverer crashes right after its recovery ensemble change, and
+            # is restarted a little later (a new process: it starts over)
             self.loop.at(0, self.loop.kill, task.owner)
+            again = task.owner + "+"
+            self.loop.spawn(self.recoverer, again, owner=again, name="restarted recoverer",
+                            delay=self.loop.rng.uniform(1, 10))
 
     # -- nemesis ---------------------------------------------------------------------------
     def schedule_faults(self) -> None:
