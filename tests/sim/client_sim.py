@@ -37,7 +37,7 @@ from unittest import mock
 
 import numpy as np
 
-from pybk_spark import errors, ledger_writer, recovery_op
+from pybk_spark import errors, ledger_writer
 from pybk_spark.client import BookKeeper
 from pybk_spark.metadata.memory_store import MemoryMetadataStore
 from pybk_spark.metadata.store import ledger_key
@@ -342,7 +342,9 @@ def _recoverers_do_not_fence(net: SimNet, lac: bool, reads: bool):
 
 @contextlib.contextmanager
 def planted(name: str | None, sim: ClientSim):
-    """Apply the planted bug ``name`` to ``sim`` for the duration."""
+    """Apply the planted bug ``name`` to ``sim`` for the duration (recovery_op
+    and ledger_writer look ``rc``/``lm``/``PendingAdds`` up at call time, so a
+    patched attribute reaches them)."""
     with contextlib.ExitStack() as stack:
         if name == "unfenced_lac":           # recovery trusts a LAC from a non-fenced bookie
             _recoverers_do_not_fence(sim.net, lac=True, reads=True)
@@ -366,4 +368,3 @@ def planted(name: str | None, sim: ClientSim):
 
 PLANTS = ["unfenced_lac", "acks_out_of_order", "no_coverage_wait", "read_only_replacements",
           "close_ignores_ensemble"]
-assert recovery_op  # recovery_op reads rc/lm attributes at call time: the plants reach it
