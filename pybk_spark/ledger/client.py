@@ -7,9 +7,13 @@
     rh.read(0, rh.last_add_confirmed)
 
 Metadata goes through the MetadataStore port (CAS only); bookies through a
-TransportPool (gRPC by default).  Clock, rng and ``call_later(delay_s, fn)``
+TransportPool (gRPC by default).  Clock, rng, ``call_later(delay_s, fn)``
 (runs ``fn`` after a delay: the overload backoff of adds; default a daemon
-``threading.Timer``) are injectable.
+``threading.Timer``) and ``executor`` (anything with ``submit(fn, *args)``
+returning a Future and ``shutdown(wait=False)``: ensemble changes and the
+coalesced async adds run there; default a 4-thread ``ThreadPoolExecutor``,
+which the client shuts down on ``close()``) are injectable: the deterministic
+simulation (tests/sim/client_sim.py) runs all of them on one seeded loop.
 ``recovery_listener`` (optional) is called with the ``protocol.recovery.
 RecoveryDecision`` of every fencing recovery this client runs (its own
 opens, a log leader's take-over, a close by recovery), before that recovery
@@ -49,7 +53,8 @@ class BookKeeper:
                  store: MetadataStore | None = None, transports: TransportPool | None = None,
                  clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None,
                  background: bool = True, recovery_listener: Callable | None = None,
-                 call_later: Callable[[float, Callable[[], None]], None] | None = None):
+                 call_later: Callable[[float, Callable[[], None]], None] | None = None,
+                 executor=None):
         if store is None and metadata_uri is None:
             raise errors.IncorrectParameter("metadata_uri or store is required")
         self.conf: ClientConfig = as_config(conf)
@@ -71,7 +76,8 @@ class BookKeeper:
                                            read_transport=self.conf.read_transport)
         self._transports: TransportPool = transports
         self._placement: PlacementPolicy = make_policy(self.conf.placement_policy, self.rng)
-        self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="pybk-client")
+        self.executor = executor if executor is not None else ThreadPoolExecutor(
+            max_workers=4, thread_name_prefix="pybk-client")
         # what handles and recovery use of this client, built once (docs: context.py)
         self.context = ClientContext(
             transports=self._transports, metadata_store=self.metadata_store,

@@ -1,10 +1,14 @@
 """In-memory bookies and transport (unit tests and simulations only).
 
-``MemoryBookie`` obeys the bookie semantics the client relies on: the master
-key is recorded on first use and checked afterwards; a fence is sticky and
-rejects non-recovery adds with LedgerFenced; duplicate entry ids keep the
-first copy; reads return the contiguous run held from the first id asked;
-ReadLac answers max(LAC carried by entries, explicit LAC).
+``MemoryBookie`` takes the real bookie's decisions: each ledger's state is a
+``bookie_server.ledger_state.LedgerState`` changed only by that module's pure
+functions, as in ``bookie_server.bookie.Bookie`` (the master key is recorded
+on first use and checked afterwards, ``decide_add`` / ``decide_fence`` /
+``decide_write_lac``; a fence is sticky and rejects non-recovery adds with
+LedgerFenced; ``apply_entries``; ReadLac answers max(LAC carried by entries,
+explicit LAC)); only the journal and entry store are replaced by dicts
+(durable at once).  Duplicate entry ids keep the first copy; reads return the
+contiguous run held from the first id asked.
 
 ``MemoryTransportPool`` answers synchronously (futures are already done)
 unless a bookie is ``down`` (BookieUnavailable), ``hung`` (Timeout at once)
@@ -18,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from bookie_server import ledger_state as ls
 from pybk_spark import errors
 from pybk_spark.transport.base import (BookieTransport, LacResult, ReadResult, TransportPool,
                                        failed_future)
@@ -28,12 +33,19 @@ if TYPE_CHECKING:
 
 
 class _Ledger:
-    def __init__(self, key: bytes):
-        self.key = key
-        self.fenced = False
+    """One ledger on a MemoryBookie: the bookie's pure state plus its rows."""
+
+    def __init__(self, lid: int):
+        self.state = ls.empty(lid)
         self.rows: dict[int, dict] = {}
-        self.lac = -1
-        self.explicit_lac = -1
+
+    @property
+    def fenced(self) -> bool:
+        return self.state.fenced
+
+    @property
+    def lac(self) -> int:
+        return self.state.lac
 
 
 class MemoryBookie:
@@ -42,38 +54,45 @@ class MemoryBookie:
         self.bookie_id = bookie_id
         self.config = config or BookieConfig()      # its add limits (max_entry_bytes, ...)
         self.ledgers: dict[int, _Ledger] = {}
+        self.read_only = False
         self.lock = threading.Lock()
 
-    def _ledger(self, lid: int, key: bytes, create: bool = True) -> _Ledger:
+    def _led(self, lid: int) -> _Ledger:
         led = self.ledgers.get(lid)
         if led is None:
-            if not create:
-                raise errors.NoSuchLedger(ledger_id=lid)
-            led = self.ledgers[lid] = _Ledger(bytes(key))
-        elif key != led.key:
-            raise errors.Unauthorized(ledger_id=lid, bookie=self.bookie_id)
+            led = self.ledgers[lid] = _Ledger(lid)
         return led
+
+    def _fence(self, lid: int, key: bytes) -> None:
+        led = self._led(lid)
+        led.state = ls.decide_fence(led.state, key).state
 
     def add(self, lid: int, key: bytes, data: bytes, recovery: bool) -> tuple[int, int]:
         from bookie_server.bookie import validate_batch     # the real bookie's checks
         batch = validate_batch(data, lid, self.config)
         with self.lock:
-            led = self._ledger(lid, key)
-            if led.fenced and not recovery:
-                raise errors.LedgerFenced(ledger_id=lid, bookie=self.bookie_id)
+            led = self.ledgers.get(lid) or _Ledger(lid)
+            try:
+                plan = ls.decide_add(led.state, key, recovery=recovery, read_only=self.read_only)
+            except errors.BKError as exc:
+                exc.context.setdefault("bookie", self.bookie_id)
+                raise
+            self.ledgers[lid] = led
             cols = batch.to_pydict()
             for i, e in enumerate(cols["entry_id"]):
                 if e not in led.rows:
                     led.rows[e] = {k: cols[k][i] for k in cols}
-                led.lac = max(led.lac, cols["lac"][i])
             ids = cols["entry_id"]
+            led.state = plan.state
+            if ids:
+                led.state = ls.apply_entries(led.state, max(cols["lac"]), ids[-1])
             return (ids[0], ids[-1]) if ids else (-1, -1)
 
     def read(self, lid: int, first: int, last: int, max_entries: int = 0,
              fence: bool = False, key: bytes = b"", max_bytes: int = 0) -> ReadResult:
         with self.lock:
             if fence:
-                self._ledger(lid, key).fenced = True
+                self._fence(lid, key)
             if first < 0 or last < first:
                 raise errors.BadRequest(f"bad entry range [{first}, {last}]")
             led = self.ledgers.get(lid)
@@ -94,14 +113,14 @@ class MemoryBookie:
                 raise errors.NoSuchEntry(ledger_id=lid, entry_id=first)
             batch = pa.RecordBatch.from_pylist(rows, schema=ENTRY_SCHEMA) if rows else empty_batch()
             end = "COMPLETE" if e > last else ("LIMIT" if len(rows) >= limit or over else "MISSING")
-            return ReadResult(batch, end, max(led.lac, led.explicit_lac), led.fenced)
+            return ReadResult(batch, end, led.lac, led.fenced)
 
     def read_sparse(self, lid: int, first: int, last: int, max_entries: int = 0,
                     fence: bool = False, key: bytes = b"",
                     stripe: tuple[int, int] | None = None) -> ReadResult:
         with self.lock:
             if fence:
-                self._ledger(lid, key).fenced = True
+                self._fence(lid, key)
             led = self.ledgers.get(lid)
             if led is None:
                 raise errors.NoSuchLedger(ledger_id=lid)
@@ -111,21 +130,21 @@ class MemoryBookie:
                     if stripe is None or e % stripe[0] == stripe[1]]
             batch = pa.RecordBatch.from_pylist(rows, schema=ENTRY_SCHEMA) if rows else empty_batch()
             end = "LIMIT" if len(ids) > limit else "COMPLETE"
-            return ReadResult(batch, end, max(led.lac, led.explicit_lac), led.fenced)
+            return ReadResult(batch, end, led.lac, led.fenced)
 
     def read_lac(self, lid: int, fence: bool = False, key: bytes = b"") -> LacResult:
         with self.lock:
             if fence:
-                self._ledger(lid, key).fenced = True
+                self._fence(lid, key)
             led = self.ledgers.get(lid)
             if led is None:
                 raise errors.NoSuchLedger(ledger_id=lid)
-            return LacResult(max(led.lac, led.explicit_lac), max(led.rows, default=-1), led.fenced)
+            return LacResult(led.lac, max(led.rows, default=-1), led.fenced)
 
     def write_lac(self, lid: int, key: bytes, lac: int) -> None:
         with self.lock:
-            led = self._ledger(lid, key)
-            led.explicit_lac = max(led.explicit_lac, lac)
+            led = self._led(lid)
+            led.state = ls.decide_write_lac(led.state, key, lac).state
 
 
 def _run(fn) -> Future:

@@ -1,0 +1,146 @@
+"""Deterministic simulation of the production log writer and reader.
+
+Theory of operation
+-------------------
+The same world as ``ClientSim`` (client_sim.py: the real client on one
+seeded loop, in-memory bookies, the metadata twin, the same nemesis), with
+``LogWriter``/``LogReader`` on top.  Leader ``L0`` opens log ``log`` and
+appends records ``L0-<k>`` (a seeded roll policy rolls every 3-10 records);
+at a seeded time ``L1`` opens it too (its open fences and recovers the tail:
+``L0`` is deposed) and appends ``L1-<k>``; either may crash.  A tailing
+reader follows the log meanwhile.  After the heal a last leader opens the
+log (recovering whatever was left open) and closes it, and a fresh reader
+reads it whole.  Checked:
+
+  L1 every acknowledged record is in the final log (none lost);
+  L2 no record appears twice;
+  L3 each leader's records appear in the order it appended them, and
+     acknowledged positions increase with that order (nothing reordered);
+  L4 what the tailing reader saw is a prefix of the final log.
+"""
+from __future__ import annotations
+
+from pybk_spark import errors
+from pybk_spark.logs.log import RollPolicy
+
+from sim.client_sim import HEAL_AT, PASSWORD, ClientSim, InvariantViolation
+
+LOG = "log"
+
+
+class LogSim(ClientSim):
+    def __init__(self, seed: int, **kw):
+        super().__init__(seed, **kw)
+        self.log_acked: dict[bytes, tuple] = {}      # payload -> position
+        self.appended: dict[str, list[bytes]] = {}   # leader -> payloads acked, in order
+        self.tailed: list[bytes] = []
+        self.final: list[bytes] | None = None
+        self.roll_every = self.loop.rng.choice([3, 5, 10])
+
+    def leader(self, who: str, n: int, gap: float) -> None:
+        loop, rng = self.loop, self.loop.rng
+        bk = self.client(who)
+        w = None
+        for _ in range(5):
+            try:
+                w = bk.open_log_writer(LOG, ensemble=self.E, write_quorum=self.Qw,
+                                       ack_quorum=self.Qa, password=PASSWORD,
+                                       roll_policy=RollPolicy(max_entries=self.roll_every),
+                                       clock=loop.clock)
+                break
+            except errors.BKError as exc:
+                loop.note(f"{who} open failed {type(exc).__name__}")
+                loop.sleep(rng.uniform(2, 10))
+        if w is None:
+            return
+        loop.note(f"{who} leads")
+        self.appended.setdefault(who, [])
+        failures = 0
+        for k in range(n):
+            if who == "final":
+                break
+            loop.sleep(rng.uniform(0.01, gap))
+            record = b"%s-%d" % (who.encode(), k)
+            try:
+                pos = w.append(record)
+            except errors.BKError as exc:
+                loop.note(f"{who} append failed {type(exc).__name__}")
+                failures += 1
+                if isinstance(exc, errors.LedgerFenced) or failures > 3:
+                    return
+                continue
+            if who in loop.dead:
+                return
+            at = (pos.ledger_index, pos.entry_id)
+            loop.note(f"{who} acked {record.decode()} at {at}")
+            self.log_acked[record] = at
+            self.appended[who].append(record)
+        try:
+            w.close()
+        except errors.BKError as exc:
+            loop.note(f"{who} close failed {type(exc).__name__}")
+
+    def tail(self, who: str, until: float, out: list) -> None:
+        loop = self.loop
+        bk = self.client(who)
+        reader = bk.open_log_reader(LOG, "earliest", password=PASSWORD, poll_timeout_s=1.0)
+        while loop.now < until:
+            try:
+                _index, _lid, batch = reader.read_batch(timeout_s=1.0)
+            except errors.BKError as exc:
+                loop.note(f"{who} read failed {type(exc).__name__}")
+                loop.sleep(1.0)
+                reader = bk.open_log_reader(LOG, "earliest", password=PASSWORD,
+                                            poll_timeout_s=1.0)
+                out.clear()
+                continue
+            if batch is not None:
+                out.extend(batch.column("payload").to_pylist())
+
+    def run(self) -> "LogSim":
+        loop, rng = self.loop, self.loop.rng
+        n, gap = rng.randint(5, 30), rng.choice([0.2, 1.0, 3.0])
+        loop.spawn(self.leader, "L0", n, gap, owner="L0", name="leader")
+        if rng.random() < 0.7:
+            loop.spawn(self.leader, "L1", n, gap, owner="L1", name="leader",
+                       delay=rng.uniform(1, n * gap + 5))
+        loop.spawn(self.tail, "T", HEAL_AT, self.tailed, owner="T", name="tail",
+                   delay=rng.uniform(0, 10))
+        self.schedule_faults()
+        if self.faults and rng.random() < 0.3:
+            loop.at(rng.uniform(5, 80), loop.kill, "L0")
+        loop.run(until=HEAL_AT)
+        self.net.heal()
+        loop.run()
+        loop.spawn(self.leader, "final", 0, 0.0, owner="final", name="final leader")
+        loop.run()
+        final: list = []
+        loop.spawn(self.tail, "check", loop.now + 30, final, owner="check", name="check reader")
+        loop.run()
+        self.final = final
+        self.check_log()
+        return self
+
+    def check_log(self) -> None:
+        final = self.final or []
+        if len(set(final)) != len(final):
+            dup = sorted({r for r in final if final.count(r) > 1})
+            raise InvariantViolation(f"records appear twice: {dup[:5]}")
+        lost = sorted(r for r in self.log_acked if r not in set(final))
+        if lost:
+            raise InvariantViolation(f"acknowledged records lost: {lost[:8]}")
+        where = {r: i for i, r in enumerate(final)}
+        for who, recs in self.appended.items():
+            idx = [where[r] for r in recs]
+            if idx != sorted(idx):
+                raise InvariantViolation(f"{who}'s records reordered in the log")
+            pos = [self.log_acked[r] for r in recs]
+            if pos != sorted(pos):
+                raise InvariantViolation(f"{who}'s acknowledged positions not increasing: {pos}")
+        for who in self.appended:
+            ks = [int(r.rsplit(b"-", 1)[1]) for r in final if r.rsplit(b"-", 1)[0] == who.encode()]
+            if ks != sorted(ks):
+                raise InvariantViolation(f"{who}'s records out of order in the log: {ks}")
+        if self.tailed != final[:len(self.tailed)]:
+            raise InvariantViolation(f"the tailing reader saw {self.tailed[:6]}..., not a prefix "
+                                     f"of the log {final[:6]}...")
