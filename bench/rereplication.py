@@ -29,6 +29,7 @@ from __future__ import annotations
 import time
 
 from bench.client_append import payloads
+from bench.cpu import CpuMeter, cluster_pids
 from pybk_spark.client import BookKeeper
 
 
@@ -58,11 +59,16 @@ def measure(cluster, quick: bool) -> dict:
         res = rr.run_audit(bk, named=[lost])
         t_audit = time.perf_counter() - t0
         rows, secs = [], {"pull": 0.0, "client": 0.0}
+        cpu = {"pull": {}, "client": {}}
+        pids = cluster_pids(cluster)
         for i, w in enumerate(res.work):
             path = "client" if i % 2 == 0 else "pull"
             t1 = time.perf_counter()
-            rows.append(rr.copy_fragment(bk, w, pull=path == "pull"))
+            with CpuMeter(pids) as meter:
+                rows.append(rr.copy_fragment(bk, w, pull=path == "pull"))
             secs[path] += time.perf_counter() - t1
+            for kind, used in meter.used.items():
+                cpu[path][kind] = cpu[path].get(kind, 0.0) + used
             if rows[-1].get("path") not in (None, path):
                 rows[-1].update(outcome="failed", error=f"path {rows[-1].get('path')}, not {path}: "
                                 f"{rows[-1].get('pull_error')}")
@@ -80,6 +86,9 @@ def measure(cluster, quick: bool) -> dict:
            "client_copy_mb_per_s": (by_path["client"] / 1e6 / secs["client"]
                                     if secs["client"] > 0 else None),
            "seconds_by_path": secs, "bytes_by_path": by_path,
+           # CPU-seconds per GB copied, by process kind (client = this process)
+           "cpu_s_per_gb_by_path": {p: {k: v / (by_path[p] / 1e9) for k, v in c.items()}
+                                    for p, c in cpu.items() if by_path[p]},
            "total_mb_per_s": summary["bytes"] / 1e6 / total if total > 0 else None,
            "failed": [f"{r['ledger']}:{r['fragment']} {r['error']}" for r in failed][:5],
            "under_replicated_after": len(under)}

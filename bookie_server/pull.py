@@ -14,7 +14,8 @@ data path:
 2. keeps the rows that are wanted (one ``searchsorted`` per batch) and whose
    digest is correct (``Digester.verify_batch``: one call per batch);
 3. journals each kept batch as a RECOVERY add under the given key, the
-   stored Arrow rows byte for byte (lac, length and digest unchanged), up
+   stored Arrow rows byte for byte (lac, length and digest unchanged; the
+   peer's IPC bytes as received when every row of an answer is kept), up
    to ``MAX_ADDS_IN_FLIGHT`` adds outstanding (an add refused by admission
    waits for the older ones and is retried);
 4. answers, once every add it made is durable, the number of entries and
@@ -41,7 +42,7 @@ import pyarrow as pa
 
 from pybk_spark import errors
 from pybk_spark.digest import Digester
-from pybk_spark.wire.entries import batch_to_bytes
+from pybk_spark.wire.entries import batch_to_buffer
 
 DEFAULT_WINDOW = 4
 MAX_ADDS_IN_FLIGHT = 8
@@ -78,8 +79,8 @@ class _Adds:
         self.entries = self.bytes = 0
         self.copied: list[np.ndarray] = []
 
-    def submit(self, batch: pa.RecordBatch, ids: np.ndarray, nbytes: int) -> None:
-        data = batch_to_bytes(batch)
+    def submit(self, data, ids: np.ndarray, nbytes: int) -> None:
+        """``data``: one Arrow IPC entry batch (bytes or a pyarrow Buffer)."""
         while True:
             while len(self.inflight) >= MAX_ADDS_IN_FLIGHT:
                 self._settle_oldest()
@@ -149,7 +150,7 @@ def pull(bookie, peer, ledger_id: int, key: bytes, wanted: np.ndarray, digest_ty
                     eids = batch.column("entry_id").to_numpy()
                     if res.end == "LIMIT" and int(eids[-1]) < b:
                         todo.append((int(eids[-1]) + 1, b))
-                    _copy(adds, digester, batch, eids, wanted)
+                    _copy(adds, digester, batch, eids, wanted, res.raw)
                 elif res.end == "LIMIT":
                     problem = "peer answered LIMIT with no rows"
     finally:
@@ -164,19 +165,20 @@ def pull(bookie, peer, ledger_id: int, key: bytes, wanted: np.ndarray, digest_ty
 
 
 def _copy(adds: _Adds, digester: Digester, batch: pa.RecordBatch, eids: np.ndarray,
-          wanted: np.ndarray) -> None:
-    """Journal the wanted rows of ``batch`` whose digests are correct."""
+          wanted: np.ndarray, raw=None) -> None:
+    """Journal the wanted rows of ``batch`` whose digests are correct: the
+    peer's own Arrow IPC bytes (``raw``) when every row is kept, else the
+    kept rows re-encoded."""
     pos = np.searchsorted(wanted, eids)
     keep = (pos < len(wanted)) & (wanted[np.minimum(pos, len(wanted) - 1)] == eids)
     if not keep.all():
         if not keep.any():
             return
-        batch = batch.filter(pa.array(keep))
-        eids = eids[keep]
+        batch, eids, raw = batch.filter(pa.array(keep)), eids[keep], None
     ok = digester.verify_batch(batch)
     if not ok.all():
         if not ok.any():
             return
-        batch = batch.filter(pa.array(ok))
-        eids = eids[ok]
-    adds.submit(batch, eids, int(batch.nbytes))
+        batch, eids, raw = batch.filter(pa.array(ok)), eids[ok], None
+    adds.submit(batch_to_buffer(batch) if raw is None or not len(raw) else raw, eids,
+                int(batch.nbytes))

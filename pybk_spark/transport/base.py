@@ -9,6 +9,7 @@ from __future__ import annotations
 import abc
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -22,6 +23,7 @@ class ReadResult:
     end: str                  # "COMPLETE" | "LIMIT" | "MISSING"
     lac: int
     fenced: bool
+    raw: Any = None           # the Arrow IPC bytes ``batch`` was parsed from, when kept
 
 
 @dataclass(frozen=True)

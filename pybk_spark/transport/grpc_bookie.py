@@ -145,7 +145,7 @@ class BookieClient(BookieTransport):
         def conv(resp):
             self._check(resp, ledger_id=ledger_id, entry_id=first)
             return ReadResult(batch_from_bytes(resp.entries), _END.get(resp.end, "MISSING"),
-                              resp.lac, resp.fenced)
+                              resp.lac, resp.fenced, resp.entries)
         if self._reads is not None:
             return self._reads.submit(req, b"", timeout or self.default_timeout, conv)
         return self._call(self._read_entries, req, timeout, conv)
