@@ -9,8 +9,8 @@ data path:
 
 1. reads the span of the wanted ids from the peer with sparse reads
    (``ReadRequest.sparse``: every stored id, gaps skipped), up to
-   ``window`` reads in flight, each up to ``max_read_entries`` ids and
-   ``max_read_bytes`` bytes; a LIMIT answer resumes after its last row;
+   ``window`` reads in flight, each up to ``COPY_BATCH_ENTRIES`` ids and
+   ``COPY_BATCH_BYTES`` bytes; a LIMIT answer resumes after its last row;
 2. keeps the rows that are wanted (one ``searchsorted`` per batch) and whose
    digest is correct (``Digester.verify_batch``: one call per batch);
 3. journals each kept batch as a RECOVERY add under the given key, the
@@ -45,6 +45,13 @@ from pybk_spark.digest import Digester
 from pybk_spark.wire.entries import batch_to_buffer
 
 DEFAULT_WINDOW = 4
+# one read answer = one journaled batch = one stored batch: the size the
+# client path writes (admin/rereplicate.py) and replica checks read
+# (5000-id sparse reads); copies stored as 10,000-row batches made every
+# later 5000-id read of them load twice what it returned (measured: the
+# replicas check after a pull took 2x as long)
+COPY_BATCH_ENTRIES = 5000
+COPY_BATCH_BYTES = 8 << 20
 MAX_ADDS_IN_FLIGHT = 8
 _EXPIRE_EVERY_S = 0.5
 
@@ -116,7 +123,8 @@ def pull(bookie, peer, ledger_id: int, key: bytes, wanted: np.ndarray, digest_ty
     if len(wanted) == 0:
         return PullOutcome(0, 0, wanted)
     cfg = bookie.cfg
-    max_entries, max_bytes = cfg.max_read_entries, cfg.max_read_bytes
+    max_entries = min(COPY_BATCH_ENTRIES, cfg.max_read_entries)
+    max_bytes = min(COPY_BATCH_BYTES, cfg.max_read_bytes)
     lo, hi = int(wanted[0]), int(wanted[-1])
     todo: deque = deque((a, min(hi, a + max_entries - 1)) for a in range(lo, hi + 1, max_entries))
     inflight: dict = {}
