@@ -17,6 +17,11 @@ made it is recorded as skipped with the reason; then (10) the cost of TLS:
 append and catch-up read on a TLS cluster against a plaintext one
 (bench.tls_cost).
 
+Figures 3-5 also carry each process kind's CPU per entry (bench/cpu.py),
+figure 4 its latency projected to one host per process, figure 6 a no-op
+Python data source timed beside ours (bench/noop_source.py), figure 8 the
+bookie-to-bookie and the client path side by side (issue 31).
+
 Outputs: full mode writes bench/results/latest.{json,md,png} and regenerates
 the marked section of docs/performance.md; ``--quick`` (tiny sizes, same code
 paths, checks the harness, not the figures) writes bench/results/quick.* and
