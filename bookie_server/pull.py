@@ -45,6 +45,7 @@ from pybk_spark.digest import Digester
 from pybk_spark.wire.entries import batch_to_buffer
 
 DEFAULT_WINDOW = 4
+MAX_WINDOW = 16
 # one read answer = one journaled batch = one stored batch: the size the
 # client path writes (admin/rereplicate.py) and replica checks read
 # (5000-id sparse reads); copies stored as 10,000-row batches made every
@@ -128,7 +129,7 @@ def pull(bookie, peer, ledger_id: int, key: bytes, wanted: np.ndarray, digest_ty
     lo, hi = int(wanted[0]), int(wanted[-1])
     todo: deque = deque((a, min(hi, a + max_entries - 1)) for a in range(lo, hi + 1, max_entries))
     inflight: dict = {}
-    window = window or DEFAULT_WINDOW
+    window = min(window or DEFAULT_WINDOW, MAX_WINDOW)      # a request cannot ask for more
     problem = ""
     expire = getattr(peer, "expire", lambda: None)
     try:
