@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 
+from bench.cpu import CpuMeter
 from bench.stats import rate
 from pybk_spark.ledger.client import BookKeeper
 
@@ -31,22 +32,27 @@ def wait_for_lac(bk: BookKeeper, ledger_id: int, last: int, timeout: float = 60.
         time.sleep(0.2)
 
 
-def timed_read(rh, entries: int) -> dict:
-    """Read [0, entries-1] of an open read handle with ``read_batches``, timed."""
+def timed_read(rh, entries: int, pids: dict | None = None) -> dict:
+    """Read [0, entries-1] of an open read handle with ``read_batches``, timed;
+    with ``pids``, each process kind's CPU per entry over the same window."""
     last = entries - 1
     rows = nbytes = 0
-    t0 = time.perf_counter()
-    for batch in rh.read_batches(0, last):
-        rows += batch.num_rows
-        nbytes += batch.column("payload").nbytes
-    elapsed = time.perf_counter() - t0
+    with CpuMeter(pids) as meter:
+        t0 = time.perf_counter()
+        for batch in rh.read_batches(0, last):
+            rows += batch.num_rows
+            nbytes += batch.column("payload").nbytes
+        elapsed = time.perf_counter() - t0
     if rows != entries:
         raise RuntimeError(f"catch-up read {rows} entries, expected {entries}")
-    return {"entries": rows, "seconds": elapsed, "entries_per_s": rate(rows, elapsed),
-            "mb_per_s": rate(nbytes, elapsed) / 1e6, "ledger_state": rh.metadata.state}
+    out = {"entries": rows, "seconds": elapsed, "entries_per_s": rate(rows, elapsed),
+           "mb_per_s": rate(nbytes, elapsed) / 1e6, "ledger_state": rh.metadata.state}
+    if pids is not None:
+        out["cpu"] = meter.figure(rows)
+    return out
 
 
-def measure(uri: str, ledger_id: int, entries: int) -> dict:
+def measure(uri: str, ledger_id: int, entries: int, pids: dict | None = None) -> dict:
     with BookKeeper(uri) as bk:
         rh = wait_for_lac(bk, ledger_id, entries - 1)
-        return timed_read(rh, entries)
+        return timed_read(rh, entries, pids)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import time
 
+from bench.cpu import CpuMeter
 from bench.stats import latency_summary, rate
 from pybk_spark.ledger.client import BookKeeper
 
@@ -42,14 +43,19 @@ def _cfg_name(cfg) -> str:
     return "E%dQw%dQa%d" % cfg
 
 
-def timed_batched(lh, data: list[bytes]) -> dict:
-    t0 = time.perf_counter()
-    ids = lh.add_entries(data)
-    elapsed = time.perf_counter() - t0
+def timed_batched(lh, data: list[bytes], pids: dict | None = None) -> dict:
+    """``pids`` (kind -> pids): also measure each process kind's CPU per entry."""
+    with CpuMeter(pids) as meter:
+        t0 = time.perf_counter()
+        ids = lh.add_entries(data)
+        elapsed = time.perf_counter() - t0
     if len(ids) != len(data):
         raise RuntimeError(f"add_entries acknowledged {len(ids)} of {len(data)}")
-    return {"entries": len(data), "seconds": elapsed, "entries_per_s": rate(len(data), elapsed),
-            "mb_per_s": rate(len(data) * ENTRY_BYTES, elapsed) / 1e6}
+    out: dict = {"entries": len(data), "seconds": elapsed, "entries_per_s": rate(len(data), elapsed),
+           "mb_per_s": rate(len(data) * ENTRY_BYTES, elapsed) / 1e6}
+    if pids is not None:
+        out["cpu"] = meter.figure(len(data))
+    return out
 
 
 def _timed_async(lh, data: list[bytes]) -> dict:
@@ -62,7 +68,8 @@ def _timed_async(lh, data: list[bytes]) -> dict:
             "mb_per_s": rate(len(data) * ENTRY_BYTES, elapsed) / 1e6}
 
 
-def throughput(uri: str, quick: bool, catchup_entries: int) -> tuple[dict, tuple]:
+def throughput(uri: str, quick: bool, catchup_entries: int,
+               pids: dict | None = None) -> tuple[dict, tuple]:
     """Batched and pipelined appends for each quorum config.
 
     The first batched run (E=3 Qw=3 Qa=2) writes ``catchup_entries`` entries and
@@ -82,7 +89,8 @@ def throughput(uri: str, quick: bool, catchup_entries: int) -> tuple[dict, tuple
             name = _cfg_name(cfg)
             lh = bk.create_ledger(*cfg)
             n = max(n_batched, catchup_entries) if cfg == CONFIGS[0] else n_batched
-            out[f"batched_{name}"] = timed_batched(lh, payloads(n))
+            out[f"batched_{name}"] = timed_batched(lh, payloads(n),
+                                                   pids if cfg == CONFIGS[0] else None)
             if cfg == CONFIGS[0]:
                 out["catchup_ledger"] = lh.ledger_id   # stays OPEN: its writer is still alive
                 out["catchup_ledger_entries"] = n
@@ -128,8 +136,9 @@ def batch_sweep(uri: str, quick: bool) -> dict:
     return out
 
 
-def sync_latency(uri: str, quick: bool) -> dict:
-    """Single-entry synchronous add_entry latency (E=3 Qw=3 Qa=2, one in flight)."""
+def sync_latency(uri: str, quick: bool, pids: dict | None = None) -> dict:
+    """Single-entry synchronous add_entry latency (E=3 Qw=3 Qa=2, one in flight);
+    with ``pids``, the CPU each process kind spent per add over the same window."""
     n = 100 if quick else 2_000
     data = payloads(n)
     with BookKeeper(uri) as bk:
@@ -137,11 +146,15 @@ def sync_latency(uri: str, quick: bool) -> dict:
         for p in data[:20]:
             lh.add_entry(p)
         lat = []
-        t0 = time.perf_counter()
-        for p in data:
-            s = time.perf_counter()
-            lh.add_entry(p)
-            lat.append(time.perf_counter() - s)
-        elapsed = time.perf_counter() - t0
+        with CpuMeter(pids) as meter:
+            t0 = time.perf_counter()
+            for p in data:
+                s = time.perf_counter()
+                lh.add_entry(p)
+                lat.append(time.perf_counter() - s)
+            elapsed = time.perf_counter() - t0
         lh.close()
-    return {"entries_per_s": rate(n, elapsed), **latency_summary(lat)}
+    out = {"entries_per_s": rate(n, elapsed), **latency_summary(lat)}
+    if pids is not None:
+        out["cpu"] = meter.figure(n)
+    return out

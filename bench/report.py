@@ -23,6 +23,10 @@ TARGETS = {
     "tls_catchup_vs_plain": (">=", 0.5, "(10) catch-up read, mutual TLS / plaintext"),
     "entry_cpu_7_vs_3_bookies": ("<=", 1.2, "(9) CPU-s per M batched entries, every process, "
                                  "7 bookie hosts / 3 (1.0 = flat)"),
+    "sync_add_cpu_ms": ("<=", 0.8, "(4) CPU per sync add, ms, summed over client, bookies and etcd"),
+    "spark_read_vs_python_floor": (">=", 0.95, "(6) Spark full scan / no-op Python source scan"),
+    "spark_count_vs_python_floor": (">=", 0.95, "(6) Spark count / no-op Python source count"),
+    "rereplication_vs_disk": (">=", 0.5, "(8) re-replication copy MB/s / disk sequential, sustained"),
 }
 
 
@@ -71,6 +75,10 @@ def markdown(r: dict) -> str:
     # above by landing in just-freed pages (docs/performance.md, (2), session 7)
     lines.append(f"| 1 | disk sequential, fdatasync every 1 MiB (run right after) | "
                  f"1 writer {_f(_get(d, 'sync_1m_write', 'mb_per_s'))} MB/s | - |")
+    lines.append(f"| 1 | disk sequential, sustained (4x as long, second half timed) | "
+                 f"{_f(_get(d, 'seq_sustained', 'mb_per_s'))} MB/s (whole probe "
+                 f"{_f(_get(d, 'seq_sustained', 'whole_mb_per_s'))} MB/s) | burst (64 MiB row) / "
+                 f"sustained = {_f(d.get('burst_vs_sustained'), 2)}x |")
     bi = f.get("2_bookie_ingest") or {}
     for n in ("1", "100", "1000", "1000_sustained"):
         x = bi.get(f"add_batch_{n}") or {}
@@ -92,18 +100,28 @@ def markdown(r: dict) -> str:
                  f"{_f(s.get('p999_ms'), 2)} ({_f(s.get('entries_per_s'))}/s) | Redis sync XADD {_f(rs.get('p50_ms'), 2)} / "
                  f"{_f(rs.get('p99_ms'), 2)} / {_f(rs.get('p999_ms'), 2)} ({_f(rs.get('entries_per_s'))}/s); "
                  f"fdatasync p50 {_f(_get(d, 'fsync_4k', 'p50_ms'), 2)}, p99 {_f(_get(d, 'fsync_4k', 'p99_ms'), 2)} |")
+    proj = s.get("projected_host_per_bookie") or {}
+    if proj:
+        lines.append(f"| 4 | sync add_entry projected to one host per process | {_f(proj.get('ms'), 2)} ms "
+                     f"= client CPU {_f(proj.get('client_cpu_ms'), 2)} + one bookie's CPU "
+                     f"{_f(proj.get('one_bookie_cpu_ms'), 2)} + fdatasync p50 {_f(proj.get('fsync_p50_ms'), 2)} "
+                     f"+ RTT {_f(proj.get('rtt_ms'), 2)} (assumed) | measured p50 {_f(s.get('p50_ms'), 2)} ms "
+                     f"on this machine |")
     c = f.get("5_catchup") or {}
     lines.append(f"| 5 | catch-up read {_f(c.get('entries'))} x 1 KiB, non-fencing | {_f(c.get('entries_per_s'))} entries/s "
                  f"({_f(c.get('mb_per_s'))} MB/s) | Redis XRANGE {_f(red.get('redis_xrange_entries_per_s'))}/s |")
+    lines += cpu_rows(f)
     sp = f.get("6_spark") or {}
     rows = sp.get("rows")
     lines.append(f"| 6 | Spark write {_f(rows)} rows x {sp.get('payload_bytes')} B | "
                  f"{_f(_get(sp, 'bookkeeper_write', 'median_s'), 2, ' s') if sp.get('bookkeeper_write') else 'null (' + str(sp.get('bookkeeper_write_error')) + ')'} | "
                  f"Parquet {_f(_get(sp, 'parquet_write', 'median_s'), 2, ' s')} |")
     lines.append(f"| 6 | Spark count | {_f(_get(sp, 'bookkeeper_count', 'median_s'), 2, ' s')} | "
-                 f"Parquet {_f(_get(sp, 'parquet_count', 'median_s'), 2, ' s')} |")
+                 f"Parquet {_f(_get(sp, 'parquet_count', 'median_s'), 2, ' s')}; no-op Python source "
+                 f"{_f(_get(sp, 'noop_count', 'median_s'), 2, ' s')} |")
     lines.append(f"| 6 | Spark full scan (every column) | {_f(_get(sp, 'bookkeeper_scan', 'median_s'), 2, ' s')} | "
-                 f"Parquet {_f(_get(sp, 'parquet_scan', 'median_s'), 2, ' s')} |")
+                 f"Parquet {_f(_get(sp, 'parquet_scan', 'median_s'), 2, ' s')}; no-op Python source "
+                 f"{_f(_get(sp, 'noop_scan', 'median_s'), 2, ' s')} |")
     rc = f.get("7_recovery") or {}
     for t in ("0", "1000"):
         lines.append(f"| 7 | fence+recover+close, {t}-entry unconfirmed tail | "
@@ -111,13 +129,32 @@ def markdown(r: dict) -> str:
     rr = f.get("8_rereplication") or {}
     lines.append("| 8 | re-replication of a lost bookie | "
                  + (f"{_f(rr.get('copy_mb_per_s'), 1)} MB/s copying, {_f(rr.get('total_mb_per_s'), 1)} MB/s with audit "
-                    f"({_f(rr.get('bytes'))} B, {rr.get('fragments')} fragments)" if rr.get("available")
-                    else f"null ({rr.get('reason')})") + " | - |")
+                    f"({_f(rr.get('bytes'))} B, {rr.get('fragments')} fragments, "
+                    f"{rr.get('path', 'client')} path)" if rr.get("available")
+                    else f"null ({rr.get('reason')})")
+                 + f" | disk sequential, sustained {_f(_get(f, '2_bookie_ingest', 'disk_sustained_mb_per_s_mean'))}"
+                 " MB/s |")
     lines += scaling_rows(f.get("9_scaling"))
     errs = r.get("errors") or {}
     if errs:
         lines += ["", "Errors during the run:", ""] + [f"- {k}: {v}" for k, v in errs.items()]
     return "\n".join(lines) + "\n"
+
+
+def cpu_rows(f: dict) -> list[str]:
+    """CPU-s per million entries by process kind for figures 3 (batched E=3
+    Qw=3 Qa=2), 4 (sync adds) and 5 (catch-up read), from rusage / /proc."""
+    rows = []
+    for label, fig in (("batched add_entries E=3 Qw=3 Qa=2", _get(f, "3_append", "batched_E3Qw3Qa2")),
+                       ("sync add_entry", f.get("4_sync_latency")),
+                       ("catch-up read", f.get("5_catchup"))):
+        c = _get(fig or {}, "cpu", "cpu_s_per_m_entries")
+        if not c:
+            continue
+        rows.append(f"| 3-5 | CPU-s per M entries, {label} | client {_f(c.get('client'), 1)}, "
+                    f"bookies (3) {_f(c.get('bookies'), 1)}, etcd {_f(c.get('etcd'), 1)}, "
+                    f"total {_f(c.get('total'), 1)} | - |")
+    return rows
 
 
 def _cpu_cell(ph: dict) -> str:

@@ -17,6 +17,11 @@ made it is recorded as skipped with the reason; then (10) the cost of TLS:
 append and catch-up read on a TLS cluster against a plaintext one
 (bench.tls_cost).
 
+Figures 3-5 also carry each process kind's CPU per entry (bench/cpu.py),
+figure 4 its latency projected to one host per process, figure 6 a no-op
+Python data source timed beside ours (bench/noop_source.py), figure 8 the
+bookie-to-bookie and the client path side by side (issue 31).
+
 Outputs: full mode writes bench/results/latest.{json,md,png} and regenerates
 the marked section of docs/performance.md; ``--quick`` (tiny sizes, same code
 paths, checks the harness, not the figures) writes bench/results/quick.* and
@@ -44,7 +49,8 @@ DOC = os.path.join(os.path.dirname(HERE), "docs", "performance.md")
 RATIO_KEYS = ("append_vs_redis_pipelined_1c", "append_vs_redis_50c", "sync_add_p99_ms",
               "bookie_ingest_vs_disk", "catchup_read_vs_redis_xrange", "spark_write_vs_parquet",
               "spark_read_vs_parquet", "entry_cpu_7_vs_3_bookies", "tls_append_vs_plain",
-              "tls_catchup_vs_plain")
+              "tls_catchup_vs_plain", "sync_add_cpu_ms", "spark_read_vs_python_floor",
+              "spark_count_vs_python_floor", "rereplication_vs_disk")
 
 
 def _log(msg: str) -> None:
@@ -89,6 +95,11 @@ def _g(d, *path):
     return d
 
 
+def _ms(cpu_s_per_m):
+    """CPU-seconds per million entries -> milliseconds per entry."""
+    return None if cpu_s_per_m is None else cpu_s_per_m / 1e3
+
+
 def compute_ratios(f: dict, errors: dict) -> tuple[dict, dict]:
     red = f.get("peers_redis") or {}
     ours_batched = _g(f, "3_append", "batched_E3Qw3Qa2", "entries_per_s")
@@ -97,12 +108,18 @@ def compute_ratios(f: dict, errors: dict) -> tuple[dict, dict]:
         "append_vs_redis_pipelined_1c": _ratio(ours_batched, red.get("redis_pipelined_1c_entries_per_s")),
         "append_vs_redis_50c": _ratio(ours_batched, red.get("redis_50c_entries_per_s")),
         "sync_add_p99_ms": _g(f, "4_sync_latency", "p99_ms"),
-        "bookie_ingest_vs_disk": _g(f, "2_bookie_ingest", "ratio_1000_sustained_vs_seq"),
+        # sustained ingest / sustained disk (issue 31; the burst-probe ratio stays in the figure)
+        "bookie_ingest_vs_disk": _g(f, "2_bookie_ingest", "ratio_1000_sustained_vs_disk_sustained"),
         "catchup_read_vs_redis_xrange": _ratio(_g(f, "5_catchup", "entries_per_s"),
                                                red.get("redis_xrange_entries_per_s")),
         "spark_write_vs_parquet": spark.get("write_ratio"),
         "spark_read_vs_parquet": spark.get("read_scan_ratio"),
         "entry_cpu_7_vs_3_bookies": scaling.cpu_ratio(f.get("9_scaling")),
+        "sync_add_cpu_ms": _ms(_g(f, "4_sync_latency", "cpu", "cpu_s_per_m_entries", "total")),
+        "spark_read_vs_python_floor": spark.get("read_scan_vs_floor"),
+        "spark_count_vs_python_floor": spark.get("read_count_vs_floor"),
+        "rereplication_vs_disk": _ratio(_g(f, "8_rereplication", "copy_mb_per_s"),
+                                        _g(f, "2_bookie_ingest", "disk_sustained_mb_per_s_mean")),
     }
     needs = {"append_vs_redis_pipelined_1c": ("3_append", "peers_redis"),
              "append_vs_redis_50c": ("3_append", "peers_redis"),
@@ -110,7 +127,11 @@ def compute_ratios(f: dict, errors: dict) -> tuple[dict, dict]:
              "bookie_ingest_vs_disk": ("2_bookie_ingest",),
              "catchup_read_vs_redis_xrange": ("5_catchup", "peers_redis"),
              "spark_write_vs_parquet": ("6_spark",), "spark_read_vs_parquet": ("6_spark",),
-             "entry_cpu_7_vs_3_bookies": ("9_scaling",)}
+             "entry_cpu_7_vs_3_bookies": ("9_scaling",),
+             "sync_add_cpu_ms": ("4_sync_latency",),
+             "spark_read_vs_python_floor": ("6_spark",),
+             "spark_count_vs_python_floor": ("6_spark",),
+             "rereplication_vs_disk": ("8_rereplication", "2_bookie_ingest")}
     missing = {}
     for key, value in ratios.items():
         if value is not None and isinstance(value, float) and not math.isfinite(value):
@@ -120,6 +141,9 @@ def compute_ratios(f: dict, errors: dict) -> tuple[dict, dict]:
             if key == "spark_write_vs_parquet" and spark and not spark.get("bookkeeper_write_available"):
                 why.append("Spark batch writer (df.write.format('bookkeeper')) not available: "
                            f"{spark.get('bookkeeper_write_error')}")
+            rr = f.get("8_rereplication") or {}
+            if key == "rereplication_vs_disk" and rr.get("available") is False:
+                why.append(f"8_rereplication: {rr.get('reason')}")
             sc = f.get("9_scaling") or {}
             if key == "entry_cpu_7_vs_3_bookies" and sc.get("available") is False:
                 why.append(f"9_scaling skipped: {sc.get('reason')}")
@@ -155,6 +179,7 @@ def run(quick: bool, data_dir: str | None) -> dict:
     finally:
         import shutil
         shutil.rmtree(work, ignore_errors=True)
+    _project_sync(r.figures)
     ratios, missing = compute_ratios(r.figures, r.errors)
     tls_cost.add_ratios(ratios, missing, r.figures, r.errors)
     return {"mode": "quick" if quick else "full",
@@ -166,26 +191,40 @@ def run(quick: bool, data_dir: str | None) -> dict:
             "figures": r.figures, "errors": r.errors, "step_seconds": r.timings}
 
 
+def _project_sync(f: dict) -> None:
+    """Figure 4's latency projected to one host per process (bench/cpu.py)."""
+    from bench.cpu import projected_sync_latency
+    sync = f.get("4_sync_latency") or {}
+    cpu = sync.get("cpu") or {}
+    proj = projected_sync_latency(cpu.get("cpu_s_per_m_entries") or {},
+                                  (cpu.get("processes") or {}).get("bookies", 0),
+                                  _g(f, "1_disk", "fsync_4k", "p50_ms"))
+    if proj is not None:
+        sync["projected_host_per_bookie"] = proj
+
+
 def _cluster_figures(r: Run, quick: bool, work: str, redis_sw, client_append, catchup,
                      recovery_bench, rereplication) -> None:
     from pybk_spark.cluster.local import LocalCluster
     catchup_entries = 20_000 if quick else 1_000_000
+    from bench.cpu import cluster_pids
     with LocalCluster(os.path.join(work, "cluster"), num_bookies=3) as cluster:
         uri = cluster.metadata_uri
         writer = [None]
+        pids = cluster_pids(cluster)      # CPU per entry by process kind (bench/cpu.py)
 
         def append():
-            out, writer[0] = client_append.throughput(uri, quick, catchup_entries)
+            out, writer[0] = client_append.throughput(uri, quick, catchup_entries, pids)
             return out
         r.step("3_append", append)
         ours_sw = r.step("sweep_ours", lambda: client_append.batch_sweep(uri, quick))
         r.figures.pop("sweep_ours", None)
         r.figures["sweep"] = {"ours": ours_sw, "redis": redis_sw}
-        r.step("4_sync_latency", lambda: client_append.sync_latency(uri, quick))
+        r.step("4_sync_latency", lambda: client_append.sync_latency(uri, quick, pids))
         appended = r.figures.get("3_append") or {}
         if "catchup_ledger" in appended:
             r.step("5_catchup", lambda: catchup.measure(uri, appended["catchup_ledger"],
-                                                        appended["catchup_ledger_entries"]))
+                                                        appended["catchup_ledger_entries"], pids))
         else:
             r.errors["5_catchup"] = "no ledger: figure 3 failed"
         if writer[0] is not None:

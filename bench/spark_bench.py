@@ -11,6 +11,10 @@ before any clock starts; both sinks get exactly that DataFrame.
 * read: ``count()`` and a full scan touching every column
   (``sum(length(payload))`` plus ``sum`` of every integer column).  Parquet's
   count is answered from file footers, so the read ratio uses the full scan.
+  A no-op Python data source (bench/noop_source.py: the same rows handed
+  over from memory) is timed in the same rounds: the floor of any Python
+  source, so ``read_scan_vs_floor`` / ``read_count_vs_floor`` say how much
+  of the gap to Parquet is ours.
 
 The first write and the first read of the session through the ``bookkeeper``
 source (Spark starting the Python workers a Python data source runs in) are
@@ -82,18 +86,22 @@ def _timed(fn, reps: int) -> dict:
 def _timed_pair(peer, ours, warmups: int, reps: int) -> tuple[dict, dict]:
     """``warmups`` untimed rounds, then ``reps`` timed rounds of (peer, ours),
     alternating: both sides see the same JIT warm-up and the same drift."""
+    a, b = _timed_group((peer, ours), warmups, reps)
+    return a, b
+
+
+def _timed_group(fns, warmups: int, reps: int) -> list[dict]:
+    """:func:`_timed_pair` for any number of sides, in the given order."""
     for _ in range(warmups):
-        peer()
-        ours()
-    a: list = []
-    b: list = []
+        for fn in fns:
+            fn()
+    samples: list[list[float]] = [[] for _ in fns]
     for _ in range(reps):
-        for fn, samples in ((peer, a), (ours, b)):
+        for fn, got in zip(fns, samples):
             t0 = time.perf_counter()
             fn()
-            samples.append(time.perf_counter() - t0)
-    return ({"median_s": statistics.median(a), "samples_s": a},
-            {"median_s": statistics.median(b), "samples_s": b})
+            got.append(time.perf_counter() - t0)
+    return [{"median_s": statistics.median(s), "samples_s": s} for s in samples]
 
 
 def _scan(df, int_cols):
@@ -174,8 +182,14 @@ def measure(spark, uri: str, quick: bool, work_dir: str) -> dict:
     out["bookkeeper_cold_count_s"] = time.perf_counter() - t0
     if n_cold != rows:
         raise RuntimeError(f"bookkeeper source counted {n_cold} rows, expected {rows}")
-    out["parquet_count"], out["bookkeeper_count"] = _timed_pair(
-        lambda: pq.count(), lambda: bk_df().count(), warmups, reps)
+    # the floor of a Python data source, measured beside ours (bench/noop_source.py)
+    from bench import noop_source
+    noop_source.register(spark)
+    noop = lambda: spark.read.format(noop_source.NAME).option("rows", rows).load()  # noqa: E731
+    if noop().count() != rows:          # cold: workers start and build their batches
+        raise RuntimeError("no-op source row count mismatch")
+    out["parquet_count"], out["noop_count"], out["bookkeeper_count"] = _timed_group(
+        (lambda: pq.count(), lambda: noop().count(), lambda: bk_df().count()), warmups, reps)
 
     def scan_check(frame, cols):
         got = _scan(frame, cols)
@@ -184,8 +198,9 @@ def measure(spark, uri: str, quick: bool, work_dir: str) -> dict:
     # a log written from the DataFrame reads back as its own columns (id, payload);
     # raw ledgers read back as ledger_id, entry_id, payload
     bk_int_cols = ["id"] if log_name is not None else ["ledger_id", "entry_id"]
-    out["parquet_scan"], out["bookkeeper_scan"] = _timed_pair(
-        lambda: scan_check(pq, ["id"]), lambda: scan_check(bk_df(), bk_int_cols), warmups, reps)
+    out["parquet_scan"], out["noop_scan"], out["bookkeeper_scan"] = _timed_group(
+        (lambda: scan_check(pq, ["id"]), lambda: scan_check(noop(), ["id"]),
+         lambda: scan_check(bk_df(), bk_int_cols)), warmups, reps)
     out["partitions"] = bk_df().rdd.getNumPartitions()
 
     def ratio(peer, ours):
@@ -193,6 +208,9 @@ def measure(spark, uri: str, quick: bool, work_dir: str) -> dict:
     out["write_ratio"] = ratio("parquet_write", "bookkeeper_write")
     out["read_scan_ratio"] = ratio("parquet_scan", "bookkeeper_scan")
     out["read_count_ratio"] = ratio("parquet_count", "bookkeeper_count")
+    out["read_scan_vs_floor"] = ratio("noop_scan", "bookkeeper_scan")
+    out["read_count_vs_floor"] = ratio("noop_count", "bookkeeper_count")
+    out["floor_scan_vs_parquet"] = ratio("parquet_scan", "noop_scan")
     df.unpersist()
     shutil.rmtree(pq_dir, ignore_errors=True)
     return out

@@ -25,9 +25,11 @@ from typing import Iterator
 
 import grpc
 
+from bookie_server.serving import pull
 from bookie_server.bookie import Bookie
 from bookie_server.config import BookieConfig
 from bookie_server.serving.tls import grpc_peer, policy_of
+from pybk_spark import errors
 from pybk_spark.protocol import access
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import bookie_wire_pb2_grpc as pb_grpc
@@ -276,6 +278,39 @@ class BookieService(pb_grpc.BookieServicer):
         except BaseException as exc:  # noqa: BLE001 - a request never kills the bookie
             code, msg = _code(exc, "list")
             return pb.ListLedgersResponse(code=code, message=msg)
+
+    # -- bookie-to-bookie re-replication ---------------------------------------------------
+    def PullEntries(self, request, context):
+        """Copy wanted entries of a ledger from a peer into this bookie
+        (bookie_server/serving/pull.py); operators only (protocol/access.py)."""
+        try:
+            peer = self.peer(context)
+            self.authorize(peer, "pull")
+            if self.policy.tls:
+                raise errors.BadRequest("PullEntries is not available on a TLS bookie yet (it has "
+                                        "no client identity for its peer): copy through a client")
+            if not request.source_address:
+                raise errors.BadRequest("PullEntries needs source_address")
+            keyless = self.authorize(peer, "recovery_add", request.master_key)
+            wanted = pull.ids_from_bytes(request.wanted_ids)
+            from pybk_spark.transport.grpc_bookie import BookieClient
+            source = BookieClient(request.source_address, self.cfg.grpc_message_limit(),
+                                  bookie_id=request.source_bookie_id or request.source_address,
+                                  read_lane_address=request.source_lane_address)
+            try:
+                got = pull.pull(self.bookie, source, request.ledger_id, request.master_key,
+                                wanted, request.digest_type or "crc32c", keyless=keyless,
+                                window=request.read_window)
+            finally:
+                source.close()
+            log.info("event=pull ledger=%d source=%s entries=%d bytes=%d missing=%d",
+                     request.ledger_id, request.source_address, got.entries, got.bytes,
+                     len(got.missing))
+            return pb.PullResponse(code=pb.OK, message=got.message, entries=got.entries,
+                                   bytes=got.bytes, missing_ids=pull.ids_to_bytes(got.missing))
+        except BaseException as exc:  # noqa: BLE001
+            code, msg = _code(exc, "pull")
+            return pb.PullResponse(code=code, message=msg)
 
     def Health(self, request, context):
         return pb.HealthResponse(serving=True, bookie_id=self.bookie_id)

@@ -16,6 +16,11 @@ Driver (``run_audit``, pure decisions in ``admin.audit``):
   3. A replacement per work item from the placement policy, outside the
      fragment's ensemble and every lost bookie.
 Task (``copy_fragment``, one per work item; a Spark task or in-process):
+  4'. Bookie to bookie first (admin/bookie_copy.py): the replacement pulls
+     the ids from the same replicas, in the same order, as stored Arrow
+     rows, checks digests and journals them (``PullEntries``); no entry
+     passes through this client.  If the pull path cannot finish (an older
+     bookie, TLS, a failure) steps 4-5 run instead, the client path:
   4. The ids the lost slot must hold (``entry_sets.slot_entries``) are read
      from replicas, largest holder first (the lost bookie itself first when
      it is still up, as in a decommission), rows kept byte-for-byte (lac and
@@ -43,6 +48,7 @@ import pyarrow.compute as pc
 
 from pybk_spark import errors
 from pybk_spark.admin import audit, entry_sets as es
+from pybk_spark.admin.bookie_copy import pull_fragment
 from pybk_spark.admin.recover import access_key, recover_with
 from pybk_spark.admin.replica_reads import read_ids
 from pybk_spark.ledger.digest import Digester
@@ -161,8 +167,11 @@ def run_audit(bk, *, delay_s: float = 0.0, grace_s: float = 30.0, named: Iterabl
 # -- copy one fragment -------------------------------------------------------------------------
 def copy_fragment(bk, w: audit.FragmentWork, password: Optional[bytes] = None, *,
                   batch_entries: int = 5000, batch_bytes: int = 8 << 20,
-                  clock: Callable[[], float] = time.monotonic) -> dict:
+                  clock: Callable[[], float] = time.monotonic, pull: bool = True,
+                  pull_timeout_s: float = 600.0) -> dict:
     """Copy the lost slot's entries to the replacement, then CAS the fragment.
+    Bookie to bookie when ``pull`` and the bookies can (row ``path`` =
+    ``pull``), else through this client (``client``; ``pull_error`` says why).
     Never raises: the outcome is in the row."""
     t0 = clock()
     row: dict = {"ledger": w.ledger_id, "fragment": f"{w.first}-{w.last}", "lost": w.lost,
@@ -174,9 +183,20 @@ def copy_fragment(bk, w: audit.FragmentWork, password: Optional[bytes] = None, *
             row["outcome"] = "already-done"
             return row
         key, digester = access_key(bk, md, password)
-        rows = _gather(bk, md, w, key, digester)
-        row["entries"], row["bytes"] = rows.num_rows, int(rows.nbytes)
-        _write(bk, w, key, rows, batch_entries, batch_bytes)
+        pulled = None
+        if pull:
+            try:
+                pulled = pull_fragment(bk, w, md.write_quorum, key, digester.digest_type,
+                                       w.lost in registered_bookies(bk.metadata_store),
+                                       pull_timeout_s)
+            except errors.BKError as exc:      # fall back to the client path
+                row["pull_error"] = f"{type(exc).__name__}: {exc}"
+        if pulled is not None:
+            row["entries"], row["bytes"], row["path"] = pulled[0], pulled[1], "pull"
+        else:
+            rows = _gather(bk, md, w, key, digester)
+            row["entries"], row["bytes"], row["path"] = rows.num_rows, int(rows.nbytes), "client"
+            _write(bk, w, key, rows, batch_entries, batch_bytes)
         store = bk.metadata_store
         store.update(ledger_key(w.ledger_id), lambda raw: lm.replace_fragment_bookie(
             lm.LedgerMetadata.from_json(raw), w.first, w.lost, w.replacement).to_json())

@@ -29,8 +29,14 @@ carrying it from anyone else is refused (a writer always sends its
 ledger's key; without this, the first empty-keyed request would set the key
 of a ledger a bookie does not know yet, such as a replacement bookie's).
 
+Asking a bookie to pull a ledger's entries from a peer (``pull``: bookie-to-
+bookie re-replication, wire ``PullEntries``) is an operator's request only
+(:data:`OPERATOR_OPS`): a writer could otherwise make a bookie copy and
+journal data it never wrote.
+
 A bookie without TLS has no identities: every peer is a writer and nobody
-is an operator (an empty key is then just a wrong key).
+is an operator (an empty key is then just a wrong key); ``pull`` is then
+open, like the admin tools' other requests on a plaintext cluster.
 
 An operator may also learn a ledger's master key: a non-fencing LAC read
 with the empty key from an operator is answered with the key the bookie
@@ -55,7 +61,8 @@ OPERATOR_KEY = b""          # the master key an operator sends instead of the le
 OPERATOR, WRITER = "operator", "writer"
 # operations the key-less path covers (BookKeeper's recovery reads/adds and fencing)
 KEYLESS_OPS = frozenset({"recovery_add", "fence"})
-OPS = frozenset({"add", "recovery_add", "fence", "read", "write_lac", "info"})
+OPS = frozenset({"add", "recovery_add", "fence", "read", "write_lac", "info", "pull"})
+OPERATOR_OPS = frozenset({"pull"})      # operators only (with TLS)
 KEYED_OPS = frozenset({"add", "recovery_add", "fence", "write_lac"})   # carry the ledger's key
 
 
@@ -105,6 +112,10 @@ def check(policy: Policy, peer: Peer, op: str, key: bytes = b"x") -> bool:
         raise errors.Unauthorized(
             f"client identity {peer.describe()} may not {op} on this bookie: list it in "
             "tls_writer_identities (or tls_operator_identities) in the bookie's conf")
+    if op in OPERATOR_OPS and role != OPERATOR:
+        raise errors.Unauthorized(
+            f"only an operator may {op}: client identity {peer.describe()} is not in "
+            "tls_operator_identities")
     if bytes(key) == OPERATOR_KEY and op in KEYED_OPS:
         if role == OPERATOR and op in KEYLESS_OPS:
             return True

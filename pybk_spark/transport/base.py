@@ -9,7 +9,9 @@ from __future__ import annotations
 import abc
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from pybk_spark import errors
@@ -21,6 +23,7 @@ class ReadResult:
     end: str                  # "COMPLETE" | "LIMIT" | "MISSING"
     lac: int
     fenced: bool
+    raw: Any = None           # the Arrow IPC bytes ``batch`` was parsed from, when kept
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,21 @@ class LacResult:
     last_entry_id: int
     fenced: bool
     master_key: bytes = b""   # only to an operator (protocol/access.may_learn_key)
+
+
+@dataclass(frozen=True)
+class PullResult:
+    entries: int              # copied, durable on the pulling bookie
+    bytes: int
+    missing: np.ndarray       # wanted ids it did not copy
+    message: str = ""         # why (peer down, ids absent or corrupt there)
+
+
+@dataclass(frozen=True)
+class PullSource:
+    bookie_id: str
+    address: str              # gRPC
+    lane_address: str = ""    # read lane; "" = gRPC reads
 
 
 def settle(fut: Future, convert, resp, **context) -> None:
@@ -88,6 +106,14 @@ class BookieTransport(abc.ABC):
     @abc.abstractmethod
     def write_lac(self, ledger_id: int, master_key: bytes, lac: int,
                   timeout: float | None = None) -> "Future[None]": ...
+
+    def pull(self, ledger_id: int, master_key: bytes, source: PullSource, wanted: np.ndarray,
+             digest_type: str, timeout: float | None = None) -> "Future[PullResult]":
+        """Ask this bookie to copy ``wanted`` ids of a ledger from ``source``
+        (bookie-to-bookie re-replication, wire ``PullEntries``); transports
+        without it fail with ``BadRequest`` and callers copy through a client."""
+        return failed_future(errors.BadRequest(
+            f"{type(self).__name__} cannot ask a bookie to pull entries"))
 
     def close(self) -> None:
         pass

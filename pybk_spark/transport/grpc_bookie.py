@@ -23,14 +23,15 @@ from concurrent.futures import Future
 from typing import Callable
 
 import grpc
+import numpy as np
 
 from pybk_spark import errors
 from pybk_spark.metadata.store import MetadataStore
 from pybk_spark.transport.lane_client import (frame_add, frame_read, lane_connector,
                                            read_lane_connector)
 from pybk_spark.transport.request_streams import PendingRequests, RequestStreamer, stream_connector
-from pybk_spark.transport.base import (BookieTransport, LacResult, ReadResult, TransportPool,
-                                       fail, failed_future, settle)
+from pybk_spark.transport.base import (BookieTransport, LacResult, PullResult, ReadResult,
+                                       TransportPool, fail, failed_future, settle)
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import bookie_wire_pb2_grpc as pbg
 from pybk_spark.wire import codes, framing
@@ -145,7 +146,7 @@ class BookieClient(BookieTransport):
         def conv(resp):
             self._check(resp, ledger_id=ledger_id, entry_id=first)
             return ReadResult(batch_from_bytes(resp.entries), _END.get(resp.end, "MISSING"),
-                              resp.lac, resp.fenced)
+                              resp.lac, resp.fenced, resp.entries)
         if self._reads is not None:
             return self._reads.submit(req, b"", timeout or self.default_timeout, conv)
         return self._call(self._read_entries, req, timeout, conv)
@@ -168,6 +169,21 @@ class BookieClient(BookieTransport):
         def conv(resp):
             self._check(resp, ledger_id=ledger_id)
         return self._call(self._stub.WriteLac, req, timeout, conv)
+
+    def pull(self, ledger_id, master_key, source, wanted, digest_type, timeout=None):
+        req = pb.PullRequest(ledger_id=ledger_id, master_key=master_key,
+                             source_address=source.address,
+                             source_lane_address=source.lane_address,
+                             source_bookie_id=source.bookie_id,
+                             wanted_ids=np.asarray(wanted, dtype="<i8").tobytes(),
+                             digest_type=digest_type)
+
+        def conv(resp):
+            self._check(resp, ledger_id=ledger_id)
+            return PullResult(resp.entries, resp.bytes,
+                              np.frombuffer(resp.missing_ids, dtype="<i8").astype(np.int64),
+                              resp.message)
+        return self._call(self._stub.PullEntries, req, timeout, conv)
 
     def info(self, timeout=None) -> Future:
         def conv(resp):

@@ -79,6 +79,11 @@ class BookieStub:
                 request_serializer=pybk__spark_dot_wire_dot_bookie__wire__pb2.HealthRequest.SerializeToString,
                 response_deserializer=pybk__spark_dot_wire_dot_bookie__wire__pb2.HealthResponse.FromString,
                 _registered_method=True)
+        self.PullEntries = channel.unary_unary(
+                '/pybk.wire.v1.Bookie/PullEntries',
+                request_serializer=pybk__spark_dot_wire_dot_bookie__wire__pb2.PullRequest.SerializeToString,
+                response_deserializer=pybk__spark_dot_wire_dot_bookie__wire__pb2.PullResponse.FromString,
+                _registered_method=True)
 
 
 class BookieServicer:
@@ -139,6 +144,12 @@ class BookieServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PullEntries(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BookieServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -186,6 +197,11 @@ def add_BookieServicer_to_server(servicer, server):
                     servicer.Health,
                     request_deserializer=pybk__spark_dot_wire_dot_bookie__wire__pb2.HealthRequest.FromString,
                     response_serializer=pybk__spark_dot_wire_dot_bookie__wire__pb2.HealthResponse.SerializeToString,
+            ),
+            'PullEntries': grpc.unary_unary_rpc_method_handler(
+                    servicer.PullEntries,
+                    request_deserializer=pybk__spark_dot_wire_dot_bookie__wire__pb2.PullRequest.FromString,
+                    response_serializer=pybk__spark_dot_wire_dot_bookie__wire__pb2.PullResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -431,6 +447,33 @@ class Bookie:
             '/pybk.wire.v1.Bookie/Health',
             pybk__spark_dot_wire_dot_bookie__wire__pb2.HealthRequest.SerializeToString,
             pybk__spark_dot_wire_dot_bookie__wire__pb2.HealthResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PullEntries(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pybk.wire.v1.Bookie/PullEntries',
+            pybk__spark_dot_wire_dot_bookie__wire__pb2.PullRequest.SerializeToString,
+            pybk__spark_dot_wire_dot_bookie__wire__pb2.PullResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -54,6 +54,7 @@ def test_lost_bookie_copied_and_verified(env):
     assert w.replacement not in md.current_ensemble and w.replacement != lost
     row = rr.copy_fragment(bk, w)
     assert row["outcome"] == "replicated", row
+    assert row["path"] == "client" and row["pull_error"]   # in-memory bookies cannot pull
     assert row["entries"] == len([e for e in range(100) if (1 - e) % 3 < 2])
     new_md = bk.get_ledger_metadata(md.ledger_id)
     assert lost not in new_md.all_bookies() and w.replacement in new_md.current_ensemble

@@ -1,0 +1,193 @@
+"""Bookie-to-bookie re-replication: this bookie pulls entries from a peer.
+
+Theory of operation
+-------------------
+The re-replication driver (pybk_spark/admin/rereplicate.py) asks the
+replacement bookie, with ``PullEntries``, for the ids a lost replica must
+hold and names a surviving peer.  This bookie then, with no client in the
+data path:
+
+1. reads the span of the wanted ids from the peer with sparse reads
+   (``ReadRequest.sparse``: every stored id, gaps skipped), up to
+   ``window`` reads in flight, each up to ``COPY_BATCH_ENTRIES`` ids and
+   ``COPY_BATCH_BYTES`` bytes; a LIMIT answer resumes after its last row;
+2. keeps the rows that are wanted (one ``searchsorted`` per batch) and whose
+   digest is correct (``Digester.verify_batch``: one call per batch);
+3. journals each kept batch as a RECOVERY add under the given key, the
+   stored Arrow rows byte for byte (lac, length and digest unchanged; the
+   peer's IPC bytes as received when every row of an answer is kept), up
+   to ``MAX_ADDS_IN_FLIGHT`` adds outstanding (an add refused by admission
+   waits for the older ones and is retried);
+4. answers, once every add it made is durable, the number of entries and
+   bytes copied and the wanted ids it did not copy (absent or corrupt on the
+   peer, or the peer failed midway: the message says which).
+
+Nothing here changes metadata: the driver CASes the fragment's ensemble
+only after a pull (or several, from several peers) copied every id.  A
+crash at any step leaves durable copies of some ids and no metadata change;
+the next run pulls again, and a recovery add of an id already stored is
+harmless (the bookie keeps one copy).  A peer that predates sparse reads
+(a contiguous answer) makes the pull fail with ``BadRequest``: the driver
+then copies through a client.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from pybk_spark import errors
+from pybk_spark.ledger.digest import Digester
+from pybk_spark.wire.entries import batch_to_buffer
+
+DEFAULT_WINDOW = 4
+MAX_WINDOW = 16
+# one read answer = one journaled batch = one stored batch: the size the
+# client path writes (admin/rereplicate.py) and replica checks read
+# (5000-id sparse reads); copies stored as 10,000-row batches made every
+# later 5000-id read of them load twice what it returned (measured: the
+# replicas check after a pull took 2x as long)
+COPY_BATCH_ENTRIES = 5000
+COPY_BATCH_BYTES = 8 << 20
+MAX_ADDS_IN_FLIGHT = 8
+_EXPIRE_EVERY_S = 0.5
+
+
+@dataclass
+class PullOutcome:
+    entries: int
+    bytes: int
+    missing: np.ndarray          # wanted ids not copied, ascending
+    message: str = ""            # why some were not copied (peer error)
+
+
+def ids_from_bytes(data: bytes) -> np.ndarray:
+    ids = np.frombuffer(data, dtype="<i8").astype(np.int64)
+    if len(ids) > 1 and not bool((np.diff(ids) > 0).all()):
+        raise errors.BadRequest("wanted_ids must be strictly ascending")
+    if len(ids) and ids[0] < 0:
+        raise errors.BadRequest("wanted_ids must be >= 0")
+    return ids
+
+
+def ids_to_bytes(ids: np.ndarray) -> bytes:
+    return np.asarray(ids, dtype="<i8").tobytes()
+
+
+class _Adds:
+    """Recovery adds to this bookie, a bounded number outstanding."""
+
+    def __init__(self, bookie, ledger_id: int, key: bytes, keyless: bool):
+        self.bookie, self.ledger_id, self.key, self.keyless = bookie, ledger_id, key, keyless
+        self.inflight: deque = deque()      # (future, ids, payload bytes)
+        self.entries = self.bytes = 0
+        self.copied: list[np.ndarray] = []
+
+    def submit(self, data, ids: np.ndarray, nbytes: int) -> None:
+        """``data``: one Arrow IPC entry batch (bytes or a pyarrow Buffer)."""
+        while True:
+            while len(self.inflight) >= MAX_ADDS_IN_FLIGHT:
+                self._settle_oldest()
+            try:
+                fut, _first, _last = self.bookie.add_async(self.ledger_id, self.key, data,
+                                                           recovery=True, keyless=self.keyless)
+                break
+            except errors.TooManyRequests:
+                if self.inflight:
+                    self._settle_oldest()
+                else:
+                    time.sleep(0.05)
+        self.inflight.append((fut, ids, nbytes))
+
+    def _settle_oldest(self) -> None:
+        fut, ids, nbytes = self.inflight.popleft()
+        fut.result()                 # a failed journal write fails the whole pull
+        self.entries += len(ids)
+        self.bytes += nbytes
+        self.copied.append(ids)
+
+    def drain(self) -> None:
+        while self.inflight:
+            self._settle_oldest()
+
+
+def pull(bookie, peer, ledger_id: int, key: bytes, wanted: np.ndarray, digest_type: str, *,
+         keyless: bool = False, window: int = 0, timeout: float = 30.0) -> PullOutcome:
+    """Copy ``wanted`` ids of ``ledger_id`` from ``peer`` (a BookieTransport)
+    into ``bookie``'s journal; see the module docstring."""
+    digester = Digester.with_key(digest_type, key)
+    adds = _Adds(bookie, ledger_id, key, keyless)
+    if len(wanted) == 0:
+        return PullOutcome(0, 0, wanted)
+    cfg = bookie.cfg
+    max_entries = min(COPY_BATCH_ENTRIES, cfg.max_read_entries)
+    max_bytes = min(COPY_BATCH_BYTES, cfg.max_read_bytes)
+    lo, hi = int(wanted[0]), int(wanted[-1])
+    todo: deque = deque((a, min(hi, a + max_entries - 1)) for a in range(lo, hi + 1, max_entries))
+    inflight: dict = {}
+    window = min(window or DEFAULT_WINDOW, MAX_WINDOW)      # a request cannot ask for more
+    problem = ""
+    expire = getattr(peer, "expire", lambda: None)
+    try:
+        while (todo or inflight) and not problem:
+            while todo and len(inflight) < window:
+                a, b = todo.popleft()
+                f = peer.read(ledger_id, a, b, max_entries=max_entries, max_bytes=max_bytes,
+                              timeout=timeout, sparse=True)
+                inflight[f] = (a, b)
+            done, _ = cf.wait(list(inflight), timeout=_EXPIRE_EVERY_S,
+                              return_when=cf.FIRST_COMPLETED)
+            expire()                 # lane reads past their deadline fail (no pool watchdog here)
+            for f in sorted(done, key=lambda x: inflight[x][0]):
+                a, b = inflight.pop(f)
+                exc = f.exception()
+                if isinstance(exc, errors.NoSuchLedger):
+                    continue         # the peer holds none of them
+                if exc is not None:
+                    problem = f"peer read failed: {type(exc).__name__}: {exc}"
+                    break
+                res = f.result()
+                if res.end == "MISSING":
+                    raise errors.BadRequest("the peer answered a sparse read with a contiguous "
+                                            "run: it predates sparse reads")
+                batch = res.batch
+                if batch.num_rows:
+                    eids = batch.column("entry_id").to_numpy()
+                    if res.end == "LIMIT" and int(eids[-1]) < b:
+                        todo.append((int(eids[-1]) + 1, b))
+                    _copy(adds, digester, batch, eids, wanted, res.raw)
+                elif res.end == "LIMIT":
+                    problem = "peer answered LIMIT with no rows"
+    finally:
+        for f in inflight:
+            f.cancel()
+        adds.drain()
+    copied = np.concatenate(adds.copied) if adds.copied else np.empty(0, np.int64)
+    missing = np.setdiff1d(wanted, copied, assume_unique=True)
+    if len(missing) and not problem:
+        problem = f"{len(missing)} wanted entries absent or corrupt on the peer"
+    return PullOutcome(adds.entries, adds.bytes, missing, problem)
+
+
+def _copy(adds: _Adds, digester: Digester, batch: pa.RecordBatch, eids: np.ndarray,
+          wanted: np.ndarray, raw=None) -> None:
+    """Journal the wanted rows of ``batch`` whose digests are correct: the
+    peer's own Arrow IPC bytes (``raw``) when every row is kept, else the
+    kept rows re-encoded."""
+    pos = np.searchsorted(wanted, eids)
+    keep = (pos < len(wanted)) & (wanted[np.minimum(pos, len(wanted) - 1)] == eids)
+    if not keep.all():
+        if not keep.any():
+            return
+        batch, eids, raw = batch.filter(pa.array(keep)), eids[keep], None
+    ok = digester.verify_batch(batch)
+    if not ok.all():
+        if not ok.any():
+            return
+        batch, eids, raw = batch.filter(pa.array(ok)), eids[ok], None
+    adds.submit(batch_to_buffer(batch) if raw is None or not len(raw) else raw, eids,
+                int(batch.nbytes))

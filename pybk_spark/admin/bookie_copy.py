@@ -1,0 +1,72 @@
+"""Re-replication bookie to bookie: the replacement pulls a fragment's
+entries from surviving replicas (wire ``PullEntries``, bookie_server/serving/pull.py).
+
+Theory of operation
+-------------------
+``copy_fragment`` (admin/rereplicate.py) calls :func:`pull_fragment` first.
+The ids the lost slot must hold (``entry_sets.slot_entries``) are asked of
+the replacement bookie, one surviving source at a time, in the order the
+client path reads them (the lost bookie itself first when it is still
+registered, as in a decommission; then ``entry_sets.next_source``, the
+replica holding most of what is left).  Each ``PullEntries`` answer says
+which wanted ids were not copied (absent or corrupt on that source, or the
+source failed midway); those are asked of the next source.  The entries
+travel bookie to bookie as the stored Arrow rows: no client decodes,
+verifies or re-encodes them (the replacement checks digests per batch).
+
+Only when every id is durable on the replacement does ``copy_fragment`` CAS
+the fragment's ensemble, exactly as on the client path.  Any error of the
+pull itself (a replacement that predates ``PullEntries``, a TLS bookie, a
+transport without it, the replacement failing) raises: ``copy_fragment``
+then copies through the client (``_gather`` + ``_write``), so a mixed-
+version cluster still re-replicates.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from pybk_spark import errors
+from pybk_spark.admin import audit, entry_sets as es
+from pybk_spark.transport.base import PullSource
+from pybk_spark.transport.grpc_bookie import registration_of
+
+
+def pull_fragment(bk, w: audit.FragmentWork, write_quorum: int, key: bytes, digest_type: str,
+                  lost_registered: bool, timeout: float) -> tuple[int, int]:
+    """(entries, bytes) copied to ``w.replacement`` by pulls; raises a BKError
+    if the pull path cannot finish (the caller falls back to the client)."""
+    store = bk.metadata_store
+    target = bk.transports.get(w.replacement)
+    E = len(w.ensemble)
+    remaining = es.slot_entries(w.first, w.last, E, write_quorum, w.slot)
+    order = [w.slot] if lost_registered else []
+    tried: set[int] = set()
+    notes: list[str] = []
+    entries = nbytes = 0
+    while len(remaining):
+        if order:
+            slot, ids = order.pop(), remaining
+        else:
+            nxt = es.next_source(remaining, E, write_quorum, tried | {w.slot})
+            if nxt is None:
+                break
+            slot, ids = nxt
+        tried.add(slot)
+        bookie = w.ensemble[slot]
+        reg = registration_of(store, bookie)
+        if not reg or not reg.get("address"):
+            notes.append(f"{bookie}: not registered")
+            continue
+        source = PullSource(bookie, reg["address"], reg.get("add_lane_address") or "")
+        got = target.pull(w.ledger_id, key, source, ids, digest_type, timeout).result()
+        entries += got.entries
+        nbytes += got.bytes
+        if got.message:
+            notes.append(f"{bookie}: {got.message}")
+        remaining = np.union1d(np.setdiff1d(remaining, ids, assume_unique=True), got.missing)
+    if len(remaining):
+        raise errors.ReadError(f"no surviving intact replica for entries "
+                               f"{es.ranges_text(remaining)}"
+                               + (f" ({'; '.join(notes)})" if notes else ""),
+                               ledger_id=w.ledger_id)
+    return entries, nbytes
