@@ -333,10 +333,11 @@ def _uri(options: Mapping[str, str]) -> str:
     uri = _get(options, "metadataServiceUri")
     if not options:
         raise errors.IncorrectParameter(
-            "no options reached the bookkeeper source: a catalog table (CREATE TABLE ... "
-            "USING bookkeeper OPTIONS (...)) does not hand its OPTIONS to a Python data "
-            "source when it is read (PySpark 4.x); use CREATE TEMPORARY VIEW ... USING "
-            "bookkeeper OPTIONS (...) instead (docs/spark.md, 'SQL')")
+            "no options reached the bookkeeper source: a catalog table created before "
+            "pybk-spark recorded its OPTIONS in its schema (PySpark 4.x hands a Python "
+            "source no table options); re-create it (CREATE TABLE ... USING bookkeeper "
+            "OPTIONS (...)) or give them per query: SELECT ... FROM t WITH (...) "
+            "(docs/spark.md, 'SQL')")
     if uri is None or not str(uri).strip():
         raise errors.IncorrectParameter(
             "option 'metadataServiceUri' is required, e.g. "
