@@ -118,7 +118,8 @@ def recover_tail(bk, md: LogMetadata, password: bytes) -> dict[int, tuple[int, i
             closed[ledger_id] = (-1, 0)
             continue
         meta = rh.metadata
-        closed[ledger_id] = (meta.last_entry_id, meta.length)
+        closed[ledger_id] = (meta.last_entry_id, append_time.payload_bytes(
+            meta.length, meta.last_entry_id + 1, meta.custom))
     return closed
 
 
@@ -309,7 +310,8 @@ class LogWriter:
             if meta.state == CLOSED:
                 times = {handle.ledger_id: self._times.pop(handle.ledger_id, (-1, -1))}
                 update_log(self._bk.metadata_store, self.name, lambda m: logmd.record_closed(
-                    m, {handle.ledger_id: (meta.last_entry_id, meta.length)}, times))
+                    m, {handle.ledger_id: (meta.last_entry_id, append_time.payload_bytes(
+                        meta.length, meta.last_entry_id + 1, meta.custom))}, times))
         except errors.BKError:
             pass  # best effort: readers fall back to ledger metadata
 

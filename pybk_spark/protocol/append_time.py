@@ -58,6 +58,12 @@ def is_time_prefixed(custom: dict) -> bool:
     return (custom or {}).get(ENTRY_FORMAT_KEY) == TIME_PREFIXED
 
 
+def payload_bytes(ledger_length: int, entries: int, custom: dict) -> int:
+    """The callers' payload bytes of a ledger (its length less the headers)."""
+    return ledger_length - HEADER_BYTES * max(entries, 0) if is_time_prefixed(custom) \
+        else ledger_length
+
+
 def header(time_us: int) -> bytes:
     return int(time_us).to_bytes(HEADER_BYTES, "big", signed=True)
 

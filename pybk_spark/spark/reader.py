@@ -299,9 +299,10 @@ def plan(bk, opts: ReadOptions, ledger_ids, bounds: Bounds = Bounds()) -> list[S
         if view is not None:
             views.append(view)
             kept.append(lid)
-    ledger_ids = kept
-    slices = plan_slices(views, [opts.start_for(lid) for lid in ledger_ids],
-                         [opts.end_for(lid) for lid in ledger_ids],
+    from pybk_spark.spark import time_seek
+    starts, ends = time_seek.resolve(bk, opts, views, [opts.start_for(lid) for lid in kept],
+                                     [opts.end_for(lid) for lid in kept])   # times -> entries
+    slices = plan_slices(views, starts, ends,
                          opts.max_entries_per_partition, bounds.entry_lo, bounds.entry_hi)
     return split_to_min(slices, opts.min_partitions)
 
