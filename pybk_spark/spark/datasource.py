@@ -80,7 +80,9 @@ class BookKeeperDataSource(DataSource):
         return with_table_options(schema, self.options)   # CREATE TABLE: table_options.py
 
     def _options(self, schema: StructType):
-        """The options, with a SQL table's recorded ones (table_options.py)."""
+        """The options, with a SQL table's recorded ones (table_options.py):
+        reads only (a writer's schema is the DataFrame's, which may come from
+        reading another table)."""
         return merged_options(self.options, schema)
 
     def reader(self, schema: StructType) -> DataSourceReader:
@@ -97,7 +99,7 @@ class BookKeeperDataSource(DataSource):
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         from pybk_spark.spark.writer import BookKeeperBatchWriter, prepare_log_evolving
         from pybk_spark.spark.reader import PlanningClient
-        opts = parse_write_options(self._options(schema))
+        opts = parse_write_options(self.options)     # schema: the DataFrame's, not a table's
         with PlanningClient(opts.metadata_uri, opts.client_conf) as bk:      # metadata only
             # SchemaMismatch here: no data written
             schema_text, base = prepare_log_evolving(bk, opts, schema, overwrite)
@@ -117,7 +119,7 @@ class BookKeeperDataSource(DataSource):
         if overwrite:
             raise errors.IncorrectParameter(
                 "the bookkeeper sink supports outputMode('append') only")
-        opts = parse_write_options(self._options(schema), streaming=True)
+        opts = parse_write_options(self.options, streaming=True)
         with PlanningClient(opts.metadata_uri, opts.client_conf) as bk:      # metadata only
             schema_text, base = prepare_log_evolving(bk, opts, schema, False)
         return BookKeeperStreamWriter(opts, schema_text, base_schema=base)

@@ -6,8 +6,9 @@ Offsets are log positions (stream_offsets.py).  On the driver (one long-lived
 Python process per query):
   * ``initialOffset``: ``earliest`` = first entry of the first untruncated
     segment; ``latest`` = the current end; or a JSON offset; or, with
-    ``startingTimestamp``, the first entry appended at or after it (time_seek.py).  A restarted query
-    ignores it and resumes from its checkpointed offset.
+    ``startingTimestamp``, the first entry appended at or after it
+    (time_seek.py).  A restarted query ignores it and resumes from its
+    checkpointed offset.
   * ``latestOffset(start, limit)``: re-reads the log metadata, measures every
     segment from ``start`` on (closed: its entry count; the open tail: its LAC
     from a NON-fencing open, so a live writer is never disturbed) and advances
