@@ -81,7 +81,8 @@ def test_empty_ledgers_plan_no_partition(metadata_uri, bk):
 def test_round_trip_with_partitions_per_fragment_and_slices(spark, metadata_uri, bk, two_ledgers):
     a, b, expected = two_ledgers
     df = load(spark, metadata_uri, [a, b])
-    assert df.schema.simpleString() == "struct<ledger_id:bigint,entry_id:bigint,payload:binary>"
+    assert df.schema.simpleString() == \
+        "struct<ledger_id:bigint,entry_id:bigint,payload:binary,timestamp:timestamp>"
     fragments = sum(len(bk.get_ledger_metadata(x).fragments()) for x in (a, b))
     assert df.rdd.getNumPartitions() == fragments == 2
     assert rows_of(df) == expected
