@@ -27,6 +27,11 @@ A CAS adding a new ledger (open step 5, roll) that is refused deletes that
   the list may name it, so it is only closed and the writer stops.  Step 2
   records a listed ledger that no longer exists (deleted by older code) as
   closed and empty.
+Append time: every entry carries the wall-clock time it was appended (an
+  8-byte header, protocol/append_time.py; the ledger is tagged
+  ``entry_format=time-prefixed-v1``), stamped so that it never goes
+  backwards; the first and last time of a ledger are recorded with its size
+  when it is closed.  Readers strip the header (log_reader.py, Spark).
 Truncate: CAS the list first, then delete the dropped ledgers; never past a
   registered read position (a streaming query's committed cursor,
   protocol/positions.py) unless forced.
@@ -42,10 +47,11 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Callable, Union
+from typing import Any, Callable, Optional, Union
 
 from pybk_spark import errors
 from pybk_spark.metadata.store import log_key
+from pybk_spark.protocol import append_time
 from pybk_spark.protocol import log_metadata as logmd
 from pybk_spark.protocol.ledger_metadata import CLOSED
 from pybk_spark.protocol.log_metadata import LogMetadata, Position
@@ -65,6 +71,7 @@ class RollPolicy:
 class LogRecord:
     position: Position
     payload: bytes
+    append_time_us: Optional[int] = None     # None: written without a time (older ledgers)
 
 
 # -- metadata access ------------------------------------------------------------------
@@ -112,7 +119,8 @@ def recover_tail(bk, md: LogMetadata, password: bytes) -> dict[int, tuple[int, i
             closed[ledger_id] = (-1, 0)
             continue
         meta = rh.metadata
-        closed[ledger_id] = (meta.last_entry_id, meta.length)
+        closed[ledger_id] = (meta.last_entry_id, append_time.payload_bytes(
+            meta.length, meta.last_entry_id + 1, meta.custom))
     return closed
 
 
@@ -122,10 +130,13 @@ class LogWriter:
 
     def __init__(self, bk, name: str, *, ensemble: int = 3, write_quorum: int = 2,
                  ack_quorum: int = 2, password: bytes = b"", roll_policy: RollPolicy = RollPolicy(),
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 wall_clock: Callable[[], float] = time.time):
         self._bk, self.name, self._password = bk, name, password
         self._quorums = (ensemble, write_quorum, ack_quorum)
-        self._policy, self._clock = roll_policy, clock
+        self._policy, self._clock, self._wall_clock = roll_policy, clock, wall_clock
+        self._last_stamp = 0                 # append times never go backwards
+        self._times: dict[int, tuple[int, int]] = {}    # ledger -> (first, last) append µs
         self._lock = threading.RLock()
         self._handle: Any = None
         self._index = -1                 # absolute segment index of the current ledger
@@ -158,7 +169,9 @@ class LogWriter:
         e, w, a = self._quorums
         return self._bk.create_ledger(ensemble=e, write_quorum=w, ack_quorum=a,
                                       password=self._password,
-                                      custom_metadata={"log": self.name})
+                                      custom_metadata={
+                                          "log": self.name,
+                                          append_time.ENTRY_FORMAT_KEY: append_time.TIME_PREFIXED})
 
     def _discard(self, handle) -> None:
         try:
@@ -203,12 +216,20 @@ class LogWriter:
     def append(self, payload: bytes) -> Position:
         return self.append_async(payload).result()
 
+    def _stamp(self, ledger_id: int) -> int:
+        """The append time of the next append (under the lock); kept per ledger."""
+        now = self._last_stamp = append_time.stamp(self._last_stamp, self._wall_clock())
+        first, _ = self._times.get(ledger_id, (now, now))
+        self._times[ledger_id] = (first, now)
+        return now
+
     def append_async(self, payload: bytes) -> "Future[Position]":
         with self._lock:
             self._check_open()
             self._maybe_roll()
             handle, index = self._handle, self._index
-            inner = handle.add_entry_async(payload)
+            head = append_time.header(self._stamp(handle.ledger_id))
+            inner = handle.add_entry_async(head + bytes(payload))
             self._entries += 1
             self._bytes += len(payload)
         outer: Future = Future()
@@ -231,7 +252,8 @@ class LogWriter:
             self._maybe_roll()
             handle, index = self._handle, self._index
             try:
-                ids = handle.add_entries(payloads)
+                ids = handle.add_entries(append_time.frame(payloads,
+                                                           self._stamp(handle.ledger_id)))
             except errors.LedgerFenced:
                 self._lost = True
                 raise
@@ -287,8 +309,10 @@ class LogWriter:
         try:
             meta = self._bk.get_ledger_metadata(handle.ledger_id)
             if meta.state == CLOSED:
+                times = {handle.ledger_id: self._times.pop(handle.ledger_id, (-1, -1))}
                 update_log(self._bk.metadata_store, self.name, lambda m: logmd.record_closed(
-                    m, {handle.ledger_id: (meta.last_entry_id, meta.length)}))
+                    m, {handle.ledger_id: (meta.last_entry_id, append_time.payload_bytes(
+                        meta.length, meta.last_entry_id + 1, meta.custom))}, times))
         except errors.BKError:
             pass  # best effort: readers fall back to ledger metadata
 

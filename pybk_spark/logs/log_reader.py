@@ -17,6 +17,11 @@ For the segment under the cursor:
   * no segment yet: wait for the log's metadata to change.
 So the sequence a reader yields is always a prefix of the log's final
 sequence: no gap, no duplicate, in log order.
+
+Entries of ledgers a log writer tagged ``time-prefixed-v1`` lose their 8-byte
+append-time header here (protocol/append_time.py): batches carry it as a
+``timestamp`` column (null for entries of older ledgers), records as
+``append_time_us``.
 """
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ import pyarrow as pa
 from pybk_spark import errors
 from pybk_spark.logs.log import LogRecord, read_log
 from pybk_spark.metadata.store import ledger_key, log_key
+from pybk_spark.protocol import append_time
 from pybk_spark.protocol.ledger_metadata import CLOSED, LedgerMetadata
 from pybk_spark.protocol.log_metadata import SEGMENT_CLOSED, Position
 from pybk_spark.wire.entries import one_batch
@@ -92,7 +98,7 @@ class LogReader:
     # -- reading --------------------------------------------------------------------------
     def read_batch(self, timeout_s: Optional[float] = None) -> tuple[int, int, Optional[pa.RecordBatch]]:
         """Next batch of available entries as (segment index, ledger id, batch of
-        ledger_id/entry_id/payload), waiting at most ``timeout_s`` (None = the
+        ledger_id/entry_id/payload/timestamp), waiting at most ``timeout_s`` (None = the
         poll timeout once; 0 = do not wait).  Returns batch None when nothing new."""
         waited = False
         budget = self._poll_timeout if timeout_s is None else timeout_s
@@ -117,7 +123,8 @@ class LogReader:
             last = meta.last_entry_id if meta.state == CLOSED else rh.read_last_add_confirmed()
             if self._next <= last:
                 upto = min(last, self._next + self._max_batch - 1)
-                batch = _concat(rh.read_batches(self._next, upto))
+                batch = with_append_time(_concat(rh.read_batches(self._next, upto)),
+                                         rh.metadata.custom)
                 if batch.num_rows:
                     self._next += batch.num_rows
                     return self._segment, ledger_id, batch
@@ -179,7 +186,28 @@ def _concat(batches) -> pa.RecordBatch:
     return one_batch(pa.Table.from_batches(batches))
 
 
+TIMESTAMP_TYPE = pa.timestamp("us", tz="UTC")
+
+
+def with_append_time(batch, custom) -> pa.RecordBatch:
+    """(ledger_id, entry_id, payload) read from a ledger with custom metadata
+    ``custom`` -> (ledger_id, entry_id, payload, timestamp): the header
+    stripped from a time-prefixed ledger's entries, else a null time."""
+    if append_time.is_time_prefixed(custom):
+        times, payload = append_time.unframe(batch.column("payload"))
+    else:
+        times, payload = pa.nulls(batch.num_rows, TIMESTAMP_TYPE), batch.column("payload")
+    columns = [batch.column("ledger_id"), batch.column("entry_id"), payload, times]
+    names = ["ledger_id", "entry_id", "payload", "timestamp"]
+    if isinstance(batch, pa.Table):
+        return pa.Table.from_arrays(columns, names=names)
+    return pa.RecordBatch.from_arrays(columns, names=names)
+
+
 def _records(index: int, batch: pa.RecordBatch) -> list[LogRecord]:
     cols = batch.to_pydict()
-    return [LogRecord(Position(index, lid, eid), payload)
-            for lid, eid, payload in zip(cols["ledger_id"], cols["entry_id"], cols["payload"])]
+    times = batch.column("timestamp").cast(pa.int64()).to_pylist() \
+        if "timestamp" in batch.schema.names else [None] * batch.num_rows
+    return [LogRecord(Position(index, lid, eid), payload, t)
+            for lid, eid, payload, t in zip(cols["ledger_id"], cols["entry_id"],
+                                            cols["payload"], times)]

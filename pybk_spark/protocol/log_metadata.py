@@ -22,6 +22,10 @@ Positions are (ledger_id, entry_id); they order by the ledger's index in the
 list, then by entry id.  ``start_offset`` of a segment is the number of
 entries in the log before it when that is known (all earlier segments
 closed); it lets readers seek without opening every ledger.
+``first_time_us`` / ``last_time_us`` of a segment are the append times of its
+first and last entry when known (-1 otherwise; older metadata has neither),
+recorded with its size; a time-based start skips segments by them
+(protocol/append_time.py).
 
 This module imports no I/O, no clock and no threads.
 """
@@ -59,17 +63,23 @@ class Segment:
     byte_count: int = -1
     start_offset: int = -1         # log offset of this segment's first entry, if known
     rows: int = -1                 # rows in the segment (Arrow-table logs), if known
+    first_time_us: int = -1        # append time of its first / last entry (protocol/append_time.py)
+    last_time_us: int = -1
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ledger_id": self.ledger_id, "state": self.state,
-                "entry_count": self.entry_count, "byte_count": self.byte_count,
-                "start_offset": self.start_offset, "rows": self.rows}
+        d: dict[str, Any] = {"ledger_id": self.ledger_id, "state": self.state,
+                            "entry_count": self.entry_count, "byte_count": self.byte_count,
+                            "start_offset": self.start_offset, "rows": self.rows}
+        if self.first_time_us >= 0 or self.last_time_us >= 0:
+            d.update(first_time_us=self.first_time_us, last_time_us=self.last_time_us)
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Segment":
         return cls(int(d["ledger_id"]), d.get("state", SEGMENT_OPEN),
                    int(d.get("entry_count", -1)), int(d.get("byte_count", -1)),
-                   int(d.get("start_offset", -1)), int(d.get("rows", -1)))
+                   int(d.get("start_offset", -1)), int(d.get("rows", -1)),
+                   int(d.get("first_time_us", -1)), int(d.get("last_time_us", -1)))
 
 
 @dataclass(frozen=True)
@@ -140,13 +150,17 @@ def tail_ids(md: LogMetadata, n: int = 2) -> tuple[int, ...]:
     return tuple(md.ledger_ids[-n:])
 
 
-def record_closed(md: LogMetadata, closed: Mapping[int, tuple[int, int]]) -> LogMetadata:
-    """Record (last_entry_id, byte_count) of closed ledgers still marked open."""
+def record_closed(md: LogMetadata, closed: Mapping[int, tuple[int, int]],
+                  times: Mapping[int, tuple[int, int]] = {}) -> LogMetadata:
+    """Record (last_entry_id, byte_count) of closed ledgers still marked open,
+    and ``times``: their (first, last) append time in µs, when known."""
     segs = []
     for s in md.segments:
         if s.ledger_id in closed and s.state == SEGMENT_OPEN:
             last, nbytes = closed[s.ledger_id]
-            s = replace(s, state=SEGMENT_CLOSED, entry_count=last + 1, byte_count=nbytes)
+            first_us, last_us = times.get(s.ledger_id, (-1, -1))
+            s = replace(s, state=SEGMENT_CLOSED, entry_count=last + 1, byte_count=nbytes,
+                        first_time_us=first_us, last_time_us=last_us)
         segs.append(s)
     return replace(md, segments=_with_offsets(segs, md.truncated_offset))
 
@@ -187,9 +201,11 @@ def truncate_before(md: LogMetadata, ledger_id: int) -> tuple[LogMetadata, list[
 def append_closed(md: LogMetadata, ledgers: Iterable[tuple[int, int, int, int]], *,
                   schema: Optional[str] = None, sink: Optional[tuple[str, int]] = None,
                   overwrite: bool = False,
-                  base_schema: Optional[str] = None) -> tuple[LogMetadata, list[int]]:
+                  base_schema: Optional[str] = None,
+                  times: Mapping[int, tuple[int, int]] = {}) -> tuple[LogMetadata, list[int]]:
     """Atomic batch commit (Spark writer/sink): append closed ledgers given as
-    (ledger_id, entry_count, byte_count, rows) in one step.
+    (ledger_id, entry_count, byte_count, rows) in one step; ``times`` gives
+    a ledger's (first, last) append time in µs (protocol/append_time.py).
 
     ``sink=(query_id, batch_id)``: if that batch (or a later one) is already
     recorded, the commit is a no-op (exactly-once replay); returns ([], ...).
@@ -210,7 +226,9 @@ def append_closed(md: LogMetadata, ledgers: Iterable[tuple[int, int, int, int]],
             raise errors.SchemaMismatch("DataFrame schema differs from the log's schema "
                                         "(changed since the write was planned?)", log=md.name)
         md = replace(md, schema=schema)
-    new_segs = tuple(Segment(lid, SEGMENT_CLOSED, count, nbytes, rows=rows)
+    new_segs = tuple(Segment(lid, SEGMENT_CLOSED, count, nbytes, rows=rows,
+                             first_time_us=times.get(lid, (-1, -1))[0],
+                             last_time_us=times.get(lid, (-1, -1))[1])
                      for lid, count, nbytes, rows in ledgers)
     replaced: list[int] = []
     if overwrite:

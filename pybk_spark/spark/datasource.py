@@ -18,8 +18,6 @@ planning and reading live in ``pybk_spark.spark.reader``.  See docs/spark.md.
 """
 from __future__ import annotations
 
-import sys
-
 from typing import Optional
 
 from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStreamReader,
@@ -31,8 +29,8 @@ from pybk_spark.spark.options import (parse_load_options, parse_read_options,
                                       parse_stream_options, parse_write_options)
 from pybk_spark.spark.multi_log import (BookKeeperMultiLogReader, common_schema, is_multi,
                                         log_names, with_log_column)
-from pybk_spark.spark.reader import (BookKeeperBatchReader, BookKeeperPushdownReader,
-                                     check_schema, output_spark_schema)
+from pybk_spark.spark.reader import BookKeeperBatchReader, check_schema, output_spark_schema
+from pybk_spark.spark.table_options import merged_options, with_table_options
 
 
 def _table_schema(uri: str, log: Optional[str]) -> Optional[str]:
@@ -75,27 +73,33 @@ class BookKeeperDataSource(DataSource):
     def schema(self) -> StructType:
         opts = parse_load_options(self.options)      # fail at load(), not at the first action
         if is_multi(opts):
-            return _multi_schema(opts)[1]
-        return output_spark_schema(_table_schema(opts.metadata_uri, opts.log),
-                                   opts.include_metadata)
+            schema = _multi_schema(opts)[1]
+        else:
+            schema = output_spark_schema(_table_schema(opts.metadata_uri, opts.log),
+                                         opts.include_metadata)
+        return with_table_options(schema, self.options)   # CREATE TABLE: table_options.py
+
+    def _options(self, schema: StructType):
+        """The options, with a SQL table's recorded ones (table_options.py):
+        reads only (a writer's schema is the DataFrame's, which may come from
+        reading another table)."""
+        return merged_options(self.options, schema)
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        opts = parse_read_options(self.options)
+        opts = parse_read_options(self._options(schema))
         if is_multi(opts):
             table_schema, expected = _multi_schema(opts)
             check_schema(schema, expected)
             return BookKeeperMultiLogReader(opts, table_schema)
         table_schema = _table_schema(opts.metadata_uri, opts.log)
         check_schema(schema, output_spark_schema(table_schema, opts.include_metadata))
-        if _planning_with_filter_pushdown():
-            return BookKeeperPushdownReader(opts, table_schema)
-        return BookKeeperBatchReader(opts, table_schema)
+        return BookKeeperBatchReader(opts, table_schema)   # pushFilters: reader.py
 
     # -- batch write -----------------------------------------------------------------------
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         from pybk_spark.spark.writer import BookKeeperBatchWriter, prepare_log_evolving
         from pybk_spark.spark.reader import PlanningClient
-        opts = parse_write_options(self.options)
+        opts = parse_write_options(self.options)     # schema: the DataFrame's, not a table's
         with PlanningClient(opts.metadata_uri, opts.client_conf) as bk:      # metadata only
             # SchemaMismatch here: no data written
             schema_text, base = prepare_log_evolving(bk, opts, schema, overwrite)
@@ -104,7 +108,7 @@ class BookKeeperDataSource(DataSource):
     # -- streaming --------------------------------------------------------------------------
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from pybk_spark.spark.stream_reader import BookKeeperStreamReader
-        opts = parse_stream_options(self.options)
+        opts = parse_stream_options(self._options(schema))
         table_schema = _table_schema(opts.read.metadata_uri, opts.read.log)
         check_schema(schema, output_spark_schema(table_schema, opts.read.include_metadata))
         return BookKeeperStreamReader(opts, table_schema)
@@ -120,18 +124,3 @@ class BookKeeperDataSource(DataSource):
             schema_text, base = prepare_log_evolving(bk, opts, schema, False)
         return BookKeeperStreamWriter(opts, schema_text, base_schema=base)
 
-
-def _planning_with_filter_pushdown() -> bool:
-    """True when Spark asks for the reader from its filter-pushdown worker,
-    which it runs only if ``spark.sql.python.filterPushdown.enabled`` is true.
-    Spark rejects a reader implementing ``pushFilters`` when pushdown is off,
-    and gives the source no other way to see that setting."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code.co_filename.endswith(_PUSHDOWN_WORKER):
-            return True
-        frame = frame.f_back
-    return False
-
-
-_PUSHDOWN_WORKER = "data_source_pushdown_filters.py"

@@ -27,6 +27,7 @@ from typing import Mapping, Optional
 from pybk_spark import errors
 from pybk_spark.spark.tls_options import parse_client_options
 from pybk_spark.spark import option_names as names
+from pybk_spark.spark.time_options import TimeBounds, parse_time_bounds
 
 EARLIEST = -2
 LATEST = -1
@@ -60,6 +61,7 @@ class ReadOptions:
     client_conf: tuple[tuple[str, str], ...] = ()   # ClientConfig overrides: bk.* + tls.*
     logs: tuple[str, ...] = ()              # several logs (multi_log.py)
     log_pattern: Optional[str] = None       # regex over log names (multi_log.py)
+    times: TimeBounds = TimeBounds()        # start / end by append time (time_options.py)
 
     def start_for(self, ledger_id: int) -> int:
         return self.starting.get(ledger_id, self.starting_default)
@@ -269,8 +271,11 @@ def parse_read_options(options: Mapping[str, str], *, check_names: bool = True) 
         raise errors.IncorrectParameter(
             "with 'logs'/'logPattern', 'startingOffsets'/'endingOffsets' may only be "
             "'earliest'/'latest' (ledger ids are per log)")
+    times = parse_time_bounds(lambda n: _get(options, n), multi=bool(logs or pattern))
     if ledgers:
-        for name, named in (("startingOffsets", starting), ("endingOffsets", ending)):
+        for name, named in (("startingOffsets", starting), ("endingOffsets", ending),
+                            ("startingOffsetsByTimestamp/endingOffsetsByTimestamp",
+                             times.named_ledgers)):
             unknown = sorted(set(named) - set(ledgers))
             if unknown:
                 raise errors.IncorrectParameter(
@@ -303,7 +308,7 @@ def parse_read_options(options: Mapping[str, str], *, check_names: bool = True) 
         min_partitions=parse_positive_int("minPartitions", _get(options, "minPartitions"), 0)
         or None,
         client_conf=client_overrides(options),
-        logs=logs, log_pattern=pattern,
+        logs=logs, log_pattern=pattern, times=times,
     )
 
 
@@ -332,10 +337,11 @@ def _uri(options: Mapping[str, str]) -> str:
     uri = _get(options, "metadataServiceUri")
     if not options:
         raise errors.IncorrectParameter(
-            "no options reached the bookkeeper source: a catalog table (CREATE TABLE ... "
-            "USING bookkeeper OPTIONS (...)) does not hand its OPTIONS to a Python data "
-            "source when it is read (PySpark 4.x); use CREATE TEMPORARY VIEW ... USING "
-            "bookkeeper OPTIONS (...) instead (docs/spark.md, 'SQL')")
+            "no options reached the bookkeeper source: a catalog table created before "
+            "pybk-spark recorded its OPTIONS in its schema (PySpark 4.x hands a Python "
+            "source no table options); re-create it (CREATE TABLE ... USING bookkeeper "
+            "OPTIONS (...)) or give them per query: SELECT ... FROM t WITH (...) "
+            "(docs/spark.md, 'SQL')")
     if uri is None or not str(uri).strip():
         raise errors.IncorrectParameter(
             "option 'metadataServiceUri' is required, e.g. "
@@ -437,6 +443,9 @@ def parse_stream_options(options: Mapping[str, str]) -> StreamOptions:
         raise errors.IncorrectParameter(
             "the streaming bookkeeper source needs option 'log' (streams read a log; "
             "option 'ledgers' is for batch reads)")
+    if _get(options, "startingOffsets") is not None and _get(options, "startingTimestamp"):
+        raise errors.IncorrectParameter(
+            "options 'startingOffsets' and 'startingTimestamp' both set: give one of them")
     starting = _get(options, "startingOffsets") or "earliest"
     stripped = str(starting).strip()
     if stripped.lower() in ("earliest", "latest"):

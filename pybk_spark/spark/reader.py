@@ -36,7 +36,7 @@ from typing import Any, Iterator, Optional
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
-from pyspark.sql.types import BinaryType, LongType, StructField, StructType
+from pyspark.sql.types import BinaryType, LongType, StructField, StructType, TimestampType
 
 from pybk_spark import errors
 from pybk_spark.spark import arrow_codec, data_loss
@@ -45,18 +45,21 @@ from pybk_spark.spark.planning import LedgerView, Slice, plan_slices, split_to_m
 from pybk_spark.spark.pushdown import Bounds, push
 from pybk_spark.protocol.ledger_metadata import check_password
 from pybk_spark.spark.read_ahead import read_ahead
+from pybk_spark.logs.log_reader import with_append_time
 from pybk_spark.wire.entries import one_batch
 
 RAW_SCHEMA = StructType([
     StructField("ledger_id", LongType(), True),
     StructField("entry_id", LongType(), True),
     StructField("payload", BinaryType(), True),
+    StructField("timestamp", TimestampType(), True),       # append time; null: not recorded
 ])
-RAW_SCHEMA_DDL = "ledger_id long, entry_id long, payload binary"
+RAW_SCHEMA_DDL = "ledger_id long, entry_id long, payload binary, timestamp timestamp"
 RAW_ARROW_SCHEMA = pa.schema([
     pa.field("ledger_id", pa.int64(), nullable=True),
     pa.field("entry_id", pa.int64(), nullable=True),
     pa.field("payload", pa.binary(), nullable=True),
+    pa.field("timestamp", pa.timestamp("us", tz="UTC"), nullable=True),
 ])
 
 CLOSED_STATE = "CLOSED"
@@ -296,9 +299,10 @@ def plan(bk, opts: ReadOptions, ledger_ids, bounds: Bounds = Bounds()) -> list[S
         if view is not None:
             views.append(view)
             kept.append(lid)
-    ledger_ids = kept
-    slices = plan_slices(views, [opts.start_for(lid) for lid in ledger_ids],
-                         [opts.end_for(lid) for lid in ledger_ids],
+    from pybk_spark.spark import time_seek
+    starts, ends = time_seek.resolve(bk, opts, views, [opts.start_for(lid) for lid in kept],
+                                     [opts.end_for(lid) for lid in kept])   # times -> entries
+    slices = plan_slices(views, starts, ends,
                          opts.max_entries_per_partition, bounds.entry_lo, bounds.entry_hi)
     return split_to_min(slices, opts.min_partitions)
 
@@ -339,7 +343,7 @@ def read_slice(bk, part: LedgerSlicePartition, opts: ReadOptions) -> Iterator[pa
                                          as_tables=True):
             if batch.num_rows == 0:
                 continue
-            out = to_raw_batch(batch)
+            out = to_raw_batch(with_append_time(batch, handle.metadata.custom))
             ids = out.column(1)
             first_id, last_id = ids[0].as_py(), ids[-1].as_py()
             if first_id != expected or last_id != expected + out.num_rows - 1:
@@ -378,11 +382,40 @@ def read_partition(partition: LedgerSlicePartition, opts: ReadOptions,
         raise
 
 
+class _OptionalPushFilters:
+    """``pushFilters`` that Spark may call or not: the reader plans right either way.
+
+    Spark calls ``pushFilters`` only when ``spark.sql.python.filterPushdown.enabled``
+    is true (PySpark's documented call order: ``reader()``, then ``pushFilters``,
+    then ``partitions()``); a source never sees that setting.  With it off,
+    PySpark refuses a reader that overrides ``pushFilters`` (plan_data_source_read:
+    ``reader.pushFilters.__func__ is not DataSourceReader.pushFilters`` ->
+    DATA_SOURCE_PUSHDOWN_DISABLED), because a source that *needs* its filters
+    would silently return too many rows.  Ours never needs them (unpushed
+    filters are applied by Spark), so the bound method reports the base
+    method as its ``__func__``: with pushdown off Spark accepts the reader and
+    never calls it; with pushdown on Spark calls it and the reader prunes."""
+
+    def __get__(self, reader, owner=None):
+        return self if reader is None else _BoundPushFilters(reader)
+
+
+class _BoundPushFilters:
+    def __init__(self, reader):
+        self.__self__ = reader
+        self.__func__ = DataSourceReader.pushFilters   # what Spark's "disabled" check compares
+
+    def __call__(self, filters):
+        return self.__self__.push_filters(filters)
+
+
 class BookKeeperBatchReader(DataSourceReader):
     def __init__(self, opts: ReadOptions, table_schema: Optional[str] = None):
         self.opts = opts
         self.table_schema = table_schema          # None: raw ledgers
         self.bounds = Bounds()
+
+    pushFilters = _OptionalPushFilters()          # called only with pushdown on
 
     def partitions(self) -> list[InputPartition]:
         bk = PlanningClient(self.opts.metadata_uri, self.opts.client_conf)
@@ -400,13 +433,9 @@ class BookKeeperBatchReader(DataSourceReader):
     def _read(self, partition: LedgerSlicePartition) -> Iterator[pa.RecordBatch]:
         return read_partition(partition, self.opts, self.table_schema)
 
-
-class BookKeeperPushdownReader(BookKeeperBatchReader):
-    """The same reader, taking filters on ledger_id / entry_id (pushdown.py).
-    Handed out only when Spark's Python filter pushdown is on: Spark refuses
-    a reader that implements pushFilters while it is off."""
-
-    def pushFilters(self, filters):
+    def push_filters(self, filters):
+        """Filters on ledger_id / entry_id (pushdown.py) -> ``self.bounds``;
+        returns those Spark must still apply."""
         if self.table_schema is None:
             self.bounds, unhandled = push(filters)
             return iter(unhandled)

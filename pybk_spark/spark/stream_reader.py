@@ -5,8 +5,10 @@ Theory of operation
 Offsets are log positions (stream_offsets.py).  On the driver (one long-lived
 Python process per query):
   * ``initialOffset``: ``earliest`` = first entry of the first untruncated
-    segment; ``latest`` = the current end; or a JSON offset.  A restarted query
-    ignores it and resumes from its checkpointed offset.
+    segment; ``latest`` = the current end; or a JSON offset; or, with
+    ``startingTimestamp``, the first entry appended at or after it
+    (time_seek.py).  A restarted query ignores it and resumes from its
+    checkpointed offset.
   * ``latestOffset(start, limit)``: re-reads the log metadata, measures every
     segment from ``start`` on (closed: its entry count; the open tail: its LAC
     from a NON-fencing open, so a live writer is never disturbed) and advances
@@ -165,6 +167,11 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         md = self._log()
         self._name = self._new_name()
         earliest = Offset(md.truncated_ledgers, 0)
+        if self.opts.read.times.start_ms is not None:          # startingTimestamp
+            from pybk_spark.spark.time_seek import stream_start
+            return self._out(stream_start(self._client(), md, self.opts.read.times.start_ms,
+                                          self.opts.read.password,
+                                          self.opts.read.fail_on_data_loss))
         if self.opts.starting == "earliest":
             return self._out(earliest)
         if self.opts.starting == "latest":

@@ -16,7 +16,9 @@ up to ``add_batch_bytes`` per request; an entry over the ledger's entry
 limit - one row too big - fails the task with ``TooLarge`` naming the limit
 and the settings, so the job aborts and nothing reaches the log); wait for
 all acks, close the ledger and
-return ``(ledger id, entries, bytes, rows)``.  A task whose write fails
+return ``(ledger id, entries, bytes, rows)`` and the first and last append
+time it stamped into its entries (protocol/append_time.py; one wall-clock
+stamp per Spark batch, never going backwards).  A task whose write fails
 deletes its own ledger (best effort; the driver cleans up in any case).
 
 Driver, ``commit(messages)``: ONE CAS on the log (``append_closed``) appends
@@ -34,6 +36,7 @@ no-op whose fresh ledgers are deleted.
 """
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Iterator, List, Optional
@@ -44,6 +47,7 @@ from pyspark.sql.datasource import (DataSourceArrowWriter, DataSourceStreamArrow
 
 from pybk_spark import errors
 from pybk_spark.logs.log import read_or_create_log, update_log
+from pybk_spark.protocol import append_time
 from pybk_spark.protocol import log_metadata as logmd
 from pybk_spark.spark import arrow_codec, pending
 from pybk_spark.spark.options import WriteOptions
@@ -59,6 +63,8 @@ class LedgerCommitMessage(WriterCommitMessage):
     entries: int
     bytes: int
     rows: int
+    first_time_us: int = -1   # append times of its first / last entry
+    last_time_us: int = -1
 
 
 # -- driver: schema check -------------------------------------------------------------------
@@ -114,13 +120,15 @@ def _task_ids() -> tuple[int, int]:
 
 
 def write_task(opts: WriteOptions, job: str, schema_text: str,
-               batches: Iterator[pa.RecordBatch]) -> LedgerCommitMessage:
+               batches: Iterator[pa.RecordBatch],
+               wall_clock=time.time) -> LedgerCommitMessage:
     from pybk_spark.spark.reader import _client, _drop_client
     partition, attempt = _task_ids()
     schema = arrow_codec.decode_schema(schema_text)
     bk = _client(opts.metadata_uri, opts.client_conf)
     handle, key = None, None
     entries = nbytes = rows = 0
+    first_us = last_us = -1
     try:
         inflight: list = []
         # Spark hands over ~1 MB Arrow batches; entries from several of them
@@ -143,8 +151,10 @@ def write_task(opts: WriteOptions, job: str, schema_text: str,
                     ensemble=opts.ensemble, write_quorum=opts.write_quorum,
                     ack_quorum=opts.ack_quorum, password=opts.password,
                     custom_metadata={"log": opts.log, "spark_job": job}, ledger_id=ledger_id)
+            last_us = append_time.stamp(last_us, wall_clock())
+            first_us = last_us if first_us < 0 else first_us
             for payload, n in arrow_codec.encode_entries(batch, opts.max_rows_per_entry,
-                                                         opts.max_bytes_per_entry):
+                                                         opts.max_bytes_per_entry, last_us):
                 _check_entry_size(handle, opts, partition, len(payload), n)
                 if payloads and queued + len(payload) > coalesce_bytes:
                     _send(handle, payloads, inflight)
@@ -163,7 +173,8 @@ def write_task(opts: WriteOptions, job: str, schema_text: str,
         _drop_client(opts.metadata_uri, opts.client_conf)
         raise
     ledger_id = handle.ledger_id if handle is not None else -1
-    return LedgerCommitMessage(partition, attempt, ledger_id, entries, nbytes, rows)
+    return LedgerCommitMessage(partition, attempt, ledger_id, entries, nbytes, rows,
+                               first_us, last_us)
 
 
 def _check_entry_size(handle, opts: WriteOptions, partition: int, size: int, rows: int) -> None:
@@ -209,6 +220,12 @@ def committed_ledgers(messages) -> list[tuple[int, int, int, int]]:
     return [(m.ledger_id, m.entries, m.bytes, m.rows) for m in good]
 
 
+def committed_times(messages) -> dict[int, tuple[int, int]]:
+    """ledger id -> (first, last) append time (µs) its task stamped."""
+    return {m.ledger_id: (getattr(m, "first_time_us", -1), getattr(m, "last_time_us", -1))
+            for m in messages or () if isinstance(m, LedgerCommitMessage) and m.ledger_id >= 0}
+
+
 def message_ledger_ids(messages) -> list[int]:
     return [m.ledger_id for m in messages or ()
             if isinstance(m, LedgerCommitMessage) and m.ledger_id >= 0]
@@ -218,11 +235,13 @@ def commit_job(bk, opts: WriteOptions, job: str, schema_text: str, messages, *,
                overwrite: bool = False, sink: Optional[tuple[str, int]] = None,
                base_schema: Optional[str] = None) -> logmd.LogMetadata:
     ledgers = committed_ledgers(messages)
+    times = committed_times(messages)
     replaced: list[int] = []
 
     def transform(md: logmd.LogMetadata) -> logmd.LogMetadata:
         new, old = logmd.append_closed(md, ledgers, schema=schema_text, sink=sink,
-                                       overwrite=overwrite, base_schema=base_schema)
+                                       overwrite=overwrite, base_schema=base_schema,
+                                       times=times)
         replaced[:] = old
         return new
     store = bk.metadata_store

@@ -370,6 +370,14 @@ def format_op(op: dict) -> str:
 
 
 # -- final state (I/O) ---------------------------------------------------------------------------
+def log_payload(custom, payload: bytes) -> bytes:
+    """What was appended: a log writer's entries carry an 8-byte append-time
+    header (protocol/append_time.py) that the digests recorded at append lack."""
+    from pybk_spark.protocol import append_time
+    return payload[append_time.HEADER_BYTES:] if append_time.is_time_prefixed(custom) \
+        else payload
+
+
 def collect_final_state(bk, *, probe_k: int = 5, count_replicas: bool = False,
                         recover_attempts: int = 8, ledger_ids=None, log=print) -> FinalState:
     final = FinalState(replicas_checked=count_replicas)
@@ -388,7 +396,7 @@ def collect_final_state(bk, *, probe_k: int = 5, count_replicas: bool = False,
         try:
             rh = bk.open_ledger(lid, recovery=False)
             got = rh.read(0, fl.last) if fl.last >= 0 else []
-            fl.digests = [digest(x.payload) for x in got]
+            fl.digests = [digest(log_payload(md.custom, x.payload)) for x in got]
             if len(fl.digests) != fl.last + 1:
                 fl.read_error = f"read {len(fl.digests)} of {fl.last + 1} entries"
                 fl.digests = None

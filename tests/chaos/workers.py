@@ -216,7 +216,9 @@ def _read_range(hist: History, rh, lid: int, first: int, last: int) -> int:
     except Exception as exc:  # noqa: BLE001
         hist.error(op, "read", exc, ledger=lid, entry=first)
         return first
-    hist.ok(op, "read", ledger=lid, entry=first, digests=[digest(x.payload) for x in got])
+    from .checker import log_payload
+    hist.ok(op, "read", ledger=lid, entry=first,
+            digests=[digest(log_payload(rh.metadata.custom, x.payload)) for x in got])
     return first + len(got)
 
 

@@ -72,3 +72,17 @@ def test_merge_schemas_adds_columns_at_the_end_and_names_other_changes():
     assert conform(old, wider).to_pydict() == {"u": ["a"], "n": [1], "x": [None]}
     new = conform(old, wider)
     assert conform(new, base).to_pydict() == {"u": ["a"], "n": [1]}      # reader fixed earlier
+
+
+def test_entries_record_their_append_time_read_back_as_timestamp_column():
+    batch = pa.RecordBatch.from_pydict({"id": list(range(5))})
+    stamped = [p for p, _ in ac.encode_entries(batch, 2, 1 << 20, time_us=1_700_000_000_000_001)]
+    old = [p for p, _ in ac.encode_entries(batch.slice(0, 1), 2, 1 << 20)]   # no time
+    assert ac.entry_time(stamped[0]) == 1_700_000_000_000_001 and ac.entry_time(old[0]) is None
+    raw = pa.RecordBatch.from_pydict({"ledger_id": [9] * 4, "entry_id": [0, 1, 2, 3],
+                                      "payload": pa.array(stamped + old, pa.binary())})
+    out = ac.decode_batch(raw, pa.schema([pa.field("id", pa.int64())]), include_metadata=True)
+    assert out.schema.names == ["id", "_ledger_id", "_entry_id", "_timestamp"]
+    assert out.column("_timestamp").cast(pa.int64()).to_pylist() == \
+        [1_700_000_000_000_001] * 5 + [None]
+    assert out.column("_entry_id").to_pylist() == [0, 0, 1, 1, 2, 3]

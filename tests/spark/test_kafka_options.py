@@ -263,7 +263,7 @@ def test_merge_schema_adds_nullable_columns_and_refuses_other_changes(spark, met
 
 
 # -- SQL ----------------------------------------------------------------------------------------
-def test_sql_temporary_view_using_bookkeeper_and_create_table_explains(spark, metadata_uri, bk):
+def test_sql_temporary_view_and_create_table_using_bookkeeper(spark, metadata_uri, bk):
     log = log_name("sql")
     write(spark.createDataFrame([("alice", 3), ("bob", 5)], "user string, n int"), metadata_uri,
           log)
@@ -276,13 +276,21 @@ def test_sql_temporary_view_using_bookkeeper_and_create_table_explains(spark, me
         assert spark.sql(f"SELECT count(*) FROM {view}").collect()[0][0] == 2
     finally:
         spark.sql(f"DROP VIEW IF EXISTS {view}")
-    # a catalog table is created, but Spark hands its OPTIONS to no Python source read
+    # a catalog table: its OPTIONS ride in the schema it records (table_options.py)
     table = view + "_t"
     spark.sql(f"CREATE TABLE {table} USING bookkeeper "
-              f"OPTIONS (metadataServiceUri '{metadata_uri}', log '{log}')")
+              f"OPTIONS (metadataServiceUri '{metadata_uri}', log '{log}', password 'pw')")
     try:
-        with pytest.raises(Exception, match="CREATE TEMPORARY VIEW"):
-            spark.sql(f"SELECT * FROM {table}").collect()
+        rows = spark.sql(f"SELECT user, n FROM {table} WHERE n > 3").collect()
+        assert [tuple(r) for r in rows] == [("bob", 5)]
+        assert spark.sql(f"SELECT count(*) FROM {table}").collect()[0][0] == 2
+        # the query's own options lie over the table's (WITH), as for spark.read
+        split = spark.sql(f"SELECT * FROM {table} WITH ('minPartitions' = '2')")
+        assert split.count() == 2
+        with pytest.raises(Exception, match="minPartitions"):
+            spark.sql(f"SELECT * FROM {table} WITH ('minPartitions' = 'x')").collect()
+        metadata = spark.table(table).schema.fields[0].metadata
+        assert log in metadata["pybk.tableOptions"] and "pw" not in str(metadata)
     finally:
         spark.sql(f"DROP TABLE IF EXISTS {table}")
 

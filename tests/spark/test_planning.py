@@ -132,9 +132,11 @@ def test_to_raw_batch_casts_and_relabels_exactly():
         schema=pa.schema([pa.field("ledger_id", pa.int32(), nullable=False),
                           pa.field("entry_id", pa.int64(), nullable=False),
                           pa.field("payload", pa.large_binary()), pa.field("lac", pa.int64())]))
-    out = to_raw_batch(src)
+    from pybk_spark.logs.log_reader import with_append_time
+    out = to_raw_batch(with_append_time(src, {}))     # a ledger without append times
     assert out.schema.equals(RAW_ARROW_SCHEMA, check_metadata=True)
     assert out.column(2).to_pylist() == [b"a", b"b"]
+    assert out.column(3).to_pylist() == [None, None]
 
 
 # -- filter pushdown ---------------------------------------------------------------------------------

@@ -58,7 +58,7 @@ def test_stream_of_raw_log_with_open_writer_reads_up_to_lac(spark, metadata_uri,
     try:
         writer.append_batch([b"p%d" % i for i in range(25)])
         batches = run_available_now(stream(spark, metadata_uri, log), str(tmp_path / "c"))
-        got = sorted((e, p) for _, rows in batches for (_, e, p) in rows)
+        got = sorted((e, p) for _, rows in batches for (_, e, p, _t) in rows)
         assert got == [(i, b"p%d" % i) for i in range(25)]
     finally:
         writer.close()

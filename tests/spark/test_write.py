@@ -72,7 +72,7 @@ def test_varied_types_round_trip(spark, metadata_uri, bk):
     assert all(s.entry_count >= 4 for s in md.segments)        # 40-row entries
     back = read(spark, metadata_uri, log, includeMetadata="true")
     assert [f.name for f in back.schema.fields] == [f.name for f in VARIED.fields] + [
-        "_ledger_id", "_entry_id"]
+        "_ledger_id", "_entry_id", "_timestamp"]
     assert all(f.nullable for f in back.schema.fields)           # not-null relabelled nullable
     got = sorted_rows(back)
     assert [tuple(r)[:8] for r in got] == [tuple(Row(*r)) for r in sorted(rows)]

@@ -1,0 +1,108 @@
+"""Time-based starts and ends -> entry ids, on the driver while planning.
+
+Theory of operation
+-------------------
+For every ledger of a read that has a start or end time (time_options.py),
+find the first entry appended at or after that time
+(protocol/append_time.py):
+  1. the segment's recorded first/last append time (log metadata) decides
+     alone when the time is outside them: no ledger is opened;
+  2. otherwise (the time falls inside, or the times are unknown: the open
+     tail, a segment closed by recovery) the ledger is searched by a binary
+     search over its readable prefix, one single-entry read per step
+     (O(log n) entries, never the whole ledger).
+A ledger whose entries carry no time (written before append times were
+recorded, or with the ledger API) counts as older than any time, without
+being read: a start time skips it, an end time keeps all of it.
+
+The start becomes that ledger's first entry, the end its exclusive end, as
+``startingOffsets`` / ``endingOffsets`` would give them.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from pybk_spark.protocol import append_time as at
+from pybk_spark.spark.planning import LedgerView
+
+
+class _Log:
+    """What the search needs to know about the log being read."""
+
+    def __init__(self, times: dict[int, tuple[int, int]], dataframe: bool):
+        self.times, self.dataframe = times, dataframe
+
+    @classmethod
+    def of(cls, md) -> "_Log":
+        return cls({s.ledger_id: (s.first_time_us, s.last_time_us) for s in md.segments},
+                   md.schema is not None)
+
+    @classmethod
+    def read(cls, bk, log: Optional[str]) -> "_Log":
+        if log is None:
+            return cls({}, False)                # option 'ledgers': raw ledgers
+        from pybk_spark.logs.log import read_log
+        return cls.of(read_log(bk.metadata_store, log)[0])
+
+
+def entry_at_or_after(bk, view: LedgerView, t_ms: int, log: _Log, password: bytes) -> int:
+    """The first entry of ``view`` appended at or after ``t_ms`` (readable
+    last + 1 when there is none)."""
+    from pybk_spark.spark import arrow_codec
+    from pybk_spark.spark.reader import _catch_up_lac, _close_handle, _open
+    t_us, none = t_ms * 1000, view.readable_last + 1
+    first_us, last_us = log.times.get(view.ledger_id, (at.UNKNOWN, at.UNKNOWN))
+    side = at.segment_side(first_us, last_us, t_us)
+    if side == at.BEFORE or view.readable_last < 0:
+        return none
+    if side == at.AT_START:
+        return 0
+    prefixed = at.is_time_prefixed(bk.get_ledger_metadata(view.ledger_id).custom)
+    if not prefixed and not log.dataframe:
+        return none                         # no times: older than any time
+    handle = _open(bk, view.ledger_id, recovery=False, password=password)
+    try:
+        _catch_up_lac(handle, view.readable_last)
+
+        def time_of(entry_id: int) -> Optional[int]:
+            payload = handle.read(entry_id, entry_id)[0].payload
+            return at.time_of_framed(payload) if prefixed else arrow_codec.entry_time(payload)
+        return at.first_at_or_after(0, view.readable_last, t_us, time_of)
+    finally:
+        _close_handle(handle)
+
+
+def resolve(bk, opts, views: list[LedgerView], starts: list[int], ends: list[int]
+            ) -> tuple[list[int], list[int]]:
+    """``starts`` / ``ends`` (per view, as planning takes them) with the
+    read's time bounds applied."""
+    bounds = opts.times
+    if bounds.is_empty:
+        return starts, ends
+    log = _Log.read(bk, opts.log)
+    starts, ends = list(starts), list(ends)
+    for i, view in enumerate(views):
+        t = bounds.start_for(view.ledger_id)
+        if t is not None:
+            starts[i] = entry_at_or_after(bk, view, t, log, opts.password)
+        t = bounds.end_for(view.ledger_id)
+        if t is not None:
+            ends[i] = entry_at_or_after(bk, view, t, log, opts.password)
+    return starts, ends
+
+
+def stream_start(bk, md, t_ms: int, password: bytes, fail_on_data_loss: bool):
+    """A stream's first position for ``startingTimestamp``: the first entry, in
+    log order, appended at or after ``t_ms`` among the segments readable now;
+    the log's current end when there is none (later entries are newer)."""
+    from pybk_spark.spark.stream_offsets import Offset, advance
+    from pybk_spark.spark.stream_reader import measure
+    earliest = Offset(md.truncated_ledgers, 0)
+    extents = measure(bk, md, earliest.index, password, fail_on_data_loss=fail_on_data_loss)
+    log = _Log.of(md)
+    for ext in extents:
+        view = LedgerView(ext.ledger_id, (), ext.end - 1)
+        entry = entry_at_or_after(bk, view, t_ms, log, password)
+        if entry < ext.end:
+            return Offset(ext.index, entry)
+    return advance(earliest, extents)
