@@ -11,7 +11,7 @@ import logging
 import os
 
 from pybk_spark import errors
-from pybk_spark.commands import cli
+from pybk_spark.admin import shell_common as cli
 from pybk_spark.admin.report import table
 
 CHECKPOINT = "checkpoint.json"       # bookie_server/bookie.py
