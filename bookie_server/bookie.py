@@ -58,7 +58,6 @@ import struct
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
@@ -73,26 +72,12 @@ from bookie_server.storage.entry_store import EntryStore
 from bookie_server.journal.journal import LEDGER, LEDGER_LAC, Journal, Position, RecordType
 from bookie_server.serving.metrics import BookieMetrics
 from pybk_spark import errors
+from pybk_spark.transport.base import LacResult, ReadResult
 from pybk_spark.wire.entries import batch_from_bytes
 
 log = logging.getLogger("bookie.core")
 
 CHECKPOINT = "checkpoint.json"
-
-
-@dataclass(frozen=True)
-class ReadResult:
-    batch: pa.RecordBatch
-    end: str            # "COMPLETE" | "LIMIT" | "MISSING"
-    lac: int
-    fenced: bool
-
-
-@dataclass(frozen=True)
-class LacResult:
-    lac: int
-    last_entry_id: int
-    fenced: bool
 
 
 def validate_batch(data: bytes, ledger_id: int, cfg: BookieConfig) -> pa.RecordBatch:

@@ -96,7 +96,7 @@ def _row_text(row: dict) -> str:
 
 
 def _readlog(args) -> int:
-    from pybk_spark.logs.log_reader import LogReader, _records
+    from pybk_spark.logs.log_reader import LogReader, records_of
     start = _parse_position(args.start)
     limit = args.max if args.max > 0 else None
     as_json = getattr(args, "json", False)
@@ -116,7 +116,7 @@ def _readlog(args) -> int:
                     index, _lid, batch = reader.read_batch(timeout_s=1.0)
                     if batch is None:
                         continue
-                    got = _records(index, batch)[:want]
+                    got = records_of(index, batch)[:want]
                 for r in got:
                     count += 1
                     row = {"ledger": r.position.ledger_id, "entry": r.position.entry_id,

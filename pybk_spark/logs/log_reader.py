@@ -146,7 +146,7 @@ class LogReader:
             index, ledger_id, batch = self.read_batch(timeout_s=0)
             if batch is None:
                 break
-            out.extend(_records(index, batch))
+            out.extend(records_of(index, batch))
         return out
 
     def __iter__(self) -> Iterator[LogRecord]:
@@ -154,7 +154,7 @@ class LogReader:
         while not self._closed:
             index, ledger_id, batch = self.read_batch()
             if batch is not None:
-                yield from _records(index, batch)
+                yield from records_of(index, batch)
 
     def close(self) -> None:
         self._closed = True
@@ -179,7 +179,7 @@ def _concat(batches) -> pa.RecordBatch:
     return one_batch(pa.Table.from_batches(batches))
 
 
-def _records(index: int, batch: pa.RecordBatch) -> list[LogRecord]:
+def records_of(index: int, batch: pa.RecordBatch) -> list[LogRecord]:
     cols = batch.to_pydict()
     return [LogRecord(Position(index, lid, eid), payload)
             for lid, eid, payload in zip(cols["ledger_id"], cols["entry_id"], cols["payload"])]

@@ -128,10 +128,10 @@ def _maybe_fail_for_test(opts: WriteOptions, partition: int, attempt: int) -> No
 
 def write_task(opts: WriteOptions, job: str, schema_text: str,
                batches: Iterator[pa.RecordBatch]) -> LedgerCommitMessage:
-    from pybk_spark.spark.reader import _client, _drop_client
+    from pybk_spark.spark.client_cache import drop_client, worker_client
     partition, attempt = _task_ids()
     schema = arrow_codec.decode_schema(schema_text)
-    bk = _client(opts.metadata_uri, opts.client_conf)
+    bk = worker_client(opts.metadata_uri, opts.client_conf)
     handle, key = None, None
     entries = nbytes = rows = 0
     try:
@@ -173,7 +173,7 @@ def write_task(opts: WriteOptions, job: str, schema_text: str,
             handle.close()
     except BaseException:
         _abandon(bk, handle, key)
-        _drop_client(opts.metadata_uri, opts.client_conf)
+        drop_client(opts.metadata_uri, opts.client_conf)
         raise
     _maybe_fail_for_test(opts, partition, attempt)
     ledger_id = handle.ledger_id if handle is not None else -1

@@ -14,6 +14,10 @@ from pybk_spark.wire import bookie_wire_pb2 as pb
 
 OK = pb.OK
 
+# How a read stream ended (``ReadResult.end``): wire enum <-> name.
+READ_END_NAMES = {pb.COMPLETE: "COMPLETE", pb.LIMIT: "LIMIT", pb.MISSING: "MISSING"}
+READ_END_CODES = {name: code for code, name in READ_END_NAMES.items()}
+
 _CODE_TO_ERROR = {
     pb.NO_SUCH_LEDGER: errors.NoSuchLedger,
     pb.NO_SUCH_ENTRY: errors.NoSuchEntry,
