@@ -266,7 +266,7 @@ def _field(body: dict, name: str, kind: type):
 def _checkpoint_of(bookie) -> Optional[dict]:
     import os
 
-    from bookie_server.bookie import CHECKPOINT
+    from bookie_server.checkpoint_file import CHECKPOINT
     try:
         with open(os.path.join(bookie.data_dir, CHECKPOINT), encoding="utf-8") as fh:
             doc = json.load(fh)
