@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from bookie_server import ledger_state as ls
 from bookie_server.add_validation import validate_batch
-from bookie_server.journal.journal import LEDGER_LAC, RecordType
+from bookie_server.journal.journal_format import LEDGER_LAC, RecordType
 from pybk_spark import errors
 from pybk_spark.transport.base import LacResult, ReadResult
 

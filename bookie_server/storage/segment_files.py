@@ -35,7 +35,7 @@ from typing import Callable
 
 import pyarrow as pa
 
-from bookie_server.journal.journal import file_name as journal_file_name
+from bookie_server.journal.journal_format import file_name as journal_file_name
 
 JOURNAL_SEGMENT_BASE = 1 << 22     # segment ids >= this are journal files (seq = id - base)
 
