@@ -318,6 +318,11 @@ class Bookie(BookieRequests):
         threading.Thread(target=self.set_read_only, args=(True,), name="storage-failed",
                          daemon=True).start()
 
+    @property
+    def applied_position(self) -> Position:
+        """The journal position up to which every record is applied."""
+        return self._applied
+
     def ledger_ids(self) -> list[int]:
         with self.cond:
             return sorted(set(self.states) | set(self.store.ledger_ids()))

@@ -178,7 +178,7 @@ class AdminApi:
     def _info(self, _body) -> dict:
         b = self.bookie
         free, total = b.disk_usage()
-        applied = b._applied
+        applied = b.applied_position
         ckpt = _checkpoint_of(b)
         return {"bookie_id": self.bookie_id, "ledger_count": len(b.ledger_ids()),
                 "free_bytes": free, "total_bytes": total,
