@@ -50,24 +50,21 @@ from __future__ import annotations
 
 import errno
 import functools
-import json
 import logging
 import os
 import shutil
-import struct
 import threading
 import time
-from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Callable, Optional
 
-import numpy as np
 import pyarrow as pa
 
 from bookie_server.storage import compaction, damage, store_index
 from bookie_server.journal import journal_replay
 from bookie_server.serving.admission import AddAdmission
 from bookie_server import ledger_state as ls
+from bookie_server import checkpoint_file
+from bookie_server.bookie_requests import BookieRequests
 from bookie_server.config import BookieConfig, MiB
 from bookie_server.storage.entry_store import EntryStore
 from bookie_server.journal.journal import LEDGER, LEDGER_LAC, Journal, Position, RecordType
@@ -77,69 +74,8 @@ from pybk_spark.wire.entries import batch_from_bytes
 
 log = logging.getLogger("bookie.core")
 
-CHECKPOINT = "checkpoint.json"
 
-
-@dataclass(frozen=True)
-class ReadResult:
-    batch: pa.RecordBatch
-    end: str            # "COMPLETE" | "LIMIT" | "MISSING"
-    lac: int
-    fenced: bool
-
-
-@dataclass(frozen=True)
-class LacResult:
-    lac: int
-    last_entry_id: int
-    fenced: bool
-
-
-def validate_batch(data: bytes, ledger_id: int, cfg: BookieConfig) -> pa.RecordBatch:
-    """Parse + check one add batch without a per-entry Python loop (numpy
-    views of the Arrow buffers: a one-entry add pays microseconds, not the
-    ~25 us of each Arrow compute call; a one-entry batch, the synchronous
-    add, is checked with scalars)."""
-    if len(data) > cfg.max_batch_bytes:
-        raise errors.TooLarge(f"batch of {len(data)} bytes > max_batch_bytes {cfg.max_batch_bytes}")
-    batch = batch_from_bytes(data)
-    n = batch.num_rows
-    if n == 0:
-        raise errors.BadRequest("empty entry batch")
-    cols = batch.columns
-    if any(col.null_count for col in cols):
-        raise errors.BadRequest("entry batch has null values")
-    lids = cols[0].to_numpy()
-    ids = cols[1].to_numpy()
-    if n == 1:
-        wrong_ledger, ordered = lids[0] != ledger_id, ids[0] >= 0
-    else:
-        wrong_ledger = lids.min() != ledger_id or lids.max() != ledger_id
-        ordered = ids[0] >= 0 and bool((np.diff(ids) > 0).all())
-    if wrong_ledger:
-        raise errors.BadRequest(f"batch rows must all belong to ledger {ledger_id}")
-    if not ordered:
-        raise errors.BadRequest("entry ids must be >= 0 and strictly ascending")
-    biggest = max_value_length(cols[3])
-    if biggest > cfg.max_entry_bytes:
-        raise errors.TooLarge(f"entry payload of {biggest} bytes > max_entry_bytes {cfg.max_entry_bytes}")
-    return batch
-
-
-_OFFSET_PAIR = struct.Struct("<ii")
-
-
-def max_value_length(arr: pa.BinaryArray) -> int:
-    """Longest value of a (non-empty) binary array, from its offsets buffer."""
-    if len(arr) == 1:
-        start, end = _OFFSET_PAIR.unpack_from(arr.buffers()[1], arr.offset * 4)
-        return end - start
-    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32,
-                            count=len(arr) + 1, offset=arr.offset * 4)
-    return int(np.diff(offsets).max())
-
-
-class Bookie:
+class Bookie(BookieRequests):
     def __init__(self, cfg: BookieConfig, *, metrics: Optional[BookieMetrics] = None,
                  clock: Callable[[], float] = time.monotonic,
                  fsync: Callable[[int], None] = os.fdatasync,
@@ -327,133 +263,7 @@ class Bookie:
                 f"entry {ledger_id}:{entry_id} was lost to damage on this bookie and is "
                 "not yet re-replicated (event=entries_missing)")
 
-    # -- operations ------------------------------------------------------------------------
-    def add_async(self, ledger_id: int, master_key: bytes, data: bytes,
-                  recovery: bool = False, keyless: bool = False) -> tuple[Future, int, int]:
-        """Returns (future completing when durable+visible, first id, last id).
-        ``keyless``: an operator's recovery add without the master key
-        (protocol/access.py)."""
-        batch = validate_batch(data, ledger_id, self.cfg)
-        first, last = batch.column(1)[0].as_py(), batch.column(1)[batch.num_rows - 1].as_py()
-        self._check_storage()
-        release = self.admission.admit(len(data))      # TooManyRequests past its bounds
-        try:
-            fut = self._submit_add(ledger_id, master_key, data, batch, recovery, keyless)
-        except BaseException:
-            release()
-            raise
-        fut.add_done_callback(lambda _f: release())
-        self.journal.lead()      # an idle journal: write + sync on this thread
-        return fut, first, last
-
-    def _submit_add(self, ledger_id: int, master_key: bytes, data: bytes,
-                    batch: pa.RecordBatch, recovery: bool, keyless: bool = False) -> Future:
-        with self.cond:
-            plan = ls.decide_add(self._state(ledger_id), master_key, recovery=recovery,
-                                 read_only=self.read_only, keyless=keyless)
-            records = self._key_records(plan, ledger_id, master_key)
-            records.append((RecordType.ADD_BATCH, data))
-            self.states[ledger_id] = plan.state
-            return self.journal.submit(records, ("add", ledger_id, batch, data), lead=True)
-
-    def add(self, ledger_id: int, master_key: bytes, data: bytes, recovery: bool = False,
-            timeout: Optional[float] = None) -> tuple[int, int]:
-        fut, first, last = self.add_async(ledger_id, master_key, data, recovery)
-        fut.result(timeout)
-        return first, last
-
-    def fence(self, ledger_id: int, master_key: bytes, keyless: bool = False) -> LacResult:
-        self._check_storage()
-        with self.cond:
-            plan = ls.decide_fence(self._state(ledger_id), master_key, keyless)
-            records = self._key_records(plan, ledger_id, master_key)
-            self.states[ledger_id] = plan.state
-            fut = self.journal.submit(records, lead=True) if records else None
-        if fut is not None:
-            self.journal.lead()
-            fut.result()
-        else:
-            self._wait_applied()
-        return self.lac_of(ledger_id)
-
-    def _wait_applied(self) -> None:
-        """An already-fenced ledger: wait until the fence we saw is durable."""
-        self.journal.write([]).result()
-
-    def write_lac(self, ledger_id: int, master_key: bytes, lac: int) -> None:
-        self._check_storage()
-        with self.cond:
-            if self.read_only:
-                raise errors.ReadOnly("bookie is read-only")
-            plan = ls.decide_write_lac(self._state(ledger_id), master_key, lac)
-            records = self._key_records(plan, ledger_id, master_key)
-            records.append((RecordType.EXPLICIT_LAC, LEDGER_LAC.pack(ledger_id, lac)))
-            self.states[ledger_id] = ls.apply_key(self._state(ledger_id), master_key)
-            fut = self.journal.submit(records, ("lac", ledger_id, lac), lead=True)
-        self.journal.lead()
-        fut.result()
-
-    def master_key_of(self, ledger_id: int) -> bytes:
-        """The key this bookie recorded for the ledger (b"" if none)."""
-        with self.cond:
-            return self._state(ledger_id).master_key or b""
-
-    def lac_of(self, ledger_id: int) -> LacResult:
-        with self.cond:
-            s = self._state(ledger_id)
-            return LacResult(s.lac, max(s.last_entry_id, self.store.max_entry(ledger_id)), s.fenced)
-
-    def read_lac(self, ledger_id: int, *, fence: bool = False, master_key: bytes = b"",
-                 wait_for_lac_above: int = -2, timeout_s: float = 0.0,
-                 keyless: bool = False) -> LacResult:
-        if fence:
-            return self.fence(ledger_id, master_key, keyless)
-        if wait_for_lac_above >= -1 and timeout_s > 0:
-            timeout_s = min(timeout_s, self.cfg.long_poll_max_timeout_ms / 1000.0)
-            with self.cond:
-                self.cond.wait_for(lambda: self._state(ledger_id).lac > wait_for_lac_above
-                                   or self._stop.is_set(), timeout_s)
-        with self.cond:
-            if not self._known(ledger_id):
-                self._unknown_ledger(ledger_id)
-        return self.lac_of(ledger_id)
-
-    def _unknown_ledger(self, ledger_id: int) -> None:
-        if self.lost.unattributed or self.lost.has_ledger(ledger_id):
-            raise errors.BookieIOError(
-                f"ledger {ledger_id} not found, but this bookie lost journal records to damage "
-                "(event=journal_damage) and is not yet re-replicated")
-        raise errors.NoSuchLedger(ledger_id=ledger_id)
-
-    def read(self, ledger_id: int, first: int, last: int, *, max_entries: int = 0,
-             max_bytes: int = 0, fence: bool = False, master_key: bytes = b"",
-             sparse: bool = False, stripe: Optional[tuple[int, int]] = None,
-             keyless: bool = False) -> ReadResult:
-        if fence:
-            self.fence(ledger_id, master_key, keyless)
-        if first < 0 or last < first:
-            raise errors.BadRequest(f"bad entry range [{first}, {last}]")
-        max_entries = min(max_entries or self.cfg.max_read_entries, self.cfg.max_read_entries)
-        max_bytes = min(max_bytes or self.cfg.max_read_bytes, self.cfg.max_read_bytes)
-        with self.cond:
-            if not self._known(ledger_id):
-                if sparse:      # copies / replicas checks: never a recovery decision
-                    raise errors.NoSuchLedger(ledger_id=ledger_id)
-                self._unknown_ledger(ledger_id)
-        if stripe is not None and not (sparse and 0 <= stripe[1] < stripe[0]):
-            raise errors.BadRequest(f"stripe {stripe} needs a sparse read and 0 <= slot < ensemble")
-        batch, limited = self.store.read(ledger_id, first, last, max_entries, max_bytes,
-                                         sparse=sparse, stripe=stripe)
-        lac = self.lac_of(ledger_id)
-        if sparse:   # every stored id in range; an empty answer is not an error
-            return ReadResult(batch, "LIMIT" if limited else "COMPLETE", lac.lac, lac.fenced)
-        if batch.num_rows == 0:
-            self._check_lost(ledger_id, first)
-            raise errors.NoSuchEntry(ledger_id=ledger_id, entry_id=first)
-        got_last = first + batch.num_rows - 1
-        end = "COMPLETE" if got_last >= last else ("LIMIT" if limited else "MISSING")
-        return ReadResult(batch, end, lac.lac, lac.fenced)
-
+    # -- read-only mode ------------------------------------------------------------------------
     def set_read_only(self, value: bool) -> bool:
         """Returns True if the mode changed.  After a journal failure the
         bookie stays read-only until it is restarted (and its journal
@@ -507,6 +317,11 @@ class Bookie:
             self.io_error = f"{where}: {exc!r}"
         threading.Thread(target=self.set_read_only, args=(True,), name="storage-failed",
                          daemon=True).start()
+
+    @property
+    def applied_position(self) -> Position:
+        """The journal position up to which every record is applied."""
+        return self._applied
 
     def ledger_ids(self) -> list[int]:
         with self.cond:
@@ -583,37 +398,17 @@ class Bookie:
 
     def _write_checkpoint(self, position: Position, states: list[dict]) -> None:
         self._ckpt_gen += 1
-        index_name = f"index-{self._ckpt_gen:010d}.arrow"
-        index_path = os.path.join(self.data_dir, index_name)
-        table = store_index.index_table(self.store)
-        with pa.OSFile(index_path, "wb") as sink:
-            with pa.ipc.new_file(sink, table.schema) as w:
-                w.write_table(table)
-        self._fsync_path(index_path)
-        doc = {"version": 1, "generation": self._ckpt_gen, "journal_seq": position.seq,
-               "journal_offset": position.offset, "index": index_name, "states": states,
-               "lost": self.lost.to_json()}
-        tmp = os.path.join(self.data_dir, CHECKPOINT + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(doc, fh)
-            fh.flush()
-            self.store.fsync(fh.fileno())
-        os.replace(tmp, os.path.join(self.data_dir, CHECKPOINT))
-        self._fsync_path(self.data_dir)
-        for name in os.listdir(self.data_dir):
-            if name.startswith("index-") and name != index_name:
-                os.unlink(os.path.join(self.data_dir, name))
+        checkpoint_file.write(self.data_dir, self._ckpt_gen, position,
+                              store_index.index_table(self.store), states,
+                              self.lost.to_json(), self.store.fsync)
 
     def _load_checkpoint(self) -> Position:
-        path = os.path.join(self.data_dir, CHECKPOINT)
-        if not os.path.exists(path):
+        found = checkpoint_file.read(self.data_dir)
+        if found is None:
             store_index.load_index(self.store, store_index.INDEX_SCHEMA.empty_table())
             return Position(0, 0)
-        with open(path, encoding="utf-8") as fh:
-            doc = json.load(fh)
+        doc, table = found
         self._ckpt_gen = int(doc["generation"])
-        with pa.OSFile(os.path.join(self.data_dir, doc["index"]), "rb") as src:
-            table = pa.ipc.open_file(src).read_all()
         store_index.load_index(self.store, table)
         for d in doc["states"]:
             s = ls.LedgerState.from_json(d)
@@ -623,10 +418,3 @@ class Bookie:
             log.warning("event=damage_outstanding ranges=%d unattributed=%s",
                         len(self.lost.ranges()), self.lost.unattributed)
         return Position(int(doc["journal_seq"]), int(doc["journal_offset"]))
-
-    def _fsync_path(self, path: str) -> None:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            self.store.fsync(fd)
-        finally:
-            os.close(fd)

@@ -10,6 +10,8 @@ import dataclasses
 from dataclasses import dataclass, fields
 from typing import Any
 
+from pybk_spark.config import conf_pairs
+
 MiB = 1024 * 1024
 
 
@@ -104,16 +106,14 @@ def _coerce(field_type: Any, raw: str, key: str) -> Any:
         raise ValueError(f"bad value for {key}: {raw!r} (expected {kind})") from None
 
 
+def _bad_line(lineno: int, line: str) -> ValueError:
+    return ValueError(f"conf line {lineno}: expected 'key = value': {line!r}")
+
+
 def parse_conf_text(text: str) -> dict[str, Any]:
     types = {f.name: f.type for f in fields(BookieConfig)}
     out: dict[str, Any] = {}
-    for lineno, line in enumerate(text.splitlines(), 1):
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        if "=" not in line:
-            raise ValueError(f"conf line {lineno}: expected 'key = value': {line!r}")
-        key, value = (p.strip() for p in line.split("=", 1))
+    for lineno, key, value in conf_pairs(text, _bad_line):
         if key not in types:
             raise ValueError(f"conf line {lineno}: unknown key {key!r}")
         out[key] = _coerce(types[key], value, key)

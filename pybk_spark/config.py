@@ -73,24 +73,33 @@ def _bool(raw) -> bool:
     raise ValueError(raw)
 
 
-def parse_conf_text(text: str) -> dict[str, str]:
-    out = {}
+def conf_pairs(text: str, bad_line) -> list[tuple[int, str, str]]:
+    """``(line number, key, value)`` of every ``key = value`` line of a conf
+    file (``#`` starts a comment; blank lines are skipped); any other line
+    raises ``bad_line(line number, line)``.  The client's and the bookie's
+    conf files share this syntax."""
+    out = []
     for n, line in enumerate(text.splitlines(), 1):
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
         if "=" not in line:
-            raise errors.IncorrectParameter(f"client.conf line {n}: expected key = value")
+            raise bad_line(n, line)
         k, v = line.split("=", 1)
-        out[k.strip()] = v.strip()
+        out.append((n, k.strip(), v.strip()))
     return out
+
+
+def _bad_client_conf_line(n: int, _line: str) -> errors.BKError:
+    return errors.IncorrectParameter(f"client.conf line {n}: expected key = value")
 
 
 def load_client_conf(path: str | None = None, **overrides) -> ClientConfig:
     cfg = ClientConfig()
     if path:
         with open(path, encoding="utf-8") as f:
-            cfg = cfg.with_overrides(parse_conf_text(f.read()))
+            cfg = cfg.with_overrides({k: v for _n, k, v in conf_pairs(f.read(),
+                                                                        _bad_client_conf_line)})
     return cfg.with_overrides(overrides) if overrides else cfg
 
 

@@ -62,12 +62,10 @@ Ordering obligations:
 from __future__ import annotations
 
 import collections
-import enum
 import errno
 import logging
 import os
 import queue
-import struct
 import threading
 import time
 from concurrent.futures import Future
@@ -75,35 +73,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from bookie_server.storage import page_cache
-from bookie_server.journal.journal_crc import crc_of
+from bookie_server.journal.journal_crc import crc_of  # noqa: F401  (callers import it here)
+from bookie_server.journal.journal_format import (HEADER, LEDGER, LEDGER_LAC,  # noqa: F401
+                                                  MAX_RECORD, Position, RecordType, file_name,
+                                                  frame, list_files)
 from pybk_spark import errors
 
 log = logging.getLogger("bookie.journal")
-
-HEADER = struct.Struct("<IIB")
-MAX_RECORD = 1 << 31
-
-
-class RecordType(enum.IntEnum):
-    ADD_BATCH = 1       # body: Arrow IPC stream bytes as received
-    FENCE = 2           # body: ledger u64
-    MASTER_KEY = 3      # body: ledger u64 + key bytes
-    EXPLICIT_LAC = 4    # body: ledger u64 + lac i64
-    LEDGER_DELETED = 5  # body: ledger u64 (written by GC)
-
-
-LEDGER = struct.Struct("<Q")
-LEDGER_LAC = struct.Struct("<Qq")
-
-
-def frame(rtype: int, body: bytes) -> list[bytes]:
-    return [HEADER.pack(len(body), crc_of(rtype, body), rtype), body]
-
-
-@dataclass(order=True, frozen=True)
-class Position:
-    seq: int
-    offset: int
 
 
 @dataclass
@@ -119,21 +95,6 @@ class Submission:
 
 
 _STOP = object()
-
-
-def file_name(seq: int) -> str:
-    return f"{seq:016x}.jnl"
-
-
-def list_files(directory: str) -> list[int]:
-    out = []
-    for name in os.listdir(directory):
-        if name.endswith(".jnl"):
-            try:
-                out.append(int(name[:-4], 16))
-            except ValueError:
-                continue
-    return sorted(out)
 
 
 class Journal:

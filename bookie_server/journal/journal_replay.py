@@ -60,7 +60,8 @@ from typing import Callable, Generator, Iterator, Optional
 
 import numpy as np
 
-from bookie_server.journal.journal import HEADER, Position, RecordType, crc_of, file_name, list_files
+from bookie_server.journal.journal_crc import crc_of
+from bookie_server.journal.journal_format import HEADER, Position, RecordType, file_name, list_files
 
 log = logging.getLogger("bookie.journal")
 

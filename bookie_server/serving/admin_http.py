@@ -178,7 +178,7 @@ class AdminApi:
     def _info(self, _body) -> dict:
         b = self.bookie
         free, total = b.disk_usage()
-        applied = b._applied
+        applied = b.applied_position
         ckpt = _checkpoint_of(b)
         return {"bookie_id": self.bookie_id, "ledger_count": len(b.ledger_ids()),
                 "free_bytes": free, "total_bytes": total,
@@ -266,7 +266,7 @@ def _field(body: dict, name: str, kind: type):
 def _checkpoint_of(bookie) -> Optional[dict]:
     import os
 
-    from bookie_server.bookie import CHECKPOINT
+    from bookie_server.checkpoint_file import CHECKPOINT
     try:
         with open(os.path.join(bookie.data_dir, CHECKPOINT), encoding="utf-8") as fh:
             doc = json.load(fh)

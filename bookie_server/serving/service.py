@@ -34,13 +34,12 @@ from pybk_spark.protocol import access
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import bookie_wire_pb2_grpc as pb_grpc
 from pybk_spark.wire import framing
-from pybk_spark.wire.codes import error_to_code
+from pybk_spark.wire.codes import READ_END_CODES, error_to_code
 from pybk_spark.wire.entries import batch_to_buffer
 
 log = logging.getLogger("bookie.service")
 
 PROTOCOL_VERSION = 1
-_END = {"COMPLETE": pb.COMPLETE, "LIMIT": pb.LIMIT, "MISSING": pb.MISSING}
 _DONE = object()
 
 
@@ -207,8 +206,8 @@ class BookieService(pb_grpc.BookieServicer):
             self.m.read_requests.labels("ok").inc()
             self.m.read_entries.inc(res.batch.num_rows)
             self.m.read_latency.observe(time.perf_counter() - t0)
-            return (pb.ReadResponse(code=pb.OK, end=_END[res.end], lac=res.lac, fenced=res.fenced,
-                                    request_id=request.request_id), res.batch)
+            return (pb.ReadResponse(code=pb.OK, end=READ_END_CODES[res.end], lac=res.lac,
+                                    fenced=res.fenced, request_id=request.request_id), res.batch)
         except BaseException as exc:  # noqa: BLE001 - a request never kills the bookie
             code, msg = _code(exc, "read")
             self.m.read_requests.labels("error").inc()

@@ -10,8 +10,9 @@ bytes (each batch is a self-contained Arrow IPC stream: no decode, no
 re-encode), fsyncs, and then re-points the refs at the copies.  The victims
 are left with no live bytes, so ``EntryStore.dead_segments`` lists them (or,
 for journal files, the journal deletes them once ``journal_seqs_in_use`` no
-longer names them).  Compaction works directly on the store's structures,
-under ``store.lock`` while it reads or changes them.
+longer names them).  Compaction works through the store's public state and
+its ``files`` (``storage/segment_files.py``), under ``store.lock`` while it
+reads or changes them.
 
 Ordering obligations:
   * The copy is written and fsync'd (file and directory: it may be a new
@@ -33,7 +34,8 @@ Ordering obligations:
 from __future__ import annotations
 
 
-from bookie_server.storage.entry_store import JOURNAL_SEGMENT_BASE, EntryStore, Ref, is_journal_segment
+from bookie_server.storage.entry_store import EntryStore, Ref
+from bookie_server.storage.segment_files import JOURNAL_SEGMENT_BASE, is_journal_segment
 
 
 def compact(store: EntryStore, min_live_ratio: float, journal_below_seq: int = 0) -> int:
@@ -48,28 +50,27 @@ def compact(store: EntryStore, min_live_ratio: float, journal_below_seq: int = 0
                    and live / store.segment_size[s] < min_live_ratio
                    and (not is_journal_segment(s)
                         or s - JOURNAL_SEGMENT_BASE < journal_below_seq)]
-        if store._cur_seg in victims:        # roll away from a sparse current segment
-            store._cur_seg = -1
+        if store.files.current in victims:   # roll away from a sparse current segment
+            store.files.roll()
         victims = [s for s in victims if store.segment_live.get(s, 0) > 0]
         moving = [(rid, ref) for rid, ref in store.refs.items()
                   if ref.batch is None and ref.segment in victims]
     if not moving:
         return 0
-    fh = store._open_segment_for_append()
+    fh = store.files.open_for_append()
     moved = []
     try:
         for rid, ref in moving:
-            data = store._segment_map(ref.segment, ref.offset + ref.length).read_at(
-                ref.length, ref.offset)
-            off = store.segment_size[store._cur_seg]
+            data = store.files.read_bytes(ref.segment, ref.offset, ref.length)
+            off = store.segment_size[store.files.current]
             fh.write(data)
-            store.segment_size[store._cur_seg] = off + ref.length
-            moved.append((rid, ref, store._cur_seg, off))
+            store.segment_size[store.files.current] = off + ref.length
+            moved.append((rid, ref, store.files.current, off))
         fh.flush()
         store.fsync(fh.fileno())
     finally:
         fh.close()
-    store.fsync_segment_dir()       # the copy may be a new file: its name must survive too
+    store.files.fsync_dir()         # the copy may be a new file: its name must survive too
     with store.lock:
         for rid, ref, seg, off in moved:
             if store.refs.get(rid) is ref:

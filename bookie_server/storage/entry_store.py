@@ -44,6 +44,11 @@ Ordering obligations:
     (``dead_segments``).
   * ``store_index.index_table``/``load_index`` persist and restore the run
     index (segment runs only; memory runs are rebuilt by journal replay).
+
+The files themselves (segment and journal files, their sizes and live bytes,
+the current segment, memory maps and the decoded-batch cache) are
+``segment_files.SegmentFiles``, the store's ``files``; this module keeps the
+index, the write cache, reads and the flush.
 """
 from __future__ import annotations
 
@@ -51,7 +56,6 @@ import functools
 import logging
 import os
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -59,8 +63,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bookie_server.journal.journal import file_name as journal_file_name
 from bookie_server.storage.run_index import LedgerIndex, runs_of
+from bookie_server.storage.segment_files import (JOURNAL_SEGMENT_BASE, SegmentFiles,
+                                                 is_journal_segment, journal_segment)
 from pybk_spark.wire.entries import ENTRY_SCHEMA, batch_to_bytes, empty_batch, one_batch
 
 log = logging.getLogger("bookie.store")
@@ -70,15 +75,6 @@ RAW_MIN_ROWS = 128     # batches with this many rows, or of this many bytes, are
 RAW_MIN_BYTES = 64 << 10   # written to segments as received (no re-encoding)
 
 SLICE_READ_MAX_ROWS = 256  # sparse reads of up to this many rows gather row slices (one copy)
-JOURNAL_SEGMENT_BASE = 1 << 22     # segment ids >= this are journal files (seq = id - base)
-
-
-def journal_segment(seq: int) -> int:
-    return JOURNAL_SEGMENT_BASE + seq
-
-
-def is_journal_segment(seg: int) -> bool:
-    return seg >= JOURNAL_SEGMENT_BASE
 
 
 def cached_bytes(batch: pa.RecordBatch) -> int:
@@ -116,8 +112,11 @@ class EntryStore:
         # propagates: the caller must not persist an index past it
         self.fsync = fsync
         self.journal_dir = journal_dir          # None: big batches are copied as before
-        self.seg_dir = os.path.join(directory, "segments")
-        os.makedirs(self.seg_dir, exist_ok=True)
+        self.files = SegmentFiles(directory, segment_max_bytes=segment_max_bytes,
+                                  batch_cache_size=batch_cache_size,
+                                  mmap_cache_size=mmap_cache_size, journal_dir=journal_dir,
+                                  fsync=fsync)
+        self.seg_dir = self.files.seg_dir
         self.segment_max_bytes = segment_max_bytes
         self.raw_min_rows = RAW_MIN_ROWS
         self.raw_min_bytes = RAW_MIN_BYTES
@@ -125,16 +124,10 @@ class EntryStore:
         self.ledgers: dict[int, LedgerIndex] = {}
         self.refs: dict[int, Ref] = {}
         self.mem_refs: dict[int, list[int]] = {}       # ledger -> memory ref ids
-        self.segment_live: dict[int, int] = {}         # segment -> live bytes
-        self.segment_size: dict[int, int] = {}
+        self.segment_live = self.files.live            # segment -> live bytes
+        self.segment_size = self.files.size            # segment -> bytes
         self.write_cache_bytes = 0
         self._next_ref = 1
-        self._cur_seg = -1
-        self._batch_cache: "OrderedDict[int, pa.RecordBatch]" = OrderedDict()
-        self._batch_cache_size = batch_cache_size
-        self._mmaps: "OrderedDict[int, pa.MemoryMappedFile]" = OrderedDict()
-        self._mmap_cache_size = mmap_cache_size
-        self._io_lock = threading.Lock()
 
     # -- writes -----------------------------------------------------------------
     def add(self, ledger_id: int, batch: pa.RecordBatch, raw: Optional[bytes] = None,
@@ -178,6 +171,12 @@ class EntryStore:
         self.refs[ref_id] = ref
         return ref_id
 
+    def reserve_ref_ids(self, n: int) -> int:
+        """Set aside ``n`` ref ids (for refs a loaded index adds); the first."""
+        base = self._next_ref
+        self._next_ref = base + n
+        return base
+
     # -- reads ------------------------------------------------------------------
     def has_ledger(self, ledger_id: int) -> bool:
         return ledger_id in self.ledgers
@@ -219,15 +218,15 @@ class EntryStore:
             take_rows, ref_of_row = take_rows[mine], ref_of_row[mine]
             if len(take_rows) == 0:
                 return empty_batch(), limited
-        self._will_need(ref_objs, max_bytes)
+        self.files.will_need(ref_objs, max_bytes)
         if len(take_rows) <= SLICE_READ_MAX_ROWS:
             # few (large) entries: zero-copy row slices, copied once by combine_chunks below
-            parts = [self._batch_of(by_id[ref]).slice(row, 1)
+            parts = [self.files.batch_of(by_id[ref]).slice(row, 1)
                      for ref, row in zip(ref_of_row.tolist(), take_rows.tolist())]
         else:   # one take() per run of rows in the same stored batch
             cuts = np.flatnonzero(np.diff(ref_of_row)) + 1
             bounds = np.concatenate(([0], cuts, [len(ref_of_row)]))
-            parts = [self._batch_of(by_id[int(ref_of_row[a])]).take(pa.array(take_rows[a:b]))
+            parts = [self.files.batch_of(by_id[int(ref_of_row[a])]).take(pa.array(take_rows[a:b]))
                      for a, b in zip(bounds[:-1], bounds[1:])]
         table = pa.Table.from_batches(parts, schema=ENTRY_SCHEMA)
         got = table.num_rows
@@ -248,8 +247,8 @@ class EntryStore:
             located = [(self.refs[r], row, n) for r, row, n in pieces]
         if not located:
             return _EMPTY, False
-        self._will_need([ref for ref, _, _ in located], max_bytes)
-        slices = [self._batch_of(ref_id_ref).slice(row, n) for ref_id_ref, row, n in located]
+        self.files.will_need([ref for ref, _, _ in located], max_bytes)
+        slices = [self.files.batch_of(ref_id_ref).slice(row, n) for ref_id_ref, row, n in located]
         table = pa.Table.from_batches(slices, schema=ENTRY_SCHEMA)
         got = table.num_rows
         limited = got >= max_entries and got < last - first + 1
@@ -261,60 +260,6 @@ class EntryStore:
                 table = table.slice(0, keep)
                 limited = True
         return one_batch(table), limited
-
-    def _will_need(self, refs: list[Ref], budget: int) -> None:
-        """Ask the kernel to start reading the stored batches of this read
-        that are not in memory, all at once (posix_fadvise WILLNEED), up to
-        the read's byte budget: a read from disk then waits for one round of
-        I/O instead of faulting its batches in one after the other.  Measured
-        on a catch-up read whose older part had left the page cache: +20-25%.
-        Only advice."""
-        with self._io_lock:
-            for ref in refs:
-                if ref.batch is not None or ref.segment < 0:
-                    continue
-                if budget <= 0:
-                    return
-                budget -= ref.length
-                if ((ref.segment << 40) | ref.offset) in self._batch_cache:
-                    continue
-                try:
-                    mm = self._segment_map(ref.segment, ref.offset + ref.length)
-                    os.posix_fadvise(mm.fileno(), ref.offset, ref.length, os.POSIX_FADV_WILLNEED)
-                except (OSError, ValueError):
-                    return
-
-    def _batch_of(self, ref: Ref) -> pa.RecordBatch:
-        batch = ref.batch
-        if batch is not None:
-            return batch
-        key = (ref.segment << 40) | ref.offset
-        with self._io_lock:
-            cached = self._batch_cache.get(key)
-            if cached is not None:
-                self._batch_cache.move_to_end(key)
-                return cached
-            buf = self._segment_map(ref.segment, ref.offset + ref.length).read_at(ref.length, ref.offset)
-            batch = pa.ipc.open_stream(buf).read_next_batch()
-            self._batch_cache[key] = batch
-            if len(self._batch_cache) > self._batch_cache_size:
-                self._batch_cache.popitem(last=False)
-            return batch
-
-    def _segment_map(self, seg: int, needed: int) -> pa.MemoryMappedFile:
-        mm = self._mmaps.get(seg)
-        if mm is None or mm.size() < needed:
-            mm = pa.memory_map(self._seg_path(seg), "r")
-            self._mmaps[seg] = mm
-            if len(self._mmaps) > self._mmap_cache_size:
-                self._mmaps.popitem(last=False)
-        self._mmaps.move_to_end(seg)
-        return mm
-
-    def _seg_path(self, seg: int) -> str:
-        if is_journal_segment(seg):
-            return os.path.join(self.journal_dir, journal_file_name(seg - JOURNAL_SEGMENT_BASE))
-        return os.path.join(self.seg_dir, f"{seg:08d}.seg")
 
     # -- flush --------------------------------------------------------------------
     def flush_begin(self) -> FlushSnapshot:
@@ -360,17 +305,18 @@ class EntryStore:
                     batch = one_batch(table)
                     out.append((batch_to_bytes(batch), *runs_of(batch.column(1).to_numpy())))
                 for data, r_starts, r_ends, r_rows in out:
-                    if fh is None or self.segment_size.get(self._cur_seg, 0) >= self.segment_max_bytes:
+                    if (fh is None or self.segment_size.get(self.files.current, 0)
+                            >= self.segment_max_bytes):
                         if fh is not None:
                             fh.flush()
                             self.fsync(fh.fileno())
                             fh.close()
-                        fh = self._open_segment_for_append()
-                    offset = self.segment_size[self._cur_seg]
+                        fh = self.files.open_for_append()
+                    offset = self.segment_size[self.files.current]
                     fh.write(data)
-                    self.segment_size[self._cur_seg] = offset + len(data)
-                    touched.add(self._cur_seg)
-                    written.append((Ref(ledger_id, None, self._cur_seg, offset, len(data)),
+                    self.segment_size[self.files.current] = offset + len(data)
+                    touched.add(self.files.current)
+                    written.append((Ref(ledger_id, None, self.files.current, offset, len(data)),
                                     r_starts, r_ends, r_rows))
                 snap.results[ledger_id] = written
             if fh is not None:
@@ -380,27 +326,7 @@ class EntryStore:
             if fh is not None:
                 fh.close()
         if touched:
-            self.fsync_segment_dir()
-
-    def fsync_segment_dir(self) -> None:
-        """Make new segment files' directory entries durable (before any index
-        that references them is persisted)."""
-        dfd = os.open(self.seg_dir, os.O_RDONLY)
-        try:
-            self.fsync(dfd)
-        finally:
-            os.close(dfd)
-
-    def _open_segment_for_append(self):
-        if self._cur_seg < 0 or self.segment_size.get(self._cur_seg, 0) >= self.segment_max_bytes:
-            self._cur_seg = max((s for s in self.segment_size if not is_journal_segment(s)),
-                                default=0) + 1
-            self.segment_size[self._cur_seg] = 0
-            self.segment_live.setdefault(self._cur_seg, 0)
-        fh = open(self._seg_path(self._cur_seg), "ab")
-        fh.seek(0, os.SEEK_END)
-        self.segment_size[self._cur_seg] = fh.tell()
-        return fh
+            self.files.fsync_dir()
 
     def flush_commit(self, snap: FlushSnapshot) -> None:
         with self.lock:
@@ -451,7 +377,7 @@ class EntryStore:
         journal deletes those, see ``journal_seqs_in_use``)."""
         with self.lock:
             return [s for s, live in self.segment_live.items()
-                    if live <= 0 and s != self._cur_seg and not is_journal_segment(s)]
+                    if live <= 0 and s != self.files.current and not is_journal_segment(s)]
 
     def journal_seqs_in_use(self) -> frozenset:
         """Journal files that flushed refs read from (the journal keeps them)."""
@@ -466,37 +392,25 @@ class EntryStore:
 
     def forget_journal_files(self, seqs: list[int]) -> None:
         """The journal deleted these files (no live ref pointed into them)."""
-        with self.lock, self._io_lock:
-            for seq in seqs:
-                seg = journal_segment(seq)
-                self._mmaps.pop(seg, None)
-                self.segment_live.pop(seg, None)
-                self.segment_size.pop(seg, None)
+        with self.lock, self.files.io_lock:
+            self.files.forget([journal_segment(seq) for seq in seqs])
 
     def delete_segments(self, segs: list[int]) -> None:
-        with self.lock, self._io_lock:
-            for s in segs:
-                self._mmaps.pop(s, None)
-                self.segment_live.pop(s, None)
-                self.segment_size.pop(s, None)
-                try:
-                    os.unlink(self._seg_path(s))
-                except FileNotFoundError:
-                    pass
-            self._batch_cache.clear()
+        with self.lock, self.files.io_lock:
+            self.files.delete(segs)
 
     # -- damage (scrubber) -------------------------------------------------------------
     def flushed_refs(self) -> list[tuple[int, Ref, str]]:
         """(ref id, ref, file path) of every batch stored in a file, by position."""
         with self.lock:
-            out = [(r, ref, self._seg_path(ref.segment)) for r, ref in self.refs.items()
+            out = [(r, ref, self.files.path(ref.segment)) for r, ref in self.refs.items()
                    if ref.batch is None]
         return sorted(out, key=lambda p: (p[1].segment, p[1].offset))
 
     def quarantine(self, ref_id: int) -> list[tuple[int, int]]:
         """Take a damaged stored batch out of the index; the (first, last)
         id runs it held (no longer stored here).  [] if it is gone already."""
-        with self.lock, self._io_lock:
+        with self.lock, self.files.io_lock:
             ref = self.refs.pop(ref_id, None)
             idx = self.ledgers.get(ref.ledger) if ref is not None else None
             if idx is None:
@@ -506,7 +420,7 @@ class EntryStore:
             out = list(zip(starts[mine].tolist(), ends[mine].tolist()))
             idx.remove_refs(np.array([ref_id], np.int64))
             self.segment_live[ref.segment] = self.segment_live.get(ref.segment, 0) - ref.length
-            self._batch_cache.pop((ref.segment << 40) | ref.offset, None)
+            self.files.uncache(ref.segment, ref.offset)
             return out
 
     # -- info -----------------------------------------------------------------------

@@ -15,7 +15,7 @@ Ordering obligations:
     previous index referenced.
   * ``load_index`` runs before journal replay and before the bookie serves:
     nothing else touches the store yet.  After it, appends always go to a
-    fresh segment (``_cur_seg = -1``), never into a file of unknown tail.
+    fresh segment (``store.files.roll()``), never into a file of unknown tail.
 """
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ import os
 import numpy as np
 import pyarrow as pa
 
-from bookie_server.storage.entry_store import EntryStore, Ref, is_journal_segment
+from bookie_server.storage.entry_store import EntryStore, Ref
+from bookie_server.storage.segment_files import is_journal_segment
 from bookie_server.storage.run_index import LedgerIndex
 
 log = logging.getLogger("bookie.store")
@@ -69,13 +70,12 @@ def load_index(store: EntryStore, table: pa.Table) -> None:
     c = {n: table.column(n).to_numpy() for n in INDEX_SCHEMA.names}
     key = (c["segment"] << 40) | c["offset"]
     uniq, first_pos, inverse = np.unique(key, return_index=True, return_inverse=True)
-    base = store._next_ref
-    ref_ids = inverse.astype(np.int64) + base
     with store.lock:
+        base = store.reserve_ref_ids(len(uniq))
+        ref_ids = inverse.astype(np.int64) + base
         for j, pos in enumerate(first_pos):
             store.refs[base + j] = Ref(int(c["ledger"][pos]), None, int(c["segment"][pos]),
                                       int(c["offset"][pos]), int(c["length"][pos]))
-        store._next_ref = base + len(uniq)
         order = np.lexsort((c["start"], c["ledger"]))
         ledgers = c["ledger"][order]
         bounds = np.flatnonzero(np.diff(ledgers)) + 1
@@ -95,11 +95,11 @@ def scan_segments(store: EntryStore) -> None:
     for name in os.listdir(store.seg_dir):
         if name.endswith(".seg"):
             s = int(name[:-4])
-            store.segment_size[s] = os.path.getsize(store._seg_path(s))
+            store.segment_size[s] = os.path.getsize(store.files.path(s))
             store.segment_live.setdefault(s, 0)
     for s in [s for s in store.segment_live if is_journal_segment(s)]:
         try:
-            store.segment_size[s] = os.path.getsize(store._seg_path(s))
+            store.segment_size[s] = os.path.getsize(store.files.path(s))
         except FileNotFoundError:
             log.error("event=journal_segment_missing segment=%d", s)
-    store._cur_seg = -1   # always append to a fresh segment after restart
+    store.files.roll()    # always append to a fresh segment after restart

@@ -35,7 +35,7 @@ from __future__ import annotations
 from typing import Iterable, Mapping
 
 from pybk_spark import errors
-from pybk_spark.commands import cli
+from pybk_spark.admin import shell_common as cli
 from pybk_spark.metadata import keys
 
 OPERATOR, BOOKIE, CLIENT = "pybk-operator", "pybk-bookie", "pybk-client"

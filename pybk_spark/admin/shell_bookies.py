@@ -1,12 +1,11 @@
-"""``pybk bookieinfo`` and the log commands ``listlogs | logmetadata | readlog``."""
+"""``pybk bookieinfo``."""
 from __future__ import annotations
 
 import json
 
 from pybk_spark import errors
-from pybk_spark.commands import cli
-from pybk_spark.admin.report import HEX_HINT, preview, table
-from pybk_spark.admin.shell_recovery import client, password_arg, password_of
+from pybk_spark.admin import shell_common as cli
+from pybk_spark.admin.report import table
 from pybk_spark.metadata import keys
 
 
@@ -58,146 +57,5 @@ def _bookieinfo(args) -> int:
     return 1 if any(r["state"] == "unreachable" for r in rows) else 0
 
 
-# -- logs ------------------------------------------------------------------------------------------
-def _listlogs(args) -> int:
-    from pybk_spark.logs.log import list_logs, read_log
-    store = cli.open_store_from(args)
-    try:
-        rows = []
-        for name in list_logs(store):
-            try:
-                md, _ = read_log(store, name)
-            except errors.BKError:
-                continue
-            rows.append({"log": name, "segments": len(md.segments), "epoch": md.epoch,
-                         "ledgers": md.ledger_ids,
-                         "truncated_ledgers": md.truncated_ledgers})
-    finally:
-        store.close()
-    cli.emit(args, rows, table(rows, ["log", "segments", "epoch", "truncated_ledgers",
-                                      "ledgers"], empty="(no logs)"))
-    return 0
-
-
-def _log_name_args(p):
-    cli.add_metadata_uri(p)
-    p.add_argument("name", metavar="NAME")
-
-
-def _logmetadata(args) -> int:
-    from pybk_spark.logs.log import read_log
-    store = cli.open_store_from(args)
-    try:
-        md, version = read_log(store, args.name)
-    finally:
-        store.close()
-    data = json.loads(md.to_json())
-    data["version"] = version
-    seg_rows = [s.to_dict() for s in md.segments]
-    text = (f"log {md.name}: epoch={md.epoch} truncated_ledgers={md.truncated_ledgers} "
-            f"truncated_offset={md.truncated_offset} schema={'yes' if md.schema else 'no'}\n"
-            + table(seg_rows, ["ledger_id", "state", "entry_count", "byte_count",
-                               "start_offset"], empty="(no segments)"))
-    cli.emit(args, data, text)
-    return 0
-
-
-def _readlog_args(p):
-    _log_name_args(p)
-    p.add_argument("--from", dest="start", default="earliest", metavar="POS",
-                   help="earliest (default), latest, or LEDGER:ENTRY")
-    p.add_argument("--follow", "-f", action="store_true", help="keep tailing (Ctrl-C stops)")
-    p.add_argument("--max", type=int, default=0, metavar="N", help="stop after N records")
-    p.add_argument("--hex", action="store_true", help="print raw payloads as hex")
-    password_arg(p)
-
-
-def _parse_position(text: str):
-    if text in ("earliest", "latest"):
-        return text
-    try:
-        ledger, entry = text.split(":")
-        return int(ledger), int(entry)
-    except ValueError:
-        raise errors.IncorrectParameter(f"bad position {text!r}: earliest, latest or "
-                                        "LEDGER:ENTRY") from None
-
-
-def _dataframe_decoder(store, name: str):
-    """For a DataFrame log (its metadata records an Arrow schema): a function
-    payload -> list of row dicts; None for a log of raw payloads."""
-    from pybk_spark.logs.log import read_log
-    md, _ = read_log(store, name)
-    if not md.schema:
-        return None
-    import pyarrow as pa
-
-    def decode(payload: bytes) -> list[dict]:
-        try:
-            return pa.ipc.open_stream(payload).read_all().to_pylist()
-        except (pa.ArrowInvalid, OSError) as exc:
-            return [{"_undecodable": f"{type(exc).__name__}: {exc}"}]
-    return decode
-
-
-def _row_text(row: dict) -> str:
-    return " ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in row.items())
-
-
-def _readlog(args) -> int:
-    from pybk_spark.logs.log_reader import LogReader, _records
-    start = _parse_position(args.start)
-    limit = args.max if args.max > 0 else None
-    as_json = getattr(args, "json", False)
-    count = 0
-    binary = False
-    records = []
-    with client(args) as bk:
-        decode = _dataframe_decoder(bk.metadata_store, args.name)
-        reader = LogReader(bk, args.name, start, password=password_of(args) or b"")
-        try:
-            while limit is None or count < limit:
-                want = 100_000 if limit is None else limit - count
-                got = reader.read_available(want)[:want]
-                if not got:
-                    if not args.follow:
-                        break
-                    index, _lid, batch = reader.read_batch(timeout_s=1.0)
-                    if batch is None:
-                        continue
-                    got = _records(index, batch)[:want]
-                for r in got:
-                    count += 1
-                    row = {"ledger": r.position.ledger_id, "entry": r.position.entry_id,
-                           "size": len(r.payload),
-                           "payload": r.payload.decode("utf-8", errors="replace")[:200]}
-                    rows = decode(r.payload) if decode is not None else None
-                    if as_json:
-                        if rows is not None:
-                            row["rows"] = rows
-                        records.append(row)
-                    elif rows is not None:
-                        for i, dfrow in enumerate(rows):
-                            print(f"{row['ledger']}:{row['entry']}.{i}\t{_row_text(dfrow)}",
-                                  flush=True)
-                    else:
-                        text, is_binary = preview(r.payload, args.hex, width=200)
-                        binary = binary or is_binary
-                        print(f"{row['ledger']}:{row['entry']}\t{text}", flush=True)
-        except KeyboardInterrupt:
-            pass
-        finally:
-            reader.close()
-    if as_json:
-        cli.emit(args, {"log": args.name, "records": records})
-    else:
-        print(f"({count} records{', DataFrame log: one line per row' if decode else ''})"
-              + (f" {HEX_HINT}" if binary else ""), flush=True)
-    return 0
-
-
 cli.register("bookieinfo", "disk, mode and counts of every registered bookie",
              _bookieinfo_args, _bookieinfo)
-cli.register("listlogs", "list logs", lambda p: cli.add_metadata_uri(p), _listlogs)
-cli.register("logmetadata", "show a log's segments", _log_name_args, _logmetadata)
-cli.register("readlog", "print a log's records (optionally tail it)", _readlog_args, _readlog)

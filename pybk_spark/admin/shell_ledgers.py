@@ -5,7 +5,7 @@ import json
 import time
 
 from pybk_spark import errors
-from pybk_spark.commands import cli
+from pybk_spark.admin import shell_common as cli
 from pybk_spark.admin.report import HEX_HINT, Progress, preview, table
 from pybk_spark.admin.shell_recovery import client, password_arg, password_of
 

@@ -11,10 +11,10 @@ import logging
 import os
 
 from pybk_spark import errors
-from pybk_spark.commands import cli
+from pybk_spark.admin import shell_common as cli
 from pybk_spark.admin.report import table
 
-CHECKPOINT = "checkpoint.json"       # bookie_server/bookie.py
+CHECKPOINT = "checkpoint.json"       # bookie_server/checkpoint_file.py
 TYPE_NAMES = {1: "ADD_BATCH", 2: "FENCE", 3: "MASTER_KEY", 4: "EXPLICIT_LAC",
               5: "LEDGER_DELETED"}
 
@@ -45,7 +45,7 @@ def read_mark(data_dir: str) -> dict | None:
 
 # -- lastmark ------------------------------------------------------------------------------------
 def _lastmark(args) -> int:
-    from bookie_server.journal.journal import file_name
+    from bookie_server.journal.journal_format import file_name
     _journal_dir(args.data_dir)
     doc = read_mark(args.data_dir)
     if doc is None:
@@ -79,7 +79,7 @@ def _readjournal_args(p):
 def _describe(rtype: int, body: bytes) -> dict:
     import pyarrow as pa
 
-    from bookie_server.journal.journal import LEDGER, LEDGER_LAC
+    from bookie_server.journal.journal_format import LEDGER, LEDGER_LAC
     row = {"type": TYPE_NAMES.get(rtype, str(rtype)), "bytes": len(body), "ledger": None,
            "first_entry": None, "last_entry": None, "entries": None, "detail": ""}
     if rtype == 1:
@@ -103,7 +103,7 @@ def _describe(rtype: int, body: bytes) -> dict:
 
 
 def _files(journal_dir: str, only: str | None) -> list[int]:
-    from bookie_server.journal.journal import list_files
+    from bookie_server.journal.journal_format import list_files
     seqs = list_files(journal_dir)
     if only is None:
         return seqs
@@ -118,7 +118,7 @@ def _files(journal_dir: str, only: str | None) -> list[int]:
 
 
 def _readjournal(args) -> int:
-    from bookie_server.journal.journal import file_name
+    from bookie_server.journal.journal_format import file_name
     from bookie_server.journal.journal_replay import scan_file
     jdir = _journal_dir(args.data_dir)
     mark = read_mark(args.data_dir)

@@ -9,7 +9,7 @@ import socket
 import time
 
 from pybk_spark import errors
-from pybk_spark.commands import cli
+from pybk_spark.admin import shell_common as cli
 from pybk_spark.admin import audit_control as ctl
 from pybk_spark.admin.report import table
 from pybk_spark.admin.shell_recovery import client

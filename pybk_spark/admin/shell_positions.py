@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from pybk_spark.commands import cli
+from pybk_spark.admin import shell_common as cli
 from pybk_spark.admin.report import table
 from pybk_spark.logs.positions import drop, list_positions
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from pybk_spark.commands import cli
+from pybk_spark.admin import shell_common as cli
 from pybk_spark.admin import audit, damage_repair
 from pybk_spark.admin import orchestrate as orch
 from pybk_spark.admin import rereplicate as rr

@@ -2,8 +2,8 @@
 
 Adding a subcommand: write ``add_arguments(parser)`` and ``run(args) -> int``
 and either append ``Command(name, help, add_arguments, run)`` to ``COMMANDS``
-below, or call ``register(...)`` from a module listed in ``COMMAND_MODULES``
-(imported lazily when ``pybk`` starts; a missing module is skipped).
+below, or call ``shell_common.register(...)`` from a ``pybk_spark.admin.shell_*``
+module imported below (the import order is the order of ``pybk --help``).
 
 Conventions every subcommand follows:
   * ``--metadata-uri`` (default ``$PYBK_METADATA_URI``) via ``add_metadata_uri``;
@@ -17,94 +17,25 @@ Conventions every subcommand follows:
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import signal
 import sys
 import threading
-from dataclasses import dataclass
-from typing import Any, Callable
 
 from pybk_spark import errors
+from pybk_spark.admin import shell_common
+from pybk_spark.admin.shell_common import Command, add_metadata_uri, emit, open_store_from
 from pybk_spark.metadata import keys
-
-
-@dataclass(frozen=True)
-class Command:
-    name: str
-    help: str
-    add_arguments: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace], int]
-
-
-COMMANDS: list[Command] = []
-COMMAND_MODULES: tuple[str, ...] = ("pybk_spark.cli_ledgers", "pybk_spark.cli_logs",
-                                    "pybk_spark.cli_admin",
-                                    "pybk_spark.admin.shell_recovery",
-                                    "pybk_spark.admin.shell_ledgers",
-                                    "pybk_spark.admin.shell_bookies",
-                                    "pybk_spark.admin.shell_operator",
-                                    "pybk_spark.admin.shell_offline",
-                                    "pybk_spark.admin.etcd_roles",
-                                    "pybk_spark.admin.shell_positions")
-
-
-def register(name: str, help: str, add_arguments, run) -> None:
-    """Add (or replace) a subcommand."""
-    COMMANDS[:] = [c for c in COMMANDS if c.name != name]
-    COMMANDS.append(Command(name, help, add_arguments, run))
-
-
-# -- helpers for subcommands --------------------------------------------------------
-def add_metadata_uri(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--metadata-uri", default=os.environ.get("PYBK_METADATA_URI"),
-                        help="etcd://HOST:PORT[,HOST:PORT...]/SCOPE "
-                             "(default: $PYBK_METADATA_URI)")
-    parser.add_argument("--client-conf", default=os.environ.get("PYBK_CLIENT_CONF"),
-                        help="client conf file (conf/client.conf: TLS files, operator = "
-                             "true, timeouts; default: $PYBK_CLIENT_CONF)")
-
-
-def client_conf(args: argparse.Namespace):
-    """The client settings of ``--client-conf`` (None: the defaults)."""
-    path = getattr(args, "client_conf", None)
-    if not path:
-        return None
-    from pybk_spark.config import load_client_conf
-    try:
-        return load_client_conf(path)
-    except OSError as exc:
-        raise errors.IncorrectParameter(f"cannot read --client-conf {path}: "
-                                        f"{exc.strerror or exc}") from None
-
-
-def require_metadata_uri(args: argparse.Namespace) -> str:
-    if not getattr(args, "metadata_uri", None):
-        raise errors.IncorrectParameter("no metadata URI: pass --metadata-uri or set "
-                                        "PYBK_METADATA_URI")
-    return args.metadata_uri
-
-
-def open_store_from(args: argparse.Namespace):
-    from pybk_spark.metadata import open_store
-    return open_store(require_metadata_uri(args))
-
-
-def emit(args: argparse.Namespace, data: Any, text: str | None = None) -> None:
-    """Print ``data`` as JSON under ``--json``, else ``text`` (or a plain rendering)."""
-    if getattr(args, "json", False):
-        print(json.dumps(data, sort_keys=True, default=str), flush=True)
-    else:
-        print(text if text is not None else _plain(data), flush=True)
-
-
-def _plain(data: Any) -> str:
-    if isinstance(data, (list, tuple)):
-        return "\n".join(_plain(d) for d in data)
-    if isinstance(data, dict):
-        return " ".join(f"{k}={v}" for k, v in data.items())
-    return str(data)
+# Each registers its subcommands when imported, in this order (that of ``pybk --help``).
+from pybk_spark.admin import shell_recovery  # noqa: F401  (the import registers)
+from pybk_spark.admin import shell_ledgers  # noqa: F401
+from pybk_spark.admin import shell_bookies  # noqa: F401
+from pybk_spark.admin import shell_logs  # noqa: F401
+from pybk_spark.admin import shell_operator  # noqa: F401
+from pybk_spark.admin import shell_offline  # noqa: F401
+from pybk_spark.admin import etcd_roles  # noqa: F401
+from pybk_spark.admin import shell_positions  # noqa: F401
 
 
 # -- standalone ------------------------------------------------------------------------
@@ -234,27 +165,21 @@ def _listbookies(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS.extend([
+COMMANDS: list[Command] = [
     Command("standalone", "run etcd + N bookies locally until Ctrl-C / SIGTERM (exit 2: "
             "data dir in use by another standalone, whose pid is named)",
             _standalone_args, _standalone),
     Command("listbookies", "list registered bookies", _listbookies_args, _listbookies),
-])
+]
 
 
 # -- entry point -----------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    for module in COMMAND_MODULES:
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
     parser = argparse.ArgumentParser(prog="pybk", description="pybk-spark operator shell")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for cmd in COMMANDS:
+    for cmd in [*COMMANDS, *shell_common.COMMANDS]:
         p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
         p.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                        help="machine-readable output")

@@ -153,7 +153,7 @@ class LogReader:
             index, ledger_id, batch = self.read_batch(timeout_s=0)
             if batch is None:
                 break
-            out.extend(_records(index, batch))
+            out.extend(records_of(index, batch))
         return out
 
     def __iter__(self) -> Iterator[LogRecord]:
@@ -161,7 +161,7 @@ class LogReader:
         while not self._closed:
             index, ledger_id, batch = self.read_batch()
             if batch is not None:
-                yield from _records(index, batch)
+                yield from records_of(index, batch)
 
     def close(self) -> None:
         self._closed = True
@@ -204,7 +204,7 @@ def with_append_time(batch, custom) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(columns, names=names)
 
 
-def _records(index: int, batch: pa.RecordBatch) -> list[LogRecord]:
+def records_of(index: int, batch: pa.RecordBatch) -> list[LogRecord]:
     cols = batch.to_pydict()
     times = batch.column("timestamp").cast(pa.int64()).to_pylist() \
         if "timestamp" in batch.schema.names else [None] * batch.num_rows

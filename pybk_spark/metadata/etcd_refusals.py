@@ -1,7 +1,7 @@
 """What an etcd refusal means, and which setting fixes it.
 
 Theory of operation:
-  * etcd_store.py is the one place etcd / gRPC failures become
+  * etcd_errors.py is the one place etcd / gRPC failures become
     ``pybk_spark.errors``; for refusals it asks these two pure functions,
     which see only a gRPC status name and its detail text (no grpc import):
       - ``refusal_for_transport``: a channel that never came up - a TLS

@@ -70,7 +70,7 @@ class ReadOptions:
         return self.ending.get(ledger_id, self.ending_default)
 
 
-def _get(options: Mapping[str, str], name: str) -> Optional[str]:
+def option(options: Mapping[str, str], name: str) -> Optional[str]:
     """Case-insensitive lookup (Spark passes a CaseInsensitiveDict; plain dicts
     from tests and jobs are accepted too)."""
     if name in options:
@@ -240,12 +240,12 @@ def parse_read_options(options: Mapping[str, str], *, check_names: bool = True) 
         names.check_names(options, names.BATCH_READ, "batch reads")
     uri = _uri(options)
 
-    ledgers_text = _get(options, "ledgers")
-    log = _get(options, "log")
-    logs_text, pattern = _get(options, "logs"), _get(options, "logPattern")
+    ledgers_text = option(options, "ledgers")
+    log = option(options, "log")
+    logs_text, pattern = option(options, "logs"), option(options, "logPattern")
     if (ledgers_text is None and log is None and logs_text is None and pattern is None
-            and _get(options, "path")):
-        ledgers_text = _get(options, "path")      # .load("12,13") is a shorthand for ledgers
+            and option(options, "path")):
+        ledgers_text = option(options, "path")      # .load("12,13") is a shorthand for ledgers
     given = [n for n, v in (("ledgers", ledgers_text), ("log", log), ("logs", logs_text),
                             ("logPattern", pattern)) if v is not None]
     if len(given) > 1:
@@ -262,16 +262,16 @@ def parse_read_options(options: Mapping[str, str], *, check_names: bool = True) 
         raise errors.IncorrectParameter("option 'log' must name a log")
 
     start_default, starting = parse_offsets(
-        "startingOffsets", _get(options, "startingOffsets"), default=EARLIEST,
+        "startingOffsets", option(options, "startingOffsets"), default=EARLIEST,
         allow_earliest=True, allow_latest=True)
     end_default, ending = parse_offsets(
-        "endingOffsets", _get(options, "endingOffsets"), default=LATEST,
+        "endingOffsets", option(options, "endingOffsets"), default=LATEST,
         allow_earliest=False, allow_latest=True)
     if (logs or pattern is not None) and (starting or ending):
         raise errors.IncorrectParameter(
             "with 'logs'/'logPattern', 'startingOffsets'/'endingOffsets' may only be "
             "'earliest'/'latest' (ledger ids are per log)")
-    times = parse_time_bounds(lambda n: _get(options, n), multi=bool(logs or pattern))
+    times = parse_time_bounds(lambda n: option(options, n), multi=bool(logs or pattern))
     if ledgers:
         for name, named in (("startingOffsets", starting), ("endingOffsets", ending),
                             ("startingOffsetsByTimestamp/endingOffsetsByTimestamp",
@@ -281,31 +281,31 @@ def parse_read_options(options: Mapping[str, str], *, check_names: bool = True) 
                 raise errors.IncorrectParameter(
                     f"option {name!r} names ledgers not listed in 'ledgers': {unknown}")
 
-    password = _get(options, "password")
+    password = option(options, "password")
     return ReadOptions(
         metadata_uri=uri,
         ledgers=ledgers,
         log=str(log).strip() if log is not None else None,
         starting=starting, starting_default=start_default,
         ending=ending, ending_default=end_default,
-        recovery=parse_bool("recovery", _get(options, "recovery"), False),
+        recovery=parse_bool("recovery", option(options, "recovery"), False),
         max_entries_per_partition=parse_positive_int(
-            "maxEntriesPerPartition", _get(options, "maxEntriesPerPartition"),
+            "maxEntriesPerPartition", option(options, "maxEntriesPerPartition"),
             DEFAULT_MAX_ENTRIES_PER_PARTITION),
         read_batch_entries=parse_positive_int(
-            "readBatchEntries", _get(options, "readBatchEntries"), DEFAULT_READ_BATCH_ENTRIES),
+            "readBatchEntries", option(options, "readBatchEntries"), DEFAULT_READ_BATCH_ENTRIES),
         read_batch_bytes=parse_positive_int(
-            "readBatchBytes", _get(options, "readBatchBytes"), DEFAULT_READ_BATCH_BYTES),
+            "readBatchBytes", option(options, "readBatchBytes"), DEFAULT_READ_BATCH_BYTES),
         read_ahead_batches=parse_positive_int(
-            "readAheadBatches", _get(options, "readAheadBatches"), DEFAULT_READ_AHEAD_BATCHES,
+            "readAheadBatches", option(options, "readAheadBatches"), DEFAULT_READ_AHEAD_BATCHES,
             minimum=0),
         read_windows_in_flight=parse_positive_int(
-            "readWindowsInFlight", _get(options, "readWindowsInFlight"),
+            "readWindowsInFlight", option(options, "readWindowsInFlight"),
             DEFAULT_READ_WINDOWS_IN_FLIGHT),
         password=password.encode() if password else b"",
-        include_metadata=parse_bool("includeMetadata", _get(options, "includeMetadata"), False),
-        fail_on_data_loss=parse_bool("failOnDataLoss", _get(options, "failOnDataLoss"), True),
-        min_partitions=parse_positive_int("minPartitions", _get(options, "minPartitions"), 0)
+        include_metadata=parse_bool("includeMetadata", option(options, "includeMetadata"), False),
+        fail_on_data_loss=parse_bool("failOnDataLoss", option(options, "failOnDataLoss"), True),
+        min_partitions=parse_positive_int("minPartitions", option(options, "minPartitions"), 0)
         or None,
         client_conf=client_overrides(options),
         logs=logs, log_pattern=pattern, times=times,
@@ -334,7 +334,7 @@ class WriteOptions:
 
 
 def _uri(options: Mapping[str, str]) -> str:
-    uri = _get(options, "metadataServiceUri")
+    uri = option(options, "metadataServiceUri")
     if not options:
         raise errors.IncorrectParameter(
             "no options reached the bookkeeper source: a catalog table created before "
@@ -361,43 +361,44 @@ def parse_write_options(options: Mapping[str, str], *, streaming: bool = False) 
     else:
         names.check_names(options, names.BATCH_WRITE, "batch writes")
     uri = _uri(options)
-    log = _get(options, "log") or _get(options, "path")
+    log = option(options, "log") or option(options, "path")
     if log is None or not str(log).strip():
         raise errors.IncorrectParameter("option 'log' is required to write (the log to append to)")
     log = str(log).strip()
     if "/" in log:
         raise errors.IncorrectParameter(f"option 'log' must not contain '/', got {log!r}")
-    ensemble = parse_positive_int("ensembleSize", _get(options, "ensembleSize"), 3)
-    write_quorum = parse_positive_int("writeQuorum", _get(options, "writeQuorum"), min(2, ensemble))
-    ack_quorum = parse_positive_int("ackQuorum", _get(options, "ackQuorum"), min(2, write_quorum))
+    ensemble = parse_positive_int("ensembleSize", option(options, "ensembleSize"), 3)
+    write_quorum = parse_positive_int("writeQuorum", option(options, "writeQuorum"),
+                                      min(2, ensemble))
+    ack_quorum = parse_positive_int("ackQuorum", option(options, "ackQuorum"), min(2, write_quorum))
     if not ack_quorum <= write_quorum <= ensemble:
         raise errors.IncorrectParameter(
             "options must satisfy ackQuorum <= writeQuorum <= ensembleSize, got "
             f"{ack_quorum} <= {write_quorum} <= {ensemble}")
-    max_bytes = parse_positive_int("maxBytesPerEntry", _get(options, "maxBytesPerEntry"),
+    max_bytes = parse_positive_int("maxBytesPerEntry", option(options, "maxBytesPerEntry"),
                                    DEFAULT_MAX_BYTES_PER_ENTRY)
     if max_bytes > MAX_BYTES_PER_ENTRY_LIMIT:
         raise errors.IncorrectParameter(
             f"option 'maxBytesPerEntry' must be <= {MAX_BYTES_PER_ENTRY_LIMIT}, got {max_bytes}")
     sink_id = None
     if streaming:
-        sink_id = _get(options, "sinkId") or _get(options, "checkpointLocation")
+        sink_id = option(options, "sinkId") or option(options, "checkpointLocation")
         if sink_id is None or not str(sink_id).strip():
             raise errors.IncorrectParameter(
                 "the bookkeeper sink needs option 'checkpointLocation' (or 'sinkId'): it is the "
                 "identity under which committed batch ids are recorded for exactly-once")
         sink_id = str(sink_id).strip()
-    password = _get(options, "password")
+    password = option(options, "password")
     return WriteOptions(
         metadata_uri=uri, log=log, ensemble=ensemble, write_quorum=write_quorum,
         ack_quorum=ack_quorum,
-        max_rows_per_entry=parse_positive_int("maxRowsPerEntry", _get(options, "maxRowsPerEntry"),
+        max_rows_per_entry=parse_positive_int("maxRowsPerEntry", option(options, "maxRowsPerEntry"),
                                               DEFAULT_MAX_ROWS_PER_ENTRY),
         max_bytes_per_entry=max_bytes,
         password=password.encode() if password else b"",
         sink_id=sink_id,
         client_conf=client_overrides(options),
-        merge_schema=parse_bool("mergeSchema", _get(options, "mergeSchema"), False),
+        merge_schema=parse_bool("mergeSchema", option(options, "mergeSchema"), False),
     )
 
 
@@ -439,14 +440,14 @@ def parse_duration(name: str, text: Optional[str], default: float) -> float:
 def parse_stream_options(options: Mapping[str, str]) -> StreamOptions:
     options = names.fold_table_options(options)
     names.check_names(options, names.STREAM_READ, "stream reads")
-    if _get(options, "log") is None:
+    if option(options, "log") is None:
         raise errors.IncorrectParameter(
             "the streaming bookkeeper source needs option 'log' (streams read a log; "
             "option 'ledgers' is for batch reads)")
-    if _get(options, "startingOffsets") is not None and _get(options, "startingTimestamp"):
+    if option(options, "startingOffsets") is not None and option(options, "startingTimestamp"):
         raise errors.IncorrectParameter(
             "options 'startingOffsets' and 'startingTimestamp' both set: give one of them")
-    starting = _get(options, "startingOffsets") or "earliest"
+    starting = option(options, "startingOffsets") or "earliest"
     stripped = str(starting).strip()
     if stripped.lower() in ("earliest", "latest"):
         starting = stripped.lower()
@@ -466,14 +467,14 @@ def parse_stream_options(options: Mapping[str, str]) -> StreamOptions:
     base = {k: v for k, v in dict(options).items() if k.lower() not in stream_only}
 
     def optional_int(name: str) -> Optional[int]:
-        text = _get(options, name)
+        text = option(options, name)
         return parse_positive_int(name, text, 1) if text is not None else None
     return StreamOptions(
         read=parse_read_options(base, check_names=False), starting=starting,
         max_entries_per_trigger=optional_int("maxEntriesPerTrigger"),
         max_bytes_per_trigger=optional_int("maxBytesPerTrigger"),
         min_entries_per_trigger=optional_int("minEntriesPerTrigger"),
-        max_trigger_delay_s=parse_duration("maxTriggerDelay", _get(options, "maxTriggerDelay"),
+        max_trigger_delay_s=parse_duration("maxTriggerDelay", option(options, "maxTriggerDelay"),
                                            DEFAULT_MAX_TRIGGER_DELAY_S))
 
 
@@ -499,7 +500,7 @@ def parse_load_options(options: Mapping[str, str]) -> ReadOptions:
     try:
         return parse_read_options(options)
     except errors.IncorrectParameter as batch_error:
-        if _get(options, "startingOffsets") is None:
+        if option(options, "startingOffsets") is None:
             raise
         try:
             return parse_stream_options(options).read

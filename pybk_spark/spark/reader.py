@@ -30,7 +30,6 @@ objects out of the garbage collector once (Spark collects after every task).
 """
 from __future__ import annotations
 
-import atexit
 import dataclasses
 from typing import Any, Iterator, Optional
 
@@ -40,6 +39,7 @@ from pyspark.sql.types import BinaryType, LongType, StructField, StructType, Tim
 
 from pybk_spark import errors
 from pybk_spark.spark import arrow_codec, data_loss
+from pybk_spark.spark.client_cache import close_handle, drop_client, open_handle, worker_client
 from pybk_spark.spark.options import ReadOptions
 from pybk_spark.spark.planning import LedgerView, Slice, plan_slices, split_to_min
 from pybk_spark.spark.pushdown import Bounds, push
@@ -80,70 +80,6 @@ class LedgerSlicePartition(InputPartition):
     def __repr__(self) -> str:
         return (f"LedgerSlicePartition(ledger={self.ledger_id}, entries={self.first}..{self.last}, "
                 f"bookies={list(self.bookies)})")
-
-
-# -- per-process client cache (never pickled) ---------------------------------------------
-_CLIENTS: dict[tuple, Any] = {}
-
-
-def _client(uri: str, conf: tuple = ()):
-    """The worker's client for (uri, ``bk.*`` settings)."""
-    bk = _CLIENTS.get((uri, conf))
-    if bk is None:
-        from pybk_spark.ledger.client import BookKeeper
-        bk = BookKeeper(uri, conf=dict(conf) or None)
-        _CLIENTS[(uri, conf)] = bk
-        freeze_long_lived_objects()
-    return bk
-
-
-_FROZEN = [False]
-
-
-def freeze_long_lived_objects() -> None:
-    """Once per Python worker: move everything alive now (imported modules,
-    the cached client) out of the cyclic garbage collector's sight.
-
-    Spark's worker daemon runs a full ``gc.collect()`` after EVERY task of a
-    reused worker.  With grpc, pyarrow, the etcd client and their modules
-    loaded that walk costs 25-60 ms of CPU per task on this machine, and a
-    1,000,000-row scan is two tasks.  Frozen objects are never collected,
-    which is right for modules and the per-process client; anything created
-    later is collected as before.  ``gc.collect()`` first, so no garbage is
-    frozen with them."""
-    if _FROZEN[0]:
-        return
-    import gc
-    gc.collect()
-    gc.freeze()
-    _FROZEN[0] = True
-
-
-def _drop_client(uri: str, conf: tuple = ()) -> None:
-    bk = _CLIENTS.pop((uri, conf), None)
-    if bk is not None:
-        try:
-            bk.close()
-        except Exception:  # noqa: BLE001 - closing a broken client must not hide the real error
-            pass
-
-
-@atexit.register
-def _close_clients() -> None:
-    for uri, conf in list(_CLIENTS):
-        _drop_client(uri, conf)
-
-
-def _open(bk, ledger_id: int, *, recovery: bool, password: bytes):
-    if password:
-        return bk.open_ledger(ledger_id, recovery=recovery, password=password)
-    return bk.open_ledger(ledger_id, recovery=recovery)
-
-
-def _close_handle(handle) -> None:
-    close = getattr(handle, "close", None)
-    if close is not None:
-        close()
 
 
 # -- Arrow ------------------------------------------------------------------------------------
@@ -255,11 +191,11 @@ def ledger_view(bk, ledger_id: int, opts: ReadOptions) -> LedgerView:
     check_password(md, opts.password)
     if md.state == CLOSED_STATE:
         return LedgerView(ledger_id, tuple(md.fragments()), md.last_entry_id)
-    handle = _open(bk, ledger_id, recovery=opts.recovery, password=opts.password)
+    handle = open_handle(bk, ledger_id, recovery=opts.recovery, password=opts.password)
     try:
         readable_last = None if opts.recovery else handle.last_add_confirmed
     finally:
-        _close_handle(handle)
+        close_handle(handle)
     md = bk.get_ledger_metadata(ledger_id)      # after the LAC / after recovery closed it
     if opts.recovery:
         if md.state != CLOSED_STATE:
@@ -322,7 +258,7 @@ def _view_or_data_loss(bk, ledger_id: int, opts: ReadOptions) -> Optional[Ledger
 
 
 # -- executor side: reading ----------------------------------------------------------------------
-def _catch_up_lac(handle, planned_last: int) -> None:
+def catch_up_lac(handle, planned_last: int) -> None:
     """The driver saw LAC >= planned_last, but this open's covering quorum may
     have answered a lower one (LACs differ per bookie).  Some bookie holds the
     higher LAC, so a long poll for it returns at once; if it does not come the
@@ -333,9 +269,9 @@ def _catch_up_lac(handle, planned_last: int) -> None:
 
 
 def read_slice(bk, part: LedgerSlicePartition, opts: ReadOptions) -> Iterator[pa.RecordBatch]:
-    handle = _open(bk, part.ledger_id, recovery=False, password=opts.password)
+    handle = open_handle(bk, part.ledger_id, recovery=False, password=opts.password)
     try:
-        _catch_up_lac(handle, part.last)
+        catch_up_lac(handle, part.last)
         expected = part.first
         for batch in handle.read_batches(part.first, part.last, max_entries=opts.read_batch_entries,
                                          max_bytes=opts.read_batch_bytes,
@@ -356,7 +292,7 @@ def read_slice(bk, part: LedgerSlicePartition, opts: ReadOptions) -> Iterator[pa
             raise errors.ReadError("ledger read ended early", ledger_id=part.ledger_id,
                                    planned_last=part.last, read_up_to=expected - 1)
     finally:
-        _close_handle(handle)
+        close_handle(handle)
 
 
 def read_partition(partition: LedgerSlicePartition, opts: ReadOptions,
@@ -366,8 +302,8 @@ def read_partition(partition: LedgerSlicePartition, opts: ReadOptions,
     current one (read_ahead.py)."""
     uri = opts.metadata_uri
     try:
-        yield from read_ahead(decode_slice(read_slice(_client(uri, opts.client_conf), partition,
-                                                      opts),
+        yield from read_ahead(decode_slice(read_slice(worker_client(uri, opts.client_conf),
+                                                      partition, opts),
                                            table_schema, opts.include_metadata),
                               opts.read_ahead_batches)
     except errors.NoSuchLedger as exc:
@@ -378,7 +314,7 @@ def read_partition(partition: LedgerSlicePartition, opts: ReadOptions,
                          log=opts.log, ledger_id=partition.ledger_id,
                          first=partition.first, last=partition.last, error=exc)
     except Exception:
-        _drop_client(uri, opts.client_conf)   # next task in this worker: a fresh client
+        drop_client(uri, opts.client_conf)   # next task in this worker: a fresh client
         raise
 
 

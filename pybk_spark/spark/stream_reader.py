@@ -65,7 +65,7 @@ def measure(bk, md: LogMetadata, from_index: int, password: bytes, *,
     if from_index < md.truncated_ledgers:
         raise errors.LogTruncated("stream position was truncated away", log=md.name,
                                   index=from_index, first_index=md.truncated_ledgers)
-    from pybk_spark.spark.reader import _close_handle, _open
+    from pybk_spark.spark.client_cache import close_handle, open_handle
     out = []
     for i, seg in enumerate(md.segments):
         index = md.truncated_ledgers + i
@@ -86,11 +86,11 @@ def measure(bk, md: LogMetadata, from_index: int, password: bytes, *,
             continue
         end = 0
         if read_lac:
-            handle = _open(bk, seg.ledger_id, recovery=False, password=password)
+            handle = open_handle(bk, seg.ledger_id, recovery=False, password=password)
             try:
                 end = handle.last_add_confirmed + 1
             finally:
-                _close_handle(handle)
+                close_handle(handle)
         out.append(Extent(index, seg.ledger_id, end, False))
         break
     return out

@@ -49,7 +49,8 @@ def entry_at_or_after(bk, view: LedgerView, t_ms: int, log: _Log, password: byte
     """The first entry of ``view`` appended at or after ``t_ms`` (readable
     last + 1 when there is none)."""
     from pybk_spark.spark import arrow_codec
-    from pybk_spark.spark.reader import _catch_up_lac, _close_handle, _open
+    from pybk_spark.spark.client_cache import close_handle, open_handle
+    from pybk_spark.spark.reader import catch_up_lac
     t_us, none = t_ms * 1000, view.readable_last + 1
     first_us, last_us = log.times.get(view.ledger_id, (at.UNKNOWN, at.UNKNOWN))
     side = at.segment_side(first_us, last_us, t_us)
@@ -60,16 +61,16 @@ def entry_at_or_after(bk, view: LedgerView, t_ms: int, log: _Log, password: byte
     prefixed = at.is_time_prefixed(bk.get_ledger_metadata(view.ledger_id).custom)
     if not prefixed and not log.dataframe:
         return none                         # no times: older than any time
-    handle = _open(bk, view.ledger_id, recovery=False, password=password)
+    handle = open_handle(bk, view.ledger_id, recovery=False, password=password)
     try:
-        _catch_up_lac(handle, view.readable_last)
+        catch_up_lac(handle, view.readable_last)
 
         def time_of(entry_id: int) -> Optional[int]:
             payload = handle.read(entry_id, entry_id)[0].payload
             return at.time_of_framed(payload) if prefixed else arrow_codec.entry_time(payload)
         return at.first_at_or_after(0, view.readable_last, t_us, time_of)
     finally:
-        _close_handle(handle)
+        close_handle(handle)
 
 
 def resolve(bk, opts, views: list[LedgerView], starts: list[int], ends: list[int]

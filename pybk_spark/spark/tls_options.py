@@ -27,10 +27,10 @@ KNOWN_TLS_OPTIONS = tuple(name for name, _ in TLS_OPTIONS)
 
 def parse_client_options(options: Mapping[str, str]) -> tuple:
     """The client settings the options name: ((setting, value), ...)."""
-    from pybk_spark.spark.options import _get, parse_bool
+    from pybk_spark.spark.options import option, parse_bool
     out = []
     for name, setting in TLS_OPTIONS:
-        value = _get(options, name)
+        value = option(options, name)
         if value is None or not str(value).strip():
             continue
         if setting == "operator":

@@ -122,10 +122,10 @@ def _task_ids() -> tuple[int, int]:
 def write_task(opts: WriteOptions, job: str, schema_text: str,
                batches: Iterator[pa.RecordBatch],
                wall_clock=time.time) -> LedgerCommitMessage:
-    from pybk_spark.spark.reader import _client, _drop_client
+    from pybk_spark.spark.client_cache import drop_client, worker_client
     partition, attempt = _task_ids()
     schema = arrow_codec.decode_schema(schema_text)
-    bk = _client(opts.metadata_uri, opts.client_conf)
+    bk = worker_client(opts.metadata_uri, opts.client_conf)
     handle, key = None, None
     entries = nbytes = rows = 0
     first_us = last_us = -1
@@ -170,7 +170,7 @@ def write_task(opts: WriteOptions, job: str, schema_text: str,
             handle.close()
     except BaseException:
         _abandon(bk, handle, key)
-        _drop_client(opts.metadata_uri, opts.client_conf)
+        drop_client(opts.metadata_uri, opts.client_conf)
         raise
     ledger_id = handle.ledger_id if handle is not None else -1
     return LedgerCommitMessage(partition, attempt, ledger_id, entries, nbytes, rows,

@@ -75,7 +75,7 @@ class HostsUnavailable(RuntimeError):
 
 
 # -- capability -----------------------------------------------------------------------
-def _ip_binary() -> Optional[str]:
+def ip_binary() -> Optional[str]:
     return shutil.which("ip") or next((p for p in ("/usr/sbin/ip", "/sbin/ip")
                                        if os.access(p, os.X_OK)), None)
 
@@ -105,15 +105,15 @@ def unavailable_reason() -> Optional[str]:
 def _probe() -> Optional[str]:
     if not sys.platform.startswith("linux"):
         return f"network namespaces need Linux (this is {sys.platform})"
-    if _ip_binary() is None:
+    if ip_binary() is None:
         return "no 'ip' command (install iproute2)"
     if not _has_cap_net_admin():
         return "no CAP_NET_ADMIN: run as root to make network namespaces"
     name = f"{PREFIX}-0-probe{os.getpid()}"
-    made = subprocess.run([_ip_binary(), "netns", "add", name], capture_output=True, text=True)
+    made = subprocess.run([ip_binary(), "netns", "add", name], capture_output=True, text=True)
     if made.returncode != 0:
         return f"'ip netns add' failed: {made.stderr.strip() or made.returncode}"
-    subprocess.run([_ip_binary(), "netns", "del", name], capture_output=True)
+    subprocess.run([ip_binary(), "netns", "del", name], capture_output=True)
     return None
 
 
@@ -126,7 +126,7 @@ def require() -> None:
 
 # -- ip(8) helpers ----------------------------------------------------------------------
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    res = subprocess.run([_ip_binary() or "ip", *args], capture_output=True, text=True,
+    res = subprocess.run([ip_binary() or "ip", *args], capture_output=True, text=True,
                          timeout=30)
     if check and res.returncode != 0:
         raise HostsUnavailable(f"ip {' '.join(args)}: {res.stderr.strip()}")
@@ -251,7 +251,7 @@ class Host:
 
     def command(self, argv: Sequence[str]) -> list[str]:
         """``argv`` wrapped to run inside this host."""
-        return [_ip_binary() or "ip", "netns", "exec", self.netns, *map(str, argv)]
+        return [ip_binary() or "ip", "netns", "exec", self.netns, *map(str, argv)]
 
     def spawn(self, argv: Sequence[str], env: Mapping[str, str] | None = None, *,
               stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, cwd=None) -> subprocess.Popen:

@@ -90,7 +90,7 @@ def netem_unavailable_reason() -> Optional[str]:
 
 def _probe_netem(hosts) -> Optional[str]:
     ns = f"{hosts.PREFIX}-0-probe{os.getpid()}"
-    ip = hosts._ip_binary() or "ip"
+    ip = hosts.ip_binary() or "ip"
     subprocess.run([ip, "netns", "add", ns], capture_output=True)
     try:
         subprocess.run([ip, "-n", ns, "link", "set", "lo", "up"], capture_output=True)

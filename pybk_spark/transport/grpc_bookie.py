@@ -40,7 +40,6 @@ from pybk_spark.metadata import keys
 
 ADD_TRANSPORTS = ("lane", "grpc")
 READ_TRANSPORTS = ADD_TRANSPORTS
-_END = {pb.COMPLETE: "COMPLETE", pb.LIMIT: "LIMIT", pb.MISSING: "MISSING"}
 
 
 class BookieClient(BookieTransport):
@@ -145,8 +144,8 @@ class BookieClient(BookieTransport):
 
         def conv(resp):
             self._check(resp, ledger_id=ledger_id, entry_id=first)
-            return ReadResult(batch_from_bytes(resp.entries), _END.get(resp.end, "MISSING"),
-                              resp.lac, resp.fenced, resp.entries)
+            return ReadResult(batch_from_bytes(resp.entries),
+                              codes.READ_END_NAMES.get(resp.end, "MISSING"), resp.lac, resp.fenced, resp.entries)
         if self._reads is not None:
             return self._reads.submit(req, b"", timeout or self.default_timeout, conv)
         return self._call(self._read_entries, req, timeout, conv)

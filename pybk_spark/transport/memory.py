@@ -68,7 +68,7 @@ class MemoryBookie:
         led.state = ls.decide_fence(led.state, key).state
 
     def add(self, lid: int, key: bytes, data: bytes, recovery: bool) -> tuple[int, int]:
-        from bookie_server.bookie import validate_batch     # the real bookie's checks
+        from bookie_server.add_validation import validate_batch     # the real bookie's checks
         batch = validate_batch(data, lid, self.config)
         with self.lock:
             led = self.ledgers.get(lid) or _Ledger(lid)

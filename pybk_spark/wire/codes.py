@@ -16,6 +16,10 @@ from pybk_spark.wire import bookie_wire_pb2 as pb
 
 OK = pb.OK
 
+# How a read stream ended (``ReadResult.end``): wire enum <-> name.
+READ_END_NAMES: dict[Any, str] = {pb.COMPLETE: "COMPLETE", pb.LIMIT: "LIMIT", pb.MISSING: "MISSING"}
+READ_END_CODES: dict[str, Any] = {name: code for code, name in READ_END_NAMES.items()}
+
 _CODE_TO_ERROR: dict[int, type[errors.BKError]] = {
     pb.NO_SUCH_LEDGER: errors.NoSuchLedger,
     pb.NO_SUCH_ENTRY: errors.NoSuchEntry,

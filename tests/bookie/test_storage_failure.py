@@ -12,7 +12,8 @@ import threading
 import pytest
 
 from bookie_server.background import DiskChecker, next_read_only
-from bookie_server.bookie import CHECKPOINT, Bookie
+from bookie_server.bookie import Bookie
+from bookie_server.checkpoint_file import CHECKPOINT
 from bookie_server.config import BookieConfig
 from bookie_server.journal.journal import Journal, Position, RecordType
 from bookie_server.journal.journal_replay import replay

@@ -1,0 +1,179 @@
+"""The bookie's request handlers: add, fence, explicit LAC, LAC reads (with
+long poll) and entry reads.
+
+``BookieRequests`` is a base class of ``bookie.Bookie`` and works on the state
+the bookie sets up and keeps (``states`` under ``cond``, ``store``,
+``journal``, ``admission``, ``lost``, ``cfg``) and on its helpers
+(``_state``, ``_known``, ``_key_records``, ``_check_storage``,
+``_check_lost``); the bookie itself is the lifecycle: start-up, replay,
+durable application, read-only mode, GC and checkpoints.  Every decision
+about a ledger's state is ``ledger_state``'s (pure); a handler journals what
+the decision says and waits for it to be durable.
+"""
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from typing import Any, Optional
+
+import pyarrow as pa
+
+from bookie_server import ledger_state as ls
+from bookie_server.add_validation import validate_batch
+from bookie_server.journal.journal_format import LEDGER_LAC, RecordType
+from pybk_spark import errors
+from pybk_spark.transport.base import LacResult, ReadResult
+
+
+class BookieRequests:
+    # What the bookie core (bookie.py) sets up and keeps; declared here for the type checker.
+    cfg: Any
+    cond: threading.Condition
+    states: dict[int, ls.LedgerState]
+    store: Any
+    journal: Any
+    admission: Any
+    lost: Any
+    read_only: bool
+    _stop: threading.Event
+
+    def _state(self, ledger_id: int) -> ls.LedgerState:
+        raise NotImplementedError
+
+    def _known(self, ledger_id: int) -> bool:
+        raise NotImplementedError
+
+    def _key_records(self, plan: ls.Plan, ledger_id: int, key: bytes) -> list:
+        raise NotImplementedError
+
+    def _check_lost(self, ledger_id: int, entry_id: int) -> None:
+        raise NotImplementedError
+
+    def _check_storage(self) -> None:
+        raise NotImplementedError
+
+    def add_async(self, ledger_id: int, master_key: bytes, data: bytes,
+                  recovery: bool = False, keyless: bool = False) -> tuple[Future, int, int]:
+        """Returns (future completing when durable+visible, first id, last id).
+        ``keyless``: an operator's recovery add without the master key
+        (protocol/access.py)."""
+        batch = validate_batch(data, ledger_id, self.cfg)
+        first, last = batch.column(1)[0].as_py(), batch.column(1)[batch.num_rows - 1].as_py()
+        self._check_storage()
+        release = self.admission.admit(len(data))      # TooManyRequests past its bounds
+        try:
+            fut = self._submit_add(ledger_id, master_key, data, batch, recovery, keyless)
+        except BaseException:
+            release()
+            raise
+        fut.add_done_callback(lambda _f: release())
+        self.journal.lead()      # an idle journal: write + sync on this thread
+        return fut, first, last
+
+    def _submit_add(self, ledger_id: int, master_key: bytes, data: bytes,
+                    batch: pa.RecordBatch, recovery: bool, keyless: bool = False) -> Future:
+        with self.cond:
+            plan = ls.decide_add(self._state(ledger_id), master_key, recovery=recovery,
+                                 read_only=self.read_only, keyless=keyless)
+            records = self._key_records(plan, ledger_id, master_key)
+            records.append((RecordType.ADD_BATCH, data))
+            self.states[ledger_id] = plan.state
+            return self.journal.submit(records, ("add", ledger_id, batch, data), lead=True)
+
+    def add(self, ledger_id: int, master_key: bytes, data: bytes, recovery: bool = False,
+            timeout: Optional[float] = None) -> tuple[int, int]:
+        fut, first, last = self.add_async(ledger_id, master_key, data, recovery)
+        fut.result(timeout)
+        return first, last
+
+    def fence(self, ledger_id: int, master_key: bytes, keyless: bool = False) -> LacResult:
+        self._check_storage()
+        with self.cond:
+            plan = ls.decide_fence(self._state(ledger_id), master_key, keyless)
+            records = self._key_records(plan, ledger_id, master_key)
+            self.states[ledger_id] = plan.state
+            fut = self.journal.submit(records, lead=True) if records else None
+        if fut is not None:
+            self.journal.lead()
+            fut.result()
+        else:
+            self._wait_applied()
+        return self.lac_of(ledger_id)
+
+    def _wait_applied(self) -> None:
+        """An already-fenced ledger: wait until the fence we saw is durable."""
+        self.journal.write([]).result()
+
+    def write_lac(self, ledger_id: int, master_key: bytes, lac: int) -> None:
+        self._check_storage()
+        with self.cond:
+            if self.read_only:
+                raise errors.ReadOnly("bookie is read-only")
+            plan = ls.decide_write_lac(self._state(ledger_id), master_key, lac)
+            records = self._key_records(plan, ledger_id, master_key)
+            records.append((RecordType.EXPLICIT_LAC, LEDGER_LAC.pack(ledger_id, lac)))
+            self.states[ledger_id] = ls.apply_key(self._state(ledger_id), master_key)
+            fut = self.journal.submit(records, ("lac", ledger_id, lac), lead=True)
+        self.journal.lead()
+        fut.result()
+
+    def master_key_of(self, ledger_id: int) -> bytes:
+        """The key this bookie recorded for the ledger (b"" if none)."""
+        with self.cond:
+            return self._state(ledger_id).master_key or b""
+
+    def lac_of(self, ledger_id: int) -> LacResult:
+        with self.cond:
+            s = self._state(ledger_id)
+            return LacResult(s.lac, max(s.last_entry_id, self.store.max_entry(ledger_id)), s.fenced)
+
+    def read_lac(self, ledger_id: int, *, fence: bool = False, master_key: bytes = b"",
+                 wait_for_lac_above: int = -2, timeout_s: float = 0.0,
+                 keyless: bool = False) -> LacResult:
+        if fence:
+            return self.fence(ledger_id, master_key, keyless)
+        if wait_for_lac_above >= -1 and timeout_s > 0:
+            timeout_s = min(timeout_s, self.cfg.long_poll_max_timeout_ms / 1000.0)
+            with self.cond:
+                self.cond.wait_for(lambda: self._state(ledger_id).lac > wait_for_lac_above
+                                   or self._stop.is_set(), timeout_s)
+        with self.cond:
+            if not self._known(ledger_id):
+                self._unknown_ledger(ledger_id)
+        return self.lac_of(ledger_id)
+
+    def _unknown_ledger(self, ledger_id: int) -> None:
+        if self.lost.unattributed or self.lost.has_ledger(ledger_id):
+            raise errors.BookieIOError(
+                f"ledger {ledger_id} not found, but this bookie lost journal records to damage "
+                "(event=journal_damage) and is not yet re-replicated")
+        raise errors.NoSuchLedger(ledger_id=ledger_id)
+
+    def read(self, ledger_id: int, first: int, last: int, *, max_entries: int = 0,
+             max_bytes: int = 0, fence: bool = False, master_key: bytes = b"",
+             sparse: bool = False, stripe: Optional[tuple[int, int]] = None,
+             keyless: bool = False) -> ReadResult:
+        if fence:
+            self.fence(ledger_id, master_key, keyless)
+        if first < 0 or last < first:
+            raise errors.BadRequest(f"bad entry range [{first}, {last}]")
+        max_entries = min(max_entries or self.cfg.max_read_entries, self.cfg.max_read_entries)
+        max_bytes = min(max_bytes or self.cfg.max_read_bytes, self.cfg.max_read_bytes)
+        with self.cond:
+            if not self._known(ledger_id):
+                if sparse:      # copies / replicas checks: never a recovery decision
+                    raise errors.NoSuchLedger(ledger_id=ledger_id)
+                self._unknown_ledger(ledger_id)
+        if stripe is not None and not (sparse and 0 <= stripe[1] < stripe[0]):
+            raise errors.BadRequest(f"stripe {stripe} needs a sparse read and 0 <= slot < ensemble")
+        batch, limited = self.store.read(ledger_id, first, last, max_entries, max_bytes,
+                                         sparse=sparse, stripe=stripe)
+        lac = self.lac_of(ledger_id)
+        if sparse:   # every stored id in range; an empty answer is not an error
+            return ReadResult(batch, "LIMIT" if limited else "COMPLETE", lac.lac, lac.fenced)
+        if batch.num_rows == 0:
+            self._check_lost(ledger_id, first)
+            raise errors.NoSuchEntry(ledger_id=ledger_id, entry_id=first)
+        got_last = first + batch.num_rows - 1
+        end = "COMPLETE" if got_last >= last else ("LIMIT" if limited else "MISSING")
+        return ReadResult(batch, end, lac.lac, lac.fenced)

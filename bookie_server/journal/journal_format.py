@@ -1,0 +1,56 @@
+"""The journal's file format: file names, the record header and framing,
+record types and their bodies, and a position in the journal.
+
+A journal file ``<seq as 16 hex digits>.jnl`` is a sequence of records, each
+``HEADER`` (body length u32, CRC u32 of type + body, type u8) then the body
+(``frame``); ``journal.Journal`` writes them, ``journal_replay`` reads them
+back.  Pure: no I/O but listing a directory.
+"""
+from __future__ import annotations
+
+import enum
+import os
+import struct
+from dataclasses import dataclass
+
+from bookie_server.journal.journal_crc import crc_of
+
+HEADER = struct.Struct("<IIB")
+MAX_RECORD = 1 << 31
+
+
+class RecordType(enum.IntEnum):
+    ADD_BATCH = 1       # body: Arrow IPC stream bytes as received
+    FENCE = 2           # body: ledger u64
+    MASTER_KEY = 3      # body: ledger u64 + key bytes
+    EXPLICIT_LAC = 4    # body: ledger u64 + lac i64
+    LEDGER_DELETED = 5  # body: ledger u64 (written by GC)
+
+
+LEDGER = struct.Struct("<Q")
+LEDGER_LAC = struct.Struct("<Qq")
+
+
+def frame(rtype: int, body: bytes) -> list[bytes]:
+    return [HEADER.pack(len(body), crc_of(rtype, body), rtype), body]
+
+
+@dataclass(order=True, frozen=True)
+class Position:
+    seq: int
+    offset: int
+
+
+def file_name(seq: int) -> str:
+    return f"{seq:016x}.jnl"
+
+
+def list_files(directory: str) -> list[int]:
+    out = []
+    for name in os.listdir(directory):
+        if name.endswith(".jnl"):
+            try:
+                out.append(int(name[:-4], 16))
+            except ValueError:
+                continue
+    return sorted(out)

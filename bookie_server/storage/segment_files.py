@@ -1,0 +1,175 @@
+"""The entry store's files: segment files it appends stored batches to, and
+journal files it reads big batches from in place (journal segments, see
+``entry_store``), with their sizes and live bytes, the open memory maps and
+the cache of decoded batches.
+
+Theory of operation
+-------------------
+A segment id names one file: ``segments/NNNNNNNN.seg``, or, for ids at or
+above ``JOURNAL_SEGMENT_BASE``, the journal file ``id - JOURNAL_SEGMENT_BASE``.
+``size`` is each file's length as far as the store knows it (the extent of
+the batches it indexes in a journal file); ``live`` is the bytes in it that
+an indexed batch still uses (the entry store and compaction keep it).
+Appends go to the ``current`` segment, opened by ``open_for_append``, which
+moves on to a fresh file when there is none or it has reached
+``segment_max_bytes``; ``roll()`` forces that (a sparse current segment
+being compacted, or a restart: a file of unknown tail is never appended to).
+A stored batch is read through a memory map (``map``) and decoded once into
+a small LRU cache (``batch_of``).
+
+Ordering obligations:
+  * Callers hold the entry store's lock while they read or change ``size``,
+    ``live`` or ``current``, except the flush and compaction appends, which
+    the bookie never runs at once (its checkpoint lock).
+  * ``io_lock`` guards the memory maps and the batch cache; it is taken
+    after the entry store's lock, never before.
+  * ``fsync_dir`` makes new files' names durable before any index that
+    references them is persisted.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from typing import Callable
+
+import pyarrow as pa
+
+from bookie_server.journal.journal_format import file_name as journal_file_name
+
+JOURNAL_SEGMENT_BASE = 1 << 22     # segment ids >= this are journal files (seq = id - base)
+
+
+def journal_segment(seq: int) -> int:
+    return JOURNAL_SEGMENT_BASE + seq
+
+
+def is_journal_segment(seg: int) -> bool:
+    return seg >= JOURNAL_SEGMENT_BASE
+
+
+class SegmentFiles:
+    def __init__(self, directory: str, *, segment_max_bytes: int, batch_cache_size: int,
+                 mmap_cache_size: int, journal_dir: str | None,
+                 fsync: Callable[[int], None]):
+        self.fsync = fsync
+        self.journal_dir = journal_dir
+        self.seg_dir = os.path.join(directory, "segments")
+        os.makedirs(self.seg_dir, exist_ok=True)
+        self.segment_max_bytes = segment_max_bytes
+        self.size: dict[int, int] = {}         # segment -> bytes
+        self.live: dict[int, int] = {}         # segment -> live bytes
+        self.current = -1                      # the segment appends go to (-1: a fresh one)
+        self.io_lock = threading.Lock()
+        self._batch_cache: "OrderedDict[int, pa.RecordBatch]" = OrderedDict()
+        self._batch_cache_size = batch_cache_size
+        self._mmaps: "OrderedDict[int, pa.MemoryMappedFile]" = OrderedDict()
+        self._mmap_cache_size = mmap_cache_size
+
+    def path(self, seg: int) -> str:
+        if is_journal_segment(seg):
+            return os.path.join(self.journal_dir, journal_file_name(seg - JOURNAL_SEGMENT_BASE))
+        return os.path.join(self.seg_dir, f"{seg:08d}.seg")
+
+    def map(self, seg: int, needed: int) -> pa.MemoryMappedFile:
+        mm = self._mmaps.get(seg)
+        if mm is None or mm.size() < needed:
+            mm = pa.memory_map(self.path(seg), "r")
+            self._mmaps[seg] = mm
+            if len(self._mmaps) > self._mmap_cache_size:
+                self._mmaps.popitem(last=False)
+        self._mmaps.move_to_end(seg)
+        return mm
+
+    def read_bytes(self, seg: int, offset: int, length: int) -> pa.Buffer:
+        """``length`` stored bytes at ``offset`` of segment ``seg``."""
+        return self.map(seg, offset + length).read_at(length, offset)
+
+    # -- reads of stored batches -----------------------------------------------------
+    def will_need(self, refs: list, budget: int) -> None:
+        """Ask the kernel to start reading the stored batches of this read
+        that are not in memory, all at once (posix_fadvise WILLNEED), up to
+        the read's byte budget: a read from disk then waits for one round of
+        I/O instead of faulting its batches in one after the other.  Measured
+        on a catch-up read whose older part had left the page cache: +20-25%.
+        Only advice."""
+        with self.io_lock:
+            for ref in refs:
+                if ref.batch is not None or ref.segment < 0:
+                    continue
+                if budget <= 0:
+                    return
+                budget -= ref.length
+                if ((ref.segment << 40) | ref.offset) in self._batch_cache:
+                    continue
+                try:
+                    mm = self.map(ref.segment, ref.offset + ref.length)
+                    os.posix_fadvise(mm.fileno(), ref.offset, ref.length, os.POSIX_FADV_WILLNEED)
+                except (OSError, ValueError):
+                    return
+
+    def batch_of(self, ref) -> pa.RecordBatch:
+        batch = ref.batch
+        if batch is not None:
+            return batch
+        key = (ref.segment << 40) | ref.offset
+        with self.io_lock:
+            cached = self._batch_cache.get(key)
+            if cached is not None:
+                self._batch_cache.move_to_end(key)
+                return cached
+            buf = self.map(ref.segment, ref.offset + ref.length).read_at(ref.length, ref.offset)
+            batch = pa.ipc.open_stream(buf).read_next_batch()
+            self._batch_cache[key] = batch
+            if len(self._batch_cache) > self._batch_cache_size:
+                self._batch_cache.popitem(last=False)
+            return batch
+
+    def uncache(self, seg: int, offset: int) -> None:
+        """Forget the decoded batch stored at (seg, offset) (caller holds ``io_lock``)."""
+        self._batch_cache.pop((seg << 40) | offset, None)
+
+    # -- appends ----------------------------------------------------------------------
+    def open_for_append(self):
+        if self.current < 0 or self.size.get(self.current, 0) >= self.segment_max_bytes:
+            self.current = max((s for s in self.size if not is_journal_segment(s)),
+                               default=0) + 1
+            self.size[self.current] = 0
+            self.live.setdefault(self.current, 0)
+        fh = open(self.path(self.current), "ab")
+        fh.seek(0, os.SEEK_END)
+        self.size[self.current] = fh.tell()
+        return fh
+
+    def roll(self) -> None:
+        """The next append starts a fresh segment."""
+        self.current = -1
+
+    def fsync_dir(self) -> None:
+        """Make new segment files' directory entries durable (before any index
+        that references them is persisted)."""
+        dfd = os.open(self.seg_dir, os.O_RDONLY)
+        try:
+            self.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    # -- removal ------------------------------------------------------------------------
+    def forget(self, segs: list[int]) -> None:
+        """No longer know these files (caller holds ``io_lock``)."""
+        for seg in segs:
+            self._mmaps.pop(seg, None)
+            self.live.pop(seg, None)
+            self.size.pop(seg, None)
+
+    def delete(self, segs: list[int]) -> None:
+        """Forget and unlink these segment files (caller holds ``io_lock``)."""
+        for s in segs:
+            self._mmaps.pop(s, None)
+            self.live.pop(s, None)
+            self.size.pop(s, None)
+            try:
+                os.unlink(self.path(s))
+            except FileNotFoundError:
+                pass
+        self._batch_cache.clear()
