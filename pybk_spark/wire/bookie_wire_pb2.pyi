@@ -230,6 +230,40 @@ class ListLedgersResponse(_message.Message):
     ledger_ids: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., ledger_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
+class PullRequest(_message.Message):
+    __slots__ = ("ledger_id", "master_key", "source_address", "source_lane_address", "wanted_ids", "digest_type", "read_window", "source_bookie_id")
+    LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
+    MASTER_KEY_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_LANE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    WANTED_IDS_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_TYPE_FIELD_NUMBER: _ClassVar[int]
+    READ_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_BOOKIE_ID_FIELD_NUMBER: _ClassVar[int]
+    ledger_id: int
+    master_key: bytes
+    source_address: str
+    source_lane_address: str
+    wanted_ids: bytes
+    digest_type: str
+    read_window: int
+    source_bookie_id: str
+    def __init__(self, ledger_id: _Optional[int] = ..., master_key: _Optional[bytes] = ..., source_address: _Optional[str] = ..., source_lane_address: _Optional[str] = ..., wanted_ids: _Optional[bytes] = ..., digest_type: _Optional[str] = ..., read_window: _Optional[int] = ..., source_bookie_id: _Optional[str] = ...) -> None: ...
+
+class PullResponse(_message.Message):
+    __slots__ = ("code", "message", "entries", "bytes", "missing_ids")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    MISSING_IDS_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    entries: int
+    bytes: int
+    missing_ids: bytes
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., entries: _Optional[int] = ..., bytes: _Optional[int] = ..., missing_ids: _Optional[bytes] = ...) -> None: ...
+
 class HealthRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
