@@ -34,10 +34,9 @@ from pybk_spark.spark.tls_options import KNOWN_TLS_OPTIONS   # tls.caFile ... op
 COMMON_READ = (
     "metadataServiceUri", "log", "startingOffsets", "includeMetadata", "password",
     "maxEntriesPerPartition", "readBatchEntries", "readBatchBytes", "readAheadBatches",
-    "readWindowsInFlight", "failOnDataLoss", "minPartitions",
+    "readWindowsInFlight", "failOnDataLoss", "minPartitions", "logs", "logPattern",
 ) + KNOWN_TLS_OPTIONS
-BATCH_READ = COMMON_READ + ("ledgers", "endingOffsets", "recovery", "path", "logs",
-                            "logPattern")
+BATCH_READ = COMMON_READ + ("ledgers", "endingOffsets", "recovery", "path")
 STREAM_READ = COMMON_READ + ("maxEntriesPerTrigger", "maxBytesPerTrigger",
                              "minEntriesPerTrigger", "maxTriggerDelay")
 BATCH_WRITE = (
