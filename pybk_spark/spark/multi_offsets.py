@@ -75,8 +75,9 @@ def parse_starting(text: str) -> dict[str, Offset]:
     for name, o in parsed.items():
         if not isinstance(o, dict):
             raise errors.IncorrectParameter(
-                f"option 'startingOffsets': the offset of log {name!r} must be "
-                f"{{\"index\": I, \"entry\": E}}, got {o!r}")
+                "option 'startingOffsets' of a stream over 'logs'/'logPattern' names each "
+                f"log's position, {{\"<log>\": {{\"index\": I, \"entry\": E}}, ...}}; the "
+                f"value for {name!r} is {o!r}")
         out[str(name)] = Offset.from_dict(o)
     return out
 
