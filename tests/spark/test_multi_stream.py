@@ -52,8 +52,9 @@ def test_pattern_stream_reads_logs_fairly_picks_up_new_logs_and_resumes(
         multi_stream(spark, metadata_uri, logPattern=rf"{p}-.*", maxEntriesPerTrigger="4"),
         checkpoint)
     assert rows_of(again) == sorted([(i, a) for i in (8, 9)] + [(i, c) for i in range(200, 203)])
-    [pos_c] = list_positions(bk.metadata_store, c)
-    assert pos_c.name == pos_a.name
+    # (c's position comes with the next commit: Spark commits a batch when it starts the
+    # next one, so an AvailableNow run leaves its last batch uncommitted to the source;
+    # test_multi_stream_driver.py checks a new log's position)
     # a single-log checkpoint is not a multi-log one: refused, naming the reason
     single = str(tmp_path / "single")
     run_available_now(multi_stream(spark, metadata_uri, log=a), single)
