@@ -142,7 +142,8 @@ def _locked_main(args, cfg, make_bookie=Bookie) -> int:
                 return 2
         metrics = BookieMetrics()
         readiness = health.Readiness(needs_registration=bool(cfg.metadata_uri))
-        admin = admin_http.AdminApi(allow_remote=cfg.admin_http_allow_remote)
+        admin = admin_http.AdminApi(allow_remote=cfg.admin_http_allow_remote,
+                                    auth=bookie_tls.admin_policy(cfg))
         try:
             listeners = bind_all(cfg, metrics, readiness, admin, server_tls)
         except errors.PortInUse as exc:

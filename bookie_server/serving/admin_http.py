@@ -20,11 +20,19 @@ bodies are typed JSON in this project's snake_case (docs/operations.md,
   GET|PUT /api/v1/autorecovery/lost_bookie_recovery_delay
                                             body {"delay_seconds": float | null}
 
-Until the security work brings authorization, the routes answer only
+Authorization (``auth``, bookie_server/tls.admin_policy): when the HTTP
+port speaks TLS and asks for client certificates (``metrics_tls`` with
+``tls_client_auth`` required or optional), every route checks the caller's
+certificate with protocol/access.admin_refusal, the rule the gRPC and lane
+ports use for roles: ``PUT`` routes need the operator role, ``GET`` routes
+an identity with a role; 401 ``unauthenticated`` (no certificate) or 403
+``forbidden`` (not the role), the body naming what is ``missing``.  Loopback
+peers get no free pass then.  Otherwise (plain HTTP, or no client
+certificates) nobody can be authenticated and the routes answer only
 loopback peers (403 otherwise) unless ``admin_http_allow_remote = true``.
 The API object exists before the bookie (ports are bound first): until
 ``attach`` the routes answer 503 ``starting``.  Errors are JSON
-``{"error": ..., "message": ...}`` with 400 (bad body), 403, 404, 405, 503
+``{"error": ..., "message": ...}`` with 400 (bad body), 401, 403, 404, 405, 503
 (starting, standalone, metadata store unavailable).  A request never
 crashes the bookie.
 """
@@ -39,15 +47,16 @@ from typing import Any, Callable, Optional
 
 from pybk_spark import errors
 from pybk_spark.metadata import keys
+from pybk_spark.protocol import access
 
 log = logging.getLogger("bookie.admin_http")
 PREFIX = "/api/v1/"
 
 
 class HttpError(Exception):
-    def __init__(self, code: int, error: str, message: str):
+    def __init__(self, code: int, error: str, message: str, **extra):
         super().__init__(message)
-        self.code, self.error = code, error
+        self.code, self.error, self.extra = code, error, extra
 
 
 def is_loopback(host: str) -> bool:
@@ -60,8 +69,10 @@ def is_loopback(host: str) -> bool:
 
 
 class AdminApi:
-    def __init__(self, *, allow_remote: bool = False, clock: Callable[[], float] = time.time):
+    def __init__(self, *, allow_remote: bool = False, auth: Optional[access.Policy] = None,
+                 clock: Callable[[], float] = time.time):
         self.allow_remote = allow_remote
+        self.auth = auth                # roles checked per request (None: loopback rule)
         self.clock = clock
         self.bookie: Any = None
         self.bookie_id = ""
@@ -101,19 +112,27 @@ class AdminApi:
         try:
             length = int(handler.headers.get("Content-Length") or 0)
             body = handler.rfile.read(length) if length > 0 else b""
-            code, doc = self.handle(method, path, body, handler.client_address[0])
+            code, doc = self.handle(method, path, body, handler.client_address[0],
+                                    _peer_of(handler))
         except Exception as exc:  # noqa: BLE001 - a request never kills the bookie
             log.exception("event=admin_http_error path=%s", path)
             code, doc = 500, {"error": "internal", "message": f"{type(exc).__name__}: {exc}"}
         handler._json(code, doc)
         return True
 
-    def handle(self, method: str, path: str, body: bytes, peer: str) -> tuple[int, dict]:
+    def handle(self, method: str, path: str, body: bytes, peer: str,
+               identity: access.Peer = access.ANONYMOUS) -> tuple[int, dict]:
         try:
-            if not self.allow_remote and not is_loopback(peer):
+            if self.auth is not None:
+                refusal = access.admin_refusal(self.auth, identity, mutating=method != "GET")
+                if refusal is not None:
+                    raise HttpError(401 if refusal.reason == "unauthenticated" else 403,
+                                    refusal.reason, refusal.message, missing=refusal.missing)
+            elif not self.allow_remote and not is_loopback(peer):
                 raise HttpError(403, "forbidden", f"admin API answers loopback peers only, not "
                                 f"{peer}; set admin_http_allow_remote = true in bookie.conf "
-                                "to allow remote peers (no authorization yet)")
+                                "to allow remote peers (callers are authenticated only over "
+                                "HTTPS with client certificates: metrics_tls = true)")
             route = path[len(PREFIX):].rstrip("/")
             fn = self._routes.get((method, route))
             if fn is None:
@@ -127,7 +146,7 @@ class AdminApi:
                 raise HttpError(503, "starting", "the bookie is still starting")
             return 200, fn(_body(body) if method == "PUT" else {})
         except HttpError as exc:
-            return exc.code, {"error": exc.error, "message": str(exc)}
+            return exc.code, {"error": exc.error, "message": str(exc), **exc.extra}
         except errors.MetadataError as exc:
             return 503, {"error": "metadata_unavailable", "message": f"{type(exc).__name__}: "
                          f"{exc}"}
@@ -244,6 +263,18 @@ class AdminApi:
         conf = ctl.set_lost_bookie_delay(self._need_store(),
                                          None if value is None else float(value))
         return {"delay_seconds": conf["lost_bookie_recovery_delay_s"]}
+
+
+def _peer_of(handler) -> access.Peer:
+    """Identities of the request's verified client certificate (TLS only)."""
+    getpeercert = getattr(handler.connection, "getpeercert", None)
+    if getpeercert is None:
+        return access.ANONYMOUS
+    from bookie_server.serving.tls import cert_peer
+    try:
+        return cert_peer(getpeercert())
+    except ValueError:                 # handshake not done: no identity
+        return access.ANONYMOUS
 
 
 def _body(raw: bytes) -> dict:

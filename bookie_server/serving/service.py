@@ -306,7 +306,7 @@ class BookieService(pb_grpc.BookieServicer):
                      request.ledger_id, request.source_address, got.entries, got.bytes,
                      len(got.missing))
             return pb.PullResponse(code=pb.OK, message=got.message, entries=got.entries,
-                                   bytes=got.bytes, missing_ids=pull.ids_to_bytes(got.missing))
+                                   byte_count=got.bytes, missing_ids=pull.ids_to_bytes(got.missing))
         except BaseException as exc:  # noqa: BLE001
             code, msg = _code(exc, "pull")
             return pb.PullResponse(code=code, message=msg)

@@ -5,7 +5,8 @@ Theory of operation
 TLS is on when ``tls_cert_file`` is set (with ``tls_key_file``); then every
 port of the bookie speaks TLS: gRPC (grpcio's SSL credentials), the lane
 (``ssl.SSLContext``, wire/tls_socket.py) and, with ``metrics_tls``, the
-HTTP endpoint.  Client certificates (``tls_client_auth``):
+HTTP endpoint (which asks for, but does not require, a client certificate:
+probes have none; the admin API authorizes by it, :func:`admin_policy`).  Client certificates (``tls_client_auth``):
 
 * ``required``: a client must present a certificate signed by a CA of
   ``tls_ca_file`` (mutual TLS), on gRPC and on the lane;
@@ -66,6 +67,19 @@ def validate(cfg) -> None:
     if cfg.tls_client_auth != "none" and not cfg.tls_ca_file:
         raise TlsConfigError(f"tls_client_auth = {cfg.tls_client_auth} needs tls_ca_file "
                              "(the CA bundle client certificates are verified against)")
+    if cfg.tls_client_auth != "none" and cfg.admin_http_allow_remote and not cfg.metrics_tls:
+        raise TlsConfigError("admin_http_allow_remote = true on a bookie with client "
+                             "certificates needs metrics_tls = true: over plain HTTP the admin "
+                             "API cannot tell an operator from anyone else")
+
+
+def admin_policy(cfg) -> Optional[access.Policy]:
+    """The roles the admin HTTP API checks (access.admin_refusal), or None
+    when its port does not authenticate clients (plain HTTP, or no client
+    certificates): then only the loopback rule applies."""
+    if cfg.tls_cert_file and cfg.metrics_tls and cfg.tls_client_auth != "none":
+        return policy_of(cfg)
+    return None
 
 
 def policy_of(cfg) -> access.Policy:
@@ -94,6 +108,11 @@ class ServerTls:
         http_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         http_ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         http_ctx.load_cert_chain(cfg.tls_cert_file, cfg.tls_key_file)
+        if ca is not None and cfg.tls_client_auth != "none":
+            # asked, not required: probes (/health, /ready, /metrics) come without one;
+            # the admin API checks the identity (access.admin_refusal)
+            http_ctx.load_verify_locations(cadata=ca.decode())
+            http_ctx.verify_mode = ssl.CERT_OPTIONAL
         with self._lock:
             self.cfg = cfg
             self._context, self._http_context = ctx, http_ctx

@@ -1,6 +1,8 @@
-"""``pybk positions [LOG]`` and ``pybk dropposition LOG NAME``: the read
-positions streaming queries registered (positions/<log>/<name>), which hold
-back log truncation; an operator drops the position of a query that is gone."""
+"""``pybk positions [LOG]`` and ``pybk dropposition LOG NAME``: the positions
+registered under positions/<log>/<name>: streaming queries' read positions
+(kind ``stream``, they hold back log truncation) and exactly-once sinks'
+committed positions (kind ``sink``, with their last batch id and sink id;
+informational); an operator drops the position of a query that is gone."""
 from __future__ import annotations
 
 import time
@@ -12,7 +14,7 @@ from pybk_spark.logs.positions import drop, list_positions
 
 def _row(p, now: float) -> dict:
     return {"log": p.log, "name": p.name, "index": p.index, "entry": p.entry, "kind": p.kind,
-            "updated_at": p.updated_at,
+            "updated_at": p.updated_at, "batch_id": p.batch_id, "detail": p.detail,
             "age_s": round(now - p.updated_at, 1) if p.updated_at else None}
 
 
@@ -29,7 +31,8 @@ def _positions(args) -> int:
         store.close()
     now = time.time()
     rows = [_row(p, now) for p in found]
-    cli.emit(args, rows, table(rows, ["log", "name", "index", "entry", "kind", "age_s"],
+    cli.emit(args, rows, table(rows, ["log", "name", "index", "entry", "kind", "batch_id",
+                                      "age_s", "detail"],
                                empty="(no registered positions)"))
     return 0
 
@@ -53,7 +56,8 @@ def _drop(args) -> int:
     return 0
 
 
-cli.register("positions", "list the read positions registered by streaming queries "
-             "(they hold back log truncation)", _positions_args, _positions)
+cli.register("positions", "list the positions registered by streaming queries (they hold "
+             "back log truncation) and exactly-once sinks (informational)", _positions_args,
+             _positions)
 cli.register("dropposition", "drop a stale registered read position so that truncation "
              "may pass it", _drop_args, _drop)

@@ -1,4 +1,5 @@
-"""Registered read positions in etcd (adapter of protocol/positions.py).
+"""Registered positions in etcd (adapter of protocol/positions.py): streaming
+queries' read positions, and exactly-once sinks' committed positions.
 
 Keys ``positions/<log>/<name>``; every change by CAS (``store.update`` after a
 put-if-absent), dropping by a versioned delete.
@@ -53,3 +54,21 @@ def drop(store, log: str, name: str) -> RegisteredPosition:
             "(pybk positions LOG lists them)")
     store.delete(key, expected_version=got.version)
     return RegisteredPosition.from_json(got.value)
+
+
+def record_sink(store, md, written, name: str, sink_id: str, batch_id: int, now: float
+                ) -> Optional[RegisteredPosition]:
+    """After a sink's commit CAS: its position in ``md`` (the log as committed)
+    just past the ledgers ``written`` by micro-batch ``batch_id``, kind
+    ``sink`` (informational: it never holds back truncation).  An empty
+    batch keeps the place and moves the batch id; a replayed one records
+    nothing."""
+    at = pos.after_written(md.ledger_ids, md.truncated_ledgers, written)
+    if at is None:
+        if list(written):
+            return None                        # replayed: its ledgers were deleted
+        got = store.get(position_key(md.name, name))
+        at = ((RegisteredPosition.from_json(got.value).index, 0) if got is not None
+              else (md.truncated_ledgers + len(md.segments), 0))
+    return record(store, RegisteredPosition(md.name, name, at[0], at[1], pos.SINK, now,
+                                            batch_id=int(batch_id), detail=sink_id))

@@ -45,6 +45,17 @@ copies under the writer's key (so the new replica checks the key like the
 others) and to verify keyed (hmac) digests; it checks the key it learned
 against the ledger metadata's ``password_check`` first.
 
+The admin HTTP API (bookie_server/serving/admin_http.py) asks :func:`admin_refusal`
+the same question of the same roles: when the bookie's HTTP port speaks TLS
+and asks for client certificates, a route that changes the bookie or the
+cluster (every ``PUT``: read-only switch, GC trigger, autorecovery switch,
+audit trigger, lost-bookie delay) needs the operator role, and a route that
+only reads needs an authenticated identity with a role (writer or
+operator), as BookKeeper's HTTP server puts every route behind its
+authentication provider.  No certificate: ``unauthenticated`` (HTTP 401);
+an identity without the role: ``forbidden`` (403); each names what is
+missing.
+
 ``check`` returns whether the request uses the operator's key-less path;
 the bookie then skips the master-key check for it and records no key (a
 ledger known to a bookie only through operator copies gets its key from
@@ -129,3 +140,31 @@ def may_learn_key(policy: Policy, peer: Peer, key: bytes, fence: bool) -> bool:
     """A LAC read answered with the ledger's recorded master key."""
     return (policy.tls and not fence and bytes(key) == OPERATOR_KEY
             and role_of(policy, peer) == OPERATOR)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    reason: str             # "unauthenticated" (no identity) | "forbidden" (not the role)
+    missing: str            # what would admit the request: "client certificate" | a role
+    message: str
+
+
+def admin_refusal(policy: Policy, peer: Peer, mutating: bool) -> Refusal | None:
+    """Why ``peer`` may not use an admin route (None: it may).  Only for a
+    bookie whose HTTP port authenticates clients (TLS with client certificates)."""
+    what = "change the bookie through the admin API" if mutating else "read the admin API"
+    if not peer.identities:
+        return Refusal("unauthenticated", "client certificate",
+                       f"a client certificate signed by the bookie's tls_ca_file is needed to "
+                       f"{what}" + (" (with an identity in tls_operator_identities)"
+                                    if mutating else ""))
+    role = role_of(policy, peer)
+    if mutating and role != OPERATOR:
+        return Refusal("forbidden", OPERATOR,
+                       f"client identity {peer.describe()} may not {what}: the operator role is "
+                       "needed (list it in tls_operator_identities)")
+    if role is None:
+        return Refusal("forbidden", WRITER,
+                       f"client identity {peer.describe()} may not {what}: list it in "
+                       "tls_writer_identities or tls_operator_identities")
+    return None

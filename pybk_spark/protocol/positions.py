@@ -19,15 +19,27 @@ log's CAS; a position registered concurrently with a truncation can still
 lose (etcd keys are CASed one at a time), and that stream then meets
 ``LogTruncated`` / failOnDataLoss, never silent loss.
 
+An exactly-once sink (kind ``sink``) registers a position too, under the
+name ``sink-<hash of its sink id>``: the log position just after the
+ledgers of its last committed micro-batch, with that ``batch_id`` and the
+sink id (its checkpoint location) as ``detail``.  It tells an operator how
+far each query's output has got (``pybk positions``) and is dropped like
+any other, but it never holds back truncation: a writer needs none of what
+it wrote (a Pulsar producer has no cursor either).  :func:`blockers`
+counts readers (kind ``stream``) only.
+
 Pure: no I/O, no clock (``updated_at`` is given by the caller).
 """
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Sequence
 
 from pybk_spark import errors
+
+
+STREAM, SINK = "stream", "sink"
 
 
 @dataclass(frozen=True)
@@ -36,8 +48,10 @@ class RegisteredPosition:
     name: str
     index: int          # absolute segment index of the next entry to read
     entry: int
-    kind: str = "stream"
+    kind: str = "stream"        # STREAM (a reader: holds back truncation) | SINK
     updated_at: float = 0.0     # wall-clock seconds of the last commit (for operators)
+    batch_id: Optional[int] = None   # a sink's last committed micro-batch
+    detail: str = ""                 # a sink's id (its checkpoint location)
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -46,8 +60,10 @@ class RegisteredPosition:
     def from_json(cls, data: bytes) -> "RegisteredPosition":
         try:
             d = json.loads(data)
+            batch = d.get("batch_id")
             return cls(str(d["log"]), str(d["name"]), int(d["index"]), int(d["entry"]),
-                       str(d.get("kind", "stream")), float(d.get("updated_at", 0.0)))
+                       str(d.get("kind", STREAM)), float(d.get("updated_at", 0.0)),
+                       None if batch is None else int(batch), str(d.get("detail", "")))
         except (ValueError, KeyError, TypeError) as exc:
             raise errors.MetadataError(f"corrupt registered position: {exc}") from None
 
@@ -63,11 +79,26 @@ def advance(old: Optional[RegisteredPosition], new: RegisteredPosition) -> Regis
     """The value to store: ``new``, unless ``old`` is already further."""
     if old is not None and (old.index, old.entry) > (new.index, new.entry):
         return old
+    if (old is not None and old.batch_id is not None and new.batch_id is not None
+            and old.batch_id > new.batch_id):
+        return old
     return new
 
 
 def blockers(first_kept_index: int,
              positions: Iterable[RegisteredPosition]) -> list[RegisteredPosition]:
     """Positions that truncating every segment before ``first_kept_index`` would break."""
-    return sorted((p for p in positions if p.index < first_kept_index),
+    return sorted((p for p in positions if p.kind != SINK and p.index < first_kept_index),
                   key=lambda p: (p.index, p.entry, p.name))
+
+
+def after_written(log_ledgers: Sequence[int], truncated: int,
+                  written: Iterable[int]) -> Optional[tuple[int, int]]:
+    """A sink's position after a commit: (absolute index, entry) just past
+    the last ledger it ``written``, or None when it wrote nothing or its
+    ledgers are not in the log (a replayed batch, a no-op)."""
+    written = set(written)
+    if not written or not written <= set(log_ledgers):
+        return None
+    last = max(i for i, lid in enumerate(log_ledgers) if lid in written)
+    return truncated + last + 1, 0

@@ -109,6 +109,11 @@ class BookKeeperDataSource(DataSource):
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from pybk_spark.spark.stream_reader import BookKeeperStreamReader
         opts = parse_stream_options(self._options(schema))
+        if is_multi(opts.read):
+            from pybk_spark.spark.multi_stream import BookKeeperMultiLogStreamReader
+            table_schema, expected = _multi_schema(opts.read)
+            check_schema(schema, expected)
+            return BookKeeperMultiLogStreamReader(opts, table_schema)
         table_schema = _table_schema(opts.read.metadata_uri, opts.read.log)
         check_schema(schema, output_spark_schema(table_schema, opts.read.include_metadata))
         return BookKeeperStreamReader(opts, table_schema)

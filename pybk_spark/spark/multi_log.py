@@ -11,8 +11,7 @@ naming the row's log.  Each log is planned exactly as option ``log`` plans
 one (reader.py), so its guarantees (readable prefix fixed at planning,
 failOnDataLoss, minPartitions over all the slices) hold per log; a partition
 remembers its log and its rows get that name as a constant column (no
-per-row Python).  Streams over several logs are not supported yet: the
-stream source refuses these options.
+per-row Python).  Streams over several logs: multi_stream.py.
 """
 from __future__ import annotations
 
@@ -25,6 +24,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from pybk_spark import errors
+from pybk_spark.spark import data_loss
 from pybk_spark.spark.options import ReadOptions
 from pybk_spark.spark.planning import split_to_min
 
@@ -37,12 +37,21 @@ def is_multi(opts: ReadOptions) -> bool:
 
 
 def log_names(store, opts: ReadOptions) -> list[str]:
-    """The logs to read, in name order (``logs``: as given, each must exist)."""
+    """The logs to read, in name order (``logs``: as given, each must exist;
+    with ``failOnDataLoss=false`` a missing one is skipped with a warning)."""
     from pybk_spark.logs.log import list_logs, read_log
     if opts.logs:
+        out = []
         for name in opts.logs:
-            read_log(store, name)                    # LogNotFound naming it
-        return list(opts.logs)
+            try:
+                read_log(store, name)
+                out.append(name)
+            except errors.LogNotFound:
+                if opts.fail_on_data_loss:
+                    raise
+                data_loss.report(False, "a log named in option 'logs' does not exist",
+                                 log=name)
+        return out
     pattern = re.compile(opts.log_pattern)
     return sorted(n for n in list_logs(store) if pattern.fullmatch(n))
 

@@ -34,11 +34,11 @@ from pybk_spark.spark.tls_options import KNOWN_TLS_OPTIONS   # tls.caFile ... op
 COMMON_READ = (
     "metadataServiceUri", "log", "startingOffsets", "includeMetadata", "password",
     "maxEntriesPerPartition", "readBatchEntries", "readBatchBytes", "readAheadBatches",
-    "readWindowsInFlight", "failOnDataLoss", "minPartitions", "startingTimestamp",
+    "readWindowsInFlight", "failOnDataLoss", "minPartitions", "startingTimestamp", "logs",
+    "logPattern",
 ) + KNOWN_TLS_OPTIONS
-BATCH_READ = COMMON_READ + ("ledgers", "endingOffsets", "recovery", "path", "logs",
-                            "logPattern", "endingTimestamp", "startingOffsetsByTimestamp",
-                            "endingOffsetsByTimestamp")
+BATCH_READ = COMMON_READ + ("ledgers", "endingOffsets", "recovery", "path", "endingTimestamp",
+                            "startingOffsetsByTimestamp", "endingOffsetsByTimestamp")
 STREAM_READ = COMMON_READ + ("maxEntriesPerTrigger", "maxBytesPerTrigger",
                              "minEntriesPerTrigger", "maxTriggerDelay")
 BATCH_WRITE = (

@@ -440,10 +440,11 @@ def parse_duration(name: str, text: Optional[str], default: float) -> float:
 def parse_stream_options(options: Mapping[str, str]) -> StreamOptions:
     options = names.fold_table_options(options)
     names.check_names(options, names.STREAM_READ, "stream reads")
-    if option(options, "log") is None:
+    multi = option(options, "logs") is not None or option(options, "logPattern") is not None
+    if option(options, "log") is None and not multi:
         raise errors.IncorrectParameter(
-            "the streaming bookkeeper source needs option 'log' (streams read a log; "
-            "option 'ledgers' is for batch reads)")
+            "the streaming bookkeeper source needs option 'log' (or 'logs' / 'logPattern'; "
+            "streams read logs, option 'ledgers' is for batch reads)")
     if option(options, "startingOffsets") is not None and option(options, "startingTimestamp"):
         raise errors.IncorrectParameter(
             "options 'startingOffsets' and 'startingTimestamp' both set: give one of them")
@@ -451,6 +452,10 @@ def parse_stream_options(options: Mapping[str, str]) -> StreamOptions:
     stripped = str(starting).strip()
     if stripped.lower() in ("earliest", "latest"):
         starting = stripped.lower()
+    elif multi:
+        from pybk_spark.spark.multi_offsets import parse_starting
+        parse_starting(stripped)          # {"<log>": {"index": I, "entry": E}}
+        starting = stripped
     else:
         try:
             parsed = json.loads(stripped)

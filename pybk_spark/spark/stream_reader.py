@@ -107,6 +107,24 @@ def _average_entry_bytes(md: LogMetadata) -> Optional[float]:
     return nbytes / entries if entries else None
 
 
+def plan_range(bk, md: LogMetadata, begin: Offset, finish: Offset, extents: list[Extent],
+               opts) -> list:
+    """Fragment slices of the log's entries in [begin, finish); each ledger's
+    password is checked against its metadata here (the driver, not tasks)."""
+    slices = []
+    for ledger_id, first, last in ranges(begin, finish, extents):
+        try:
+            meta = bk.get_ledger_metadata(ledger_id)
+        except errors.NoSuchLedger:
+            data_loss.report(opts.fail_on_data_loss, "a ledger of the log was deleted",
+                             log=md.name, ledger_id=ledger_id, first=first, last=last)
+            continue
+        check_password(meta, opts.password)                   # on the driver, not in tasks
+        view = LedgerView(ledger_id, tuple(meta.fragments()), last)
+        slices.extend(plan_ledger(view, first, LATEST, opts.max_entries_per_partition))
+    return slices
+
+
 class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, opts: StreamOptions, table_schema: Optional[str],
                  clock: Callable[[], float] = time.monotonic,
@@ -249,19 +267,7 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if finish <= begin:
             return []
         extents = self._extents(md, begin, read_lac=False)
-        slices = []
-        for ledger_id, first, last in ranges(begin, finish, extents):
-            try:
-                meta = bk.get_ledger_metadata(ledger_id)
-            except errors.NoSuchLedger:
-                data_loss.report(self.opts.read.fail_on_data_loss,
-                                 "a ledger of the log was deleted", log=md.name,
-                                 ledger_id=ledger_id, first=first, last=last)
-                continue
-            check_password(meta, self.opts.read.password)      # on the driver, not in tasks
-            view = LedgerView(ledger_id, tuple(meta.fragments()), last)
-            slices.extend(plan_ledger(view, first, LATEST,
-                                      self.opts.read.max_entries_per_partition))
+        slices = plan_range(bk, md, begin, finish, extents, self.opts.read)
         return [LedgerSlicePartition.of(s)
                 for s in split_to_min(slices, self.opts.read.min_partitions)]
 

@@ -32,14 +32,16 @@ unknown (etcd unavailable / timeout), nothing is deleted: the log decides.
 Streaming sink: same task path; ``commit(messages, batchId)`` passes
 ``sink=(sink id, batchId)`` to ``append_closed``, so the batch's ledgers and
 its batch id land in the same CAS and a replayed batch (id <= recorded) is a
-no-op whose fresh ledgers are deleted.
+no-op whose fresh ledgers are deleted.  After the CAS the sink records its
+position (``positions/<log>/sink-<hash>``, kind ``sink``: just past the
+batch's ledgers, with the batch id; informational, protocol/positions.py).
 """
 from __future__ import annotations
 
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Iterator, List, Optional
+from typing import Callable, Iterator, List, Optional
 
 import pyarrow as pa
 from pyspark.sql.datasource import (DataSourceArrowWriter, DataSourceStreamArrowWriter,
@@ -290,20 +292,40 @@ class BookKeeperBatchWriter(DataSourceArrowWriter):
             abort_job(bk, self.opts, self.job, messages)
 
 
+def _record_sink_position(bk, md, messages, name: str, sink_id: str, batch_id: int,
+                          now: float) -> None:
+    """The sink's committed position (``pybk positions``; informational, it
+    never holds back truncation).  The batch is committed already: a failure
+    here is a warning, never a failed batch."""
+    import logging
+    from pybk_spark.logs.positions import record_sink
+    try:
+        record_sink(bk.metadata_store, md, message_ledger_ids(messages), name, sink_id,
+                    batch_id, now)
+    except errors.BKError as exc:
+        logging.getLogger("pybk_spark.spark").warning(
+            "bookkeeper sink %s: batch %d committed, its position not recorded: %s",
+            sink_id, batch_id, exc)
+
+
 class BookKeeperStreamWriter(DataSourceStreamArrowWriter):
     """Exactly-once sink: (sink id, batchId) is recorded in the commit CAS."""
 
-    def __init__(self, opts: WriteOptions, schema_text: str, base_schema: Optional[str] = None):
+    def __init__(self, opts: WriteOptions, schema_text: str, base_schema: Optional[str] = None,
+                 wall_clock: Callable[[], float] = time.time):
         self.opts, self.schema_text, self.base_schema = opts, schema_text, base_schema
         self.job = pending.sink_job(opts.sink_id)
+        self._wall_clock = wall_clock             # the sink position's updated_at
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> LedgerCommitMessage:
         return write_task(self.opts, self.job, self.schema_text, iterator)
 
     def commit(self, messages: List[Optional[WriterCommitMessage]], batchId: int) -> None:
         with _driver_client(self.opts.metadata_uri, self.opts.client_conf) as bk:
-            commit_job(bk, self.opts, self.job, self.schema_text, messages,
-                       sink=(self.opts.sink_id, int(batchId)), base_schema=self.base_schema)
+            md = commit_job(bk, self.opts, self.job, self.schema_text, messages,
+                            sink=(self.opts.sink_id, int(batchId)), base_schema=self.base_schema)
+            _record_sink_position(bk, md, messages, self.job, self.opts.sink_id, int(batchId),
+                                  self._wall_clock())
 
     def abort(self, messages: List[Optional[WriterCommitMessage]], batchId: int) -> None:
         with _driver_client(self.opts.metadata_uri, self.opts.client_conf) as bk:

@@ -179,7 +179,7 @@ class BookieClient(BookieTransport):
 
         def conv(resp):
             self._check(resp, ledger_id=ledger_id)
-            return PullResult(resp.entries, resp.bytes,
+            return PullResult(resp.entries, resp.byte_count,
                               np.frombuffer(resp.missing_ids, dtype="<i8").astype(np.int64),
                               resp.message)
         return self._call(self._stub.PullEntries, req, timeout, conv)

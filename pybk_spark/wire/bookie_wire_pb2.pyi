@@ -251,18 +251,18 @@ class PullRequest(_message.Message):
     def __init__(self, ledger_id: _Optional[int] = ..., master_key: _Optional[bytes] = ..., source_address: _Optional[str] = ..., source_lane_address: _Optional[str] = ..., wanted_ids: _Optional[bytes] = ..., digest_type: _Optional[str] = ..., read_window: _Optional[int] = ..., source_bookie_id: _Optional[str] = ...) -> None: ...
 
 class PullResponse(_message.Message):
-    __slots__ = ("code", "message", "entries", "bytes", "missing_ids")
+    __slots__ = ("code", "message", "entries", "byte_count", "missing_ids")
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
-    BYTES_FIELD_NUMBER: _ClassVar[int]
+    BYTE_COUNT_FIELD_NUMBER: _ClassVar[int]
     MISSING_IDS_FIELD_NUMBER: _ClassVar[int]
     code: int
     message: str
     entries: int
-    bytes: int
+    byte_count: int
     missing_ids: bytes
-    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., entries: _Optional[int] = ..., bytes: _Optional[int] = ..., missing_ids: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., entries: _Optional[int] = ..., byte_count: _Optional[int] = ..., missing_ids: _Optional[bytes] = ...) -> None: ...
 
 class HealthRequest(_message.Message):
     __slots__ = ()

@@ -55,3 +55,22 @@ def test_only_operators_learn_keys():
     assert not may_learn_key(p, O, b"", fence=True)
     assert not may_learn_key(p, O, KEY, fence=False)
     assert not may_learn_key(p, W, b"", fence=False)
+
+
+def test_admin_routes_reads_need_a_role_changes_need_the_operator():
+    p = Policy(tls=True, writers=frozenset({"writer"}), operators=frozenset({"ops"}))
+    for mutating in (False, True):
+        r = access.admin_refusal(p, access.ANONYMOUS, mutating)
+        assert (r.reason, r.missing) == ("unauthenticated", "client certificate")
+        r = access.admin_refusal(p, S, mutating)
+        assert r.reason == "forbidden" and "stranger" in r.message
+        assert access.admin_refusal(p, O, mutating) is None
+    assert access.admin_refusal(p, W, mutating=False) is None
+    r = access.admin_refusal(p, W, mutating=True)
+    assert (r.reason, r.missing) == ("forbidden", "operator")
+    assert "tls_operator_identities" in r.message
+    # an empty writer list admits any verified identity to read, never to change
+    open_ = Policy(tls=True, operators=frozenset({"ops"}))
+    assert access.admin_refusal(open_, S, mutating=False) is None
+    assert access.admin_refusal(open_, S, mutating=True).missing == "operator"
+    assert access.admin_refusal(open_, access.ANONYMOUS, False).reason == "unauthenticated"

@@ -314,8 +314,4 @@ def test_logs_and_log_pattern_read_several_logs_with_a_log_column(spark, metadat
     with pytest.raises(Exception, match="SchemaMismatch"):
         spark.read.format("bookkeeper").option("metadataServiceUri", metadata_uri) \
             .option("logPattern", rf"{prefix}-.*").load()
-    with pytest.raises(Exception, match="for batch reads"):     # refused at load()
-        run_available_now(spark.readStream.format("bookkeeper")
-                          .option("metadataServiceUri", metadata_uri)
-                          .option("logs", f"{a},{b}").option("maxEntriesPerTrigger", "1").load(),
-                          "/tmp/unused-" + prefix)
+    # streams over several logs: tests/spark/test_multi_stream.py

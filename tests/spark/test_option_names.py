@@ -110,3 +110,18 @@ def test_sql_table_options_are_folded():
                             "log": "x", "option.log": "x", "option.includemetadata": "true",
                             "provider": "bookkeeper"})
     assert o.log == "x" and o.include_metadata
+
+
+def test_streams_take_logs_and_log_pattern():
+    s = parse_stream_options({"metadataServiceUri": URI, "logPattern": "ev.*",
+                              "maxEntriesPerTrigger": "4"})
+    assert s.read.log_pattern == "ev.*" and s.max_entries_per_trigger == 4
+    s = parse_stream_options({"metadataServiceUri": URI, "logs": "a,b",
+                              "startingOffsets": '{"a": {"index": 1, "entry": 2}}'})
+    assert s.read.logs == ("a", "b") and s.starting == '{"a": {"index": 1, "entry": 2}}'
+    refused(parse_stream_options, {"logs": "a,b", "startingOffsets": '{"index": 1, "entry": 2}'},
+            "'logs'/'logPattern'", '{"<log>"')
+    refused(parse_stream_options, {"logs": "a", "log": "b"}, "mutually exclusive")
+    refused(parse_stream_options, {"ledgers": "1"}, "'ledgers' applies to batch reads only")
+    assert parse_load_options({"metadataServiceUri": URI, "logs": "a,b",
+                               "maxTriggerDelay": "1m"}).logs == ("a", "b")

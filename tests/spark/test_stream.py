@@ -108,5 +108,15 @@ def test_sink_query_restart_and_replay_exactly_once(spark, metadata_uri, bk, tmp
     ids = sorted(r["id"] for r in read(spark, metadata_uri, dst).collect())
     assert ids == list(range(50))
     md, _ = read_log(bk.metadata_store, dst)
-    assert list(md.sink_commits.values()) == [max(int(f) for f in os.listdir(commits) if f.isdigit())]
+    last_batch = max(int(f) for f in os.listdir(commits) if f.isdigit())
+    assert list(md.sink_commits.values()) == [last_batch]
     assert bk.metadata_store.list_prefix(f"spark/pending/{dst}/") == []
+    # the sink's committed position: just past its last batch's ledgers, with that batch id
+    # (informational: kind "sink" never holds back truncation), listed by the shell
+    from pybk_spark.logs.positions import list_positions
+    [sink] = list_positions(bk.metadata_store, dst)
+    assert (sink.kind, sink.batch_id) == ("sink", last_batch) and checkpoint in sink.detail
+    assert (sink.index, sink.entry) == (md.truncated_ledgers + len(md.segments), 0)
+    from .test_kafka_options import pybk_json
+    code, rows = pybk_json("positions", "--metadata-uri", metadata_uri, dst)
+    assert code == 0 and [(r["kind"], r["batch_id"]) for r in rows] == [("sink", last_batch)]

@@ -29,3 +29,22 @@ def test_json_round_trip_and_names():
         RegisteredPosition.from_json(b"{}")
     with pytest.raises(errors.IncorrectParameter):
         check_name("a/b")
+
+
+def test_sink_positions_are_informational_and_keep_their_batch_id():
+    from pybk_spark.protocol.positions import SINK
+    sink = RegisteredPosition("log", "sink-ab12", 2, 0, SINK, 1.0, batch_id=7, detail="/ck/q1")
+    assert RegisteredPosition.from_json(sink.to_json()) == sink
+    assert blockers(9, [sink, at(1, 0)]) == [at(1, 0)]     # a writer holds nothing back
+    empty_batch = RegisteredPosition("log", "sink-ab12", 2, 0, SINK, 2.0, batch_id=8)
+    assert advance(sink, empty_batch) == empty_batch        # same place, later batch
+    assert advance(empty_batch, sink) == empty_batch        # a replayed commit: no step back
+    old = RegisteredPosition.from_json(b'{"log": "l", "name": "q", "index": 1, "entry": 0}')
+    assert (old.kind, old.batch_id, old.detail) == ("stream", None, "")
+
+
+def test_a_sinks_position_is_just_past_its_ledgers():
+    from pybk_spark.protocol.positions import after_written
+    assert after_written([10, 11, 12, 13], 5, [11, 12]) == (8, 0)
+    assert after_written([10, 11], 0, []) is None            # an empty batch
+    assert after_written([10, 11], 0, [99]) is None          # replayed: ledgers deleted
