@@ -24,7 +24,7 @@ Fault kinds (``KINDS``):
                    (the runner starts a successor, which fences the log).
   leader_takeover  start a second leader for a log while the first is alive
                    (the old one must be fenced off: its adds end unknown).
-  partition, one_way, loss, stall, netem
+  partition, one_way, loss, stall, delay, netem
                    network faults between test hosts (link_nemesis.py); only
                    on the host topology, where every process has its own
                    host; elsewhere they are never drawn.

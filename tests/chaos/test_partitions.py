@@ -55,7 +55,7 @@ from .runner import run
 
 pytestmark = pytest.mark.slow
 
-LINK_KINDS = ["partition", "one_way", "loss", "stall", "netem"]
+LINK_KINDS = ["partition", "one_way", "loss", "stall", "delay", "netem"]
 # The recoverer carries the plant and recovers only ledgers whose writer lease
 # is gone; ledger writers hold a ledger open for seconds (a pause after each
 # add) with a 3 s lease, so a writer cut off from etcd outlives its lease while

@@ -1,0 +1,171 @@
+"""The chaos run's Spark workload: a streaming query per source log, bookkeeper
+source -> bookkeeper exactly-once sink, in one in-process ``local[2]``
+SparkSession (its own test host on the host topology, like every worker).
+
+    python -m tests.chaos.spark_stream --uri URI --hist FILE --proc NAME
+        --seed S --until EPOCH --logs a,b --workdir DIR --catchup FILE
+        --result FILE
+
+* Until ``--until``: for each log L in ``--logs`` a query reads L (raw:
+  ``ledger_id, entry_id, payload``) and writes it to the log ``L-sink``
+  through the exactly-once sink, checkpoint ``DIR/ckpt-L``, a micro-batch
+  every 2 s.  A query that fails (a task that exhausted its attempts under a
+  fault, an etcd CAS that could not be made) is restarted from its
+  checkpoint: the replay is what the exactly-once sink must absorb.  Each
+  restart is a history note (``spark_restart``).
+* Then it stops the queries and waits for the runner to create
+  ``--catchup`` (written after the cluster healed and every ledger was
+  recovered, so every source segment is CLOSED), runs each query once more
+  with ``trigger(availableNow=True)`` from the same checkpoint (it catches
+  up), batch-reads every ``L-sink`` and writes ``--result``:
+  ``{"L": [[ledger_id, entry_id, digest], ...], "restarts": n, ...}``.
+  The runner's checker (``checker.check_sink``, I8) compares it with the
+  source log's final contents: every source entry exactly once, byte-
+  identical, nothing else.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+from .history import History, digest
+
+TRIGGER = "2 seconds"
+CATCHUP_WAIT_S = 1800.0
+
+
+def _session():
+    from pyspark.sql import SparkSession
+    return (SparkSession.builder.master("local[2,4]")      # 4 attempts per task
+            .appName("pybk-chaos-stream")
+            .config("spark.ui.enabled", "false")
+            .config("spark.sql.shuffle.partitions", "2")
+            .config("spark.driver.memory", "768m")
+            .config("spark.sql.streaming.stopTimeout", "60s")
+            .getOrCreate())
+
+
+def _log_exists(uri: str, log: str) -> bool:
+    from pybk_spark.metadata import open_store
+    store = open_store(uri)
+    try:
+        return store.get(f"logs/{log}") is not None
+    except Exception:  # noqa: BLE001 - etcd cut off or restarting
+        return False
+    finally:
+        store.close()
+
+
+def _start(spark, uri: str, log: str, ckpt: str, available_now: bool = False):
+    w = (spark.readStream.format("bookkeeper").option("metadataServiceUri", uri)
+         .option("log", log).option("maxEntriesPerTrigger", "2000").load()
+         .writeStream.format("bookkeeper").option("metadataServiceUri", uri)
+         .option("log", f"{log}-sink").option("checkpointLocation", ckpt)
+         .queryName(f"chaos-{log}"))
+    w = w.trigger(availableNow=True) if available_now else w.trigger(processingTime=TRIGGER)
+    return w.start()
+
+
+def _error_name(exc: BaseException | None) -> str:
+    text = str(exc or "")
+    for name in ("LedgerFenced", "MetadataUnavailable", "BookieUnavailable", "Timeout",
+                 "NotEnoughBookies", "BadVersion", "LogTruncated"):
+        if name in text:
+            return name
+    return type(exc).__name__ if exc is not None else "stopped"
+
+
+def stream(uri: str, hist: History, until: float, logs: list[str], workdir: str) -> None:
+    spark = _session()
+    queries: dict[str, object] = {}
+    while time.time() < until:
+        for log in logs:
+            q = queries.get(log)
+            if q is not None and q.isActive:
+                continue
+            if q is not None:
+                exc = q.exception()
+                hist.note("spark_restart", log=log, error=_error_name(exc))
+                print(f"spark: query on {log} ended: {str(exc)[:500]}", flush=True)
+            if not _log_exists(uri, log):
+                continue
+            try:
+                queries[log] = _start(spark, uri, log, os.path.join(workdir, f"ckpt-{log}"))
+                hist.note("spark_start", log=log)
+            except Exception as exc:  # noqa: BLE001 - start needs etcd (schema, sink prep)
+                hist.note("spark_restart", log=log, error=_error_name(exc))
+                print(f"spark: start on {log} failed: {exc!r}"[:500], flush=True)
+        time.sleep(1.0)
+    for log, q in queries.items():
+        try:
+            q.stop()
+        except Exception as exc:  # noqa: BLE001
+            print(f"spark: stop of {log}: {exc!r}"[:500], flush=True)
+    return spark
+
+
+def catch_up(spark, uri: str, hist: History, logs: list[str], workdir: str,
+             catchup: str, result: str) -> None:
+    deadline = time.time() + CATCHUP_WAIT_S
+    while not os.path.exists(catchup):
+        if time.time() > deadline:
+            raise RuntimeError(f"no {catchup} after {CATCHUP_WAIT_S}s")
+        time.sleep(0.5)
+    out: dict = {"restarts": 0, "catchup_attempts": {}}
+    for log in logs:
+        if not _log_exists(uri, log):
+            continue
+        for attempt in range(1, 6):
+            try:
+                q = _start(spark, uri, log, os.path.join(workdir, f"ckpt-{log}"),
+                           available_now=True)
+                q.awaitTermination()
+                break
+            except Exception as exc:  # noqa: BLE001 - restart from the checkpoint
+                hist.note("spark_restart", log=log, error=_error_name(exc), catchup=True)
+                print(f"spark: catch-up of {log} attempt {attempt}: {exc!r}"[:500], flush=True)
+                if attempt == 5:
+                    raise
+        out["catchup_attempts"][log] = attempt
+        rows = (spark.read.format("bookkeeper").option("metadataServiceUri", uri)
+                .option("log", f"{log}-sink").load()
+                .select("ledger_id", "entry_id", "payload").toArrow())
+        lids, eids, payloads = (rows.column(c).to_pylist() for c in
+                                ("ledger_id", "entry_id", "payload"))
+        out[log] = [[lid, e, digest(p)] for lid, e, p in zip(lids, eids, payloads)]
+        hist.note("spark_sink", log=log, rows=len(out[log]))
+    tmp = result + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(out, fh)
+    os.replace(tmp, result)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="tests.chaos.spark_stream")
+    for name in ("--uri", "--hist", "--proc", "--workdir", "--catchup", "--result", "--logs"):
+        p.add_argument(name, required=True)
+    p.add_argument("--seed", type=int, required=True)     # nothing random here: for symmetry
+    p.add_argument("--until", type=float, required=True)
+    a = p.parse_args(argv)
+    os.makedirs(a.workdir, exist_ok=True)
+    hist = History(a.hist, a.proc)
+    logs = [x for x in a.logs.split(",") if x]
+    try:
+        spark = stream(a.uri, hist, a.until, logs, a.workdir)
+        catch_up(spark, a.uri, hist, logs, a.workdir, a.catchup, a.result)
+        spark.stop()
+    except Exception:  # noqa: BLE001 - the runner reports a missing result
+        traceback.print_exc()
+        hist.note("spark_failed")
+        return 1
+    finally:
+        hist.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
