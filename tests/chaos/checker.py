@@ -427,6 +427,33 @@ def sink_totals(sink: Optional[dict], final: FinalState) -> dict:
     return out
 
 
+def read_sink(bk, log: str) -> list:
+    """The rows of the Spark sink log ``<log>-sink`` read with the client
+    (every segment to its end, each entry decoded from Arrow IPC):
+    ``[[ledger_id, entry_id, digest(payload)], ...]``; [] when there is no
+    such log (the source log never had an entry)."""
+    from pybk_spark.log import read_log
+    from pybk_spark.spark import arrow_codec
+    try:
+        lmd = read_log(bk.metadata_store, f"{log}-sink")[0]
+    except errors.LogNotFound:
+        return []
+    schema = arrow_codec.decode_schema(lmd.schema)
+    rows = []
+    for seg in lmd.segments:
+        rh = bk.open_ledger(seg.ledger_id, recovery=False)
+        last, nxt = rh.last_add_confirmed, 0
+        while nxt <= last:
+            got = rh.read(nxt, min(last, nxt + 499))
+            for x in got:
+                for b in arrow_codec.decode_entry(x.payload, schema):
+                    rows += [[lid, e, digest(p)] for lid, e, p in zip(
+                        b.column("ledger_id").to_pylist(), b.column("entry_id").to_pylist(),
+                        b.column("payload").to_pylist())]
+            nxt += len(got)
+    return rows
+
+
 def extend_final_state(bk, final: FinalState, *, log=print) -> FinalState:
     """Add the ledgers created since ``final`` was collected (the Spark
     catch-up's sink ledgers) and re-read every log's ledger list."""

@@ -260,8 +260,14 @@ def run(duration: float, seed: int, *, workdir: str | None = None, bookies: int 
         try:
             final = chk.collect_final_state(bk, log=out)
             sink = _spark_catch_up(workers, spark_files, out) if spark_files else None
-            if spark_files:            # the sink ledgers written since: read them too
+            if sink is not None:       # the sink ledgers written since: read them too
                 chk.extend_final_state(bk, final, log=out)
+                for i in range(logs):
+                    name = chr(ord("a") + i)
+                    sink[name] = chk.read_sink(bk, name)
+                out("chaos: Spark sink read back: " + ", ".join(
+                    f"{k}-sink {len(v)} rows" for k, v in sorted(sink.items())
+                    if isinstance(v, list)))
             t_check = time.time()
             if rereplicate:
                 _rereplicate_phase(cluster, bk, final, rng, out)
@@ -312,10 +318,7 @@ def _spark_catch_up(workers, files, out) -> dict | None:
     if not result.exists():
         out("chaos: the Spark worker wrote no sink result (see logs/spark-0.log)")
         return None
-    got = json.loads(result.read_text())
-    out(f"chaos: Spark sink read back: " + ", ".join(
-        f"{k}={len(v)} rows" for k, v in sorted(got.items()) if isinstance(v, list)))
-    return got
+    return json.loads(result.read_text())
 
 
 def _rereplicate_phase(cluster, bk, final, rng, out) -> str | None:
