@@ -353,6 +353,9 @@ def _rereplicate_phase(cluster, bk, final, rng, out) -> str | None:
 
 def _totals(ops, final, faults, workers) -> dict:
     by = collections.Counter((op.get("op"), op.get("outcome")) for op in ops)
+    errs = collections.Counter(f"{op.get('op')}:{op['error']}" for op in ops
+                               if op.get("error") and op.get("outcome") in ("fail", "unknown"))
+    spark = collections.Counter(op["op"] for op in ops if str(op.get("op")).startswith("spark_"))
     entries = collections.Counter()
     ar = collections.Counter()
     for op in ops:
@@ -378,6 +381,8 @@ def _totals(ops, final, faults, workers) -> dict:
         "logs": {k: len(v) for k, v in final.logs.items()},
         "workers_started": dict(workers.spawned),
         "autorecovery": dict(ar),
+        "errors": dict(sorted(errs.items())),      # typed errors by op (LedgerFenced, ...)
+        "spark_notes": dict(spark),
     }
 
 
