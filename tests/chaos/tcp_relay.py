@@ -40,7 +40,6 @@ import argparse
 import heapq
 import os
 import random
-import select
 import signal
 import socket
 import struct
