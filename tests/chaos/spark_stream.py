@@ -73,6 +73,8 @@ def _start(spark, uri: str, log: str, ckpt: str, available_now: bool = False):
 
 def _error_name(exc: BaseException | None) -> str:
     text = str(exc or "")
+    if "failed to connect back" in text:     # Spark's hard-coded 10 s, an overloaded host
+        return "PythonWorkerConnectBack"
     for name in ("LedgerFenced", "MetadataUnavailable", "BookieUnavailable", "Timeout",
                  "NotEnoughBookies", "BadVersion", "LogTruncated"):
         if name in text:
@@ -120,7 +122,9 @@ def catch_up(spark, uri: str, hist: History, logs: list[str], workdir: str,
     for log in logs:
         if not _log_exists(uri, log):
             continue
-        for attempt in range(1, 6):
+        attempt = 0
+        while True:
+            attempt += 1
             try:
                 q = _start(spark, uri, log, os.path.join(workdir, f"ckpt-{log}"),
                            available_now=True)
@@ -128,9 +132,11 @@ def catch_up(spark, uri: str, hist: History, logs: list[str], workdir: str,
                 break
             except Exception as exc:  # noqa: BLE001 - restart from the checkpoint
                 hist.note("spark_restart", log=log, error=_error_name(exc), catchup=True)
-                print(f"spark: catch-up of {log} attempt {attempt}: {exc!r}"[:500], flush=True)
-                if attempt == 5:
+                print(f"spark: catch-up of {log} attempt {attempt}: {str(exc)[:300]}",
+                      flush=True)
+                if time.time() > deadline:
                     raise
+                time.sleep(min(30.0, 2.0 * attempt))
         out["catchup_attempts"][log] = attempt
     tmp = result + ".tmp"
     with open(tmp, "w") as fh:
