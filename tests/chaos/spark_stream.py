@@ -38,7 +38,27 @@ TRIGGER = "5 seconds"
 CATCHUP_WAIT_S = 1800.0
 
 
-def _session():
+def fast_spark_home(workdir: str) -> str:
+    """A SPARK_HOME for this JVM whose entries link to the pyspark package's,
+    except ``python/``: Spark puts ``$SPARK_HOME/python/lib/pyspark.zip``
+    first on its Python workers' path, and that zip holds no ``.pyc``, so
+    every worker (a streaming source's runner, a task) compiles pyspark from
+    source before it connects back; on an overloaded machine that outlasts
+    Spark's hard-coded 10 s.  Without the zip the workers import the
+    installed, compiled pyspark (the same version)."""
+    import pyspark
+    real = os.path.dirname(pyspark.__file__)
+    home = os.path.join(workdir, "spark-home")
+    os.makedirs(home, exist_ok=True)
+    for name in os.listdir(real):
+        link = os.path.join(home, name)
+        if name != "python" and not os.path.lexists(link):
+            os.symlink(os.path.join(real, name), link)
+    return home
+
+
+def _session(workdir: str):
+    os.environ["SPARK_HOME"] = fast_spark_home(workdir)
     from pyspark.sql import SparkSession
     return (SparkSession.builder.master("local[2,4]")      # 4 attempts per task
             .appName("pybk-chaos-stream")
@@ -83,7 +103,7 @@ def _error_name(exc: BaseException | None) -> str:
 
 
 def stream(uri: str, hist: History, until: float, logs: list[str], workdir: str) -> None:
-    spark = _session()
+    spark = _session(workdir)
     queries: dict[str, object] = {}
     while time.time() < until:
         for log in logs:
