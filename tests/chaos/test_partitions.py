@@ -4,7 +4,8 @@ network namespace (host_topology.py).  Skips, naming what is missing, where
 test hosts or iptables are unavailable.
 
 * A short seeded run with only link faults (partitions of every shape,
-  one-way drops, loss, a writer stalled past its lease; netem where the
+  one-way drops, loss, a writer stalled past its lease, relay delay /
+  jitter / reordering / held-bytes stall (tcp_relay.py); netem where the
   kernel has it) finds no violation.
 * A planted bug only a partition exposes: the recoverer runs with
   ``faulty_client``'s ``unfenced_recovery`` (its recovery reads go out
