@@ -83,7 +83,8 @@ bench: venv bench-peers
 
 chaos: venv fault-tools
 	$(VPY) -m tests.chaos.runner --duration $(or $(DURATION),120) $(if $(SEED),--seed $(SEED),) \
-	  $(if $(FAULTS),--faults $(FAULTS),) $(if $(TOPOLOGY),--topology $(TOPOLOGY),) $(if $(JSON),--json $(JSON),)
+	  $(if $(FAULTS),--faults $(FAULTS),) $(if $(TOPOLOGY),--topology $(TOPOLOGY),) $(if $(JSON),--json $(JSON),) \
+	  $(if $(SPARK),--spark,) $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -30,6 +30,11 @@ snapshots taken during the run, and returns violations:
   I6 replicas   (after rereplication) every entry has Qw replicas.
   I7 length     a CLOSED ledger's metadata length is the sum of the payload
                 sizes it reads back.
+  I8 sink       (with the Spark workload, ``check_sink``) the exactly-once
+                sink's log holds every entry of its source log once: no
+                duplicate, no loss, no foreign or altered row.  Ledgers Spark
+                wrote (custom metadata ``spark_job``) are exempt from I1's
+                "written by no invoked operation".
 
 A violation carries the ledger/log/entry; ``minimal_history`` prints the
 operations touching it.  The seed is printed by the runner.
@@ -77,6 +82,7 @@ class FinalLedger:
     replicas: dict = field(default_factory=dict)        # id -> replica count (I6)
     lacking: dict = field(default_factory=dict)         # id -> bookies of its write set lacking it
     snapshot: Optional[tuple] = None
+    foreign: bool = False                 # written by Spark (custom "spark_job"), not a worker
 
 
 @dataclass
@@ -143,7 +149,7 @@ def check_acked(ops: list[dict], final: FinalState) -> list[Violation]:
                                        f"op {op['id']})", lid, e))
     seen: dict[str, tuple[int, int]] = {}
     for lid, fl in sorted(final.ledgers.items()):
-        if fl.digests is None:
+        if fl.digests is None or fl.foreign:
             continue
         last_index: dict[str, tuple] = {}
         for e, d in enumerate(fl.digests):
@@ -378,6 +384,99 @@ def log_payload(custom, payload: bytes) -> bytes:
         else payload
 
 
+def check_sink(sink: Optional[dict], final: FinalState) -> list[Violation]:
+    """I8: the Spark query's sink log ``L-sink`` holds every entry of the
+    source log ``L`` (its final contents) exactly once, byte-identical, and
+    nothing else.  ``sink``: the Spark worker's read-back
+    ``{L: [[ledger_id, entry_id, digest], ...]}``; None = it produced none."""
+    if sink is None:
+        return [Violation("I8", "the Spark streaming query produced no sink read-back "
+                                "(it did not catch up; see logs/spark-0.log)")]
+    out = []
+    for name in sorted(k for k, v in sink.items() if isinstance(v, list)):
+        want = {(lid, e): d for lid, e, d in _log_sequence(final, name)}
+        seen: dict[tuple, int] = {}
+        for lid, e, d in sink[name]:
+            key = (lid, e)
+            seen[key] = seen.get(key, 0) + 1
+            if seen[key] == 2:
+                out.append(Violation("I8", f"source entry written to {name}-sink more than once",
+                                     lid, e, name))
+            if key not in want:
+                out.append(Violation("I8", f"{name}-sink holds a row of no entry of the source "
+                                           f"log", lid, e, name))
+            elif want[key] != d:
+                out.append(Violation("I8", f"{name}-sink row differs from the source entry",
+                                     lid, e, name))
+        lost = [k for k in want if k not in seen]
+        if lost:
+            out.append(Violation("I8", f"{len(lost)} source entries missing from {name}-sink "
+                                       f"(first {lost[:5]})", lost[0][0], lost[0][1], name))
+        for lid in final.logs.get(name, []):
+            fl = final.ledgers.get(lid)
+            if fl is None or fl.digests is None:
+                out.append(Violation("I8", f"source segment unreadable: "
+                                           f"{fl.read_error if fl else 'gone'}", lid, log=name))
+    return out
+
+
+def sink_totals(sink: Optional[dict], final: FinalState) -> dict:
+    """{log: {source, sink_rows, duplicates, lost}} for the summary."""
+    if sink is None:
+        return {"result": "missing"}
+    out = {}
+    for name in sorted(k for k, v in sink.items() if isinstance(v, list)):
+        want = {(lid, e) for lid, e, _d in _log_sequence(final, name)}
+        keys = [(lid, e) for lid, e, _d in sink[name]]
+        out[name] = {"source_entries": len(want), "sink_rows": len(keys),
+                     "duplicates": len(keys) - len(set(keys)),
+                     "lost": len(want - set(keys))}
+    out["catchup_attempts"] = sink.get("catchup_attempts", {})
+    return out
+
+
+def read_sink(bk, log: str) -> list:
+    """The rows of the Spark sink log ``<log>-sink`` read with the client
+    (every segment to its end, each entry decoded from Arrow IPC):
+    ``[[ledger_id, entry_id, digest(payload)], ...]``; [] when there is no
+    such log (the source log never had an entry)."""
+    from pybk_spark.logs.log import read_log
+    from pybk_spark.spark import arrow_codec
+    try:
+        lmd = read_log(bk.metadata_store, f"{log}-sink")[0]
+    except errors.LogNotFound:
+        return []
+    schema = arrow_codec.decode_schema(lmd.schema)
+    rows = []
+    for seg in lmd.segments:
+        rh = bk.open_ledger(seg.ledger_id, recovery=False)
+        last, nxt = rh.last_add_confirmed, 0
+        while nxt <= last:
+            got = rh.read(nxt, min(last, nxt + 499))
+            for x in got:
+                for b in arrow_codec.decode_entry(x.payload, schema):
+                    rows += [[lid, e, digest(p)] for lid, e, p in zip(
+                        b.column("ledger_id").to_pylist(), b.column("entry_id").to_pylist(),
+                        b.column("payload").to_pylist())]
+            nxt += len(got)
+    return rows
+
+
+def extend_final_state(bk, final: FinalState, *, log=print) -> FinalState:
+    """Add the ledgers created since ``final`` was collected (the Spark
+    catch-up's sink ledgers) and re-read every log's ledger list."""
+    new = [lid for lid in bk.list_ledgers() if lid not in final.ledgers]
+    more = collect_final_state(bk, ledger_ids=new, log=log)
+    final.ledgers.update(more.ledgers)
+    final.recoveries += more.recoveries
+    final.recovery_failures += more.recovery_failures
+    from pybk_spark.protocol.log_metadata import LogMetadata
+    for key, value in bk.metadata_store.list_prefix("logs/"):
+        lmd = LogMetadata.from_json(value.value)
+        final.logs[lmd.name] = [s.ledger_id for s in lmd.segments]
+    return final
+
+
 def collect_final_state(bk, *, probe_k: int = 5, count_replicas: bool = False,
                         recover_attempts: int = 8, ledger_ids=None, log=print) -> FinalState:
     final = FinalState(replicas_checked=count_replicas)
@@ -388,7 +487,7 @@ def collect_final_state(bk, *, probe_k: int = 5, count_replicas: bool = False,
             continue
         fl = FinalLedger(lid, md.state, md.last_entry_id if md.is_closed else -2,
                          md.ack_quorum, md.write_quorum, length=md.length,
-                         snapshot=snapshot_of(md))
+                         snapshot=snapshot_of(md), foreign="spark_job" in md.custom)
         final.ledgers[lid] = fl
         if not md.is_closed:
             fl.read_error = "not closed"

@@ -27,12 +27,24 @@ time and healed by the nemesis itself (``HostNetwork.faults``):
              dropped at random.  3-10 s.
   stall      a writer cut off from every other host for longer than its
              writer lease (``writer_lease_ttl_s`` + 1-6 s).
+  delay      without netem: a userspace TCP relay in the writer's host
+             (``tcp_relay.py``: iptables REDIRECT of its connections to the
+             relay, which forwards each chunk after a seeded delay), shapes:
+             jitter    a writer's connections to every bookie delayed
+                       20-300 ms +- jitter; with probability 0-50 % a
+                       connection runs 2-5 x slower, so data sent on
+                       different connections arrives out of order.  3-10 s.
+             stall     a writer's bytes to every bookie and etcd member held
+                       for its lease + 1-6 s, then delivered (a writer stalled
+                       past its lease: its lease lapses, a recoverer may fence
+                       it, then its old adds arrive); healed 1-3 s after.
   netem      delay 20-300 ms +- jitter with 0-25 % reordering toward a
              writer or a bookie, 3-10 s; only where the kernel has netem
-             (``link_faults.netem_unavailable_reason()``).
+             (``link_faults.netem_unavailable_reason()``; this one has not:
+             ``delay`` does the same in userspace).
 
-A kind may name one shape: ``partition:writer-etcd`` (``--faults``) draws
-only that shape; ``partition`` draws any.
+A kind may name one shape: ``partition:writer-etcd`` or ``delay:stall``
+(``--faults``) draws only that shape; ``partition`` draws any.
 
 Bound: at most ``max_link_faults`` (default 1) link faults at once, and the
 next one no sooner than 2-6 s after the last one healed (drawn when it is
@@ -47,10 +59,11 @@ from dataclasses import dataclass
 
 from pybk_spark.config import ClientConfig
 
-LINK_KINDS = ["partition", "one_way", "loss", "stall", "netem"]
-LINK_WEIGHTS = [6, 3, 2, 1, 1]
+LINK_KINDS = ["partition", "one_way", "loss", "stall", "delay", "netem"]
+LINK_WEIGHTS = [6, 3, 2, 1, 2, 1]
 SHAPES = ["writer-bookies", "writer-etcd", "bookie-etcd", "etcd-minority",
           "recoverer-bookies"]
+DELAY_SHAPES = ["jitter", "stall"]
 WRITER_KINDS = ("ledger-writer", "log-writer")
 
 
@@ -71,8 +84,9 @@ class LinkNemesis:
         self.link_shapes: dict[str, list[str]] = {}
         for ks in shapes:
             kind, shape = ks.split(":", 1)
-            if kind != "partition" or shape not in SHAPES:
-                raise ValueError(f"unknown fault shape {ks!r}: partition:<one of {SHAPES}>")
+            if shape not in {"partition": SHAPES, "delay": DELAY_SHAPES}.get(kind, ()):
+                raise ValueError(f"unknown fault shape {ks!r}: partition:<one of {SHAPES}> "
+                                 f"or delay:<one of {DELAY_SHAPES}>")
             self.link_shapes.setdefault(kind, []).append(shape)
         self._links: list[_LinkRepair] = []
         self._quiet_until = float("-inf")
@@ -217,6 +231,43 @@ class LinkNemesis:
         fid = self._net.faults.isolate(self._host_of(w))
         return self._cut(fid, secs, f"{w} stalled (cut off from every host, past its lease)",
                          "stall:writer")
+
+    def _delay(self) -> bool:
+        writers = self._workers_of(WRITER_KINDS)
+        if not writers:
+            return False
+        shape = self.rng.choice(self.link_shapes.get("delay", DELAY_SHAPES))
+        w = self.rng.choice(writers)
+        bookies = list(self.cluster.role_hosts()["bookie"].values())
+        seed = self.rng.randrange(1 << 31)
+        if shape == "stall":
+            held = ClientConfig().writer_lease_ttl_s + self.rng.uniform(1, 6)
+            fid = self._relay(self._host_of(w), bookies + self._etcd_hosts(), seed=seed,
+                              delay_ms=5, stall_s=held)
+            return self._cut(fid, held + self.rng.uniform(1, 3),
+                             f"{w} stalled: its bytes to bookies and etcd held {held:.1f}s "
+                             f"(past its lease), then delivered (relay seed {seed})",
+                             "delay:stall")
+        delay = self.rng.uniform(20, 300)
+        jitter = self.rng.uniform(0, delay / 2)
+        reorder = self.rng.choice([0.0, 0.2, 0.5])
+        fid = self._relay(self._host_of(w), bookies, seed=seed, delay_ms=delay,
+                          jitter_ms=jitter, reorder=reorder)
+        return self._cut(fid, self.rng.uniform(3, 10),
+                         f"{w} -> bookies delayed {delay:.0f}+-{jitter:.0f} ms, "
+                         f"{reorder:.0%} of connections 2-5x slower (relay seed {seed})",
+                         "delay:jitter")
+
+    def _relay(self, host, peers, **kw) -> int:
+        """The relay fault (tcp_relay.apply); a fake network's ``relay`` in
+        the unit tests."""
+        fake = getattr(self._net.faults, "relay", None)
+        if fake is not None:
+            return fake(host, peers, **kw)
+        from .tcp_relay import apply
+        log_dir = getattr(self, "relay_log_dir", None)
+        return apply(self._net.faults, host, peers, log_path=log_dir and
+                     f"{log_dir}/relay-{host.name}.log", **kw)
 
     def _netem(self) -> bool:
         host, label, role = self._target()

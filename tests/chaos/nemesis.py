@@ -24,7 +24,7 @@ Fault kinds (``KINDS``):
                    (the runner starts a successor, which fences the log).
   leader_takeover  start a second leader for a log while the first is alive
                    (the old one must be fenced off: its adds end unknown).
-  partition, one_way, loss, stall, netem
+  partition, one_way, loss, stall, delay, netem
                    network faults between test hosts (link_nemesis.py); only
                    on the host topology, where every process has its own
                    host; elsewhere they are never drawn.
@@ -129,7 +129,11 @@ class Nemesis(LinkNemesis):
             self._repair(r)
         self._do_link_repairs(now)
 
-    def _repair(self, r: _Repair) -> None:
+    def _repair(self, r: _Repair, retry: bool = True) -> None:
+        """A failed restart (a bookie started while a link fault cuts it off
+        from etcd exits: it cannot register) is retried 2 s later, so the
+        bookie keeps counting against the bound until it is back; under
+        ``heal_all`` (``retry=False``) ``cluster.heal`` restarts it."""
         try:
             if r.kind == "pause":
                 self.cluster.resume_bookie(r.bookie)
@@ -141,13 +145,15 @@ class Nemesis(LinkNemesis):
             self.log(f"nemesis: {r.bookie} repaired ({r.kind})")
         except Exception as exc:  # noqa: BLE001 - heal_all retries via cluster.heal
             self.log(f"nemesis: repair of {r.bookie} ({r.kind}) failed: {exc!r}")
+            if retry and r.kind != "pause":
+                self._repairs.append(_Repair(self.clock() + 2.0, r.bookie, r.kind))
         finally:
             self._repairs.remove(r)
 
     def heal_all(self) -> None:
         self._heal_links()
         for r in list(self._repairs):
-            self._repair(r)
+            self._repair(r, retry=False)
         self.cluster.heal()
 
     def _victim(self) -> str:

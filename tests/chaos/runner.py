@@ -59,12 +59,14 @@ class Workers:
     def spawn(self, kind: str, log: str | None = None) -> str:
         with self._lock:
             base = {"ledger-writer": "lw", "log-writer": f"log{log}", "tail-reader": "tail",
-                    "recoverer": "rec", "autorecovery": "ar"}[kind]
+                    "recoverer": "rec", "autorecovery": "ar", "spark-stream": "spark"}[kind]
             n = self._n[base]
             self._n[base] += 1
             name = f"{base}-{n}"
             seed = random.Random(f"{self.seed}/{name}").randrange(1 << 31)
-            args = [sys.executable, "-m", "tests.chaos.workers", kind, "--uri", self.uri,
+            module = (["tests.chaos.spark_stream"] if kind == "spark-stream"
+                      else ["tests.chaos.workers", kind])
+            args = [sys.executable, "-m", *module, "--uri", self.uri,
                     "--hist", str(self.hist_dir / f"{name}.jsonl"), "--proc", name,
                     "--seed", str(seed), "--until", str(self.until)]
             if log:
@@ -122,11 +124,14 @@ class Workers:
                 self.procs[n + "+"] = self.procs.pop(n)
             self.spawn("ledger-writer")
 
-    def wait_all(self, grace: float) -> list[str]:
-        """Wait for every worker to stop by itself; SIGKILL stragglers."""
+    def wait_all(self, grace: float, skip: tuple = ()) -> list[str]:
+        """Wait for every worker (but those of the kinds in ``skip``) to stop
+        by itself; SIGKILL stragglers."""
         deadline = time.monotonic() + grace
         stragglers = []
         for name, p in list(self.procs.items()):
+            if self.kind_of.get(name) in skip:
+                continue
             try:
                 p.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
@@ -183,7 +188,7 @@ def _watch_metadata(uri: str, stop: threading.Event, out: list) -> None:
 
 def run(duration: float, seed: int, *, workdir: str | None = None, bookies: int = 5,
         ledger_writers: int = 2, logs: int = 2, tail_readers: int = 1, recoverers: int = 1,
-        autorecoverers: int = 0,
+        autorecoverers: int = 0, spark: bool = False,
         nemesis: bool = True, rereplicate: bool = True, strict_replicas: bool = True,
         worker_env: dict | None = None, kinds: list | None = None, topology: str = "auto",
         etcd_members: int = 3, worker_args: dict | None = None, out=print) -> dict:
@@ -219,6 +224,14 @@ def run(duration: float, seed: int, *, workdir: str | None = None, bookies: int 
             workers.spawn("recoverer")
         for _ in range(autorecoverers):
             workers.spawn("autorecovery")
+        spark_files = None
+        if spark and logs:
+            spark_files = (base / "spark" / "catchup", base / "spark" / "result.json")
+            workers.worker_args["spark-stream"] = [
+                "--logs", ",".join(chr(ord("a") + i) for i in range(logs)),
+                "--workdir", str(base / "spark"), "--catchup", str(spark_files[0]),
+                "--result", str(spark_files[1])]
+            workers.spawn("spark-stream")
         watcher = threading.Thread(target=_watch_metadata,
                                    args=(cluster.metadata_uri, stop_watch, snapshots), daemon=True)
         watcher.start()
@@ -226,6 +239,7 @@ def run(duration: float, seed: int, *, workdir: str | None = None, bookies: int 
         nem = Nemesis(cluster, workers, random.Random(rng.randrange(1 << 31)),
                       max_bookie_faults=max_faults, kinds=kinds,
                       log=lambda m: out(f"[{time.monotonic() - t0:7.1f}s] {m}"))
+        nem.relay_log_dir = str(log_dir)
         nem_thread = threading.Thread(
             target=lambda: nem.run(time.monotonic() + duration) if nemesis else None, daemon=True)
         nem_thread.start()
@@ -235,7 +249,7 @@ def run(duration: float, seed: int, *, workdir: str | None = None, bookies: int 
         nem.stop()
         nem_thread.join(300)
         nem.heal_all()
-        stragglers = workers.wait_all(grace=HANG_GRACE_S)
+        stragglers = workers.wait_all(grace=HANG_GRACE_S, skip=("spark-stream",))
         if stragglers:
             out(f"chaos: SIGKILLed workers that did not stop by themselves: {stragglers}")
         stop_watch.set()
@@ -245,6 +259,15 @@ def run(duration: float, seed: int, *, workdir: str | None = None, bookies: int 
         bk = BookKeeper(cluster.metadata_uri, background=False)
         try:
             final = chk.collect_final_state(bk, log=out)
+            sink = _spark_catch_up(workers, spark_files, out) if spark_files else None
+            if sink is not None:       # the sink ledgers written since: read them too
+                chk.extend_final_state(bk, final, log=out)
+                for i in range(logs):
+                    name = chr(ord("a") + i)
+                    sink[name] = chk.read_sink(bk, name)
+                out("chaos: Spark sink read back: " + ", ".join(
+                    f"{k}-sink {len(v)} rows" for k, v in sorted(sink.items())
+                    if isinstance(v, list)))
             t_check = time.time()
             if rereplicate:
                 _rereplicate_phase(cluster, bk, final, rng, out)
@@ -252,6 +275,9 @@ def run(duration: float, seed: int, *, workdir: str | None = None, bookies: int 
         finally:
             bk.close()
         violations = chk.check(ops, final, snapshots, strict_replicas=strict_replicas)
+        if spark_files:
+            violations += chk.check_sink(sink, final)
+            summary["spark"] = chk.sink_totals(sink, final)
         summary["replication"] = chk.under_replicated(final)
         summary.update(_totals(ops, final, nem.counts, workers))
         summary["fault_shapes"] = dict(sorted(nem.shapes.items()))
@@ -267,6 +293,32 @@ def run(duration: float, seed: int, *, workdir: str | None = None, bookies: int 
 
 
 HANG_GRACE_S = 100.0
+SPARK_CATCHUP_S = 1200.0
+
+
+def _spark_catch_up(workers, files, out) -> dict | None:
+    """Tell the Spark worker that every ledger is recovered (its queries can
+    now read every source segment to the end), wait for its sink read-back;
+    None if it produced none (I8 reports that)."""
+    catchup, result = files
+    catchup.write_text("healed\n")
+    names = [n for n, k in workers.kind_of.items() if k == "spark-stream"]
+    deadline = time.monotonic() + SPARK_CATCHUP_S
+    for name in names:
+        p = workers.procs[name]
+        try:
+            p.wait(max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            out(f"chaos: {name} did not catch up in {SPARK_CATCHUP_S:g}s; killed")
+            p.send_signal(signal.SIGUSR1)
+            time.sleep(0.5)
+            p.kill()
+            p.wait()
+        procs.unregister(p)
+    if not result.exists():
+        out("chaos: the Spark worker wrote no sink result (see logs/spark-0.log)")
+        return None
+    return json.loads(result.read_text())
 
 
 def _rereplicate_phase(cluster, bk, final, rng, out) -> str | None:
@@ -301,6 +353,9 @@ def _rereplicate_phase(cluster, bk, final, rng, out) -> str | None:
 
 def _totals(ops, final, faults, workers) -> dict:
     by = collections.Counter((op.get("op"), op.get("outcome")) for op in ops)
+    errs = collections.Counter(f"{op.get('op')}:{op['error']}" for op in ops
+                               if op.get("error") and op.get("outcome") in ("fail", "unknown"))
+    spark = collections.Counter(op["op"] for op in ops if str(op.get("op")).startswith("spark_"))
     entries = collections.Counter()
     ar = collections.Counter()
     for op in ops:
@@ -326,6 +381,8 @@ def _totals(ops, final, faults, workers) -> dict:
         "logs": {k: len(v) for k, v in final.logs.items()},
         "workers_started": dict(workers.spawned),
         "autorecovery": dict(ar),
+        "errors": dict(sorted(errs.items())),      # typed errors by op (LedgerFenced, ...)
+        "spark_notes": dict(spark),
     }
 
 
@@ -354,6 +411,11 @@ def main(argv=None) -> int:
     p.add_argument("--logs", type=int, default=2)
     p.add_argument("--autorecoverers", type=int, default=0,
                    help="autorecovery daemons (workers.py autorecovery), each on its own host")
+    p.add_argument("--tail-readers", type=int, default=1)
+    p.add_argument("--recoverers", type=int, default=1)
+    p.add_argument("--spark", action="store_true",
+                   help="a Spark streaming query per log (source -> exactly-once sink, "
+                        "spark_stream.py) on its own host; I8 checks the sink")
     p.add_argument("--no-nemesis", action="store_true")
     p.add_argument("--no-rereplicate", action="store_true")
     p.add_argument("--lenient-replicas", action="store_true",
@@ -373,7 +435,8 @@ def main(argv=None) -> int:
     try:
         summary = run(a.duration, seed, workdir=a.workdir, bookies=a.bookies,
                       ledger_writers=a.ledger_writers, logs=a.logs, nemesis=not a.no_nemesis,
-                      autorecoverers=a.autorecoverers,
+                      autorecoverers=a.autorecoverers, spark=a.spark,
+                      tail_readers=a.tail_readers, recoverers=a.recoverers,
                       rereplicate=not a.no_rereplicate, strict_replicas=not a.lenient_replicas,
                       kinds=a.faults.split(",") if a.faults else None, topology=a.topology,
                       etcd_members=a.etcd_members, out=procs_out)

@@ -185,3 +185,33 @@ def test_replicas_floor_and_strict():
     assert [v.entry for v in chk.check_replicas(final, strict=True)] == [1]
     fl.replicas = {0: 1, 1: 3}
     assert [v.entry for v in chk.check_replicas(final, strict=False)] == [0]
+
+
+def test_i8_sink_exactly_once():
+    """The Spark sink log must hold every source log entry once, unchanged."""
+    final = chk.FinalState(ledgers={1: _ledger(1, 3), 2: _ledger(2, 2)}, logs={"a": [1, 2]})
+    good = [[1, 0, _d(0)], [1, 1, _d(1)], [1, 2, _d(2)], [2, 0, _d(0)], [2, 1, _d(1)]]
+    assert chk.check_sink({"a": good}, final) == []
+    assert chk.sink_totals({"a": good}, final)["a"] == {
+        "source_entries": 5, "sink_rows": 5, "duplicates": 0, "lost": 0}
+    dup = good + [[1, 1, _d(1)]]
+    assert [v.message for v in chk.check_sink({"a": dup}, final)] == [
+        "source entry written to a-sink more than once"]
+    lost = good[:-1]
+    (v,) = chk.check_sink({"a": lost}, final)
+    assert v.invariant == "I8" and "1 source entries missing" in v.message
+    changed = good[:-1] + [[2, 1, _d(9)]]
+    assert "differs" in chk.check_sink({"a": changed}, final)[0].message
+    assert "no entry of the source" in chk.check_sink({"a": good + [[7, 0, _d(0)]]},
+                                                      final)[0].message
+    assert chk.check_sink(None, final)[0].invariant == "I8"
+
+
+def test_spark_ledgers_are_not_entries_from_nowhere():
+    sink = _ledger(9, 2)
+    sink.digests = [digest(b"arrow-1"), digest(b"arrow-2")]
+    sink.foreign = True
+    final = chk.FinalState(ledgers={9: sink})
+    assert chk.check_acked([], final) == []
+    sink.foreign = False
+    assert chk.check_acked([], final)

@@ -39,6 +39,9 @@ class FakeFaults:
     def loss(self, h, p):
         return self._add("loss", h.name)
 
+    def relay(self, h, peers, **kw):
+        return self._add("relay", h.name, _n(peers))
+
     def netem(self, h, **kw):
         return self._add("netem", h.name)
 
