@@ -236,7 +236,7 @@ def apply(faults, host, peers, *, seed: int, delay_ms: float, jitter_ms: float =
             for argv in reversed(fault.undo):
                 lf._run(argv, check=False)
             raise
-    from pybk_spark.testing import procs
+    from pybk_spark.cluster import procs
     procs.unregister(proc)          # the fault's undo (kill) ends it; reap it in the background
     threading.Thread(target=proc.wait, daemon=True).start()
     return fid
