@@ -88,11 +88,11 @@ def _runs(draw):
     request = draw(st.integers(0, 64 * KiB))
     max_entries = draw(st.integers(-1, 40))
     max_bytes = draw(st.integers(-1, 32 * KiB))
-    sizes = draw(st.lists(st.integers(0, 6 * KiB), max_size=200))
+    sizes = draw(st.lists(st.integers(0, 6 * KiB), max_size=120))
     return sizes, max_entries, max_bytes, _lim(entry, request)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=250, deadline=None)
 @given(_runs())
 def test_cuts_cover_in_order_respect_limits_and_are_greedy(run):
     sizes, max_entries, max_bytes, lim = run
