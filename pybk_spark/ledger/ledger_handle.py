@@ -149,11 +149,13 @@ class LedgerHandle:
             if windowed and self._async_inflight >= self._async_window:
                 self._drain_scheduled = False
                 return []
-            conf = self.ctx.conf
-            head = self._queued[:max(1, conf.add_batch_entries)]    # no batch is longer
-            take = batch_cuts.first_batch(list(map(len, map(itemgetter(0), head))),
-                                          conf.add_batch_entries, conf.add_batch_bytes,
-                                          self._writer.limits)
+            take = 0
+            if self._queued:
+                conf = self.ctx.conf
+                head = self._queued[:max(1, conf.add_batch_entries)]    # no batch is longer
+                take = batch_cuts.first_batch(list(map(len, map(itemgetter(0), head))),
+                                              conf.add_batch_entries, conf.add_batch_bytes,
+                                              self._writer.limits)
             items, self._queued = self._queued[:take], self._queued[take:]
             if not items:
                 self._drain_scheduled = False
