@@ -7,7 +7,8 @@ client ``max_entry_size_bytes`` bounded by the ensemble bookies' advertised
 limits) is refused with ``TooLarge`` before it gets an id, and so is a whole
 ``add_entries`` call holding one; the handle stays usable.
 Payloads are cut into chunks (``add_batch_entries`` / ``add_batch_bytes``,
-and the bookies' per-request limit);
+and the bookies' per-request limit; the rule is ``protocol.batch_cuts``, for
+``add_entries`` and for the coalescing queue of ``add_entry_async`` alike);
 each chunk gets consecutive ids, the current LAC and the ledger length
 before it in one core step (each entry carries its cumulative length, as in
 BookKeeper), its digests are computed, and it becomes one Arrow batch sent to every bookie of
@@ -31,6 +32,7 @@ from __future__ import annotations
 import functools
 import threading
 from concurrent.futures import Future
+from operator import itemgetter
 from typing import Callable, Iterable
 
 from pybk_spark import errors
@@ -39,6 +41,7 @@ from pybk_spark.ledger.digest import Digester
 from pybk_spark.ledger.ledger_writer import LedgerWriter, Waiter
 from pybk_spark.metadata.store import ledger_key
 from pybk_spark.protocol import add_admission as admission
+from pybk_spark.protocol import batch_cuts
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.ledger.read_handle import ReadHandle
 from pybk_spark.ledger.recovery_op import recover
@@ -101,12 +104,6 @@ class LedgerHandle:
         if not lim.entry_fits(len(payload)):
             raise admission.too_large(len(payload), lim, ledger_id=self.ledger_id)
 
-    def _fits_request(self, entries: int, size: int) -> bool:
-        """Whether ``entries`` payloads of ``size`` bytes go in one request."""
-        conf = self.ctx.conf
-        return (entries <= conf.add_batch_entries and size <= conf.add_batch_bytes
-                and size <= self._writer.limits.request_payload_budget(entries))
-
     def add_entry(self, payload: bytes) -> int:
         payload = bytes(payload)
         self._check_size(payload)
@@ -152,12 +149,13 @@ class LedgerHandle:
             if windowed and self._async_inflight >= self._async_window:
                 self._drain_scheduled = False
                 return []
-            take = size = 0
-            for payload, _ in self._queued:
-                if take and not self._fits_request(take + 1, size + len(payload)):
-                    break
-                take += 1
-                size += len(payload)
+            take = 0
+            if self._queued:
+                conf = self.ctx.conf
+                head = self._queued[:max(1, conf.add_batch_entries)]    # no batch is longer
+                take = batch_cuts.first_batch(list(map(len, map(itemgetter(0), head))),
+                                              conf.add_batch_entries, conf.add_batch_bytes,
+                                              self._writer.limits)
             items, self._queued = self._queued[:take], self._queued[take:]
             if not items:
                 self._drain_scheduled = False
@@ -209,24 +207,15 @@ class LedgerHandle:
         payloads = [bytes(p) for p in payloads]
         sizes = list(map(len, payloads))
         lim = self._writer.limits
-        if sizes and not lim.entry_fits(max(sizes)):
-            self._check_size(next(p for p in payloads if not lim.entry_fits(len(p))))
-        # _fits_request, unrolled: this loop runs once per entry of a batch
+        bad = batch_cuts.first_oversized(sizes, lim)
+        if bad is not None:
+            raise admission.too_large(sizes[bad], lim, ledger_id=self.ledger_id)
         conf = self.ctx.conf
-        max_entries, max_bytes = conf.add_batch_entries, conf.add_batch_bytes
-        per_entry = admission.BATCH_PER_ENTRY_OVERHEAD
-        budget = lim.request_payload_budget(0)       # payload + per-entry overhead
+        start = 0
         futs: list[Future] = []
-        start = n = size = 0
-        for i, length in enumerate(sizes):
-            if n and (n >= max_entries or size + length > max_bytes
-                      or size + length + per_entry * (n + 1) > budget):
-                futs.append(self._chunk_future(payloads[start:i]))
-                start, n, size = i, 0, 0
-            n += 1
-            size += length
-        if n:
-            futs.append(self._chunk_future(payloads[start:]))
+        for end in batch_cuts.batch_ends(sizes, conf.add_batch_entries, conf.add_batch_bytes, lim):
+            futs.append(self._chunk_future(payloads[start:end]))
+            start = end
         return futs
 
     def _chunk_future(self, chunk: list[bytes]) -> Future:
