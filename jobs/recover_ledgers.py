@@ -9,29 +9,23 @@ import argparse
 import sys
 
 from pybk_spark.admin import orchestrate
-from pybk_spark.admin.spark_runner import run_job
+from pybk_spark.admin.spark_runner import job_arguments, run_job
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="recover_ledgers.py", description=__doc__.splitlines()[0])
-    p.add_argument("--metadata-uri", required=True)
-    p.add_argument("--client-conf", default=None,
-                   help="client conf file: TLS files and operator = true (conf/client.conf)")
+def _own_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log", help="only the ledgers of this log")
     p.add_argument("--ledger", type=int, action="append", default=None, metavar="ID",
                    help="only this ledger (repeatable)")
     p.add_argument("--min-idle", type=float, default=0.0, metavar="SECONDS")
     p.add_argument("--force", action="store_true", help="ignore writer leases")
-    p.add_argument("--password", default=None)
-    p.add_argument("--json", action="store_true",
-                   help="stdout: exactly one JSON document (progress goes to stderr)")
-    p.add_argument("--verbose", action="store_true", help="Spark's INFO log lines too")
-    args = p.parse_args(argv)
-    password = None if args.password is None else args.password.encode()
+
+
+def main(argv=None) -> int:
+    args = job_arguments("recover_ledgers.py", __doc__, _own_options, argv)
     return run_job("recover_ledgers", "pybk-recover-ledgers", args.metadata_uri, args.json,
                    lambda bk, mapper: orchestrate.run_recover(
                        bk, args.metadata_uri, mapper, log=args.log, ledgers=args.ledger,
-                       min_idle_s=args.min_idle, force=args.force, password=password),
+                       min_idle_s=args.min_idle, force=args.force, password=args.password),
                    verbose=args.verbose, client_conf=args.client_conf)
 
 

@@ -12,28 +12,22 @@ import argparse
 import sys
 
 from pybk_spark.admin import orchestrate
-from pybk_spark.admin.spark_runner import run_job
+from pybk_spark.admin.spark_runner import job_arguments, run_job
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="rereplicate.py", description=__doc__.splitlines()[0])
-    p.add_argument("--metadata-uri", required=True)
-    p.add_argument("--client-conf", default=None,
-                   help="client conf file: TLS files and operator = true (conf/client.conf)")
+def _own_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bookie", action="append", default=[], metavar="ID")
     p.add_argument("--verify", action="store_true")
     p.add_argument("--delay", type=float, default=0.0, metavar="SECONDS")
     p.add_argument("--grace", type=float, default=30.0, metavar="SECONDS")
-    p.add_argument("--password", default=None)
-    p.add_argument("--json", action="store_true",
-                   help="stdout: exactly one JSON document (progress goes to stderr)")
-    p.add_argument("--verbose", action="store_true", help="Spark's INFO log lines too")
-    args = p.parse_args(argv)
-    password = None if args.password is None else args.password.encode()
+
+
+def main(argv=None) -> int:
+    args = job_arguments("rereplicate.py", __doc__, _own_options, argv)
     return run_job("rereplicate", "pybk-rereplicate", args.metadata_uri, args.json,
                    lambda bk, mapper: orchestrate.run_rereplicate(
                        bk, args.metadata_uri, mapper, bookies=args.bookie, delay_s=args.delay,
-                       grace_s=args.grace, verify=args.verify, password=password),
+                       grace_s=args.grace, verify=args.verify, password=args.password),
                    verbose=args.verbose, client_conf=args.client_conf)
 
 

@@ -84,6 +84,19 @@ def cached_bytes(batch: pa.RecordBatch) -> int:
     return batch.get_total_buffer_size()
 
 
+def _within_bytes(table: pa.Table, max_bytes: int, limited: bool) -> tuple[pa.RecordBatch, bool]:
+    """A read's rows as one batch, cut after the last row within ``max_bytes``
+    of payload (at least one row); ``limited`` turns true if cut."""
+    sizes = pc.binary_length(table.column("payload")).to_numpy(zero_copy_only=False)
+    cum = np.cumsum(sizes)
+    if cum[-1] > max_bytes:
+        keep = max(1, int(np.searchsorted(cum, max_bytes, side="right")))
+        if keep < table.num_rows:
+            table = table.slice(0, keep)
+            limited = True
+    return one_batch(table), limited
+
+
 class Ref:
     """One stored batch: in memory (``batch``) or in a segment file; a memory
     ref with ``segment >= 0`` is *located*: already durable there (journal)."""
@@ -229,15 +242,7 @@ class EntryStore:
             parts = [self.files.batch_of(by_id[int(ref_of_row[a])]).take(pa.array(take_rows[a:b]))
                      for a, b in zip(bounds[:-1], bounds[1:])]
         table = pa.Table.from_batches(parts, schema=ENTRY_SCHEMA)
-        got = table.num_rows
-        sizes = pc.binary_length(table.column("payload")).to_numpy(zero_copy_only=False)
-        cum = np.cumsum(sizes)
-        if cum[-1] > max_bytes:
-            keep = max(1, int(np.searchsorted(cum, max_bytes, side="right")))
-            if keep < got:
-                table = table.slice(0, keep)
-                limited = True
-        return one_batch(table), limited
+        return _within_bytes(table, max_bytes, limited)
 
     def _read(self, ledger_id: int, first: int, last: int, max_entries: int,
               max_bytes: int) -> tuple[pa.RecordBatch, bool]:
@@ -252,14 +257,7 @@ class EntryStore:
         table = pa.Table.from_batches(slices, schema=ENTRY_SCHEMA)
         got = table.num_rows
         limited = got >= max_entries and got < last - first + 1
-        sizes = pc.binary_length(table.column("payload")).to_numpy(zero_copy_only=False)
-        cum = np.cumsum(sizes)
-        if cum[-1] > max_bytes:
-            keep = max(1, int(np.searchsorted(cum, max_bytes, side="right")))
-            if keep < got:
-                table = table.slice(0, keep)
-                limited = True
-        return one_batch(table), limited
+        return _within_bytes(table, max_bytes, limited)
 
     # -- flush --------------------------------------------------------------------
     def flush_begin(self) -> FlushSnapshot:

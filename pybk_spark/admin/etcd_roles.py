@@ -35,7 +35,7 @@ from __future__ import annotations
 from typing import Iterable, Mapping
 
 from pybk_spark import errors
-from pybk_spark.admin import shell_common as cli
+from pybk_spark.admin import shell_common
 from pybk_spark.metadata import keys
 
 OPERATOR, BOOKIE, CLIENT = "pybk-operator", "pybk-bookie", "pybk-client"
@@ -126,7 +126,7 @@ def _read_password(path: str, what: str) -> str:
 
 
 def _args(p) -> None:
-    cli.add_metadata_uri(p)
+    shell_common.add_metadata_uri(p)
     p.add_argument("--apply", action="store_true",
                    help="create the roles (and users) in etcd; without it, print the layout")
     p.add_argument("--per-bookie", action="append", default=[], metavar="BOOKIE_ID",
@@ -145,11 +145,11 @@ def _run(args) -> int:
     rows = [{"role": r, "permission": perm, "key": f"/<scope>/{key}" + ("*" if pre else "")}
             for r, grants in roles.items() for perm, key, pre in grants]
     if not args.apply:
-        cli.emit(args, rows, "\n".join(f"{r['role']:<24} {r['permission']:<10} {r['key']}"
-                                       for r in rows))
+        shell_common.emit(args, rows, "\n".join(f"{r['role']:<24} {r['permission']:<10} {r['key']}"
+                                                for r in rows))
         return 0
     from pybk_spark.metadata.etcd_store import EtcdMetadataStore
-    store = cli.open_store_from(args)
+    store = shell_common.open_store_from(args)
     try:
         if not isinstance(store, EtcdMetadataStore):
             raise errors.IncorrectParameter("etcd-roles needs an etcd:// metadata URI")
@@ -160,9 +160,9 @@ def _run(args) -> int:
                      enable=args.enable_auth)
     finally:
         store.close()
-    cli.emit(args, done, " ".join(f"{k}={','.join(v) or '-'}" for k, v in done.items()))
+    shell_common.emit(args, done, " ".join(f"{k}={','.join(v) or '-'}" for k, v in done.items()))
     return 0
 
 
-cli.register("etcd-roles", "print or --apply the least-privilege etcd roles "
-             "(docs/operations.md, 'Securing etcd')", _args, _run)
+shell_common.register("etcd-roles", "print or --apply the least-privilege etcd roles "
+                      "(docs/operations.md, 'Securing etcd')", _args, _run)

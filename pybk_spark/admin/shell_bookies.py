@@ -4,20 +4,20 @@ from __future__ import annotations
 import json
 
 from pybk_spark import errors
-from pybk_spark.admin import shell_common as cli
+from pybk_spark.admin import shell_common
 from pybk_spark.admin.report import table
 from pybk_spark.metadata import keys
 
 
 # -- bookieinfo ----------------------------------------------------------------------------------
 def _bookieinfo_args(p):
-    cli.add_metadata_uri(p)
+    shell_common.add_metadata_uri(p)
     p.add_argument("--bookie", help="only this bookie")
 
 
 def _bookieinfo(args) -> int:
     from pybk_spark.transport.grpc_bookie import BookieClient
-    store = cli.open_store_from(args)
+    store = shell_common.open_store_from(args)
     try:
         regs = []
         for mode in ("writable", "readonly"):
@@ -51,11 +51,11 @@ def _bookieinfo(args) -> int:
         finally:
             c.close()
         rows.append(row)
-    cli.emit(args, rows, table(rows, ["bookie", "address", "add_lane", "rack", "state", "free_gb",
-                                      "total_gb", "ledgers", "entries", "error"],
+    shell_common.emit(args, rows, table(rows, ["bookie", "address", "add_lane", "rack", "state", "free_gb",
+                                               "total_gb", "ledgers", "entries", "error"],
                                empty="(no bookies registered)"))
     return 1 if any(r["state"] == "unreachable" for r in rows) else 0
 
 
-cli.register("bookieinfo", "disk, mode and counts of every registered bookie",
-             _bookieinfo_args, _bookieinfo)
+shell_common.register("bookieinfo", "disk, mode and counts of every registered bookie",
+                      _bookieinfo_args, _bookieinfo)

@@ -5,7 +5,7 @@ import json
 import time
 
 from pybk_spark import errors
-from pybk_spark.admin import shell_common as cli
+from pybk_spark.admin import shell_common
 from pybk_spark.admin.report import HEX_HINT, Progress, preview, table
 from pybk_spark.admin.shell_recovery import client, password_arg, password_of
 
@@ -25,7 +25,7 @@ def _md_dict(md) -> dict:
 
 # -- listledgers ---------------------------------------------------------------------------------
 def _listledgers_args(p):
-    cli.add_metadata_uri(p)
+    shell_common.add_metadata_uri(p)
     p.add_argument("--bookie", help="only ledgers with a fragment on this bookie")
 
 
@@ -40,14 +40,14 @@ def _listledgers(args) -> int:
             if args.bookie and args.bookie not in md.all_bookies():
                 continue
             rows.append(_ledger_row(md))
-    cli.emit(args, rows, table(rows, ["ledger", "state", "last_entry", "length", "quorum",
-                                      "fragments", "bookies"], empty="(no ledgers)"))
+    shell_common.emit(args, rows, table(rows, ["ledger", "state", "last_entry", "length", "quorum",
+                                               "fragments", "bookies"], empty="(no ledgers)"))
     return 0
 
 
 # -- ledgermetadata ------------------------------------------------------------------------------
 def _ledger_id_arg(p):
-    cli.add_metadata_uri(p)
+    shell_common.add_metadata_uri(p)
     p.add_argument("ledger_id", type=int, metavar="ID")
 
 
@@ -63,7 +63,7 @@ def _ledgermetadata(args) -> int:
              f"length={md.length} ctime_ms={md.ctime_ms} custom={dict(md.custom)}",
              table([{"first_entry": f, "ensemble": list(b)} for f, b in md.ensembles],
                    ["first_entry", "ensemble"])]
-    cli.emit(args, data, "\n".join(lines))
+    shell_common.emit(args, data, "\n".join(lines))
     return 0
 
 
@@ -116,8 +116,8 @@ def _readledger(args) -> int:
     binary = not args.hex and any(e["binary"] for e in rows)
     for e in rows:
         del e["binary"]
-    cli.emit(args, data, header + "\n" + table(rows, ["entry", "size", "payload"],
-                                               empty="(no entries)")
+    shell_common.emit(args, data, header + "\n" + table(rows, ["entry", "size", "payload"],
+                                                        empty="(no entries)")
              + (f"\n{HEX_HINT}" if binary else ""))
     return 0
 
@@ -159,8 +159,8 @@ def _readledger_bookie(args, bk, md, pw: bytes) -> int:
             "entries": rows}
     header = (f"ledger {md.ledger_id} on bookie {args.bookie}: {len(rows)} of entries "
               f"{args.first}..{last} stored there")
-    cli.emit(args, data, header + "\n" + table(rows, ["entry", "size", "payload"],
-                                               empty="(no entries)")
+    shell_common.emit(args, data, header + "\n" + table(rows, ["entry", "size", "payload"],
+                                                        empty="(no entries)")
              + (f"\n{HEX_HINT}" if binary else ""))
     return 0
 
@@ -169,13 +169,13 @@ def _readledger_bookie(args, bk, md, pw: bytes) -> int:
 def _deleteledger(args) -> int:
     with client(args) as bk:
         bk.delete_ledger(args.ledger_id)
-    cli.emit(args, {"deleted": args.ledger_id}, f"deleted ledger {args.ledger_id}")
+    shell_common.emit(args, {"deleted": args.ledger_id}, f"deleted ledger {args.ledger_id}")
     return 0
 
 
 # -- simpletest ------------------------------------------------------------------------------------
 def _simpletest_args(p):
-    cli.add_metadata_uri(p)
+    shell_common.add_metadata_uri(p)
     p.add_argument("--ensemble", "-e", type=int, default=3)
     p.add_argument("--write-quorum", "-w", type=int, default=2)
     p.add_argument("--ack-quorum", "-a", type=int, default=2)
@@ -208,17 +208,17 @@ def _simpletest(args) -> int:
     data = {"ledger": lid, "entries": args.entries, "ensemble": list(md.current_ensemble),
             "write_seconds": round(t_write, 3), "seconds": round(time.monotonic() - t0, 3),
             "ok": True, "deleted": not args.keep}
-    cli.emit(args, data, f"simpletest OK: ledger {lid} on {','.join(md.current_ensemble)}: "
-                         f"wrote and read back {args.entries} entries in {data['seconds']:.2f}s"
-                         + ("" if args.keep else " (ledger deleted)"))
+    shell_common.emit(args, data, f"simpletest OK: ledger {lid} on {','.join(md.current_ensemble)}: "
+                                  f"wrote and read back {args.entries} entries in {data['seconds']:.2f}s"
+                                  + ("" if args.keep else " (ledger deleted)"))
     return 0
 
 
-cli.register("listledgers", "list ledgers with state and ensemble", _listledgers_args,
-             _listledgers)
-cli.register("ledgermetadata", "show one ledger's metadata", _ledger_id_arg, _ledgermetadata)
-cli.register("readledger", "print a ledger's entries", _readledger_args, _readledger)
-cli.register("deleteledger", "delete a ledger (bookies garbage-collect its entries)",
-             _ledger_id_arg, _deleteledger)
-cli.register("simpletest", "create, write, read back and delete a ledger", _simpletest_args,
-             _simpletest)
+shell_common.register("listledgers", "list ledgers with state and ensemble", _listledgers_args,
+                      _listledgers)
+shell_common.register("ledgermetadata", "show one ledger's metadata", _ledger_id_arg, _ledgermetadata)
+shell_common.register("readledger", "print a ledger's entries", _readledger_args, _readledger)
+shell_common.register("deleteledger", "delete a ledger (bookies garbage-collect its entries)",
+                      _ledger_id_arg, _deleteledger)
+shell_common.register("simpletest", "create, write, read back and delete a ledger", _simpletest_args,
+                      _simpletest)

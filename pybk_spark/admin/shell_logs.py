@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 from pybk_spark import errors
-from pybk_spark.admin import shell_common as cli
+from pybk_spark.admin import shell_common
 from pybk_spark.admin.report import HEX_HINT, preview, table
 from pybk_spark.admin.shell_recovery import client, password_arg, password_of
 
@@ -12,7 +12,7 @@ from pybk_spark.admin.shell_recovery import client, password_arg, password_of
 # -- logs ------------------------------------------------------------------------------------------
 def _listlogs(args) -> int:
     from pybk_spark.logs.log import list_logs, read_log
-    store = cli.open_store_from(args)
+    store = shell_common.open_store_from(args)
     try:
         rows = []
         for name in list_logs(store):
@@ -25,19 +25,19 @@ def _listlogs(args) -> int:
                          "truncated_ledgers": md.truncated_ledgers})
     finally:
         store.close()
-    cli.emit(args, rows, table(rows, ["log", "segments", "epoch", "truncated_ledgers",
-                                      "ledgers"], empty="(no logs)"))
+    shell_common.emit(args, rows, table(rows, ["log", "segments", "epoch", "truncated_ledgers",
+                                               "ledgers"], empty="(no logs)"))
     return 0
 
 
 def _log_name_args(p):
-    cli.add_metadata_uri(p)
+    shell_common.add_metadata_uri(p)
     p.add_argument("name", metavar="NAME")
 
 
 def _logmetadata(args) -> int:
     from pybk_spark.logs.log import read_log
-    store = cli.open_store_from(args)
+    store = shell_common.open_store_from(args)
     try:
         md, version = read_log(store, args.name)
     finally:
@@ -49,7 +49,7 @@ def _logmetadata(args) -> int:
             f"truncated_offset={md.truncated_offset} schema={'yes' if md.schema else 'no'}\n"
             + table(seg_rows, ["ledger_id", "state", "entry_count", "byte_count",
                                "start_offset"], empty="(no segments)"))
-    cli.emit(args, data, text)
+    shell_common.emit(args, data, text)
     return 0
 
 
@@ -140,13 +140,13 @@ def _readlog(args) -> int:
         finally:
             reader.close()
     if as_json:
-        cli.emit(args, {"log": args.name, "records": records})
+        shell_common.emit(args, {"log": args.name, "records": records})
     else:
         print(f"({count} records{', DataFrame log: one line per row' if decode else ''})"
               + (f" {HEX_HINT}" if binary else ""), flush=True)
     return 0
 
 
-cli.register("listlogs", "list logs", lambda p: cli.add_metadata_uri(p), _listlogs)
-cli.register("logmetadata", "show a log's segments", _log_name_args, _logmetadata)
-cli.register("readlog", "print a log's records (optionally tail it)", _readlog_args, _readlog)
+shell_common.register("listlogs", "list logs", lambda p: shell_common.add_metadata_uri(p), _listlogs)
+shell_common.register("logmetadata", "show a log's segments", _log_name_args, _logmetadata)
+shell_common.register("readlog", "print a log's records (optionally tail it)", _readlog_args, _readlog)

@@ -11,7 +11,7 @@ import logging
 import os
 
 from pybk_spark import errors
-from pybk_spark.admin import shell_common as cli
+from pybk_spark.admin import shell_common
 from pybk_spark.admin.report import table
 
 CHECKPOINT = "checkpoint.json"       # bookie_server/checkpoint_file.py
@@ -51,8 +51,8 @@ def _lastmark(args) -> int:
     if doc is None:
         data = {"data_dir": args.data_dir, "checkpoint": False, "journal_seq": 0,
                 "journal_offset": 0, "journal_file": file_name(0)}
-        cli.emit(args, data, f"{args.data_dir}: no checkpoint yet (replay starts at the first "
-                             "journal file)")
+        shell_common.emit(args, data, f"{args.data_dir}: no checkpoint yet (replay starts at the first "
+                                      "journal file)")
         return 0
     lost = doc.get("lost") or {}
     data = {"data_dir": args.data_dir, "checkpoint": True,
@@ -61,9 +61,9 @@ def _lastmark(args) -> int:
             "generation": int(doc["generation"]), "index": doc.get("index"),
             "ledgers": len(doc.get("states") or []),
             "lost_ranges": len(lost.get("ranges") or []) if isinstance(lost, dict) else 0}
-    cli.emit(args, data, f"last mark: journal {data['journal_file']} offset "
-                         f"{data['journal_offset']} (seq {data['journal_seq']}), checkpoint "
-                         f"generation {data['generation']}, {data['ledgers']} ledgers' state")
+    shell_common.emit(args, data, f"last mark: journal {data['journal_file']} offset "
+                                  f"{data['journal_offset']} (seq {data['journal_seq']}), checkpoint "
+                                  f"generation {data['generation']}, {data['ledgers']} ledgers' state")
     return 0
 
 
@@ -157,11 +157,11 @@ def _readjournal(args) -> int:
     if damage:
         text += "\n" + "\n".join(f"DAMAGE {d.file} offset {d.offset}: {d.nbytes} bytes skipped"
                                  for d in damage)
-    cli.emit(args, data, text)
+    shell_common.emit(args, data, text)
     return 0
 
 
-cli.register("lastmark", "a bookie's checkpoint position (journal file and offset), offline",
-             _data_dir_arg, _lastmark)
-cli.register("readjournal", "decode a bookie's journal files offline (records, types, "
-             "ledger/entry ids)", _readjournal_args, _readjournal)
+shell_common.register("lastmark", "a bookie's checkpoint position (journal file and offset), offline",
+                      _data_dir_arg, _lastmark)
+shell_common.register("readjournal", "decode a bookie's journal files offline (records, types, "
+                      "ledger/entry ids)", _readjournal_args, _readjournal)

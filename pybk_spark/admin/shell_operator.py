@@ -9,7 +9,7 @@ import socket
 import time
 
 from pybk_spark import errors
-from pybk_spark.admin import shell_common as cli
+from pybk_spark.admin import shell_common
 from pybk_spark.admin import audit_control as ctl
 from pybk_spark.admin.report import table
 from pybk_spark.admin.shell_recovery import client
@@ -21,7 +21,7 @@ def _who() -> str:
 
 # -- autorecovery switches -----------------------------------------------------------------
 def _triggeraudit(args) -> int:
-    store = cli.open_store_from(args)
+    store = shell_common.open_store_from(args)
     try:
         version = ctl.trigger(store, time.time(), _who())
         st = ctl.status(store)
@@ -31,14 +31,14 @@ def _triggeraudit(args) -> int:
             " (no autorecovery process is running: the request waits for one)")
     if not st["enabled"]:
         note += " (autorecovery is disabled: pybk autorecoveryctl --enable)"
-    cli.emit(args, {"triggered": True, "version": version, "leader": st["leader"],
-                    "enabled": st["enabled"]},
+    shell_common.emit(args, {"triggered": True, "version": version, "leader": st["leader"],
+                             "enabled": st["enabled"]},
              f"audit requested from the autorecovery leader {st['leader'] or '-'}{note}")
     return 0
 
 
 def _delay_args(p):
-    cli.add_metadata_uri(p)
+    shell_common.add_metadata_uri(p)
     g = p.add_mutually_exclusive_group()
     g.add_argument("--get", action="store_true", help="print the stored delay (default)")
     g.add_argument("--set", type=float, metavar="SECONDS",
@@ -48,7 +48,7 @@ def _delay_args(p):
 
 
 def _lostbookierecoverydelay(args) -> int:
-    store = cli.open_store_from(args)
+    store = shell_common.open_store_from(args)
     try:
         if args.set is not None:
             conf = ctl.set_lost_bookie_delay(store, args.set)
@@ -59,14 +59,14 @@ def _lostbookierecoverydelay(args) -> int:
     finally:
         store.close()
     delay = conf["lost_bookie_recovery_delay_s"]
-    cli.emit(args, {"lost_bookie_recovery_delay_s": delay},
-             f"lostBookieRecoveryDelay = {delay:g} s" if delay is not None else
-             "lostBookieRecoveryDelay not set (each autorecovery process uses its --delay)")
+    shell_common.emit(args, {"lost_bookie_recovery_delay_s": delay},
+                      f"lostBookieRecoveryDelay = {delay:g} s" if delay is not None else
+                      "lostBookieRecoveryDelay not set (each autorecovery process uses its --delay)")
     return 0
 
 
 def _ctl_args(p):
-    cli.add_metadata_uri(p)
+    shell_common.add_metadata_uri(p)
     g = p.add_mutually_exclusive_group()
     g.add_argument("--enable", action="store_true", help="let autorecovery audit and repair")
     g.add_argument("--disable", action="store_true",
@@ -74,7 +74,7 @@ def _ctl_args(p):
 
 
 def _autorecoveryctl(args) -> int:
-    store = cli.open_store_from(args)
+    store = shell_common.open_store_from(args)
     try:
         if args.enable or args.disable:
             ctl.set_enabled(store, bool(args.enable))
@@ -89,13 +89,13 @@ def _autorecoveryctl(args) -> int:
                  "%Y-%m-%dT%H:%M:%S", time.localtime(since)) if since else "-"}
                    for b, since in sorted(st["missing_bookies"].items())],
                    ["bookie", "unregistered_since"], empty="no bookie seen missing")]
-    cli.emit(args, st, "\n".join(lines))
+    shell_common.emit(args, st, "\n".join(lines))
     return 0
 
 
 # -- logs ------------------------------------------------------------------------------------------
 def _deletelog_args(p):
-    cli.add_metadata_uri(p)
+    shell_common.add_metadata_uri(p)
     p.add_argument("name", metavar="NAME")
     p.add_argument("--force", action="store_true",
                    help="delete even while a writer holds the log (its next append fails)")
@@ -128,14 +128,14 @@ def _deletelog(args) -> int:
                 deleted.append(lid)
             except errors.NoSuchLedger:
                 pass
-    cli.emit(args, {"log": args.name, "deleted_ledgers": deleted, "forced": bool(live)},
-             f"deleted log {args.name} and its {len(deleted)} ledgers"
-             + (f" (writer of ledger {live[-1]} was alive)" if live else ""))
+    shell_common.emit(args, {"log": args.name, "deleted_ledgers": deleted, "forced": bool(live)},
+                      f"deleted log {args.name} and its {len(deleted)} ledgers"
+                      + (f" (writer of ledger {live[-1]} was alive)" if live else ""))
     return 0
 
 
 def _truncatelog_args(p):
-    cli.add_metadata_uri(p)
+    shell_common.add_metadata_uri(p)
     p.add_argument("name", metavar="NAME")
     p.add_argument("--before", type=int, required=True, metavar="LEDGER",
                    help="drop every (closed) segment before this ledger of the log")
@@ -145,15 +145,15 @@ def _truncatelog(args) -> int:
     from pybk_spark.logs.log import truncate_log
     with client(args) as bk:
         dropped = truncate_log(bk, args.name, args.before)
-    cli.emit(args, {"log": args.name, "deleted_ledgers": dropped},
-             f"truncated log {args.name}: deleted ledgers "
-             f"{', '.join(map(str, dropped)) or '(none)'}")
+    shell_common.emit(args, {"log": args.name, "deleted_ledgers": dropped},
+                      f"truncated log {args.name}: deleted ledgers "
+                      f"{', '.join(map(str, dropped)) or '(none)'}")
     return 0
 
 
 # -- bookiesanity ------------------------------------------------------------------------------
 def _sanity_args(p):
-    cli.add_metadata_uri(p)
+    shell_common.add_metadata_uri(p)
     p.add_argument("--bookie", required=True, metavar="ID", help="the bookie to test")
     p.add_argument("--entries", "-n", type=int, default=10)
 
@@ -204,8 +204,8 @@ def _bookiesanity(args) -> int:
                 except errors.BKError:
                     pass
     seconds = round(time.monotonic() - t0, 3)
-    cli.emit(args, {"bookie": args.bookie, "ledger": lid, "entries": args.entries, "ok": True,
-                    "seconds": seconds},
+    shell_common.emit(args, {"bookie": args.bookie, "ledger": lid, "entries": args.entries, "ok": True,
+                             "seconds": seconds},
              f"bookiesanity OK: bookie {args.bookie} wrote, read back and deleted "
              f"{args.entries} entries (ledger {lid}) in {seconds:.2f}s")
     return 0
@@ -213,25 +213,25 @@ def _bookiesanity(args) -> int:
 
 # -- updatecookie ------------------------------------------------------------------------------
 def _updatecookie(args) -> int:
-    cli.emit(args, {"command": "bookie-server updatecookie"},
-             "updatecookie runs on the bookie's host, with the bookie stopped, against its "
-             "data dir:\n  bookie-server updatecookie --conf BOOKIE.CONF [--advertised-address "
-             "HOST] [--yes]\nIt records the bookie's new advertised address in its cookie "
-             "(docs/operations.md, 'A bookie moved').")
+    shell_common.emit(args, {"command": "bookie-server updatecookie"},
+                      "updatecookie runs on the bookie's host, with the bookie stopped, against its "
+                      "data dir:\n  bookie-server updatecookie --conf BOOKIE.CONF [--advertised-address "
+                      "HOST] [--yes]\nIt records the bookie's new advertised address in its cookie "
+                      "(docs/operations.md, 'A bookie moved').")
     return 0
 
 
-cli.register("triggeraudit", "ask the autorecovery leader for an audit round now",
-             lambda p: cli.add_metadata_uri(p), _triggeraudit)
-cli.register("lostbookierecoverydelay", "get or set lostBookieRecoveryDelay (stored in the "
-             "metadata store, honoured by autorecovery)", _delay_args, _lostbookierecoverydelay)
-cli.register("autorecoveryctl", "show autorecovery status; --enable / --disable it "
-             "cluster-wide", _ctl_args, _autorecoveryctl)
-cli.register("deletelog", "delete a log and its ledgers (refused while a writer is active "
-             "unless --force)", _deletelog_args, _deletelog)
-cli.register("truncatelog", "drop a log's closed segments before a ledger and delete them",
-             _truncatelog_args, _truncatelog)
-cli.register("bookiesanity", "write, read back and delete a ledger on one bookie (ensemble 1)",
-             _sanity_args, _bookiesanity)
-cli.register("updatecookie", "how to record a moved bookie's address (bookie-server "
-             "updatecookie)", lambda p: None, _updatecookie)
+shell_common.register("triggeraudit", "ask the autorecovery leader for an audit round now",
+                      lambda p: shell_common.add_metadata_uri(p), _triggeraudit)
+shell_common.register("lostbookierecoverydelay", "get or set lostBookieRecoveryDelay (stored in the "
+                      "metadata store, honoured by autorecovery)", _delay_args, _lostbookierecoverydelay)
+shell_common.register("autorecoveryctl", "show autorecovery status; --enable / --disable it "
+                      "cluster-wide", _ctl_args, _autorecoveryctl)
+shell_common.register("deletelog", "delete a log and its ledgers (refused while a writer is active "
+                      "unless --force)", _deletelog_args, _deletelog)
+shell_common.register("truncatelog", "drop a log's closed segments before a ledger and delete them",
+                      _truncatelog_args, _truncatelog)
+shell_common.register("bookiesanity", "write, read back and delete a ledger on one bookie (ensemble 1)",
+                      _sanity_args, _bookiesanity)
+shell_common.register("updatecookie", "how to record a moved bookie's address (bookie-server "
+                      "updatecookie)", lambda p: None, _updatecookie)

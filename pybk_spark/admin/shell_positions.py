@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from pybk_spark.admin import shell_common as cli
+from pybk_spark.admin import shell_common
 from pybk_spark.admin.report import table
 from pybk_spark.logs.positions import drop, list_positions
 
@@ -19,45 +19,45 @@ def _row(p, now: float) -> dict:
 
 
 def _positions_args(p):
-    cli.add_metadata_uri(p)
+    shell_common.add_metadata_uri(p)
     p.add_argument("log", nargs="?", help="only this log's positions")
 
 
 def _positions(args) -> int:
-    store = cli.open_store_from(args)
+    store = shell_common.open_store_from(args)
     try:
         found = list_positions(store, args.log)
     finally:
         store.close()
     now = time.time()
     rows = [_row(p, now) for p in found]
-    cli.emit(args, rows, table(rows, ["log", "name", "index", "entry", "kind", "batch_id",
-                                      "age_s", "detail"],
+    shell_common.emit(args, rows, table(rows, ["log", "name", "index", "entry", "kind", "batch_id",
+                                               "age_s", "detail"],
                                empty="(no registered positions)"))
     return 0
 
 
 def _drop_args(p):
-    cli.add_metadata_uri(p)
+    shell_common.add_metadata_uri(p)
     p.add_argument("log", help="the log")
     p.add_argument("name", help="the position's name (pybk positions LOG lists them)")
 
 
 def _drop(args) -> int:
-    store = cli.open_store_from(args)
+    store = shell_common.open_store_from(args)
     try:
         gone = drop(store, args.log, args.name)
     finally:
         store.close()
     row = _row(gone, time.time())
-    cli.emit(args, {"dropped": row},
-             f"dropped position {gone.name} of log {gone.log} "
-             f"(index {gone.index}, entry {gone.entry}): truncation may now pass it")
+    shell_common.emit(args, {"dropped": row},
+                      f"dropped position {gone.name} of log {gone.log} "
+                      f"(index {gone.index}, entry {gone.entry}): truncation may now pass it")
     return 0
 
 
-cli.register("positions", "list the positions registered by streaming queries (they hold "
-             "back log truncation) and exactly-once sinks (informational)", _positions_args,
+shell_common.register("positions", "list the positions registered by streaming queries (they hold "
+                      "back log truncation) and exactly-once sinks (informational)", _positions_args,
              _positions)
-cli.register("dropposition", "drop a stale registered read position so that truncation "
-             "may pass it", _drop_args, _drop)
+shell_common.register("dropposition", "drop a stale registered read position so that truncation "
+                      "may pass it", _drop_args, _drop)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from pybk_spark.admin import shell_common as cli
+from pybk_spark.admin import shell_common
 from pybk_spark.admin import audit, damage_repair
 from pybk_spark.admin import orchestrate as orch
 from pybk_spark.admin import rereplicate as rr
@@ -24,7 +24,7 @@ def password_of(args) -> bytes | None:
 
 def client(args):
     from pybk_spark.ledger.client import BookKeeper
-    return BookKeeper(cli.require_metadata_uri(args), conf=cli.client_conf(args),
+    return BookKeeper(shell_common.require_metadata_uri(args), conf=shell_common.client_conf(args),
                       background=False)
 
 
@@ -34,7 +34,7 @@ def _progress(args) -> bool:
 
 # -- recover -----------------------------------------------------------------------------------
 def _recover_args(p):
-    cli.add_metadata_uri(p)
+    shell_common.add_metadata_uri(p)
     p.add_argument("--log", help="only the ledgers of this log")
     p.add_argument("--ledger", type=int, action="append", default=None, metavar="ID",
                    help="only this ledger (repeatable)")
@@ -50,7 +50,7 @@ def _recover(args) -> int:
         report, text, status = orch.run_recover(
             bk, args.metadata_uri, orch.local_mapper(_progress(args)), log=args.log,
             ledgers=args.ledger, min_idle_s=args.min_idle, force=args.force, password=password_of(args))
-    cli.emit(args, report, text)
+    shell_common.emit(args, report, text)
     return status
 
 
@@ -64,7 +64,7 @@ def _lost_bookie_timing_args(p):
 
 
 def rereplicate_arguments(p):
-    cli.add_metadata_uri(p)
+    shell_common.add_metadata_uri(p)
     p.add_argument("--bookie", action="append", default=[], metavar="ID",
                    help="treat this bookie as lost (repeatable)")
     p.add_argument("--verify", action="store_true",
@@ -79,13 +79,13 @@ def _rereplicate(args) -> int:
             bk, args.metadata_uri, orch.local_mapper(_progress(args)), bookies=args.bookie,
             delay_s=args.delay, grace_s=args.grace, verify=args.verify,
             password=password_of(args))
-    cli.emit(args, report, text)
+    shell_common.emit(args, report, text)
     return status
 
 
 # -- decommission -----------------------------------------------------------------------------
 def _decommission_args(p):
-    cli.add_metadata_uri(p)
+    shell_common.add_metadata_uri(p)
     p.add_argument("--bookie", required=True, metavar="ID", help="bookie to decommission")
     p.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
                    help="grace before fencing open ledgers that still write to it")
@@ -105,8 +105,8 @@ def _decommission(args) -> int:
                                             "and no cookie)")
         if args.cancel:
             rr.clear_decommissioned(store, args.bookie)
-            cli.emit(args, {"bookie": args.bookie, "decommissioned": False},
-                     f"{args.bookie} is no longer marked decommissioned")
+            shell_common.emit(args, {"bookie": args.bookie, "decommissioned": False},
+                              f"{args.bookie} is no longer marked decommissioned")
             return 0
         rr.mark_decommissioned(store, args.bookie, time.time())
         report, text, status = orch.run_rereplicate(
@@ -121,7 +121,7 @@ def _decommission(args) -> int:
         status = status or 1
     else:
         text += f"\n{args.bookie} holds no fragment any more: safe to stop it"
-    cli.emit(args, report, text)
+    shell_common.emit(args, report, text)
     return status
 
 
@@ -135,7 +135,7 @@ def _bookies_of(bk, lid):
 
 # -- listunderreplicated ------------------------------------------------------------------------
 def _lur_args(p):
-    cli.add_metadata_uri(p)
+    shell_common.add_metadata_uri(p)
     p.add_argument("--delay", type=float, default=0.0, metavar="SECONDS",
                    help="count a bookie as lost only after this long unregistered")
 
@@ -163,7 +163,7 @@ def _listunderreplicated(args) -> int:
     text = (f"lost/unregistered bookies: {', '.join(sorted(res.lost)) or '(none)'}\n"
             + table(rows, ["ledger", "fragment", "bookie", "state"],
                     empty="no under-replicated fragments"))
-    cli.emit(args, data, text)
+    shell_common.emit(args, data, text)
     return 0
 
 
@@ -175,20 +175,20 @@ def _unregistered(bk) -> list[str]:
     return sorted(known - reg)
 
 
-cli.register("recover", "fence, recover and close ledgers whose writer is gone",
-             _recover_args, _recover)
-cli.register("rereplicate", "re-replicate fragments of lost bookies (auditor + copy)",
-             rereplicate_arguments, _rereplicate)
-cli.register("decommission", "move every fragment off a bookie", _decommission_args,
-             _decommission)
-cli.register("listunderreplicated", "fragments with a replica on a lost bookie, and "
-             "entries bookies lost to damage",
-             _lur_args, _listunderreplicated)
+shell_common.register("recover", "fence, recover and close ledgers whose writer is gone",
+                      _recover_args, _recover)
+shell_common.register("rereplicate", "re-replicate fragments of lost bookies (auditor + copy)",
+                      rereplicate_arguments, _rereplicate)
+shell_common.register("decommission", "move every fragment off a bookie", _decommission_args,
+                      _decommission)
+shell_common.register("listunderreplicated", "fragments with a replica on a lost bookie, and "
+                      "entries bookies lost to damage",
+                      _lur_args, _listunderreplicated)
 
 
 # -- autorecovery ------------------------------------------------------------------------------
 def _autorecovery_args(p):
-    cli.add_metadata_uri(p)
+    shell_common.add_metadata_uri(p)
     p.add_argument("--interval", type=float, default=60.0, metavar="SECONDS",
                    help="time between audit rounds (default 60)")
     _lost_bookie_timing_args(p)
@@ -253,5 +253,5 @@ def _autorecovery(args) -> int:
     return worst[0] if args.rounds is not None else 0
 
 
-cli.register("autorecovery", "periodic auditor + re-replication daemon (leader-elected)",
-             _autorecovery_args, _autorecovery)
+shell_common.register("autorecovery", "periodic auditor + re-replication daemon (leader-elected)",
+                      _autorecovery_args, _autorecovery)

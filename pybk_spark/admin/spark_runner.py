@@ -11,6 +11,7 @@ so stdout holds the report alone: exactly one JSON document with ``--json``.
 """
 from __future__ import annotations
 
+import argparse
 import sys
 import threading
 from typing import Callable, Optional
@@ -123,3 +124,23 @@ def run_job(prog: str, app_name: str, metadata_uri: str, as_json: bool, body,
         mapper.stop()
     print(json.dumps(report, sort_keys=True, default=str) if as_json else text, flush=True)
     return status
+
+
+def job_arguments(prog: str, doc: str, add_own: Callable[[argparse.ArgumentParser], None],
+                  argv=None) -> argparse.Namespace:
+    """The command line of a spark-submit job: ``--metadata-uri`` and
+    ``--client-conf``, the job's own options (``add_own``), then
+    ``--password``, ``--json`` and ``--verbose``; ``args.password`` as bytes
+    (or None)."""
+    p = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
+    p.add_argument("--metadata-uri", required=True)
+    p.add_argument("--client-conf", default=None,
+                   help="client conf file: TLS files and operator = true (conf/client.conf)")
+    add_own(p)
+    p.add_argument("--password", default=None)
+    p.add_argument("--json", action="store_true",
+                   help="stdout: exactly one JSON document (progress goes to stderr)")
+    p.add_argument("--verbose", action="store_true", help="Spark's INFO log lines too")
+    args = p.parse_args(argv)
+    args.password = None if args.password is None else args.password.encode()
+    return args

@@ -46,7 +46,7 @@ from pybk_spark.metadata import EtcdSecurity, open_store, with_security
 from pybk_spark.cluster import etcd_users, procs
 from pybk_spark.cluster.etcd_process import EtcdProcess, EtcdTLS
 from pybk_spark.cluster.ports import free_port, port_is_free
-from pybk_spark.metadata import keys
+from pybk_spark.cluster.registration import fresh_registration
 
 
 LOCK_NAME = "standalone.lock"
@@ -335,7 +335,6 @@ class LocalCluster:
     def _wait_registered(self, bookie_id: str, since: int, read_only: bool | None = None,
                          timeout: float | None = None) -> dict:
         b = self._bookies[bookie_id]
-        modes = {None: ("writable", "readonly"), False: ("writable",), True: ("readonly",)}
         deadline = time.monotonic() + (timeout or self.ready_timeout)
         delay = 0.02
         while True:
@@ -347,13 +346,9 @@ class LocalCluster:
                 raise BookieStartError(f"{bookie_id} exited (code {code}) before registering"
                                        f"{reason} (log {self.bookie_log(bookie_id)})\n"
                                        f"log tail:\n{tail}")
-            for mode in modes[read_only]:
-                try:
-                    got = self.store.get(keys.bookie_key(mode, bookie_id))
-                except errors.MetadataUnavailable:
-                    got = None
-                if got is not None and got.version > since:
-                    return json.loads(got.value)
+            registration = fresh_registration(self.store, bookie_id, since, read_only)
+            if registration is not None:
+                return registration
             if time.monotonic() > deadline:
                 raise BookieStartError(f"{bookie_id} not registered after "
                                        f"{timeout or self.ready_timeout}s; log tail:\n"

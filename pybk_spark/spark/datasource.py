@@ -26,7 +26,8 @@ from pyspark.sql.types import StructType
 
 from pybk_spark import errors
 from pybk_spark.spark.options import (parse_load_options, parse_read_options,
-                                      parse_stream_options, parse_write_options)
+                                      parse_stream_options)
+from pybk_spark.spark.write_options import parse_write_options
 from pybk_spark.spark.multi_log import (BookKeeperMultiLogReader, common_schema, is_multi,
                                         log_names, with_log_column)
 from pybk_spark.spark.reader import BookKeeperBatchReader, check_schema, output_spark_schema

@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 Spark hands a data source a case-insensitive ``str -> str`` map.  This module
-turns it into a frozen :class:`ReadOptions` value, or raises
+turns it into a frozen :class:`ReadOptions` value (writes: write_options.py), or raises
 ``errors.IncorrectParameter`` naming the option and what was expected, before
 any I/O happens (rule 4: bad input gets a clear typed error).
 
@@ -27,7 +27,7 @@ from typing import Mapping, Optional
 from pybk_spark import errors
 from pybk_spark.spark.tls_options import parse_client_options
 from pybk_spark.spark import option_names as names
-from pybk_spark.spark.time_options import TimeBounds, parse_time_bounds
+from pybk_spark.spark.time_options import TimeBounds, ledger_integers, parse_time_bounds
 
 EARLIEST = -2
 LATEST = -1
@@ -206,15 +206,7 @@ def parse_offsets(name: str, text: Optional[str], *, default: int,
             f"option {name!r} must be 'earliest', 'latest' or JSON "
             f"{{\"<ledgerId>\": entryId, ...}}, got {text!r}")
     out: dict[int, int] = {}
-    for key, value in parsed.items():
-        try:
-            ledger_id = int(key)
-        except ValueError:
-            raise errors.IncorrectParameter(
-                f"option {name!r}: key {key!r} is not a ledger id") from None
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise errors.IncorrectParameter(
-                f"option {name!r}: offset for ledger {ledger_id} must be an integer, got {value!r}")
+    for ledger_id, value in ledger_integers(name, parsed, "offset"):
         if value < 0:
             if value not in (EARLIEST, LATEST):
                 raise errors.IncorrectParameter(
@@ -232,13 +224,35 @@ def _check_special(name: str, value: int, allow_earliest: bool, allow_latest: bo
         raise errors.IncorrectParameter(f"option {name!r} cannot be 'latest'")
 
 
+def metadata_service_uri(options: Mapping[str, str]) -> str:
+    """The required ``metadataServiceUri`` (reads and writes), stripped."""
+    uri = option(options, "metadataServiceUri")
+    if not options:
+        raise errors.IncorrectParameter(
+            "no options reached the bookkeeper source: a catalog table created before "
+            "pybk-spark recorded its OPTIONS in its schema (PySpark 4.x hands a Python "
+            "source no table options); re-create it (CREATE TABLE ... USING bookkeeper "
+            "OPTIONS (...)) or give them per query: SELECT ... FROM t WITH (...) "
+            "(docs/spark.md, 'SQL')")
+    if uri is None or not str(uri).strip():
+        raise errors.IncorrectParameter(
+            "option 'metadataServiceUri' is required, e.g. "
+            ".option('metadataServiceUri', 'etcd://127.0.0.1:2379/pybk') (options given: "
+            f"{sorted(str(k) for k in options) or 'none'})")
+    uri = str(uri).strip()
+    if not uri.startswith("etcd://"):
+        raise errors.IncorrectParameter(
+            f"option 'metadataServiceUri' must look like etcd://HOST:PORT/SCOPE, got {uri!r}")
+    return uri
+
+
 def parse_read_options(options: Mapping[str, str], *, check_names: bool = True) -> ReadOptions:
     """Options of a batch read (``check_names=False``: the caller checked the
     names already, for another operation)."""
     options = names.fold_table_options(options)
     if check_names:
         names.check_names(options, names.BATCH_READ, "batch reads")
-    uri = _uri(options)
+    uri = metadata_service_uri(options)
 
     ledgers_text = option(options, "ledgers")
     log = option(options, "log")
@@ -309,96 +323,6 @@ def parse_read_options(options: Mapping[str, str], *, check_names: bool = True) 
         or None,
         client_conf=client_overrides(options),
         logs=logs, log_pattern=pattern, times=times,
-    )
-
-
-# -- write options ---------------------------------------------------------------------------
-DEFAULT_MAX_ROWS_PER_ENTRY = 10_000
-DEFAULT_MAX_BYTES_PER_ENTRY = 1 << 20
-MAX_BYTES_PER_ENTRY_LIMIT = 3 << 20           # stays under gRPC's default 4 MiB message
-
-
-@dataclass(frozen=True)
-class WriteOptions:
-    metadata_uri: str
-    log: str
-    ensemble: int = 3
-    write_quorum: int = 2
-    ack_quorum: int = 2
-    max_rows_per_entry: int = DEFAULT_MAX_ROWS_PER_ENTRY
-    max_bytes_per_entry: int = DEFAULT_MAX_BYTES_PER_ENTRY
-    password: bytes = b""
-    sink_id: Optional[str] = None            # streaming sink identity (exactly-once key)
-    client_conf: tuple[tuple[str, str], ...] = ()   # ClientConfig overrides: bk.* + tls.*
-    merge_schema: bool = False               # allow adding nullable columns at the end
-
-
-def _uri(options: Mapping[str, str]) -> str:
-    uri = option(options, "metadataServiceUri")
-    if not options:
-        raise errors.IncorrectParameter(
-            "no options reached the bookkeeper source: a catalog table created before "
-            "pybk-spark recorded its OPTIONS in its schema (PySpark 4.x hands a Python "
-            "source no table options); re-create it (CREATE TABLE ... USING bookkeeper "
-            "OPTIONS (...)) or give them per query: SELECT ... FROM t WITH (...) "
-            "(docs/spark.md, 'SQL')")
-    if uri is None or not str(uri).strip():
-        raise errors.IncorrectParameter(
-            "option 'metadataServiceUri' is required, e.g. "
-            ".option('metadataServiceUri', 'etcd://127.0.0.1:2379/pybk') (options given: "
-            f"{sorted(str(k) for k in options) or 'none'})")
-    uri = str(uri).strip()
-    if not uri.startswith("etcd://"):
-        raise errors.IncorrectParameter(
-            f"option 'metadataServiceUri' must look like etcd://HOST:PORT/SCOPE, got {uri!r}")
-    return uri
-
-
-def parse_write_options(options: Mapping[str, str], *, streaming: bool = False) -> WriteOptions:
-    options = names.fold_table_options(options)
-    if streaming:
-        names.check_names(options, names.STREAM_WRITE, "stream writes")
-    else:
-        names.check_names(options, names.BATCH_WRITE, "batch writes")
-    uri = _uri(options)
-    log = option(options, "log") or option(options, "path")
-    if log is None or not str(log).strip():
-        raise errors.IncorrectParameter("option 'log' is required to write (the log to append to)")
-    log = str(log).strip()
-    if "/" in log:
-        raise errors.IncorrectParameter(f"option 'log' must not contain '/', got {log!r}")
-    ensemble = parse_positive_int("ensembleSize", option(options, "ensembleSize"), 3)
-    write_quorum = parse_positive_int("writeQuorum", option(options, "writeQuorum"),
-                                      min(2, ensemble))
-    ack_quorum = parse_positive_int("ackQuorum", option(options, "ackQuorum"), min(2, write_quorum))
-    if not ack_quorum <= write_quorum <= ensemble:
-        raise errors.IncorrectParameter(
-            "options must satisfy ackQuorum <= writeQuorum <= ensembleSize, got "
-            f"{ack_quorum} <= {write_quorum} <= {ensemble}")
-    max_bytes = parse_positive_int("maxBytesPerEntry", option(options, "maxBytesPerEntry"),
-                                   DEFAULT_MAX_BYTES_PER_ENTRY)
-    if max_bytes > MAX_BYTES_PER_ENTRY_LIMIT:
-        raise errors.IncorrectParameter(
-            f"option 'maxBytesPerEntry' must be <= {MAX_BYTES_PER_ENTRY_LIMIT}, got {max_bytes}")
-    sink_id = None
-    if streaming:
-        sink_id = option(options, "sinkId") or option(options, "checkpointLocation")
-        if sink_id is None or not str(sink_id).strip():
-            raise errors.IncorrectParameter(
-                "the bookkeeper sink needs option 'checkpointLocation' (or 'sinkId'): it is the "
-                "identity under which committed batch ids are recorded for exactly-once")
-        sink_id = str(sink_id).strip()
-    password = option(options, "password")
-    return WriteOptions(
-        metadata_uri=uri, log=log, ensemble=ensemble, write_quorum=write_quorum,
-        ack_quorum=ack_quorum,
-        max_rows_per_entry=parse_positive_int("maxRowsPerEntry", option(options, "maxRowsPerEntry"),
-                                              DEFAULT_MAX_ROWS_PER_ENTRY),
-        max_bytes_per_entry=max_bytes,
-        password=password.encode() if password else b"",
-        sink_id=sink_id,
-        client_conf=client_overrides(options),
-        merge_schema=parse_bool("mergeSchema", option(options, "mergeSchema"), False),
     )
 
 

@@ -52,7 +52,7 @@ from pybk_spark.logs.log import read_or_create_log, update_log
 from pybk_spark.protocol import append_time
 from pybk_spark.protocol import log_metadata as logmd
 from pybk_spark.spark import arrow_codec, pending
-from pybk_spark.spark.options import WriteOptions
+from pybk_spark.spark.write_options import WriteOptions
 
 MAX_INFLIGHT_ADD_CHUNKS = 8
 

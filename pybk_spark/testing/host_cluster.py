@@ -21,7 +21,6 @@ bookies (SIGTERM, then SIGKILL), then etcd, then removes the hosts.
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -30,12 +29,11 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from pybk_spark import errors
 from pybk_spark.metadata import open_store
 from pybk_spark.cluster import procs
+from pybk_spark.cluster.registration import fresh_registration
 from pybk_spark.testing.etcd_cluster import EtcdCluster
 from pybk_spark.testing.hosts import Host, HostNetwork
-from pybk_spark.metadata import keys
 
 BOOKIE_PORT = 3181
 
@@ -223,12 +221,9 @@ class HostCluster:
                 code = None if b.proc is None else b.proc.returncode
                 raise RuntimeError(f"{bookie_id} exited (code {code}) before registering; "
                                    f"log tail:\n{_tail(b.log_path)}")
-            try:
-                got = self.store.get(keys.bookie_key("writable", bookie_id))
-            except errors.MetadataUnavailable:
-                got = None
-            if got is not None and got.version > since:
-                return json.loads(got.value)
+            registration = fresh_registration(self.store, bookie_id, since, read_only=False)
+            if registration is not None:
+                return registration
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{bookie_id} not registered after {timeout}s; "
                                    f"log tail:\n{_tail(b.log_path)}")

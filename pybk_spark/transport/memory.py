@@ -63,6 +63,18 @@ class MemoryBookie:
             led = self.ledgers[lid] = _Ledger(lid)
         return led
 
+    def _known(self, lid: int) -> _Ledger:
+        led = self.ledgers.get(lid)
+        if led is None:
+            raise errors.NoSuchLedger(ledger_id=lid)
+        return led
+
+    def _answering(self, lid: int, fence: bool, key: bytes) -> _Ledger:
+        """The ledger a read answers from, fenced first when asked (under the lock)."""
+        if fence:
+            self._fence(lid, key)
+        return self._known(lid)
+
     def _fence(self, lid: int, key: bytes) -> None:
         led = self._led(lid)
         led.state = ls.decide_fence(led.state, key).state
@@ -95,9 +107,7 @@ class MemoryBookie:
                 self._fence(lid, key)
             if first < 0 or last < first:
                 raise errors.BadRequest(f"bad entry range [{first}, {last}]")
-            led = self.ledgers.get(lid)
-            if led is None:
-                raise errors.NoSuchLedger(ledger_id=lid)
+            led = self._known(lid)
             rows: list = []
             e = first
             limit = max_entries or 1 << 30
@@ -119,11 +129,7 @@ class MemoryBookie:
                     fence: bool = False, key: bytes = b"",
                     stripe: tuple[int, int] | None = None) -> ReadResult:
         with self.lock:
-            if fence:
-                self._fence(lid, key)
-            led = self.ledgers.get(lid)
-            if led is None:
-                raise errors.NoSuchLedger(ledger_id=lid)
+            led = self._answering(lid, fence, key)
             limit = max_entries or 1 << 30
             ids = sorted(e for e in led.rows if first <= e <= last)
             rows = [led.rows[e] for e in ids[:limit]
@@ -134,11 +140,7 @@ class MemoryBookie:
 
     def read_lac(self, lid: int, fence: bool = False, key: bytes = b"") -> LacResult:
         with self.lock:
-            if fence:
-                self._fence(lid, key)
-            led = self.ledgers.get(lid)
-            if led is None:
-                raise errors.NoSuchLedger(ledger_id=lid)
+            led = self._answering(lid, fence, key)
             return LacResult(led.lac, max(led.rows, default=-1), led.fenced)
 
     def write_lac(self, lid: int, key: bytes, lac: int) -> None:

@@ -4,11 +4,11 @@ killed on timeout), poll with a deadline, check a bookie's registration."""
 import io
 import json
 import subprocess
-import time
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 from pybk_spark.commands import cli
+from pybk_spark.testing import waiting
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,16 +33,8 @@ def pybk(*argv) -> Result:
 
 
 def wait_until(predicate, timeout: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    delay = 0.05
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.5)
+    """testing/waiting.py's wait, with these tests' argument order."""
+    return waiting.wait_until(predicate, what, timeout)
 
 
 def spark_submit(job: str, *args, timeout: float = 300.0) -> Result:

@@ -27,3 +27,20 @@ def bk(own_cluster):
         yield client
     finally:
         client.close()
+
+
+@pytest.fixture
+def uri(cluster):
+    """The shared cluster's metadata URI."""
+    return cluster.metadata_uri
+
+
+@pytest.fixture
+def cluster_bk(cluster):
+    """A client of the shared cluster, closed after the test."""
+    from pybk_spark.ledger.client import BookKeeper
+    client = BookKeeper(cluster.metadata_uri)
+    try:
+        yield client
+    finally:
+        client.close()

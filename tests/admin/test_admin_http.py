@@ -10,18 +10,13 @@ import pytest
 
 from bookie_server.serving.admin_http import AdminApi, is_loopback
 from pybk_spark.admin import audit_control as ctl
-from pybk_spark.ledger.client import BookKeeper
 
 from admin_helpers import wait_until
 
 
 @pytest.fixture
-def bk(cluster):
-    client = BookKeeper(cluster.metadata_uri)
-    try:
-        yield client
-    finally:
-        client.close()
+def bk(cluster_bk):
+    return cluster_bk
 
 
 def call(port, method, path, body=None):

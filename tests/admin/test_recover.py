@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from pybk_spark import errors
-from pybk_spark.ledger.client import BookKeeper
 from pybk_spark.cluster import procs
 
 from admin_helpers import pybk, spark_submit, wait_until
@@ -51,12 +50,8 @@ def _check_recovered(bk, ledger, acked):
 
 
 @pytest.fixture
-def bk(cluster):
-    client = BookKeeper(cluster.metadata_uri)
-    try:
-        yield client
-    finally:
-        client.close()
+def bk(cluster_bk):
+    return cluster_bk
 
 
 def test_dead_writer_recovered_by_spark_job_then_noop(cluster, bk):

@@ -5,23 +5,13 @@ import uuid
 
 import pytest
 
-from pybk_spark.ledger.client import BookKeeper
 
 from admin_helpers import pybk
 
 
 @pytest.fixture
-def uri(cluster):
-    return cluster.metadata_uri
-
-
-@pytest.fixture
-def bk(uri):
-    client = BookKeeper(uri)
-    try:
-        yield client
-    finally:
-        client.close()
+def bk(cluster_bk):
+    return cluster_bk
 
 
 def test_simpletest_and_ledger_commands(uri):

@@ -12,23 +12,13 @@ import pytest
 
 from pybk_spark.admin import audit_control as ctl
 from pybk_spark.admin.autorecovery import AutoRecovery, AutoRecoveryConfig
-from pybk_spark.ledger.client import BookKeeper
 
 from admin_helpers import pybk, wait_until
 
 
 @pytest.fixture
-def uri(cluster):
-    return cluster.metadata_uri
-
-
-@pytest.fixture
-def bk(uri):
-    client = BookKeeper(uri)
-    try:
-        yield client
-    finally:
-        client.close()
+def bk(cluster_bk):
+    return cluster_bk
 
 
 def one_line_error(res, *needles):

@@ -18,14 +18,13 @@ loopback ``LocalCluster`` and prints the reason.
 """
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import time
 from pathlib import Path
 from typing import Optional
 
-from pybk_spark import errors
+from pybk_spark.cluster.registration import fresh_registration
 from pybk_spark.testing.host_cluster import HostCluster
 
 
@@ -98,20 +97,15 @@ class ChaosHosts(HostCluster):
     def _wait_registered(self, bookie_id: str, since: int, timeout: float | None = None,
                          read_only: bool | None = None) -> dict:
         b = self.bookies[bookie_id]
-        modes = {None: ("writable", "readonly"), False: ("writable",), True: ("readonly",)}
         timeout = timeout or self.ready_timeout
         deadline = time.monotonic() + timeout
         delay = 0.05
         while True:
             if not b.running():
                 raise RuntimeError(f"{bookie_id} is not running (log {b.log_path})")
-            for mode in modes[read_only]:
-                try:
-                    got = self.store.get(f"bookies/{mode}/{bookie_id}")
-                except errors.MetadataUnavailable:
-                    got = None
-                if got is not None and got.version > since:
-                    return json.loads(got.value)
+            registration = fresh_registration(self.store, bookie_id, since, read_only)
+            if registration is not None:
+                return registration
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{bookie_id} not registered ({read_only=}) after "
                                    f"{timeout}s (log {b.log_path})")

@@ -5,7 +5,8 @@ import pytest
 from pybk_spark import errors
 from pybk_spark.spark.option_names import BATCH_READ, BATCH_WRITE, STREAM_READ, STREAM_WRITE
 from pybk_spark.spark.options import (parse_load_options, parse_read_options,
-                                      parse_stream_options, parse_write_options)
+                                      parse_stream_options)
+from pybk_spark.spark.write_options import parse_write_options
 
 URI = "etcd://127.0.0.1:2379/pybk"
 

@@ -11,7 +11,8 @@ from pybk_spark import errors
 from pybk_spark.logs.log import LogWriter, RollPolicy, read_log
 from pybk_spark.protocol import log_metadata as logmd
 from pybk_spark.spark.datasource import BookKeeperDataSource
-from pybk_spark.spark.options import parse_load_options, parse_write_options
+from pybk_spark.spark.options import parse_load_options
+from pybk_spark.spark.write_options import parse_write_options
 from pybk_spark.spark.writer import commit_job, prepare_log, write_task
 
 from .test_kafka_options import log_name
