@@ -57,6 +57,12 @@ PASSWORD = b"sim"
 SIM_CONF = {"add_timeout_s": 5.0, "read_timeout_s": 5.0, "max_inflight_adds": 1 << 20,
             "explicit_lac_interval_ms": 0, "metadata_retries": 20}
 HEAL_AT = 200.0
+EQUAL_QUORUMS = [c for c in CONFIGS if c[1] == c[2]]   # one replica short of Qw is below Qa
+# focused schedules (ClientSim(focus=...)): extra loss of one kind of request
+# (net.py's tags), aimed at the interleavings of the protocol planted bugs
+FOCI = {"fence_loss": {"lacF": 0.5},          # bookies a recovery failed to fence
+        "crashed_change": {"addR": 0.3},      # recovery ensemble change, crash, next recovery
+        "race": {"addR": 0.3}}                # ... with a second recovery running meanwhile
 
 
 class InvariantViolation(AssertionError):
@@ -92,18 +98,24 @@ class _SimStore(MemoryMetadataStore):
         return super().grant_lease(ttl_seconds, keepalive=False, **kw)
 
     def compare_and_swap(self, key, value, expected_version, *args, **kw):
+        before = self.get(key)
         out = super().compare_and_swap(key, value, expected_version, *args, **kw)
-        self._on_write(key, value)
+        self._on_write(key, None if before is None else before.value, value)
         return out
 
 
 class ClientSim:
-    def __init__(self, seed: int, *, faults: bool = True, drop_p: float | None = None):
+    def __init__(self, seed: int, *, faults: bool = True, drop_p: float | None = None,
+                 focus: str | None = None):
+        if focus is not None and focus not in FOCI:
+            raise ValueError(f"unknown focus {focus}")
         self.seed = seed
         self.loop = loop = SimLoop(seed)
         rng = loop.rng
         self.faults = faults
-        self.E, self.Qw, self.Qa = rng.choice(CONFIGS)
+        self.focus = focus
+        self.E, self.Qw, self.Qa = rng.choice(CONFIGS if focus in (None, "fence_loss")
+                                              else EQUAL_QUORUMS)
         self.bookies = {f"b{i}": MemoryBookie(f"b{i}") for i in range(NUM_BOOKIES)}
         self.net = SimNet(loop, self.bookies,
                           drop_p=rng.choice([0.0, 0.02, 0.1]) if faults else 0.0,
@@ -122,6 +134,10 @@ class ClientSim:
         self.reads: list[tuple[str, int, list[bytes]]] = []
         self.crash_after_change_p = rng.choice([0.0, 0.5, 0.8]) if faults else 0.0
         self.problems: list[str] = []
+        if focus is not None:
+            self.net.drop_p = 0.0
+            self.net.loss = dict(FOCI[focus])
+            self.crash_after_change_p = 1.0
 
     # -- processes -------------------------------------------------------------------------
     def client(self, owner: str) -> BookKeeper:
@@ -190,7 +206,7 @@ class ClientSim:
             self.reads.append((who, md.last_entry_id, [x.payload for x in got]))
             return
 
-    def _on_metadata_write(self, key: str, value: bytes) -> None:
+    def _on_metadata_write(self, key: str, before: bytes | None, value: bytes) -> None:
         if self.lid is None or key != ledger_key(self.lid):
             return
         md = lm.LedgerMetadata.from_json(value)
@@ -200,14 +216,17 @@ class ClientSim:
             elif value != self.closed_value:
                 self.problems.append("closed metadata changed")
         task = self.loop.current()
+        changed = (before is not None
+                   and lm.LedgerMetadata.from_json(before).ensembles != md.ensembles)
         if (md.state == lm.IN_RECOVERY and task is not None and task.owner.startswith("r")
-                and len(md.ensembles) > 1 and self.loop.rng.random() < self.crash_after_change_p):
-            # a recoverer crashes right after its recovery ensemble change, and
-            # is restarted a little later (a new process: it starts over)
-            self.loop.at(0, self.loop.kill, task.owner)
+                and changed and self.loop.rng.random() < self.crash_after_change_p):
+            # a recoverer crashes right after its recovery ensemble change
+            # (before it re-sends anything to the replacement), and is
+            # restarted a little later (a new process: it starts over)
             again = task.owner + "+"
             self.loop.spawn(self.recoverer, again, owner=again, name="restarted recoverer",
                             delay=self.loop.rng.uniform(1, 10))
+            self.loop.crash_here()
 
     # -- nemesis ---------------------------------------------------------------------------
     def schedule_faults(self) -> None:
@@ -228,15 +247,37 @@ class ClientSim:
             loop.at(rng.uniform(5, 80), loop.kill, "w")
 
     # -- run -------------------------------------------------------------------------------
+    def start_focused(self) -> None:
+        """A schedule aimed at one rare interleaving (``FOCI``): a writer
+        adding fast, in pipelined bursts, that never closes (in "crashed_change"
+        and "race" it crashes mid-stream, leaving acknowledged entries beyond
+        the bookies' LAC for recovery to re-write); its loss of requests of one
+        kind; every recovery ensemble change followed by the recoverer's crash.
+        "race": a second recoverer starts while the first may be changing the
+        ensemble under it."""
+        loop, rng = self.loop, self.loop.rng
+        n, gap = rng.randint(15, 40), 0.2
+        loop.spawn(self.writer, n, gap, False, owner="w", name="writer")
+        first = rng.uniform(2, 10)
+        if self.focus != "fence_loss":
+            loop.at(rng.uniform(3, 10), loop.kill, "w")
+        loop.spawn(self.recoverer, "r0", owner="r0", name="recoverer", delay=first)
+        if self.focus == "race":
+            loop.spawn(self.recoverer, "r1", owner="r1", name="recoverer",
+                       delay=first + rng.uniform(0, 9))
+
     def run(self) -> "ClientSim":
         loop, rng = self.loop, self.loop.rng
-        n = rng.randint(5, 40)
-        gap = rng.choice([0.2, 1.0, 3.0])
-        loop.spawn(self.writer, n, gap, rng.random() < 0.5, owner="w", name="writer")
-        for i in range(rng.choice([0, 1, 2, 2, 3])):
-            loop.spawn(self.recoverer, f"r{i}", owner=f"r{i}", name="recoverer",
-                       delay=rng.uniform(0, n * gap / 2 + 5))
-        self.schedule_faults()
+        if self.focus is not None:
+            self.start_focused()
+        else:
+            n = rng.randint(5, 40)
+            gap = rng.choice([0.2, 1.0, 3.0])
+            loop.spawn(self.writer, n, gap, rng.random() < 0.5, owner="w", name="writer")
+            for i in range(rng.choice([0, 1, 2, 2, 3])):
+                loop.spawn(self.recoverer, f"r{i}", owner=f"r{i}", name="recoverer",
+                           delay=rng.uniform(0, n * gap / 2 + 5))
+            self.schedule_faults()
         try:
             loop.run(until=HEAL_AT)
             self.net.heal()
