@@ -43,7 +43,7 @@ from pybk_spark.ledger.client import BookKeeper
 from pybk_spark.metadata.memory_store import MemoryMetadataStore
 from pybk_spark.metadata.store import ledger_key
 from pybk_spark.protocol import ledger_metadata as lm
-from pybk_spark.protocol import recovery as rc
+from pybk_spark.protocol import read_decisions as rd
 from pybk_spark.protocol.distribution import write_set
 from pybk_spark.protocol.pending_adds import PendingAdds
 from pybk_spark.transport.memory import MemoryBookie
@@ -58,11 +58,14 @@ SIM_CONF = {"add_timeout_s": 5.0, "read_timeout_s": 5.0, "max_inflight_adds": 1 
             "explicit_lac_interval_ms": 0, "metadata_retries": 20}
 HEAL_AT = 200.0
 EQUAL_QUORUMS = [c for c in CONFIGS if c[1] == c[2]]   # one replica short of Qw is below Qa
-# focused schedules (ClientSim(focus=...)): extra loss of one kind of request
-# (net.py's tags), aimed at the interleavings of the protocol planted bugs
-FOCI = {"fence_loss": {"lacF": 0.5},          # bookies a recovery failed to fence
-        "crashed_change": {"addR": 0.3},      # recovery ensemble change, crash, next recovery
-        "race": {"addR": 0.3}}                # ... with a second recovery running meanwhile
+SPARE_ACKS = [c for c in CONFIGS if c[1] > c[2]]       # an add acknowledged without one holder
+# focused schedules (ClientSim(focus=...)), aimed at the interleavings of the
+# protocol planted bugs: extra loss of one kind of request (net.py's tags) and
+# the share of slow messages
+FOCI = {"fence_loss": ({"lacF": 0.6}, 0.0),     # bookies a recovery failed to fence, a
+                                                # writer cut from the one it fenced
+        "crashed_change": ({"addR": 0.3}, 0.0),  # recovery ensemble change, crash, next one
+        "race": ({"addR": 0.3}, 0.0)}            # ... with a second recovery meanwhile
 
 
 class InvariantViolation(AssertionError):
@@ -114,8 +117,8 @@ class ClientSim:
         rng = loop.rng
         self.faults = faults
         self.focus = focus
-        self.E, self.Qw, self.Qa = rng.choice(CONFIGS if focus in (None, "fence_loss")
-                                              else EQUAL_QUORUMS)
+        self.E, self.Qw, self.Qa = rng.choice(
+            CONFIGS if focus is None else SPARE_ACKS if focus == "fence_loss" else EQUAL_QUORUMS)
         self.bookies = {f"b{i}": MemoryBookie(f"b{i}") for i in range(NUM_BOOKIES)}
         self.net = SimNet(loop, self.bookies,
                           drop_p=rng.choice([0.0, 0.02, 0.1]) if faults else 0.0,
@@ -135,8 +138,8 @@ class ClientSim:
         self.crash_after_change_p = rng.choice([0.0, 0.5, 0.8]) if faults else 0.0
         self.problems: list[str] = []
         if focus is not None:
-            self.net.drop_p = 0.0
-            self.net.loss = dict(FOCI[focus])
+            loss, self.net.slow_p = FOCI[focus]
+            self.net.drop_p, self.net.loss = 0.0, dict(loss)
             self.crash_after_change_p = 1.0
 
     # -- processes -------------------------------------------------------------------------
@@ -147,15 +150,17 @@ class ClientSim:
                           call_later=self.loop.call_later_for(owner),
                           executor=SimExecutor(self.loop, owner))
 
-    def writer(self, n: int, gap: float, close: bool) -> None:
+    def writer(self, n: int, gap: float, close: bool, sync_p: float = 0.5) -> None:
         loop, rng = self.loop, self.loop.rng
         bk = self.client("w")
         lh = bk.create_ledger(self.E, self.Qw, self.Qa, password=PASSWORD)
         self.lid = lh.ledger_id
+        if self.focus == "fence_loss":       # the writer never hears this bookie's fence
+            self.net.cut.add(("w", self.metadata().current_ensemble[0]))
         k = 0
         while k < n:
             loop.sleep(rng.uniform(0.01, gap))
-            if rng.random() < 0.5:
+            if rng.random() < sync_p:
                 try:
                     e = lh.add_entry(payload(k))
                 except errors.BKError:
@@ -256,9 +261,10 @@ class ClientSim:
         "race": a second recoverer starts while the first may be changing the
         ensemble under it."""
         loop, rng = self.loop, self.loop.rng
-        n, gap = rng.randint(15, 40), 0.2
-        loop.spawn(self.writer, n, gap, False, owner="w", name="writer")
-        first = rng.uniform(2, 10)
+        n, gap = 100, 0.2                       # still writing when fenced or killed
+        loop.spawn(self.writer, n, gap, False, 0.0 if self.focus == "fence_loss" else 0.5,
+                   owner="w", name="writer")
+        first = rng.uniform(0.5, 3) if self.focus == "fence_loss" else rng.uniform(2, 10)
         if self.focus != "fence_loss":
             loop.at(rng.uniform(3, 10), loop.kill, "w")
         loop.spawn(self.recoverer, "r0", owner="r0", name="recoverer", delay=first)
@@ -366,8 +372,10 @@ class _OutOfOrderAcks(PendingAdds):
         return list(range(start + 1, self.lac + 1))
 
 
-class _FirstAnswerCovers(rc.FenceLacPhase):
-    """Fencing declared done after the first answer (#1067)."""
+class _FirstAnswerCovers(rd.LacCoverage):
+    """Fencing declared done after the first answer (#1067): recovery's
+    fence phase is the readers' LAC query (``read_handle.read_lac_coverage``
+    builds an ``rd.LacCoverage``), so readers cover with one answer too."""
 
     @property
     def covered(self) -> bool:
@@ -384,16 +392,16 @@ def _recoverers_do_not_fence(net: SimNet, lac: bool, reads: bool):
 
 @contextlib.contextmanager
 def planted(name: str | None, sim: ClientSim):
-    """Apply the planted bug ``name`` to ``sim`` for the duration (recovery_op
-    and ledger_writer look ``rc``/``lm``/``PendingAdds`` up at call time, so a
-    patched attribute reaches them)."""
+    """Apply the planted bug ``name`` to ``sim`` for the duration (recovery_op,
+    read_handle and ledger_writer look ``rc``/``rd``/``lm``/``PendingAdds`` up
+    at call time, so a patched attribute reaches them)."""
     with contextlib.ExitStack() as stack:
         if name == "unfenced_lac":           # recovery trusts a LAC from a non-fenced bookie
             _recoverers_do_not_fence(sim.net, lac=True, reads=True)
         elif name == "acks_out_of_order":
             stack.enter_context(mock.patch.object(ledger_writer, "PendingAdds", _OutOfOrderAcks))
         elif name == "no_coverage_wait":      # and non-fencing reads (before #2614)
-            stack.enter_context(mock.patch.object(rc, "FenceLacPhase", _FirstAnswerCovers))
+            stack.enter_context(mock.patch.object(rd, "LacCoverage", _FirstAnswerCovers))
             _recoverers_do_not_fence(sim.net, lac=False, reads=True)
         elif name == "read_only_replacements":
             stack.enter_context(mock.patch.object(lm, "recovery_read_bookies",
