@@ -26,8 +26,15 @@ ledger if nobody did, and ``check`` judges the history:
      last entry and the length; the closed metadata never changes;
   I4 acknowledgements reach the application in entry-id order.
 
+Focused schedules (``ClientSim(focus=...)``, ``FOCI``) aim at the rare
+interleavings of the protocol planted bugs: a writer cut from the one bookie
+a recovery fenced ("fence_loss"), a recoverer crashing right after its
+recovery ensemble change and the recovery after it ("crashed_change"), a
+second recovery running meanwhile ("race").
+
 Planted bugs (``PLANTS``) are test seams applied for one run; each must
-be caught by some seed of the default run (tests/sim/test_client_sim.py).
+be caught by some seed of the default run, the protocol ones by a seed of
+their focused schedules (tests/sim/test_client_sim.py).
 """
 from __future__ import annotations
 
