@@ -26,8 +26,15 @@ ledger if nobody did, and ``check`` judges the history:
      last entry and the length; the closed metadata never changes;
   I4 acknowledgements reach the application in entry-id order.
 
+Focused schedules (``ClientSim(focus=...)``, ``FOCI``) aim at the rare
+interleavings of the protocol planted bugs: a writer cut from the one bookie
+a recovery fenced ("fence_loss"), a recoverer crashing right after its
+recovery ensemble change and the recovery after it ("crashed_change"), a
+second recovery running meanwhile ("race").
+
 Planted bugs (``PLANTS``) are test seams applied for one run; each must
-be caught by some seed of the default run (tests/sim/test_client_sim.py).
+be caught by some seed of the default run, the protocol ones by a seed of
+their focused schedules (tests/sim/test_client_sim.py).
 """
 from __future__ import annotations
 
@@ -43,7 +50,7 @@ from pybk_spark.ledger.client import BookKeeper
 from pybk_spark.metadata.memory_store import MemoryMetadataStore
 from pybk_spark.metadata.store import ledger_key
 from pybk_spark.protocol import ledger_metadata as lm
-from pybk_spark.protocol import recovery as rc
+from pybk_spark.protocol import read_decisions as rd
 from pybk_spark.protocol.distribution import write_set
 from pybk_spark.protocol.pending_adds import PendingAdds
 from pybk_spark.transport.memory import MemoryBookie
@@ -57,6 +64,15 @@ PASSWORD = b"sim"
 SIM_CONF = {"add_timeout_s": 5.0, "read_timeout_s": 5.0, "max_inflight_adds": 1 << 20,
             "explicit_lac_interval_ms": 0, "metadata_retries": 20}
 HEAL_AT = 200.0
+EQUAL_QUORUMS = [c for c in CONFIGS if c[1] == c[2]]   # one replica short of Qw is below Qa
+SPARE_ACKS = [c for c in CONFIGS if c[1] > c[2]]       # an add acknowledged without one holder
+# focused schedules (ClientSim(focus=...)), aimed at the interleavings of the
+# protocol planted bugs: extra loss of one kind of request (net.py's tags) and
+# the share of slow messages
+FOCI = {"fence_loss": ({"lacF": 0.6}, 0.0),     # bookies a recovery failed to fence, a
+                                                # writer cut from the one it fenced
+        "crashed_change": ({"addR": 0.3}, 0.0),  # recovery ensemble change, crash, next one
+        "race": ({"addR": 0.3}, 0.0)}            # ... with a second recovery meanwhile
 
 
 class InvariantViolation(AssertionError):
@@ -92,18 +108,24 @@ class _SimStore(MemoryMetadataStore):
         return super().grant_lease(ttl_seconds, keepalive=False, **kw)
 
     def compare_and_swap(self, key, value, expected_version, *args, **kw):
+        before = self.get(key)
         out = super().compare_and_swap(key, value, expected_version, *args, **kw)
-        self._on_write(key, value)
+        self._on_write(key, None if before is None else before.value, value)
         return out
 
 
 class ClientSim:
-    def __init__(self, seed: int, *, faults: bool = True, drop_p: float | None = None):
+    def __init__(self, seed: int, *, faults: bool = True, drop_p: float | None = None,
+                 focus: str | None = None):
+        if focus is not None and focus not in FOCI:
+            raise ValueError(f"unknown focus {focus}")
         self.seed = seed
         self.loop = loop = SimLoop(seed)
         rng = loop.rng
         self.faults = faults
-        self.E, self.Qw, self.Qa = rng.choice(CONFIGS)
+        self.focus = focus
+        self.E, self.Qw, self.Qa = rng.choice(
+            CONFIGS if focus is None else SPARE_ACKS if focus == "fence_loss" else EQUAL_QUORUMS)
         self.bookies = {f"b{i}": MemoryBookie(f"b{i}") for i in range(NUM_BOOKIES)}
         self.net = SimNet(loop, self.bookies,
                           drop_p=rng.choice([0.0, 0.02, 0.1]) if faults else 0.0,
@@ -122,6 +144,10 @@ class ClientSim:
         self.reads: list[tuple[str, int, list[bytes]]] = []
         self.crash_after_change_p = rng.choice([0.0, 0.5, 0.8]) if faults else 0.0
         self.problems: list[str] = []
+        if focus is not None:
+            loss, self.net.slow_p = FOCI[focus]
+            self.net.drop_p, self.net.loss = 0.0, dict(loss)
+            self.crash_after_change_p = 1.0
 
     # -- processes -------------------------------------------------------------------------
     def client(self, owner: str) -> BookKeeper:
@@ -131,15 +157,17 @@ class ClientSim:
                           call_later=self.loop.call_later_for(owner),
                           executor=SimExecutor(self.loop, owner))
 
-    def writer(self, n: int, gap: float, close: bool) -> None:
+    def writer(self, n: int, gap: float, close: bool, sync_p: float = 0.5) -> None:
         loop, rng = self.loop, self.loop.rng
         bk = self.client("w")
         lh = bk.create_ledger(self.E, self.Qw, self.Qa, password=PASSWORD)
         self.lid = lh.ledger_id
+        if self.focus == "fence_loss":       # the writer never hears this bookie's fence
+            self.net.cut.add(("w", self.metadata().current_ensemble[0]))
         k = 0
         while k < n:
             loop.sleep(rng.uniform(0.01, gap))
-            if rng.random() < 0.5:
+            if rng.random() < sync_p:
                 try:
                     e = lh.add_entry(payload(k))
                 except errors.BKError:
@@ -190,7 +218,7 @@ class ClientSim:
             self.reads.append((who, md.last_entry_id, [x.payload for x in got]))
             return
 
-    def _on_metadata_write(self, key: str, value: bytes) -> None:
+    def _on_metadata_write(self, key: str, before: bytes | None, value: bytes) -> None:
         if self.lid is None or key != ledger_key(self.lid):
             return
         md = lm.LedgerMetadata.from_json(value)
@@ -200,14 +228,17 @@ class ClientSim:
             elif value != self.closed_value:
                 self.problems.append("closed metadata changed")
         task = self.loop.current()
+        changed = (before is not None
+                   and lm.LedgerMetadata.from_json(before).ensembles != md.ensembles)
         if (md.state == lm.IN_RECOVERY and task is not None and task.owner.startswith("r")
-                and len(md.ensembles) > 1 and self.loop.rng.random() < self.crash_after_change_p):
-            # a recoverer crashes right after its recovery ensemble change, and
-            # is restarted a little later (a new process: it starts over)
-            self.loop.at(0, self.loop.kill, task.owner)
+                and changed and self.loop.rng.random() < self.crash_after_change_p):
+            # a recoverer crashes right after its recovery ensemble change
+            # (before it re-sends anything to the replacement), and is
+            # restarted a little later (a new process: it starts over)
             again = task.owner + "+"
             self.loop.spawn(self.recoverer, again, owner=again, name="restarted recoverer",
                             delay=self.loop.rng.uniform(1, 10))
+            self.loop.crash_here()
 
     # -- nemesis ---------------------------------------------------------------------------
     def schedule_faults(self) -> None:
@@ -228,15 +259,38 @@ class ClientSim:
             loop.at(rng.uniform(5, 80), loop.kill, "w")
 
     # -- run -------------------------------------------------------------------------------
+    def start_focused(self) -> None:
+        """A schedule aimed at one rare interleaving (``FOCI``): a writer
+        adding fast, in pipelined bursts, that never closes (in "crashed_change"
+        and "race" it crashes mid-stream, leaving acknowledged entries beyond
+        the bookies' LAC for recovery to re-write); its loss of requests of one
+        kind; every recovery ensemble change followed by the recoverer's crash.
+        "race": a second recoverer starts while the first may be changing the
+        ensemble under it."""
+        loop, rng = self.loop, self.loop.rng
+        n, gap = 100, 0.2                       # still writing when fenced or killed
+        loop.spawn(self.writer, n, gap, False, 0.0 if self.focus == "fence_loss" else 0.5,
+                   owner="w", name="writer")
+        first = rng.uniform(0.5, 3) if self.focus == "fence_loss" else rng.uniform(2, 10)
+        if self.focus != "fence_loss":
+            loop.at(rng.uniform(3, 10), loop.kill, "w")
+        loop.spawn(self.recoverer, "r0", owner="r0", name="recoverer", delay=first)
+        if self.focus == "race":
+            loop.spawn(self.recoverer, "r1", owner="r1", name="recoverer",
+                       delay=first + rng.uniform(0, 9))
+
     def run(self) -> "ClientSim":
         loop, rng = self.loop, self.loop.rng
-        n = rng.randint(5, 40)
-        gap = rng.choice([0.2, 1.0, 3.0])
-        loop.spawn(self.writer, n, gap, rng.random() < 0.5, owner="w", name="writer")
-        for i in range(rng.choice([0, 1, 2, 2, 3])):
-            loop.spawn(self.recoverer, f"r{i}", owner=f"r{i}", name="recoverer",
-                       delay=rng.uniform(0, n * gap / 2 + 5))
-        self.schedule_faults()
+        if self.focus is not None:
+            self.start_focused()
+        else:
+            n = rng.randint(5, 40)
+            gap = rng.choice([0.2, 1.0, 3.0])
+            loop.spawn(self.writer, n, gap, rng.random() < 0.5, owner="w", name="writer")
+            for i in range(rng.choice([0, 1, 2, 2, 3])):
+                loop.spawn(self.recoverer, f"r{i}", owner=f"r{i}", name="recoverer",
+                           delay=rng.uniform(0, n * gap / 2 + 5))
+            self.schedule_faults()
         try:
             loop.run(until=HEAL_AT)
             self.net.heal()
@@ -325,8 +379,10 @@ class _OutOfOrderAcks(PendingAdds):
         return list(range(start + 1, self.lac + 1))
 
 
-class _FirstAnswerCovers(rc.FenceLacPhase):
-    """Fencing declared done after the first answer (#1067)."""
+class _FirstAnswerCovers(rd.LacCoverage):
+    """Fencing declared done after the first answer (#1067): recovery's
+    fence phase is the readers' LAC query (``read_handle.read_lac_coverage``
+    builds an ``rd.LacCoverage``), so readers cover with one answer too."""
 
     @property
     def covered(self) -> bool:
@@ -343,16 +399,16 @@ def _recoverers_do_not_fence(net: SimNet, lac: bool, reads: bool):
 
 @contextlib.contextmanager
 def planted(name: str | None, sim: ClientSim):
-    """Apply the planted bug ``name`` to ``sim`` for the duration (recovery_op
-    and ledger_writer look ``rc``/``lm``/``PendingAdds`` up at call time, so a
-    patched attribute reaches them)."""
+    """Apply the planted bug ``name`` to ``sim`` for the duration (recovery_op,
+    read_handle and ledger_writer look ``rc``/``rd``/``lm``/``PendingAdds`` up
+    at call time, so a patched attribute reaches them)."""
     with contextlib.ExitStack() as stack:
         if name == "unfenced_lac":           # recovery trusts a LAC from a non-fenced bookie
             _recoverers_do_not_fence(sim.net, lac=True, reads=True)
         elif name == "acks_out_of_order":
             stack.enter_context(mock.patch.object(ledger_writer, "PendingAdds", _OutOfOrderAcks))
         elif name == "no_coverage_wait":      # and non-fencing reads (before #2614)
-            stack.enter_context(mock.patch.object(rc, "FenceLacPhase", _FirstAnswerCovers))
+            stack.enter_context(mock.patch.object(rd, "LacCoverage", _FirstAnswerCovers))
             _recoverers_do_not_fence(sim.net, lac=False, reads=True)
         elif name == "read_only_replacements":
             stack.enter_context(mock.patch.object(lm, "recovery_read_bookies",

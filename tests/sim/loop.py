@@ -184,6 +184,24 @@ class SimLoop:
                 task.done = True
                 self.tasks.pop(task.g, None)
 
+    def crash_here(self) -> None:
+        """Called by a task: its process crashes at this very point (nothing
+        after it runs, not even a send), and its other tasks where parked."""
+        task = self.current()
+        if task is None:
+            raise SimError("crash_here outside a simulated task")
+        self.dead.add(task.owner)
+        self.note(f"kill {task.owner} here")
+        for other in [t for t in self.tasks.values() if t.owner == task.owner and t is not task]:
+            if not other.done and other.g:
+                other.token = None
+                other.g.parent = getcurrent()
+                other.g.throw(SimCrash())
+            elif not other.done:
+                other.done = True
+                self.tasks.pop(other.g, None)
+        raise SimCrash()
+
     def call_later_for(self, owner: str):
         """A client's injected ``call_later``."""
         def call_later(delay_s: float, fn) -> None:

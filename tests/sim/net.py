@@ -10,8 +10,10 @@ message's fate: lost (the caller sees ``Timeout`` after its timeout: an
 unknown outcome, the bookie may or may not have acted), slow (an answer
 later than the timeout: ``Timeout``, although the bookie acted), a crashed
 bookie (``BookieUnavailable`` at once, or a timeout), a partition between
-one client and one bookie (both directions lost).  A crashed bookie keeps
-its state (it is durable) and answers again after its restart.
+one client and one bookie (both directions lost), and extra loss of one
+kind of request (``loss``, by the request's tag: ``lacF`` a fencing LAC
+read, ``addR`` a recovery add).  A crashed bookie keeps its state (it is
+durable) and answers again after its restart.
 """
 from __future__ import annotations
 
@@ -33,12 +35,14 @@ class SimNet:
         self.slow_p = slow_p
         self.down: set[str] = set()
         self.cut: set[tuple[str, str]] = set()     # (client owner, bookie) partitions
+        self.loss: dict[str, float] = {}           # request tag -> extra loss probability
         self.plants: dict[str, object] = {}        # request rewriters of planted bugs
 
     def heal(self) -> None:
         self.down.clear()
         self.cut.clear()
         self.drop_p = self.slow_p = 0.0
+        self.loss.clear()
 
     def _delay(self) -> float:
         rng = self.loop.rng
@@ -58,7 +62,8 @@ class SimNet:
             loop.at(d1, _fail, fut, errors.BookieUnavailable(bookie=bookie))
             return fut
         if (bookie in self.down or (owner, bookie) in self.cut
-                or rng.random() < self.drop_p):
+                or rng.random() < self.drop_p
+                or (what in self.loss and rng.random() < self.loss[what])):
             loop.at(timeout, _fail, fut, errors.Timeout(f"{what} to {bookie} lost", bookie=bookie))
             return fut
         late = d1 + d2 > timeout
@@ -109,7 +114,8 @@ class SimTransport(BookieTransport):
         return self.net.call(self.owner, self.bookie_id, what, fn, timeout)
 
     def add(self, ledger_id, master_key, entries, recovery=False, timeout=None):
-        return self._call("add", lambda b: b.add(ledger_id, master_key, entries, recovery), timeout)
+        return self._call("addR" if recovery else "add",
+                          lambda b: b.add(ledger_id, master_key, entries, recovery), timeout)
 
     def read(self, ledger_id, first, last, *, max_entries=0, max_bytes=0, fence=False,
              master_key=b"", timeout=None, sparse=False, stripe=None):
