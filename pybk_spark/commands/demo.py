@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]       # the checkout: jobs/ is beside pybk_spark/
 DEMO_JOB = PROJECT_ROOT / "jobs" / "demo.py"
 JOB_TIMEOUT_S = 900
 

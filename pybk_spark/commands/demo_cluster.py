@@ -41,7 +41,7 @@ from typing import Any
 
 from pybk_spark.metadata import keys
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]       # the checkout: jobs/ is beside pybk_spark/
 DEMO_JOB = PROJECT_ROOT / "jobs" / "demo.py"
 RACKS = {"bookie-1": "/rack-a", "bookie-2": "/rack-b", "bookie-3": "/rack-a",
          "bookie-4": "/rack-b", "bookie-5": "/rack-a"}
