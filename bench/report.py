@@ -24,6 +24,8 @@ TARGETS = {
     "entry_cpu_7_vs_3_bookies": ("<=", 1.2, "(9) CPU-s per M batched entries, every process, "
                                  "7 bookie hosts / 3 (1.0 = flat)"),
     "sync_add_cpu_ms": ("<=", 0.8, "(4) CPU per sync add, ms, summed over client, bookies and etcd"),
+    "sync_add_cpu_vs_python_floor": ("<=", 1.4, "(4) CPU per sync add / the same add's floor in plain "
+                                     "Python (bench/sync_floor.py; 0.8 ms is ~1.4x that floor)"),
     "spark_read_vs_python_floor": (">=", 0.95, "(6) Spark full scan / no-op Python source scan"),
     "spark_count_vs_python_floor": (">=", 0.95, "(6) Spark count / no-op Python source count"),
     "rereplication_vs_disk": (">=", 0.5, "(8) re-replication copy MB/s / disk sequential, sustained"),
@@ -100,6 +102,14 @@ def markdown(r: dict) -> str:
                  f"{_f(s.get('p999_ms'), 2)} ({_f(s.get('entries_per_s'))}/s) | Redis sync XADD {_f(rs.get('p50_ms'), 2)} / "
                  f"{_f(rs.get('p99_ms'), 2)} / {_f(rs.get('p999_ms'), 2)} ({_f(rs.get('entries_per_s'))}/s); "
                  f"fdatasync p50 {_f(_get(d, 'fsync_4k', 'p50_ms'), 2)}, p99 {_f(_get(d, 'fsync_4k', 'p99_ms'), 2)} |")
+    fl = f.get("4_sync_floor") or {}
+    if fl:
+        fc = fl.get("cpu_us_per_add") or {}
+        lines.append(f"| 4 | the floor: the same sync add in plain Python (bench/sync_floor.py), p50/p99 ms, "
+                     f"CPU per add | {_f(fl.get('p50_ms'), 2)} / {_f(fl.get('p99_ms'), 2)} ({_f(fl.get('entries_per_s'))}/s); "
+                     f"client {_f(fc.get('client'))} us + bookies (3) {_f(fc.get('bookies'))} us = "
+                     f"{_f(fc.get('total'))} us | ours: "
+                     f"{_f(_get(s, 'cpu', 'cpu_s_per_m_entries', 'total'))} us |")
     proj = s.get("projected_host_per_bookie") or {}
     if proj:
         lines.append(f"| 4 | sync add_entry projected to one host per process | {_f(proj.get('ms'), 2)} ms "

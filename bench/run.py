@@ -18,7 +18,9 @@ append and catch-up read on a TLS cluster against a plaintext one
 (bench.tls_cost).
 
 Figures 3-5 also carry each process kind's CPU per entry (bench/cpu.py),
-figure 4 its latency projected to one host per process, figure 6 a no-op
+figure 4 its latency projected to one host per process and, as its CPU peer,
+the floor of a replicated sync add written in Python (bench/sync_floor.py,
+measured right after the Redis peers, before the cluster starts), figure 6 a no-op
 Python data source timed beside ours (bench/noop_source.py), figure 8 the
 bookie-to-bookie and the client path side by side (issue 31).
 
@@ -50,7 +52,7 @@ RATIO_KEYS = ("append_vs_redis_pipelined_1c", "append_vs_redis_50c", "sync_add_p
               "bookie_ingest_vs_disk", "catchup_read_vs_redis_xrange", "spark_write_vs_parquet",
               "spark_read_vs_parquet", "entry_cpu_7_vs_3_bookies", "tls_append_vs_plain",
               "tls_catchup_vs_plain", "sync_add_cpu_ms", "spark_read_vs_python_floor",
-              "spark_count_vs_python_floor", "rereplication_vs_disk")
+              "spark_count_vs_python_floor", "rereplication_vs_disk", "sync_add_cpu_vs_python_floor")
 
 
 def _log(msg: str) -> None:
@@ -118,6 +120,10 @@ def compute_ratios(f: dict, errors: dict) -> tuple[dict, dict]:
         "sync_add_cpu_ms": _ms(_g(f, "4_sync_latency", "cpu", "cpu_s_per_m_entries", "total")),
         "spark_read_vs_python_floor": spark.get("read_scan_vs_floor"),
         "spark_count_vs_python_floor": spark.get("read_count_vs_floor"),
+        # ours / the Python floor's (bench/sync_floor.py): lower is better, 1.0 = the floor
+        "sync_add_cpu_vs_python_floor": _ratio(
+            _g(f, "4_sync_latency", "cpu", "cpu_s_per_m_entries", "total"),
+            _g(f, "4_sync_floor", "cpu_us_per_add", "total")),
         "rereplication_vs_disk": _ratio(_g(f, "8_rereplication", "copy_mb_per_s"),
                                         _g(f, "2_bookie_ingest", "disk_sustained_mb_per_s_mean")),
     }
@@ -129,6 +135,7 @@ def compute_ratios(f: dict, errors: dict) -> tuple[dict, dict]:
              "spark_write_vs_parquet": ("6_spark",), "spark_read_vs_parquet": ("6_spark",),
              "entry_cpu_7_vs_3_bookies": ("9_scaling",),
              "sync_add_cpu_ms": ("4_sync_latency",),
+             "sync_add_cpu_vs_python_floor": ("4_sync_latency", "4_sync_floor"),
              "spark_read_vs_python_floor": ("6_spark",),
              "spark_count_vs_python_floor": ("6_spark",),
              "rereplication_vs_disk": ("8_rereplication", "2_bookie_ingest")}
@@ -153,7 +160,8 @@ def compute_ratios(f: dict, errors: dict) -> tuple[dict, dict]:
 
 def run(quick: bool, data_dir: str | None) -> dict:
     from bench import (bookie_ingest, catchup, client_append, disk_writers, machine,
-                       recovery_bench, redis_peer, redis_sweep, rereplication, tls_cost)
+                       recovery_bench, redis_peer, redis_sweep, rereplication, sync_floor,
+                       tls_cost)
     started = dt.datetime.now().astimezone().isoformat(timespec="seconds")
     t_start = time.perf_counter()
     base = data_dir or tempfile.gettempdir()
@@ -170,6 +178,7 @@ def run(quick: bool, data_dir: str | None) -> dict:
             if three is not None:
                 r.figures["1_disk"]["seq_3_writers"] = three
         r.step("peers_redis", lambda: redis_peer.measure(quick))
+        r.step("4_sync_floor", lambda: sync_floor.measure(200 if quick else 2000))
         redis_sw = r.step("sweep_redis", lambda: redis_sweep.measure(quick))
         r.figures.pop("sweep_redis", None)
         _cluster_figures(r, quick, work, redis_sw, client_append, catchup, recovery_bench,

@@ -201,7 +201,8 @@ class Bookie(BookieRequests):
     def _apply_batch(self, ledger_id: int, batch: pa.RecordBatch, raw: bytes | None,
                      location: tuple[int, int] | None = None) -> None:
         self.store.add(ledger_id, batch, raw, location)
-        max_lac = int(batch.column(2).to_numpy().max())
+        lacs = batch.column(2).to_numpy()
+        max_lac = int(lacs[0] if len(lacs) == 1 else lacs.max())   # a lone add: no reduction
         max_id = int(batch.column(1).to_numpy()[-1])
         self.states[ledger_id] = ls.apply_entries(self._state(ledger_id), max_lac, max_id)
 

@@ -44,6 +44,11 @@ class LedgerIndex:
         if len(starts) == 0:
             return
         self._pending.append((starts, ends, refs, rows))
+        if len(starts) == 1:             # one run (every writer's add): scalars, no reductions
+            end = int(ends[0])
+            self.max_entry = max(self.max_entry, end)
+            self.count += end - int(starts[0]) + 1
+            return
         self.max_entry = max(self.max_entry, int(ends.max()))
         self.count += int((ends - starts + 1).sum())
 

@@ -16,8 +16,9 @@ verifies or re-encodes them (the replacement checks digests per batch).
 
 Only when every id is durable on the replacement does ``copy_fragment`` CAS
 the fragment's ensemble, exactly as on the client path.  Any error of the
-pull itself (a replacement that predates ``PullEntries``, a TLS bookie, a
-transport without it, the replacement failing) raises: ``copy_fragment``
+pull itself (a replacement that predates ``PullEntries``, a TLS peer that
+does not admit the replacement's certificate, a transport without it, the
+replacement failing) raises: ``copy_fragment``
 then copies through the client (``_gather`` + ``_write``), so a mixed-
 version cluster still re-replicates.
 """

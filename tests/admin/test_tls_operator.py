@@ -2,7 +2,9 @@
 three different passwords, none of them known to the tool: refused for a
 writer identity, done by an operator identity running the spark-submit job (the key-less path of
 protocol/access.py: it learns each ledger's key from a surviving replica),
-and the ledgers read back intact with their own passwords afterwards."""
+bookie to bookie (each replacement pulls from a peer over TLS with its own
+certificate), and the ledgers read back intact with their own passwords
+afterwards."""
 import shutil
 
 import pytest
@@ -98,6 +100,9 @@ def test_operator_rereplicates_ledgers_with_three_passwords(tls_cluster):
     report = done.json()
     assert {c["outcome"] for c in report["copies"]} == {"replicated"}
     assert report["under_replicated"] == []
+    # bookie to bookie: each replacement pulled over mutual TLS, presenting its
+    # own certificate to the surviving peer (no copy through the client)
+    assert {c.get("path") for c in report["copies"]} == {"pull"}, report["copies"]
 
     with BookKeeper(uri, conf=writer_conf) as bk:
         for i, (lid, pw) in enumerate(zip(ledgers, PASSWORDS)):

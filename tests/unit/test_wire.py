@@ -28,6 +28,23 @@ def test_entry_batch_round_trip():
     assert [e.length for e in entries.to_entries(back)] == [11, 11, 1011]
 
 
+@pytest.mark.parametrize("payload,digest", [(b"x" * 1024, b"\x01\x02\x03\x04"), (b"", b""),
+                                            (bytes(range(256)), b"d" * 32)])
+def test_a_one_entry_batch_is_the_same_batch_and_bytes_as_the_general_path(payload, digest):
+    """make_batch builds a sync add's one row from its buffers: it must be
+    the batch (and the IPC bytes) the six-array path gives."""
+    one = entries.make_batch(7, range(5, 6), [4], [2**40], [payload], [digest])
+    general = pa.RecordBatch.from_arrays(
+        [pa.array([7], pa.int64()), pa.array([5], pa.int64()), pa.array([4], pa.int64()),
+         pa.array([payload], pa.binary()), pa.array([digest], pa.binary()),
+         pa.array([2**40], pa.int64())], schema=entries.ENTRY_SCHEMA)
+    one.validate(full=True)
+    assert one.equals(general)
+    assert entries.batch_to_bytes(one) == entries.batch_to_bytes(general)
+    assert entries.batch_from_bytes(entries.batch_to_bytes(one)).equals(general)
+    assert entries.cumulative_lengths(100, [payload]) == [100 + len(payload)]
+
+
 def test_a_batch_in_the_format_before_length_is_refused_by_name():
     old = pa.RecordBatch.from_pydict({"ledger_id": pa.array([1], pa.int64()),
                                       "entry_id": pa.array([0], pa.int64()),
