@@ -8,8 +8,16 @@
   VM's host cache or a cloud disk's burst allowance to absorb.
 * ``seq_sustained``: the same writes for 4x as long, timed over the second
   half only (what the disk keeps up once the burst is spent).  Ratios
-  against the disk use this one (issue 31: the burst figure alone moved 2x
-  between runs); ``burst_vs_sustained`` records the spread.
+  against the disk used this one until session 17; ``burst_vs_sustained``
+  records the spread.
+* ``seq_overwrite``: a file written once (every block allocated), then
+  overwritten in place with the same writes and fdatasyncs, timed: the
+  device's sequential bandwidth where nothing is being allocated.  On this
+  VM a block's first write is what is slow and what varies: in session 17
+  the fresh-file sustained figure moved between 78 and 379 MB/s from one
+  probe to the next while this one stayed at 2.2-2.6 GB/s, so the ratios
+  against the disk divide by it (issue 31: a denominator that cannot swing
+  2x between runs; the stricter one, too).
 """
 from __future__ import annotations
 
@@ -91,6 +99,33 @@ def seq_sustained(directory: str, total: int, chunk: int = 1 << 20,
             "whole_mb_per_s": total / (t_end - t_start) / 1e6, "bytes": total}
 
 
+def seq_overwrite(directory: str, total: int, chunk: int = 1 << 20,
+                  sync_every: int = 64 << 20) -> dict:
+    """MB/s of sequential overwrites of an allocated ``total``-byte file."""
+    path = os.path.join(directory, "overwrite.probe")
+    buf = os.urandom(chunk)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for _ in range(total // chunk):           # allocate every block first
+            os.write(fd, buf)
+        os.fdatasync(fd)
+        os.lseek(fd, 0, os.SEEK_SET)
+        t0 = time.perf_counter()
+        since_sync = 0
+        for _ in range(total // chunk):
+            os.write(fd, buf)
+            since_sync += chunk
+            if since_sync >= sync_every:
+                os.fdatasync(fd)
+                since_sync = 0
+        os.fdatasync(fd)
+        elapsed = time.perf_counter() - t0
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return {"mb_per_s": (total // chunk) * chunk / elapsed / 1e6, "bytes": total}
+
+
 def measure(directory: str | None = None, quick: bool = False) -> dict:
     with tempfile.TemporaryDirectory(dir=directory) as d:
         total = (128 if quick else 512) << 20
@@ -98,8 +133,11 @@ def measure(directory: str | None = None, quick: bool = False) -> dict:
                "seq_write": seq_bandwidth(d, total),
                # journal-shaped: every 1 MiB write followed by its own fdatasync
                "sync_1m_write": seq_bandwidth(d, total // 2, sync_every=1 << 20),
-               "seq_sustained": seq_sustained(d, 4 * total)}
+               "seq_sustained": seq_sustained(d, 4 * total),
+               "seq_overwrite": seq_overwrite(d, 2 * total)}
         out["burst_vs_sustained"] = out["seq_write"]["mb_per_s"] / out["seq_sustained"]["mb_per_s"]
+        out["overwrite_vs_sustained"] = (out["seq_overwrite"]["mb_per_s"]
+                                         / out["seq_sustained"]["mb_per_s"])
         return out
 
 
