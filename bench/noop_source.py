@@ -1,5 +1,6 @@
 """The floor of a Python data source: a no-op ``DataSource`` measured in the
-same run as the ``bookkeeper`` source (figure 6, issue 31).
+same run as the ``bookkeeper`` source (figure 6, issue 31), for reads and,
+since session 17, for writes.
 
 ``spark.read.format("pybk_noop").option("rows", N).load()`` yields the same
 shape as the log figure 6 reads (``id long, payload binary``, 100 B payloads)
@@ -9,12 +10,18 @@ worker (the first query, a warm-up) and then only handed over.  Whatever a
 Python source costs beyond that - Spark planning, the Python worker round
 trips, the Arrow hand-over to the JVM - this source pays too, and nothing
 else: ours divided by it is how close we are to the floor.
+
+``df.write.format("pybk_noop").mode("append").save()`` is the write side:
+an Arrow writer (``DataSourceArrowWriter``, as ours) that receives every
+batch Spark hands over, counts its rows and drops it; what a Python sink
+costs before it stores anything.
 """
 from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import (DataSource, DataSourceArrowWriter, DataSourceReader,
+                                    InputPartition, WriterCommitMessage)
 
 NAME = "pybk_noop"
 PAYLOAD_BYTES = 100
@@ -58,6 +65,19 @@ class NoopReader(DataSourceReader):
         yield from _batches(partition.first, partition.rows, self.batch_rows)
 
 
+class NoopCommit(WriterCommitMessage):
+    def __init__(self, rows: int):
+        self.rows = rows
+
+
+class NoopWriter(DataSourceArrowWriter):
+    def write(self, iterator):
+        rows = 0
+        for batch in iterator:
+            rows += batch.num_rows
+        return NoopCommit(rows)
+
+
 class NoopSource(DataSource):
     @classmethod
     def name(cls) -> str:
@@ -68,6 +88,9 @@ class NoopSource(DataSource):
 
     def reader(self, schema):
         return NoopReader(self.options)
+
+    def writer(self, schema, overwrite):
+        return NoopWriter()
 
 
 def register(spark) -> None:

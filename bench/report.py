@@ -27,6 +27,8 @@ TARGETS = {
     "sync_add_cpu_vs_python_floor": ("<=", 1.4, "(4) CPU per sync add / the same add's floor in plain "
                                      "Python (bench/sync_floor.py; 0.8 ms is ~1.4x that floor)"),
     "spark_read_vs_python_floor": (">=", 0.95, "(6) Spark full scan / no-op Python source scan"),
+    "spark_write_vs_python_floor": (">=", 0.95, "(6) Spark write / no-op Python sink write (the floor "
+                                    "of a Python data source's write)"),
     "spark_count_vs_python_floor": (">=", 0.95, "(6) Spark count / no-op Python source count"),
     "rereplication_vs_disk": (">=", 0.5, "(8) re-replication copy MB/s / disk sequential, overwriting allocated blocks"),
 }
@@ -128,7 +130,8 @@ def markdown(r: dict) -> str:
     rows = sp.get("rows")
     lines.append(f"| 6 | Spark write {_f(rows)} rows x {sp.get('payload_bytes')} B | "
                  f"{_f(_get(sp, 'bookkeeper_write', 'median_s'), 2, ' s') if sp.get('bookkeeper_write') else 'null (' + str(sp.get('bookkeeper_write_error')) + ')'} | "
-                 f"Parquet {_f(_get(sp, 'parquet_write', 'median_s'), 2, ' s')} |")
+                 f"Parquet {_f(_get(sp, 'parquet_write', 'median_s'), 2, ' s')}; no-op Python sink "
+                 f"{_f(_get(sp, 'noop_write', 'median_s'), 2, ' s')} |")
     lines.append(f"| 6 | Spark count | {_f(_get(sp, 'bookkeeper_count', 'median_s'), 2, ' s')} | "
                  f"Parquet {_f(_get(sp, 'parquet_count', 'median_s'), 2, ' s')}; no-op Python source "
                  f"{_f(_get(sp, 'noop_count', 'median_s'), 2, ' s')} |")

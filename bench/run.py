@@ -52,7 +52,8 @@ RATIO_KEYS = ("append_vs_redis_pipelined_1c", "append_vs_redis_50c", "sync_add_p
               "bookie_ingest_vs_disk", "catchup_read_vs_redis_xrange", "spark_write_vs_parquet",
               "spark_read_vs_parquet", "entry_cpu_7_vs_3_bookies", "tls_append_vs_plain",
               "tls_catchup_vs_plain", "sync_add_cpu_ms", "spark_read_vs_python_floor",
-              "spark_count_vs_python_floor", "rereplication_vs_disk", "sync_add_cpu_vs_python_floor")
+              "spark_count_vs_python_floor", "rereplication_vs_disk", "sync_add_cpu_vs_python_floor",
+              "spark_write_vs_python_floor")
 
 
 def _log(msg: str) -> None:
@@ -121,6 +122,7 @@ def compute_ratios(f: dict, errors: dict) -> tuple[dict, dict]:
         "entry_cpu_7_vs_3_bookies": scaling.cpu_ratio(f.get("9_scaling")),
         "sync_add_cpu_ms": _ms(_g(f, "4_sync_latency", "cpu", "cpu_s_per_m_entries", "total")),
         "spark_read_vs_python_floor": spark.get("read_scan_vs_floor"),
+        "spark_write_vs_python_floor": spark.get("write_vs_floor"),
         "spark_count_vs_python_floor": spark.get("read_count_vs_floor"),
         # ours / the Python floor's (bench/sync_floor.py): lower is better, 1.0 = the floor
         "sync_add_cpu_vs_python_floor": _ratio(
@@ -139,6 +141,7 @@ def compute_ratios(f: dict, errors: dict) -> tuple[dict, dict]:
              "sync_add_cpu_ms": ("4_sync_latency",),
              "sync_add_cpu_vs_python_floor": ("4_sync_latency", "4_sync_floor"),
              "spark_read_vs_python_floor": ("6_spark",),
+             "spark_write_vs_python_floor": ("6_spark",),
              "spark_count_vs_python_floor": ("6_spark",),
              "rereplication_vs_disk": ("8_rereplication", "2_bookie_ingest")}
     missing = {}

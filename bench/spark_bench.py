@@ -83,15 +83,10 @@ def _timed(fn, reps: int) -> dict:
     return {"median_s": statistics.median(samples), "samples_s": samples}
 
 
-def _timed_pair(peer, ours, warmups: int, reps: int) -> tuple[dict, dict]:
-    """``warmups`` untimed rounds, then ``reps`` timed rounds of (peer, ours),
-    alternating: both sides see the same JIT warm-up and the same drift."""
-    a, b = _timed_group((peer, ours), warmups, reps)
-    return a, b
-
-
 def _timed_group(fns, warmups: int, reps: int) -> list[dict]:
-    """:func:`_timed_pair` for any number of sides, in the given order."""
+    """``warmups`` untimed rounds, then ``reps`` timed rounds of every side in
+    the given order, alternating: all sides see the same JIT warm-up and the
+    same drift."""
     for _ in range(warmups):
         for fn in fns:
             fn()
@@ -146,6 +141,12 @@ def measure(spark, uri: str, quick: bool, work_dir: str) -> dict:
     log_name = None
     names: list[str] = []
 
+    from bench import noop_source
+    noop_source.register(spark)
+
+    def write_noop():          # the floor of a Python sink (bench/noop_source.py)
+        df.write.format(noop_source.NAME).mode("append").save()
+
     def write_bk():
         name = f"bench-log-{os.getpid()}-{next(counter)}"
         df.write.format("bookkeeper").option("metadataServiceUri", uri) \
@@ -155,8 +156,8 @@ def measure(spark, uri: str, quick: bool, work_dir: str) -> dict:
         t0 = time.perf_counter()
         write_bk()
         out["bookkeeper_cold_write_s"] = time.perf_counter() - t0
-        out["parquet_write"], out["bookkeeper_write"] = _timed_pair(write_parquet, write_bk,
-                                                                    warmups, reps)
+        out["parquet_write"], out["noop_write"], out["bookkeeper_write"] = _timed_group(
+            (write_parquet, write_noop, write_bk), warmups, reps)
         log_name = names[-1]
         out["bookkeeper_write_available"] = True
     except Exception as exc:   # noqa: BLE001 - any Spark failure is recorded in the figure
@@ -183,8 +184,6 @@ def measure(spark, uri: str, quick: bool, work_dir: str) -> dict:
     if n_cold != rows:
         raise RuntimeError(f"bookkeeper source counted {n_cold} rows, expected {rows}")
     # the floor of a Python data source, measured beside ours (bench/noop_source.py)
-    from bench import noop_source
-    noop_source.register(spark)
     noop = lambda: spark.read.format(noop_source.NAME).option("rows", rows).load()  # noqa: E731
     if noop().count() != rows:          # cold: workers start and build their batches
         raise RuntimeError("no-op source row count mismatch")
@@ -211,6 +210,9 @@ def measure(spark, uri: str, quick: bool, work_dir: str) -> dict:
     out["read_scan_vs_floor"] = ratio("noop_scan", "bookkeeper_scan")
     out["read_count_vs_floor"] = ratio("noop_count", "bookkeeper_count")
     out["floor_scan_vs_parquet"] = ratio("parquet_scan", "noop_scan")
+    out["write_vs_floor"] = ratio("noop_write", "bookkeeper_write") if "noop_write" in out else None
+    out["floor_write_vs_parquet"] = (ratio("parquet_write", "noop_write")
+                                     if "noop_write" in out else None)
     df.unpersist()
     shutil.rmtree(pq_dir, ignore_errors=True)
     return out
