@@ -144,3 +144,40 @@ def test_operator_recovers_a_dead_writers_ledger_without_its_password(tls_cluste
         assert md.is_closed and md.last_entry_id == 119
         rh = bk.open_ledger(lid, password=b"delta", recovery=False)
         assert [e.payload for e in rh.read(0, 119)] == _payloads("open", 120)
+
+
+def test_a_peer_that_does_not_admit_the_bookies_certificate_means_a_client_copy(tmp_path):
+    """Bookies whose tls_writer_identities name only the writer: a
+    replacement's pull (it reads its peer with the bookie certificate) is
+    refused, and the copy goes through the re-replication client instead,
+    with the refusal in ``pull_error``; nothing is lost either way."""
+    from pybk_spark.admin import rereplicate as rr
+    from pybk_spark.cluster.certs import OPERATOR, WRITER, make_cert_files
+    from pybk_spark.cluster.local import LocalCluster
+    from pybk_spark.ledger.client import BookKeeper
+    from pybk_spark.testing.fixtures import bookie_server_available
+    if not bookie_server_available():
+        pytest.skip("bookie_server is not available")
+    certs = make_cert_files(tmp_path / "certs")
+    conf = certs.bookie_conf(writers=WRITER, operators=OPERATOR)
+    with LocalCluster(tmp_path / "cluster", num_bookies=3, bookie_conf=conf) as cluster:
+        uri = cluster.metadata_uri
+        with BookKeeper(uri, conf=certs.client_conf(WRITER)) as bk:
+            lh = bk.create_ledger(3, 3, 2, password=b"pw")
+            lh.add_entries(_payloads("x", 300))
+            lh.close()
+            lost = bk.get_ledger_metadata(lh.ledger_id).current_ensemble[0]
+        cluster.add_bookie()
+        cluster.kill_bookie(lost)
+        with BookKeeper(uri, conf={**certs.client_conf(OPERATOR), "operator": "true"}) as op:
+            wait_until(lambda: not registered(op.metadata_store, lost), 60, f"{lost} unregistered")
+            work = rr.run_audit(op, named=[lost]).work
+            assert work
+            rows = [rr.copy_fragment(op, w) for w in work]
+            assert {r["outcome"] for r in rows} == {"replicated"}, rows
+            assert {r["path"] for r in rows} == {"client"}, rows
+            assert all("tls_writer_identities" in r["pull_error"] for r in rows), rows
+            assert rr.verify_ledger(op, lh.ledger_id) == []
+        with BookKeeper(uri, conf=certs.client_conf(WRITER)) as bk:
+            rh = bk.open_ledger(lh.ledger_id, password=b"pw", recovery=False)
+            assert [e.payload for e in rh.read(0, 299)] == _payloads("x", 300)
