@@ -59,6 +59,10 @@ def fast_spark_home(workdir: str) -> str:
 
 def _session(workdir: str):
     os.environ["SPARK_HOME"] = fast_spark_home(workdir)
+    # Spark's Python workers (the data source lookup among them) must be this
+    # interpreter: with the default `python3` from PATH, `format("bookkeeper")`
+    # is not found when the runner was started outside `make chaos`
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
     return (SparkSession.builder.master("local[2,4]")      # 4 attempts per task
             .appName("pybk-chaos-stream")
