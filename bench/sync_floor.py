@@ -33,7 +33,7 @@ import numpy as np
 from bench.cpu import proc_cpu_s, self_cpu_s
 
 _SERVER = r"""
-import os, socket, struct, sys
+import os, socket, sys
 journal = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 srv = socket.create_server(("127.0.0.1", 0))
 print(srv.getsockname()[1], flush=True)
@@ -52,7 +52,10 @@ while True:
     n = int.from_bytes(head, "little")
     got = 0
     while got < n:
-        got += conn.recv_into(bv[got:n])
+        k = conn.recv_into(bv[got:n])
+        if not k:
+            sys.exit(0)
+        got += k
     os.write(journal, bv[:n])
     os.fdatasync(journal)
     conn.sendall(head + head)
@@ -89,7 +92,11 @@ def measure(n: int = 2000, entry_bytes: int = 1024, replicas: int = 3, acks: int
             for s in socks:
                 s.close()
             for p in procs:
-                p.wait(10)
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
     client_us, bookies_us = (c1 - c0) / n * 1e6, (b1 - b0) / n * 1e6
     return {"adds": n, "entries_per_s": n / elapsed,
             "p50_ms": float(np.percentile(lat, 50) * 1e3),
