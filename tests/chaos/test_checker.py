@@ -153,6 +153,18 @@ def test_reader_saw_other_sequence_or_beyond_last(tmp_path):
     assert [v.invariant for v in vs] == ["I3", "I3"]
 
 
+def test_a_gone_ledger_is_a_violation_only_if_a_tracked_writer_wrote_it(tmp_path):
+    """A tailing reader may read a ledger no tracked process wrote (a Spark
+    sink task's) that is deleted afterwards by design (its attempt aborted):
+    no violation.  A tracked writer's ledger that is gone still is one."""
+    ops = _ops(tmp_path, _adds(3) + [
+        ("r", "read", "ok", {"ledger": 1, "entry": 0, "digests": [_d(0)]}),
+        ("r", "read", "ok", {"ledger": 9, "entry": 0, "digests": [_d(0)]})])
+    assert chk.check_readers(ops, chk.FinalState(ledgers={1: _ledger(1, 3)})) == []
+    vs = chk.check_readers(ops, chk.FinalState(ledgers={}))
+    assert [(v.invariant, v.ledger) for v in vs] == [("I3", 1)]
+
+
 def test_closed_metadata_must_not_change():
     snaps = [(1.0, 1, (lm.OPEN, -1, 0, 3, 3, 2, (0,))),
              (2.0, 1, (lm.CLOSED, 4, 0, 3, 3, 2, (0,))),
