@@ -54,20 +54,27 @@ def seq_bandwidth(directory: str, total: int = 512 << 20, chunk: int = 1 << 20,
     buf = os.urandom(chunk)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        t0 = time.perf_counter()
-        written = since_sync = 0
-        while written < total:
-            written += os.write(fd, buf)
-            since_sync += chunk
-            if since_sync >= sync_every:
-                os.fdatasync(fd)
-                since_sync = 0
-        os.fdatasync(fd)
-        elapsed = time.perf_counter() - t0
+        elapsed = _timed_pass(fd, buf, total, sync_every)
     finally:
         os.close(fd)
         os.unlink(path)
     return {"mb_per_s": total / elapsed / 1e6, "bytes": total}
+
+
+def _timed_pass(fd: int, buf: bytes, total: int, sync_every: int) -> float:
+    """Seconds to write ``total`` bytes of ``buf`` chunks at ``fd``'s offset,
+    with an fdatasync every ``sync_every`` bytes and one at the end."""
+    t0 = time.perf_counter()
+    written = since_sync = 0
+    while written < total:
+        n = os.write(fd, buf)
+        written += n
+        since_sync += n
+        if since_sync >= sync_every:
+            os.fdatasync(fd)
+            since_sync = 0
+    os.fdatasync(fd)
+    return time.perf_counter() - t0
 
 
 def seq_sustained(directory: str, total: int, chunk: int = 1 << 20,
@@ -110,16 +117,7 @@ def seq_overwrite(directory: str, total: int, chunk: int = 1 << 20,
             os.write(fd, buf)
         os.fdatasync(fd)
         os.lseek(fd, 0, os.SEEK_SET)
-        t0 = time.perf_counter()
-        since_sync = 0
-        for _ in range(total // chunk):
-            os.write(fd, buf)
-            since_sync += chunk
-            if since_sync >= sync_every:
-                os.fdatasync(fd)
-                since_sync = 0
-        os.fdatasync(fd)
-        elapsed = time.perf_counter() - t0
+        elapsed = _timed_pass(fd, buf, (total // chunk) * chunk, sync_every)
     finally:
         os.close(fd)
         os.unlink(path)
