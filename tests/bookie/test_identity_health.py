@@ -126,6 +126,21 @@ def _registration(store, bookie_id):
     return json.loads(got.value) if got is not None else None
 
 
+def _until_registered(bp, store, what):
+    """The bookie's writable registration; a bookie that exits or never registers
+    fails with its log and what the store holds under bookies/."""
+    def registered():
+        if bp.proc.poll() is not None:
+            raise AssertionError(f"bookie exited with {bp.proc.returncode} before "
+                                 f"{what}:\n{bp.log_tail()}")
+        return _registration(store, "b1")
+    try:
+        return until(registered, what)
+    except TimeoutError as exc:
+        keys = [(k, v.value.decode(errors="replace")) for k, v in store.list_prefix("bookies/")]
+        raise AssertionError(f"{exc}; bookies/ holds {keys}\n{bp.log_tail()}") from exc
+
+
 def _run(argv):
     proc = procs.spawn([sys.executable, "-m", "bookie_server", *argv], stdout=subprocess.PIPE,
                        stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
@@ -180,7 +195,7 @@ def test_address_change_refused_then_updatecookie(bookies, etcd_scope):
     assert json.loads(store.get("cookies/b1").value)["address"] == f"127.0.0.2:{bp.port}"
 
     bp.start(wait=False)
-    reg = until(lambda: _registration(store, "b1"), "registration at the new address")
+    reg = _until_registered(bp, store, "registration at the new address")
     assert reg["address"] == f"127.0.0.2:{bp.port}"
     assert reg["add_lane_address"].startswith("127.0.0.2:")
     assert _grpc_health(reg["address"]) == "SERVING"

@@ -76,6 +76,7 @@ class SimLoop:
         self.now = 0.0
         self.jitter = jitter
         self._q: list = []
+        self.thread_id: int | None = None     # the OS thread running run()
         self._seq = 0
         self._tokens = 0
         self.tasks: dict = {}            # greenlet -> Task
@@ -102,6 +103,7 @@ class SimLoop:
         global _ACTIVE
         prev, _ACTIVE = _ACTIVE, self
         self.hub = getcurrent()
+        self.thread_id = threading.get_ident()
         try:
             while self._q:
                 if until is not None and self._q[0][0] > until:
@@ -279,15 +281,25 @@ class _OrderedSet(set):
         return iter([x for x in self._order if x in self])
 
 
-def _task_loop():
+def _loop_here():
+    """The active loop if this OS thread runs it.  Other threads (a daemon
+    left running by an earlier test, say) keep the real primitives: they are
+    not the simulation's, and must not touch its state."""
     loop = _ACTIVE
+    if loop is None or loop.thread_id != threading.get_ident():
+        return None
+    return loop
+
+
+def _task_loop():
+    loop = _loop_here()
     if loop is None or loop.current() is None:
         return None
     return loop
 
 
 def _patched_wait(self, timeout=None):
-    loop = _ACTIVE
+    loop = _loop_here()
     if loop is None:
         return _orig_wait(self, timeout)
     if loop.current() is None:
@@ -297,14 +309,14 @@ def _patched_wait(self, timeout=None):
 
 def _patched_notify(self, n=1):
     _orig_notify(self, n)
-    loop = _ACTIVE
+    loop = _loop_here()
     if loop is not None:
         loop.cond_notify(self, n)
 
 
 def _patched_notify_all(self):
     _orig_notify_all(self)
-    loop = _ACTIVE
+    loop = _loop_here()
     if loop is not None:
         loop.cond_notify(self, 1 << 30)
 

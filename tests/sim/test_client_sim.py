@@ -179,3 +179,23 @@ def test_protocol_planted_bug_is_caught_in_focused_schedules(plant):
 def test_focused_client_schedules_hold_invariants(focus):
     for seed in range(FOCUSED_SEEDS):
         _run(700000 + seed, focus=focus)
+
+
+def test_a_foreign_thread_keeps_real_waits_while_a_simulation_runs():
+    """A daemon thread left by another test (a metadata lease's keepalive, say)
+    waits and notifies with the real primitives while the loop runs."""
+    import threading
+    stop = threading.Event()
+    woke = []
+
+    def foreign():
+        while not stop.wait(0.001):
+            woke.append(1)
+    t = threading.Thread(target=foreign, daemon=True)
+    t.start()
+    try:
+        _run(0)
+    finally:
+        stop.set()
+        t.join(10)
+    assert not t.is_alive() and woke
