@@ -56,6 +56,7 @@ from bookie_server.storage.scrubber import Scrubber
 from bookie_server.serving.service import add_service, make_add_lane
 from pybk_spark import errors
 from pybk_spark.dirlock import DirLock
+from pybk_spark.wire import arrow_memory
 
 LOCK_NAME = cookie.LOCK_NAME
 
@@ -264,6 +265,7 @@ def _serve(cfg, bookie_id: str, store, conf_path, listeners, metrics, registrar,
     signal.signal(signal.SIGINT, lambda *_: signals.__setitem__("stop", True))
     signal.signal(signal.SIGHUP, lambda *_: signals.__setitem__("reload", True))
 
+    memory_pool = arrow_memory.use_for_process()   # before replay allocates
     bookie = make_bookie(cfg, metrics=metrics).open()
     server, port = listeners.server, listeners.port
     add_service(server, bookie, cfg, bookie_id)
@@ -305,10 +307,10 @@ def _serve(cfg, bookie_id: str, store, conf_path, listeners, metrics, registrar,
     lane_port = lane.port if lane is not None else -1
     log.info("event=bookie_ready bookie_id=%s port=%d add_lane_port=%d data_dir=%s "
              "read_only=%s journal_crc=%s bind_address=%s advertised_address=%s tls=%s "
-             "client_auth=%s", bookie_id,
+             "client_auth=%s arrow_memory_pool=%s", bookie_id,
              port, lane_port, cfg.data_dir, bookie.read_only, CRC_IMPLEMENTATION,
              cfg.bind_address, cfg.advertised_address, server_tls is not None,
-             cfg.tls_client_auth if server_tls is not None else "-")
+             cfg.tls_client_auth if server_tls is not None else "-", memory_pool)
     print(f"bookie-server ready bookie_id={bookie_id} port={port} add_lane_port={lane_port}",
           flush=True)
 

@@ -237,11 +237,18 @@ class EntryStore:
             # few (large) entries: zero-copy row slices, copied once by combine_chunks below
             parts = [self.files.batch_of(by_id[ref]).slice(row, 1)
                      for ref, row in zip(ref_of_row.tolist(), take_rows.tolist())]
-        else:   # one take() per run of rows in the same stored batch
+        else:   # one piece per run of rows in the same stored batch: a zero-copy
+            # slice where the run is contiguous (a copy's or a whole fragment's
+            # read), else one take()
             cuts = np.flatnonzero(np.diff(ref_of_row)) + 1
             bounds = np.concatenate(([0], cuts, [len(ref_of_row)]))
-            parts = [self.files.batch_of(by_id[int(ref_of_row[a])]).take(pa.array(take_rows[a:b]))
-                     for a, b in zip(bounds[:-1], bounds[1:])]
+            gaps = np.concatenate(((np.diff(take_rows) != 1), [False])).astype(np.int64)
+            gapped = np.add.reduceat(gaps, bounds[:-1]) - gaps[bounds[1:] - 1]
+            parts = []
+            for a, b, g in zip(bounds[:-1].tolist(), bounds[1:].tolist(), gapped.tolist()):
+                stored = self.files.batch_of(by_id[int(ref_of_row[a])])
+                parts.append(stored.take(pa.array(take_rows[a:b])) if g
+                             else stored.slice(int(take_rows[a]), b - a))
         table = pa.Table.from_batches(parts, schema=ENTRY_SCHEMA)
         return _within_bytes(table, max_bytes, limited)
 

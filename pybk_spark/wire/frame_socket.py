@@ -39,6 +39,7 @@ from typing import Any, Optional
 import pyarrow as pa
 
 from pybk_spark.wire import lane_frames
+from pybk_spark.wire.arrow_memory import wire_pool
 
 _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
 
@@ -65,16 +66,17 @@ def read_frame(reader: io.BufferedIOBase, limit: int) -> Optional[bytes]:
 
 def read_frame_into(reader: io.BufferedIOBase, limit: int) -> Optional[memoryview]:
     """Like :func:`read_frame`, but the body lands in one new buffer from
-    Arrow's memory pool, with no intermediate copy (``readinto`` on a
-    buffered reader passes large reads straight to the socket).  The pool
-    neither zero-fills it nor returns its pages to the kernel between reads,
-    as a ``bytearray`` of MiBs would (a fresh mapping, faulted in page by
-    page)."""
+    the wire pool (wire/arrow_memory.py), with no intermediate copy
+    (``readinto`` on a buffered reader passes large reads straight to the
+    socket).  The pool neither zero-fills it nor returns its pages to the
+    kernel between reads, as a ``bytearray`` of MiBs (a fresh mapping) or
+    pyarrow's default mimalloc pool would: each would be faulted in again,
+    zero-filled page by page."""
     header = reader.read(lane_frames.HEADER_BYTES)
     if not header:
         return None
     size = lane_frames.frame_length(header, limit)
-    view, got = memoryview(pa.allocate_buffer(size)), 0
+    view, got = memoryview(pa.allocate_buffer(size, memory_pool=wire_pool())), 0
     while got < size:
         n = reader.readinto(view[got:])
         if not n:

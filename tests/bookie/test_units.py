@@ -457,3 +457,36 @@ def test_both_journal_crc_implementations_give_the_same_values():
             assert journal.crc_of_fast(rtype, body) == want
             assert journal.crc_of_fast(rtype, pa.py_buffer(body)) == want
             assert journal.crc_of_fast(rtype, memoryview(body)) == want
+
+
+def test_sparse_reads_of_many_rows_slice_contiguous_runs_and_take_gapped_ones(tmp_path):
+    """A sparse read of more than SLICE_READ_MAX_ROWS rows: a run of rows of
+    one stored batch that is contiguous is answered as a slice, a gapped one
+    (a striped read's rows) with take(); either way every stored id, in
+    order, with its own payload, before and after a checkpoint."""
+    from bookie_server.bookie import Bookie
+    from bookie_server.storage.entry_store import SLICE_READ_MAX_ROWS
+    from pybk_spark.testing.bookie_process import entries_bytes, payload_for
+
+    gapped = list(range(600, 1800, 3))                     # one stored batch with gaps
+    stored = list(range(0, 600)) + gapped + list(range(1801, 2400))
+    assert len(stored) > 4 * SLICE_READ_MAX_ROWS
+    cfg = BookieConfig(data_dir=str(tmp_path), flush_interval_s=3600,
+                       journal_prealloc_bytes=0)
+    b = Bookie(cfg).open(background=False)
+    try:
+        for ids in (range(0, 600), gapped, range(1801, 2400)):
+            b.add(1, b"k", entries_bytes(1, ids, size=50), recovery=True)
+        for when in ("journal", "segments"):
+            for first, last in ((0, 3000), (590, 1805), (601, 1700)):
+                got = b.read(1, first, last, sparse=True, max_entries=10_000).batch
+                want = [e for e in stored if first <= e <= last]
+                assert got.column(1).to_pylist() == want, (when, first, last)
+                assert got.column(3).to_pylist() == [payload_for(1, e, 50) for e in want]
+            got = b.read(1, 0, 3000, sparse=True, max_entries=10_000, stripe=(3, 1)).batch
+            want = [e for e in stored if e % 3 == 1]           # rows of a batch, with gaps
+            assert got.column(1).to_pylist() == want, when
+            assert got.column(3).to_pylist() == [payload_for(1, e, 50) for e in want]
+            b.checkpoint()
+    finally:
+        b.close()

@@ -4,17 +4,19 @@ per-entry ``one`` on bytes, for sliced batches (non-zero array offsets),
 empty payloads and every digest type."""
 from __future__ import annotations
 
+import struct
+
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from pybk_spark.ledger.digest import Digester, payload_views
+from pybk_spark.ledger.digest import Digester, header_crcs, payload_views
 from pybk_spark.wire.entries import cumulative_lengths, make_batch
 
 
 @pytest.mark.parametrize("digest_type", ["crc32c", "hmac", "none"])
-@given(payloads=st.lists(st.binary(max_size=300), min_size=1, max_size=40),
-       cut=st.integers(0, 40), corrupt=st.integers(0, 80))
+@given(payloads=st.lists(st.binary(max_size=300), min_size=1, max_size=120),
+       cut=st.integers(0, 40), corrupt=st.integers(0, 130))
 @settings(max_examples=60, deadline=None)
 def test_verify_batch_agrees_with_one_on_bytes(digest_type, payloads, cut, corrupt):
     d = Digester(digest_type, b"pw")
@@ -53,3 +55,41 @@ def test_payload_views_are_zero_copy_slices():
     assert [bytes(v) for v in views] == [b"", b"defg", b""]
     assert isinstance(views[1], pa.Buffer)
     assert views[1].address == arr.buffers()[2].address + 3
+
+
+@given(rows=st.lists(st.tuples(*[st.integers(-(1 << 63), (1 << 63) - 1)] * 4), max_size=30))
+@settings(max_examples=80, deadline=None)
+def test_header_crcs_match_the_packed_header(rows):
+    """The batch-wide header hash (32 table gathers) equals hashing each packed
+    header, negative and extreme values included."""
+    import google_crc32c
+    cols = list(zip(*rows)) if rows else [(), (), (), ()]
+    want = [google_crc32c.value(struct.pack(">qqqq", *r)) for r in rows]
+    assert header_crcs(*cols).tolist() == want
+
+
+def test_a_digest_of_another_size_never_matches():
+    d = Digester("crc32c")
+    payloads = [b"a", b"bb", b"ccc"]
+    lengths = cumulative_lengths(0, payloads)
+    digests = d.compute(7, range(3), [-1, 0, 1], lengths, payloads)
+    digests[1] = digests[1] + b"\0"
+    digests[2] = b""
+    batch = make_batch(7, range(3), [-1, 0, 1], lengths, payloads, digests)
+    assert d.verify_batch(batch).tolist() == [True, False, False]
+
+
+@pytest.mark.parametrize("n", [1, 63, 64, 65, 300])
+def test_small_and_large_batches_hash_alike(n):
+    """Below ``_BATCH_HASH_MIN_ROWS`` rows the batch is hashed row by row,
+    from it on with the table gathers: both give the same mask."""
+    d = Digester("crc32c")
+    payloads = [bytes([i % 251]) * (i % 50) for i in range(n)]
+    lengths = cumulative_lengths(0, payloads)
+    digests = d.compute(3, range(n), [i - 1 for i in range(n)], lengths, payloads)
+    digests[n // 2] = b"\0\0\0\0"
+    batch = make_batch(3, range(n), [i - 1 for i in range(n)], lengths, payloads, digests)
+    want = [i != n // 2 for i in range(n)]
+    assert d.verify_batch(batch).tolist() == want
+    assert d.verify_batch(pa.Table.from_batches([batch.slice(0, n // 2 + 1),
+                                                 batch.slice(n // 2 + 1)])).tolist() == want

@@ -60,3 +60,27 @@ def test_frame_length_limits():
     assert lane_frames.split_address("[::1]:3181") == ("::1", 3181)
     with pytest.raises(ValueError):
         lane_frames.split_address("no-port")
+
+
+def _pool_in_a_fresh_process(env_value):
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    if env_value:
+        env["ARROW_DEFAULT_MEMORY_POOL"] = env_value
+    code = ("import pyarrow as pa; from pybk_spark.wire import arrow_memory as m; "
+            "print(m.wire_pool().backend_name, m.use_for_process(), "
+            "pa.default_memory_pool().backend_name)")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
+    return out
+
+
+def test_the_wire_pool_keeps_freed_blocks_mapped_unless_the_operator_chose_a_pool():
+    """Read answers land in jemalloc (or the system allocator), not pyarrow's
+    default mimalloc, which returns freed blocks' pages to the kernel
+    (wire/arrow_memory.py); ARROW_DEFAULT_MEMORY_POOL set by the operator wins."""
+    wire, made_default, default = _pool_in_a_fresh_process("")
+    assert wire in ("jemalloc", "system") and made_default == default == wire
+    assert _pool_in_a_fresh_process("mimalloc") == ["mimalloc"] * 3
