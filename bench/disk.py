@@ -124,6 +124,31 @@ def seq_overwrite(directory: str, total: int, chunk: int = 1 << 20,
     return {"mb_per_s": (total // chunk) * chunk / elapsed / 1e6, "bytes": total}
 
 
+def memory_touch(total: int, chunk: int = 1 << 20) -> dict:
+    """GB/s of writing ``total`` bytes into fresh anonymous memory (its
+    first touch: the kernel finds and zero-fills each page, and a VM with
+    free page reporting also faults it in from the host) and of writing
+    them again (pages already there).  Every byte a bookie journals or
+    receives into new pages pays the first figure, not the second."""
+    import mmap
+    buf = os.urandom(chunk)
+    m = mmap.mmap(-1, total)
+    try:
+        view = memoryview(m)
+        times = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            for at in range(0, total - chunk + 1, chunk):
+                view[at:at + chunk] = buf
+            times.append(time.perf_counter() - t0)
+        view.release()
+    finally:
+        m.close()
+    fresh, again = (total / t / 1e9 for t in times)
+    return {"fresh_gb_per_s": fresh, "rewrite_gb_per_s": again, "bytes": total,
+            "rewrite_vs_fresh": again / fresh}
+
+
 def measure(directory: str | None = None, quick: bool = False) -> dict:
     with tempfile.TemporaryDirectory(dir=directory) as d:
         total = (128 if quick else 512) << 20
@@ -132,7 +157,8 @@ def measure(directory: str | None = None, quick: bool = False) -> dict:
                # journal-shaped: every 1 MiB write followed by its own fdatasync
                "sync_1m_write": seq_bandwidth(d, total // 2, sync_every=1 << 20),
                "seq_sustained": seq_sustained(d, 4 * total),
-               "seq_overwrite": seq_overwrite(d, 2 * total)}
+               "seq_overwrite": seq_overwrite(d, 2 * total),
+               "memory_touch": memory_touch(total // 2)}
         out["burst_vs_sustained"] = out["seq_write"]["mb_per_s"] / out["seq_sustained"]["mb_per_s"]
         out["overwrite_vs_sustained"] = (out["seq_overwrite"]["mb_per_s"]
                                          / out["seq_sustained"]["mb_per_s"])

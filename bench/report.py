@@ -86,6 +86,10 @@ def markdown(r: dict) -> str:
     lines.append(f"| 1 | disk sequential, overwriting an allocated file (the ratios' disk figure) | "
                  f"{_f(_get(d, 'seq_overwrite', 'mb_per_s'))} MB/s | overwrite / fresh sustained = "
                  f"{_f(d.get('overwrite_vs_sustained'), 2)}x |")
+    mt = d.get("memory_touch") or {}
+    lines.append(f"| 1 | memory, first touch of fresh pages (what new page-cache and buffer pages cost) | "
+                 f"{_f(mt.get('fresh_gb_per_s'), 2)} GB/s | the same pages written again "
+                 f"{_f(mt.get('rewrite_gb_per_s'), 2)} GB/s ({_f(mt.get('rewrite_vs_fresh'), 1)}x) |")
     bi = f.get("2_bookie_ingest") or {}
     for n in ("1", "100", "1000", "1000_sustained"):
         x = bi.get(f"add_batch_{n}") or {}
