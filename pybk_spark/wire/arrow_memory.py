@@ -14,8 +14,11 @@ again: that CPU went to zero.
 system allocator.  ``ARROW_DEFAULT_MEMORY_POOL``, when the operator sets it,
 wins: the process default is then used as it is.  ``use_for_process()``
 makes the pool the process default (bookie-server does, at start: every
-Arrow allocation in a bookie is on the data path); a client library only
-uses it for the buffers it allocates itself (wire/frame_socket.py).
+Arrow allocation in a bookie is on the data path); the client library
+only uses it for the big buffers it allocates itself: read answers
+(wire/frame_socket.py) and the payload column of an add batch
+(wire/entries.py ``make_batch``), never changing its host process's
+default (a Spark Python worker runs user code too).
 """
 from __future__ import annotations
 

@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from pybk_spark import errors
+from pybk_spark.wire.arrow_memory import wire_pool
 
 ENTRY_SCHEMA = pa.schema([
     pa.field("ledger_id", pa.int64(), nullable=False),
@@ -65,7 +66,7 @@ def make_batch(ledger_id: int, entry_ids: Sequence[int], lacs: Sequence[int],
         pa.array(np.arange(entry_ids.start, entry_ids.stop, dtype=np.int64)
                  if isinstance(entry_ids, range) else np.asarray(entry_ids, dtype=np.int64)),
         pa.array(np.asarray(lacs, dtype=np.int64)),
-        pa.array(payloads, pa.binary()),
+        pa.array(payloads, pa.binary(), memory_pool=wire_pool()),
         pa.array(digests, pa.binary()),
         pa.array(np.asarray(lengths, dtype=np.int64)),
     ], schema=ENTRY_SCHEMA)
