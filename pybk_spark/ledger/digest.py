@@ -78,7 +78,12 @@ class Digester:
         if self.digest_type == "none" or n == 0:
             return np.ones(n, dtype=bool)
         if self.digest_type == "crc32c" and n >= _BATCH_HASH_MIN_ROWS:   # reads, pulls, scrubs
-            return _verify_crc32c(one_batch(batch) if isinstance(batch, pa.Table) else batch)
+            if isinstance(batch, pa.RecordBatch):
+                return _verify_crc32c(batch)
+            chunks = batch.to_batches()
+            if len(chunks) > 1 and n // len(chunks) >= _BATCH_HASH_MIN_ROWS:
+                return np.concatenate([self.verify_batch(c) for c in chunks])
+            return _verify_crc32c(one_batch(batch))  # many small chunks: one copy, one pass
         lids = batch.column("ledger_id").to_pylist()
         eids = batch.column("entry_id").to_pylist()
         lacs = batch.column("lac").to_pylist()
@@ -109,6 +114,7 @@ class Digester:
 # 70 us whatever the row count, so a small batch (a tailing read, a sync
 # read) is hashed row by row, at about 2.5 us a row.
 _BATCH_HASH_MIN_ROWS = 64
+
 
 @functools.lru_cache(maxsize=1)
 def _header_tables() -> tuple[np.ndarray, int]:
@@ -142,8 +148,6 @@ def header_crcs(ledger_ids, entry_ids, lacs, lengths) -> np.ndarray:
 def _column_bytes(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """(offsets of each value, the data buffer) of a binary column, as numpy
     views (an empty data buffer for a column of empty values)."""
-    if isinstance(col, pa.ChunkedArray):
-        col = pa.concat_arrays(col.chunks) if col.num_chunks != 1 else col.chunk(0)
     if col.type != pa.binary():
         col = col.cast(pa.binary())
     _, offsets_buf, data = col.buffers()

@@ -93,3 +93,15 @@ def test_small_and_large_batches_hash_alike(n):
     assert d.verify_batch(batch).tolist() == want
     assert d.verify_batch(pa.Table.from_batches([batch.slice(0, n // 2 + 1),
                                                  batch.slice(n // 2 + 1)])).tolist() == want
+
+
+def test_a_table_of_large_chunks_is_hashed_chunk_by_chunk_without_a_copy():
+    d = Digester("crc32c")
+    n = 400
+    payloads = [bytes([i % 251]) * 30 for i in range(n)]
+    lengths = cumulative_lengths(0, payloads)
+    digests = d.compute(3, range(n), [-1] * n, lengths, payloads)
+    digests[250] = b"\0\0\0\0"
+    batch = make_batch(3, range(n), [-1] * n, lengths, payloads, digests)
+    table = pa.Table.from_batches([batch.slice(0, 200), batch.slice(200)])
+    assert d.verify_batch(table).tolist() == [i != 250 for i in range(n)]
