@@ -83,27 +83,15 @@ def seq_sustained(directory: str, total: int, chunk: int = 1 << 20,
     path = os.path.join(directory, "sustained.probe")
     buf = os.urandom(chunk)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    first = (total // 2 // sync_every) * sync_every or total // 2
     try:
-        t_start = time.perf_counter()
-        written = since_sync = 0
-        t_half = None
-        while written < total:
-            written += os.write(fd, buf)
-            since_sync += chunk
-            if since_sync >= sync_every:
-                os.fdatasync(fd)
-                since_sync = 0
-                if t_half is None and written >= total // 2:
-                    t_half, half_at = time.perf_counter(), written
-        os.fdatasync(fd)
-        t_end = time.perf_counter()
+        t_first = _timed_pass(fd, buf, first, sync_every)
+        t_second = _timed_pass(fd, buf, total - first, sync_every)
     finally:
         os.close(fd)
         os.unlink(path)
-    if t_half is None:
-        t_half, half_at = t_start, 0
-    return {"mb_per_s": (total - half_at) / (t_end - t_half) / 1e6,
-            "whole_mb_per_s": total / (t_end - t_start) / 1e6, "bytes": total}
+    return {"mb_per_s": (total - first) / t_second / 1e6,
+            "whole_mb_per_s": total / (t_first + t_second) / 1e6, "bytes": total}
 
 
 def seq_overwrite(directory: str, total: int, chunk: int = 1 << 20,

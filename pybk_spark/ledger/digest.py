@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from pybk_spark import errors
 from pybk_spark.protocol.ledger_metadata import master_key
-from pybk_spark.wire.entries import one_batch, payload_views
+from pybk_spark.wire.entries import binary_buffers, one_batch, payload_views
 
 _HDR = struct.Struct(">qqqq")
 _CRC = struct.Struct(">I")
@@ -146,14 +146,10 @@ def header_crcs(ledger_ids, entry_ids, lacs, lengths) -> np.ndarray:
 
 
 def _column_bytes(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """(offsets of each value, the data buffer) of a binary column, as numpy
-    views (an empty data buffer for a column of empty values)."""
-    if col.type != pa.binary():
-        col = col.cast(pa.binary())
-    _, offsets_buf, data = col.buffers()
-    offsets = np.frombuffer(offsets_buf, dtype=np.int32, count=col.offset + len(col) + 1)
-    data_arr = np.frombuffer(data, dtype=np.uint8) if data is not None else np.empty(0, np.uint8)
-    return offsets[col.offset:], data_arr
+    """(value offsets, data bytes) of a binary column as numpy arrays."""
+    offsets, data = binary_buffers(col)
+    return offsets, (np.frombuffer(data, dtype=np.uint8) if data is not None
+                     else np.empty(0, np.uint8))
 
 
 def _verify_crc32c(batch: pa.RecordBatch) -> np.ndarray:

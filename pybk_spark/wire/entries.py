@@ -190,18 +190,27 @@ def one_batch(rows: pa.RecordBatch | pa.Table) -> pa.RecordBatch:
     return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=rows.schema)
 
 
+def binary_buffers(values: pa.Array) -> tuple[np.ndarray, Any]:
+    """(the ``len + 1`` value offsets, the data buffer or None) of a binary
+    column, the array's own offset applied; other binary types are cast."""
+    if values.type != pa.binary():
+        values = values.cast(pa.binary())
+    _, offsets_buf, data = values.buffers()
+    if offsets_buf is None:            # an empty array may carry no buffers
+        return np.zeros(len(values) + 1, dtype=np.int32), None
+    offsets = np.frombuffer(offsets_buf, dtype=np.int32, count=values.offset + len(values) + 1)
+    return offsets[values.offset:], data
+
+
 def payload_views(payloads: pa.Array | pa.ChunkedArray) -> list[Any]:
     """Each value of a binary column as a zero-copy pyarrow Buffer slice
     (empty values as b""; nulls, which entries never hold, as b"" too)."""
     if isinstance(payloads, pa.ChunkedArray):      # a table of row slices (read_handle._gather)
         return [view for chunk in payloads.chunks for view in payload_views(chunk)]
     n = len(payloads)
-    if payloads.type != pa.binary():
-        payloads = payloads.cast(pa.binary())
-    _, offsets_buf, data = payloads.buffers()
+    offsets, data = binary_buffers(payloads)
     if data is None or n == 0:
         return [b""] * n
-    offsets = np.frombuffer(offsets_buf, dtype=np.int32, count=payloads.offset + n + 1)
-    bounds = offsets[payloads.offset:].tolist()
+    bounds = offsets.tolist()
     piece = data.slice
     return [piece(a, b - a) if b > a else b"" for a, b in zip(bounds[:-1], bounds[1:])]
