@@ -102,6 +102,7 @@ class Bookie(BookieRequests):
                                page_cache_keep_bytes=(None if cfg.journal_page_cache_keep_mb < 0
                                                       else cfg.journal_page_cache_keep_mb * MiB),
                                lead_max_bytes=cfg.journal_lead_max_bytes,
+                               direct_min_bytes=cfg.journal_direct_write_min_bytes,
                                clock=clock, metrics=self.metrics, fsync=fsync,
                                pwritev=pwritev, on_failure=self._journal_failed)
         self.states: dict[int, ls.LedgerState] = {}
@@ -224,6 +225,8 @@ class Bookie(BookieRequests):
             ledger_id = batch.column(0)[0].as_py()
             self._apply_batch(ledger_id, batch, body, location)
             return ledger_id, batch.column(1)[batch.num_rows - 1].as_py()
+        if rtype == RecordType.PAD:             # alignment filler (journal/direct_write.py)
+            return None, None
         (ledger_id,) = LEDGER.unpack_from(body)
         if rtype == RecordType.FENCE:
             self.states[ledger_id] = ls.apply_fence(self._state(ledger_id))

@@ -33,6 +33,7 @@ class BookieConfig:
     journal_max_file_bytes: int = 256 * MiB
     journal_prealloc_bytes: int = 64 * MiB
     journal_page_cache_keep_mb: int = 1024  # -1: never drop; see conf/bookie.conf
+    journal_direct_write_min_bytes: int = 1 * MiB  # groups this big: O_DIRECT; 0 = never
     # limits
     max_entry_bytes: int = 5 * MiB
     max_batch_bytes: int = 64 * MiB
@@ -156,6 +157,8 @@ def validate(cfg: BookieConfig) -> None:
         raise ValueError("scrub_rate_bytes_per_s must be > 0")
     from bookie_server.serving.tls import validate as validate_tls
     validate_tls(cfg)                    # TlsConfigError is a ValueError naming the setting
+    if cfg.journal_direct_write_min_bytes < 0:
+        raise ValueError("journal_direct_write_min_bytes must be >= 0 (0 = never)")
     if cfg.journal_page_cache_keep_mb < -1:
         raise ValueError("journal_page_cache_keep_mb must be -1 (never drop) or >= 0")
 

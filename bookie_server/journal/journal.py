@@ -33,6 +33,9 @@ Ordering obligations:
     writes while the file is being rolled.
     Large submissions (> ``lead_max_bytes``) and anything arriving while busy
     go through the pipeline, which groups them.
+  * A group of at least ``direct_min_bytes`` is written with ``O_DIRECT``
+    (direct_write.py): PAD records align it, no byte already written is
+    rewritten, and it is acknowledged after the same fdatasync as any group.
   * ``page_cache_keep_bytes`` (page_cache.py): after the fdatasync and the acks,
     synced ranges that fell that far behind leave the page cache (advice).
   * Rolling to a new file waits (barrier) until the sync thread is done with
@@ -72,6 +75,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from bookie_server.journal.direct_write import DirectWriter, pad_before, pad_frame
 from bookie_server.storage import page_cache
 from bookie_server.journal.journal_crc import crc_of  # noqa: F401  (callers import it here)
 from bookie_server.journal.journal_format import (HEADER, LEDGER, LEDGER_LAC,  # noqa: F401
@@ -102,7 +106,7 @@ class Journal:
                  max_group_bytes: int = 512 * 1024, flush_when_queue_empty: bool = True,
                  sync_data: bool = True, max_file_bytes: int = 256 << 20,
                  prealloc_bytes: int = 64 << 20, lead_max_bytes: int = 64 * 1024,
-                 page_cache_keep_bytes: Optional[int] = None,
+                 page_cache_keep_bytes: Optional[int] = None, direct_min_bytes: int = 0,
                  clock: Callable[[], float] = time.monotonic,
                  metrics: Any = None, fsync: Callable[[int], None] = os.fdatasync,
                  pwritev: Callable[[int, list, int], int] = os.pwritev,
@@ -115,6 +119,7 @@ class Journal:
         self.sync_data = sync_data
         self.max_file_bytes = max_file_bytes
         self.prealloc_bytes = prealloc_bytes
+        self._direct = DirectWriter(direct_min_bytes)     # groups >= this: O_DIRECT (0 = off)
         self.cache_window = None if page_cache_keep_bytes is None or not sync_data \
             else page_cache.SyncedWindow(page_cache_keep_bytes)
         # the leader path only where a lone submission would not wait for company anyway
@@ -158,6 +163,8 @@ class Journal:
         path = os.path.join(self.dir, file_name(seq))
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         self._seq, self._offset, self._allocated = seq, 0, 0
+        if self._direct.min_bytes > 0:
+            self._direct.open(path)
         self._preallocate()
         dfd = os.open(self.dir, os.O_RDONLY)
         try:
@@ -166,10 +173,10 @@ class Journal:
             os.close(dfd)
         self.durable_position = max(self.durable_position, Position(seq, 0))
 
-    def _preallocate(self) -> None:
+    def _preallocate(self, need: int = 0) -> None:
         if self.prealloc_bytes <= 0:
             return
-        while self._allocated < self._offset + self.max_group_bytes * 2:
+        while self._allocated < self._offset + max(need, self.max_group_bytes * 2):
             try:
                 os.posix_fallocate(self._fd, self._allocated, self.prealloc_bytes)
             except OSError:
@@ -306,8 +313,10 @@ class Journal:
         if self._failed is not None:
             self._fail(group, f"journal failed: {self._failed}")
             return None
+        direct = self._direct.wants(sum(sub.nbytes for sub in group))
+        lead_pad = pad_before(self._offset) if direct else 0
         pieces: list[bytes] = []
-        at = self._offset
+        at = self._offset + lead_pad
         for sub in group:
             sub.locations = []
             for rtype, body in sub.records:
@@ -315,13 +324,30 @@ class Journal:
                 sub.locations.append((self._seq, at + HEADER.size))
                 at += HEADER.size + len(body)
         try:
-            total = self._write_all(pieces)
+            if direct:
+                total = self._write_direct(pieces, lead_pad)
+            else:
+                total = self._write_all(self._fd, pieces, self._offset)
         except BaseException as exc:  # noqa: BLE001 - poison and fail the group
             self._poison(exc, "write", self._seq)
             self._fail(group, f"journal write failed: {exc}")
             return None
         self._offset += total
         return group, Position(self._seq, self._offset), self._fd, total
+
+    def _write_direct(self, pieces: list[bytes], lead_pad: int) -> int:
+        """A big group through ``O_DIRECT`` (direct_write.py): a PAD up to an
+        aligned offset (buffered), then the frames and a closing PAD from the
+        aligned staging buffer.  Returns the bytes the journal grew by."""
+        start = self._offset + lead_pad
+        view = self._direct.stage(pieces, start)
+        try:
+            self._preallocate(lead_pad + len(view))
+            if lead_pad:
+                self._write_all(self._fd, pad_frame(lead_pad), self._offset)
+            return lead_pad + self._write_all(self._direct.fd, [view], start)
+        finally:
+            view.release()
 
     def _maybe_roll(self) -> None:
         if self._failed is not None:    # a failed journal neither rolls nor grows
@@ -422,21 +448,21 @@ class Journal:
         except Exception:  # noqa: BLE001 - advice must never fail the journal
             log.exception("event=journal_page_cache_error")
 
-    def _write_all(self, pieces: list[bytes]) -> int:
-        offset = self._offset
+    def _write_all(self, fd: int, pieces: list, start: int) -> int:
+        offset = start
         for i in range(0, len(pieces), 512):  # stay under IOV_MAX
             chunk = pieces[i:i + 512]
             size = sum(len(p) for p in chunk)
-            written = self._pwritev(self._fd, chunk, offset)
+            written = self._pwritev(fd, chunk, offset)
             if written < size:  # rare short write: finish with plain pwrite
                 rest = memoryview(b"".join(chunk))
                 while written < size:
-                    n = os.pwrite(self._fd, rest[written:], offset + written)
+                    n = os.pwrite(fd, rest[written:], offset + written)
                     if n <= 0:
                         raise OSError("short write to journal")
                     written += n
             offset += size
-        return offset - self._offset
+        return offset - start
 
     def _finish_file(self) -> None:
         if self._fd >= 0:
@@ -447,6 +473,7 @@ class Journal:
             finally:
                 os.close(self._fd)
                 self._fd = -1
+                self._direct.close()
 
     def _roll(self) -> None:
         self._sync_barrier()        # the sync stage must be done with the old fd

@@ -17,6 +17,7 @@ from bookie_server.journal.journal_crc import crc_of
 
 HEADER = struct.Struct("<IIB")
 MAX_RECORD = 1 << 31
+MIN_BODY = 8            # every record body: a ledger u64 first, an Arrow stream (> 8 bytes) or a PAD
 
 
 class RecordType(enum.IntEnum):
@@ -25,6 +26,7 @@ class RecordType(enum.IntEnum):
     MASTER_KEY = 3      # body: ledger u64 + key bytes
     EXPLICIT_LAC = 4    # body: ledger u64 + lac i64
     LEDGER_DELETED = 5  # body: ledger u64 (written by GC)
+    PAD = 6             # body: zeros, filling to an aligned offset (direct_write.py); applies nothing
 
 
 LEDGER = struct.Struct("<Q")

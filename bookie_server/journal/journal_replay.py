@@ -61,11 +61,11 @@ from typing import Callable, Generator, Iterator, Optional
 import numpy as np
 
 from bookie_server.journal.journal_crc import crc_of
-from bookie_server.journal.journal_format import HEADER, Position, RecordType, file_name, list_files
+from bookie_server.journal.journal_format import (HEADER, MIN_BODY, Position, RecordType, file_name,
+                                                  list_files)
 
 log = logging.getLogger("bookie.journal")
 
-MIN_BODY = 8            # every record body: a ledger u64 first, or an Arrow stream (> 8 bytes)
 _TYPES = np.array(sorted(int(t) for t in RecordType), np.uint8)
 _TYPE_SET = frozenset(int(t) for t in RecordType)
 UNCHAINED_CRC_BUDGET = 256 << 20   # CRC bytes spent on unchained candidates per scan

@@ -15,8 +15,6 @@ from pybk_spark.admin import shell_common
 from pybk_spark.admin.report import table
 
 CHECKPOINT = "checkpoint.json"       # bookie_server/checkpoint_file.py
-TYPE_NAMES = {1: "ADD_BATCH", 2: "FENCE", 3: "MASTER_KEY", 4: "EXPLICIT_LAC",
-              5: "LEDGER_DELETED"}
 
 
 def _data_dir_arg(p):
@@ -79,10 +77,11 @@ def _readjournal_args(p):
 def _describe(rtype: int, body: bytes) -> dict:
     import pyarrow as pa
 
-    from bookie_server.journal.journal_format import LEDGER, LEDGER_LAC
-    row = {"type": TYPE_NAMES.get(rtype, str(rtype)), "bytes": len(body), "ledger": None,
+    from bookie_server.journal.journal_format import LEDGER, LEDGER_LAC, RecordType
+    name = RecordType(rtype).name if rtype in RecordType._value2member_map_ else str(rtype)
+    row = {"type": name, "bytes": len(body), "ledger": None,
            "first_entry": None, "last_entry": None, "entries": None, "detail": ""}
-    if rtype == 1:
+    if rtype == RecordType.ADD_BATCH:
         try:
             batch = pa.ipc.open_stream(body).read_all()
         except (pa.ArrowInvalid, OSError) as exc:
@@ -93,11 +92,13 @@ def _describe(rtype: int, body: bytes) -> dict:
             row.update(ledger=batch.column(0)[0].as_py(), first_entry=ids[0].as_py(),
                        last_entry=ids[batch.num_rows - 1].as_py(), entries=batch.num_rows)
         return row
+    if rtype == RecordType.PAD:         # alignment filler (journal/direct_write.py), no ledger
+        return row
     if len(body) >= LEDGER.size:
         (row["ledger"],) = LEDGER.unpack_from(body)
-    if rtype == 4 and len(body) >= LEDGER_LAC.size:
+    if rtype == RecordType.EXPLICIT_LAC and len(body) >= LEDGER_LAC.size:
         row["detail"] = f"lac={LEDGER_LAC.unpack_from(body)[1]}"
-    elif rtype == 3:
+    elif rtype == RecordType.MASTER_KEY:
         row["detail"] = f"key_bytes={len(body) - LEDGER.size}"
     return row
 
