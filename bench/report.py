@@ -150,9 +150,10 @@ def markdown(r: dict) -> str:
     lines.append("| 8 | re-replication of a lost bookie | "
                  + (f"{_f(rr.get('copy_mb_per_s'), 1)} MB/s copying, {_f(rr.get('total_mb_per_s'), 1)} MB/s with audit "
                     f"({_f(rr.get('bytes'))} B, {rr.get('fragments')} fragments, "
-                    f"{rr.get('path', 'client')} path)" if rr.get("available")
-                    else f"null ({rr.get('reason')})")
-                 + f" | client path {_f(rr.get('client_copy_mb_per_s'), 1)} MB/s; disk sequential, "
+                    f"{rr.get('path', 'client')} path, {rr.get('parallel', 1)} at once)"
+                    if rr.get("available") else f"null ({rr.get('reason')})")
+                 + f" | pull one at a time {_f(rr.get('pull_sequential_mb_per_s'), 1)} MB/s; "
+                 f"client path {_f(rr.get('client_copy_mb_per_s'), 1)} MB/s; disk sequential, "
                  f"overwriting {_f(_get(f, '2_bookie_ingest', 'disk_overwrite_mb_per_s_mean'))} MB/s "
                  f"(fresh file, sustained {_f(_get(f, '2_bookie_ingest', 'disk_sustained_mb_per_s_mean'))}"
                  " MB/s) |")

@@ -1,25 +1,32 @@
 """Figure 8: re-replication MB/s while bringing a lost bookie's fragments back
 to Qw copies (``pybk_spark.admin.rereplicate``, run in-process).
 
-Two paths, alternating work items in the same run (issue 31): *pull* (the
-default: the replacement bookie pulls the fragment from a surviving replica,
-bookie to bookie, ``PullEntries``) and *client* (the fallback: this process
-reads, verifies and recovery-adds every entry).  ``copy_mb_per_s`` is the
-pull path's figure (``rereplication_vs_disk`` divides it by the sustained
-disk probe), ``client_copy_mb_per_s`` its peer.
+Three groups of work items in the same run, each timed on its own, each
+with its CPU-seconds per GB by process kind:
 
-Setup: on the 3-bookie cluster, the ledgers of the earlier figures are deleted
-(metadata only: the audit then sees only this figure's data), ``ledgers`` CLOSED E=3 Qw=3 Qa=2 ledgers of
-1 KiB entries are written (every ledger's ensemble is bookie-0..2, so the lost
-slot holds every entry); a 4th bookie is added as the replacement; then one
-ensemble bookie is SIGKILLed (a lost disk).  Timed: ``run_audit`` with that
-bookie named lost (the planner picks the 4th bookie) and ``copy_fragment`` of
-every work item, sequentially: reads from the surviving replicas, digest
-checks, recovery adds to the replacement (each batch fdatasync'd), CAS of the
+* *pull* (the figure, ``copy_mb_per_s``): the replacement bookie pulls the
+  fragment from a surviving replica, bookie to bookie (``PullEntries``),
+  ``orchestrate.DEFAULT_PARALLEL`` fragments at once through
+  ``orchestrate.local_mapper``, as ``pybk rereplicate`` and ``pybk
+  autorecovery`` run them (the Spark job runs its tasks at once too);
+  ``rereplication_vs_disk`` divides it by the disk's overwrite probe;
+* *pull, one at a time* (``pull_sequential_mb_per_s``): the same path, one
+  fragment after another: what the concurrency buys;
+* *client* (``client_copy_mb_per_s``): the fallback, this process reads,
+  verifies and recovery-adds every entry, with the same concurrency.
+
+Setup: on the 3-bookie cluster, the ledgers of the earlier figures are
+deleted (metadata only: the audit then sees only this figure's data),
+``ledgers`` CLOSED E=3 Qw=3 Qa=2 ledgers of 1 KiB entries are written (every
+ledger's ensemble is bookie-0..2, so the lost slot holds every entry); a 4th
+bookie is added as the replacement; then one ensemble bookie is SIGKILLed (a
+lost disk).  Timed: ``run_audit`` with that bookie named lost (the planner
+picks the 4th bookie) and ``copy_fragment`` of every work item: copy, digest
+checks, journaling on the replacement (each batch fdatasync'd), CAS of the
 fragment's ensemble.  Figures: MB of payload+row bytes copied per second of
-copying (``copy_mb_per_s``, from the copier's own rows) and including the
-audit (``total_mb_per_s``); afterwards ``verify_ledger`` must find every
-ledger fully replicated.
+copying, from the copier's own rows, and including the audit
+(``total_mb_per_s``); afterwards ``verify_ledger`` must find every ledger
+fully replicated.
 
 If the re-replication module is not importable, the figure is null with the
 reason (the harness still runs).
@@ -38,7 +45,11 @@ def measure(cluster, quick: bool) -> dict:
         from pybk_spark.admin import rereplicate as rr
     except Exception as exc:  # noqa: BLE001 - missing component: figure is null
         return {"available": False, "reason": f"pybk_spark.admin.rereplicate: {exc}"}
-    n_ledgers, per_ledger = (2, 2_000) if quick else (4, 50_000)
+    from pybk_spark.admin import orchestrate as orch
+    groups = (("client", False, orch.DEFAULT_PARALLEL), ("pull_sequential", True, 1),
+              ("pull", True, orch.DEFAULT_PARALLEL))
+    per_group, per_ledger = (1, 2_000) if quick else (4, 50_000)
+    n_ledgers = per_group * len(groups)
     uri = cluster.metadata_uri
     with BookKeeper(uri) as bk:
         for lid in bk.list_ledgers():        # only this figure's ledgers are audited
@@ -58,33 +69,39 @@ def measure(cluster, quick: bool) -> dict:
         t0 = time.perf_counter()
         res = rr.run_audit(bk, named=[lost])
         t_audit = time.perf_counter() - t0
-        rows, secs = [], {"pull": 0.0, "client": 0.0}
-        cpu: dict[str, dict] = {"pull": {}, "client": {}}
+        rows: list[dict] = []
+        secs: dict[str, float] = {}
+        cpu: dict[str, dict] = {}
+        by_path: dict[str, int] = {}
         pids = cluster_pids(cluster)
-        for i, w in enumerate(res.work):
-            path = "client" if i % 2 == 0 else "pull"
+        for g, (path, pull, parallel) in enumerate(groups):
+            work = res.work[g::len(groups)]
+            mapper = orch.local_mapper(progress=False, parallel=parallel)
             t1 = time.perf_counter()
             with CpuMeter(pids) as meter:
-                rows.append(rr.copy_fragment(bk, w, pull=path == "pull"))
-            secs[path] += time.perf_counter() - t1
-            for kind, used in meter.used.items():
-                cpu[path][kind] = cpu[path].get(kind, 0.0) + used
-            if rows[-1].get("path") not in (None, path):
-                rows[-1].update(outcome="failed", error=f"path {rows[-1].get('path')}, not {path}: "
-                                f"{rows[-1].get('pull_error')}")
+                got = mapper(lambda w, pull=pull: rr.copy_fragment(bk, w, pull=pull), work, path)
+            secs[path] = time.perf_counter() - t1
+            cpu[path] = dict(meter.used)
+            want = "pull" if pull else "client"
+            for row in got:
+                if row.get("path") not in (None, want):
+                    row.update(outcome="failed", error=f"path {row.get('path')}, not {want}: "
+                               f"{row.get('pull_error')}")
+            by_path[path] = sum(r["bytes"] for r in got)
+            rows += got
         total = time.perf_counter() - t0
         copy_s = total - t_audit
         summary = rr.copy_summary(rows, copy_s)
-        by_path = {p: sum(r["bytes"] for r in rows if r.get("path") == p) for p in secs}
         failed = [r for r in rows if r["outcome"] != "replicated"]
         under = [u for lid in ids for u in rr.verify_ledger(bk, lid)]
     out = {"available": True, "lost_bookie": lost, "ledgers": n_ledgers,
            "entries_per_ledger": per_ledger, "fragments": len(rows),
            "bytes": summary["bytes"], "audit_s": t_audit, "copy_s": copy_s,
            "path": "pull",
-           "copy_mb_per_s": by_path["pull"] / 1e6 / secs["pull"] if secs["pull"] > 0 else None,
-           "client_copy_mb_per_s": (by_path["client"] / 1e6 / secs["client"]
-                                    if secs["client"] > 0 else None),
+           "parallel": orch.DEFAULT_PARALLEL,
+           "copy_mb_per_s": _rate(by_path, secs, "pull"),
+           "pull_sequential_mb_per_s": _rate(by_path, secs, "pull_sequential"),
+           "client_copy_mb_per_s": _rate(by_path, secs, "client"),
            "seconds_by_path": secs, "bytes_by_path": by_path,
            # CPU-seconds per GB copied, by process kind (client = this process)
            "cpu_s_per_gb_by_path": {p: {k: v / (by_path[p] / 1e9) for k, v in c.items()}
@@ -97,3 +114,7 @@ def measure(cluster, quick: bool) -> dict:
         out["reason"] = (f"{len(failed)} fragment copies failed, {len(under)} under-replicated "
                          f"after, {len(rows)} work items")
     return out
+
+
+def _rate(nbytes: dict, secs: dict, path: str) -> float | None:
+    return nbytes[path] / 1e6 / secs[path] if secs.get(path) else None

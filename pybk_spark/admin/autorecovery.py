@@ -60,6 +60,7 @@ class AutoRecoveryConfig:
     verify_every: int = 0          # every Nth round also checks all ledgers (0: never)
     password: Optional[bytes] = None
     trigger_poll_s: float = 1.0    # how often a waiting leader looks at audit/trigger
+    parallel: int = orch.DEFAULT_PARALLEL   # fragments copied (ledgers recovered) at once
 
 
 class AutoRecovery:
@@ -69,7 +70,7 @@ class AutoRecovery:
         self.bk = bk
         self.uri = metadata_uri
         self.conf = conf
-        self.mapper = mapper or orch.local_mapper(progress=False)
+        self.mapper = mapper or orch.local_mapper(progress=False, parallel=conf.parallel)
         self.identity = identity or f"{socket.gethostname()}:{os.getpid()}"
         self.clock = clock
         self._lease = None

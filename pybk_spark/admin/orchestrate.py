@@ -3,7 +3,9 @@
 ``run_recover`` / ``run_rereplicate`` take a *mapper*: ``mapper(task, items,
 label) -> results`` applies a picklable top-level ``task(item)`` to every
 item.  ``one_per_task=False`` lets a distributed mapper group many small items per
-task.  ``local_mapper`` runs them in this process with a progress line;
+task.  ``local_mapper`` runs them in this process with a progress line,
+``parallel`` of them at once (threads: a copy mostly waits on bookies, which
+do the work of a pull; the Spark job runs its tasks at once the same way);
 ``spark_mapper`` (jobs/) runs one Spark task per item.  Tasks open their own
 client from the metadata URI (clients are not picklable) and never raise:
 each returns one summary row.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Callable, Iterable, Optional
 
 from pybk_spark.admin import damage_repair
@@ -22,14 +25,31 @@ from pybk_spark.admin.report import Progress, table
 Mapper = Callable[..., list]      # (task, items, label, one_per_task=True) -> results
 
 
-def local_mapper(progress: bool = True) -> Mapper:
+DEFAULT_PARALLEL = 4     # work items at once in this process (shell --parallel, autorecovery)
+
+
+def local_mapper(progress: bool = True, parallel: int = 1) -> Mapper:
+    """Items in this process, ``parallel`` at a time; results in item order.
+    Tasks of the same ledger may run at once: each fragment's ensemble change
+    is its own CAS, re-read and re-decided on a conflict (rereplicate.py)."""
+    if parallel < 1:
+        raise ValueError(f"parallel must be >= 1, not {parallel}")
+
     def mapper(task, items, label, one_per_task=True):
-        out = []
+        items = list(items)
         with Progress(label, len(items), enabled=progress) as p:
-            for item in items:
-                out.append(task(item))
-                p.step(_row_label(out[-1]))
-        return out
+            if parallel == 1 or len(items) <= 1:
+                out = []
+                for item in items:
+                    out.append(task(item))
+                    p.step(_row_label(out[-1]))
+                return out
+            with ThreadPoolExecutor(min(parallel, len(items)),
+                                    thread_name_prefix=f"pybk-{label}") as pool:
+                futures = [pool.submit(task, item) for item in items]
+                for done in as_completed(futures):
+                    p.step(_row_label(done.result()))
+                return [f.result() for f in futures]
     return mapper
 
 

@@ -18,6 +18,22 @@ def password_arg(p: argparse.ArgumentParser) -> None:
                         "'password', else empty)")
 
 
+def parallel_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--parallel", type=_at_least_one, default=orch.DEFAULT_PARALLEL, metavar="N",
+                   help="work items (ledgers to recover, fragments to copy) at once "
+                        f"(default {orch.DEFAULT_PARALLEL})")
+
+
+def _at_least_one(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, not {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, not {n}")
+    return n
+
+
 def password_of(args) -> bytes | None:
     return None if args.password is None else args.password.encode()
 
@@ -43,12 +59,14 @@ def _recover_args(p):
     p.add_argument("--force", action="store_true", help="ignore the writer lease (fences a "
                    "live writer's ledger)")
     password_arg(p)
+    parallel_arg(p)
 
 
 def _recover(args) -> int:
     with client(args) as bk:
         report, text, status = orch.run_recover(
-            bk, args.metadata_uri, orch.local_mapper(_progress(args)), log=args.log,
+            bk, args.metadata_uri, orch.local_mapper(_progress(args), args.parallel),
+            log=args.log,
             ledgers=args.ledger, min_idle_s=args.min_idle, force=args.force, password=password_of(args))
     shell_common.emit(args, report, text)
     return status
@@ -71,12 +89,14 @@ def rereplicate_arguments(p):
                    help="afterwards check that every entry has its Qw replicas")
     _lost_bookie_timing_args(p)
     password_arg(p)
+    parallel_arg(p)
 
 
 def _rereplicate(args) -> int:
     with client(args) as bk:
         report, text, status = orch.run_rereplicate(
-            bk, args.metadata_uri, orch.local_mapper(_progress(args)), bookies=args.bookie,
+            bk, args.metadata_uri, orch.local_mapper(_progress(args), args.parallel),
+            bookies=args.bookie,
             delay_s=args.delay, grace_s=args.grace, verify=args.verify,
             password=password_of(args))
     shell_common.emit(args, report, text)
@@ -92,6 +112,7 @@ def _decommission_args(p):
     p.add_argument("--cancel", action="store_true",
                    help="withdraw the decommission mark (moves nothing back)")
     password_arg(p)
+    parallel_arg(p)
 
 
 def _decommission(args) -> int:
@@ -110,7 +131,8 @@ def _decommission(args) -> int:
             return 0
         rr.mark_decommissioned(store, args.bookie, time.time())
         report, text, status = orch.run_rereplicate(
-            bk, args.metadata_uri, orch.local_mapper(_progress(args)), bookies=[args.bookie],
+            bk, args.metadata_uri, orch.local_mapper(_progress(args), args.parallel),
+            bookies=[args.bookie],
             grace_s=args.grace, password=password_of(args))
         remaining = [lid for lid in bk.list_ledgers()
                      if args.bookie in _bookies_of(bk, lid)]
@@ -204,6 +226,7 @@ def _autorecovery_args(p):
     p.add_argument("--rounds", type=int, default=None, metavar="N",
                    help="stop after N rounds (default: until SIGTERM / Ctrl-C)")
     password_arg(p)
+    parallel_arg(p)
 
 
 def _autorecovery(args) -> int:
@@ -220,7 +243,7 @@ def _autorecovery(args) -> int:
                               grace_s=args.grace, leader_ttl_s=args.leader_ttl,
                               recover_abandoned=args.recover_abandoned,
                               recover_idle_s=args.recover_idle, verify_every=args.verify_every,
-                              password=password_of(args))
+                              password=password_of(args), parallel=args.parallel)
     worst = [0]
 
     def emit(row: dict) -> None:
