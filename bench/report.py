@@ -86,6 +86,10 @@ def markdown(r: dict) -> str:
     lines.append(f"| 1 | disk sequential, overwriting an allocated file (the ratios' disk figure) | "
                  f"{_f(_get(d, 'seq_overwrite', 'mb_per_s'))} MB/s | overwrite / fresh sustained = "
                  f"{_f(d.get('overwrite_vs_sustained'), 2)}x |")
+    sd = d.get("seq_direct") or {}
+    lines.append("| 1 | disk sequential, O_DIRECT into a preallocated file (the journal's big groups) | "
+                 + (f"{_f(sd.get('mb_per_s'))} MB/s" if sd.get("mb_per_s") else f"null ({sd.get('reason')})")
+                 + f" | direct / overwrite = {_f(d.get('direct_vs_overwrite'), 2)}x |")
     mt = d.get("memory_touch") or {}
     lines.append(f"| 1 | memory, first touch of fresh pages (what new page-cache and buffer pages cost) | "
                  f"{_f(mt.get('fresh_gb_per_s'), 2)} GB/s | the same pages written again "

@@ -37,6 +37,14 @@ def test_bench_quick_writes_every_ratio(tmp_path):
             assert isinstance(value, (int, float))
     for field in ("nproc", "memory_gib", "disk_free_gib", "python", "pyspark", "pyarrow"):
         assert result["machine"].get(field) is not None, field
+    # figure 8 times the pull path at the operators' concurrency beside its peers
+    rr = result["figures"]["8_rereplication"]
+    assert rr["available"], rr.get("reason")
+    for key in ("copy_mb_per_s", "pull_sequential_mb_per_s", "client_copy_mb_per_s"):
+        assert isinstance(rr[key], float), key
+    # the O_DIRECT disk probe ran, or says why it could not
+    direct = result["figures"]["1_disk"]["seq_direct"]
+    assert direct["mb_per_s"] or direct["reason"]
     # figure 9 (scaling over test hosts) ran, or says why it was skipped
     sc = result["figures"].get("9_scaling")
     assert sc is not None, "figure 9 neither measured nor skipped with a reason"
