@@ -40,7 +40,12 @@ Ordering obligations:
     bytes of a directly written range.
   * Where the file system refuses ``O_DIRECT`` (tmpfs, some FUSE mounts),
     ``open`` returns -1 and the journal writes every group buffered;
-    ``event=journal_direct_unavailable`` is logged once per journal.
+    ``event=journal_direct_unavailable`` is logged once per journal.  Where
+    it opens the file but refuses a write with ``EINVAL`` (it needs a
+    larger alignment than ``ALIGN``), nothing was written: the journal
+    writes the same staged bytes buffered at the same offsets, logs
+    ``event=journal_direct_refused`` and stays buffered (``refuse``).  Any
+    other write error poisons the journal, as a buffered one does.
 """
 from __future__ import annotations
 
@@ -118,6 +123,13 @@ class DirectWriter:
                 self._staging.close()
             self._staging = mmap.mmap(-1, -(-nbytes // _STAGING_STEP) * _STAGING_STEP)
         return self._staging
+
+    def refuse(self, exc: OSError) -> None:
+        """A direct write was refused (EINVAL): buffered writes from now on,
+        for this file and every later one."""
+        log.warning("event=journal_direct_refused error=%r action=buffered_writes", exc)
+        self.min_bytes = 0
+        self.close()
 
     def close(self) -> None:
         if self.fd >= 0:

@@ -345,7 +345,16 @@ class Journal:
             self._preallocate(lead_pad + len(view))
             if lead_pad:
                 self._write_all(self._fd, pad_frame(lead_pad), self._offset)
-            return lead_pad + self._write_all(self._direct.fd, [view], start)
+            try:
+                return lead_pad + self._write_all(self._direct.fd, [view], start)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                # opened with O_DIRECT, yet this write is refused (an alignment the
+                # file system needs beyond ALIGN): the same bytes, buffered, at the
+                # same offsets; the journal stays buffered from here on
+                self._direct.refuse(exc)
+                return lead_pad + self._write_all(self._fd, [view], start)
         finally:
             view.release()
 

@@ -33,11 +33,12 @@ class _Writes:
     def __init__(self):
         self.calls: list[tuple[int, int, int]] = []
         self.fail_on_direct = False
+        self.direct_errno = 5            # EIO: a failing device
         self.journal: Journal | None = None
 
     def __call__(self, fd, pieces, offset):
         if self.fail_on_direct and self.journal is not None and fd == self.journal._direct.fd:
-            raise OSError(5, "Input/output error (injected)")
+            raise OSError(self.direct_errno, f"{os.strerror(self.direct_errno)} (injected)")
         n = os.pwritev(fd, pieces, offset)
         self.calls.append((fd, offset, n))
         return n
@@ -102,6 +103,30 @@ def test_a_failed_direct_write_poisons_the_journal(tmp_path):
     j.close()
     got = [t for _p, t, _b in replay(str(tmp_path), Position(0, 0)) if t != RecordType.PAD]
     assert got == [RecordType.FENCE], "only the acknowledged record"
+
+
+def test_a_direct_write_refused_with_einval_is_written_buffered_and_nothing_is_lost(
+        tmp_path, caplog):
+    """A file system that opens O_DIRECT but refuses the write (it needs a
+    larger alignment): the group goes out buffered at the same offsets, is
+    acknowledged, and the journal stays buffered, across a roll too."""
+    import errno
+    writes = _Writes()
+    j = _direct_journal(str(tmp_path), writes, prealloc_bytes=0, max_file_bytes=200_000)
+    j.start(lambda group, pos: None)
+    _need_direct(j)
+    writes.fail_on_direct, writes.direct_errno = True, errno.EINVAL
+    bodies = [(RecordType.FENCE, (7).to_bytes(8, "little"))] + \
+             [(RecordType.ADD_BATCH, os.urandom(90_000)) for _ in range(4)]   # rolls once
+    with caplog.at_level(logging.WARNING, logger="bookie.journal"):
+        for rec in bodies:
+            j.submit([rec]).result(10)
+        assert j.failed is None
+        j.close()
+    assert caplog.text.count("event=journal_direct_refused") == 1
+    assert j._direct.fd == -1 and j._direct.min_bytes == 0
+    got = list(replay(str(tmp_path), Position(0, 0)))
+    assert [(t, b) for _p, t, b in got if t != RecordType.PAD] == bodies
 
 
 def test_without_o_direct_every_group_is_buffered(tmp_path, monkeypatch, caplog):
