@@ -340,15 +340,21 @@ class LedgerWriter:
                 if self._error is not None:
                     return
                 self.md = new_md
+                # the held chunks BEFORE the release below: entries that reached
+                # Qa on the surviving slots while the change was pending are
+                # released by commit_change, yet the resends cover them (the
+                # replacement must hold every id of its fragment, #1591)
+                chunks = list(self._chunks)
                 _released, resends, change = self.core.commit_change(new_md.current_ensemble)
                 done = self._collect_done()
-                chunks = list(self._chunks)
                 ensemble = self.core.ensemble
                 bad = self.core.unavailable_slots
             if self._on_metadata is not None:
                 self._on_metadata(new_md)
-            self._complete(done)
+            # resends are counted in ``_sends`` before any add completes: a
+            # close() that follows the last completion waits for them
             self._resend(chunks, resends, ensemble, bad)
+            self._complete(done)
 
     def _resend(self, chunks: list[_Chunk], resends: list[Resend], ensemble, bad) -> None:
         """Send what the core's resends name: for each range, the part of

@@ -6,6 +6,7 @@ import importlib.util
 import itertools
 import os
 import uuid
+from typing import Any, Iterator
 
 _counter = itertools.count(1)
 
@@ -21,3 +22,16 @@ def bookie_server_available() -> bool:
 def unique_scope(prefix: str = "t") -> str:
     """A metadata scope name no other test (or test process) uses."""
     return f"{prefix}{os.getpid()}x{next(_counter)}x{uuid.uuid4().hex[:6]}"
+
+
+def private_cluster(directory: Any, **kwargs: Any) -> Iterator[Any]:
+    """The body of a fixture that owns a ``LocalCluster`` (``yield from`` it):
+    started in ``directory`` with ``kwargs``, stopped afterwards, also when
+    its start failed half-way."""
+    from pybk_spark.cluster.local import LocalCluster
+    local = LocalCluster(directory, **kwargs)
+    try:
+        local.start()
+        yield local
+    finally:
+        local.stop()

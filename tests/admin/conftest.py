@@ -6,16 +6,10 @@ import pytest
 def own_cluster(tmp_path_factory):
     """A private etcd + 4 bookies: destructive tests (wiped bookies) use it so
     the shared ``cluster`` stays healthy."""
-    from pybk_spark.testing.fixtures import bookie_server_available
+    from pybk_spark.testing.fixtures import bookie_server_available, private_cluster
     if not bookie_server_available():
         pytest.skip("bookie_server is not available")
-    from pybk_spark.cluster.local import LocalCluster
-    local = LocalCluster(tmp_path_factory.mktemp("admin-cluster"), num_bookies=4)
-    try:
-        local.start()
-        yield local
-    finally:
-        local.stop()
+    yield from private_cluster(tmp_path_factory.mktemp("admin-cluster"), num_bookies=4)
 
 
 @pytest.fixture(scope="module")

@@ -31,17 +31,11 @@ CONF = {"flush_interval_s": 3600, "journal_max_file_bytes": 96 * 1024,
 
 @pytest.fixture(scope="module")
 def damage_cluster(tmp_path_factory):
-    from pybk_spark.testing.fixtures import bookie_server_available
+    from pybk_spark.testing.fixtures import bookie_server_available, private_cluster
     if not bookie_server_available():
         pytest.skip("bookie_server is not available")
-    from pybk_spark.cluster.local import LocalCluster
-    local = LocalCluster(tmp_path_factory.mktemp("damage-cluster"), num_bookies=3,
-                         bookie_conf=CONF, metrics=False)
-    try:
-        local.start()
-        yield local
-    finally:
-        local.stop()
+    yield from private_cluster(tmp_path_factory.mktemp("damage-cluster"), num_bookies=3,
+                               bookie_conf=CONF, metrics=False)
 
 
 def _payloads(tag: str, n: int, size: int = 300) -> list[bytes]:

@@ -58,16 +58,10 @@ def code_blocks(path: Path) -> list[tuple[int, str, str, bool]]:
 
 @pytest.fixture                      # one per file: README and the guide both use log "events"
 def readme_cluster(tmp_path_factory):
-    from pybk_spark.testing.fixtures import bookie_server_available
+    from pybk_spark.testing.fixtures import bookie_server_available, private_cluster
     if not bookie_server_available():
         pytest.skip("bookie_server is not available")
-    from pybk_spark.cluster.local import LocalCluster
-    local = LocalCluster(tmp_path_factory.mktemp("readme-cluster"), num_bookies=3)
-    try:
-        local.start()
-        yield local
-    finally:
-        local.stop()
+    yield from private_cluster(tmp_path_factory.mktemp("readme-cluster"), num_bookies=3)
 
 
 def _project_like(tmp: Path) -> Path:
