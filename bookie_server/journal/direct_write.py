@@ -13,7 +13,9 @@ depends on the page cache's state (measured on that machine: 0.1 against
 0.3-8 s of kernel CPU per GB, at 1.2-1.4 GB/s).  BookKeeper's
 ``DirectEntryLogger`` writes its entry logs the same way.
 
-What.  ``Journal`` hands a group of at least ``min_bytes`` to ``DirectWriter``:
+What.  ``Journal`` hands a group of at least ``min_bytes`` to
+``DirectWriter.write_group`` (the journal's own ``write_all`` and
+``preallocate`` are passed in, so its test seams see every write):
 its frames are copied into one page-aligned staging buffer (an anonymous
 mmap, kept and reused, so its pages are touched once per process) and
 written with one ``pwritev`` on a second descriptor of the journal file,
@@ -53,7 +55,7 @@ import errno
 import logging
 import mmap
 import os
-from typing import Any
+from typing import Any, Callable
 
 from bookie_server.journal.journal_format import HEADER, MIN_BODY, RecordType, frame
 
@@ -79,8 +81,11 @@ def pad_frame(nbytes: int) -> list[bytes]:
 class DirectWriter:
     """The staging buffer and the ``O_DIRECT`` descriptor of one journal file."""
 
-    def __init__(self, min_bytes: int):
+    def __init__(self, min_bytes: int, write_all: Callable[[int, list, int], int],
+                 preallocate: Callable[[int], None]):
         self.min_bytes = min_bytes
+        self._write_all = write_all          # (fd, pieces, offset) -> bytes written
+        self._preallocate = preallocate      # (bytes needed past the journal's end)
         self.fd = -1
         self._staging: mmap.mmap | None = None
         self._unavailable_logged = False
@@ -101,6 +106,30 @@ class DirectWriter:
 
     def wants(self, nbytes: int) -> bool:
         return self.fd >= 0 and 0 < self.min_bytes <= nbytes
+
+    def write_group(self, pieces: list[Any], offset: int, lead_pad: int, buffered_fd: int) -> int:
+        """Write a group's frames at the journal's end ``offset``: a PAD of
+        ``lead_pad`` (``pad_before(offset)``) up to an aligned offset
+        (buffered, through ``buffered_fd``), then the frames and a closing PAD
+        from the staging buffer.  Returns the bytes the journal grew by."""
+        start = offset + lead_pad
+        view = self.stage(pieces, start)
+        try:
+            self._preallocate(lead_pad + len(view))
+            if lead_pad:
+                self._write_all(buffered_fd, pad_frame(lead_pad), offset)
+            try:
+                return lead_pad + self._write_all(self.fd, [view], start)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                # opened with O_DIRECT, yet this write is refused (an alignment the
+                # file system needs beyond ALIGN): the same bytes, buffered, at the
+                # same offsets; buffered from here on
+                self.refuse(exc)
+                return lead_pad + self._write_all(buffered_fd, [view], start)
+        finally:
+            view.release()
 
     def stage(self, pieces: list[Any], offset: int) -> memoryview:
         """Copy ``pieces`` (frames starting at the aligned ``offset``) and a

@@ -75,7 +75,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from bookie_server.journal.direct_write import DirectWriter, pad_before, pad_frame
+from bookie_server.journal.direct_write import DirectWriter, pad_before
 from bookie_server.storage import page_cache
 from bookie_server.journal.journal_crc import crc_of  # noqa: F401  (callers import it here)
 from bookie_server.journal.journal_format import (HEADER, LEDGER, LEDGER_LAC,  # noqa: F401
@@ -119,7 +119,8 @@ class Journal:
         self.sync_data = sync_data
         self.max_file_bytes = max_file_bytes
         self.prealloc_bytes = prealloc_bytes
-        self._direct = DirectWriter(direct_min_bytes)     # groups >= this: O_DIRECT (0 = off)
+        # groups >= direct_min_bytes: O_DIRECT (0 = off)
+        self._direct = DirectWriter(direct_min_bytes, self._write_all, self._preallocate)
         self.cache_window = None if page_cache_keep_bytes is None or not sync_data \
             else page_cache.SyncedWindow(page_cache_keep_bytes)
         # the leader path only where a lone submission would not wait for company anyway
@@ -325,7 +326,7 @@ class Journal:
                 at += HEADER.size + len(body)
         try:
             if direct:
-                total = self._write_direct(pieces, lead_pad)
+                total = self._direct.write_group(pieces, self._offset, lead_pad, self._fd)
             else:
                 total = self._write_all(self._fd, pieces, self._offset)
         except BaseException as exc:  # noqa: BLE001 - poison and fail the group
@@ -334,29 +335,6 @@ class Journal:
             return None
         self._offset += total
         return group, Position(self._seq, self._offset), self._fd, total
-
-    def _write_direct(self, pieces: list[bytes], lead_pad: int) -> int:
-        """A big group through ``O_DIRECT`` (direct_write.py): a PAD up to an
-        aligned offset (buffered), then the frames and a closing PAD from the
-        aligned staging buffer.  Returns the bytes the journal grew by."""
-        start = self._offset + lead_pad
-        view = self._direct.stage(pieces, start)
-        try:
-            self._preallocate(lead_pad + len(view))
-            if lead_pad:
-                self._write_all(self._fd, pad_frame(lead_pad), self._offset)
-            try:
-                return lead_pad + self._write_all(self._direct.fd, [view], start)
-            except OSError as exc:
-                if exc.errno != errno.EINVAL:
-                    raise
-                # opened with O_DIRECT, yet this write is refused (an alignment the
-                # file system needs beyond ALIGN): the same bytes, buffered, at the
-                # same offsets; the journal stays buffered from here on
-                self._direct.refuse(exc)
-                return lead_pad + self._write_all(self._fd, [view], start)
-        finally:
-            view.release()
 
     def _maybe_roll(self) -> None:
         if self._failed is not None:    # a failed journal neither rolls nor grows
