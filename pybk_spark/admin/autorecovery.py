@@ -20,7 +20,9 @@ one loop does both, and any number of copies may run for availability:
   and that were idle ``recover_idle`` seconds (``--recover-abandoned``).
   Every ``verify_every``-th round also reads which ids each bookie holds in
   every complete fragment and fills in copies live bookies lack (BookKeeper's
-  periodic ledger check).
+  periodic ledger check).  A round's row counts the fragments copied and
+  failed, the failures by reason too (``failed_by_reason``: error class
+  name -> copies, ``rereplicate.failure_reasons``).
 * Operator switches (``admin/audit_control.py``) are read every round: a
   round while ``audit/config`` says disabled only keeps the leadership and
   reports ``disabled``; a ``lost_bookie_recovery_delay_s`` stored there
@@ -45,6 +47,7 @@ from typing import Callable, Optional
 from pybk_spark import errors
 from pybk_spark.admin import audit_control as ctl
 from pybk_spark.admin import orchestrate as orch
+from pybk_spark.admin import rereplicate as rr
 
 LEADER_KEY = ctl.LEADER_KEY
 
@@ -132,6 +135,7 @@ class AutoRecovery:
                    "fragments_copied": sum(1 for c in report["copies"]
                                            if c["outcome"] == "replicated"),
                    "fragments_failed": sum(1 for c in report["copies"] if c["outcome"] == "failed"),
+                   "failed_by_reason": rr.failure_reasons(report["copies"]),
                    "open_ledgers_fenced": len(report["fenced"]),
                    "deferred": len(report["deferred"]),
                    "damaged_repaired": sum(1 for r in report["damaged"]

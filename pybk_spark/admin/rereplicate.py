@@ -155,9 +155,11 @@ def run_audit(bk, *, delay_s: float = 0.0, grace_s: float = 30.0, named: Iterabl
         candidates = {b: reg for b, reg in writable_bookies(store).items() if b not in res.lost}
         res.work, unplaced = audit.plan_replacements(
             work, res.lost, lambda ens, slot, ex: bk.placement.replace(ens, slot, candidates, ex))
+        # plan_replacements leaves unplaced only what the placement refused
         res.unplaced = [{"ledger": w.ledger_id, "fragment": f"{w.first}-{w.last}",
                          "lost": w.lost, "replacement": None, "entries": 0, "bytes": 0,
-                         "mb": 0.0, "seconds": 0.0, "outcome": "failed", "error": why}
+                         "mb": 0.0, "seconds": 0.0, "outcome": "failed", "error": why,
+                         "reason": errors.NotEnoughBookies.__name__}
                         for w, why in unplaced]
     else:
         res.work = work
@@ -172,11 +174,12 @@ def copy_fragment(bk, w: audit.FragmentWork, password: Optional[bytes] = None, *
     """Copy the lost slot's entries to the replacement, then CAS the fragment.
     Bookie to bookie when ``pull`` and the bookies can (row ``path`` =
     ``pull``), else through this client (``client``; ``pull_error`` says why).
-    Never raises: the outcome is in the row."""
+    Never raises: the outcome is in the row (a failure's ``reason``: the
+    error's class name, ``error``: with its message)."""
     t0 = clock()
     row: dict = {"ledger": w.ledger_id, "fragment": f"{w.first}-{w.last}", "lost": w.lost,
            "replacement": w.replacement, "entries": 0, "bytes": 0, "mb": 0.0, "seconds": 0.0,
-           "outcome": "failed", "error": ""}
+           "outcome": "failed", "error": "", "reason": ""}
     try:
         md = bk.get_ledger_metadata(w.ledger_id)
         if not _fragment_still_has(md, w):
@@ -204,9 +207,9 @@ def copy_fragment(bk, w: audit.FragmentWork, password: Optional[bytes] = None, *
     except errors.NoSuchLedger:
         row.update(outcome="deleted", error="ledger deleted meanwhile")
     except errors.BKError as exc:
-        row["error"] = f"{type(exc).__name__}: {exc}"
+        row.update(error=f"{type(exc).__name__}: {exc}", reason=type(exc).__name__)
     except Exception as exc:  # noqa: BLE001 - a task reports, it does not crash the job
-        row["error"] = f"unexpected {type(exc).__name__}: {exc}"
+        row.update(error=f"unexpected {type(exc).__name__}: {exc}", reason=type(exc).__name__)
     finally:
         row["seconds"] = round(clock() - t0, 3)
         row["mb"] = round(row["bytes"] / 1e6, 3)
@@ -353,6 +356,17 @@ def _fill_in(bk, md: lm.LedgerMetadata, first: int, last: int, bookies, slot: in
 # -- in-process driver ----------------------------------------------------------------------------
 def fence_open_ledgers(bk, ids: Iterable[int], password: Optional[bytes] = None) -> list[dict]:
     return [recover_with(bk, lid, password) for lid in ids]
+
+
+def failure_reasons(rows: Iterable[dict]) -> dict[str, int]:
+    """Failed copy rows counted by ``reason`` (an error class name;
+    "unknown" for a row without one), most frequent first."""
+    counts: dict[str, int] = {}
+    for r in rows:
+        if r["outcome"] == "failed":
+            reason = r.get("reason") or "unknown"
+            counts[reason] = counts.get(reason, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def copy_summary(rows: list[dict], seconds: float) -> dict:

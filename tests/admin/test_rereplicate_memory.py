@@ -89,6 +89,7 @@ def test_entries_without_surviving_replica_fail_clearly(env):
     rows = [rr.copy_fragment(bk, w) for w in res.work]
     assert {r["outcome"] for r in rows} == {"failed"}
     assert all("no surviving intact replica" in r["error"] for r in rows)
+    assert rr.failure_reasons(rows) == {"ReadError": len(rows)}      # the typed reason
     assert a in bk.get_ledger_metadata(md.ledger_id).all_bookies()   # no CAS on failure
 
 

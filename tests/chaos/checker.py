@@ -37,10 +37,13 @@ snapshots taken during the run, and returns violations:
                 "written by no invoked operation".
 
 A violation carries the ledger/log/entry; ``minimal_history`` prints the
-operations touching it.  The seed is printed by the runner.
+operations touching it.  The seed is printed by the runner.  The runner's
+summary also takes ``under_replicated``, ``sink_totals`` and
+``autorecovery_totals`` (the autorecovery rounds, failed copies by reason).
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures as cf
 import time
 from dataclasses import dataclass, field
@@ -438,6 +441,29 @@ def sink_totals(sink: Optional[dict], final: FinalState) -> dict:
                      "duplicates": len(keys) - len(set(keys)),
                      "lost": len(want - set(keys))}
     out["catchup_attempts"] = sink.get("catchup_attempts", {})
+    return out
+
+
+def autorecovery_totals(ops: Iterable[dict]) -> dict:
+    """The autorecovery workers' rounds (``workers.autorecovery`` notes) for
+    the summary: rounds, fragments copied / failed, rounds that saw a lost
+    bookie, rounds that raised, and ``failed_by_reason`` (error class name ->
+    failed copies over all rounds, most frequent first; it sums to
+    ``failed``)."""
+    totals: collections.Counter = collections.Counter()
+    reasons: collections.Counter = collections.Counter()
+    for op in ops:
+        if op.get("op") != "autorecovery":
+            continue
+        totals["rounds"] += 1
+        totals["copied"] += op.get("fragments_copied", 0)
+        totals["failed"] += op.get("fragments_failed", 0)
+        totals["rounds_with_lost"] += bool(op.get("lost"))
+        totals["errors"] += "error" in op
+        reasons.update(op.get("failed_by_reason") or {})
+    out: dict = dict(totals)
+    if totals:
+        out["failed_by_reason"] = dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
     return out
 
 

@@ -357,16 +357,9 @@ def _totals(ops, final, faults, workers) -> dict:
                                if op.get("error") and op.get("outcome") in ("fail", "unknown"))
     spark = collections.Counter(op["op"] for op in ops if str(op.get("op")).startswith("spark_"))
     entries = collections.Counter()
-    ar = collections.Counter()
     for op in ops:
         if op.get("op") in ("add", "append"):
             entries[op["outcome"]] += len(op.get("digests") or [])
-        elif op.get("op") == "autorecovery":
-            ar["rounds"] += 1
-            ar["copied"] += op.get("fragments_copied", 0)
-            ar["failed"] += op.get("fragments_failed", 0)
-            ar["rounds_with_lost"] += bool(op.get("lost"))
-            ar["errors"] += "error" in op
     return {
         "operations": sum(op.get("outcome") != "note" for op in ops),
         "recovery_decisions": by.get(("recovery", "note"), 0),
@@ -380,7 +373,7 @@ def _totals(ops, final, faults, workers) -> dict:
         "ledgers": len(final.ledgers),
         "logs": {k: len(v) for k, v in final.logs.items()},
         "workers_started": dict(workers.spawned),
-        "autorecovery": dict(ar),
+        "autorecovery": chk.autorecovery_totals(ops),
         "errors": dict(sorted(errs.items())),      # typed errors by op (LedgerFenced, ...)
         "spark_notes": dict(spark),
     }

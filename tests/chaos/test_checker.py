@@ -227,3 +227,22 @@ def test_spark_ledgers_are_not_entries_from_nowhere():
     assert chk.check_acked([], final) == []
     sink.foreign = False
     assert chk.check_acked([], final)
+
+
+def test_autorecovery_totals_count_failed_copies_by_reason(tmp_path):
+    """The autorecovery workers' round notes, through real history files,
+    summed: the failed copies by reason add up to the failed count."""
+    h = History(str(tmp_path / "ar0.jsonl"), "ar0")
+    h.note("autorecovery", lost=["b1"], fragments_copied=3, fragments_failed=3,
+           failed_by_reason={"ReadError": 1, "NotEnoughBookies": 2})
+    h.note("autorecovery", lost=[], fragments_copied=0, fragments_failed=1,
+           failed_by_reason={"ReadError": 1})
+    h.note("autorecovery", error="Timeout: etcd unreachable")
+    h.note("ledger", ledger=7)
+    h.close()
+    got = chk.autorecovery_totals(pair_ops(load_histories(str(tmp_path))))
+    assert got == {"rounds": 3, "copied": 3, "failed": 4, "rounds_with_lost": 1, "errors": 1,
+                   "failed_by_reason": {"NotEnoughBookies": 2, "ReadError": 2}}
+    assert list(got["failed_by_reason"]) == ["NotEnoughBookies", "ReadError"]   # tie: by name
+    assert sum(got["failed_by_reason"].values()) == got["failed"]
+    assert chk.autorecovery_totals([]) == {}

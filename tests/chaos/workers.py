@@ -338,7 +338,8 @@ def autorecovery(uri, hist: History, rng: random.Random, until: float,
 
     def emit(row: dict) -> None:
         hist.note("autorecovery", **{k: row[k] for k in ("lost", "fragments_copied",
-                                                         "fragments_failed", "error")
+                                                         "fragments_failed", "failed_by_reason",
+                                                         "error")
                                      if k in row})
         print(f"autorecovery: {row}", flush=True)
     try:

@@ -13,7 +13,8 @@ bookie (``BookieUnavailable`` at once, or a timeout), a partition between
 one client and one bookie (both directions lost), and extra loss of one
 kind of request (``loss``, by the request's tag: ``lacF`` a fencing LAC
 read, ``addR`` a recovery add).  A crashed bookie keeps its state (it is
-durable) and answers again after its restart.
+durable) and answers again after its restart.  ``failed_adds`` names every
+(client, bookie) pair where the client saw an add fail.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ class SimNet:
         self.cut: set[tuple[str, str]] = set()     # (client owner, bookie) partitions
         self.loss: dict[str, float] = {}           # request tag -> extra loss probability
         self.plants: dict[str, object] = {}        # request rewriters of planted bugs
+        self.failed_adds: set[tuple[str, str]] = set()  # (owner, bookie): an add it saw fail
 
     def heal(self) -> None:
         self.down.clear()
@@ -114,8 +116,14 @@ class SimTransport(BookieTransport):
         return self.net.call(self.owner, self.bookie_id, what, fn, timeout)
 
     def add(self, ledger_id, master_key, entries, recovery=False, timeout=None):
-        return self._call("addR" if recovery else "add",
-                          lambda b: b.add(ledger_id, master_key, entries, recovery), timeout)
+        fut = self._call("addR" if recovery else "add",
+                         lambda b: b.add(ledger_id, master_key, entries, recovery), timeout)
+        fut.add_done_callback(self._note_failed_add)    # before the caller's callbacks
+        return fut
+
+    def _note_failed_add(self, fut: Future) -> None:
+        if fut.exception() is not None:                 # lost, late or refused alike
+            self.net.failed_adds.add((self.owner, self.bookie_id))
 
     def read(self, ledger_id, first, last, *, max_entries=0, max_bytes=0, fence=False,
              master_key=b"", timeout=None, sparse=False, stripe=None):

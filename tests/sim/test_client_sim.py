@@ -27,7 +27,8 @@ CAUGHT_WITHIN = {"unfenced_lac": 200, "acks_out_of_order": 200}
 # (ClientSim(focus=...)): plant -> (focus, seeds scanned at most)
 FOCUSED_CAUGHT_WITHIN = {"no_coverage_wait": ("fence_loss", 60),
                          "read_only_replacements": ("crashed_change", 40),
-                         "close_ignores_ensemble": ("race", 40)}
+                         "close_ignores_ensemble": ("race", 40),
+                         "resends_skip_released": ("change_under_adds", 20)}
 
 
 @pytest.fixture(autouse=True)
@@ -165,7 +166,10 @@ def test_protocol_planted_bug_is_caught_in_focused_schedules(plant):
     lost; ``read_only_replacements`` (chaos run 8) by a recoverer that crashes
     right after its recovery ensemble change and the recovery that follows;
     ``close_ignores_ensemble`` by a second recovery running meanwhile (its
-    close leaves entries on bookies the closed metadata does not name)."""
+    close leaves entries on bookies the closed metadata does not name);
+    ``resends_skip_released`` (the writer before commit 7645c6e) by a
+    writer's ensemble change while its pipelined adds are acknowledged (I5:
+    the writer closes with entries its replacement never got)."""
     assert plant in PLANTS
     focus, limit = FOCUSED_CAUGHT_WITHIN[plant]
     caught = _first_caught(plant, limit, focus=focus)
@@ -179,6 +183,17 @@ def test_protocol_planted_bug_is_caught_in_focused_schedules(plant):
 def test_focused_client_schedules_hold_invariants(focus):
     for seed in range(FOCUSED_SEEDS):
         _run(700000 + seed, focus=focus)
+
+
+def test_writer_closes_after_changes_under_adds():
+    """I5 is not vacuous in "change_under_adds": every run ends with the
+    writer's own close, after an ensemble change (almost always)."""
+    changed = 0
+    for seed in range(FOCUSED_SEEDS):
+        sim = _run(800000 + seed, focus="change_under_adds")
+        assert sim.writer_closed and sim.closed_by_writer, f"seed {800000 + seed}"
+        changed += len(sim.metadata().ensembles) > 1
+    assert changed
 
 
 def test_a_foreign_thread_keeps_real_waits_while_a_simulation_runs():
