@@ -259,8 +259,9 @@ def _autorecovery(args) -> int:
             print(f"{stamp} round failed: {row['error']}", flush=True)
         else:
             print(f"{stamp} lost={','.join(row['lost']) or '-'} "
-                  f"copied={row['fragments_copied']} failed={row['fragments_failed']} "
-                  f"fenced={row['open_ledgers_fenced']} deferred={row['deferred']}"
+                  f"copied={row['fragments_copied']} failed={row['fragments_failed']}"
+                  + _reasons(row.get("failed_by_reason"))
+                  + f" fenced={row['open_ledgers_fenced']} deferred={row['deferred']}"
                   + (f" recovered={row['recovered']}" if "recovered" in row else "")
                   + (f" under_replicated={row['under_replicated']}"
                      if "under_replicated" in row else "")
@@ -278,3 +279,10 @@ def _autorecovery(args) -> int:
 
 shell_common.register("autorecovery", "periodic auditor + re-replication daemon (leader-elected)",
                       _autorecovery_args, _autorecovery)
+
+
+def _reasons(by_reason: dict | None) -> str:
+    """`` (NotEnoughBookies=2,ReadError=1)`` after a round's failed count."""
+    if not by_reason:
+        return ""
+    return " (" + ",".join(f"{k}={v}" for k, v in by_reason.items()) + ")"

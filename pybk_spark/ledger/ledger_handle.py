@@ -14,7 +14,10 @@ before it in one core step (each entry carries its cumulative length, as in
 BookKeeper), its digests are computed, and it becomes one Arrow batch sent to every bookie of
 its write sets (``LedgerWriter``).  Futures complete in id order.
 
-``close()`` waits for outstanding adds, then CASes CLOSED with last entry =
+``close()`` waits for outstanding adds, and up to ``add_timeout_s`` for the
+Qw - Qa copies still unanswered (a warning names how many, if any: those
+entries have their Qa copies, the replicas check or autorecovery restores
+Qw), then CASes CLOSED with last entry =
 LAC following the seed's three outcomes (``close_by_writer``); the writer
 lease key is revoked.  Exception: a handle whose writer aborted (fenced, or a
 failed ensemble change) with unreleased adds closes by fencing recovery,
@@ -30,6 +33,7 @@ ticker, ``tick()``).
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 from concurrent.futures import Future
 from operator import itemgetter
@@ -46,6 +50,8 @@ from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.ledger.read_handle import ReadHandle
 from pybk_spark.ledger.recovery_op import recover
 from pybk_spark.wire.entries import cumulative_lengths, make_batch
+
+log = logging.getLogger("pybk_spark.ledger")
 
 
 class LedgerHandle:
@@ -281,7 +287,14 @@ class LedgerHandle:
                 md = self.ctx.ledger_metadata(self.ledger_id)
                 self._writer.md = recover(self.ctx, md, self._password).metadata
                 return
-            self._writer.wait_all_sent(self.ctx.conf.add_timeout_s)   # the Qw - Qa stragglers
+            unanswered = self._writer.wait_all_sent(self.ctx.conf.add_timeout_s)  # Qw - Qa stragglers
+            if unanswered:
+                # legitimate (every entry has its Qa copies), but worth an operator's eye
+                log.warning("ledger %d: closing with %d request(s) to bookies unanswered after "
+                            "add_timeout_s=%.1f s; some entries may have fewer than Qw=%d copies "
+                            "until the replicas check or autorecovery copies them",
+                            self.ledger_id, unanswered, self.ctx.conf.add_timeout_s,
+                            self._writer.md.write_quorum)
             lac, length = self._writer.lac, self._writer.length
 
             def transform(raw: bytes) -> bytes:

@@ -151,12 +151,14 @@ class LedgerWriter:
             except errors.BKError:
                 pass
 
-    def wait_all_sent(self, timeout: float) -> bool:
+    def wait_all_sent(self, timeout: float) -> int:
         """Block until every request sent to a bookie was answered (acked or
         failed), at most ``timeout`` seconds; so a ledger closed while healthy
-        has all Qw copies, not just the Qa that released its entries."""
+        has all Qw copies, not just the Qa that released its entries.  The
+        requests still unanswered (0: all were)."""
         with self._lock:
-            return self._sends_done.wait_for(lambda: self._sends == 0, timeout)
+            self._sends_done.wait_for(lambda: self._sends == 0, timeout)
+            return self._sends
 
     @property
     def unknown_tail(self) -> bool:

@@ -44,3 +44,12 @@ def test_round_rereplicates_a_lost_bookie(own_cluster, bk):
     assert again.rc == 0, again.out + again.err
     row = again.json()
     assert row["leader"] and row["fragments_copied"] == 0 and row["under_replicated"] == 0
+    assert row["failed_by_reason"] == {}
+    text = pybk("autorecovery", "--metadata-uri", uri, "--rounds", "1")
+    assert text.rc == 0 and " copied=0 failed=0 fenced=0 " in text.out, text.out + text.err
+
+
+def test_a_round_line_names_why_copies_failed():
+    from pybk_spark.admin.shell_recovery import _reasons
+    assert _reasons({"NotEnoughBookies": 2, "ReadError": 1}) == " (NotEnoughBookies=2,ReadError=1)"
+    assert _reasons({}) == _reasons(None) == ""

@@ -137,3 +137,23 @@ def test_entry_over_the_limit_is_refused_before_an_id():
         assert all(b.refused == 0 for b in e.pool.bookies.values())
     finally:
         e.bk.close()
+
+
+def test_close_with_a_straggler_still_backing_off_warns_and_closes(caplog):
+    """Qa acks released every entry; the third bookie's copy is still backing
+    off from TooManyRequests when ``close()`` has waited ``add_timeout_s``:
+    the ledger closes (its entries have Qa copies) and a warning names how
+    many requests were unanswered, for an operator's replicas check."""
+    env = Env(add_timeout_s=0.05)
+    try:
+        lh = env.bk.create_ledger(3, 3, 2)
+        env.pool.bookies[lh.metadata.current_ensemble[2]].refuse = 1
+        assert lh.add_entries([b"a", b"b"]) == [0, 1]
+        assert len(env.scheduled) == 1                       # the straggler's retry
+        with caplog.at_level("WARNING", logger="pybk_spark.ledger"):
+            lh.close()
+        assert lh.metadata.is_closed and lh.metadata.last_entry_id == 1
+        assert any("1 request(s) to bookies unanswered" in r.getMessage()
+                   and "Qw=3" in r.getMessage() for r in caplog.records)
+    finally:
+        env.bk.close()
