@@ -31,6 +31,8 @@ TARGETS = {
                                     "of a Python data source's write)"),
     "spark_count_vs_python_floor": (">=", 0.95, "(6) Spark count / no-op Python source count"),
     "rereplication_vs_disk": (">=", 0.5, "(8) re-replication copy MB/s / disk sequential, overwriting allocated blocks"),
+    "rereplication_vs_copy_floor": (">=", 0.5, "(8) re-replication copy MB/s / the bare copy between two "
+                                    "processes, as many at once (bench/copy_floor.py)"),
 }
 
 
@@ -157,7 +159,7 @@ def markdown(r: dict) -> str:
                     f"{rr.get('path', 'client')} path, {rr.get('parallel', 1)} at once)"
                     if rr.get("available") else f"null ({rr.get('reason')})")
                  + f" | pull one at a time {_f(rr.get('pull_sequential_mb_per_s'), 1)} MB/s; "
-                 f"client path {_f(rr.get('client_copy_mb_per_s'), 1)} MB/s; disk sequential, "
+                 f"client path {_f(rr.get('client_copy_mb_per_s'), 1)} MB/s; {_copy_floor(f, rr)}; disk sequential, "
                  f"overwriting {_f(_get(f, '2_bookie_ingest', 'disk_overwrite_mb_per_s_mean'))} MB/s "
                  f"(fresh file, sustained {_f(_get(f, '2_bookie_ingest', 'disk_sustained_mb_per_s_mean'))}"
                  " MB/s) |")
@@ -166,6 +168,20 @@ def markdown(r: dict) -> str:
     if errs:
         lines += ["", "Errors during the run:", ""] + [f"- {k}: {v}" for k, v in errs.items()]
     return "\n".join(lines) + "\n"
+
+
+def _copy_floor(f: dict, rr: dict) -> str:
+    """Figure 8's floor (bench/copy_floor.py) at the pull's concurrency, and
+    what it reaches of the disk figure the target divides by."""
+    fl = f.get("8_copy_floor") or {}
+    one = fl.get(str(rr.get("parallel", 1))) or {}
+    disk = _get(f, "2_bookie_ingest", "disk_overwrite_mb_per_s_mean")
+    if not one:
+        return "bare copy floor null"
+    share = one["mb_per_s"] / disk if disk else None
+    return (f"bare copy between two processes {_f(one.get('mb_per_s'))} MB/s at "
+            f"{_f(_get(one, 'cpu_s_per_gb', 'total'), 2)} CPU-s/GB (= {_f(share, 2)} of the disk; ours: "
+            f"{_f(_get(rr, 'cpu_s_per_gb_by_path', 'pull', 'bookies'), 2)} CPU-s/GB in the bookies)")
 
 
 def cpu_rows(f: dict) -> list[str]:

@@ -22,7 +22,9 @@ figure 4 its latency projected to one host per process and, as its CPU peer,
 the floor of a replicated sync add written in Python (bench/sync_floor.py,
 measured right after the Redis peers, before the cluster starts), figure 6 a no-op
 Python data source timed beside ours (bench/noop_source.py), figure 8 the
-bookie-to-bookie and the client path side by side (issue 31).
+bookie-to-bookie and the client path side by side and, as their floor, the
+bare copy between two processes (bench/copy_floor.py, measured right after
+the sync floor) (issue 31).
 
 Outputs: full mode writes bench/results/latest.{json,md,png} and regenerates
 the marked section of docs/performance.md; ``--quick`` (tiny sizes, same code
@@ -53,7 +55,7 @@ RATIO_KEYS = ("append_vs_redis_pipelined_1c", "append_vs_redis_50c", "sync_add_p
               "spark_read_vs_parquet", "entry_cpu_7_vs_3_bookies", "tls_append_vs_plain",
               "tls_catchup_vs_plain", "sync_add_cpu_ms", "spark_read_vs_python_floor",
               "spark_count_vs_python_floor", "rereplication_vs_disk", "sync_add_cpu_vs_python_floor",
-              "spark_write_vs_python_floor")
+              "spark_write_vs_python_floor", "rereplication_vs_copy_floor")
 
 
 def _log(msg: str) -> None:
@@ -130,6 +132,10 @@ def compute_ratios(f: dict, errors: dict) -> tuple[dict, dict]:
             _g(f, "4_sync_floor", "cpu_us_per_add", "total")),
         "rereplication_vs_disk": _ratio(_g(f, "8_rereplication", "copy_mb_per_s"),
                                         _g(f, "2_bookie_ingest", "disk_overwrite_mb_per_s_mean")),
+        # ours / the bare copy between two processes at the same concurrency (bench/copy_floor.py)
+        "rereplication_vs_copy_floor": _ratio(
+            _g(f, "8_rereplication", "copy_mb_per_s"),
+            _g(f, "8_copy_floor", str(_g(f, "8_rereplication", "parallel")), "mb_per_s")),
     }
     needs = {"append_vs_redis_pipelined_1c": ("3_append", "peers_redis"),
              "append_vs_redis_50c": ("3_append", "peers_redis"),
@@ -143,7 +149,8 @@ def compute_ratios(f: dict, errors: dict) -> tuple[dict, dict]:
              "spark_read_vs_python_floor": ("6_spark",),
              "spark_write_vs_python_floor": ("6_spark",),
              "spark_count_vs_python_floor": ("6_spark",),
-             "rereplication_vs_disk": ("8_rereplication", "2_bookie_ingest")}
+             "rereplication_vs_disk": ("8_rereplication", "2_bookie_ingest"),
+             "rereplication_vs_copy_floor": ("8_rereplication", "8_copy_floor")}
     missing = {}
     for key, value in ratios.items():
         if value is not None and isinstance(value, float) and not math.isfinite(value):
@@ -154,7 +161,7 @@ def compute_ratios(f: dict, errors: dict) -> tuple[dict, dict]:
                 why.append("Spark batch writer (df.write.format('bookkeeper')) not available: "
                            f"{spark.get('bookkeeper_write_error')}")
             rr = f.get("8_rereplication") or {}
-            if key == "rereplication_vs_disk" and rr.get("available") is False:
+            if key.startswith("rereplication_vs") and rr.get("available") is False:
                 why.append(f"8_rereplication: {rr.get('reason')}")
             sc = f.get("9_scaling") or {}
             if key == "entry_cpu_7_vs_3_bookies" and sc.get("available") is False:
@@ -164,7 +171,7 @@ def compute_ratios(f: dict, errors: dict) -> tuple[dict, dict]:
 
 
 def run(quick: bool, data_dir: str | None) -> dict:
-    from bench import (bookie_ingest, catchup, client_append, disk_writers, machine,
+    from bench import (bookie_ingest, catchup, client_append, copy_floor, disk_writers, machine,
                        recovery_bench, redis_peer, redis_sweep, rereplication, sync_floor,
                        tls_cost)
     started = dt.datetime.now().astimezone().isoformat(timespec="seconds")
@@ -184,6 +191,7 @@ def run(quick: bool, data_dir: str | None) -> dict:
                 r.figures["1_disk"]["seq_3_writers"] = three
         r.step("peers_redis", lambda: redis_peer.measure(quick))
         r.step("4_sync_floor", lambda: sync_floor.measure(200 if quick else 2000))
+        r.step("8_copy_floor", lambda: copy_floor.measure(work, (32 << 20) if quick else (1 << 30)))
         redis_sw = r.step("sweep_redis", lambda: redis_sweep.measure(quick))
         r.figures.pop("sweep_redis", None)
         _cluster_figures(r, quick, work, redis_sw, client_append, catchup, recovery_bench,

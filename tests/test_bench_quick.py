@@ -42,6 +42,10 @@ def test_bench_quick_writes_every_ratio(tmp_path):
     assert rr["available"], rr.get("reason")
     for key in ("copy_mb_per_s", "pull_sequential_mb_per_s", "client_copy_mb_per_s"):
         assert isinstance(rr[key], float), key
+    # ... and its floor, the bare copy, at the same concurrency
+    floor = result["figures"]["8_copy_floor"][str(rr["parallel"])]
+    assert floor["mb_per_s"] > 0 and floor["cpu_s_per_gb"]["total"] >= 0
+    assert "bare copy between two processes" in (ROOT / "bench" / "results" / "quick.md").read_text()
     # the O_DIRECT disk probe ran, or says why it could not
     direct = result["figures"]["1_disk"]["seq_direct"]
     assert direct["mb_per_s"] or direct["reason"]
