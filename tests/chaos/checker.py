@@ -13,7 +13,8 @@ snapshots taken during the run, and returns violations:
                 order; no entry comes from a failed op or from nowhere; no
                 payload appears twice.
   I2 beyond     last+1 is not held by an ack quorum (Qa bookies of its write
-                set): it could have been acknowledged after the close (a
+                set in the writer's last ensemble, ``beyond_bookies``): it
+                could have been acknowledged after the close (a
                 fencing hole; later ids cannot be acked before it), unless
                 a recovery of that ledger decided to re-write last+1 (its
                 recorded decision, history ``recovery`` notes): a recovery
@@ -580,13 +581,27 @@ def _holds(bk, bookie: str, lid: int, e: int) -> Optional[bool]:
     return b.num_rows > 0 and b.column("entry_id")[0].as_py() == e
 
 
+def beyond_bookies(md: lm.LedgerMetadata, e: int) -> list[str]:
+    """The bookies whose copies of ``e`` (> last) could have made an ack
+    quorum for the writer: its write set in the writer's last ensemble,
+    which recovery records (``writer_ensemble``) and re-replication leaves
+    alone, else in the current one.  Not the current ensemble of a recovered
+    ledger: re-replication after the close may bring back into the fragment
+    a bookie the writer had replaced, still holding the unacknowledged adds
+    of its earlier membership (chaos seed 2026112620: ledger 1213's slot 1
+    went bookie-2 -> bookie-5 -> bookie-4 by the writer's changes, recovery
+    closed at 6 because bookie-4 lacked entry 7, and autorecovery later put
+    bookie-2 back in slot 1 with its old copy of 7 beside bookie-3's)."""
+    ensemble = md.writer_ensemble or md.current_ensemble
+    return [ensemble[s] for s in write_set(e, len(ensemble), md.write_quorum)]
+
+
 def probe_beyond(bk, md: lm.LedgerMetadata, k: int) -> dict:
-    """id -> how many bookies of its write set hold it, for last+1..last+k."""
+    """id -> how many bookies of its write set (``beyond_bookies``) hold it,
+    for last+1..last+k."""
     out = {}
-    ensemble = md.current_ensemble
     for e in range(md.last_entry_id + 1, md.last_entry_id + 1 + k):
-        slots = write_set(e, len(ensemble), md.write_quorum)
-        held = sum(1 for s in slots if _holds(bk, ensemble[s], md.ledger_id, e))
+        held = sum(1 for b in beyond_bookies(md, e) if _holds(bk, b, md.ledger_id, e))
         if held:
             out[e] = held
     return out

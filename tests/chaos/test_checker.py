@@ -134,6 +134,27 @@ def test_beyond_last_that_no_recovery_rewrote_is_still_a_fencing_hole(tmp_path):
         assert [(v.invariant, v.entry) for v in vs] == [("I2", 3)], notes
 
 
+def test_beyond_last_is_judged_on_the_writers_bookies_not_a_later_replacement():
+    """Chaos seed 2026112620, ledger 1213 (E=3 Qw=Qa=2): the writer's changes
+    took slot 1 from bookie-2 to bookie-5 to bookie-4, recovery closed at 6
+    (bookie-4 lacked entry 7), and autorecovery then put bookie-2 back in
+    slot 1 with its copy of 7 from its first membership.  Entry 7's write set
+    in the current ensemble is bookie-2 and bookie-3, both holding it; in the
+    writer's last ensemble, which recovery recorded, it is bookie-4 and
+    bookie-3: the copies that could have made an ack quorum."""
+    md = lm.LedgerMetadata.from_json(
+        b'{"ack_quorum": 2, "ensemble_size": 3, "write_quorum": 2, "ledger_id": 1213, '
+        b'"ensembles": [[0, ["bookie-1", "bookie-2", "bookie-3"]]], "last_entry_id": 6, '
+        b'"length": 815, "state": "CLOSED", "digest_type": "crc32c", '
+        b'"writer_ensemble": ["bookie-1", "bookie-4", "bookie-3"]}')
+    assert chk.beyond_bookies(md, 7) == ["bookie-4", "bookie-3"]
+    assert chk.beyond_bookies(md, 8) == ["bookie-3", "bookie-1"]
+    never_recovered = lm.LedgerMetadata.from_json(md.to_json().replace(
+        b', "writer_ensemble": ["bookie-1", "bookie-4", "bookie-3"]', b""))
+    assert never_recovered.writer_ensemble is None
+    assert chk.beyond_bookies(never_recovered, 7) == ["bookie-2", "bookie-3"]
+
+
 def test_closed_length_must_be_the_payload_bytes_read_back(tmp_path):
     ops = _ops(tmp_path, _adds(3))
     fl = _ledger(1, 3)
