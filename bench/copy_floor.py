@@ -59,7 +59,7 @@ for _ in range(chunks):
         if not k:
             sys.exit("source ended early")
         got += k
-    crc ^= google_crc32c.value(whole)
+    crc ^= google_crc32c.value(whole)   # the digest work a pull does; the value is not needed
     try:
         os.write(fd, view)
     except OSError:                      # a file system that refuses this O_DIRECT write
