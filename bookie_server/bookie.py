@@ -20,8 +20,10 @@ Checkpoint (flusher thread, or on demand): snapshot the store's write cache
 together with the journal position P it reflects, write its small batches to
 segments and re-point its big ones at the journal file that already holds
 them (no copy: ``entry_store``, journal-resident batches), persist the run
-index + ledger states + P atomically (``checkpoint.json`` names its index
-file), then delete the journal files before P that hold no indexed batch, and
+index (what changed since the last checkpoint, or all of it:
+``checkpoint_file``) + ledger states + P atomically (``checkpoint.json``
+names its index files; nothing is written when none of them changed), then
+delete the journal files before P that hold no indexed batch, and
 dead segments.  Restart loads
 the checkpoint and replays the journal from P; replay is idempotent
 (duplicate entries are kept-first, fences/keys/LACs are monotone).
@@ -114,6 +116,9 @@ class Bookie(BookieRequests):
         self._applied = Position(0, 0)
         self._ckpt_lock = threading.Lock()
         self._ckpt_gen = 0
+        # what the last checkpoint named; None: the next one writes the whole index
+        self._index_files: Optional[checkpoint_file.IndexFiles] = None
+        self._last_written: Optional[tuple] = None       # (P, states, lost) persisted last
         self._flush_wanted = threading.Event()
         self._stop = threading.Event()
         self._flusher: Optional[threading.Thread] = None
@@ -401,10 +406,19 @@ class Bookie(BookieRequests):
             return position
 
     def _write_checkpoint(self, position: Position, states: list[dict]) -> None:
+        """Persist the index change since the last checkpoint (or the whole
+        index, checkpoint_file.wants_base) with P and the states; nothing at
+        all when none of them changed."""
+        lost = self.lost.to_json()
+        table, ledgers = store_index.take_index(
+            self.store, lambda rows: checkpoint_file.wants_base(self._index_files, rows))
+        if ledgers == [] and self._last_written == (position, states, lost):
+            return
         self._ckpt_gen += 1
-        checkpoint_file.write(self.data_dir, self._ckpt_gen, position,
-                              store_index.index_table(self.store), states,
-                              self.lost.to_json(), self.store.fsync)
+        self._index_files = checkpoint_file.write(
+            self.data_dir, self._ckpt_gen, position, self._index_files, table, ledgers,
+            states, lost, self.store.fsync)
+        self._last_written = (position, states, lost)
 
     def _load_checkpoint(self) -> Position:
         found = checkpoint_file.read(self.data_dir)

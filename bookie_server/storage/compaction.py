@@ -77,4 +77,5 @@ def compact(store: EntryStore, min_live_ratio: float, journal_below_seq: int = 0
                 store.segment_live[ref.segment] -= ref.length
                 store.segment_live[seg] = store.segment_live.get(seg, 0) + ref.length
                 store.refs[rid] = Ref(ref.ledger, None, seg, off, ref.length)
+                store.index_changed.add(ref.ledger)
     return len(victims)

@@ -44,6 +44,10 @@ Ordering obligations:
     (``dead_segments``).
   * ``store_index.index_table``/``load_index`` persist and restore the run
     index (segment runs only; memory runs are rebuilt by journal replay).
+    Every change to a ledger's segment runs (``flush_commit``, compaction,
+    ``drop_ledger``, ``quarantine``) marks the ledger in ``index_changed``,
+    under the lock, so a checkpoint can persist only the ledgers changed
+    since the last one (``store_index.changed_rows``).
 
 The files themselves (segment and journal files, their sizes and live bytes,
 the current segment, memory maps and the decoded-batch cache) are
@@ -141,6 +145,8 @@ class EntryStore:
         self.segment_size = self.files.size            # segment -> bytes
         self.write_cache_bytes = 0
         self._next_ref = 1
+        # ledgers whose segment runs changed since the last persisted index
+        self.index_changed: set[int] = set()
 
     # -- writes -----------------------------------------------------------------
     def add(self, ledger_id: int, batch: pa.RecordBatch, raw: Optional[bytes] = None,
@@ -335,7 +341,13 @@ class EntryStore:
             self.files.fsync_dir()
 
     def flush_commit(self, snap: FlushSnapshot) -> None:
+        """Swap the snapshot's memory runs for its segment runs.  The batches
+        leave the write cache under the lock; counting and freeing them (a few
+        us each, thousands per checkpoint of lone adds) happens after it, so
+        adds and reads wait only for the swap."""
+        freed: list[pa.RecordBatch] = []
         with self.lock:
+            self.index_changed.update(snap.by_ledger)
             for ledger_id, ref_ids in snap.by_ledger.items():
                 written = (snap.results or {}).get(ledger_id) or []
                 idx = self.ledgers.get(ledger_id)
@@ -354,7 +366,11 @@ class EntryStore:
                 for r in ref_ids:
                     ref = self.refs.pop(r, None)
                     if ref is not None and ref.batch is not None:
-                        self.write_cache_bytes -= cached_bytes(ref.batch)
+                        freed.append(ref.batch)
+        nbytes = sum(cached_bytes(b) for b in freed)
+        with self.lock:
+            self.write_cache_bytes -= nbytes
+        del freed
 
     def flush(self) -> None:
         snap = self.flush_begin()
@@ -365,6 +381,7 @@ class EntryStore:
     # -- GC -----------------------------------------------------------------------
     def drop_ledger(self, ledger_id: int) -> None:
         with self.lock:
+            self.index_changed.add(ledger_id)
             idx = self.ledgers.pop(ledger_id, None)
             self.mem_refs.pop(ledger_id, None)
             if idx is None:
@@ -421,6 +438,7 @@ class EntryStore:
             idx = self.ledgers.get(ref.ledger) if ref is not None else None
             if idx is None:
                 return []
+            self.index_changed.add(ref.ledger)
             starts, ends, refs, _rows = idx.table_parts()
             mine = refs == ref_id
             out = list(zip(starts[mine].tolist(), ends[mine].tolist()))

@@ -5,14 +5,20 @@ Theory of operation
 -------------------
 ``index_table`` turns every ledger's segment runs into one Arrow table
 (ledger, start, end, segment, offset, length, row); memory runs are not in
-it, because journal replay rebuilds them.  ``load_index`` restores refs, runs
+it, because journal replay rebuilds them.  ``take_index`` gives a
+checkpoint either that whole table or only the runs of the ledgers changed
+since the last checkpoint (``EntryStore.index_changed``); a checkpoint
+persists such a delta beside the last whole table (checkpoint_file.py) and
+``apply_delta`` puts them back together at load.  ``load_index`` restores refs, runs
 and per-segment live bytes from such a table, then ``scan_segments`` sizes
 every segment file on disk (and every journal file an index run points into).
 
 Ordering obligations:
   * The table is taken under ``store.lock``, so it is one consistent cut of
     the index; the caller persists it (fsync) before deleting any file the
-    previous index referenced.
+    previous index referenced.  A delta is cut under the same lock as the
+    changed set is cleared, so every change is in exactly one persisted
+    table: this delta, or the next.
   * ``load_index`` runs before journal replay and before the bookie serves:
     nothing else touches the store yet.  After it, appends always go to a
     fresh segment (``store.files.roll()``), never into a file of unknown tail.
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Callable, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -36,31 +43,65 @@ INDEX_SCHEMA = pa.schema([(n, pa.int64()) for n in
 
 
 def index_table(store: EntryStore) -> pa.Table:
-    """Segment runs of every ledger (memory runs are not persisted)."""
-    cols: list[list[np.ndarray]] = [[] for _ in INDEX_SCHEMA]
+    """Segment runs of every ledger (memory runs are not persisted): the
+    whole index, one consistent cut."""
     with store.lock:
-        disk = sorted((rid, r.segment, r.offset, r.length) for rid, r in store.refs.items()
-                      if r.batch is None)
-        loc = np.array(disk, np.int64).reshape(-1, 4)
-        for ledger_id, idx in store.ledgers.items():
-            starts, ends, refs, rows = idx.table_parts()
-            if len(refs) == 0 or len(loc) == 0:
-                continue
-            pos = np.minimum(np.searchsorted(loc[:, 0], refs), len(loc) - 1)
-            on_disk = loc[pos, 0] == refs
-            if not on_disk.any():
-                continue
-            p = pos[on_disk]
-            cols[0].append(np.full(len(p), ledger_id, np.int64))
-            cols[1].append(starts[on_disk])
-            cols[2].append(ends[on_disk])
-            cols[3].append(loc[p, 1])
-            cols[4].append(loc[p, 2])
-            cols[5].append(loc[p, 3])
-            cols[6].append(rows[on_disk])
+        return _rows(store, list(store.ledgers))
+
+
+def take_index(store: EntryStore, want_whole: Callable[[int], bool]
+               ) -> tuple[pa.Table, Optional[list[int]]]:
+    """One consistent cut of what a checkpoint must persist: (the runs of
+    the ledgers changed since the last cut, those ledgers), or, when
+    ``want_whole(rows of that change)`` says so, (the whole index, None).
+    The changed set is cleared either way."""
+    with store.lock:
+        changed = sorted(store.index_changed)
+        store.index_changed = set()
+        delta = _rows(store, changed)
+        if want_whole(delta.num_rows):
+            return _rows(store, list(store.ledgers)), None
+        return delta, changed
+
+
+def _rows(store: EntryStore, ledger_ids: list[int]) -> pa.Table:
+    """The segment runs of these ledgers (a dropped one has none); caller
+    holds ``store.lock``.  Work is per ledger and per stored batch of it,
+    never over the whole store."""
+    cols: list[list[np.ndarray]] = [[] for _ in INDEX_SCHEMA]
+    for ledger_id in ledger_ids:
+        idx = store.ledgers.get(ledger_id)
+        if idx is None:
+            continue
+        starts, ends, refs, rows = idx.table_parts()
+        if len(refs) == 0:
+            continue
+        uniq, inverse = np.unique(refs, return_inverse=True)
+        loc = []
+        for rid in uniq.tolist():
+            r = store.refs.get(rid)
+            loc.append((r.segment, r.offset, r.length) if r is not None and r.batch is None
+                       else (-1, 0, 0))                  # in memory: replay restores it
+        where = np.array(loc, np.int64)[inverse]
+        on_disk = where[:, 0] >= 0
+        if not on_disk.any():
+            continue
+        cols[0].append(np.full(int(on_disk.sum()), ledger_id, np.int64))
+        cols[1].append(starts[on_disk])
+        cols[2].append(ends[on_disk])
+        cols[3].append(where[on_disk, 0])
+        cols[4].append(where[on_disk, 1])
+        cols[5].append(where[on_disk, 2])
+        cols[6].append(rows[on_disk])
     arrays = [pa.array(np.concatenate(c) if c else np.empty(0, np.int64), pa.int64())
               for c in cols]
     return pa.Table.from_arrays(arrays, schema=INDEX_SCHEMA)
+
+
+def apply_delta(table: pa.Table, delta: pa.Table, ledgers: list[int]) -> pa.Table:
+    """``table`` with the runs of ``ledgers`` replaced by ``delta``'s."""
+    keep = ~np.isin(table.column("ledger").to_numpy(), np.asarray(ledgers, np.int64))
+    return pa.concat_tables([table.filter(pa.array(keep)), delta])
 
 
 def load_index(store: EntryStore, table: pa.Table) -> None:

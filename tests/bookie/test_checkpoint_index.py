@@ -1,0 +1,150 @@
+"""The checkpoint's run index: a whole base and deltas of the ledgers that
+changed (bookie_server/checkpoint_file.py, storage/store_index.py).
+
+What a restart loads must always be the whole index as it stood at the
+checkpoint, while a checkpoint writes only what changed since the last one.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from bookie_server import checkpoint_file
+from bookie_server.bookie import Bookie
+from bookie_server.config import BookieConfig
+from bookie_server.storage import store_index
+from bookie_server.storage.entry_store import EntryStore
+from pybk_spark import errors
+from pybk_spark.testing.bookie_process import entries_bytes, payload_for
+from pybk_spark.wire.entries import batch_from_bytes
+
+
+def rows(table) -> list[tuple]:
+    return sorted(zip(*(table.column(n).to_pylist() for n in table.column_names)))
+
+
+def doc(tmp_path) -> dict:
+    return json.loads((tmp_path / "checkpoint.json").read_text())
+
+
+def loaded_matches_store(tmp_path, bookie) -> None:
+    _doc, table = checkpoint_file.read(str(tmp_path))
+    assert rows(table) == rows(store_index.index_table(bookie.store))
+
+
+@pytest.fixture
+def cfg(tmp_path):
+    return BookieConfig(data_dir=str(tmp_path), flush_interval_s=3600,
+                        compaction_min_live_ratio=0.5)
+
+
+def test_a_checkpoint_writes_only_the_ledgers_that_changed(tmp_path, cfg):
+    b = Bookie(cfg).open(background=False)
+    try:
+        for ledger in range(1, 41):
+            b.add(ledger, b"k", entries_bytes(ledger, range(0, 5)))
+        b.checkpoint()                              # the first one: the whole index
+        first = doc(tmp_path)
+        assert first["index_deltas"] == []
+        for e in range(5, 8):                       # one ledger grows: one new run
+            b.add(7, b"k", entries_bytes(7, [e]))
+        b.checkpoint()
+        second = doc(tmp_path)
+        assert second["index"] == first["index"]
+        (delta,) = second["index_deltas"]
+        assert delta["ledgers"] == [7] and delta["rows"] == 2   # ledger 7's runs, no other's
+        loaded_matches_store(tmp_path, b)
+        names = {p.name for p in tmp_path.glob("index-*")}
+        assert names == {first["index"], delta["file"]}
+    finally:
+        b.close(checkpoint=False)
+
+
+def test_a_checkpoint_with_nothing_changed_writes_nothing(tmp_path, cfg):
+    b = Bookie(cfg).open(background=False)
+    try:
+        b.add(1, b"k", entries_bytes(1, range(0, 5)))
+        b.checkpoint()
+        before = doc(tmp_path)
+        mtime = (tmp_path / "checkpoint.json").stat().st_mtime_ns
+        b.checkpoint()
+        b.checkpoint()
+        assert doc(tmp_path) == before
+        assert (tmp_path / "checkpoint.json").stat().st_mtime_ns == mtime
+        b.fence(1, b"k")                            # a state change: a new document, no index file
+        b.checkpoint()
+        after = doc(tmp_path)
+        assert after["generation"] == before["generation"] + 1
+        assert after["index"] == before["index"] and after["index_deltas"] == []
+        assert any(s["fenced"] for s in after["states"])
+    finally:
+        b.close(checkpoint=False)
+
+
+def test_deltas_fold_into_a_new_base(tmp_path, cfg, monkeypatch):
+    monkeypatch.setattr(checkpoint_file, "MAX_DELTAS", 3)
+    b = Bookie(cfg).open(background=False)
+    try:
+        b.add(1, b"k", entries_bytes(1, [0]))
+        b.checkpoint()
+        bases = {doc(tmp_path)["index"]}
+        lengths = []
+        for e in range(1, 9):
+            b.add(2, b"k", entries_bytes(2, [2 * e]))     # a gap each time: a new run
+            b.checkpoint()
+            d = doc(tmp_path)
+            bases.add(d["index"])
+            lengths.append(len(d["index_deltas"]))
+            loaded_matches_store(tmp_path, b)
+            assert {p.name for p in tmp_path.glob("index-*")} == \
+                {d["index"], *(x["file"] for x in d["index_deltas"])}
+        assert lengths == [1, 2, 3, 0, 1, 2, 3, 0]
+        assert len(bases) == 3
+    finally:
+        b.close(checkpoint=False)
+
+
+def test_deleted_and_compacted_ledgers_in_deltas_survive_a_restart(tmp_path, cfg):
+    b = Bookie(cfg).open(background=False)
+    for i in range(10):
+        b.add(1, b"k", entries_bytes(1, range(10 * i, 10 * i + 10), size=500))
+    b.add(2, b"k", entries_bytes(2, range(0, 10), size=500))
+    b.add(3, b"k", entries_bytes(3, range(0, 3), size=500))
+    b.checkpoint()                                  # base
+    b.delete_ledger(1)                              # its segment goes sparse: 2 and 3 move
+    b.checkpoint()
+    (delta,) = doc(tmp_path)["index_deltas"]
+    assert delta["ledgers"] == [1, 2, 3]
+    loaded_matches_store(tmp_path, b)
+    b.close(checkpoint=False)
+
+    b = Bookie(cfg).open(background=False)
+    try:
+        with pytest.raises(errors.NoSuchLedger):
+            b.read(1, 0, 0)
+        assert b.read(2, 0, 9).batch.column(3).to_pylist() == \
+            [payload_for(2, e, 500) for e in range(10)]
+        assert b.read(3, 0, 2).batch.num_rows == 3
+    finally:
+        b.close(checkpoint=False)
+
+
+def test_every_change_to_segment_runs_marks_its_ledger(tmp_path):
+    """flush, quarantine and drop each mark exactly the ledgers they touch."""
+    store = EntryStore(str(tmp_path))
+    for ledger in (1, 2, 3):
+        store.add(ledger, batch_from_bytes(entries_bytes(ledger, range(0, 4))))
+    store.flush()
+    table, ledgers = store_index.take_index(store, lambda n: False)
+    assert ledgers == [1, 2, 3] and table.num_rows == 3
+    assert store_index.take_index(store, lambda n: False)[1] == []
+    (ref_id,) = np.unique(store.ledgers[2].table_parts()[2]).tolist()
+    assert store.quarantine(ref_id) == [(0, 3)]
+    store.drop_ledger(3)
+    table, ledgers = store_index.take_index(store, lambda n: False)
+    assert ledgers == [2, 3] and table.num_rows == 0
+    whole, ledgers = store_index.take_index(store, lambda n: True)
+    assert ledgers is None and rows(whole) == rows(store_index.index_table(store))
+    assert set(whole.column("ledger").to_pylist()) == {1}
