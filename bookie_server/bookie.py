@@ -379,7 +379,8 @@ class Bookie(BookieRequests):
             with self.cond:
                 position = self._applied
                 snap = self.store.flush_begin()
-                states = [s.to_json() for s in self.states.values()]
+                frozen = list(self.states.values())     # immutable states: copy the list only
+            states = [s.to_json() for s in frozen]       # ~3.6 us each: not under the add lock
             try:
                 if snap.by_ledger:
                     self.store.write_snapshot(snap)
