@@ -36,6 +36,11 @@ class IncorrectParameter(BKError):
     code = -14
 
 
+class MetadataTooLarge(IncorrectParameter):
+    """A metadata value over what the store accepts (etcd: ``--max-request-bytes``,
+    1.5 MiB by default); nothing was written."""
+
+
 class BadRequest(BKError):
     """Malformed request."""
     code = -100

@@ -43,6 +43,7 @@ Reader: non-fencing; reads each closed segment to its last entry (stepping
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from concurrent.futures import Future
@@ -58,6 +59,8 @@ from pybk_spark.protocol.log_metadata import LogMetadata, Position
 from pybk_spark.metadata import keys
 
 Start = Union[str, Position, tuple]
+_log = logging.getLogger("pybk_spark.logs")
+_LARGE_LOG_BYTES = 1 << 20     # 2/3 of etcd's default request limit
 
 
 @dataclass(frozen=True)
@@ -95,8 +98,32 @@ def read_or_create_log(store, name: str) -> tuple[LogMetadata, int]:
 
 
 def update_log(store, name: str, transform: Callable[[LogMetadata], LogMetadata]) -> LogMetadata:
-    value, _ = store.update(log_key(name),
-                            lambda raw: transform(LogMetadata.from_json(raw)).to_json())
+    """One CAS of the log's metadata.  The whole segment list is one etcd
+    value (about 190 bytes a segment), so a log that is never truncated
+    reaches etcd's request limit (``--max-request-bytes``, 1.5 MiB by
+    default: about 8,000 segments); past ``_LARGE_LOG_BYTES`` each change
+    logs a warning, and the refusal names the log and what to do."""
+    sizes: list[tuple[int, int]] = []
+
+    def change(raw: bytes) -> bytes:
+        new = transform(LogMetadata.from_json(raw))
+        value = new.to_json()
+        sizes[:] = [(len(value), len(new.segments))]
+        return value
+    try:
+        value, _ = store.update(log_key(name), change)
+    except errors.MetadataTooLarge as exc:
+        nbytes, segments = sizes[0] if sizes else (-1, -1)
+        raise errors.MetadataTooLarge(
+            f"log {name!r}: its metadata would be {nbytes} bytes ({segments} segments), more than "
+            f"etcd accepts in one request; drop segments no reader needs any more with `pybk "
+            f"truncatelog {name} --before LEDGER_ID` (docs/operations.md, \"Log size\"), or "
+            f"raise etcd's --max-request-bytes", log=name, value_bytes=nbytes,
+            segments=segments) from exc
+    if len(value) > _LARGE_LOG_BYTES:
+        _log.warning("event=log_metadata_large log=%s bytes=%d segments=%d limit=etcd "
+                     "--max-request-bytes (1.5 MiB by default): truncate the log "
+                     "(pybk truncatelog)", name, len(value), sizes[0][1] if sizes else -1)
     return LogMetadata.from_json(value)
 
 

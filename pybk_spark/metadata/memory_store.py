@@ -116,6 +116,7 @@ def _drop_lease(shared: _Shared, lease_id: int) -> None:
 
 _REGISTRY: dict[str, _Shared] = {}
 _REGISTRY_LOCK = threading.Lock()
+MAX_REQUEST_BYTES = 3 << 19          # etcd's default --max-request-bytes: 1.5 MiB
 
 
 class MemoryMetadataStore(MetadataStore):
@@ -151,6 +152,14 @@ class MemoryMetadataStore(MetadataStore):
             raise errors.ClientClosed("metadata store closed")
         self.expire_leases()
 
+    def _fits(self, key: str, value: bytes) -> None:
+        """etcd refuses a request over its --max-request-bytes (1.5 MiB by
+        default); the twin refuses a key and value over that."""
+        if len(key) + len(value) > MAX_REQUEST_BYTES:
+            raise errors.MetadataTooLarge(
+                "etcd rejected request: etcdserver: request is too large (the limit is etcd's "
+                "--max-request-bytes, 1.5 MiB unless the etcd members set it)")
+
     def _lease_id(self, lease: Lease | None) -> int:
         if lease is None:
             return 0
@@ -185,6 +194,7 @@ class MemoryMetadataStore(MetadataStore):
 
     def put_if_absent(self, key: str, value: bytes, lease: Lease | None = None) -> int:
         self._check()
+        self._fits(key, value)
         sh = self._shared
         with sh.cond:
             k = self._k(key)
@@ -198,6 +208,7 @@ class MemoryMetadataStore(MetadataStore):
     def compare_and_swap(self, key: str, value: bytes, expected_version: int,
                          lease: Lease | None = None) -> int:
         self._check()
+        self._fits(key, value)
         sh = self._shared
         with sh.cond:
             k = self._k(key)
@@ -213,6 +224,7 @@ class MemoryMetadataStore(MetadataStore):
 
     def put(self, key: str, value: bytes, lease: Lease | None = None) -> int:
         self._check()
+        self._fits(key, value)
         sh = self._shared
         with sh.cond:
             k = self._k(key)

@@ -123,6 +123,8 @@ class MetadataStore(abc.ABC):
                 return new_value, self.compare_and_swap(key, new_value, current.version)
             except errors.MetadataVersion:
                 continue
+            except errors.MetadataTooLarge as exc:
+                raise errors.MetadataTooLarge(str(exc), key=key, value_bytes=len(new_value)) from exc
         raise errors.MetadataVersion(f"gave up after {max_attempts} CAS conflicts on {key}")
 
     def next_id(self, key: str = "idgen") -> int:

@@ -297,3 +297,22 @@ def test_memory_uri_shares_one_store_per_name():
     finally:
         b.close()
         MemoryMetadataStore.forget(name)
+
+
+# -- etcd's request limit ---------------------------------------------------------
+def test_a_value_over_etcds_request_limit_is_refused_and_nothing_written(store):
+    """etcd refuses a request over --max-request-bytes (1.5 MiB by default):
+    MetadataTooLarge (outcome known), and the key keeps what it had."""
+    big, fine = b"x" * (2 << 20), b"y" * (1 << 20)
+    for over in (b"z" * (1600 << 10), big):     # etcd's own check; its gRPC message limit
+        with pytest.raises(errors.MetadataTooLarge) as info:
+            store.put_if_absent("big", over)
+        assert info.value.outcome_known and "--max-request-bytes" in str(info.value)
+    assert store.get("big") is None
+    v = store.put_if_absent("big", fine)
+    with pytest.raises(errors.MetadataTooLarge):
+        store.compare_and_swap("big", big, v)
+    with pytest.raises(errors.MetadataTooLarge) as info:
+        store.update("big", lambda raw: raw + big)
+    assert info.value.context["value_bytes"] == len(fine) + len(big)
+    assert store.get("big").value == fine and store.get("big").version == v
