@@ -12,7 +12,8 @@ Theory of operation:
                       read bookies/ and cookies/); READWRITE on bookies/
                       (writable/, readonly/, damaged/ registrations) and cookies/
       pybk-client     READ on the scope; READWRITE on ledgers/, idgen, writers/,
-                      logs/ and spark/ (what writers, readers and Spark change)
+                      logs/, logchunks/ and spark/ (what writers, readers and
+                      Spark change)
     Reads are scope-wide: metadata is not confidential (entry data is guarded
     by ledger passwords); what RBAC prevents is a bookie or client rewriting
     metadata it has no business changing.
@@ -52,6 +53,7 @@ LAYOUT: dict[str, list[tuple[str, str, bool]]] = {
              ("READWRITE", "idgen", False),
              ("READWRITE", keys.WRITERS_PREFIX, PREFIX),
              ("READWRITE", keys.LOGS_PREFIX, PREFIX),
+             ("READWRITE", keys.LOG_CHUNKS_PREFIX, PREFIX),
              ("READWRITE", "spark/", PREFIX)],
 }
 

@@ -105,8 +105,7 @@ def _deletelog(args) -> int:
     """The log's key goes first (CAS on the version read), then its ledgers:
     a crash in between leaves ledgers no log names, never a log naming
     deleted ledgers."""
-    from pybk_spark.logs.log import read_log
-    from pybk_spark.metadata.store import log_key
+    from pybk_spark.logs.log import delete_log_metadata, read_log
     from pybk_spark.protocol.log_metadata import SEGMENT_CLOSED
     with client(args) as bk:
         md, version = read_log(bk.metadata_store, args.name)
@@ -117,7 +116,7 @@ def _deletelog(args) -> int:
                                    "is open and its writer lease is alive); stop the writer or "
                                    "pass --force", log=args.name)
         try:
-            bk.metadata_store.delete(log_key(args.name), expected_version=version)
+            delete_log_metadata(bk.metadata_store, args.name, version)
         except errors.MetadataVersion:
             raise errors.MetadataVersion(f"log {args.name!r} changed while being deleted; "
                                          "run deletelog again") from None

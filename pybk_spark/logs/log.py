@@ -43,9 +43,12 @@ Reader: non-fencing; reads each closed segment to its last entry (stepping
 """
 from __future__ import annotations
 
+import collections
+import dataclasses
 import logging
 import threading
 import time
+import weakref
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
@@ -78,18 +81,78 @@ class LogRecord:
 
 
 # -- metadata access ------------------------------------------------------------------
+# A long log's list is its head (logs/<name>) plus the chunks the head names
+# (protocol/log_metadata.py, "Chunks"); these functions give and take the
+# whole list.
+_Chunks = list[tuple[logmd.ChunkRef, tuple[logmd.Segment, ...]]]
+
+
+_CHUNK_CACHE: "weakref.WeakKeyDictionary[Any, collections.OrderedDict]" = weakref.WeakKeyDictionary()
+_CHUNK_CACHE_SIZE = 64            # chunks per store (~64,000 segments)
+_CHUNK_CACHE_LOCK = threading.Lock()
+
+
+def _chunk(store, key: str) -> Optional[tuple[logmd.Segment, ...]]:
+    """A chunk's segments (None: it is gone).  A chunk is never changed once
+    written and its name is never reused, so what was read once is kept
+    (per store, the most recent ``_CHUNK_CACHE_SIZE``)."""
+    with _CHUNK_CACHE_LOCK:
+        cache = _CHUNK_CACHE.setdefault(store, collections.OrderedDict())
+        segs = cache.get(key)
+        if segs is not None:
+            cache.move_to_end(key)
+            return segs
+    got = store.get(key)
+    if got is None:
+        return None
+    segs = logmd.chunk_from_json(got.value)
+    with _CHUNK_CACHE_LOCK:
+        cache[key] = segs
+        while len(cache) > _CHUNK_CACHE_SIZE:
+            cache.popitem(last=False)
+    return segs
+
+
+def _read(store, name: str) -> Optional[tuple[LogMetadata, int, _Chunks]]:
+    """(the whole metadata, the head's version, the chunks with their
+    segments); None if there is no such log.  A chunk is deleted only in the
+    same transaction that changes the head, so a chunk found missing means
+    the head moved on: read it again."""
+    for _ in range(100):
+        got = store.get(log_key(name))
+        if got is None:
+            return None
+        head, refs = logmd.head_from_json(got.value)
+        chunks: _Chunks = []
+        for ref in refs:
+            segs = _chunk(store, ref.key)
+            if segs is None:
+                break
+            chunks.append((ref, segs))
+        else:
+            if not chunks:
+                return head, got.version, chunks
+            segments = tuple(s for _, segs in chunks for s in segs) + head.segments
+            return dataclasses.replace(head, segments=segments), got.version, chunks
+        again = store.get(log_key(name))
+        if again is not None and again.version == got.version:
+            raise errors.MetadataError(f"log {name!r}: its metadata names a chunk that is gone",
+                                       log=name, chunk=refs[len(chunks)].key)
+    raise errors.MetadataVersion(f"log {name!r} changed on every one of 100 reads")
+
+
 def read_log(store, name: str) -> tuple[LogMetadata, int]:
-    got = store.get(log_key(name))
+    got = _read(store, name)
     if got is None:
         raise errors.LogNotFound(f"no log named {name!r}")
-    return LogMetadata.from_json(got.value), got.version
+    return got[0], got[1]
 
 
 def read_or_create_log(store, name: str) -> tuple[LogMetadata, int]:
     while True:
-        got = store.get(log_key(name))
+        got = _read(store, name)
         if got is not None:
-            return LogMetadata.from_json(got.value), got.version
+            return got[0], got[1]
         md = logmd.new_log(name)
         try:
             return md, store.put_if_absent(log_key(name), md.to_json())
@@ -98,33 +161,60 @@ def read_or_create_log(store, name: str) -> tuple[LogMetadata, int]:
 
 
 def update_log(store, name: str, transform: Callable[[LogMetadata], LogMetadata]) -> LogMetadata:
-    """One CAS of the log's metadata.  The whole segment list is one etcd
-    value (about 190 bytes a segment), so a log that is never truncated
-    reaches etcd's request limit (``--max-request-bytes``, 1.5 MiB by
-    default: about 8,000 segments); past ``_LARGE_LOG_BYTES`` each change
-    logs a warning, and the refusal names the log and what to do."""
-    sizes: list[tuple[int, int]] = []
+    """Read the whole list, ``transform`` it, write it back as one CAS on the
+    head's version; on a conflict read again and re-decide.  New chunks, the
+    head and the deletion of chunks it no longer names go in one transaction
+    (``swap_with``).  The head stays small however long the log grows; one
+    that passes ``_LARGE_LOG_BYTES`` anyway (a huge schema or property) logs
+    a warning, and etcd's refusal names the log."""
+    key = log_key(name)
+    for _ in range(100):
+        got = _read(store, name)
+        if got is None:
+            raise errors.NoSuchLedger(f"no metadata at {key}")
+        md, version, chunks = got
+        new = transform(md)
+        if new == md:
+            return md
+        plan = logmd.plan_chunks(new.segments, chunks)
+        creates: dict[str, bytes] = {}
+        refs: list[logmd.ChunkRef] = []
+        for i, chunk in enumerate(plan.chunks):
+            if not isinstance(chunk, logmd.ChunkRef):
+                ref = logmd.ChunkRef(keys.log_chunk_key(name, version, i), len(chunk),
+                                     chunk[0].ledger_id, chunk[-1].ledger_id)
+                creates[ref.key] = logmd.chunk_to_json(chunk)
+                chunk = ref
+            refs.append(chunk)
+        head = logmd.head_to_json(new, plan.tail, refs)
+        try:
+            if plan.changed:
+                store.swap_with(key, head, version, creates, [r.key for r in plan.dropped])
+            else:
+                store.compare_and_swap(key, head, version)
+        except errors.MetadataVersion:
+            continue
+        except errors.MetadataTooLarge as exc:
+            raise errors.MetadataTooLarge(
+                f"log {name!r}: its head would be {len(head)} bytes ({len(plan.tail)} of its "
+                f"{len(new.segments)} segments, its schema and properties), more than etcd "
+                f"accepts in one request; raise etcd's --max-request-bytes (docs/operations.md, "
+                f"\"Log size\")", log=name, value_bytes=len(head)) from exc
+        if len(head) > _LARGE_LOG_BYTES:
+            _log.warning("event=log_metadata_large log=%s bytes=%d segments=%d limit=etcd "
+                         "--max-request-bytes (1.5 MiB by default)", name, len(head),
+                         len(new.segments))
+        return new
+    raise errors.MetadataVersion(f"gave up after 100 CAS conflicts on {key}")
 
-    def change(raw: bytes) -> bytes:
-        new = transform(LogMetadata.from_json(raw))
-        value = new.to_json()
-        sizes[:] = [(len(value), len(new.segments))]
-        return value
-    try:
-        value, _ = store.update(log_key(name), change)
-    except errors.MetadataTooLarge as exc:
-        nbytes, segments = sizes[0] if sizes else (-1, -1)
-        raise errors.MetadataTooLarge(
-            f"log {name!r}: its metadata would be {nbytes} bytes ({segments} segments), more than "
-            f"etcd accepts in one request; drop segments no reader needs any more with `pybk "
-            f"truncatelog {name} --before LEDGER_ID` (docs/operations.md, \"Log size\"), or "
-            f"raise etcd's --max-request-bytes", log=name, value_bytes=nbytes,
-            segments=segments) from exc
-    if len(value) > _LARGE_LOG_BYTES:
-        _log.warning("event=log_metadata_large log=%s bytes=%d segments=%d limit=etcd "
-                     "--max-request-bytes (1.5 MiB by default): truncate the log "
-                     "(pybk truncatelog)", name, len(value), sizes[0][1] if sizes else -1)
-    return LogMetadata.from_json(value)
+
+def delete_log_metadata(store, name: str, version: int) -> None:
+    """Delete the log's head (CAS on ``version``), then its chunks.  A crash
+    in between leaves chunks no head names: never read, and never the name
+    of a later chunk (their names hold the revision that wrote them)."""
+    store.delete(log_key(name), expected_version=version)
+    for key, _ in store.list_prefix(keys.log_chunks_prefix(name)):
+        store.delete(key)
 
 
 def list_logs(store) -> list[str]:

@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Mapping, Optional
 
 import grpc
 import pyetcd
@@ -317,6 +317,21 @@ class EtcdMetadataStore(MetadataStore):
         ok, responses = self._txn(
             [self._tx.version(k) > 0, self._tx.mod(k) == int(expected_version)],
             [self._tx.put(k, bytes(value), lease=_lease_id(lease))])
+        if not ok:
+            raise errors.MetadataVersion("version conflict", key=key, expected=expected_version)
+        return responses[0].response_put.header.revision
+
+    def swap_with(self, key: str, value: bytes, expected_version: int,
+                  creates: Mapping[str, bytes], deletes: Iterable[str] = ()) -> int:
+        self._check()
+        k = self._k(key)
+        compare = [self._tx.version(k) > 0, self._tx.mod(k) == int(expected_version)]
+        success = [self._tx.put(k, bytes(value))]
+        for ck, cv in creates.items():
+            compare.append(self._tx.version(self._k(ck)) == 0)
+            success.append(self._tx.put(self._k(ck), bytes(cv)))
+        success += [self._tx.delete(self._k(dk)) for dk in deletes]
+        ok, responses = self._txn(compare, success)
         if not ok:
             raise errors.MetadataVersion("version conflict", key=key, expected=expected_version)
         return responses[0].response_put.header.revision

@@ -7,7 +7,9 @@ the scope, callers never do).  The layout, one line per kind:
 
   ledgers/<id:020d>              ledger metadata (JSON), changed only by CAS
   writers/<id:020d>              the live writer's claim on a ledger
-  logs/<name>                    a log: its ordered list of ledgers
+  logs/<name>                    a log: its ordered list of ledgers (the newest, and
+                                 the chunks holding the rest: protocol/log_metadata.py)
+  logchunks/<name>/<rev>-<i>     a sealed chunk of a long log's list (immutable)
   positions/<log>/<name>         a registered read position on a log
   cookies/<bookie id>            a bookie's identity cookie
   bookies/writable/<bookie id>   a registered writable bookie (under a lease)
@@ -27,6 +29,7 @@ from pybk_spark.protocol.damage_marker import MARKER_PREFIX as DAMAGED_PREFIX  #
 LEDGERS_PREFIX = "ledgers/"
 WRITERS_PREFIX = "writers/"
 LOGS_PREFIX = "logs/"
+LOG_CHUNKS_PREFIX = "logchunks/"
 POSITIONS_PREFIX = "positions/"
 COOKIES_PREFIX = "cookies/"
 BOOKIES_PREFIX = "bookies/"
@@ -43,6 +46,17 @@ def writer_key(ledger_id: int) -> str:
 
 def log_key(name: str) -> str:
     return f"{LOGS_PREFIX}{name}"
+
+
+def log_chunks_prefix(name: str) -> str:
+    return f"{LOG_CHUNKS_PREFIX}{name}/"
+
+
+def log_chunk_key(name: str, head_version: int, index: int) -> str:
+    """A sealed chunk of a long log, written by the change made on the head's
+    version ``head_version`` (an etcd revision: never reused, so never
+    another chunk's name)."""
+    return f"{log_chunks_prefix(name)}{head_version:020d}-{index:04d}"
 
 
 def position_key(log: str, name: str) -> str:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from typing import Callable, Optional
+from typing import Callable, Iterable, Mapping, Optional
 
 from pybk_spark import errors
 from pybk_spark.metadata.store import Lease, MetadataStore, Versioned
@@ -153,9 +153,13 @@ class MemoryMetadataStore(MetadataStore):
         self.expire_leases()
 
     def _fits(self, key: str, value: bytes) -> None:
+        self._fits_bytes(len(key) + len(value))
+
+    @staticmethod
+    def _fits_bytes(size: int) -> None:
         """etcd refuses a request over its --max-request-bytes (1.5 MiB by
-        default); the twin refuses a key and value over that."""
-        if len(key) + len(value) > MAX_REQUEST_BYTES:
+        default); the twin refuses keys and values over that."""
+        if size > MAX_REQUEST_BYTES:
             raise errors.MetadataTooLarge(
                 "etcd rejected request: etcdserver: request is too large (the limit is etcd's "
                 "--max-request-bytes, 1.5 MiB unless the etcd members set it)")
@@ -220,6 +224,31 @@ class MemoryMetadataStore(MetadataStore):
             lid = self._lease_id(lease)
             rev = _bump(sh, k)
             sh.data[k] = (bytes(value), rev, lid)
+            return rev
+
+    def swap_with(self, key: str, value: bytes, expected_version: int,
+                  creates: Mapping[str, bytes], deletes: Iterable[str] = ()) -> int:
+        self._check()
+        deletes = list(deletes)
+        self._fits_bytes(len(key) + len(value) + sum(len(k) for k in deletes)
+                         + sum(len(k) + len(v) for k, v in creates.items()))
+        sh = self._shared
+        with sh.cond:
+            k = self._k(key)
+            item = sh.data.get(k)
+            if (item is None or item[1] != expected_version
+                    or any(self._k(c) in sh.data for c in creates)):
+                raise errors.MetadataVersion(
+                    "version conflict", key=key, expected=expected_version,
+                    actual=None if item is None else item[1])
+            rev = _bump(sh, k)                  # one transaction, one revision (as etcd)
+            sh.data[k] = (bytes(value), rev, 0)
+            for c, v in creates.items():
+                sh.data[self._k(c)] = (bytes(v), rev, 0)
+                sh.changes.append((rev, self._k(c)))
+            for d in deletes:
+                if sh.data.pop(self._k(d), None) is not None:
+                    sh.changes.append((rev, self._k(d)))
             return rev
 
     def put(self, key: str, value: bytes, lease: Lease | None = None) -> int:

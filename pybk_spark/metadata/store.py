@@ -21,7 +21,9 @@ Key layout under the scope prefix ``/<scope>/``:
   cookies/<bookie_id>            identity cookie JSON
   instanceid                     cluster instance id
   writers/<ledger id:020d>       writer liveness, under the writer's lease
-  logs/<name>                    log metadata JSON
+  logs/<name>                    log metadata JSON (a long log: its newest segments and
+                                 the chunks it names, protocol/log_metadata.py)
+  logchunks/<name>/<rev>-<i>     a sealed, immutable chunk of a long log's segments
   positions/<log>/<name>         a consumer's committed read position of the log (CAS; it
                                  holds back truncation: protocol/positions.py)
   spark/pending/<...>            Spark write attempts in flight
@@ -36,7 +38,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Callable, Optional, TypeVar
+from typing import Callable, Iterable, Mapping, Optional, TypeVar
 
 from pybk_spark import errors
 # the key layout lives in metadata/keys.py; these names stay importable from here
@@ -80,6 +82,15 @@ class MetadataStore(abc.ABC):
                          lease: Lease | None = None) -> int:
         """Replace iff current version == expected; raises MetadataVersion
         otherwise (including when the key is gone).  Returns the new version."""
+
+    @abc.abstractmethod
+    def swap_with(self, key: str, value: bytes, expected_version: int,
+                  creates: Mapping[str, bytes], deletes: Iterable[str] = ()) -> int:
+        """One atomic step (one etcd transaction, one revision): replace
+        ``key`` iff its version is ``expected_version``, create every key of
+        ``creates`` (none may exist) and delete every key of ``deletes``.
+        MetadataVersion, and nothing changed, if any condition fails.
+        Returns the new version of ``key``."""
 
     @abc.abstractmethod
     def put(self, key: str, value: bytes, lease: Lease | None = None) -> int:

@@ -27,13 +27,32 @@ first and last entry when known (-1 otherwise; older metadata has neither),
 recorded with its size; a time-based start skips segments by them
 (protocol/append_time.py).
 
+Chunks: a log's list is one value only while it is short.  etcd refuses a
+request over ``--max-request-bytes`` (1.5 MiB by default), about 8,000
+segments at ~190 bytes each, which a streaming sink reaches in hours.  So
+the log's key (the *head*) holds the log's fields and the newest segments
+(the *tail*), and names, in order, the *chunks* before them: immutable
+values of ``CHUNK_SEGMENTS`` closed segments each (``ChunkRef``).  The list
+is the chunks' segments then the tail's.  Every transform above still maps
+the whole list to the whole list; ``plan_chunks`` then lays the new list
+out: the old chunks that are still its prefix, unchanged, are kept; chunks
+truncated away are dropped, and what a truncation leaves of the first one
+is sealed anew; a chunk that changed otherwise (an overwrite) is dropped
+with every later one, and their segments go back to the tail; a tail longer
+than ``SEAL_AFTER`` seals its oldest ``CHUNK_SEGMENTS`` segments into a new
+chunk while they are all closed.  The adapter writes new chunks, the head
+and the deletion of dropped chunks in one transaction on the head's
+version, so a reader never sees a head naming a chunk that is not there
+(``logs/log.py``).  A head without chunks is byte for byte the one-value
+layout, so short logs are stored as before.
+
 This module imports no I/O, no clock and no threads.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 from pybk_spark import errors
 
@@ -118,7 +137,13 @@ class LogMetadata:
     @classmethod
     def from_json(cls, data: bytes) -> "LogMetadata":
         try:
-            d = json.loads(data)
+            return cls.from_dict(json.loads(data))
+        except ValueError as exc:
+            raise errors.MetadataError(f"corrupt log metadata: {exc}") from None
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "LogMetadata":
+        try:
             return cls(
                 name=d["name"], segments=tuple(Segment.from_dict(s) for s in d["segments"]),
                 schema=d.get("schema"), truncated_offset=int(d.get("truncated_offset", 0)),
@@ -126,7 +151,7 @@ class LogMetadata:
                 epoch=int(d.get("epoch", 0)),
                 sink_commits={k: int(v) for k, v in d.get("sink_commits", {}).items()},
                 properties=dict(d.get("properties", {})))
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise errors.MetadataError(f"corrupt log metadata: {exc}") from None
 
 
@@ -249,3 +274,112 @@ def append_closed(md: LogMetadata, ledgers: Iterable[tuple[int, int, int, int]],
         commits[sink[0]] = sink[1]
     return replace(md, segments=_with_offsets(segs, md.truncated_offset),
                    sink_commits=commits), replaced
+
+
+# -- chunks: a long log's list over several values -------------------------------------
+CHUNK_SEGMENTS = 1000          # segments in a sealed chunk (~190 KB)
+SEAL_AFTER = 2000              # a tail longer than this seals its oldest segments
+
+
+@dataclass(frozen=True)
+class ChunkRef:
+    key: str                   # metadata key holding the chunk's segments
+    count: int
+    first_ledger: int
+    last_ledger: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "count": self.count, "first_ledger": self.first_ledger,
+                "last_ledger": self.last_ledger}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ChunkRef":
+        return cls(str(d["key"]), int(d["count"]), int(d["first_ledger"]), int(d["last_ledger"]))
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    chunks: tuple[Union[ChunkRef, tuple[Segment, ...]], ...]   # in order: kept (a ref) or new
+    dropped: tuple[ChunkRef, ...]                 # old chunks no longer named
+    tail: tuple[Segment, ...]                     # the segments the head holds
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.dropped) or any(not isinstance(c, ChunkRef) for c in self.chunks)
+
+
+def plan_chunks(segments: Sequence[Segment],
+                old: Sequence[tuple[ChunkRef, Sequence[Segment]]]) -> ChunkPlan:
+    """Lay ``segments`` (a whole new list) out over the ``old`` chunks (each
+    with its segments) and new ones; see the module docstring.  A truncation
+    inside the first remaining chunk re-seals what is left of it as a new
+    chunk and keeps every later one."""
+    segments = tuple(segments)
+    present = {s.ledger_id for s in segments}
+    out: list[Union[ChunkRef, tuple[Segment, ...]]] = []
+    dropped: list[ChunkRef] = []
+    i, changed = 0, False
+    for ref, segs in old:
+        segs = tuple(segs)
+        if not changed and segments[i:i + len(segs)] == segs:
+            out.append(ref)
+            i += len(segs)
+            continue
+        dropped.append(ref)
+        if changed or out:
+            changed = True                        # this one and every later one: re-laid
+            continue
+        cut = sum(1 for s in segs if s.ledger_id not in present)
+        if cut == len(segs):
+            continue                              # truncated away whole
+        if segs[:cut] == tuple(s for s in segs if s.ledger_id not in present) \
+                and segments[:len(segs) - cut] == segs[cut:]:
+            out.append(segs[cut:])                # truncated inside: the rest, sealed anew
+            i = len(segs) - cut
+        else:
+            changed = True
+    tail = segments[i:]
+    while len(tail) > SEAL_AFTER and all(s.state == SEGMENT_CLOSED
+                                         for s in tail[:CHUNK_SEGMENTS]):
+        out.append(tail[:CHUNK_SEGMENTS])
+        tail = tail[CHUNK_SEGMENTS:]
+    return ChunkPlan(tuple(out), tuple(dropped), tail)
+
+
+def head_to_json(md: LogMetadata, tail: Sequence[Segment], chunks: Sequence[ChunkRef]) -> bytes:
+    """The head value: ``md``'s fields, ``tail`` and the chunks it names;
+    without chunks exactly ``md.to_json()`` of the tail.  With chunks the
+    tail is under ``"tail"``, not ``"segments"``: code that predates chunks
+    then finds the log corrupt instead of reading its newest segments as
+    the whole log."""
+    head = replace(md, segments=tuple(tail))
+    if not chunks:
+        return head.to_json()
+    d = json.loads(head.to_json())
+    d["tail"] = d.pop("segments")
+    d["chunks"] = [c.to_dict() for c in chunks]
+    return json.dumps(d, sort_keys=True).encode()
+
+
+def head_from_json(data: bytes) -> tuple[LogMetadata, tuple[ChunkRef, ...]]:
+    """(the head's metadata, with only the tail as segments; the chunks it names)."""
+    try:
+        d = json.loads(data)
+        if "chunks" not in d:
+            return LogMetadata.from_dict(d), ()
+        refs = tuple(ChunkRef.from_dict(c) for c in d["chunks"])
+        d["segments"] = d.pop("tail")
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise errors.MetadataError(f"corrupt log metadata: {exc}") from None
+    return LogMetadata.from_dict(d), refs
+
+
+def chunk_to_json(segments: Sequence[Segment]) -> bytes:
+    return json.dumps({"segments": [s.to_dict() for s in segments]}, sort_keys=True).encode()
+
+
+def chunk_from_json(data: bytes) -> tuple[Segment, ...]:
+    try:
+        return tuple(Segment.from_dict(s) for s in json.loads(data)["segments"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise errors.MetadataError(f"corrupt log metadata chunk: {exc}") from None

@@ -316,3 +316,22 @@ def test_a_value_over_etcds_request_limit_is_refused_and_nothing_written(store):
         store.update("big", lambda raw: raw + big)
     assert info.value.context["value_bytes"] == len(fine) + len(big)
     assert store.get("big").value == fine and store.get("big").version == v
+
+
+# -- swap_with: one key's CAS with creates and deletes, atomically ------------------
+def test_swap_with_is_one_atomic_step(store):
+    v = store.put_if_absent("head", b"h1")
+    store.put_if_absent("old", b"o")
+    v2 = store.swap_with("head", b"h2", v, {"new/a": b"a", "new/b": b"b"}, ["old"])
+    got = store.get("head")
+    assert got.value == b"h2" and got.version == v2
+    assert store.get("new/a").version == v2 == store.get("new/b").version   # one revision
+    assert store.get("old") is None
+    with pytest.raises(errors.MetadataVersion):             # stale version: nothing at all
+        store.swap_with("head", b"h3", v, {"new/c": b"c"}, ["new/a"])
+    with pytest.raises(errors.MetadataVersion):             # a create that exists: nothing
+        store.swap_with("head", b"h3", v2, {"new/c": b"c", "new/a": b"x"}, ["new/b"])
+    assert store.get("head").value == b"h2" and store.get("new/c") is None
+    assert store.get("new/a").value == b"a" and store.get("new/b").value == b"b"
+    with pytest.raises(errors.MetadataVersion):             # the key itself is gone
+        store.swap_with("nope", b"x", v2, {})
