@@ -503,10 +503,7 @@ def extend_final_state(bk, final: FinalState, *, log=print) -> FinalState:
     final.ledgers.update(more.ledgers)
     final.recoveries += more.recoveries
     final.recovery_failures += more.recovery_failures
-    from pybk_spark.protocol.log_metadata import LogMetadata
-    for key, value in bk.metadata_store.list_prefix("logs/"):
-        lmd = LogMetadata.from_json(value.value)
-        final.logs[lmd.name] = [s.ledger_id for s in lmd.segments]
+    _read_logs(bk.metadata_store, final)
     return final
 
 
@@ -539,11 +536,16 @@ def collect_final_state(bk, *, probe_k: int = 5, count_replicas: bool = False,
         fl.beyond_quorum = probe_beyond(bk, md, probe_k)
         if count_replicas:
             fl.replicas = count_entry_replicas(bk, md)
-    for key, value in (store.list_prefix("logs/") if ledger_ids is None else []):
-        from pybk_spark.protocol.log_metadata import LogMetadata
-        lmd = LogMetadata.from_json(value.value)
-        final.logs[lmd.name] = [s.ledger_id for s in lmd.segments]
+    if ledger_ids is None:
+        _read_logs(store, final)
     return final
+
+
+def _read_logs(store, final: FinalState) -> None:
+    """Every log's ledger list (read_log: a long log's key names chunks)."""
+    from pybk_spark.logs.log import list_logs, read_log
+    for name in list_logs(store):
+        final.logs[name] = read_log(store, name)[0].ledger_ids
 
 
 def _recover(bk, lid, final: FinalState, attempts: int, log) -> Optional[lm.LedgerMetadata]:
