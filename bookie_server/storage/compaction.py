@@ -53,8 +53,11 @@ def compact(store: EntryStore, min_live_ratio: float, journal_below_seq: int = 0
         if store.files.current in victims:   # roll away from a sparse current segment
             store.files.roll()
         victims = [s for s in victims if store.segment_live.get(s, 0) > 0]
+        if not victims:          # the common case: no walk over every stored batch
+            return 0
+        in_victims = set(victims)
         moving = [(rid, ref) for rid, ref in store.refs.items()
-                  if ref.batch is None and ref.segment in victims]
+                  if ref.batch is None and ref.segment in in_victims]
     if not moving:
         return 0
     fh = store.files.open_for_append()
