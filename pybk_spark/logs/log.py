@@ -64,6 +64,7 @@ from pybk_spark.metadata import keys
 Start = Union[str, Position, tuple]
 _log = logging.getLogger("pybk_spark.logs")
 _LARGE_LOG_BYTES = 1 << 20     # 2/3 of etcd's default request limit
+_TXN_DELETES = 64              # dropped chunks deleted in the head's transaction
 
 
 @dataclass(frozen=True)
@@ -187,9 +188,10 @@ def update_log(store, name: str, transform: Callable[[LogMetadata], LogMetadata]
                 chunk = ref
             refs.append(chunk)
         head = logmd.head_to_json(new, plan.tail, refs)
+        dropped = [r.key for r in plan.dropped]
         try:
-            if plan.changed:
-                store.swap_with(key, head, version, creates, [r.key for r in plan.dropped])
+            if plan.changed:      # etcd caps a transaction's operations (--max-txn-ops, 128)
+                store.swap_with(key, head, version, creates, dropped[:_TXN_DELETES])
             else:
                 store.compare_and_swap(key, head, version)
         except errors.MetadataVersion:
@@ -200,6 +202,8 @@ def update_log(store, name: str, transform: Callable[[LogMetadata], LogMetadata]
                 f"{len(new.segments)} segments, its schema and properties), more than etcd "
                 f"accepts in one request; raise etcd's --max-request-bytes (docs/operations.md, "
                 f"\"Log size\")", log=name, value_bytes=len(head)) from exc
+        for chunk_key in dropped[_TXN_DELETES:]:    # named by no head any more
+            store.delete(chunk_key)
         if len(head) > _LARGE_LOG_BYTES:
             _log.warning("event=log_metadata_large log=%s bytes=%d segments=%d limit=etcd "
                          "--max-request-bytes (1.5 MiB by default)", name, len(head),

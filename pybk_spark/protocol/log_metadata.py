@@ -40,7 +40,7 @@ truncated away are dropped, and what a truncation leaves of the first one
 is sealed anew; a chunk that changed otherwise (an overwrite) is dropped
 with every later one, and their segments go back to the tail; a tail longer
 than ``SEAL_AFTER`` seals its oldest ``CHUNK_SEGMENTS`` segments into a new
-chunk while they are all closed.  The adapter writes new chunks, the head
+chunk while they are all closed, at most ``MAX_SEALS_PER_CHANGE`` a change.  The adapter writes new chunks, the head
 and the deletion of dropped chunks in one transaction on the head's
 version, so a reader never sees a head naming a chunk that is not there
 (``logs/log.py``).  A head without chunks is byte for byte the one-value
@@ -279,6 +279,9 @@ def append_closed(md: LogMetadata, ledgers: Iterable[tuple[int, int, int, int]],
 # -- chunks: a long log's list over several values -------------------------------------
 CHUNK_SEGMENTS = 1000          # segments in a sealed chunk (~190 KB)
 SEAL_AFTER = 2000              # a tail longer than this seals its oldest segments
+MAX_SEALS_PER_CHANGE = 2       # so one change's request stays the size of the value it
+                               # replaces (a one-value log of 8,000 segments shrinks over
+                               # its next changes, not in one request etcd would refuse)
 
 
 @dataclass(frozen=True)
@@ -339,8 +342,10 @@ def plan_chunks(segments: Sequence[Segment],
         else:
             changed = True
     tail = segments[i:]
-    while len(tail) > SEAL_AFTER and all(s.state == SEGMENT_CLOSED
-                                         for s in tail[:CHUNK_SEGMENTS]):
+    for _ in range(MAX_SEALS_PER_CHANGE):
+        if len(tail) <= SEAL_AFTER or any(s.state != SEGMENT_CLOSED
+                                          for s in tail[:CHUNK_SEGMENTS]):
+            break
         out.append(tail[:CHUNK_SEGMENTS])
         tail = tail[CHUNK_SEGMENTS:]
     return ChunkPlan(tuple(out), tuple(dropped), tail)

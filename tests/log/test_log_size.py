@@ -58,7 +58,9 @@ def test_a_log_of_20000_segments_keeps_its_head_small(store, caplog):
     assert sum(r.count for r in refs) + len(head.segments) == 20_000
 
 
-def test_truncation_drops_whole_chunks_and_relays_a_cut_one(store):
+def test_truncation_drops_whole_chunks_and_relays_a_cut_one(store, monkeypatch):
+    from pybk_spark.logs import log
+    monkeypatch.setattr(log, "_TXN_DELETES", 1)     # the rest are deleted after the CAS
     read_or_create_log(store, "events")
     for first in range(1, 6_001, 500):
         _append(store, first, 500)
@@ -113,6 +115,21 @@ def test_deleting_a_long_log_deletes_its_chunks(store):
     with pytest.raises(errors.LogNotFound):
         read_log(store, "events")
     assert read_log(store, "other")[0].ledger_ids == list(range(5_001, 5_101))
+
+
+def test_a_one_value_log_near_etcds_limit_moves_to_chunks(store):
+    """A log written before chunks, one value of 8,000 segments: its next
+    changes seal two chunks each, every request within etcd's limit."""
+    md = logmd.append_closed(logmd.new_log("events"), [(lid, 10, 1_000_000, 10_000)
+                                                        for lid in range(1, 8_001)],
+                             times={lid: (T0 + lid, T0 + lid + 5) for lid in range(1, 8_001)})[0]
+    store.put_if_absent(keys.log_key("events"), md.to_json())
+    sizes = []
+    for first in range(10_001, 10_006):
+        _append(store, first, 1)
+        sizes.append(len(logmd.head_from_json(_head(store))[0].segments))
+    assert sizes == [6_001, 4_002, 2_003, 1_004, 1_005]
+    assert read_log(store, "events")[0].ledger_ids == list(range(1, 8_001)) + list(range(10_001, 10_006))
 
 
 def test_a_head_past_etcds_limit_names_the_log(store):

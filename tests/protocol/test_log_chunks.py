@@ -86,3 +86,11 @@ def test_code_before_chunks_finds_a_chunked_head_corrupt_not_short():
     head = logmd.head_to_json(md, md.segments, [ref("k", segs(1, 1000))])
     with pytest.raises(errors.MetadataError):
         logmd.LogMetadata.from_json(head)
+
+
+def test_one_change_seals_at_most_two_chunks():
+    """A one-value log of 8,000 segments (written before chunks) shrinks over
+    its next changes, each request about the size of the value it replaces."""
+    whole = segs(1, 8_000)
+    plan = logmd.plan_chunks(whole, [])
+    assert len(plan.chunks) == logmd.MAX_SEALS_PER_CHANGE == 2 and len(plan.tail) == 6_000
