@@ -40,10 +40,11 @@ truncated away are dropped, and what a truncation leaves of the first one
 is sealed anew; a chunk that changed otherwise (an overwrite) is dropped
 with every later one, and their segments go back to the tail; a tail longer
 than ``SEAL_AFTER`` seals its oldest ``CHUNK_SEGMENTS`` segments into a new
-chunk while they are all closed, at most ``MAX_SEALS_PER_CHANGE`` a change.  The adapter writes new chunks and the head in
-one transaction on the head's version, so a reader never sees a head naming
-a chunk that is not there, and deletes the chunks it stops naming in that
-transaction or right after (``logs/log.py``).  A head without chunks is byte for byte the one-value
+chunk while they are all closed, at most ``MAX_SEALS_PER_CHANGE`` a change.
+The adapter writes new chunks and the head in one transaction on the head's
+version, so a reader never sees a head naming a chunk that is not there,
+and deletes the chunks it stops naming in that transaction or right after
+(``logs/log.py``).  A head without chunks is byte for byte the one-value
 layout, so short logs are stored as before.
 
 This module imports no I/O, no clock and no threads.
