@@ -545,7 +545,10 @@ def _read_logs(store, final: FinalState) -> None:
     """Every log's ledger list (read_log: a long log's key names chunks)."""
     from pybk_spark.logs.log import list_logs, read_log
     for name in list_logs(store):
-        final.logs[name] = read_log(store, name)[0].ledger_ids
+        try:
+            final.logs[name] = read_log(store, name)[0].ledger_ids
+        except errors.LogNotFound:      # deleted since it was listed
+            continue
 
 
 def _recover(bk, lid, final: FinalState, attempts: int, log) -> Optional[lm.LedgerMetadata]:
