@@ -236,6 +236,7 @@ class LocalCluster:
         b = self._bookie(bookie_id)
         if b.proc is not None:
             _signal(b.proc, signal.SIGSTOP)
+            _wait_stopped(b.proc.pid)
             self._frozen.add(bookie_id)
 
     def resume_bookie(self, bookie_id: str) -> None:
@@ -385,6 +386,22 @@ class LocalCluster:
         tmp = self._state_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(state, indent=2, sort_keys=True))
         os.replace(tmp, self._state_path)
+
+
+def _wait_stopped(pid: int, timeout: float = 5.0) -> None:
+    """Return once every thread of ``pid`` is stopped (state T in /proc), so
+    a caller's next request cannot be served by a bookie still stopping; a
+    process that is gone (or no /proc) returns at once."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            states = [open(f"/proc/{pid}/task/{t}/stat").read().rsplit(")", 1)[1].split()[0]
+                      for t in os.listdir(f"/proc/{pid}/task")]
+        except OSError:
+            return
+        if all(st in ("T", "t", "Z", "X") for st in states):
+            return
+        time.sleep(0.001)
 
 
 def _signal(proc: subprocess.Popen, sig: int) -> None:
