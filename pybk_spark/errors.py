@@ -40,6 +40,12 @@ class MetadataTooLarge(IncorrectParameter):
     """A metadata value over what the store accepts (etcd: ``--max-request-bytes``,
     1.5 MiB by default); nothing was written."""
 
+    @classmethod
+    def refused(cls, detail: str) -> "MetadataTooLarge":
+        """etcd's refusal (or the in-memory twin's, in the same words)."""
+        return cls(f"etcd rejected request: {detail} (the limit is etcd's --max-request-bytes, "
+                   f"1.5 MiB unless the etcd members set it)")
+
 
 class BadRequest(BKError):
     """Malformed request."""

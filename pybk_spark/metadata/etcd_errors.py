@@ -67,9 +67,7 @@ def translate(fn, sec: EtcdSecurity | None = None):
             if ((code == grpc.StatusCode.INVALID_ARGUMENT and "too large" in (detail or ""))
                     or (code == grpc.StatusCode.RESOURCE_EXHAUSTED
                         and "larger than max" in (detail or ""))):
-                raise errors.MetadataTooLarge(
-                    f"etcd rejected request: {detail} (the limit is etcd's --max-request-bytes, "
-                    f"1.5 MiB unless the etcd members set it)") from exc
+                raise errors.MetadataTooLarge.refused(detail) from exc
             if code == grpc.StatusCode.INVALID_ARGUMENT:
                 raise errors.IncorrectParameter(f"etcd rejected request: {detail}") from exc
             raise errors.MetadataError(f"etcd error: {code} {detail}") from exc

@@ -160,9 +160,7 @@ class MemoryMetadataStore(MetadataStore):
         """etcd refuses a request over its --max-request-bytes (1.5 MiB by
         default); the twin refuses keys and values over that."""
         if size > MAX_REQUEST_BYTES:
-            raise errors.MetadataTooLarge(
-                "etcd rejected request: etcdserver: request is too large (the limit is etcd's "
-                "--max-request-bytes, 1.5 MiB unless the etcd members set it)")
+            raise errors.MetadataTooLarge.refused("etcdserver: request is too large")
 
     def _lease_id(self, lease: Lease | None) -> int:
         if lease is None:
