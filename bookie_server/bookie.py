@@ -407,13 +407,14 @@ class Bookie(BookieRequests):
             return position
 
     def _write_checkpoint(self, position: Position, states: list[dict]) -> None:
-        """Persist the index change since the last checkpoint (or the whole
-        index, checkpoint_file.wants_base) with P and the states; nothing at
-        all when none of them changed."""
+        """Persist the index change since the last checkpoint (folded into a
+        new whole index from the files when checkpoint_file.wants_base says
+        so, with no lock of the store held) with P and the states; nothing
+        at all when none of them changed."""
         lost = self.lost.to_json()
-        table, ledgers = store_index.take_index(
-            self.store, lambda rows: checkpoint_file.wants_base(self._index_files, rows))
-        if ledgers == [] and self._last_written == (position, states, lost):
+        table, ledgers = store_index.take_delta(self.store)
+        if (ledgers == [] and self._index_files is not None
+                and self._last_written == (position, states, lost)):
             return
         self._ckpt_gen += 1
         self._index_files = checkpoint_file.write(
@@ -428,6 +429,7 @@ class Bookie(BookieRequests):
             return Position(0, 0)
         doc, table = found
         self._ckpt_gen = int(doc["generation"])
+        self._index_files = checkpoint_file.IndexFiles.of(doc)    # the next one goes on from them
         store_index.load_index(self.store, table)
         for d in doc["states"]:
             s = ls.LedgerState.from_json(d)

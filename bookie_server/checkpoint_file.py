@@ -5,15 +5,18 @@ Theory of operation
 -------------------
 A checkpoint is one JSON document: the journal position P it covers, the
 ledger states, the lost ranges, and the names of the Arrow IPC files that
-hold the entry store's run index at that cut: a *base* (the whole index,
-``store_index.index_table``) and, after it, *deltas* in order, each the
-whole run set of the ledgers it names (``store_index.take_index``); a
-ledger named by a delta has exactly that delta's runs (none: dropped).  A
-checkpoint writes a delta of the ledgers changed since the previous one, so
-its cost follows what changed, not what the bookie stores; when the deltas
-pass half the base's rows or ``MAX_DELTAS`` files (``wants_base``), or
-after a restart, it writes a new base instead.  A checkpoint whose index did
-not change writes no index file at all.
+hold the entry store's run index at that cut: a *base* (the whole index)
+and, after it, *deltas* in order, each the whole run set of the ledgers it
+names (``store_index.take_delta``); a ledger named by a delta has exactly
+that delta's runs (none: dropped).  A checkpoint cuts only the ledgers
+changed since the previous one, so its cost under the store's lock follows
+what changed, not what the bookie stores.  It appends that delta to the
+files; when the deltas would pass half the base's rows or ``MAX_DELTAS``
+files (``wants_base``), it folds the files it names and the new delta into
+a new base instead (``store_index.fold``): that reads and writes the whole
+index, but from files, with no lock of the store held.  A restart goes on
+from the files the checkpoint it loaded names.  A checkpoint whose index
+did not change writes no index file at all.
 
 Ordering obligations (``write``):
   * the index file is written and fsync'd first, then ``checkpoint.json`` is
@@ -32,7 +35,7 @@ from typing import Callable, Optional
 
 import pyarrow as pa
 
-from bookie_server.storage.store_index import apply_delta
+from bookie_server.storage.store_index import fold
 
 CHECKPOINT = "checkpoint.json"
 MAX_DELTAS = 64
@@ -52,38 +55,50 @@ class IndexFiles:
     def names(self) -> set[str]:
         return {self.base, *(d["file"] for d in self.deltas)}
 
+    @classmethod
+    def of(cls, doc: dict) -> "IndexFiles":
+        """The files a loaded checkpoint document names."""
+        deltas = tuple(doc.get("index_deltas", ()))
+        return cls(doc["index"], int(doc.get("index_rows", -1)), deltas)
+
 
 def wants_base(files: Optional[IndexFiles], delta_rows: int) -> bool:
     """Whether the next checkpoint writes the whole index rather than a delta
-    of ``delta_rows`` rows: no base yet (a new bookie, or a restart), or the
-    deltas would pass ``MAX_DELTAS`` files or half the base's rows (so a
-    load reads at most about 1.5x the index)."""
-    if files is None:
+    of ``delta_rows`` rows: no base yet (a new bookie; its first delta holds
+    every ledger it has flushed), a base of unrecorded size (written by a
+    version before ``index_rows``), or the deltas would pass ``MAX_DELTAS``
+    files or half the base's rows (so a load reads at most about 1.5x the
+    index)."""
+    if files is None or files.base_rows < 0:
         return True
     return (len(files.deltas) >= MAX_DELTAS
             or 2 * (files.delta_rows() + delta_rows) > max(files.base_rows, 4096))
 
 
 def write(data_dir: str, generation: int, position, files: Optional[IndexFiles],
-          table: pa.Table, ledgers: Optional[list[int]], states: list[dict],
+          delta: pa.Table, ledgers: list[int], states: list[dict],
           lost: dict, fsync: Callable[[int], None]) -> IndexFiles:
     """Persist checkpoint ``generation`` at journal ``position`` (seq, offset)
-    and return the index files it names.  ``ledgers`` None: ``table`` is the
-    whole index (a new base); else ``table`` holds the runs of ``ledgers``, a
-    delta after ``files`` (no file at all when ``ledgers`` is empty)."""
+    and return the index files it names.  ``delta`` holds the runs of
+    ``ledgers``, the ledgers changed since the checkpoint that named
+    ``files`` (None: there was none, so ``delta`` is the whole index).  No
+    index file is written when ``ledgers`` is empty and ``files`` exist."""
     index_name = f"index-{generation:010d}.arrow"
-    if ledgers is not None and files is None:
-        raise ValueError("an index delta needs the base it follows (wants_base: a base first)")
-    if ledgers is None or files is None:
-        _write_table(os.path.join(data_dir, index_name), table, fsync)
-        files = IndexFiles(index_name, table.num_rows)
+    if files is None:
+        _write_table(os.path.join(data_dir, index_name), delta, fsync)
+        files = IndexFiles(index_name, delta.num_rows)
+    elif ledgers and wants_base(files, delta.num_rows):
+        whole = fold(read_index(data_dir, files), [(delta, ledgers)])
+        _write_table(os.path.join(data_dir, index_name), whole, fsync)
+        files = IndexFiles(index_name, whole.num_rows)
     elif ledgers:
-        _write_table(os.path.join(data_dir, index_name), table, fsync)
+        _write_table(os.path.join(data_dir, index_name), delta, fsync)
         files = IndexFiles(files.base, files.base_rows, files.deltas + (
-            {"file": index_name, "ledgers": [int(x) for x in ledgers], "rows": table.num_rows},))
+            {"file": index_name, "ledgers": [int(x) for x in ledgers], "rows": delta.num_rows},))
     doc = {"version": 1, "generation": generation, "journal_seq": position.seq,
            "journal_offset": position.offset, "index": files.base,
-           "index_deltas": list(files.deltas), "states": states, "lost": lost}
+           "index_rows": files.base_rows, "index_deltas": list(files.deltas),
+           "states": states, "lost": lost}
     tmp = os.path.join(data_dir, CHECKPOINT + ".tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(doc, fh)
@@ -110,6 +125,13 @@ def _read_table(path: str) -> pa.Table:
         return pa.ipc.open_file(src).read_all()
 
 
+def read_index(data_dir: str, files: IndexFiles) -> pa.Table:
+    """The run index ``files`` hold: the base with every delta applied."""
+    return fold(_read_table(os.path.join(data_dir, files.base)),
+                [(_read_table(os.path.join(data_dir, d["file"])), d["ledgers"])
+                 for d in files.deltas])
+
+
 def read(data_dir: str) -> Optional[tuple[dict, pa.Table]]:
     """(the checkpoint document, its run index: the base with every delta
     applied in order); None before the first."""
@@ -118,11 +140,7 @@ def read(data_dir: str) -> Optional[tuple[dict, pa.Table]]:
         return None
     with open(path, encoding="utf-8") as fh:
         doc = json.load(fh)
-    table = _read_table(os.path.join(data_dir, doc["index"]))
-    for delta in doc.get("index_deltas", ()):
-        table = apply_delta(table, _read_table(os.path.join(data_dir, delta["file"])),
-                            delta["ledgers"])
-    return doc, table
+    return doc, read_index(data_dir, IndexFiles.of(doc))
 
 
 def fsync_path(path: str, fsync: Callable[[int], None]) -> None:

@@ -47,7 +47,7 @@ Ordering obligations:
     Every change to a ledger's segment runs (``flush_commit``, compaction,
     ``drop_ledger``, ``quarantine``) marks the ledger in ``index_changed``,
     under the lock, so a checkpoint can persist only the ledgers changed
-    since the last one (``store_index.take_index``).
+    since the last one (``store_index.take_delta``).
 
 The files themselves (segment and journal files, their sizes and live bytes,
 the current segment, memory maps and the decoded-batch cache) are

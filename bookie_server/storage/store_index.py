@@ -5,20 +5,22 @@ Theory of operation
 -------------------
 ``index_table`` turns every ledger's segment runs into one Arrow table
 (ledger, start, end, segment, offset, length, row); memory runs are not in
-it, because journal replay rebuilds them.  ``take_index`` gives a
-checkpoint either that whole table or only the runs of the ledgers changed
-since the last checkpoint (``EntryStore.index_changed``); a checkpoint
-persists such a delta beside the last whole table (checkpoint_file.py) and
-``apply_delta`` puts them back together at load.  ``load_index`` restores refs, runs
-and per-segment live bytes from such a table, then ``scan_segments`` sizes
-every segment file on disk (and every journal file an index run points into).
+it, because journal replay rebuilds them.  ``take_delta`` gives a
+checkpoint only the runs of the ledgers changed since the last checkpoint
+(``EntryStore.index_changed``); a checkpoint persists such a delta beside the
+tables persisted before it (checkpoint_file.py), and ``fold`` puts a table
+and the deltas after it back together, at load and when a checkpoint writes
+a new whole table from its files.  ``load_index`` restores refs, runs and
+per-segment live bytes from such a table, then ``scan_segments`` sizes every
+segment file on disk (and every journal file an index run points into).
 
 Ordering obligations:
-  * The table is taken under ``store.lock``, so it is one consistent cut of
-    the index; the caller persists it (fsync) before deleting any file the
-    previous index referenced.  A delta is cut under the same lock as the
-    changed set is cleared, so every change is in exactly one persisted
-    table: this delta, or the next.
+  * A delta is cut under ``store.lock`` as the changed set is cleared, so it
+    is one consistent cut of those ledgers and every change is in exactly
+    one persisted table: this delta, or the next.  Nothing here ever walks
+    the whole store under the lock, except ``index_table`` (tests and tools).
+  * The caller persists a cut (fsync) before deleting any file the previous
+    index referenced.
   * ``load_index`` runs before journal replay and before the bookie serves:
     nothing else touches the store yet.  After it, appends always go to a
     fresh segment (``store.files.roll()``), never into a file of unknown tail.
@@ -27,7 +29,6 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Callable, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -49,19 +50,13 @@ def index_table(store: EntryStore) -> pa.Table:
         return _rows(store, list(store.ledgers))
 
 
-def take_index(store: EntryStore, want_whole: Callable[[int], bool]
-               ) -> tuple[pa.Table, Optional[list[int]]]:
-    """One consistent cut of what a checkpoint must persist: (the runs of
-    the ledgers changed since the last cut, those ledgers), or, when
-    ``want_whole(rows of that change)`` says so, (the whole index, None).
-    The changed set is cleared either way."""
+def take_delta(store: EntryStore) -> tuple[pa.Table, list[int]]:
+    """One consistent cut of the ledgers changed since the last cut: (their
+    segment runs, those ledgers, ascending).  The changed set is cleared."""
     with store.lock:
         changed = sorted(store.index_changed)
         store.index_changed = set()
-        delta = _rows(store, changed)
-        if want_whole(delta.num_rows):
-            return _rows(store, list(store.ledgers)), None
-        return delta, changed
+        return _rows(store, changed), changed
 
 
 def _rows(store: EntryStore, ledger_ids: list[int]) -> pa.Table:
@@ -98,10 +93,25 @@ def _rows(store: EntryStore, ledger_ids: list[int]) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=INDEX_SCHEMA)
 
 
-def apply_delta(table: pa.Table, delta: pa.Table, ledgers: list[int]) -> pa.Table:
-    """``table`` with the runs of ``ledgers`` replaced by ``delta``'s."""
-    keep = ~np.isin(table.column("ledger").to_numpy(), np.asarray(ledgers, np.int64))
-    return pa.concat_tables([table.filter(pa.array(keep)), delta])
+def fold(table: pa.Table, deltas: list[tuple[pa.Table, list[int]]]) -> pa.Table:
+    """``table`` with each delta applied in order: a ledger a delta names has
+    exactly that delta's runs (none: dropped), and only the last delta
+    naming a ledger counts.  One pass over ``table``, whatever the number of
+    deltas."""
+    if not deltas:
+        return table
+    last: dict[int, int] = {}
+    for i, (_, ledgers) in enumerate(deltas):
+        for ledger in ledgers:
+            last[int(ledger)] = i
+    named = np.fromiter(last, np.int64, len(last))
+    parts = [table.filter(pa.array(~np.isin(table.column("ledger").to_numpy(), named)))]
+    for i, (delta, ledgers) in enumerate(deltas):
+        mine = np.asarray([x for x in ledgers if last[int(x)] == i], np.int64)
+        if delta.num_rows and len(mine):
+            parts.append(delta if len(mine) == len(ledgers) else
+                         delta.filter(pa.array(np.isin(delta.column("ledger").to_numpy(), mine))))
+    return pa.concat_tables(parts)
 
 
 def load_index(store: EntryStore, table: pa.Table) -> None:

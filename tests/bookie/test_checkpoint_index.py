@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from bookie_server import checkpoint_file
@@ -137,14 +138,102 @@ def test_every_change_to_segment_runs_marks_its_ledger(tmp_path):
     for ledger in (1, 2, 3):
         store.add(ledger, batch_from_bytes(entries_bytes(ledger, range(0, 4))))
     store.flush()
-    table, ledgers = store_index.take_index(store, lambda n: False)
+    table, ledgers = store_index.take_delta(store)
     assert ledgers == [1, 2, 3] and table.num_rows == 3
-    assert store_index.take_index(store, lambda n: False)[1] == []
+    assert store_index.take_delta(store)[1] == []
     (ref_id,) = np.unique(store.ledgers[2].table_parts()[2]).tolist()
     assert store.quarantine(ref_id) == [(0, 3)]
     store.drop_ledger(3)
-    table, ledgers = store_index.take_index(store, lambda n: False)
+    table, ledgers = store_index.take_delta(store)
     assert ledgers == [2, 3] and table.num_rows == 0
-    whole, ledgers = store_index.take_index(store, lambda n: True)
-    assert ledgers is None and rows(whole) == rows(store_index.index_table(store))
-    assert set(whole.column("ledger").to_pylist()) == {1}
+    assert set(store_index.index_table(store).column("ledger").to_pylist()) == {1}
+
+
+def test_a_checkpoint_cuts_only_changed_ledgers_even_for_a_new_base(tmp_path, cfg, monkeypatch):
+    """Under the store lock a checkpoint visits the ledgers that changed,
+    never the whole store, also when it writes a new base: that one is
+    folded from the files."""
+    monkeypatch.setattr(checkpoint_file, "MAX_DELTAS", 1)
+    cut_sizes: list[int] = []
+    rows_of = store_index._rows
+
+    def counting(store, ledger_ids):
+        cut_sizes.append(len(ledger_ids))
+        return rows_of(store, ledger_ids)
+    monkeypatch.setattr(store_index, "_rows", counting)
+    b = Bookie(cfg).open(background=False)
+    try:
+        for ledger in range(1, 31):
+            b.add(ledger, b"k", entries_bytes(ledger, range(0, 3)))
+        b.checkpoint()
+        deltas = []
+        for e in (5, 7, 9):                         # a delta, then a new base, then a delta
+            b.add(4, b"k", entries_bytes(4, [e]))
+            cut_sizes.clear()
+            b.checkpoint()
+            assert cut_sizes == [1]
+            deltas.append(len(doc(tmp_path)["index_deltas"]))
+            loaded_matches_store(tmp_path, b)
+        assert deltas == [1, 0, 1]
+    finally:
+        b.close(checkpoint=False)
+
+
+def test_a_restart_goes_on_from_the_files_it_loaded(tmp_path, cfg):
+    b = Bookie(cfg).open(background=False)
+    for ledger in range(1, 11):
+        b.add(ledger, b"k", entries_bytes(ledger, range(0, 4)))
+    b.checkpoint()
+    b.add(3, b"k", entries_bytes(3, [6]))
+    b.checkpoint()
+    before = doc(tmp_path)
+    b.close(checkpoint=False)
+
+    b = Bookie(cfg).open(background=False)
+    try:
+        b.add(5, b"k", entries_bytes(5, [9]))
+        b.checkpoint()
+        after = doc(tmp_path)
+        assert after["index"] == before["index"]                  # no new base for a restart
+        assert [d["ledgers"] for d in after["index_deltas"]][-1] == [5]
+        assert after["index_deltas"][:-1] == before["index_deltas"]
+        loaded_matches_store(tmp_path, b)
+    finally:
+        b.close(checkpoint=False)
+
+
+def test_a_checkpoint_from_before_index_rows_folds_a_new_base(tmp_path, cfg):
+    """A checkpoint document written before ``index_rows`` was recorded: the
+    next checkpoint folds its files into a new base (it cannot size them)."""
+    b = Bookie(cfg).open(background=False)
+    for ledger in (1, 2):
+        b.add(ledger, b"k", entries_bytes(ledger, range(0, 4)))
+    b.checkpoint()
+    b.close(checkpoint=False)
+    old = doc(tmp_path)
+    del old["index_rows"]
+    (tmp_path / "checkpoint.json").write_text(json.dumps(old))
+
+    b = Bookie(cfg).open(background=False)
+    try:
+        b.add(2, b"k", entries_bytes(2, [8]))
+        b.checkpoint()
+        new = doc(tmp_path)
+        assert new["index"] != old["index"] and new["index_deltas"] == []
+        assert new["index_rows"] == 3
+        loaded_matches_store(tmp_path, b)
+    finally:
+        b.close(checkpoint=False)
+
+
+def test_fold_keeps_the_last_delta_naming_a_ledger():
+    def t(runs):
+        cols = list(zip(*runs)) if runs else [[] for _ in range(7)]
+        return pa.Table.from_arrays([pa.array(c, pa.int64()) for c in cols],
+                                    schema=store_index.INDEX_SCHEMA)
+    base = t([(1, 0, 3, 1, 0, 10, 4), (2, 0, 3, 1, 10, 10, 4), (3, 0, 0, 1, 20, 5, 1)])
+    d1 = t([(2, 0, 5, 2, 0, 20, 6), (4, 0, 1, 2, 20, 5, 2)])
+    d2 = t([(2, 0, 7, 3, 0, 30, 8)])
+    folded = store_index.fold(base, [(d1, [2, 3, 4]), (d2, [2])])
+    assert rows(folded) == [(1, 0, 3, 1, 0, 10, 4), (2, 0, 7, 3, 0, 30, 8), (4, 0, 1, 2, 20, 5, 2)]
+    assert store_index.fold(base, []) is base
