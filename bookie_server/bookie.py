@@ -412,13 +412,13 @@ class Bookie(BookieRequests):
         so, with no lock of the store held) with P and the states; nothing
         at all when none of them changed."""
         lost = self.lost.to_json()
-        table, ledgers = store_index.take_delta(self.store)
-        if (ledgers == [] and self._index_files is not None
+        delta = store_index.take_delta(self.store)
+        if (delta.empty and self._index_files is not None
                 and self._last_written == (position, states, lost)):
             return
         self._ckpt_gen += 1
         self._index_files = checkpoint_file.write(
-            self.data_dir, self._ckpt_gen, position, self._index_files, table, ledgers,
+            self.data_dir, self._ckpt_gen, position, self._index_files, delta,
             states, lost, self.store.fsync)
         self._last_written = (position, states, lost)
 

@@ -6,11 +6,11 @@ Theory of operation
 A checkpoint is one JSON document: the journal position P it covers, the
 ledger states, the lost ranges, and the names of the Arrow IPC files that
 hold the entry store's run index at that cut: a *base* (the whole index)
-and, after it, *deltas* in order, each the whole run set of the ledgers it
-names (``store_index.take_delta``); a ledger named by a delta has exactly
-that delta's runs (none: dropped).  A checkpoint cuts only the ledgers
-changed since the previous one, so its cost under the store's lock follows
-what changed, not what the bookie stores.  It appends that delta to the
+and, after it, *deltas* in order (``store_index.take_delta``): a ledger a
+delta *replaces* has exactly that delta's runs (none: dropped), a ledger it
+*appends* to gains that delta's runs.  A checkpoint cuts only what changed
+since the previous one, so its cost under the store's lock follows what
+changed, not what the bookie stores nor how long a ledger is.  It appends that delta to the
 files; when the deltas would pass half the base's rows or ``MAX_DELTAS``
 files (``wants_base``), it folds the files it names and the new delta into
 a new base instead (``store_index.fold``): that reads and writes the whole
@@ -35,7 +35,7 @@ from typing import Callable, Optional
 
 import pyarrow as pa
 
-from bookie_server.storage.store_index import fold
+from bookie_server.storage.store_index import IndexDelta, fold
 
 CHECKPOINT = "checkpoint.json"
 MAX_DELTAS = 64
@@ -44,7 +44,11 @@ MAX_DELTAS = 64
 @dataclass(frozen=True)
 class IndexFiles:
     """The index files a checkpoint names: the base and its deltas, in order
-    (``{"file", "ledgers", "rows"}`` each)."""
+    (``{"file", "replaced", "appended", "rows"}`` each; a delta written
+    before appends were persisted has ``"ledgers"``, all replaced).  No
+    delta has ``"ledgers"`` now, so a version that knew only replacing
+    deltas refuses to load a checkpoint that appends instead of reading it
+    short."""
     base: str
     base_rows: int
     deltas: tuple[dict, ...] = field(default=())
@@ -76,25 +80,27 @@ def wants_base(files: Optional[IndexFiles], delta_rows: int) -> bool:
 
 
 def write(data_dir: str, generation: int, position, files: Optional[IndexFiles],
-          delta: pa.Table, ledgers: list[int], states: list[dict],
+          delta: IndexDelta, states: list[dict],
           lost: dict, fsync: Callable[[int], None]) -> IndexFiles:
     """Persist checkpoint ``generation`` at journal ``position`` (seq, offset)
-    and return the index files it names.  ``delta`` holds the runs of
-    ``ledgers``, the ledgers changed since the checkpoint that named
-    ``files`` (None: there was none, so ``delta`` is the whole index).  No
-    index file is written when ``ledgers`` is empty and ``files`` exist."""
+    and return the index files it names.  ``delta`` is the change since the
+    checkpoint that named ``files`` (None: there was none, so ``delta``
+    holds the whole index).  No index file is written when ``delta`` is
+    empty and ``files`` exist."""
     index_name = f"index-{generation:010d}.arrow"
+    rows = delta.table.num_rows
     if files is None:
-        _write_table(os.path.join(data_dir, index_name), delta, fsync)
-        files = IndexFiles(index_name, delta.num_rows)
-    elif ledgers and wants_base(files, delta.num_rows):
-        whole = fold(read_index(data_dir, files), [(delta, ledgers)])
+        _write_table(os.path.join(data_dir, index_name), delta.table, fsync)
+        files = IndexFiles(index_name, rows)
+    elif not delta.empty and wants_base(files, rows):
+        whole = fold(read_index(data_dir, files), [delta])
         _write_table(os.path.join(data_dir, index_name), whole, fsync)
         files = IndexFiles(index_name, whole.num_rows)
-    elif ledgers:
-        _write_table(os.path.join(data_dir, index_name), delta, fsync)
+    elif not delta.empty:
+        _write_table(os.path.join(data_dir, index_name), delta.table, fsync)
         files = IndexFiles(files.base, files.base_rows, files.deltas + (
-            {"file": index_name, "ledgers": [int(x) for x in ledgers], "rows": delta.num_rows},))
+            {"file": index_name, "replaced": [int(x) for x in delta.replaced],
+             "appended": [int(x) for x in delta.appended], "rows": rows},))
     doc = {"version": 1, "generation": generation, "journal_seq": position.seq,
            "journal_offset": position.offset, "index": files.base,
            "index_rows": files.base_rows, "index_deltas": list(files.deltas),
@@ -128,7 +134,9 @@ def _read_table(path: str) -> pa.Table:
 def read_index(data_dir: str, files: IndexFiles) -> pa.Table:
     """The run index ``files`` hold: the base with every delta applied."""
     return fold(_read_table(os.path.join(data_dir, files.base)),
-                [(_read_table(os.path.join(data_dir, d["file"])), d["ledgers"])
+                [IndexDelta(_read_table(os.path.join(data_dir, d["file"])),
+                            d["replaced"] if "replaced" in d else d["ledgers"],
+                            d.get("appended", []))
                  for d in files.deltas])
 
 

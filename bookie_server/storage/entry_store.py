@@ -44,10 +44,11 @@ Ordering obligations:
     (``dead_segments``).
   * ``store_index.index_table``/``load_index`` persist and restore the run
     index (segment runs only; memory runs are rebuilt by journal replay).
-    Every change to a ledger's segment runs (``flush_commit``, compaction,
-    ``drop_ledger``, ``quarantine``) marks the ledger in ``index_changed``,
-    under the lock, so a checkpoint can persist only the ledgers changed
-    since the last one (``store_index.take_delta``).
+    Every change to a ledger's segment runs is marked under the lock, so a
+    checkpoint can persist only what changed since the last one
+    (``store_index.take_delta``): ``flush_commit`` records the refs it adds
+    (``index_appended``); compaction, ``drop_ledger`` and ``quarantine``,
+    which move or remove runs, mark the whole ledger (``index_changed``).
 
 The files themselves (segment and journal files, their sizes and live bytes,
 the current segment, memory maps and the decoded-batch cache) are
@@ -145,8 +146,11 @@ class EntryStore:
         self.segment_size = self.files.size            # segment -> bytes
         self.write_cache_bytes = 0
         self._next_ref = 1
-        # ledgers whose segment runs changed since the last persisted index
+        # since the last persisted index: ledgers whose segment runs moved or
+        # went (all their runs are persisted again), and the refs a flush
+        # added to other ledgers (only those runs are persisted)
         self.index_changed: set[int] = set()
+        self.index_appended: dict[int, list[int]] = {}
 
     # -- writes -----------------------------------------------------------------
     def add(self, ledger_id: int, batch: pa.RecordBatch, raw: Optional[bytes] = None,
@@ -347,7 +351,6 @@ class EntryStore:
         adds and reads wait only for the swap."""
         freed: list[pa.RecordBatch] = []
         with self.lock:
-            self.index_changed.update(snap.by_ledger)
             for ledger_id, ref_ids in snap.by_ledger.items():
                 written = (snap.results or {}).get(ledger_id) or []
                 idx = self.ledgers.get(ledger_id)
@@ -357,6 +360,7 @@ class EntryStore:
                     for new_ref, starts, ends, rows in written:
                         rid = self._new_ref(new_ref)
                         idx.add_runs(starts, ends, np.full(len(starts), rid, np.int64), rows)
+                        self.index_appended.setdefault(ledger_id, []).append(rid)
                         self.segment_live[new_ref.segment] = \
                             self.segment_live.get(new_ref.segment, 0) + new_ref.length
                         if is_journal_segment(new_ref.segment):   # extent, for compaction

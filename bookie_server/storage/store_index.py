@@ -6,18 +6,22 @@ Theory of operation
 ``index_table`` turns every ledger's segment runs into one Arrow table
 (ledger, start, end, segment, offset, length, row); memory runs are not in
 it, because journal replay rebuilds them.  ``take_delta`` gives a
-checkpoint only the runs of the ledgers changed since the last checkpoint
-(``EntryStore.index_changed``); a checkpoint persists such a delta beside the
-tables persisted before it (checkpoint_file.py), and ``fold`` puts a table
-and the deltas after it back together, at load and when a checkpoint writes
-a new whole table from its files.  ``load_index`` restores refs, runs and
+checkpoint only what changed since the last checkpoint: the new runs of
+ledgers that only had batches flushed (``EntryStore.index_appended``), and
+every run of ledgers whose stored runs were moved or removed (compaction,
+quarantine, GC: ``EntryStore.index_changed``).  A checkpoint persists such a
+delta beside the tables persisted before it (checkpoint_file.py), and
+``fold`` puts a table and the deltas after it back together, at load and
+when a checkpoint writes a new whole table from its files.  ``load_index`` restores refs, runs and
 per-segment live bytes from such a table, then ``scan_segments`` sizes every
 segment file on disk (and every journal file an index run points into).
 
 Ordering obligations:
-  * A delta is cut under ``store.lock`` as the changed set is cleared, so it
-    is one consistent cut of those ledgers and every change is in exactly
-    one persisted table: this delta, or the next.  Nothing here ever walks
+  * A delta is cut under ``store.lock`` as the change marks are cleared, so
+    it is one consistent cut of those ledgers and every change is in exactly
+    one persisted table: this delta, or the next.  A flush only ever adds
+    segment runs (the memory runs it removes are never persisted), so its
+    new runs appended to what is persisted give the ledger's runs.  Nothing here ever walks
     the whole store under the lock, except ``index_table`` (tests and tools).
   * The caller persists a cut (fsync) before deleting any file the previous
     index referenced.
@@ -29,6 +33,8 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 import pyarrow as pa
@@ -47,28 +53,53 @@ def index_table(store: EntryStore) -> pa.Table:
     """Segment runs of every ledger (memory runs are not persisted): the
     whole index, one consistent cut."""
     with store.lock:
-        return _rows(store, list(store.ledgers))
+        return _rows(store, [(ledger, None) for ledger in store.ledgers])
 
 
-def take_delta(store: EntryStore) -> tuple[pa.Table, list[int]]:
-    """One consistent cut of the ledgers changed since the last cut: (their
-    segment runs, those ledgers, ascending).  The changed set is cleared."""
+@dataclass(frozen=True)
+class IndexDelta:
+    """What changed in the persisted index since the last cut: ``table``
+    holds every segment run of each ``replaced`` ledger (none: dropped) and
+    the new runs of each ``appended`` one (its older runs stand)."""
+    table: pa.Table
+    replaced: list[int] = field(default_factory=list)
+    appended: list[int] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not self.replaced and not self.appended
+
+
+def take_delta(store: EntryStore) -> IndexDelta:
+    """One consistent cut of the change since the last cut; the change
+    marks are cleared.  A ledger that only had batches flushed gives only
+    its new runs, so the cost follows what was written, not how long the
+    ledger is; a ledger compacted, quarantined or dropped gives all of its
+    runs."""
     with store.lock:
-        changed = sorted(store.index_changed)
-        store.index_changed = set()
-        return _rows(store, changed), changed
+        replaced = sorted(store.index_changed)
+        appended = {ledger: refs for ledger, refs in store.index_appended.items()
+                    if ledger not in store.index_changed}
+        store.index_changed, store.index_appended = set(), {}
+        table = _rows(store, [(ledger, None) for ledger in replaced]
+                      + [(ledger, appended[ledger]) for ledger in sorted(appended)])
+    return IndexDelta(table, replaced, sorted(appended))
 
 
-def _rows(store: EntryStore, ledger_ids: list[int]) -> pa.Table:
-    """The segment runs of these ledgers (a dropped one has none); caller
-    holds ``store.lock``.  Work is per ledger and per stored batch of it,
-    never over the whole store."""
+def _rows(store: EntryStore, wanted: list[tuple[int, Optional[list[int]]]]) -> pa.Table:
+    """The segment runs of these ledgers, each whole (None) or only those of
+    the given refs (a dropped ledger has none); caller holds
+    ``store.lock``.  Work is per ledger and per stored batch taken, never
+    over the whole store."""
     cols: list[list[np.ndarray]] = [[] for _ in INDEX_SCHEMA]
-    for ledger_id in ledger_ids:
+    for ledger_id, only in wanted:
         idx = store.ledgers.get(ledger_id)
         if idx is None:
             continue
         starts, ends, refs, rows = idx.table_parts()
+        if only is not None:
+            sel = np.isin(refs, np.asarray(only, np.int64))
+            starts, ends, refs, rows = starts[sel], ends[sel], refs[sel], rows[sel]
         if len(refs) == 0:
             continue
         uniq, inverse = np.unique(refs, return_inverse=True)
@@ -93,24 +124,29 @@ def _rows(store: EntryStore, ledger_ids: list[int]) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=INDEX_SCHEMA)
 
 
-def fold(table: pa.Table, deltas: list[tuple[pa.Table, list[int]]]) -> pa.Table:
-    """``table`` with each delta applied in order: a ledger a delta names has
-    exactly that delta's runs (none: dropped), and only the last delta
-    naming a ledger counts.  One pass over ``table``, whatever the number of
-    deltas."""
+def fold(table: pa.Table, deltas: list[IndexDelta]) -> pa.Table:
+    """``table`` with each delta applied in order: a ledger a delta replaces
+    has exactly that delta's runs, plus the runs later deltas append to it;
+    a ledger a delta appends to keeps its runs and gains the delta's.  One
+    pass over ``table``, whatever the number of deltas."""
     if not deltas:
         return table
-    last: dict[int, int] = {}
-    for i, (_, ledgers) in enumerate(deltas):
-        for ledger in ledgers:
+    last: dict[int, int] = {}               # ledger -> the last delta replacing it
+    for i, d in enumerate(deltas):
+        for ledger in d.replaced:
             last[int(ledger)] = i
     named = np.fromiter(last, np.int64, len(last))
     parts = [table.filter(pa.array(~np.isin(table.column("ledger").to_numpy(), named)))]
-    for i, (delta, ledgers) in enumerate(deltas):
-        mine = np.asarray([x for x in ledgers if last[int(x)] == i], np.int64)
-        if delta.num_rows and len(mine):
-            parts.append(delta if len(mine) == len(ledgers) else
-                         delta.filter(pa.array(np.isin(delta.column("ledger").to_numpy(), mine))))
+    for i, d in enumerate(deltas):
+        keep = [x for x in d.replaced if last[int(x)] == i]
+        keep += [x for x in d.appended if last.get(int(x), -1) < i]
+        if not d.table.num_rows or not keep:
+            continue
+        if len(keep) == len(d.replaced) + len(d.appended):
+            parts.append(d.table)
+        else:
+            mine = np.isin(d.table.column("ledger").to_numpy(), np.asarray(keep, np.int64))
+            parts.append(d.table.filter(pa.array(mine)))
     return pa.concat_tables(parts)
 
 

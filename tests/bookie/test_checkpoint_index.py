@@ -55,7 +55,8 @@ def test_a_checkpoint_writes_only_the_ledgers_that_changed(tmp_path, cfg):
         second = doc(tmp_path)
         assert second["index"] == first["index"]
         (delta,) = second["index_deltas"]
-        assert delta["ledgers"] == [7] and delta["rows"] == 2   # ledger 7's runs, no other's
+        # ledger 7's new run (entries 5-7, flushed together), no other's
+        assert delta["appended"] == [7] and delta["replaced"] == [] and delta["rows"] == 1
         loaded_matches_store(tmp_path, b)
         names = {p.name for p in tmp_path.glob("index-*")}
         assert names == {first["index"], delta["file"]}
@@ -117,7 +118,7 @@ def test_deleted_and_compacted_ledgers_in_deltas_survive_a_restart(tmp_path, cfg
     b.delete_ledger(1)                              # its segment goes sparse: 2 and 3 move
     b.checkpoint()
     (delta,) = doc(tmp_path)["index_deltas"]
-    assert delta["ledgers"] == [1, 2, 3]
+    assert delta["replaced"] == [1, 2, 3] and delta["appended"] == []
     loaded_matches_store(tmp_path, b)
     b.close(checkpoint=False)
 
@@ -138,14 +139,14 @@ def test_every_change_to_segment_runs_marks_its_ledger(tmp_path):
     for ledger in (1, 2, 3):
         store.add(ledger, batch_from_bytes(entries_bytes(ledger, range(0, 4))))
     store.flush()
-    table, ledgers = store_index.take_delta(store)
-    assert ledgers == [1, 2, 3] and table.num_rows == 3
-    assert store_index.take_delta(store)[1] == []
+    delta = store_index.take_delta(store)
+    assert delta.appended == [1, 2, 3] and delta.replaced == [] and delta.table.num_rows == 3
+    assert store_index.take_delta(store).empty
     (ref_id,) = np.unique(store.ledgers[2].table_parts()[2]).tolist()
     assert store.quarantine(ref_id) == [(0, 3)]
     store.drop_ledger(3)
-    table, ledgers = store_index.take_delta(store)
-    assert ledgers == [2, 3] and table.num_rows == 0
+    delta = store_index.take_delta(store)
+    assert delta.replaced == [2, 3] and delta.appended == [] and delta.table.num_rows == 0
     assert set(store_index.index_table(store).column("ledger").to_pylist()) == {1}
 
 
@@ -157,9 +158,9 @@ def test_a_checkpoint_cuts_only_changed_ledgers_even_for_a_new_base(tmp_path, cf
     cut_sizes: list[int] = []
     rows_of = store_index._rows
 
-    def counting(store, ledger_ids):
-        cut_sizes.append(len(ledger_ids))
-        return rows_of(store, ledger_ids)
+    def counting(store, wanted):
+        cut_sizes.append(len(wanted))
+        return rows_of(store, wanted)
     monkeypatch.setattr(store_index, "_rows", counting)
     b = Bookie(cfg).open(background=False)
     try:
@@ -195,7 +196,7 @@ def test_a_restart_goes_on_from_the_files_it_loaded(tmp_path, cfg):
         b.checkpoint()
         after = doc(tmp_path)
         assert after["index"] == before["index"]                  # no new base for a restart
-        assert [d["ledgers"] for d in after["index_deltas"]][-1] == [5]
+        assert after["index_deltas"][-1]["appended"] == [5]
         assert after["index_deltas"][:-1] == before["index_deltas"]
         loaded_matches_store(tmp_path, b)
     finally:
@@ -234,6 +235,60 @@ def test_fold_keeps_the_last_delta_naming_a_ledger():
     base = t([(1, 0, 3, 1, 0, 10, 4), (2, 0, 3, 1, 10, 10, 4), (3, 0, 0, 1, 20, 5, 1)])
     d1 = t([(2, 0, 5, 2, 0, 20, 6), (4, 0, 1, 2, 20, 5, 2)])
     d2 = t([(2, 0, 7, 3, 0, 30, 8)])
-    folded = store_index.fold(base, [(d1, [2, 3, 4]), (d2, [2])])
+    d3 = t([(1, 4, 6, 4, 0, 10, 3), (2, 8, 9, 4, 10, 10, 2)])
+    D = store_index.IndexDelta
+    folded = store_index.fold(base, [D(d1, [2, 3, 4]), D(d2, [2])])
     assert rows(folded) == [(1, 0, 3, 1, 0, 10, 4), (2, 0, 7, 3, 0, 30, 8), (4, 0, 1, 2, 20, 5, 2)]
+    # appends add to what stands; a later replacement supersedes earlier appends
+    folded = store_index.fold(base, [D(d3, [], [1, 2]), D(d2, [2])])
+    assert rows(folded) == [(1, 0, 3, 1, 0, 10, 4), (1, 4, 6, 4, 0, 10, 3),
+                            (2, 0, 7, 3, 0, 30, 8), (3, 0, 0, 1, 20, 5, 1)]
+    folded = store_index.fold(base, [D(d2, [2]), D(d3, [], [1, 2])])
+    assert rows(folded) == [(1, 0, 3, 1, 0, 10, 4), (1, 4, 6, 4, 0, 10, 3),
+                            (2, 0, 7, 3, 0, 30, 8), (2, 8, 9, 4, 10, 10, 2), (3, 0, 0, 1, 20, 5, 1)]
     assert store_index.fold(base, []) is base
+
+
+def test_a_long_ledger_persists_only_its_new_runs(tmp_path, cfg):
+    """A ledger written across many checkpoints: each one persists the runs
+    its flush added, not every run the ledger has."""
+    b = Bookie(cfg).open(background=False)
+    try:
+        sizes = []
+        for i in range(6):
+            b.add(1, b"k", entries_bytes(1, range(10 * i, 10 * i + 10)))
+            b.checkpoint()
+            d = doc(tmp_path)
+            sizes.append(d["index_deltas"][-1]["rows"] if d["index_deltas"] else d["index_rows"])
+            loaded_matches_store(tmp_path, b)
+        assert sizes == [1] * 6
+    finally:
+        b.close(checkpoint=False)
+
+
+def test_a_delta_written_before_appends_reads_as_a_replacement(tmp_path, cfg):
+    """Checkpoints written by the previous version name their deltas'
+    ledgers under ``ledgers``: every one replaced."""
+    b = Bookie(cfg).open(background=False)
+    for ledger in (1, 2):
+        b.add(ledger, b"k", entries_bytes(ledger, range(0, 4)))
+    b.checkpoint()
+    b.add(2, b"k", entries_bytes(2, range(4, 8)))
+    b.delete_ledger(1)
+    b.checkpoint()
+    b.close(checkpoint=False)
+    old = doc(tmp_path)
+    (delta,) = old["index_deltas"]
+    # what the previous version wrote: ledger 2's whole run set, ledger 1 gone
+    whole = checkpoint_file.read(str(tmp_path))[1]
+    checkpoint_file._write_table(str(tmp_path / delta["file"]), whole, lambda fd: None)
+    old["index_deltas"] = [{"file": delta["file"], "ledgers": [1, 2], "rows": whole.num_rows}]
+    (tmp_path / "checkpoint.json").write_text(json.dumps(old))
+
+    b = Bookie(cfg).open(background=False)
+    try:
+        with pytest.raises(errors.NoSuchLedger):
+            b.read(1, 0, 0)
+        assert b.read(2, 0, 7).batch.num_rows == 8
+    finally:
+        b.close(checkpoint=False)
