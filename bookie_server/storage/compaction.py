@@ -12,7 +12,8 @@ are left with no live bytes, so ``EntryStore.dead_segments`` lists them (or,
 for journal files, the journal deletes them once ``journal_seqs_in_use`` no
 longer names them).  Compaction works through the store's public state and
 its ``files`` (``storage/segment_files.py``), under ``store.lock`` while it
-reads or changes them.
+reads or changes them; the stored batches in victims are found from a
+snapshot of the refs (``EntryStore.refs_snapshot``), walked without the lock.
 
 Ordering obligations:
   * The copy is written and fsync'd (file and directory: it may be a new
@@ -53,11 +54,12 @@ def compact(store: EntryStore, min_live_ratio: float, journal_below_seq: int = 0
         if store.files.current in victims:   # roll away from a sparse current segment
             store.files.roll()
         victims = [s for s in victims if store.segment_live.get(s, 0) > 0]
-        if not victims:          # the common case: no walk over every stored batch
-            return 0
-        in_victims = set(victims)
-        moving = [(rid, ref) for rid, ref in store.refs.items()
-                  if ref.batch is None and ref.segment in in_victims]
+    if not victims:              # the common case: no walk over every stored batch
+        return 0
+    in_victims = set(victims)
+    ids, refs = store.refs_snapshot()     # walked without the lock: a ref dropped
+    moving = [(rid, ref) for rid, ref in zip(ids, refs)     # meanwhile is not switched
+              if ref.batch is None and ref.segment in in_victims]
     if not moving:
         return 0
     fh = store.files.open_for_append()

@@ -427,11 +427,19 @@ class EntryStore:
             self.files.delete(segs)
 
     # -- damage (scrubber) -------------------------------------------------------------
+    def refs_snapshot(self) -> tuple[list[int], list[Ref]]:
+        """(ref ids, refs) as they are now.  Refs are never changed in place
+        (a move or a flush puts a new one in), so the lock is held only for
+        the two C-level copies (about 30 ms at a million refs); walking them
+        in Python (0.6-0.8 s at a million) happens after it."""
+        with self.lock:
+            return list(self.refs), list(self.refs.values())
+
     def flushed_refs(self) -> list[tuple[int, Ref, str]]:
         """(ref id, ref, file path) of every batch stored in a file, by position."""
-        with self.lock:
-            out = [(r, ref, self.files.path(ref.segment)) for r, ref in self.refs.items()
-                   if ref.batch is None]
+        ids, refs = self.refs_snapshot()
+        out = [(r, ref, self.files.path(ref.segment)) for r, ref in zip(ids, refs)
+               if ref.batch is None]
         return sorted(out, key=lambda p: (p[1].segment, p[1].offset))
 
     def quarantine(self, ref_id: int) -> list[tuple[int, int]]:
