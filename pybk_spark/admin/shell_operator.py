@@ -1,5 +1,5 @@
 """``pybk triggeraudit | lostbookierecoverydelay | autorecoveryctl | deletelog |
-truncatelog | bookiesanity | updatecookie``: the operator commands of
+truncatelog | logretention | bookiesanity | updatecookie``: the operator commands of
 BookKeeper's shell that act on the autorecovery switches (admin/audit_control.py),
 on logs, or on one bookie."""
 from __future__ import annotations
@@ -150,6 +150,39 @@ def _truncatelog(args) -> int:
     return 0
 
 
+def _logretention_args(p):
+    shell_common.add_metadata_uri(p)
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--ms", type=int, metavar="MS",
+                   help="retention.ms: drop closed segments whose last entry is older (-1: no limit)")
+    p.add_argument("--bytes", type=int, dest="nbytes", metavar="BYTES",
+                   help="retention.bytes: drop the oldest closed segments while the rest hold "
+                        "at least this much (-1: no limit)")
+    p.add_argument("--apply", action="store_true",
+                   help="drop what has expired now (writers apply it when they roll or commit)")
+
+
+def _logretention(args) -> int:
+    from pybk_spark.logs.log import apply_retention, read_log, set_log_retention
+    from pybk_spark.protocol.log_retention import retention_of
+    dropped: list[int] = []
+    with client(args) as bk:
+        if args.ms is not None or args.nbytes is not None:
+            md = set_log_retention(bk.metadata_store, args.name, ms=args.ms, nbytes=args.nbytes)
+        else:
+            md = read_log(bk.metadata_store, args.name)[0]
+        if args.apply:
+            dropped = apply_retention(bk, args.name, int(time.time() * 1_000_000), md)
+    limits = retention_of(md)
+    text = (f"log {args.name}: retention.ms={-1 if limits.ms is None else limits.ms} "
+            f"retention.bytes={-1 if limits.bytes is None else limits.bytes}")
+    if args.apply:
+        text += f"; deleted ledgers {', '.join(map(str, dropped)) or '(none)'}"
+    shell_common.emit(args, {"log": args.name, "retention_ms": limits.ms,
+                             "retention_bytes": limits.bytes, "deleted_ledgers": dropped}, text)
+    return 0
+
+
 # -- bookiesanity ------------------------------------------------------------------------------
 def _sanity_args(p):
     shell_common.add_metadata_uri(p)
@@ -230,6 +263,9 @@ shell_common.register("deletelog", "delete a log and its ledgers (refused while 
                       "unless --force)", _deletelog_args, _deletelog)
 shell_common.register("truncatelog", "drop a log's closed segments before a ledger and delete them",
                       _truncatelog_args, _truncatelog)
+shell_common.register("logretention", "show or set a log's retention (retention.ms / "
+                      "retention.bytes); --apply drops what has expired now",
+                      _logretention_args, _logretention)
 shell_common.register("bookiesanity", "write, read back and delete a ledger on one bookie (ensemble 1)",
                       _sanity_args, _bookiesanity)
 shell_common.register("updatecookie", "how to record a moved bookie's address (bookie-server "

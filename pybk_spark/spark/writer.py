@@ -38,6 +38,7 @@ batch's ledgers, with the batch id; informational, protocol/positions.py).
 """
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from dataclasses import dataclass
@@ -53,6 +54,8 @@ from pybk_spark.protocol import append_time
 from pybk_spark.protocol import log_metadata as logmd
 from pybk_spark.spark import arrow_codec, pending
 from pybk_spark.spark.write_options import WriteOptions
+
+_log = logging.getLogger("pybk_spark.spark")
 
 MAX_INFLIGHT_ADD_CHUNKS = 8
 
@@ -258,6 +261,18 @@ def commit_job(bk, opts: WriteOptions, job: str, schema_text: str, messages, *,
     return md
 
 
+def retain(bk, log: str, md: logmd.LogMetadata, now_s: float) -> None:
+    """After a commit: apply the log's retention (protocol/log_retention.py).
+    The batch is committed whatever happens here; a failure is logged and
+    the next commit tries again."""
+    from pybk_spark.logs.log import apply_retention
+    try:
+        apply_retention(bk, log, int(now_s * 1_000_000), md)
+    except errors.BKError as exc:
+        _log.warning("event=log_retention_failed log=%s error=%r action=retry_at_next_commit",
+                     log, exc)
+
+
 def abort_job(bk, opts: WriteOptions, job: str, messages) -> list[int]:
     from pybk_spark.logs.log import read_log
     try:
@@ -284,8 +299,9 @@ class BookKeeperBatchWriter(DataSourceArrowWriter):
 
     def commit(self, messages: List[Optional[WriterCommitMessage]]) -> None:
         with _driver_client(self.opts.metadata_uri, self.opts.client_conf) as bk:
-            commit_job(bk, self.opts, self.job, self.schema_text, messages,
-                       overwrite=self.overwrite, base_schema=self.base_schema)
+            md = commit_job(bk, self.opts, self.job, self.schema_text, messages,
+                            overwrite=self.overwrite, base_schema=self.base_schema)
+            retain(bk, self.opts.log, md, time.time())
 
     def abort(self, messages: List[Optional[WriterCommitMessage]]) -> None:
         with _driver_client(self.opts.metadata_uri, self.opts.client_conf) as bk:
@@ -297,13 +313,12 @@ def _record_sink_position(bk, md, messages, name: str, sink_id: str, batch_id: i
     """The sink's committed position (``pybk positions``; informational, it
     never holds back truncation).  The batch is committed already: a failure
     here is a warning, never a failed batch."""
-    import logging
     from pybk_spark.logs.positions import record_sink
     try:
         record_sink(bk.metadata_store, md, message_ledger_ids(messages), name, sink_id,
                     batch_id, now)
     except errors.BKError as exc:
-        logging.getLogger("pybk_spark.spark").warning(
+        _log.warning(
             "bookkeeper sink %s: batch %d committed, its position not recorded: %s",
             sink_id, batch_id, exc)
 
@@ -324,8 +339,9 @@ class BookKeeperStreamWriter(DataSourceStreamArrowWriter):
         with _driver_client(self.opts.metadata_uri, self.opts.client_conf) as bk:
             md = commit_job(bk, self.opts, self.job, self.schema_text, messages,
                             sink=(self.opts.sink_id, int(batchId)), base_schema=self.base_schema)
-            _record_sink_position(bk, md, messages, self.job, self.opts.sink_id, int(batchId),
-                                  self._wall_clock())
+            now = self._wall_clock()
+            _record_sink_position(bk, md, messages, self.job, self.opts.sink_id, int(batchId), now)
+            retain(bk, self.opts.log, md, now)
 
     def abort(self, messages: List[Optional[WriterCommitMessage]], batchId: int) -> None:
         with _driver_client(self.opts.metadata_uri, self.opts.client_conf) as bk:

@@ -173,6 +173,27 @@ def test_deletelog_refuses_an_active_writer_unless_forced(uri, bk):
     assert done.rc == 0 and f"deleted log {name2}" in done.out
 
 
+def test_logretention_shows_sets_and_applies(uri, bk):
+    from pybk_spark.logs.log import LogWriter
+    name = f"ret-log-{uuid.uuid4().hex[:8]}"
+    w = LogWriter(bk, name).open()
+    for payload in (b"a", b"b"):
+        w.append(payload)
+        w.roll()
+    shown = pybk("logretention", "--metadata-uri", uri, name)
+    assert shown.rc == 0 and "retention.ms=-1 retention.bytes=-1" in shown.out
+    first_two = _ledgers(uri, name)[:2]
+    res = pybk("--json", "logretention", "--metadata-uri", uri, name, "--bytes", "0", "--apply")
+    assert res.rc == 0, res.err
+    assert res.json()["retention_bytes"] == 0 and res.json()["deleted_ledgers"] == first_two
+    assert len(_ledgers(uri, name)) == 1 and not set(first_two) & set(bk.list_ledgers())
+    off = pybk("logretention", "--metadata-uri", uri, name, "--bytes", "-1")
+    assert "retention.bytes=-1" in off.out
+    bad = pybk("logretention", "--metadata-uri", uri, name, "--ms", "-5")
+    one_line_error(bad, "retention.ms", ">= 0")
+    w.close()
+
+
 def _ledgers(uri, name):
     md = pybk("--json", "logmetadata", "--metadata-uri", uri, name).json()
     return [s["ledger_id"] for s in md["segments"]]

@@ -102,6 +102,44 @@ def test_truncation_deletes_ledgers_and_old_positions_fail_clearly(bk):
     assert [r.payload for r in read_all(bk, "trunc")] == payloads("z", 5)
 
 
+def test_retention_drops_expired_segments_as_the_writer_rolls(bk):
+    """retention.ms on a real cluster: each roll drops the closed segments
+    whose last entry is older than the limit and deletes their ledgers; a
+    registered reader's position holds retention back."""
+    from pybk_spark.logs.log import set_log_retention
+    from pybk_spark.logs.positions import drop, record
+    from pybk_spark.protocol.positions import RegisteredPosition
+    now = [1_000.0]
+    writer = LogWriter(bk, "kept", roll_policy=RollPolicy(max_entries=5),
+                       wall_clock=lambda: now[0]).open()
+    set_log_retention(bk.metadata_store, "kept", ms=60_000)
+    for minute in range(4):                        # 4 segments, a minute apart
+        writer.append_batch(payloads(f"m{minute}", 5))
+        writer.roll()
+        now[0] += 60.0
+    md, _ = read_log(bk.metadata_store, "kept")
+    # every roll dropped what was over a minute old: the last two minutes stay
+    assert md.truncated_ledgers == 2
+    assert [r.payload for r in read_all(bk, "kept")] == payloads("m2", 5) + payloads("m3", 5)
+    gone = set(bk.list_ledgers())
+    assert md.ledger_ids[0] in gone and len(md.ledger_ids) == 3     # 2 closed + the open one
+
+    record(bk.metadata_store, RegisteredPosition("kept", "q", index=md.truncated_ledgers,
+                                                 entry=0))
+    now[0] += 600.0
+    writer.append_batch(payloads("late", 5))
+    writer.roll()                                  # everything closed is old: the reader holds it
+    assert read_log(bk.metadata_store, "kept")[0].truncated_ledgers == 2
+    drop(bk.metadata_store, "kept", "q")
+    now[0] += 120.0
+    writer.append(b"after")
+    writer.roll()                                  # released: all but the newest minute goes
+    md, _ = read_log(bk.metadata_store, "kept")
+    assert md.truncated_ledgers == 2 + 3 and len(md.segments) == 2
+    writer.close()
+    assert [r.payload for r in read_all(bk, "kept")] == [b"after"]
+
+
 # -- crashes --------------------------------------------------------------------------
 import signal  # noqa: E402
 import subprocess  # noqa: E402

@@ -209,3 +209,22 @@ def test_oversized_row_fails_the_job_and_appends_nothing(spark, metadata_uri, bk
     assert set(bk.list_ledgers()) == before
     assert bk.metadata_store.list_prefix(f"spark/pending/{log}/") == []
     assert sorted(r["id"] for r in read(spark, metadata_uri, log).collect()) == list(range(10))
+
+
+def test_retention_applies_at_each_commit(spark, metadata_uri, bk):
+    """A log's retention.bytes is applied by the writer's commit: the oldest
+    committed segments go (their ledgers deleted), the newest stay."""
+    from pybk_spark.logs.log import set_log_retention
+    log = log_name("retained")
+    schema = StructType([StructField("id", LongType(), False)])
+    write(spark.createDataFrame([(k,) for k in range(100)], schema).repartition(1),
+          metadata_uri, log)
+    set_log_retention(bk.metadata_store, log, nbytes=1)     # keep no more than the newest
+    first = read_log(bk.metadata_store, log)[0].ledger_ids
+    for base in (100, 200):
+        write(spark.createDataFrame([(k,) for k in range(base, base + 100)], schema)
+              .repartition(1), metadata_uri, log)
+    md, _ = read_log(bk.metadata_store, log)
+    assert md.truncated_ledgers == 2 and len(md.segments) == 1
+    assert not set(first) & set(bk.list_ledgers())
+    assert sorted(r.id for r in read(spark, metadata_uri, log).collect()) == list(range(200, 300))
