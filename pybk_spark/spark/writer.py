@@ -289,10 +289,12 @@ def _driver_client(uri: str, conf: tuple = ()):
 
 class BookKeeperBatchWriter(DataSourceArrowWriter):
     def __init__(self, opts: WriteOptions, schema_text: str, overwrite: bool,
-                 job: Optional[str] = None, base_schema: Optional[str] = None):
+                 job: Optional[str] = None, base_schema: Optional[str] = None,
+                 wall_clock: Callable[[], float] = time.time):
         self.opts, self.schema_text, self.overwrite = opts, schema_text, overwrite
         self.base_schema = base_schema          # mergeSchema: the recorded schema it extends
         self.job = job or uuid.uuid4().hex
+        self._wall_clock = wall_clock             # retention's "now"
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> LedgerCommitMessage:
         return write_task(self.opts, self.job, self.schema_text, iterator)
@@ -301,7 +303,7 @@ class BookKeeperBatchWriter(DataSourceArrowWriter):
         with _driver_client(self.opts.metadata_uri, self.opts.client_conf) as bk:
             md = commit_job(bk, self.opts, self.job, self.schema_text, messages,
                             overwrite=self.overwrite, base_schema=self.base_schema)
-            retain(bk, self.opts.log, md, time.time())
+            retain(bk, self.opts.log, md, self._wall_clock())
 
     def abort(self, messages: List[Optional[WriterCommitMessage]]) -> None:
         with _driver_client(self.opts.metadata_uri, self.opts.client_conf) as bk:
