@@ -29,15 +29,24 @@ one loop does both, and any number of copies may run for availability:
   overrides ``lost_bookie_delay``.  Between rounds the wait is cut into
   ``trigger_poll_s`` slices; a new version of ``audit/trigger`` (``pybk
   triggeraudit``) starts the next round at once.
+* Log retention (``protocol/log_retention.py``): every enabled round also
+  applies the retention of every log that has limits, so a log nobody
+  writes to any more still loses its expired segments (its writers apply
+  retention too, as they roll or commit).  Kafka's log cleaner does this
+  for a topic; here each log is one CAS that re-decides, then the ledger
+  deletion (``logs/log.apply_retention``).  A log that fails is counted in
+  the row (``retention_failed``) and retried next round.
 * A failed round is logged and retried next round; the loop never dies of a
   metadata or bookie error.  ``stop`` (SIGTERM/SIGINT) ends it between rounds
   and releases the leadership.
 
-Time is injected (``clock``, ``wait``) so tests drive rounds directly.
+Time is injected (``clock``, ``wait``, and ``wall_clock`` for retention) so
+tests drive rounds directly.
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import time
@@ -50,6 +59,7 @@ from pybk_spark.admin import orchestrate as orch
 from pybk_spark.admin import rereplicate as rr
 
 LEADER_KEY = ctl.LEADER_KEY
+_log = logging.getLogger("pybk_spark.autorecovery")
 
 
 @dataclass
@@ -69,8 +79,10 @@ class AutoRecoveryConfig:
 class AutoRecovery:
     def __init__(self, bk, metadata_uri: str, conf: AutoRecoveryConfig, *,
                  mapper=None, identity: str | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 wall_clock: Callable[[], float] = time.time):
         self.bk = bk
+        self.wall_clock = wall_clock
         self.uri = metadata_uri
         self.conf = conf
         self.mapper = mapper or orch.local_mapper(progress=False, parallel=conf.parallel)
@@ -143,6 +155,7 @@ class AutoRecovery:
                    "lost_bookie_delay_s": delay, "status": status}
             if verify:
                 out["under_replicated"] = len(report["under_replicated"])
+            out["retention_dropped_ledgers"], out["retention_failed"] = self._apply_retention()
             if self.conf.recover_abandoned:
                 rec_report, _t, rec_status = orch.run_recover(
                     self.bk, self.uri, self.mapper, min_idle_s=self.conf.recover_idle_s,
@@ -155,6 +168,21 @@ class AutoRecovery:
                    "status": 1}
         out["seconds"] = round(self.clock() - t0, 3)
         return out
+
+    def _apply_retention(self) -> tuple[int, int]:
+        """(ledgers dropped, logs that failed) over every log with limits."""
+        from pybk_spark.logs.log import apply_retention, list_logs, read_log
+        store = self.bk.metadata_store
+        now_us = int(self.wall_clock() * 1_000_000)
+        dropped = failed = 0
+        for name in list_logs(store):
+            try:
+                dropped += len(apply_retention(self.bk, name, now_us, read_log(store, name)[0]))
+            except errors.BKError as exc:
+                failed += 1
+                _log.warning("event=log_retention_failed log=%s error=%r action=retry_next_round",
+                             name, exc)
+        return dropped, failed
 
     def run_forever(self, wait: Callable[[float], bool], emit: Callable[[dict], None],
                     rounds: int | None = None) -> None:

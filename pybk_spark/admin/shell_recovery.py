@@ -265,6 +265,10 @@ def _autorecovery(args) -> int:
                   + (f" recovered={row['recovered']}" if "recovered" in row else "")
                   + (f" under_replicated={row['under_replicated']}"
                      if "under_replicated" in row else "")
+                  + (f" retention_dropped={row['retention_dropped_ledgers']}"
+                     if row.get("retention_dropped_ledgers") else "")
+                  + (f" retention_failed={row['retention_failed']}"
+                     if row.get("retention_failed") else "")
                   + f" ({row['seconds']}s)", flush=True)
 
     try:

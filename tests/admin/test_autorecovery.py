@@ -53,3 +53,28 @@ def test_a_round_line_names_why_copies_failed():
     from pybk_spark.admin.shell_recovery import _reasons
     assert _reasons({"NotEnoughBookies": 2, "ReadError": 1}) == " (NotEnoughBookies=2,ReadError=1)"
     assert _reasons({}) == _reasons(None) == ""
+
+
+def test_a_round_applies_log_retention_to_idle_logs(own_cluster, bk):
+    """A log nobody writes to any more still loses its expired segments: the
+    auditor's round applies every log's retention."""
+    from pybk_spark.logs.log import LogWriter, read_log, set_log_retention
+    w = LogWriter(bk, "idle-retained", wall_clock=lambda: 1_000.0).open()
+    for payload in (b"a", b"b", b"c"):
+        w.append(payload)
+        w.roll()
+    w.close()
+    set_log_retention(bk.metadata_store, "idle-retained", ms=3_600_000)
+    before = read_log(bk.metadata_store, "idle-retained")[0].ledger_ids
+    auto = AutoRecovery(bk, own_cluster.metadata_uri, AutoRecoveryConfig(),
+                        identity="ret", wall_clock=lambda: 1_000.0 + 1_800)
+    try:
+        row = auto.run_round()                  # half an hour later: nothing expired
+        assert row["retention_dropped_ledgers"] == 0 and row["retention_failed"] == 0
+        auto.wall_clock = lambda: 1_000.0 + 7_200
+        row = auto.run_round()                  # two hours later: all but the newest
+        assert row["retention_dropped_ledgers"] == len(before) - 1
+    finally:
+        auto.resign()
+    md, _ = read_log(bk.metadata_store, "idle-retained")
+    assert md.ledger_ids == before[-1:] and not set(before[:-1]) & set(bk.list_ledgers())
