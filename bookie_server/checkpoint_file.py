@@ -8,15 +8,15 @@ ledger states, the lost ranges, and the names of the Arrow IPC files that
 hold the entry store's run index at that cut: a *base* (the whole index)
 and, after it, *deltas* in order (``store_index.take_delta``): a ledger a
 delta *replaces* has exactly that delta's runs (none: dropped), a ledger it
-*appends* to gains that delta's runs.  A checkpoint cuts only what changed
+*appends* to gains that delta's runs. A checkpoint cuts only what changed
 since the previous one, so its cost under the store's lock follows what
-changed, not what the bookie stores nor how long a ledger is.  It appends that delta to the
-files; when the deltas would pass half the base's rows or ``MAX_DELTAS``
-files (``wants_base``), it folds the files it names and the new delta into
-a new base instead (``store_index.fold``): that reads and writes the whole
-index, but from files, with no lock of the store held.  A restart goes on
-from the files the checkpoint it loaded names.  A checkpoint whose index
-did not change writes no index file at all.
+changed, not what the bookie stores nor how long a ledger is. It appends
+that delta to the files; when the deltas would pass half the base's rows or
+``MAX_DELTAS`` files (``wants_base``), it folds the files it names and the
+new delta into a new base instead (``store_index.fold``): that reads and
+writes the whole index, but from files, with no lock of the store held. A
+restart goes on from the files the checkpoint it loaded names. A checkpoint
+whose index did not change writes no index file at all.
 
 Ordering obligations (``write``):
   * the index file is written and fsync'd first, then ``checkpoint.json`` is

@@ -5,24 +5,25 @@ Theory of operation
 -------------------
 ``index_table`` turns every ledger's segment runs into one Arrow table
 (ledger, start, end, segment, offset, length, row); memory runs are not in
-it, because journal replay rebuilds them.  ``take_delta`` gives a
-checkpoint only what changed since the last checkpoint: the new runs of
-ledgers that only had batches flushed (``EntryStore.index_appended``), and
-every run of ledgers whose stored runs were moved or removed (compaction,
-quarantine, GC: ``EntryStore.index_changed``).  A checkpoint persists such a
-delta beside the tables persisted before it (checkpoint_file.py), and
-``fold`` puts a table and the deltas after it back together, at load and
-when a checkpoint writes a new whole table from its files.  ``load_index`` restores refs, runs and
+it, because journal replay rebuilds them. ``take_delta`` gives a checkpoint
+only what changed since the last checkpoint: the new runs of ledgers that
+only had batches flushed (``EntryStore.index_appended``), and every run of
+ledgers whose stored runs were moved or removed (compaction, quarantine, GC:
+``EntryStore.index_changed``). A checkpoint persists such a delta beside the
+tables persisted before it (checkpoint_file.py), and ``fold`` puts a table
+and the deltas after it back together, at load and when a checkpoint writes
+a new whole table from its files. ``load_index`` restores refs, runs and
 per-segment live bytes from such a table, then ``scan_segments`` sizes every
 segment file on disk (and every journal file an index run points into).
 
 Ordering obligations:
-  * A delta is cut under ``store.lock`` as the change marks are cleared, so
-    it is one consistent cut of those ledgers and every change is in exactly
-    one persisted table: this delta, or the next.  A flush only ever adds
+  * A delta is cut under ``store.lock`` as the change marks are cleared, so it
+    is one consistent cut of those ledgers and every change is in exactly
+    one persisted table: this delta, or the next. A flush only ever adds
     segment runs (the memory runs it removes are never persisted), so its
-    new runs appended to what is persisted give the ledger's runs.  Nothing here ever walks
-    the whole store under the lock, except ``index_table`` (tests and tools).
+    new runs appended to what is persisted give the ledger's runs. Nothing
+    here ever walks the whole store under the lock, except ``index_table``
+    (tests and tools).
   * The caller persists a cut (fsync) before deleting any file the previous
     index referenced.
   * ``load_index`` runs before journal replay and before the bookie serves:
