@@ -528,8 +528,8 @@ def _drop_segments(bk, name: str,
 def set_log_retention(store, name: str, *, ms: Optional[int] = None,
                       nbytes: Optional[int] = None) -> LogMetadata:
     """Set the log's ``retention.ms`` / ``retention.bytes`` (-1: no limit;
-    None: unchanged), by CAS.  Applied when the log is next written
-    (``apply_retention``)."""
+    None: unchanged), by CAS.  Applied (``apply_retention``) when the log
+    is next rolled or committed to, and by every autorecovery round."""
     from pybk_spark.protocol import log_retention
     return update_log(store, name, lambda m: log_retention.with_retention(m, ms=ms, nbytes=nbytes))
 
