@@ -117,3 +117,14 @@ def test_a_shape_restricts_the_partition():
 def test_no_link_faults_without_a_host_network():
     nem, faults = _setup(5, LINK_KINDS, with_network=False)
     assert sum(nem.run(until=60.0).values()) == 0 and not faults.log
+
+
+def test_no_etcd_restart_while_a_link_is_cut():
+    """A restart waits for the member's health, which a cut link holds off:
+    the nemesis would stall with the cut unhealed (seed 2026112721)."""
+    restarts = []
+    nem, faults = _setup(7, ["partition", "etcd_restart"])
+    nem.cluster.restart_etcd = lambda: restarts.append(
+        (round(nem.clock(), 3), bool(faults.active)))
+    nem.run(until=300.0)
+    assert restarts and not any(cut for _, cut in restarts)
