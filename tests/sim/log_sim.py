@@ -17,6 +17,15 @@ reads it whole.  Checked:
   L3 each leader's records appear in the order it appended them, and
      acknowledged positions increase with that order (nothing reordered);
   L4 what the tailing reader saw is a prefix of the final log.
+
+``RetainedLogSim`` runs the same schedules on a log with a small
+``retention.bytes``, so every roll of the real ``LogWriter`` also drops old
+segments (protocol/log_retention.py) while leaders fence each other and the
+nemesis strikes.  L1 then holds for every record acknowledged in a segment
+retention has not dropped (absolute index >= the final
+``truncated_ledgers``); what the tailing reader saw is some records that
+retention dropped, then a prefix of the final log; and no record is
+acknowledged in a ledger that retention had already dropped.
 """
 from __future__ import annotations
 
@@ -32,6 +41,7 @@ class LogSim(ClientSim):
     def __init__(self, seed: int, **kw):
         super().__init__(seed, **kw)
         self.log_acked: dict[bytes, tuple] = {}      # payload -> position
+        self.acked_when: dict[bytes, tuple] = {}     # payload -> (sim time, ledger id)
         self.appended: dict[str, list[bytes]] = {}   # leader -> payloads acked, in order
         self.tailed: list[bytes] = []
         self.final: list[bytes] | None = None
@@ -74,6 +84,7 @@ class LogSim(ClientSim):
             at = (pos.ledger_index, pos.entry_id)
             loop.note(f"{who} acked {record.decode()} at {at}")
             self.log_acked[record] = at
+            self.acked_when[record] = (loop.now, pos.ledger_id)
             self.appended[who].append(record)
         try:
             w.close()
@@ -144,3 +155,55 @@ class LogSim(ClientSim):
         if self.tailed != final[:len(self.tailed)]:
             raise InvariantViolation(f"the tailing reader saw {self.tailed[:6]}..., not a prefix "
                                      f"of the log {final[:6]}...")
+
+
+class RetainedLogSim(LogSim):
+    """LogSim on a log whose retention keeps only its newest few records."""
+
+    def run(self) -> "RetainedLogSim":
+        from pybk_spark.logs import log
+        store = self.client("setup").metadata_store
+        log.read_or_create_log(store, LOG)
+        # records are 4-8 bytes, 3-10 a segment: keep 0-2 closed segments or so
+        log.set_log_retention(store, LOG, nbytes=self.loop.rng.choice([0, 8, 24]))
+        self.dropped_at: dict[int, float] = {}      # ledger id -> sim time retention dropped it
+        apply = log.apply_retention
+
+        def recorded(*args, **kw):
+            dropped = apply(*args, **kw)
+            for ledger_id in dropped:
+                self.dropped_at.setdefault(ledger_id, self.loop.now)
+            return dropped
+        log.apply_retention = recorded              # what LogWriter's rolls call
+        try:
+            return super().run()
+        finally:
+            log.apply_retention = apply
+
+    def check_log(self) -> None:
+        from pybk_spark.logs.log import read_log
+        final = self.final or []
+        md = read_log(self.client("check").metadata_store, LOG)[0]
+        kept = set(final)
+        dropped = {r for r, (index, _) in self.log_acked.items() if index < md.truncated_ledgers}
+        lost = sorted(r for r, (index, _) in self.log_acked.items()
+                      if index >= md.truncated_ledgers and r not in kept)
+        if lost:
+            raise InvariantViolation(f"acknowledged records lost (not dropped by retention, "
+                                     f"{md.truncated_ledgers} segments dropped): {lost[:8]}")
+        if dropped & kept:
+            raise InvariantViolation(f"records of dropped segments still read: "
+                                     f"{sorted(dropped & kept)[:5]}")
+        late = sorted(r for r, (t, lid) in self.acked_when.items()
+                      if lid in self.dropped_at and self.dropped_at[lid] <= t)
+        if late:
+            raise InvariantViolation(f"acknowledged in a ledger retention had already dropped: "
+                                     f"{late[:5]}")
+        seen = self.tailed
+        cut = 0
+        while cut < len(seen) and seen[cut] not in kept:
+            cut += 1
+        self.log_acked = {r: at for r, at in self.log_acked.items() if r in kept}
+        self.appended = {who: [r for r in recs if r in kept] for who, recs in self.appended.items()}
+        self.tailed = seen[cut:]
+        super().check_log()
