@@ -7,9 +7,10 @@ Theory of operation
 Retention is two optional properties of the log, kept in its metadata
 (``LogMetadata.properties``, changed by CAS like everything else there):
 ``retention.ms`` (a segment whose last entry was appended more than this
-long ago has expired, as Kafka's: strictly older) and ``retention.bytes`` (while the log without its oldest
-segment still holds at least this many bytes, that segment has expired).
-Absent or ``-1``: no limit, as in Kafka.
+long ago has expired, as Kafka's: strictly older) and ``retention.bytes``
+(while the log without its oldest segment still holds at least this many
+bytes, that segment has expired).  Absent or ``-1``: no limit, as in
+Kafka.
 
 :func:`expired` says how many of the log's leading segments retention drops:
 the longest prefix in which every segment has expired by time or by size,
