@@ -173,11 +173,11 @@ class AutoRecovery:
         """(ledgers dropped, logs that failed) over every log with limits."""
         from pybk_spark.logs.log import apply_retention, list_logs, read_log
         store = self.bk.metadata_store
-        now_us = int(self.wall_clock() * 1_000_000)
         dropped = failed = 0
         for name in list_logs(store):
             try:
-                dropped += len(apply_retention(self.bk, name, now_us, read_log(store, name)[0]))
+                dropped += len(apply_retention(self.bk, name, self.wall_clock,
+                                               read_log(store, name)[0]))
             except errors.BKError as exc:
                 failed += 1
                 _log.warning("event=log_retention_failed log=%s error=%r action=retry_next_round",

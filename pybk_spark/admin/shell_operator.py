@@ -172,7 +172,7 @@ def _logretention(args) -> int:
         else:
             md = read_log(bk.metadata_store, args.name)[0]
         if args.apply:
-            dropped = apply_retention(bk, args.name, int(time.time() * 1_000_000), md)
+            dropped = apply_retention(bk, args.name, time.time, md)
     limits = retention_of(md)
     text = (f"log {args.name}: retention.ms={-1 if limits.ms is None else limits.ms} "
             f"retention.bytes={-1 if limits.bytes is None else limits.bytes}")

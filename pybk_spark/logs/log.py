@@ -428,7 +428,7 @@ class LogWriter:
         purges expired segments as it rolls).  Best effort: the next roll
         tries again."""
         try:
-            apply_retention(self._bk, self.name, int(self._wall_clock() * 1_000_000))
+            apply_retention(self._bk, self.name, self._wall_clock)
         except errors.BKError as exc:
             _log.warning("event=log_retention_failed log=%s error=%r action=retry_at_next_roll",
                          self.name, exc)
@@ -534,16 +534,21 @@ def set_log_retention(store, name: str, *, ms: Optional[int] = None,
     return update_log(store, name, lambda m: log_retention.with_retention(m, ms=ms, nbytes=nbytes))
 
 
-def apply_retention(bk, name: str, now_us: int, md: Optional[LogMetadata] = None) -> list[int]:
+def apply_retention(bk, name: str, wall_clock: Callable[[], float],
+                    md: Optional[LogMetadata] = None) -> list[int]:
     """Drop and delete the oldest segments the log's retention has expired
     (protocol/log_retention.py); the dropped ledger ids.  ``md``: the
     metadata the caller has just written, so a log with nothing expired
-    costs no etcd read.  Registered read positions hold retention back."""
+    costs no etcd read.  ``wall_clock`` (seconds) is read only for a log
+    with limits.  Registered read positions hold retention back."""
     from pybk_spark.logs.positions import list_positions
     from pybk_spark.protocol import log_retention
     if md is None:
         md = read_log(bk.metadata_store, name)[0]
-    if not log_retention.retention_of(md).limited or log_retention.expired(md, now_us) == 0:
+    if not log_retention.retention_of(md).limited:
+        return []
+    now_us = int(wall_clock() * 1_000_000)
+    if log_retention.expired(md, now_us) == 0:
         return []
     registered = list_positions(bk.metadata_store, name)
 
