@@ -10,6 +10,18 @@ from pybk_spark.admin.shell_recovery import client, password_arg, password_of
 
 
 # -- logs ------------------------------------------------------------------------------------------
+def _retention_text(md) -> str:
+    """A log's retention limits for a table cell: ``-`` when it has none."""
+    from pybk_spark.protocol.log_retention import retention_of
+    try:
+        limits = retention_of(md)
+    except errors.IncorrectParameter as exc:
+        return f"(bad: {exc})"
+    parts = ([f"ms={limits.ms}"] if limits.ms is not None else []) + \
+        ([f"bytes={limits.bytes}"] if limits.bytes is not None else [])
+    return " ".join(parts) or "-"
+
+
 def _listlogs(args) -> int:
     from pybk_spark.logs.log import list_logs, read_log
     store = shell_common.open_store_from(args)
@@ -22,11 +34,12 @@ def _listlogs(args) -> int:
                 continue
             rows.append({"log": name, "segments": len(md.segments), "epoch": md.epoch,
                          "ledgers": md.ledger_ids,
-                         "truncated_ledgers": md.truncated_ledgers})
+                         "truncated_ledgers": md.truncated_ledgers,
+                         "retention": _retention_text(md)})
     finally:
         store.close()
     shell_common.emit(args, rows, table(rows, ["log", "segments", "epoch", "truncated_ledgers",
-                                               "ledgers"], empty="(no logs)"))
+                                               "retention", "ledgers"], empty="(no logs)"))
     return 0
 
 
@@ -46,7 +59,8 @@ def _logmetadata(args) -> int:
     data["version"] = version
     seg_rows = [s.to_dict() for s in md.segments]
     text = (f"log {md.name}: epoch={md.epoch} truncated_ledgers={md.truncated_ledgers} "
-            f"truncated_offset={md.truncated_offset} schema={'yes' if md.schema else 'no'}\n"
+            f"truncated_offset={md.truncated_offset} schema={'yes' if md.schema else 'no'} "
+            f"retention={_retention_text(md)}\n"
             + table(seg_rows, ["ledger_id", "state", "entry_count", "byte_count",
                                "start_offset"], empty="(no segments)"))
     shell_common.emit(args, data, text)

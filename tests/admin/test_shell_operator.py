@@ -187,6 +187,9 @@ def test_logretention_shows_sets_and_applies(uri, bk):
     assert res.rc == 0, res.err
     assert res.json()["retention_bytes"] == 0 and res.json()["deleted_ledgers"] == first_two
     assert len(_ledgers(uri, name)) == 1 and not set(first_two) & set(bk.list_ledgers())
+    listed = {r["log"]: r for r in pybk("--json", "listlogs", "--metadata-uri", uri).json()}
+    assert listed[name]["retention"] == "bytes=0" and listed[name]["truncated_ledgers"] == 2
+    assert "retention=bytes=0" in pybk("logmetadata", "--metadata-uri", uri, name).out
     off = pybk("logretention", "--metadata-uri", uri, name, "--bytes", "-1")
     assert "retention.bytes=-1" in off.out
     bad = pybk("logretention", "--metadata-uri", uri, name, "--ms", "-5")
