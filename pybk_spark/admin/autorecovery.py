@@ -34,7 +34,7 @@ one loop does both, and any number of copies may run for availability:
   writes to any more still loses its expired segments (its writers apply
   retention too, as they roll or commit).  Kafka's log cleaner does this
   for a topic; here each log is one CAS that re-decides, then the ledger
-  deletion (``logs/log.apply_retention``).  A log that fails is counted in
+  deletion (``logs/truncation.py``).  A log that fails is counted in
   the row (``retention_failed``) and retried next round.
 * A failed round is logged and retried next round; the loop never dies of a
   metadata or bookie error.  ``stop`` (SIGTERM/SIGINT) ends it between rounds
@@ -171,17 +171,23 @@ class AutoRecovery:
 
     def _apply_retention(self) -> tuple[int, int]:
         """(ledgers dropped, logs that failed) over every log with limits."""
-        from pybk_spark.logs.log import apply_retention, list_logs, read_log
+        from pybk_spark.logs.log import list_logs, read_log
+        from pybk_spark.logs.truncation import retain
         store = self.bk.metadata_store
         dropped = failed = 0
         for name in list_logs(store):
             try:
-                dropped += len(apply_retention(self.bk, name, self.wall_clock,
-                                               read_log(store, name)[0]))
+                md = read_log(store, name)[0]
             except errors.BKError as exc:
                 failed += 1
-                _log.warning("event=log_retention_failed log=%s error=%r action=retry_next_round",
+                _log.warning("event=log_retention_failed log=%s error=%r retry='in the next round'",
                              name, exc)
+                continue
+            got = retain(self.bk, name, self.wall_clock, md, retry="in the next round")
+            if got is None:
+                failed += 1
+            else:
+                dropped += len(got)
         return dropped, failed
 
     def run_forever(self, wait: Callable[[float], bool], emit: Callable[[dict], None],

@@ -141,7 +141,7 @@ def _truncatelog_args(p):
 
 
 def _truncatelog(args) -> int:
-    from pybk_spark.logs.log import truncate_log
+    from pybk_spark.logs.truncation import truncate_log
     with client(args) as bk:
         dropped = truncate_log(bk, args.name, args.before)
     shell_common.emit(args, {"log": args.name, "deleted_ledgers": dropped},
@@ -163,7 +163,8 @@ def _logretention_args(p):
 
 
 def _logretention(args) -> int:
-    from pybk_spark.logs.log import apply_retention, read_log, set_log_retention
+    from pybk_spark.logs.log import read_log
+    from pybk_spark.logs.truncation import apply_retention, set_log_retention
     from pybk_spark.protocol.log_retention import retention_of
     dropped: list[int] = []
     with client(args) as bk:

@@ -32,9 +32,7 @@ Append time: every entry carries the wall-clock time it was appended (an
   ``entry_format=time-prefixed-v1``), stamped so that it never goes
   backwards; the first and last time of a ledger are recorded with its size
   when it is closed.  Readers strip the header (log_reader.py, Spark).
-Truncate: CAS the list first, then delete the dropped ledgers; never past a
-  registered read position (a streaming query's committed cursor,
-  protocol/positions.py) unless forced.
+Truncate and retention: logs/truncation.py (the roll applies retention).
 Reader: non-fencing; reads each closed segment to its last entry (stepping
   over closed empty ones without opening them) and the open tail up to its
   LAC, long-polling the LAC (no busy polling); when the tail
@@ -425,13 +423,9 @@ class LogWriter:
 
     def _retain(self) -> None:
         """After a roll: apply the log's retention (DistributedLog's writer
-        purges expired segments as it rolls).  Best effort: the next roll
-        tries again."""
-        try:
-            apply_retention(self._bk, self.name, self._wall_clock)
-        except errors.BKError as exc:
-            _log.warning("event=log_retention_failed log=%s error=%r action=retry_at_next_roll",
-                         self.name, exc)
+        purges expired segments as it rolls); the next roll retries."""
+        from pybk_spark.logs.truncation import retain
+        retain(self._bk, self.name, self._wall_clock, retry="at the next roll")
 
     def _after_roll_cas(self, previous_ledger_id: int, new_ledger_id: int) -> None:
         """Extension point between the roll's CAS and the close of the previous
@@ -477,88 +471,3 @@ class LogWriter:
 
     def __exit__(self, *exc):
         self.close()
-
-
-# -- truncation -------------------------------------------------------------------------------
-def truncate_log(bk, name: str, before_ledger_id: int, *, force: bool = False) -> list[int]:
-    """CAS the list first, then delete the dropped ledgers.  Refused
-    (``IllegalOp``, nothing changed) when a registered read position
-    (``positions/<log>/``, protocol/positions.py) still needs a segment it
-    would drop, unless ``force``."""
-    from pybk_spark.logs.positions import list_positions
-    from pybk_spark.protocol.positions import blockers
-    registered = [] if force else list_positions(bk.metadata_store, name)
-
-    def transform(m: LogMetadata) -> tuple[LogMetadata, list[int]]:
-        first_kept = m.truncated_ledgers + m.segment_index(before_ledger_id)
-        stuck = blockers(first_kept, registered)
-        if stuck:
-            raise errors.IllegalOp(
-                "truncation would drop segments that registered read positions still need: "
-                + ", ".join(f"{p.name} at index {p.index} entry {p.entry}" for p in stuck)
-                + f"; drop a stale one with 'pybk dropposition {name} NAME' "
-                "or truncate with force=True", log=name, first_kept_index=first_kept)
-        return logmd.truncate_before(m, before_ledger_id)
-    return _drop_segments(bk, name, transform)
-
-
-def _drop_segments(bk, name: str,
-                   transform: Callable[[LogMetadata], tuple[LogMetadata, list[int]]]) -> list[int]:
-    """Apply a truncation ``transform`` (-> new metadata, dropped ledgers) by
-    CAS, re-deciding on every conflict; then delete the ledgers the CAS
-    that landed dropped (never before: a reader of the old list may still
-    find them).  A crash in between leaves ledgers that no log names (their
-    custom metadata ``log`` says which log made them), as ``truncatelog``
-    always could; ``pybk deleteledger`` removes them."""
-    dropped: list[int] = []
-
-    def apply(m: LogMetadata) -> LogMetadata:
-        new, ids = transform(m)
-        dropped[:] = ids
-        return new
-    update_log(bk.metadata_store, name, apply)
-    for ledger_id in dropped:
-        try:
-            bk.delete_ledger(ledger_id)
-        except errors.NoSuchLedger:
-            pass
-    return dropped
-
-
-def set_log_retention(store, name: str, *, ms: Optional[int] = None,
-                      nbytes: Optional[int] = None) -> LogMetadata:
-    """Set the log's ``retention.ms`` / ``retention.bytes`` (-1: no limit;
-    None: unchanged), by CAS.  Applied (``apply_retention``) when the log
-    is next rolled or committed to, and by every autorecovery round."""
-    from pybk_spark.protocol import log_retention
-    return update_log(store, name, lambda m: log_retention.with_retention(m, ms=ms, nbytes=nbytes))
-
-
-def apply_retention(bk, name: str, wall_clock: Callable[[], float],
-                    md: Optional[LogMetadata] = None) -> list[int]:
-    """Drop and delete the oldest segments the log's retention has expired
-    (protocol/log_retention.py); the dropped ledger ids.  ``md``: the
-    metadata the caller has just written, so a log with nothing expired
-    costs no etcd read.  ``wall_clock`` (seconds) is read only for a log
-    with limits.  Registered read positions hold retention back."""
-    from pybk_spark.logs.positions import list_positions
-    from pybk_spark.protocol import log_retention
-    if md is None:
-        md = read_log(bk.metadata_store, name)[0]
-    if not log_retention.retention_of(md).limited:
-        return []
-    now_us = int(wall_clock() * 1_000_000)
-    if log_retention.expired(md, now_us) == 0:
-        return []
-    registered = list_positions(bk.metadata_store, name)
-
-    def transform(m: LogMetadata) -> tuple[LogMetadata, list[int]]:
-        n = log_retention.expired(m, now_us, registered)
-        if n == 0:
-            return m, []
-        return logmd.truncate_before(m, m.segments[n].ledger_id)
-    dropped = _drop_segments(bk, name, transform)
-    if dropped:
-        _log.info("event=log_retention log=%s dropped_ledgers=%d first=%d last=%d",
-                  name, len(dropped), dropped[0], dropped[-1])
-    return dropped

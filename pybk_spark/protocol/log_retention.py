@@ -29,7 +29,7 @@ and in which every segment is
 
 The caller drops that prefix with ``log_metadata.truncate_before`` in the
 same CAS transform, so on a conflict it re-reads and re-decides, and
-deletes the dropped ledgers only after the CAS (``logs/log.py``).  An
+deletes the dropped ledgers only after the CAS (``logs/truncation.py``).  An
 operator sets the limits with :func:`with_retention`, which validates them.
 
 Pure: no I/O, no clock (``now_us`` is given by the caller).

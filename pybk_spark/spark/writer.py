@@ -50,6 +50,7 @@ from pyspark.sql.datasource import (DataSourceArrowWriter, DataSourceStreamArrow
 
 from pybk_spark import errors
 from pybk_spark.logs.log import read_or_create_log, update_log
+from pybk_spark.logs.truncation import retain
 from pybk_spark.protocol import append_time
 from pybk_spark.protocol import log_metadata as logmd
 from pybk_spark.spark import arrow_codec, pending
@@ -261,18 +262,6 @@ def commit_job(bk, opts: WriteOptions, job: str, schema_text: str, messages, *,
     return md
 
 
-def retain(bk, log: str, md: logmd.LogMetadata, wall_clock: Callable[[], float]) -> None:
-    """After a commit: apply the log's retention (protocol/log_retention.py).
-    The batch is committed whatever happens here; a failure is logged and
-    the next commit tries again."""
-    from pybk_spark.logs.log import apply_retention
-    try:
-        apply_retention(bk, log, wall_clock, md)
-    except errors.BKError as exc:
-        _log.warning("event=log_retention_failed log=%s error=%r action=retry_at_next_commit",
-                     log, exc)
-
-
 def abort_job(bk, opts: WriteOptions, job: str, messages) -> list[int]:
     from pybk_spark.logs.log import read_log
     try:
@@ -303,7 +292,7 @@ class BookKeeperBatchWriter(DataSourceArrowWriter):
         with _driver_client(self.opts.metadata_uri, self.opts.client_conf) as bk:
             md = commit_job(bk, self.opts, self.job, self.schema_text, messages,
                             overwrite=self.overwrite, base_schema=self.base_schema)
-            retain(bk, self.opts.log, md, self._wall_clock)
+            retain(bk, self.opts.log, self._wall_clock, md, retry="at the next commit")
 
     def abort(self, messages: List[Optional[WriterCommitMessage]]) -> None:
         with _driver_client(self.opts.metadata_uri, self.opts.client_conf) as bk:
@@ -343,7 +332,7 @@ class BookKeeperStreamWriter(DataSourceStreamArrowWriter):
                             sink=(self.opts.sink_id, int(batchId)), base_schema=self.base_schema)
             now = self._wall_clock()
             _record_sink_position(bk, md, messages, self.job, self.opts.sink_id, int(batchId), now)
-            retain(bk, self.opts.log, md, lambda: now)
+            retain(bk, self.opts.log, lambda: now, md, retry="at the next commit")
 
     def abort(self, messages: List[Optional[WriterCommitMessage]], batchId: int) -> None:
         with _driver_client(self.opts.metadata_uri, self.opts.client_conf) as bk:

@@ -6,7 +6,8 @@ import time
 import pytest
 
 from pybk_spark import BookKeeper, errors
-from pybk_spark.logs.log import LogWriter, RollPolicy, list_logs, read_log, truncate_log
+from pybk_spark.logs.log import LogWriter, RollPolicy, list_logs, read_log
+from pybk_spark.logs.truncation import truncate_log
 from pybk_spark.logs.log_reader import LogReader
 
 pytestmark = pytest.mark.slow
@@ -106,7 +107,7 @@ def test_retention_drops_expired_segments_as_the_writer_rolls(bk):
     """retention.ms on a real cluster: each roll drops the closed segments
     whose last entry is older than the limit and deletes their ledgers; a
     registered reader's position holds retention back."""
-    from pybk_spark.logs.log import set_log_retention
+    from pybk_spark.logs.truncation import set_log_retention
     from pybk_spark.logs.positions import drop, record
     from pybk_spark.protocol.positions import RegisteredPosition
     now = [1_000.0]

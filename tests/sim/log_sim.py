@@ -161,24 +161,24 @@ class RetainedLogSim(LogSim):
     """LogSim on a log whose retention keeps only its newest few records."""
 
     def run(self) -> "RetainedLogSim":
-        from pybk_spark.logs import log
+        from pybk_spark.logs import log, truncation
         store = self.client("setup").metadata_store
         log.read_or_create_log(store, LOG)
         # records are 4-8 bytes, 3-10 a segment: keep 0-2 closed segments or so
-        log.set_log_retention(store, LOG, nbytes=self.loop.rng.choice([0, 8, 24]))
+        truncation.set_log_retention(store, LOG, nbytes=self.loop.rng.choice([0, 8, 24]))
         self.dropped_at: dict[int, float] = {}      # ledger id -> sim time retention dropped it
-        apply = log.apply_retention
+        apply = truncation.apply_retention
 
         def recorded(*args, **kw):
             dropped = apply(*args, **kw)
             for ledger_id in dropped:
                 self.dropped_at.setdefault(ledger_id, self.loop.now)
             return dropped
-        log.apply_retention = recorded              # what LogWriter's rolls call
+        truncation.apply_retention = recorded       # what LogWriter's rolls call
         try:
             return super().run()
         finally:
-            log.apply_retention = apply
+            truncation.apply_retention = apply
 
     def check_log(self) -> None:
         from pybk_spark.logs.log import read_log

@@ -4,7 +4,8 @@ import uuid
 
 import pytest
 
-from pybk_spark.logs.log import read_log, truncate_log
+from pybk_spark.logs.log import read_log
+from pybk_spark.logs.truncation import truncate_log
 
 from .test_stream import run_available_now, stream
 from .test_write import read, write

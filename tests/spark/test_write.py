@@ -214,7 +214,7 @@ def test_oversized_row_fails_the_job_and_appends_nothing(spark, metadata_uri, bk
 def test_retention_applies_at_each_commit(spark, metadata_uri, bk):
     """A log's retention.bytes is applied by the writer's commit: the oldest
     committed segments go (their ledgers deleted), the newest stay."""
-    from pybk_spark.logs.log import set_log_retention
+    from pybk_spark.logs.truncation import set_log_retention
     log = log_name("retained")
     schema = StructType([StructField("id", LongType(), False)])
     write(spark.createDataFrame([(k,) for k in range(100)], schema).repartition(1),
