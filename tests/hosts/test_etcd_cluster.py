@@ -193,7 +193,10 @@ def test_no_quorum_then_all_down_is_unavailable_then_recovers(host_cluster):
            "put_if_absent": lambda: store.put_if_absent("hosts-test/new", b"x"),
            "list_prefix": lambda: store.list_prefix("hosts-test/")}
     try:
-        assert store.put("hosts-test/probe", b"1") > 0
+        # readiness: right after the rolling restart above, the first request to
+        # the member restarted last can still fail to connect (fresh-clone CI at
+        # 7bf0821), and a put is not retried by the store
+        assert _retry_metadata(lambda: store.put("hosts-test/probe", b"1")) > 0
         survivor, *others = etcd.members
         for m in others:                               # one member left: no quorum; it
             m.kill()                                   # still serves, requests wait there
