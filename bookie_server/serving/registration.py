@@ -40,8 +40,11 @@ if a foreign one appeared meanwhile it deletes its own and refuses (of two
 bookies racing on the two keys at least one sees the other: never both).
 
 If a refresh fails (lease expired, etcd restarted) a new lease is granted and
-the key created again; a key meanwhile taken by another owner is left alone
-(logged: ``event=registration_taken``).  Switching mode creates the new key
+the key created again, or moved under it; a key meanwhile taken by another
+owner is left alone (logged: ``event=registration_taken``).  The earlier
+lease is revoked only after the key is under the new one: if the move fails
+too, the earlier lease (perhaps still alive, still holding the key) is kept
+until a later round succeeds.  Switching mode creates the new key
 first, then deletes the old one.  Stopping deletes the key (CAS on the
 version we wrote) and revokes the lease.
 """
@@ -119,6 +122,7 @@ class Registrar:
         self.clock = clock
         self.sleep = sleep
         self._lease: Any = None
+        self._retired: list[Any] = []       # earlier leases, revoked once the key has moved
         self._version: Optional[int] = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -269,28 +273,40 @@ class Registrar:
                     self._reregister()
 
     def _reregister(self) -> None:
-        """A new lease and our key under it; the old lease is revoked after
-        (it holds nothing of ours then), so no keep-alive thread is leaked."""
-        old = self._lease
+        """A new lease and our key under it.  The leases it replaces are
+        revoked only once the key is under the new one: after a failed
+        refresh the old lease may well be alive and still hold our key (a
+        member restarting, one lost connection), and revoking it while the
+        move failed would unregister a healthy bookie until the next round."""
         try:
-            self._lease = self.store.grant_lease(self.ttl)
+            new = self.store.grant_lease(self.ttl)
+        except Exception as exc:  # noqa: BLE001 - the registrar thread logs and retries
+            log.warning("event=reregister_failed error=%r", exc)
+            return
+        if self._lease is not None:
+            self._retired.append(self._lease)
+        self._lease = new
+        try:
             self._put_owned(registration_key(self.bookie_id, self.read_only))
             other = registration_key(self.bookie_id, not self.read_only)
             got = self.store.get(other)       # a mode switch that failed half-way
             if got is not None and decide_claim(_loads(got.value), self.owner) == FREE:
                 self.store.delete(other, expected_version=got.version)
-            log.info("event=reregistered key=%s",
-                     registration_key(self.bookie_id, self.read_only))
         except errors.BookieIdInUse as exc:
             log.error("event=registration_taken error=%s", exc)
         except Exception as exc:  # noqa: BLE001 - the registrar thread logs and retries
-            log.warning("event=reregister_failed error=%r", exc)
-        finally:
-            if old is not None and old is not self._lease:
-                try:
-                    old.revoke()
-                except Exception:  # noqa: BLE001 - expired already, or store down
-                    pass
+            log.warning("event=reregister_failed error=%r (earlier leases kept: one may "
+                        "still hold the key)", exc)
+            return
+        else:
+            log.info("event=reregistered key=%s",
+                     registration_key(self.bookie_id, self.read_only))
+        retired, self._retired = self._retired, []
+        for old in retired:
+            try:
+                old.revoke()
+            except Exception:  # noqa: BLE001 - expired already, or store down
+                pass
 
     def stop(self) -> None:
         self._stop.set()
@@ -303,8 +319,10 @@ class Registrar:
                                       expected_version=self._version)
             except Exception as exc:  # noqa: BLE001 - not ours any more, or store down
                 log.warning("event=unregister_failed error=%r", exc)
-            try:
-                if self._lease is not None:
-                    self._lease.revoke()
-            except Exception as exc:  # noqa: BLE001 - shutdown goes on; the lease expires anyway
-                log.warning("event=unregister_failed error=%r", exc)
+            for lease in [*self._retired, self._lease]:
+                try:
+                    if lease is not None:
+                        lease.revoke()
+                except Exception as exc:  # noqa: BLE001 - shutdown goes on; leases expire anyway
+                    log.warning("event=unregister_failed error=%r", exc)
+            self._retired = []

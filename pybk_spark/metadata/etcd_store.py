@@ -31,7 +31,11 @@ Theory of operation:
     member that was down for a minute is used again within a second of its
     return, not after gRPC's default 120 s cap.
   * Leases refresh themselves from a daemon thread owned by the lease object
-    (every ttl/3); ``revoke()`` stops the thread and revokes the lease.  If
+    (every ttl/3; every 0.5 s after a failed refresh); ``revoke()`` stops the
+    thread and revokes the lease.  One keep-alive is bounded by ttl/4, not
+    by ``timeout``: a member cut off from its peers holds a keep-alive until
+    its deadline, while the majority's leader counts the lease down, so the
+    refresh must move to another member in time.  If
     etcd reports the lease gone, ``lease.lost`` is set and ``on_lost`` runs.
   * ``wait_for_change`` is a one-shot watch from ``after_revision + 1``.
   * Security (``EtcdSecurity``, pybk_spark/metadata/security.py): with
@@ -111,7 +115,7 @@ class EtcdLease(Lease):
 
     def refresh(self) -> None:
         """One keep-alive; raises MetadataError if the lease no longer exists."""
-        ttl = self._store._refresh_lease(self.id)
+        ttl = self._store._refresh_lease(self.id, self._store._keepalive_timeout(self.ttl))
         if ttl <= 0:
             self._mark_lost()
             raise errors.MetadataError("lease expired", lease=self.id)
@@ -382,11 +386,33 @@ class EtcdMetadataStore(MetadataStore):
             if lease in self._leases:
                 self._leases.remove(lease)
 
-    def _refresh_lease(self, lease_id: int) -> int:
-        # one attempt: the keep-alive loop is the retry (and must notice expiry)
-        responses = self._call(lambda: list(self._client.refresh_lease(lease_id)),
-                               idempotent=False)
+    def _refresh_lease(self, lease_id: int, timeout: float) -> int:
+        """One keep-alive, bounded by ``timeout`` rather than the store's RPC
+        timeout: a member cut off from its peers holds a keep-alive until the
+        deadline, and a lease must fail over to another member well before
+        its ttl runs out (fresh-clone CI at ab098f6: a bookie's 5 s lease
+        expired on the majority while its keep-alive waited 10 s on the
+        cut-off member).  A timed-out endpoint is marked failed, so the next
+        attempt goes to another.  One attempt: the keep-alive loop is the
+        retry (and must notice expiry)."""
+        def call():
+            request = etcdrpc.LeaseKeepAliveRequest(ID=lease_id)
+            try:
+                return list(self._client.leasestub.LeaseKeepAlive(
+                    iter([request]), timeout, credentials=self._client.call_credentials,
+                    metadata=self._client.metadata))
+            except grpc.RpcError as exc:
+                self._client._manage_grpc_errors(exc)   # marks the endpoint failed; raises
+                raise
+        responses = self._call(call, idempotent=False)
         return responses[-1].TTL if responses else 0
+
+    def _keepalive_timeout(self, ttl: int) -> float:
+        """The bound of one keep-alive of a ``ttl`` s lease: a quarter of
+        the ttl (at least 0.5 s, at most the store's RPC timeout), so that
+        a refresh every ttl/3 that times out still leaves time for one on
+        another member before the lease ends."""
+        return min(self._timeout, max(0.5, ttl / 4.0))
 
     def _revoke_lease(self, lease_id: int) -> None:
         self._write(lambda: self._client.revoke_lease(lease_id))

@@ -139,3 +139,28 @@ def test_mode_switch_and_stop_touch_only_our_keys(env):
     assert holder(store, True) == "t-me" and store.get(registration_key("b0", False)) is None
     me.stop()
     assert store.get(registration_key("b0", True)) is None
+
+
+def test_a_failed_reregistration_keeps_the_lease_that_holds_the_key(env, monkeypatch):
+    """A refresh failed (say one member restarting), a new lease was granted,
+    but moving the key under it failed too: the earlier lease, still alive
+    and still holding the key, must not be revoked, or a healthy bookie
+    drops out of the registry until the next round (fresh-clone CI at ab098f6:
+    ``NotEnoughBookies`` right after every etcd member came back)."""
+    store, _, make = env
+    me = make(ME)
+    me.start()
+    first = me._lease
+    cas = store.compare_and_swap
+
+    def unavailable(*args, **kwargs):
+        raise errors.MetadataUnavailable("a member restarting")
+    monkeypatch.setattr(store, "compare_and_swap", unavailable)
+    me._reregister()
+    assert holder(store) == "t-me" and not first.revoked       # still registered
+    monkeypatch.setattr(store, "compare_and_swap", cas)
+    me._reregister()                                           # the next round moves it
+    assert holder(store) == "t-me" and first.revoked and not me._lease.revoked
+    assert me._retired == []
+    me.stop()
+    assert store.get(registration_key("b0", False)) is None

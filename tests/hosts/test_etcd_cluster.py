@@ -255,6 +255,8 @@ def test_leader_partitioned_from_the_other_members(host_cluster):
         pytest.skip(f"link faults unavailable: {reason}")
     etcd = host_cluster.etcd
     faults = host_cluster.network.faults
+    for bid in host_cluster.bookie_ids:        # readiness after the all-down test above
+        host_cluster.wait_registered(bid)
     bk = _bk(host_cluster)
     fault = None
     try:
