@@ -388,6 +388,12 @@ class LocalCluster:
         os.replace(tmp, self._state_path)
 
 
+def _thread_state(pid: int, tid: str) -> str:
+    """The state letter of one thread (``R``, ``S``, ``T``, ...) from /proc."""
+    with open(f"/proc/{pid}/task/{tid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
 def _wait_stopped(pid: int, timeout: float = 5.0) -> None:
     """Return once every thread of ``pid`` is stopped (state T in /proc), so
     a caller's next request cannot be served by a bookie still stopping; a
@@ -395,8 +401,7 @@ def _wait_stopped(pid: int, timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            states = [open(f"/proc/{pid}/task/{t}/stat").read().rsplit(")", 1)[1].split()[0]
-                      for t in os.listdir(f"/proc/{pid}/task")]
+            states = [_thread_state(pid, t) for t in os.listdir(f"/proc/{pid}/task")]
         except OSError:
             return
         if all(st in ("T", "t", "Z", "X") for st in states):

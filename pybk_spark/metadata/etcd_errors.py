@@ -25,6 +25,20 @@ def _details(exc: BaseException | None) -> str:
     return ""
 
 
+# What every request asks of the member it reaches (etcd's clientv3
+# ``WithRequireLeader``): a member that has no leader (cut off from the
+# majority, or mid-election) refuses it at once, in its gRPC interceptor,
+# before the request is looked at, instead of holding it until the deadline.
+REQUIRE_LEADER = (("hasleader", "true"),)
+_NO_LEADER = "etcdserver: no leader"
+
+
+def refused_without_leader(exc: BaseException) -> bool:
+    """``exc`` (a translated error) is a member's refusal for want of a
+    leader: the request was not applied, so even a write may be resent."""
+    return _NO_LEADER in _details(exc.__cause__)
+
+
 def translate(fn, sec: EtcdSecurity | None = None):
     """Turn every etcd/gRPC failure raised by ``fn`` into a pybk error (one
     attempt; ``EtcdMetadataStore._call`` adds retries and the endpoints)."""
@@ -42,7 +56,10 @@ def translate(fn, sec: EtcdSecurity | None = None):
             refused = refusal_for_transport(_details(exc), sec)
             if refused is not None:
                 raise refused from exc
-            raise errors.MetadataUnavailable(f"etcd unavailable: {exc or type(exc).__name__}") from exc
+            detail = _details(exc)
+            raise errors.MetadataUnavailable(
+                f"etcd unavailable: {exc or type(exc).__name__}"
+                + (f" ({detail})" if _NO_LEADER in detail else "")) from exc
         except etcd_exc.PreconditionFailedError as exc:
             ctx = exc.__context__
             refused = (refusal_for_status(ctx.code().name, _details(ctx), sec)

@@ -22,9 +22,17 @@ Theory of operation:
       - reads (get, list, revision) are retried on any MetadataUnavailable:
         they are idempotent, and the retry lands on the next endpoint;
       - writes (txn, put, delete, lease grant) are retried ONLY when nothing
-        was sent (NoServerAvailableError).  A write that reached an endpoint
-        and failed there has an unknown outcome and surfaces as
+        was sent (NoServerAvailableError) or the member refused it for want
+        of a leader (below).  A write that reached an endpoint and failed
+        there otherwise has an unknown outcome and surfaces as
         MetadataUnavailable; callers re-read and decide.
+  * Every request (and watch) carries ``hasleader: true``, as etcd's own
+    client does with ``WithRequireLeader``: a member without a leader (cut
+    off from the majority, or in an election) refuses it at once in its gRPC
+    interceptor, before the request is looked at, with "etcdserver: no
+    leader"; that marks the endpoint failed and the retry goes to another
+    member.  Without it such a member holds each request until the RPC
+    timeout, and is chosen again 0.5 s later.
     So an operation returns or raises within ``read_retry + timeout`` seconds
     (``timeout`` bounds one RPC), with or without a quorum.
   * gRPC channels reconnect with backoff; it is capped at 1 s here so a
@@ -190,6 +198,7 @@ class EtcdMetadataStore(MetadataStore):
                              opts=list(_CHANNEL_OPTIONS))
              for host, port in self.endpoints],
             failover=True, timeout=timeout)
+        self._client.metadata = etcd_errors.REQUIRE_LEADER
         self._tx = self._client.transactions
         self._leases: list[EtcdLease] = []
         self._leases_lock = threading.Lock()
@@ -234,7 +243,8 @@ class EtcdMetadataStore(MetadataStore):
                     raise
             else:
                 token = resp.token
-            self._client.metadata = (("token", token),) if token else None
+            self._client.metadata = etcd_errors.REQUIRE_LEADER + ((("token", token),)
+                                                                if token else ())
             self._client._clear_old_stubs()  # the watcher keeps the metadata it was made with
             self._auth_epoch += 1
 
@@ -267,12 +277,13 @@ class EtcdMetadataStore(MetadataStore):
             except errors.MetadataUnavailable as exc:
                 netloc = self._endpoint_in_use()     # the one that failed (or last chosen)
                 unsent = isinstance(exc.__cause__, etcd_exc.NoServerAvailableError)
+                unapplied = unsent or etcd_errors.refused_without_leader(exc)
                 if not unsent or not reason:
                     reason = str(exc.args[0]) if exc.args else "etcd unavailable"
                 for ep in (self._all_endpoints if unsent else [netloc]):
                     if ep and ep not in tried:
                         tried.append(ep)
-                if (not (idempotent or unsent) or self._closed
+                if (not (idempotent or unapplied) or self._closed
                         or time.monotonic() + delay > deadline):
                     raise errors.MetadataUnavailable(
                         reason, endpoints=",".join(tried) or ",".join(self._all_endpoints),
