@@ -62,6 +62,7 @@ from pybk_spark.metadata import keys
 log = logging.getLogger("bookie.registration")
 
 FREE, REPLACE, WAIT, REFUSE = "free", "replace", "wait", "refuse"
+_MAX_RETIRED = 3        # earlier leases kept while re-registrations keep failing
 MODES = ("writable", "readonly")
 
 
@@ -285,6 +286,8 @@ class Registrar:
             return
         if self._lease is not None:
             self._retired.append(self._lease)
+        while len(self._retired) > _MAX_RETIRED:   # each keeps a keep-alive thread: bounded;
+            self._revoke(self._retired.pop(1))     # keep the oldest, the holder at the last success
         self._lease = new
         try:
             self._put_owned(registration_key(self.bookie_id, self.read_only))
@@ -303,10 +306,14 @@ class Registrar:
                      registration_key(self.bookie_id, self.read_only))
         retired, self._retired = self._retired, []
         for old in retired:
-            try:
-                old.revoke()
-            except Exception:  # noqa: BLE001 - expired already, or store down
-                pass
+            self._revoke(old)
+
+    @staticmethod
+    def _revoke(lease) -> None:
+        try:
+            lease.revoke()
+        except Exception:  # noqa: BLE001 - expired already, or store down
+            pass
 
     def stop(self) -> None:
         self._stop.set()

@@ -158,6 +158,9 @@ def test_a_failed_reregistration_keeps_the_lease_that_holds_the_key(env, monkeyp
     monkeypatch.setattr(store, "compare_and_swap", unavailable)
     me._reregister()
     assert holder(store) == "t-me" and not first.revoked       # still registered
+    for _ in range(5):                 # failing on: the kept leases (threads) stay bounded
+        me._reregister()
+    assert holder(store) == "t-me" and len(me._retired) == 3
     monkeypatch.setattr(store, "compare_and_swap", cas)
     me._reregister()                                           # the next round moves it
     assert holder(store) == "t-me" and first.revoked and not me._lease.revoked
