@@ -233,20 +233,29 @@ class EtcdMetadataStore(MetadataStore):
             req = etcdrpc.AuthenticateRequest(name=self.security.etcd_user,
                                               password=self._password)
             try:
-                resp = self._client.authstub.Authenticate(req, self._timeout)
-            except grpc.RpcError as exc:
-                if (exc.code() == grpc.StatusCode.FAILED_PRECONDITION
-                        and "not enabled" in (exc.details() or "")):
-                    token = None             # auth not enabled (yet): go without a token
-                else:
-                    self._client._manage_grpc_errors(exc)   # marks the endpoint failed; raises
+                resp = self._direct(lambda: self._client.authstub.Authenticate(req, self._timeout))
+            except etcd_exc.PreconditionFailedError as exc:
+                status = exc.__context__
+                if not (isinstance(status, grpc.RpcError)
+                        and "not enabled" in (status.details() or "")):
                     raise
+                token = None                 # auth not enabled (yet): go without a token
             else:
                 token = resp.token
             self._client.metadata = etcd_errors.REQUIRE_LEADER + ((("token", token),)
                                                                 if token else ())
             self._client._clear_old_stubs()  # the watcher keeps the metadata it was made with
             self._auth_epoch += 1
+
+    def _direct(self, rpc):
+        """``rpc()``, a call on a pyetcd stub made here rather than through a
+        pyetcd method (for a timeout or a request pyetcd does not offer),
+        failing as pyetcd's own methods do: the endpoint marked failed."""
+        try:
+            return rpc()
+        except grpc.RpcError as exc:
+            self._client._manage_grpc_errors(exc)   # marks the endpoint failed; raises
+            raise
 
     def _ensure_auth(self) -> int:
         epoch = self._auth_epoch
@@ -406,16 +415,11 @@ class EtcdMetadataStore(MetadataStore):
         cut-off member).  A timed-out endpoint is marked failed, so the next
         attempt goes to another.  One attempt: the keep-alive loop is the
         retry (and must notice expiry)."""
-        def call():
-            request = etcdrpc.LeaseKeepAliveRequest(ID=lease_id)
-            try:
-                return list(self._client.leasestub.LeaseKeepAlive(
-                    iter([request]), timeout, credentials=self._client.call_credentials,
-                    metadata=self._client.metadata))
-            except grpc.RpcError as exc:
-                self._client._manage_grpc_errors(exc)   # marks the endpoint failed; raises
-                raise
-        responses = self._call(call, idempotent=False)
+        request = etcdrpc.LeaseKeepAliveRequest(ID=lease_id)
+        responses = self._call(lambda: self._direct(
+            lambda: list(self._client.leasestub.LeaseKeepAlive(
+                iter([request]), timeout, credentials=self._client.call_credentials,
+                metadata=self._client.metadata))), idempotent=False)
         return responses[-1].TTL if responses else 0
 
     def _keepalive_timeout(self, ttl: int) -> float:
@@ -475,14 +479,9 @@ class EtcdMetadataStore(MetadataStore):
         except (AttributeError, TypeError, ValueError) as exc:
             raise errors.IncorrectParameter(f"bad etcd auth request {op}: {exc}") from None
 
-        def call():
-            try:
-                return getattr(self._client.authstub, op)(request, self._timeout,
-                                                          metadata=self._client.metadata)
-            except grpc.RpcError as exc:
-                self._client._manage_grpc_errors(exc)   # marks the endpoint failed; raises
-                raise
-        return self._write(call)
+        return self._write(lambda: self._direct(
+            lambda: getattr(self._client.authstub, op)(request, self._timeout,
+                                                       metadata=self._client.metadata)))
 
     def close(self) -> None:
         if self._closed:
