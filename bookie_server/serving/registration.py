@@ -44,7 +44,10 @@ the key created again, or moved under it; a key meanwhile taken by another
 owner is left alone (logged: ``event=registration_taken``).  The earlier
 lease is revoked only after the key is under the new one: if the move fails
 too, the earlier lease (perhaps still alive, still holding the key) is kept
-until a later round succeeds.  Switching mode creates the new key
+until a later round succeeds.  A round's RPCs (the keep-alive, the read of
+the key) run without the registrar's lock, so a slow member delays no mode
+switch; a round re-registers only if the lease, mode and version it checked
+are still the ones held.  Switching mode creates the new key
 first, then deletes the old one.  Stopping deletes the key (CAS on the
 version we wrote) and revokes the lease.
 """
@@ -263,15 +266,31 @@ class Registrar:
 
     def _refresh_loop(self) -> None:
         while not self._stop.wait(self.ttl / 3.0):
+            self.refresh_once()
+
+    def _registered(self) -> tuple:
+        return self._lease, self.read_only, self._version
+
+    def refresh_once(self) -> None:
+        """One round: refresh the lease and check our key, without the lock
+        (each RPC may take the store's timeout, and ``set_read_only``, which
+        the disk checker and the admin API call, must not wait that long);
+        re-register under the lock only if what was checked is still what
+        we hold (a mode switch meanwhile is checked next round)."""
+        with self._lock:
+            seen = self._registered()
+        lease, read_only, version = seen
+        try:
+            lease.refresh()
+            got = self.store.get(registration_key(self.bookie_id, read_only))
+            if got is None or got.version != version:
+                raise errors.MetadataError("registration key vanished or changed")
+        except Exception as exc:  # noqa: BLE001 - lease lost or store down
             with self._lock:
-                try:
-                    self._lease.refresh()
-                    got = self.store.get(registration_key(self.bookie_id, self.read_only))
-                    if got is None or got.version != self._version:
-                        raise errors.MetadataError("registration key vanished or changed")
-                except Exception as exc:  # noqa: BLE001 - lease lost or store down
-                    log.warning("event=lease_refresh_failed error=%r", exc)
-                    self._reregister()
+                if self._stop.is_set() or self._registered() != seen:
+                    return
+                log.warning("event=lease_refresh_failed error=%r", exc)
+                self._reregister()
 
     def _reregister(self) -> None:
         """A new lease and our key under it.  The leases it replaces are

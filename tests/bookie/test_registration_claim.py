@@ -167,3 +167,39 @@ def test_a_failed_reregistration_keeps_the_lease_that_holds_the_key(env, monkeyp
     assert me._retired == []
     me.stop()
     assert store.get(registration_key("b0", False)) is None
+
+
+def test_a_slow_refresh_does_not_hold_up_a_mode_switch(env, monkeypatch):
+    """The refresh round's RPCs run without the registrar's lock: a member
+    that answers slowly (up to the store's RPC timeout) must not delay
+    ``set_read_only``, which the disk checker and the admin API call.  The
+    round that then finds its key gone (the switch moved it) leaves the new
+    registration alone."""
+    import threading
+
+    store, _, make = env
+    me = make(ME)
+    me.start()
+    lease = me._lease
+    inside, release = threading.Event(), threading.Event()
+    get = store.get
+
+    def slow_get(key, *args, **kwargs):
+        if threading.current_thread().name == "refresh-round":
+            inside.set()
+            release.wait()
+        return get(key, *args, **kwargs)
+    monkeypatch.setattr(store, "get", slow_get)
+    refresh = threading.Thread(target=me.refresh_once, name="refresh-round")
+    refresh.start()
+    assert inside.wait(30)
+    switch = threading.Thread(target=me.set_read_only, args=(True,))
+    switch.start()
+    switch.join(30)
+    assert not switch.is_alive() and refresh.is_alive()      # switched while the round waits
+    assert holder(store, True) == "t-me" and store.get(registration_key("b0", False)) is None
+    release.set()
+    refresh.join(30)
+    assert me._lease is lease and me._retired == []          # no re-registration
+    assert holder(store, True) == "t-me"
+    me.stop()
