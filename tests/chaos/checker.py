@@ -37,6 +37,9 @@ snapshots taken during the run, and returns violations:
                 wrote (custom metadata ``spark_job``) are exempt from I1's
                 "written by no invoked operation".
 
+I9 (availability: an unfaulted bookie stays registered) is judged by
+availability.py on the registry samples the runner takes during the run.
+
 A violation carries the ledger/log/entry; ``minimal_history`` prints the
 operations touching it.  The seed is printed by the runner.  The runner's
 summary also takes ``under_replicated``, ``sink_totals`` and

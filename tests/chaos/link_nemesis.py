@@ -107,7 +107,12 @@ class LinkNemesis:
         return True
 
     # -- bookkeeping ------------------------------------------------------------------
-    def _cut(self, fid: int, seconds: float, what: str, shape: str) -> bool:
+    def _cut(self, fid: int, seconds: float, what: str, shape: str,
+             bookies: tuple = ()) -> bool:
+        """``bookies``: the bookies whose own path to etcd this fault cuts or
+        degrades (their registration may lapse: availability.py)."""
+        for b in bookies:
+            self._open_window(("link", fid, b), b, what)
         due = self.clock() + seconds
         self._links.append(_LinkRepair(due, fid, what))
         self._quiet_until = max(self._quiet_until, due + self.rng.uniform(2, 6))
@@ -123,6 +128,9 @@ class LinkNemesis:
         try:
             self._net.faults.heal(r.fault_id)
             self.log(f"nemesis: healed {r.what}")
+            for key in [k for k in self._open_windows
+                        if isinstance(k, tuple) and k[:2] == ("link", r.fault_id)]:
+                self._close_window(key)
         except Exception as exc:  # noqa: BLE001 - heal_all retries via cluster.heal
             self.log(f"nemesis: heal of {r.what} failed: {exc!r}")
         finally:
@@ -146,6 +154,10 @@ class LinkNemesis:
         hosts = self.cluster.role_hosts()["bookie"]
         return [hosts[b] for b in self.rng.sample(sorted(hosts), k)]
 
+    def _bookie_id(self, host) -> str:
+        return next(b for b, h in self.cluster.role_hosts()["bookie"].items()
+                    if h.name == host.name)
+
     def _etcd_hosts(self) -> list:
         return self.cluster.role_hosts()["etcd"]
 
@@ -165,7 +177,8 @@ class LinkNemesis:
         if shape == "bookie-etcd":
             b = self._bookie_hosts(1)
             fid = f.partition(b, self._etcd_hosts())
-            return self._cut(fid, secs, f"{b[0].name} | etcd", "partition:" + shape)
+            return self._cut(fid, secs, f"{b[0].name} | etcd", "partition:" + shape,
+                             bookies=(self._bookie_id(b[0]),))
         if shape == "etcd-minority":
             etcd = self._etcd_hosts()
             lone = self.rng.choice(etcd)
@@ -215,12 +228,15 @@ class LinkNemesis:
         h = self._bookie_hosts(1)[0]
         return h, h.name, "bookie"
 
+    def _if_bookie(self, host, role: str) -> tuple:
+        return (self._bookie_id(host),) if role == "bookie" else ()
+
     def _loss(self) -> bool:
         host, label, role = self._target()
         p = self.rng.uniform(0.05, 0.3)
         fid = self._net.faults.loss(host, p)
         return self._cut(fid, self.rng.uniform(3, 10), f"{label} loses {p:.0%} of packets",
-                         "loss:" + role)
+                         "loss:" + role, bookies=self._if_bookie(host, role))
 
     def _stall(self) -> bool:
         writers = self._workers_of(WRITER_KINDS)
@@ -277,4 +293,5 @@ class LinkNemesis:
         fid = self._net.faults.netem(host, delay_ms=delay, jitter_ms=jitter, reorder=reorder)
         return self._cut(fid, self.rng.uniform(3, 10),
                          f"netem toward {label}: {delay:.0f}+-{jitter:.0f} ms, "
-                         f"reorder {reorder:.0%}", "netem:" + role)
+                         f"reorder {reorder:.0%}", "netem:" + role,
+                         bookies=self._if_bookie(host, role))

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from .availability import FaultWindow
 from .link_nemesis import LINK_KINDS, LINK_WEIGHTS, LinkNemesis
 
 KINDS = ["bookie_kill", "bookie_pause", "bookie_torn_tail", "bookie_disk_full",
@@ -82,6 +83,8 @@ class Nemesis(LinkNemesis):
         self.kinds = kinds or KINDS
         self.counts: dict[str, int] = {k: 0 for k in KINDS}
         self._repairs: list[_Repair] = []
+        self.windows: list[FaultWindow] = []       # faults that may unregister a bookie (I9)
+        self._open_windows: dict[object, FaultWindow] = {}
         self._link_init(shapes)
         self._stop = False
 
@@ -132,6 +135,19 @@ class Nemesis(LinkNemesis):
             return self._link_allowed(kind)
         return True
 
+    # -- fault windows (availability.py) ------------------------------------------------
+    def _open_window(self, key, bookie: str, what: str) -> None:
+        self._open_windows.setdefault(key, FaultWindow(bookie, self.clock(), what=what))
+
+    def _close_window(self, key) -> None:
+        w = self._open_windows.pop(key, None)
+        if w is not None:
+            self.windows.append(FaultWindow(w.bookie, w.start, self.clock(), w.what))
+
+    def all_windows(self) -> list[FaultWindow]:
+        """Closed windows and the open ones (open-ended)."""
+        return [*self.windows, *self._open_windows.values()]
+
     def _do_repairs(self, now: float) -> None:
         for r in [r for r in self._repairs if r.due <= now]:
             self._repair(r)
@@ -151,6 +167,7 @@ class Nemesis(LinkNemesis):
             else:
                 self.cluster.start_bookie(r.bookie)
             self.log(f"nemesis: {r.bookie} repaired ({r.kind})")
+            self._close_window(r.bookie)
         except Exception as exc:  # noqa: BLE001 - heal_all retries via cluster.heal
             self.log(f"nemesis: repair of {r.bookie} ({r.kind}) failed: {exc!r}")
             if retry and r.kind != "pause":
@@ -163,6 +180,8 @@ class Nemesis(LinkNemesis):
         for r in list(self._repairs):
             self._repair(r, retry=False)
         self.cluster.heal()
+        for key in list(self._open_windows):     # heal restarted and waited for every bookie
+            self._close_window(key)
 
     def _victim(self) -> str:
         busy = {r.bookie for r in self._repairs}
@@ -171,6 +190,7 @@ class Nemesis(LinkNemesis):
     # -- faults -------------------------------------------------------------------------
     def _bookie_kill(self) -> bool:
         b = self._victim()
+        self._open_window(b, b, "kill")
         self.cluster.kill_bookie(b, signal.SIGKILL)
         self._repairs.append(_Repair(self.clock() + self.rng.uniform(1, 6), b, "kill"))
         self.log(f"nemesis: SIGKILL {b}")
@@ -178,6 +198,7 @@ class Nemesis(LinkNemesis):
 
     def _bookie_pause(self) -> bool:
         b = self._victim()
+        self._open_window(b, b, "pause")
         self.cluster.stop_bookie(b)
         self._repairs.append(_Repair(self.clock() + self.rng.uniform(1, 8), b, "pause"))
         self.log(f"nemesis: SIGSTOP {b}")
@@ -185,6 +206,7 @@ class Nemesis(LinkNemesis):
 
     def _bookie_torn_tail(self) -> bool:
         b = self._victim()
+        self._open_window(b, b, "torn tail")
         self.cluster.kill_bookie(b, signal.SIGKILL)
         how = tear_journal_tail(self.cluster.bookie_data_dir(b), self.rng)
         self._repairs.append(_Repair(self.clock() + self.rng.uniform(1, 4), b, "torn"))

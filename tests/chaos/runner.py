@@ -31,6 +31,7 @@ from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.cluster import procs
 from pybk_spark.cluster.local import LocalCluster
 
+from . import availability as avail
 from . import checker as chk
 from .history import load_histories, pair_ops
 from .nemesis import KINDS, Nemesis
@@ -187,6 +188,12 @@ def _watch_metadata(uri: str, stop: threading.Event, out: list) -> None:
         bk.close()
 
 
+def _registry_store(uri: str, opened: list):
+    bk = BookKeeper(uri, background=False)
+    opened.append(bk)
+    return bk.metadata_store
+
+
 def run(duration: float, seed: int, *, workdir: str | None = None, bookies: int = 5,
         ledger_writers: int = 2, logs: int = 2, tail_readers: int = 1, recoverers: int = 1,
         autorecoverers: int = 0, spark: bool = False,
@@ -209,6 +216,8 @@ def run(duration: float, seed: int, *, workdir: str | None = None, bookies: int 
     snapshots: list = []
     stop_watch = threading.Event()
     workers = None
+    registry = None
+    opened: list = []           # the registry watch's clients, closed at the end
     try:
         cluster.start()
         until = time.time() + duration
@@ -236,6 +245,8 @@ def run(duration: float, seed: int, *, workdir: str | None = None, bookies: int 
         watcher = threading.Thread(target=_watch_metadata,
                                    args=(cluster.metadata_uri, stop_watch, snapshots), daemon=True)
         watcher.start()
+        registry = avail.RegistryWatch(lambda: _registry_store(cluster.metadata_uri, opened))
+        registry.start()
         t0 = time.monotonic()
         nem = Nemesis(cluster, workers, random.Random(rng.randrange(1 << 31)),
                       max_bookie_faults=max_faults, kinds=kinds,
@@ -255,6 +266,7 @@ def run(duration: float, seed: int, *, workdir: str | None = None, bookies: int 
             out(f"chaos: SIGKILLed workers that did not stop by themselves: {stragglers}")
         stop_watch.set()
         watcher.join(30)
+        registry.stop()
         out("chaos: healed; recovering every ledger and checking")
         ops = pair_ops(load_histories(str(hist_dir)))
         bk = BookKeeper(cluster.metadata_uri, background=False)
@@ -276,6 +288,11 @@ def run(duration: float, seed: int, *, workdir: str | None = None, bookies: int 
         finally:
             bk.close()
         violations = chk.check(ops, final, snapshots, strict_replicas=strict_replicas)
+        windows = nem.all_windows()
+        violations += avail.check_registration(registry.samples, windows, REGISTRATION_GRACE_S,
+                                               t0=t0)
+        summary["registration"] = avail.registration_totals(registry.samples, windows,
+                                                            REGISTRATION_GRACE_S)
         if spark_files:
             violations += chk.check_sink(sink, final)
             summary["spark"] = chk.sink_totals(sink, final)
@@ -288,12 +305,20 @@ def run(duration: float, seed: int, *, workdir: str | None = None, bookies: int 
         return summary
     finally:
         stop_watch.set()
+        if registry is not None:
+            registry.stop()
+        for client in opened:
+            client.close()
         if workers is not None:
             workers.wait_all(grace=0.1)
         cluster.stop()
 
 
 HANG_GRACE_S = 100.0
+# I9: how long after its fault is repaired a bookie may still be unregistered
+# (a lease that lapsed during a pause is renewed by the next refresh, ttl/3;
+# one etcd RPC may take its 10 s timeout)
+REGISTRATION_GRACE_S = 15.0
 SPARK_CATCHUP_S = 1200.0
 
 
