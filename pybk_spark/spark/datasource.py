@@ -31,6 +31,7 @@ from pybk_spark.spark.write_options import parse_write_options
 from pybk_spark.spark.multi_log import (BookKeeperMultiLogReader, common_schema, is_multi,
                                         log_names, with_log_column)
 from pybk_spark.spark.reader import BookKeeperBatchReader, check_schema, output_spark_schema
+from pybk_spark.spark import option_names as names
 from pybk_spark.spark.table_options import merged_options, with_table_options
 
 
@@ -80,14 +81,14 @@ class BookKeeperDataSource(DataSource):
                                          opts.include_metadata)
         return with_table_options(schema, self.options)   # CREATE TABLE: table_options.py
 
-    def _options(self, schema: StructType):
-        """The options, with a SQL table's recorded ones (table_options.py):
-        reads only (a writer's schema is the DataFrame's, which may come from
-        reading another table)."""
-        return merged_options(self.options, schema)
+    def _options(self, schema: StructType, valid: tuple[str, ...]):
+        """The options, with a SQL table's recorded ones that apply to the
+        read (table_options.py); never for writes (a writer's schema may be
+        another table's)."""
+        return merged_options(self.options, schema, valid)
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        opts = parse_read_options(self._options(schema))
+        opts = parse_read_options(self._options(schema, names.BATCH_READ))
         if is_multi(opts):
             table_schema, expected = _multi_schema(opts)
             check_schema(schema, expected)
@@ -109,7 +110,7 @@ class BookKeeperDataSource(DataSource):
     # -- streaming --------------------------------------------------------------------------
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from pybk_spark.spark.stream_reader import BookKeeperStreamReader
-        opts = parse_stream_options(self._options(schema))
+        opts = parse_stream_options(self._options(schema, names.STREAM_READ))
         if is_multi(opts.read):
             from pybk_spark.spark.multi_stream import BookKeeperMultiLogStreamReader
             table_schema, expected = _multi_schema(opts.read)

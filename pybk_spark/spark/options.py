@@ -224,16 +224,23 @@ def _check_special(name: str, value: int, allow_earliest: bool, allow_latest: bo
         raise errors.IncorrectParameter(f"option {name!r} cannot be 'latest'")
 
 
-def metadata_service_uri(options: Mapping[str, str]) -> str:
+def metadata_service_uri(options: Mapping[str, str], *, writing: bool = False) -> str:
     """The required ``metadataServiceUri`` (reads and writes), stripped."""
     uri = option(options, "metadataServiceUri")
+    if not options and writing:
+        raise errors.IncorrectParameter(
+            "no options reached the bookkeeper writer: PySpark hands a Python source "
+            "no table options, so an INSERT into a bookkeeper table names its target: "
+            "INSERT INTO t WITH ('metadataServiceUri' = 'etcd://HOST:PORT/SCOPE', "
+            "'log' = 'NAME') ... (docs/spark.md, 'SQL')")
     if not options:
         raise errors.IncorrectParameter(
-            "no options reached the bookkeeper source: a catalog table created before "
-            "pybk-spark recorded its OPTIONS in its schema (PySpark 4.x hands a Python "
-            "source no table options); re-create it (CREATE TABLE ... USING bookkeeper "
-            "OPTIONS (...)) or give them per query: SELECT ... FROM t WITH (...) "
-            "(docs/spark.md, 'SQL')")
+            "no options reached the bookkeeper source: PySpark hands a Python source no "
+            "table options, and this catalog table did not record its own (it was created "
+            "with a column list, which keeps Spark from asking the source for its schema, "
+            "or by an earlier version); re-create it without a column list: CREATE TABLE t "
+            "USING bookkeeper OPTIONS (...), or give them per query: SELECT ... FROM t "
+            "WITH (...) (docs/spark.md, 'SQL')")
     if uri is None or not str(uri).strip():
         raise errors.IncorrectParameter(
             "option 'metadataServiceUri' is required, e.g. "

@@ -19,6 +19,18 @@ JSON, in the metadata of the schema's first field (key
 takes them back from the schema and lays the query's own options over them
 (``SELECT ... FROM t WITH ('k' = 'v')``, ``spark.read.options(...).table(t)``).
 
+A table's reads take only the recorded options that apply to them
+(:func:`merged_options` with ``valid``): a table created with a stream
+read's options (``maxEntriesPerTrigger``) can still be read in batch.
+
+Writes never take recorded options.  ``INSERT INTO t`` reaches the writer
+with no options, and with a schema that is the table's only when Spark had to
+cast or rename the inserted columns; otherwise it is the query's, and in
+``INSERT INTO t2 SELECT * FROM t1`` that is t1's, record included.  The
+writer cannot tell the two apart, and taking t1's options would append to
+t1's log.  So an ``INSERT`` names its target:
+``INSERT INTO t WITH ('metadataServiceUri' = '...', 'log' = '...') ...``.
+
 ``password`` is never recorded: field metadata is visible to anyone who reads
 the table's schema (``df.schema``), where Spark would not redact it.  A
 table over password-protected ledgers takes it per query, in ``WITH``.
@@ -28,7 +40,7 @@ Pure: no I/O.
 from __future__ import annotations
 
 import json
-from typing import Mapping, Optional
+from typing import Iterable, Mapping, Optional
 
 from pybk_spark.spark import option_names as names
 
@@ -63,12 +75,18 @@ def recorded_options(schema) -> Optional[dict]:
     return json.loads(text) if text else None
 
 
-def merged_options(options: Mapping[str, str], schema) -> Mapping[str, str]:
-    """The options to use: a table's recorded ones under the query's own
-    (``WITH (...)``), or ``options`` as given when ``schema`` records none."""
+def merged_options(options: Mapping[str, str], schema,
+                   valid: Iterable[str] = ()) -> Mapping[str, str]:
+    """The options to use: a table's recorded ones that apply (names in
+    ``valid``; all if empty) under the query's own (``WITH (...)``), or
+    ``options`` as given when ``schema`` records none."""
     recorded = recorded_options(schema)
     if recorded is None:
         return options
+    if valid:
+        allowed = {n.lower() for n in valid}
+        recorded = {k: v for k, v in recorded.items() if k.lower() in allowed
+                    or k.lower().startswith(names.CLIENT_PREFIX)}
     given = {str(k).lower(): v for k, v in options.items()}
     out = {k: v for k, v in recorded.items() if k.lower() not in given}
     out.update(options)

@@ -41,7 +41,7 @@ def parse_write_options(options: Mapping[str, str], *, streaming: bool = False) 
         names.check_names(options, names.STREAM_WRITE, "stream writes")
     else:
         names.check_names(options, names.BATCH_WRITE, "batch writes")
-    uri = metadata_service_uri(options)
+    uri = metadata_service_uri(options, writing=True)
     log = option(options, "log") or option(options, "path")
     if log is None or not str(log).strip():
         raise errors.IncorrectParameter("option 'log' is required to write (the log to append to)")

@@ -296,6 +296,49 @@ def test_sql_temporary_view_and_create_table_using_bookkeeper(spark, metadata_ur
         spark.sql(f"DROP TABLE IF EXISTS {table}")
 
 
+def test_sql_insert_names_its_target_and_tables_keep_the_options_of_each_read(
+        spark, metadata_uri, bk):
+    """PySpark hands a Python source's writer no table options, and the
+    table's schema only when it had to cast or rename the inserted columns
+    (otherwise the query's: in ``INSERT INTO t2 SELECT * FROM t1``, t1's, with
+    t1's recorded options), so an INSERT names its target with WITH; a plain
+    one fails typed, saying so, and writes nothing.  A table records the
+    options of any read; each read takes those that apply to it."""
+    log = log_name("sqlins")
+    write(spark.createDataFrame([("alice", 3)], "user string, n int"), metadata_uri, log)
+    table = "bk_" + log.replace("-", "_")
+    spark.sql(f"CREATE TABLE {table} USING bookkeeper OPTIONS (metadataServiceUri "
+              f"'{metadata_uri}', log '{log}', maxEntriesPerTrigger '10')")   # a stream read's
+    listed = table + "_cols"
+    spark.sql(f"CREATE TABLE {listed} (user STRING, n INT) USING bookkeeper "
+              f"OPTIONS (metadataServiceUri '{metadata_uri}', log '{log}')")
+    try:
+        assert spark.sql(f"SELECT count(*) FROM {table}").collect()[0][0] == 1   # batch read
+        spark.createDataFrame([("bob", 5)], "user string, n int").createOrReplaceTempView("ins_v")
+        with pytest.raises(Exception, match=r"INSERT INTO t WITH \('metadataServiceUri'"):
+            spark.sql(f"INSERT INTO {table} SELECT * FROM ins_v")
+        spark.sql(f"INSERT INTO {table} WITH ('metadataServiceUri' = '{metadata_uri}', "
+                  f"'log' = '{log}') SELECT * FROM ins_v")
+        rows = sorted(tuple(r) for r in spark.sql(f"SELECT user, n FROM {table}").collect())
+        assert rows == [("alice", 3), ("bob", 5)]
+        assert len(read_log(bk.metadata_store, log)[0].segments) == 2
+        spark.sql(f"INSERT OVERWRITE {table} WITH ('metadataServiceUri' = '{metadata_uri}', "
+                  f"'log' = '{log}', 'maxRowsPerEntry' = '1') VALUES ('carol', 7), ('dave', 9)")
+        rows = sorted(tuple(r) for r in spark.sql(f"SELECT user, n FROM {table}").collect())
+        assert rows == [("carol", 7), ("dave", 9)]
+        spark.sql(f"INSERT INTO {table} WITH ('metadataServiceUri' = '{metadata_uri}', "
+                  f"'log' = '{log}') SELECT * FROM ins_v")
+        # a column list keeps Spark from asking the source: nothing recorded, said so
+        with pytest.raises(Exception, match="created with a column list"):
+            spark.sql(f"SELECT * FROM {listed}").collect()
+        assert spark.sql(f"SELECT count(*) FROM {listed} WITH ('metadataServiceUri' = "
+                         f"'{metadata_uri}', 'log' = '{log}')").collect()[0][0] == 3
+    finally:
+        spark.sql(f"DROP TABLE IF EXISTS {table}")
+        spark.sql(f"DROP TABLE IF EXISTS {listed}")
+        spark.catalog.dropTempView("ins_v")
+
+
 # -- several logs in one read ---------------------------------------------------------------------
 def test_logs_and_log_pattern_read_several_logs_with_a_log_column(spark, metadata_uri, bk):
     prefix = log_name("multi")
