@@ -45,7 +45,11 @@ Theory of operation:
     its deadline, while the majority's leader counts the lease down, so the
     refresh must move to another member in time.  If
     etcd reports the lease gone, ``lease.lost`` is set and ``on_lost`` runs.
-  * ``wait_for_change`` is a one-shot watch from ``after_revision + 1``.
+  * ``wait_for_change`` is a one-shot watch from ``after_revision + 1``.  A
+    watch is a hint, not an answer: one that fails before its timeout (its
+    member lost the leader, which cancels a watch that asked for one; its
+    connection broke) returns True, "may have changed", so the caller reads
+    again, and that read fails over to another member or raises.
   * Security (``EtcdSecurity``, pybk_spark/metadata/security.py): with
     ``etcd_ca_file`` / ``etcd_cert_file`` every endpoint is a TLS channel
     (server verified against the CA; the client certificate presented when
@@ -66,6 +70,7 @@ Theory of operation:
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Callable, Iterable, Mapping, Optional
@@ -80,6 +85,8 @@ from pybk_spark.metadata import etcd_errors
 from pybk_spark.metadata.etcd_refusals import StaleToken
 from pybk_spark.metadata.security import EtcdSecurity
 from pybk_spark.metadata.store import Lease, MetadataStore, Versioned
+
+log = logging.getLogger("pybk_spark.metadata")
 
 
 def parse_endpoints(endpoints: str | Iterable) -> list[tuple[str, int]]:
@@ -447,16 +454,25 @@ class EtcdMetadataStore(MetadataStore):
         except errors.MetadataUnavailable as exc:
             if isinstance(exc.__cause__, etcd_exc.WatchTimedOut):
                 return False
-            raise errors.MetadataUnavailable(str(exc.args[0]) if exc.args else "",
-                                             endpoints=self._endpoint_in_use()) from exc.__cause__
+            return self._lost_watch(exc, timeout)
         except errors.MetadataError as exc:
             if isinstance(exc.__cause__, etcd_exc.RevisionCompactedError):
                 return True        # history gone: something may have changed
             raise
-        if isinstance(resp, etcd_exc.RevisionCompactedError):
-            return True
-        if isinstance(resp, BaseException):
-            raise errors.MetadataUnavailable(f"etcd watch failed: {resp}") from resp
+        if isinstance(resp, BaseException) and not isinstance(
+                resp, etcd_exc.RevisionCompactedError):   # the stream ended (no leader, ...)
+            return self._lost_watch(resp, timeout)
+        return True     # a change, or history compacted: something may have changed
+
+    def _lost_watch(self, error: BaseException, timeout: float) -> bool:
+        """A watch that ended without an answer (its member lost the leader,
+        which ends the watch streams that asked for one; a broken
+        connection): a lost hint, not an error.  True, "may have changed":
+        the caller reads again, and that read fails over to another member or
+        raises.  Paced, for a caller that loops on a failing watch."""
+        log.info("event=etcd_watch_failed endpoints=%s error=%r (read again)",
+                 self._endpoint_in_use(), error)
+        time.sleep(min(timeout, 0.1))
         return True
 
     # -- etcd Auth API (users, roles, grants): pybk_spark/admin/etcd_roles.py ----------

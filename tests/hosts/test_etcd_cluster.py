@@ -293,6 +293,11 @@ def test_leader_partitioned_from_the_other_members(host_cluster):
                 # once it knows it has no leader, the member refuses at once,
                 # rather than holding requests until their deadline
                 _until(lambda: "no leader" in _refusal(lone), 60, "a no-leader refusal")
+                # its watches end at once too: a lost hint ("may have changed"),
+                # not an error; the read that follows is what fails, typed
+                assert lone.wait_for_change("hosts-test/", 1 << 40, 30.0) is True
+                with pytest.raises(errors.MetadataUnavailable):
+                    lone.get("hosts-test/minority")
             finally:
                 lone.close()
             faults.heal(fault)

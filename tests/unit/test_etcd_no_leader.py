@@ -78,3 +78,27 @@ def test_a_write_that_failed_otherwise_is_an_unknown_outcome(store):
 
 def test_every_request_asks_for_a_leader(store):
     assert ("hasleader", "true") in store._client.metadata
+
+
+def test_a_failed_watch_is_a_lost_hint_not_an_error(store, monkeypatch):
+    """A member that loses its leader ends the watch streams that asked for
+    one (pyetcd hands the RpcError to the watch's callback); the caller then
+    reads again, and that read fails over to another member or raises."""
+    monkeypatch.setattr(store._client, "watch_prefix_once_response",
+                        lambda *a, **kw: _Status("etcdserver: no leader"))
+    assert store.wait_for_change("logs/", 7, 5.0) is True
+
+    def broken(*a, **kw):
+        try:
+            raise _Status("failed to connect to all addresses")
+        except grpc.RpcError:
+            raise etcd_exc.ConnectionFailedError() from None
+    monkeypatch.setattr(store._client, "watch_prefix_once_response", broken)
+    assert store.wait_for_change("logs/", 7, 5.0) is True
+
+
+def test_a_watch_that_saw_nothing_is_no_change(store, monkeypatch):
+    def quiet(*a, **kw):
+        raise etcd_exc.WatchTimedOut()
+    monkeypatch.setattr(store._client, "watch_prefix_once_response", quiet)
+    assert store.wait_for_change("logs/", 7, 0.5) is False
