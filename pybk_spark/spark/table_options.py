@@ -30,6 +30,8 @@ cast or rename the inserted columns; otherwise it is the query's, and in
 writer cannot tell the two apart, and taking t1's options would append to
 t1's log.  So an ``INSERT`` names its target:
 ``INSERT INTO t WITH ('metadataServiceUri' = '...', 'log' = '...') ...``.
+No record reaches the log's own schema: it is recorded canonical, without
+field metadata (arrow_codec.py).
 
 ``password`` is never recorded: field metadata is visible to anyone who reads
 the table's schema (``df.schema``), where Spark would not redact it.  A

@@ -326,6 +326,8 @@ def test_sql_insert_names_its_target_and_tables_keep_the_options_of_each_read(
                   f"'log' = '{log}', 'maxRowsPerEntry' = '1') VALUES ('carol', 7), ('dave', 9)")
         rows = sorted(tuple(r) for r in spark.sql(f"SELECT user, n FROM {table}").collect())
         assert rows == [("carol", 7), ("dave", 9)]
+        # VALUES hands the writer the table's schema, record included; the log keeps none
+        assert "pybk.tableOptions" not in read(spark, metadata_uri, log).schema.json()
         spark.sql(f"INSERT INTO {table} WITH ('metadataServiceUri' = '{metadata_uri}', "
                   f"'log' = '{log}') SELECT * FROM ins_v")
         # a column list keeps Spark from asking the source: nothing recorded, said so
