@@ -100,6 +100,13 @@ def fold_table_options(options: Mapping[str, str]) -> dict:
 CLIENT_PREFIX = "bk."        # bk.<client.conf key>: client settings (options.client_settings)
 
 
+def applies(name: str, allowed: set[str]) -> bool:
+    """Whether option ``name`` applies to an operation whose (lower-case)
+    option names are ``allowed``: ``bk.*`` client settings apply to every one."""
+    lowered = str(name).lower()
+    return lowered in allowed or lowered.startswith(CLIENT_PREFIX)
+
+
 def check_names(options: Mapping[str, str], valid: tuple[str, ...], operation: str) -> None:
     """Refuse any option name not in ``valid``; ``operation`` ('batch reads',
     'stream reads', 'batch writes', 'stream writes', 'reads') is named in the
@@ -107,9 +114,9 @@ def check_names(options: Mapping[str, str], valid: tuple[str, ...], operation: s
     are checked by ``options.client_settings``)."""
     allowed = {n.lower() for n in valid}
     for key in options:
-        lowered = str(key).lower()
-        if lowered in allowed or lowered.startswith(CLIENT_PREFIX):
+        if applies(key, allowed):
             continue
+        lowered = str(key).lower()
         name = spelling(key)
         where = [op for op, names in _OPERATIONS if lowered in {n.lower() for n in names}]
         if where:

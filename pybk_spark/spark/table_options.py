@@ -87,8 +87,7 @@ def merged_options(options: Mapping[str, str], schema,
         return options
     if valid:
         allowed = {n.lower() for n in valid}
-        recorded = {k: v for k, v in recorded.items() if k.lower() in allowed
-                    or k.lower().startswith(names.CLIENT_PREFIX)}
+        recorded = {k: v for k, v in recorded.items() if names.applies(k, allowed)}
     given = {str(k).lower(): v for k, v in options.items()}
     out = {k: v for k, v in recorded.items() if k.lower() not in given}
     out.update(options)
