@@ -333,17 +333,24 @@ def _serve(cfg, bookie_id: str, store, conf_path, listeners, metrics, registrar,
 
     log.info("event=bookie_stopping bookie_id=%s", bookie_id)
     readiness.set(stopping=True)       # probes see it before the registration goes
+    # The metadata side gets the lease ttl in all: past it the lease expires by
+    # itself, and an etcd that answers nothing (a partition) must not keep the
+    # bookie from closing its storage cleanly before a supervisor's SIGKILL.
+    metadata_deadline = time.monotonic() + cfg.registration_ttl_s
+
+    def metadata_time_left() -> float:
+        return max(0.5, metadata_deadline - time.monotonic())
     if registrar is not None:
-        registrar.stop()
+        registrar.stop(timeout=metadata_time_left())
     if lane is not None:
         lane.stop()
     server.stop(grace=2).wait()
-    checker.stop()
+    checker.stop(timeout=metadata_time_left())
     if ledger_gc is not None:
-        ledger_gc.stop()
+        ledger_gc.stop(timeout=metadata_time_left())
     scrubber.stop()
     if publisher is not None:
-        publisher.stop()
+        publisher.stop(timeout=metadata_time_left())
     bookie.close()
     log.info("event=bookie_stopped bookie_id=%s", bookie_id)
     return 0

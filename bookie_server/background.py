@@ -6,6 +6,11 @@ threads only measure, ask the metadata store and act.  GC double-checks every
 candidate with a direct ``get`` of ``ledgers/<id:020d>`` before deleting
 (BookKeeper #870: a metadata listing that skipped ranges deleted live data).
 
+Stopping is bounded for the duties that wait on the metadata store
+(``join_bounded``): a partitioned etcd must not turn a clean shutdown into a
+SIGKILL.  A duty left waiting touches no stored data once stopped: GC
+deletes nothing more, the damage marker's state has its own lock.
+
 The disk checker never lifts a read-only mode that a storage failure pinned
 (``pinned``: a failed journal or checkpoint write/fsync, ``Bookie.io_error``):
 free space proves nothing about the pages a failed fsync dropped; only a
@@ -23,6 +28,20 @@ from pybk_spark.metadata.store import ledger_key
 from pybk_spark.metadata import keys
 
 log = logging.getLogger("bookie.background")
+
+
+def join_bounded(thread: threading.Thread, timeout: Optional[float], what: str) -> bool:
+    """Join a duty's thread for at most ``timeout`` seconds (None: no bound).
+    A thread still running then is blocked on the metadata store (a
+    partitioned etcd holds each RPC until its timeout): it is a daemon, and it
+    touches no stored data once its stop is set, so shutdown goes on."""
+    if thread.is_alive():
+        thread.join(timeout)
+    if thread.is_alive():
+        log.warning("event=%s_abandoned after_s=%.1f (blocked on the metadata store)",
+                    what, timeout or 0.0)
+        return False
+    return True
 
 
 def next_read_only(read_only: bool, usage: float, threshold: float, lwm: float,
@@ -84,10 +103,9 @@ class DiskChecker:
             except Exception as exc:  # noqa: BLE001 - the disk checker thread must not die
                 log.error("event=disk_check_failed error=%r", exc)
 
-    def stop(self) -> None:
+    def stop(self, timeout: Optional[float] = None) -> None:
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
+        join_bounded(self._thread, timeout, "disk_checker")
 
 
 def _usage(path: str) -> float:
@@ -95,7 +113,10 @@ def _usage(path: str) -> float:
     return (du.total - du.free) / du.total if du.total else 1.0
 
 
-def gc_once(bookie, store) -> list[int]:
+def gc_once(bookie, store, stopping: Callable[[], bool] = lambda: False) -> list[int]:
+    """Delete the local ledgers the metadata no longer has.  Once
+    ``stopping()`` (the bookie shuts down, and may be closing its storage
+    while this round waits on the store) nothing more is deleted."""
     if bookie.io_error is not None:     # storage failed: nothing is journaled until restart
         return []
     local = bookie.ledger_ids()
@@ -106,9 +127,11 @@ def gc_once(bookie, store) -> list[int]:
     for ledger_id in gc_candidates(local, listed):
         if store.get(ledger_key(ledger_id)) is not None:   # confirm absence directly
             continue
+        if stopping():
+            break
         bookie.delete_ledger(ledger_id)
         deleted.append(ledger_id)
-    if deleted:
+    if deleted and not stopping():
         bookie.checkpoint()      # reclaim: drop references, delete dead segments
     return deleted
 
@@ -152,7 +175,7 @@ class GarbageCollector:
                                     last_start=self.clock())
             deleted, error = [], None
             try:
-                deleted = gc_once(self.bookie, self.store)
+                deleted = gc_once(self.bookie, self.store, self._stop.is_set)
             except Exception as exc:  # noqa: BLE001 - never delete on doubt; try later
                 error = f"{type(exc).__name__}: {exc}"
                 log.warning("event=gc_failed error=%r", exc)
@@ -162,11 +185,10 @@ class GarbageCollector:
                           last_deleted=deleted, last_error=error,
                           deleted_total=st["deleted_total"] + len(deleted))
 
-    def stop(self) -> None:
+    def stop(self, timeout: Optional[float] = None) -> None:
         self._stop.set()
         self._wake.set()
-        if self._thread.is_alive():
-            self._thread.join()
+        join_bounded(self._thread, timeout, "gc")
 
 
 class DamagePublisher:
@@ -206,7 +228,6 @@ class DamagePublisher:
         while not self._stop.wait(self.interval):
             self.sync_once()
 
-    def stop(self) -> None:
+    def stop(self, timeout: Optional[float] = None) -> None:
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
+        join_bounded(self._thread, timeout, "damage_publisher")

@@ -49,7 +49,11 @@ the key) run without the registrar's lock, so a slow member delays no mode
 switch; a round re-registers only if the lease, mode and version it checked
 are still the ones held.  Switching mode creates the new key
 first, then deletes the old one.  Stopping deletes the key (CAS on the
-version we wrote) and revokes the lease.
+version we wrote) and revokes the lease, for at most the lease ttl: an etcd
+that answers nothing would otherwise hold a bookie's shutdown for one RPC
+timeout per step, and past the ttl the lease expires by itself.  Once
+stopping, a mode switch only records the mode (a new key would outlive the
+bookie).
 """
 from __future__ import annotations
 
@@ -253,9 +257,9 @@ class Registrar:
         with self._lock:
             if read_only == self.read_only:
                 return
-            if self._lease is None:          # not registered yet: start() uses the mode
-                self.read_only = read_only
-                return
+            if self._lease is None or self._stop.is_set():
+                self.read_only = read_only   # not registered yet: start() uses the mode;
+                return                       # stopping: a new key would outlive the bookie
             old, old_version = registration_key(self.bookie_id, self.read_only), self._version
             self.read_only = read_only
             try:
@@ -334,8 +338,25 @@ class Registrar:
         except Exception:  # noqa: BLE001 - expired already, or store down
             pass
 
-    def stop(self) -> None:
+    def stop(self, timeout: Optional[float] = None) -> bool:
+        """Unregister: delete our key (CAS on the version we wrote) and revoke
+        the leases, after the refresh round in flight.  Best effort, and
+        bounded by ``timeout`` (default: the lease ttl): an etcd that answers
+        nothing (a partition) holds each RPC until its timeout, and past the
+        ttl the lease expires by itself, so waiting longer only delays the
+        bookie's own shutdown.  Returns False when it gave up (logged)."""
         self._stop.set()
+        limit = float(self.ttl if timeout is None else timeout)
+        worker = threading.Thread(target=self._unregister, name="unregister", daemon=True)
+        worker.start()
+        worker.join(limit)
+        if worker.is_alive():
+            log.warning("event=unregister_abandoned after_s=%.1f (etcd did not answer; the "
+                        "registration's lease expires by itself within %d s)", limit, self.ttl)
+            return False
+        return True
+
+    def _unregister(self) -> None:
         if self._thread is not None:
             self._thread.join()
         with self._lock:

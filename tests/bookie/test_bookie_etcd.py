@@ -117,3 +117,39 @@ def test_gc_reclaims_deleted_ledger_only(bookies, etcd_scope):
     stub = bp.stub()
     assert dead not in stub.ListLedgers(pb.ListLedgersRequest()).ledger_ids
     assert read_all(stub, live, 0, 999) == expected
+
+
+def test_clean_stop_while_etcd_hangs(bookies, tmp_path):
+    """SIGTERM while etcd answers nothing (a partition: SIGSTOPped etcd, so
+    every RPC hangs until its timeout).  The bookie still shuts down cleanly
+    and on its own: the unregistration is abandoned after the lease ttl (the
+    lease expires by itself), and no background thread registers it again
+    once etcd is back."""
+    from pybk_spark.cluster.etcd_process import EtcdProcess
+    from pybk_spark.metadata import open_store
+    etcd = EtcdProcess(str(tmp_path / "etcd")).start()
+    try:
+        uri = etcd.uri("hang")
+        bp = bookies(metadata_uri=uri, conf={"registration_ttl_s": 2, "gc_interval_s": 0.2,
+                                             "disk_check_interval_s": 0.1}).start()
+        store = open_store(uri)
+        try:
+            wkey = f"bookies/writable/{bp.bookie_id}"
+            wait_until(lambda: store.get(wkey), "registration")
+            os.kill(etcd.proc.pid, signal.SIGSTOP)
+            try:
+                wait_until(lambda: "event=lease_refresh_failed" in bp.log_tail(),
+                           "a refresh round hanging on etcd")
+                bp.signal(signal.SIGTERM)
+                # LocalCluster's supervisor waits 15 s before SIGKILL, systemd 60 s
+                code = bp.proc.wait(15)
+            finally:
+                os.kill(etcd.proc.pid, signal.SIGCONT)
+            log = bp.log_tail(20000)
+            assert code == 0, log
+            assert "event=unregister_abandoned" in log and "event=bookie_stopped" in log, log
+            wait_until(lambda: store.get(wkey) is None, "the abandoned lease expiring")
+        finally:
+            store.close()
+    finally:
+        etcd.stop()
