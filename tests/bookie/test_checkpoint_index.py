@@ -292,3 +292,19 @@ def test_a_delta_written_before_appends_reads_as_a_replacement(tmp_path, cfg):
         assert b.read(2, 0, 7).batch.num_rows == 8
     finally:
         b.close(checkpoint=False)
+
+
+@pytest.mark.parametrize("order", [[0, 1, 2, 3, 4, 5], [3, 0, 5, 1, 4, 2]])
+def test_a_flush_stores_small_batches_in_entry_order_and_empties_the_cache(tmp_path, order):
+    """Small batches are merged per ledger into one id-sorted batch: added in
+    order (sorting skipped) or not (re-replication, recovery); the write
+    cache's byte count goes back to zero."""
+    store = EntryStore(str(tmp_path))
+    for e in order:
+        store.add(7, batch_from_bytes(entries_bytes(7, [e * 2, e * 2 + 1])))
+    assert store.write_cache_bytes > 0
+    store.flush()
+    assert store.write_cache_bytes == 0 and not store.mem_refs
+    batch, limited = store.read(7, 0, 11, max_entries=100, max_bytes=1 << 20)
+    assert not limited and batch.column(1).to_pylist() == list(range(12))
+    assert batch.column(3).to_pylist() == [payload_for(7, e) for e in range(12)]
