@@ -7,7 +7,10 @@ notices lost bookies and has ReplicationWorkers copy their fragments.  Here
 one loop does both, and any number of copies may run for availability:
 
 * Election: a round runs only in the process holding ``audit/leader`` (a key
-  created with put-if-absent under a TTL lease, refreshed every round).  If
+  created with put-if-absent under a TTL lease, refreshed every round).  A
+  round whose refresh etcd does not answer is skipped with the lease kept
+  (unknown is not lost); a lease found gone is revoked before a new one is
+  asked for, so no keep-alive holds a stale key.  If
   the leader dies, its lease expires and another process takes over; two
   leaders can only coexist for less than one TTL, and that is harmless because
   every step below is itself CAS-guarded (a re-replication CAS re-checks the
@@ -59,6 +62,7 @@ from pybk_spark.admin import orchestrate as orch
 from pybk_spark.admin import rereplicate as rr
 
 LEADER_KEY = ctl.LEADER_KEY
+LEADER, STANDBY, UNKNOWN = "leader", "standby", "unknown"
 _log = logging.getLogger("pybk_spark.autorecovery")
 
 
@@ -94,27 +98,44 @@ class AutoRecovery:
 
     # -- leadership -------------------------------------------------------------------
     def is_leader(self) -> bool:
-        """Take or keep the leadership; False if another process holds it."""
+        """Take or keep the leadership; False if another process holds it, or
+        if etcd did not answer whether we still do."""
+        return self._leadership()[0] == LEADER
+
+    def _leadership(self) -> tuple[str, str]:
+        """(LEADER | STANDBY | UNKNOWN, why).  UNKNOWN: etcd did not answer
+        the refresh; the lease is kept, as it may well be alive, and the next
+        round's refresh tells.  A lease given up is revoked, or at least no
+        longer kept alive: its keep-alive thread would otherwise hold
+        ``audit/leader`` for this process for good, which would then stand by
+        behind its own key, and so would every other process (no round at
+        all until a restart)."""
         store = self.bk.metadata_store
         if self._lease is not None:
             try:
                 self._lease.refresh()
                 cur = store.get(LEADER_KEY)
-                if cur is not None and json.loads(cur.value).get("id") == self.identity:
-                    return True
+            except errors.MetadataUnavailable as exc:
+                _log.warning("event=leadership_unknown error=%r (not leading this round; "
+                             "the lease is kept and checked again next round)", exc)
+                return UNKNOWN, f"{type(exc).__name__}: {exc}"
             except errors.BKError:
-                pass
-            self._lease = None                 # lost it (expired or etcd was away)
+                cur = None                     # the lease expired
+            if cur is not None and json.loads(cur.value).get("id") == self.identity:
+                return LEADER, ""
+            self.resign()                      # lost it: let the lease go
         lease = store.grant_lease(self.conf.leader_ttl_s)
         try:
             store.put_if_absent(LEADER_KEY, json.dumps({"id": self.identity}).encode(), lease)
         except errors.MetadataVersion:
             lease.revoke()
-            return False
+            return STANDBY, ""
         self._lease = lease
-        return True
+        return LEADER, ""
 
     def resign(self) -> None:
+        """Give the leadership up: revoke the lease (its keep-alive stops even
+        when etcd does not answer the revoke; the lease then ends by ttl)."""
         lease, self._lease = self._lease, None
         if lease is not None:
             try:
@@ -127,9 +148,11 @@ class AutoRecovery:
         """One audit + repair round if leader.  Never raises a BKError."""
         t0 = self.clock()
         try:
-            if not self.is_leader():
+            state, why = self._leadership()
+            if state != LEADER:
                 self._trigger_seen = None
-                return {"leader": False}
+                return ({"leader": False, "leadership": UNKNOWN, "error": why, "status": 1}
+                        if state == UNKNOWN else {"leader": False})
             self._trigger_seen = ctl.trigger_version(self.bk.metadata_store)
             switches = ctl.read_config(self.bk.metadata_store)
             if not switches["enabled"]:

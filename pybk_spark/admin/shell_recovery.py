@@ -251,6 +251,9 @@ def _autorecovery(args) -> int:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
         if getattr(args, "json", False):
             print(json.dumps({"time": stamp, **row}), flush=True)
+        elif row.get("leadership") == "unknown":
+            print(f"{stamp} leadership unknown: etcd did not answer ({row.get('error')}); "
+                  f"not leading this round", flush=True)
         elif not row.get("leader"):
             print(f"{stamp} standby: another autorecovery process is the leader", flush=True)
         elif row.get("disabled"):

@@ -1,6 +1,9 @@
 """``pybk autorecovery``: leader election and a repair round against a
 private 4-bookie cluster (a bookie is SIGKILLed)."""
 
+import os
+import signal
+
 from pybk_spark.admin.autorecovery import AutoRecovery, AutoRecoveryConfig
 
 from admin_helpers import pybk, registered, wait_until
@@ -79,3 +82,31 @@ def test_a_round_applies_log_retention_to_idle_logs(own_cluster, bk):
         auto.resign()
     md, _ = read_log(bk.metadata_store, "idle-retained")
     assert md.ledger_ids == before[-1:] and not set(before[:-1]) & set(bk.list_ledgers())
+
+
+def test_leadership_outlives_an_etcd_outage_shorter_than_its_lease(own_cluster, bk):
+    """etcd answers nothing for a while (SIGSTOP: every RPC hangs until its
+    timeout), less than the leader's lease ttl.  The leader skips that
+    round, keeps its lease, and leads again once etcd is back; no other
+    process takes over meanwhile.  Before: the leader dropped its lease
+    object without revoking it, asked for a new one, found the key still
+    held (by the old lease, which its keep-alive thread kept alive) and
+    stood by behind its own key for good, and so did everyone else."""
+    conf = AutoRecoveryConfig(leader_ttl_s=20)      # keep-alive bound: ttl / 4 = 5 s
+    a = AutoRecovery(bk, own_cluster.metadata_uri, conf, identity="a")
+    b = AutoRecovery(bk, own_cluster.metadata_uri, conf, identity="b")
+    try:
+        assert a.is_leader()
+        os.kill(own_cluster.etcd.proc.pid, signal.SIGSTOP)
+        try:
+            assert not a.is_leader()            # unknown: not leading this round
+        finally:
+            os.kill(own_cluster.etcd.proc.pid, signal.SIGCONT)
+        assert not b.is_leader()                # a's lease is alive: no second leader
+        assert a.is_leader() and a.is_leader()  # a leads again, at once
+        a.resign()
+        assert b.is_leader() and not a.is_leader()
+    finally:
+        a.resign()
+        b.resign()
+        own_cluster.heal()      # bookies whose leases ended while etcd stood still
