@@ -155,7 +155,15 @@ class BookKeeper:
             lease = store.grant_lease(self.conf.writer_lease_ttl_s)
             store.put(writer_key(ledger_id), b'{"ledger_id": %d}' % ledger_id, lease=lease)
         except errors.BKError:
-            lease = None  # liveness key is advisory; the ledger itself is created
+            # the liveness key is advisory; the ledger itself is created.  A
+            # lease granted for nothing is let go (its keep-alive thread would
+            # refresh it for the life of the process)
+            if lease is not None:
+                try:
+                    lease.revoke()
+                except errors.BKError:
+                    pass
+            lease = None
         limits = admission.limits(self.conf.max_entry_size_bytes, self.conf.max_message_bytes,
                                   [registry.get(b, {}) for b in bookies])
         lh = LedgerHandle(self.context, md, password, lease, limits=limits,

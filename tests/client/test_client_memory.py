@@ -410,3 +410,24 @@ def test_handles_get_one_typed_context(env):
     assert bk.context is not ctx and bk.context.recovery_listener == decisions.append
     rh = bk.open_ledger(lh.ledger_id)
     assert rh.ctx is bk.context and [d.last for d in decisions] == [0]
+
+
+def test_a_writer_lease_whose_key_could_not_be_written_is_let_go():
+    """The writer's liveness key is advisory: a create whose put of it fails
+    still creates the ledger, and revokes the lease it had granted for it
+    (a lease left behind would be kept alive by its thread for the life of
+    the process)."""
+    class NoWriterKeys(MemoryMetadataStore):
+        def put(self, key, value, lease=None):
+            if key.startswith("writers/"):
+                raise errors.MetadataUnavailable("etcd went away")
+            return super().put(key, value, lease)
+
+    store, pool = NoWriterKeys(), MemoryTransportPool()
+    for i in range(3):
+        _register(store, pool, f"b{i}", "r")
+    with BookKeeper(store=store, transports=pool, rng=random.Random(1), background=False) as bk:
+        lh = bk.create_ledger(3, 2, 2)
+        assert lh.add_entry(b"x") == 0
+        assert store._shared.leases == {}
+        lh.close()
