@@ -1,4 +1,5 @@
-"""I9, availability: a bookie that no fault touched stays registered.
+"""I9, availability: a bookie that no fault touched stays registered; and
+I10: a lone autorecovery daemon does not stand by behind nobody.
 
 The safety invariants (checker.py) cannot see a healthy bookie drop out of
 the registry: writers only meet it as ``NotEnoughBookies``, which no
@@ -31,6 +32,16 @@ Theory of operation
   after the resume), and ends within that widening.  Any other gap is an I9
   violation: an unexcused gap, or a faulted bookie not back ``grace_s``
   after its repair.
+* I10 reads the autorecovery workers' round notes (``leadership_of``:
+  leader, standby, unknown or error).  With ONE daemon, "standby" means
+  ``audit/leader`` is held by no other process: by this one's own earlier
+  lease, which must end within its ttl.  ``standby_stalls`` (pure) finds each
+  run of standby rounds with no leader round between; one longer than
+  ``limit_s`` is a violation (session 25: a lease dropped without being
+  revoked kept the key alive, and the daemon stood by for good).  Rounds
+  that could not reach etcd ("unknown", "error") are not judged: that is
+  the fault, not the daemon.  With several daemons a standby round is the
+  normal case, so only the figures are reported.
 """
 from __future__ import annotations
 
@@ -123,6 +134,48 @@ def registration_totals(samples, windows, grace_s: float) -> dict:
             "gaps_excused": len(excused),
             "gaps_unexcused": sum(not g.excused_by for g in gaps),
             "longest_excused_gap_s": round(max((g.seconds for g in excused), default=0.0), 1)}
+
+
+def leadership_of(row: dict) -> str:
+    """One autorecovery round's row (``AutoRecovery.run_round``) as leader,
+    standby, unknown (etcd did not answer the refresh) or error."""
+    if row.get("leader"):
+        return "leader"
+    if row.get("leadership") == "unknown":
+        return "unknown"
+    return "error" if "error" in row else "standby"
+
+
+def standby_stalls(rounds: Iterable[tuple[float, str]]) -> list[tuple[float, float]]:
+    """(start, end) of each run of standby rounds (``(t, leadership)``,
+    time order) with no leader round between; unknown and error rounds
+    neither start nor end one.  A run still open at the last round ends
+    there."""
+    out, start, last = [], None, None
+    for t, state in rounds:
+        if state == "leader":
+            if start is not None:
+                out.append((start, t))
+            start = None
+        elif state == "standby":
+            start = t if start is None else start
+            last = t
+    if start is not None and last is not None:
+        out.append((start, last))
+    return out
+
+
+def check_autorecovery(ops: Iterable[dict], daemons: int, limit_s: float,
+                       t0: float = 0.0) -> list[Violation]:
+    """I10 violations (one daemon only): standby stalls over ``limit_s``."""
+    if daemons != 1:
+        return []
+    rounds = sorted((op["t"], op.get("leadership", "")) for op in ops
+                    if op.get("op") == "autorecovery")
+    return [Violation("I10 autorecovery leadership",
+                      f"the only autorecovery daemon stood by from t={a - t0:.1f}s to "
+                      f"t={b - t0:.1f}s ({b - a:.1f}s) with no other process leading")
+            for a, b in standby_stalls(rounds) if b - a > limit_s]
 
 
 class RegistryWatch:

@@ -19,6 +19,9 @@ time and healed by the nemesis itself (``HostNetwork.faults``):
                                 clients fail typed, no CAS succeeds there
              recoverer-bookies  a recoverer <-> one bookie (recovery must
                                 finish on (Qw - Qa) + 1 coverage)
+             autorecovery-etcd  an autorecovery daemon <-> every etcd member,
+                                0.5-1.6 x its leader lease (its refresh goes
+                                unanswered while the lease may live on: I10)
              2-10 s.
   one_way    replies lost: a bookie's or every etcd member's packets to a
              writer are dropped, the writer's requests still arrive (the
@@ -59,10 +62,12 @@ from dataclasses import dataclass
 
 from pybk_spark.config import ClientConfig
 
+from .workers import AUTORECOVERY_LEADER_TTL_S
+
 LINK_KINDS = ["partition", "one_way", "loss", "stall", "delay", "netem"]
 LINK_WEIGHTS = [6, 3, 2, 1, 2, 1]
 SHAPES = ["writer-bookies", "writer-etcd", "bookie-etcd", "etcd-minority",
-          "recoverer-bookies"]
+          "recoverer-bookies", "autorecovery-etcd"]
 DELAY_SHAPES = ["jitter", "stall"]
 WRITER_KINDS = ("ledger-writer", "log-writer")
 
@@ -174,6 +179,14 @@ class LinkNemesis:
             b = self._bookie_hosts(1)
             fid = f.partition([self._host_of(r)], b)
             return self._cut(fid, secs, f"{r} | {b[0].name}", "partition:" + shape)
+        if shape == "autorecovery-etcd":
+            daemons = self._workers_of(("autorecovery",))
+            if not daemons:
+                return False
+            d = self.rng.choice(daemons)
+            fid = f.partition([self._host_of(d)], self._etcd_hosts())
+            return self._cut(fid, self.rng.uniform(0.5, 1.6) * AUTORECOVERY_LEADER_TTL_S,
+                             f"{d} | etcd", "partition:" + shape)
         if shape == "bookie-etcd":
             b = self._bookie_hosts(1)
             fid = f.partition(b, self._etcd_hosts())

@@ -247,7 +247,7 @@ def run(duration: float, seed: int, *, workdir: str | None = None, bookies: int 
         watcher.start()
         registry = avail.RegistryWatch(lambda: _registry_store(cluster.metadata_uri, opened))
         registry.start()
-        t0 = time.monotonic()
+        t0, t0_wall = time.monotonic(), time.time()   # the nemesis log's zero, both clocks
         nem = Nemesis(cluster, workers, random.Random(rng.randrange(1 << 31)),
                       max_bookie_faults=max_faults, kinds=kinds,
                       log=lambda m: out(f"[{time.monotonic() - t0:7.1f}s] {m}"))
@@ -293,6 +293,8 @@ def run(duration: float, seed: int, *, workdir: str | None = None, bookies: int 
                                                t0=t0)
         summary["registration"] = avail.registration_totals(registry.samples, windows,
                                                             REGISTRATION_GRACE_S)
+        violations += avail.check_autorecovery(ops, autorecoverers, AUTORECOVERY_STANDBY_S,
+                                               t0=t0_wall)
         if spark_files:
             violations += chk.check_sink(sink, final)
             summary["spark"] = chk.sink_totals(sink, final)
@@ -320,6 +322,10 @@ HANG_GRACE_S = 100.0
 # one etcd RPC may take its 10 s timeout)
 REGISTRATION_GRACE_S = 15.0
 SPARK_CATCHUP_S = 1200.0
+# I10: how long a lone autorecovery daemon may stand by behind its own earlier
+# key (the worker's leader lease is 5 s; one etcd RPC may take its 10 s
+# timeout; rounds every 2 s)
+AUTORECOVERY_STANDBY_S = 30.0
 
 
 def _spark_catch_up(workers, files, out) -> dict | None:

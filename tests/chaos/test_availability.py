@@ -1,13 +1,15 @@
-"""I9 (availability.py) without processes: the gap judge on hand-made
-samples, the nemesis's fault windows on a fake network and cluster, and the
-registry watch on a store that fails now and then."""
+"""I9 and I10 (availability.py) without processes: the gap judge on hand-made
+samples, the nemesis's fault windows on a fake network and cluster, the
+registry watch on a store that fails now and then, and the autorecovery
+standby judge on hand-made rounds."""
 from __future__ import annotations
 
 import random
 import time
 
-from .availability import (FaultWindow, RegistryWatch, check_registration, registered_ids,
-                           registration_gaps, registration_totals)
+from .availability import (FaultWindow, RegistryWatch, check_autorecovery,
+                           check_registration, leadership_of, registered_ids,
+                           registration_gaps, registration_totals, standby_stalls)
 from .test_link_nemesis import _setup
 
 ALL = frozenset({"b1", "b2", "b3"})
@@ -129,3 +131,32 @@ def test_the_watch_samples_and_records_failed_reads():
     got = {ids for _, ids in watch.samples}
     assert got == {None, frozenset({"b1"})}
     assert [t for t, _ in watch.samples] == sorted(t for t, _ in watch.samples)
+
+
+def _rounds(*rows):
+    return [{"op": "autorecovery", "t": float(t), "leadership": state} for t, state in rows]
+
+
+def test_a_round_row_names_its_leadership():
+    assert leadership_of({"leader": True, "lost": []}) == "leader"
+    assert leadership_of({"leader": False}) == "standby"
+    assert leadership_of({"leader": False, "leadership": "unknown", "error": "x"}) == "unknown"
+    assert leadership_of({"leader": False, "error": "MetadataUnavailable: x"}) == "error"
+
+
+def test_a_lone_daemon_standing_by_for_good_is_a_violation():
+    """Session 25's bug: a dropped, unrevoked lease kept audit/leader alive."""
+    ops = _rounds((0, "leader"), (2, "unknown"), (4, "standby"),
+                  *[(t, "standby") for t in range(6, 100, 2)])
+    [v] = check_autorecovery(ops, daemons=1, limit_s=30.0)
+    assert v.invariant == "I10 autorecovery leadership"
+    assert "t=4.0s to t=98.0s (94.0s)" in v.message
+    assert check_autorecovery(ops, daemons=2, limit_s=30.0) == []   # standby is normal there
+
+
+def test_standby_behind_an_expiring_key_and_etcd_outages_are_not_stalls():
+    ops = _rounds((0, "leader"), (2, "unknown"), (4, "error"), (6, "standby"), (8, "standby"),
+                  (10, "leader"), (12, "unknown"), *[(t, "error") for t in range(14, 90, 2)],
+                  (90, "leader"))
+    assert standby_stalls(sorted((o["t"], o["leadership"]) for o in ops)) == [(6.0, 10.0)]
+    assert check_autorecovery(ops, daemons=1, limit_s=30.0) == []

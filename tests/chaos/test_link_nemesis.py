@@ -72,9 +72,9 @@ def _setup(seed, kinds, with_network=True):
     faults = FakeFaults(clock)
     host = lambda n: SimpleNamespace(name=n)  # noqa: E731
     workers = SimpleNamespace(_lock=threading.Lock(),
-                              procs={n: Proc() for n in ("lw-0", "loga-0", "rec-0")},
+                              procs={n: Proc() for n in ("lw-0", "loga-0", "rec-0", "ar-0")},
                               kind_of={"lw-0": "ledger-writer", "loga-0": "log-writer",
-                                       "rec-0": "recoverer"})
+                                       "rec-0": "recoverer", "ar-0": "autorecovery"})
     cluster = SimpleNamespace(
         bookie_ids=[f"bookie-{i}" for i in range(1, 6)],
         worker_host={n: host("h-" + n) for n in workers.procs},
@@ -112,6 +112,15 @@ def test_a_shape_restricts_the_partition():
     with pytest.raises(ValueError, match="kind"):
         _setup(3, ["partitions"])
     assert "writer-etcd" in SHAPES
+
+
+def test_an_autorecovery_daemon_is_cut_from_etcd_for_about_its_lease():
+    nem, faults = _setup(4, ["partition:autorecovery-etcd"])
+    nem.run(until=120.0)
+    assert set(nem.shapes) == {"partition:autorecovery-etcd"} and faults.log
+    assert all(f[1] == "partition" and f[2] == ("h-ar-0",) and f[3] == ("etcd-1", "etcd-2",
+                                                                          "etcd-3")
+               for f in faults.log)
 
 
 def test_no_link_faults_without_a_host_network():

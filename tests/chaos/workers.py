@@ -50,6 +50,7 @@ from pybk_spark.logs.log import LogWriter, RollPolicy
 from pybk_spark.logs.log_reader import LogReader
 from pybk_spark.protocol import ledger_metadata as lm
 
+from . import availability as avail
 from .history import History, digest, make_payload
 
 # (E, Qw, Qa): every config has Qa >= 2 (one bookie fault never loses an ack),
@@ -323,12 +324,15 @@ def recover_and_read(bk, hist: History, lid: int):
     return rh
 
 
+AUTORECOVERY_LEADER_TTL_S = 5
+
+
 def autorecovery(uri, hist: History, rng: random.Random, until: float,
                  interval: float = 2.0) -> None:
     from pybk_spark.admin.autorecovery import AutoRecovery, AutoRecoveryConfig
     bk = _bk(uri, hist)
     conf = AutoRecoveryConfig(interval_s=interval, lost_bookie_delay_s=0.0, grace_s=3600.0,
-                              leader_ttl_s=5, verify_every=0)
+                              leader_ttl_s=AUTORECOVERY_LEADER_TTL_S, verify_every=0)
     ar = AutoRecovery(bk, uri, conf, identity=hist.proc)
 
     def wait(seconds: float) -> bool:
@@ -337,10 +341,10 @@ def autorecovery(uri, hist: History, rng: random.Random, until: float,
         return time.time() >= until
 
     def emit(row: dict) -> None:
-        hist.note("autorecovery", **{k: row[k] for k in ("lost", "fragments_copied",
-                                                         "fragments_failed", "failed_by_reason",
-                                                         "error")
-                                     if k in row})
+        hist.note("autorecovery", leadership=avail.leadership_of(row),
+                  **{k: row[k] for k in ("lost", "fragments_copied", "fragments_failed",
+                                         "failed_by_reason", "error")
+                     if k in row})
         print(f"autorecovery: {row}", flush=True)
     try:
         ar.run_forever(wait, emit)
