@@ -20,7 +20,7 @@ time and healed by the nemesis itself (``HostNetwork.faults``):
              recoverer-bookies  a recoverer <-> one bookie (recovery must
                                 finish on (Qw - Qa) + 1 coverage)
              autorecovery-etcd  an autorecovery daemon <-> every etcd member,
-                                0.5-1.6 x its leader lease (its refresh goes
+                                0.3-1.2 x its leader lease (its refresh goes
                                 unanswered while the lease may live on: I10)
              2-10 s.
   one_way    replies lost: a bookie's or every etcd member's packets to a
@@ -185,7 +185,7 @@ class LinkNemesis:
                 return False
             d = self.rng.choice(daemons)
             fid = f.partition([self._host_of(d)], self._etcd_hosts())
-            return self._cut(fid, self.rng.uniform(0.5, 1.6) * AUTORECOVERY_LEADER_TTL_S,
+            return self._cut(fid, self.rng.uniform(0.3, 1.2) * AUTORECOVERY_LEADER_TTL_S,
                              f"{d} | etcd", "partition:" + shape)
         if shape == "bookie-etcd":
             b = self._bookie_hosts(1)

@@ -323,9 +323,9 @@ HANG_GRACE_S = 100.0
 REGISTRATION_GRACE_S = 15.0
 SPARK_CATCHUP_S = 1200.0
 # I10: how long a lone autorecovery daemon may stand by behind its own earlier
-# key (the worker's leader lease is 5 s; one etcd RPC may take its 10 s
-# timeout; rounds every 2 s)
-AUTORECOVERY_STANDBY_S = 30.0
+# key (its leader lease, 15 s, if the revoke did not reach etcd; one etcd RPC
+# may take its 10 s timeout; rounds every 2 s)
+AUTORECOVERY_STANDBY_S = 40.0
 
 
 def _spark_catch_up(workers, files, out) -> dict | None:
@@ -358,6 +358,7 @@ def _rereplicate_phase(cluster, bk, final, rng, out) -> str | None:
     naming it lost, then count every entry's replicas in its write set."""
     try:
         from pybk_spark.admin import orchestrate
+        from pybk_spark.admin import rereplicate as rr
     except ImportError:
         out("chaos: no pybk_spark.admin.orchestrate; I6 skipped")
         return None
@@ -371,8 +372,11 @@ def _rereplicate_phase(cluster, bk, final, rng, out) -> str | None:
         out(f"chaos: rereplicate raised {exc!r}")
         report, status = {}, -1
     s = report.get("summary", {})
+    copies = report.get("copies", [])
+    failed = [c for c in copies if c.get("outcome") == "failed"]
     out(f"chaos: rereplicated away from {victim}: status={status} "
-        f"copies={len(report.get('copies', []))} entries={s.get('entries')}")
+        f"copies={len(copies)} entries={s.get('entries')} failed={len(failed)}"
+        + (f" {rr.failure_reasons(copies)}; first: {failed[0]}" if failed else ""))
     for lid, fl in list(final.ledgers.items()):
         if fl.state != lm.CLOSED:
             continue
@@ -463,6 +467,13 @@ def main(argv=None) -> int:
                    help="etcd members on the host topology (loopback runs one)")
     p.add_argument("--json", help="write the summary here")
     a = p.parse_args(argv)
+    max_e = max(c[0] for c in CONFIGS)
+    if not a.no_rereplicate and a.bookies <= max_e:
+        # I6 re-replicates away from one bookie: an ensemble as wide as the
+        # cluster has no bookie outside it (every copy NotEnoughBookies)
+        p.error(f"--bookies {a.bookies}: the workload's ensembles are up to {max_e} wide, so "
+                f"re-replication (I6) needs at least {max_e + 1} bookies "
+                f"(or pass --no-rereplicate)")
     seed = a.seed if a.seed is not None else random.SystemRandom().randrange(1 << 31)
     print(f"chaos: seed {seed}", flush=True)
     procs_out = lambda m: print(m, flush=True)  # noqa: E731

@@ -324,7 +324,7 @@ def recover_and_read(bk, hist: History, lid: int):
     return rh
 
 
-AUTORECOVERY_LEADER_TTL_S = 5
+AUTORECOVERY_LEADER_TTL_S = 15     # the daemon's default (--leader-ttl)
 
 
 def autorecovery(uri, hist: History, rng: random.Random, until: float,
