@@ -20,6 +20,13 @@ Fault kinds (``KINDS``):
                    re-registered read-only; 3-8 s later SIGHUP again -> the
                    real thresholds -> writable.
   etcd_restart     SIGTERM etcd and start it again on the same data dir/port.
+  etcd_pause       SIGSTOP one etcd member, SIGCONT 2-8 s later: a hung member
+                   (a disk stall, a paused VM), whose connections stay up while
+                   every request to it waits for its timeout, so clients must
+                   fail over to the others.  One at a time, never with an
+                   etcd_restart.  With three members no bookie may drop out of
+                   the registry (I9: no window); a lone member (loopback) is
+                   all of etcd, so there every bookie gets a window.
   writer_kill      SIGKILL a ledger writer or the current leader of a log
                    (the runner starts a successor, which fences the log).
   leader_takeover  start a second leader for a log while the first is alive
@@ -53,8 +60,8 @@ from .availability import FaultWindow
 from .link_nemesis import LINK_KINDS, LINK_WEIGHTS, LinkNemesis
 
 KINDS = ["bookie_kill", "bookie_pause", "bookie_torn_tail", "bookie_disk_full",
-         "etcd_restart", "writer_kill", "leader_takeover", *LINK_KINDS]
-WEIGHTS = [4, 4, 2, 2, 1, 2, 1, *LINK_WEIGHTS]
+         "etcd_restart", "etcd_pause", "writer_kill", "leader_takeover", *LINK_KINDS]
+WEIGHTS = [4, 4, 2, 2, 1, 1, 2, 1, *LINK_WEIGHTS]
 BOOKIE_KINDS = {"bookie_kill", "bookie_pause", "bookie_torn_tail", "bookie_disk_full"}
 
 
@@ -83,6 +90,8 @@ class Nemesis(LinkNemesis):
         self.kinds = kinds or KINDS
         self.counts: dict[str, int] = {k: 0 for k in KINDS}
         self._repairs: list[_Repair] = []
+        self._etcd_paused: list[tuple[float, object]] = []   # (due, member) to SIGCONT
+        self._kill: Callable[[int, int], None] = os.kill     # a seam for the unit tests
         self.windows: list[FaultWindow] = []       # faults that may unregister a bookie (I9)
         self._open_windows: dict[object, FaultWindow] = {}
         self._link_init(shapes)
@@ -129,8 +138,11 @@ class Nemesis(LinkNemesis):
             # a restart waits until the member is healthy, which a cut link can
             # hold off for its whole ready timeout (90 s): the one nemesis loop
             # would stall, and with it the heal of that very link (seed
-            # 2026112721: a 9.8 s etcd-minority cut lasted 96 s)
-            return not getattr(self, "_links", None)
+            # 2026112721: a 9.8 s etcd-minority cut lasted 96 s); a paused
+            # member would hold off the quorum the same way
+            return not getattr(self, "_links", None) and not self._etcd_paused
+        if kind == "etcd_pause":
+            return not self._etcd_paused
         if kind in LINK_KINDS:
             return self._link_allowed(kind)
         return True
@@ -151,6 +163,8 @@ class Nemesis(LinkNemesis):
     def _do_repairs(self, now: float) -> None:
         for r in [r for r in self._repairs if r.due <= now]:
             self._repair(r)
+        for due, member in [p for p in self._etcd_paused if p[0] <= now]:
+            self._resume_etcd(member)
         self._do_link_repairs(now)
 
     def _repair(self, r: _Repair, retry: bool = True) -> None:
@@ -176,6 +190,8 @@ class Nemesis(LinkNemesis):
             self._repairs.remove(r)
 
     def heal_all(self) -> None:
+        for _due, member in list(self._etcd_paused):
+            self._resume_etcd(member)
         self._heal_links()
         for r in list(self._repairs):
             self._repair(r, retry=False)
@@ -236,6 +252,33 @@ class Nemesis(LinkNemesis):
         self.cluster.restart_etcd()
         self.log("nemesis: etcd restarted")
         return True
+
+    def _etcd_members(self) -> list:
+        etcd = self.cluster.etcd
+        return list(getattr(etcd, "members", [etcd]))
+
+    def _etcd_pause(self) -> bool:
+        members = [m for m in self._etcd_members() if m.running()]
+        if not members:
+            return False
+        member = self.rng.choice(members)
+        secs = self.rng.uniform(2, 8)
+        if len(self._etcd_members()) == 1:          # all of etcd: every lease may lapse
+            for b in self.cluster.bookie_ids:
+                self._open_window(("etcd_pause", b), b, "etcd pause")
+        self._kill(member.pid(), signal.SIGSTOP)
+        self._etcd_paused.append((self.clock() + secs, member))
+        self.log(f"nemesis: SIGSTOP etcd member {member.endpoint} for {secs:.1f}s")
+        return True
+
+    def _resume_etcd(self, member) -> None:
+        self._etcd_paused = [p for p in self._etcd_paused if p[1] is not member]
+        if member.running():
+            self._kill(member.pid(), signal.SIGCONT)
+        for key in [k for k in self._open_windows if isinstance(k, tuple)
+                    and k[0] == "etcd_pause"]:
+            self._close_window(key)
+        self.log(f"nemesis: SIGCONT etcd member {member.endpoint}")
 
     def _writer_kill(self) -> bool:
         name = self.workers.kill_random_writer(self.rng)

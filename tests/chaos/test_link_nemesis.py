@@ -6,6 +6,7 @@ never drawn where there is no host network."""
 from __future__ import annotations
 
 import random
+import signal
 import threading
 from types import SimpleNamespace
 
@@ -137,3 +138,33 @@ def test_no_etcd_restart_while_a_link_is_cut():
         (round(nem.clock(), 3), bool(faults.active)))
     nem.run(until=300.0)
     assert restarts and not any(cut for _, cut in restarts)
+
+
+def test_etcd_pauses_one_member_at_a_time_and_always_resumes_it():
+    members = [SimpleNamespace(endpoint=f"etcd-{i}:2379", pid=lambda i=i: 100 + i,
+                               running=lambda: True) for i in (1, 2, 3)]
+    nem, _faults = _setup(11, ["etcd_pause"])
+    nem.cluster.etcd = SimpleNamespace(members=members)
+    sent = []
+    nem._kill = lambda pid, sig: sent.append((round(nem.clock(), 3), pid, sig))
+    counts = nem.run(until=120.0)
+    assert counts["etcd_pause"] > 3 and not nem._etcd_paused
+    paused = set()
+    for _t, pid, sig in sent:              # stop, cont, stop, cont, ...: never two at once
+        if sig == signal.SIGSTOP:
+            assert not paused
+            paused.add(pid)
+        else:
+            assert paused == {pid}
+            paused.clear()
+    assert not paused and not nem.windows        # three members: no I9 window
+
+
+def test_a_lone_etcd_pause_opens_a_window_for_every_bookie():
+    lone = SimpleNamespace(endpoint="etcd:2379", pid=lambda: 100, running=lambda: True)
+    nem, _faults = _setup(12, ["etcd_pause"])
+    nem.cluster.etcd = lone
+    nem._kill = lambda pid, sig: None
+    nem.run(until=20.0)
+    assert {w.bookie for w in nem.windows} == set(nem.cluster.bookie_ids)
+    assert all(w.what == "etcd pause" and w.end > w.start for w in nem.windows)
