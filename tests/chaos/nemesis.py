@@ -266,7 +266,7 @@ class Nemesis(LinkNemesis):
         if len(self._etcd_members()) == 1:          # all of etcd: every lease may lapse
             for b in self.cluster.bookie_ids:
                 self._open_window(("etcd_pause", b), b, "etcd pause")
-        self._kill(member.pid(), signal.SIGSTOP)
+        self._kill(member.pid, signal.SIGSTOP)
         self._etcd_paused.append((self.clock() + secs, member))
         self.log(f"nemesis: SIGSTOP etcd member {member.endpoint} for {secs:.1f}s")
         return True
@@ -274,7 +274,7 @@ class Nemesis(LinkNemesis):
     def _resume_etcd(self, member) -> None:
         self._etcd_paused = [p for p in self._etcd_paused if p[1] is not member]
         if member.running():
-            self._kill(member.pid(), signal.SIGCONT)
+            self._kill(member.pid, signal.SIGCONT)
         for key in [k for k in self._open_windows if isinstance(k, tuple)
                     and k[0] == "etcd_pause"]:
             self._close_window(key)

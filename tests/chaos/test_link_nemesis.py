@@ -141,7 +141,7 @@ def test_no_etcd_restart_while_a_link_is_cut():
 
 
 def test_etcd_pauses_one_member_at_a_time_and_always_resumes_it():
-    members = [SimpleNamespace(endpoint=f"etcd-{i}:2379", pid=lambda i=i: 100 + i,
+    members = [SimpleNamespace(endpoint=f"etcd-{i}:2379", pid=100 + i,
                                running=lambda: True) for i in (1, 2, 3)]
     nem, _faults = _setup(11, ["etcd_pause"])
     nem.cluster.etcd = SimpleNamespace(members=members)
@@ -161,7 +161,7 @@ def test_etcd_pauses_one_member_at_a_time_and_always_resumes_it():
 
 
 def test_a_lone_etcd_pause_opens_a_window_for_every_bookie():
-    lone = SimpleNamespace(endpoint="etcd:2379", pid=lambda: 100, running=lambda: True)
+    lone = SimpleNamespace(endpoint="etcd:2379", pid=100, running=lambda: True)
     nem, _faults = _setup(12, ["etcd_pause"])
     nem.cluster.etcd = lone
     nem._kill = lambda pid, sig: None
