@@ -24,9 +24,14 @@ Fault kinds (``KINDS``):
                    (a disk stall, a paused VM), whose connections stay up while
                    every request to it waits for its timeout, so clients must
                    fail over to the others.  One at a time, never with an
-                   etcd_restart.  With three members no bookie may drop out of
-                   the registry (I9: no window); a lone member (loopback) is
-                   all of etcd, so there every bookie gets a window.
+                   etcd_restart, and only once every member is healthy again
+                   and 2-6 s have passed since the last resume: a member just
+                   resumed may still be catching up, and pausing the leader
+                   then stops the quorum (seed 2026112753: a healthy bookie's
+                   lease lapsed, a double fault, not a hung member).  With
+                   three members no bookie may drop out of the registry (I9:
+                   no window); a lone member (loopback) is all of etcd, so
+                   there every bookie gets a window.
   writer_kill      SIGKILL a ledger writer or the current leader of a log
                    (the runner starts a successor, which fences the log).
   leader_takeover  start a second leader for a log while the first is alive
@@ -92,6 +97,7 @@ class Nemesis(LinkNemesis):
         self._repairs: list[_Repair] = []
         self._etcd_paused: list[tuple[float, object]] = []   # (due, member) to SIGCONT
         self._kill: Callable[[int, int], None] = os.kill     # a seam for the unit tests
+        self._etcd_calm_at = 0.0            # no etcd pause before this (clock)
         self.windows: list[FaultWindow] = []       # faults that may unregister a bookie (I9)
         self._open_windows: dict[object, FaultWindow] = {}
         self._link_init(shapes)
@@ -142,7 +148,7 @@ class Nemesis(LinkNemesis):
             # member would hold off the quorum the same way
             return not getattr(self, "_links", None) and not self._etcd_paused
         if kind == "etcd_pause":
-            return not self._etcd_paused
+            return not self._etcd_paused and self.clock() >= self._etcd_calm_at
         if kind in LINK_KINDS:
             return self._link_allowed(kind)
         return True
@@ -259,7 +265,7 @@ class Nemesis(LinkNemesis):
 
     def _etcd_pause(self) -> bool:
         members = [m for m in self._etcd_members() if m.running()]
-        if not members:
+        if not members or not all(m.healthy() for m in self._etcd_members()):
             return False
         member = self.rng.choice(members)
         secs = self.rng.uniform(2, 8)
@@ -278,6 +284,7 @@ class Nemesis(LinkNemesis):
         for key in [k for k in self._open_windows if isinstance(k, tuple)
                     and k[0] == "etcd_pause"]:
             self._close_window(key)
+        self._etcd_calm_at = self.clock() + self.rng.uniform(2, 6)
         self.log(f"nemesis: SIGCONT etcd member {member.endpoint}")
 
     def _writer_kill(self) -> bool:

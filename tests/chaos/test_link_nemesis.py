@@ -142,7 +142,7 @@ def test_no_etcd_restart_while_a_link_is_cut():
 
 def test_etcd_pauses_one_member_at_a_time_and_always_resumes_it():
     members = [SimpleNamespace(endpoint=f"etcd-{i}:2379", pid=100 + i,
-                               running=lambda: True) for i in (1, 2, 3)]
+                               running=lambda: True, healthy=lambda: True) for i in (1, 2, 3)]
     nem, _faults = _setup(11, ["etcd_pause"])
     nem.cluster.etcd = SimpleNamespace(members=members)
     sent = []
@@ -158,10 +158,14 @@ def test_etcd_pauses_one_member_at_a_time_and_always_resumes_it():
             assert paused == {pid}
             paused.clear()
     assert not paused and not nem.windows        # three members: no I9 window
+    stops = [t for t, _pid, sig in sent if sig == signal.SIGSTOP]
+    conts = [t for t, _pid, sig in sent if sig == signal.SIGCONT]
+    assert all(nxt - cont >= 2.0 for cont, nxt in zip(conts, stops[1:]))   # a calm between
 
 
 def test_a_lone_etcd_pause_opens_a_window_for_every_bookie():
-    lone = SimpleNamespace(endpoint="etcd:2379", pid=100, running=lambda: True)
+    lone = SimpleNamespace(endpoint="etcd:2379", pid=100, running=lambda: True,
+                           healthy=lambda: True)
     nem, _faults = _setup(12, ["etcd_pause"])
     nem.cluster.etcd = lone
     nem._kill = lambda pid, sig: None
