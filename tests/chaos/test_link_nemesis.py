@@ -147,6 +147,7 @@ def test_etcd_pauses_one_member_at_a_time_and_always_resumes_it():
     nem.cluster.etcd = SimpleNamespace(members=members)
     sent = []
     nem._kill = lambda pid, sig: sent.append((round(nem.clock(), 3), pid, sig))
+    nem._resume_backstop = False
     counts = nem.run(until=120.0)
     assert counts["etcd_pause"] > 3 and not nem._etcd_paused
     paused = set()
@@ -169,6 +170,7 @@ def test_a_lone_etcd_pause_opens_a_window_for_every_bookie():
     nem, _faults = _setup(12, ["etcd_pause"])
     nem.cluster.etcd = lone
     nem._kill = lambda pid, sig: None
+    nem._resume_backstop = False
     nem.run(until=20.0)
     assert {w.bookie for w in nem.windows} == set(nem.cluster.bookie_ids)
     assert all(w.what == "etcd pause" and w.end > w.start for w in nem.windows)
