@@ -464,7 +464,8 @@ def autorecovery_totals(ops: Iterable[dict]) -> dict:
         totals["failed"] += op.get("fragments_failed", 0)
         totals["rounds_with_lost"] += bool(op.get("lost"))
         totals["errors"] += "error" in op
-        totals[f"rounds_{op.get('leadership', 'unrecorded')}"] += 1
+        if "leadership" in op:                      # rounds_leader, rounds_standby, ...
+            totals[f"rounds_{op['leadership']}"] += 1
         reasons.update(op.get("failed_by_reason") or {})
     out: dict = dict(totals)
     if totals:

@@ -266,4 +266,15 @@ def test_autorecovery_totals_count_failed_copies_by_reason(tmp_path):
                    "failed_by_reason": {"NotEnoughBookies": 2, "ReadError": 2}}
     assert list(got["failed_by_reason"]) == ["NotEnoughBookies", "ReadError"]   # tie: by name
     assert sum(got["failed_by_reason"].values()) == got["failed"]
+
+
+def test_autorecovery_totals_count_rounds_by_leadership(tmp_path):
+    """I10's notes: each round's leadership, counted by kind."""
+    h = History(str(tmp_path / "ar0.jsonl"), "ar0")
+    for state in ("leader", "leader", "unknown", "standby", "error"):
+        h.note("autorecovery", leadership=state, **({"error": "x"} if state == "error" else {}))
+    h.close()
+    got = chk.autorecovery_totals(pair_ops(load_histories(str(tmp_path))))
+    assert (got["rounds"], got["rounds_leader"], got["rounds_unknown"], got["rounds_standby"],
+            got["rounds_error"]) == (5, 2, 1, 1, 1)
     assert chk.autorecovery_totals([]) == {}
