@@ -63,6 +63,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from bookie_server.background import join_bounded
 from pybk_spark import errors
 from pybk_spark.metadata import keys
 
@@ -346,15 +347,10 @@ class Registrar:
         ttl the lease expires by itself, so waiting longer only delays the
         bookie's own shutdown.  Returns False when it gave up (logged)."""
         self._stop.set()
-        limit = float(self.ttl if timeout is None else timeout)
         worker = threading.Thread(target=self._unregister, name="unregister", daemon=True)
         worker.start()
-        worker.join(limit)
-        if worker.is_alive():
-            log.warning("event=unregister_abandoned after_s=%.1f (etcd did not answer; the "
-                        "registration's lease expires by itself within %d s)", limit, self.ttl)
-            return False
-        return True
+        return join_bounded(worker, float(self.ttl if timeout is None else timeout),
+                            "unregister")
 
     def _unregister(self) -> None:
         if self._thread is not None:

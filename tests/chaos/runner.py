@@ -38,6 +38,7 @@ from .nemesis import KINDS, Nemesis
 from .workers import CONFIGS
 
 REPO = Path(__file__).resolve().parents[2]
+MAX_ENSEMBLE = max(c[0] for c in CONFIGS)     # the workload's widest ensemble
 BOOKIE_CONF = {"disk_check_interval_s": 0.5, "flush_interval_s": 2.0, "gc_interval_s": 30.0}
 
 
@@ -209,8 +210,7 @@ def run(duration: float, seed: int, *, workdir: str | None = None, bookies: int 
     out(f"chaos: seed={seed} duration={duration}s workdir={base}")
     rng = random.Random(seed)
     min_qa = min(c[2] for c in CONFIGS)
-    max_e = max(c[0] for c in CONFIGS)
-    max_faults = max(0, min(min_qa - 1, bookies - max_e))
+    max_faults = max(0, min(min_qa - 1, bookies - MAX_ENSEMBLE))
     cluster, topology = _make_cluster(topology, base, bookies, etcd_members, out)
     summary: dict = {"seed": seed, "workdir": str(base), "topology": topology}
     snapshots: list = []
@@ -467,12 +467,11 @@ def main(argv=None) -> int:
                    help="etcd members on the host topology (loopback runs one)")
     p.add_argument("--json", help="write the summary here")
     a = p.parse_args(argv)
-    max_e = max(c[0] for c in CONFIGS)
-    if not a.no_rereplicate and a.bookies <= max_e:
+    if not a.no_rereplicate and a.bookies <= MAX_ENSEMBLE:
         # I6 re-replicates away from one bookie: an ensemble as wide as the
         # cluster has no bookie outside it (every copy NotEnoughBookies)
-        p.error(f"--bookies {a.bookies}: the workload's ensembles are up to {max_e} wide, so "
-                f"re-replication (I6) needs at least {max_e + 1} bookies "
+        p.error(f"--bookies {a.bookies}: the workload's ensembles are up to {MAX_ENSEMBLE} wide, "
+                f"so re-replication (I6) needs at least {MAX_ENSEMBLE + 1} bookies "
                 f"(or pass --no-rereplicate)")
     seed = a.seed if a.seed is not None else random.SystemRandom().randrange(1 << 31)
     print(f"chaos: seed {seed}", flush=True)
