@@ -221,11 +221,11 @@ def run(quick: bool = False, data_dir: str | None = None, conf: dict | None = No
                  + after["seq_overwrite"]["mb_per_s"]) / 2
     results["disk_overwrite_mb_per_s_mean"] = overwrite
     if "add_batch_1000_sustained" in results:
-        # the headline ratio since session 17: the device's bandwidth with nothing
+        # the headline ratio: the device's bandwidth with nothing
         # being allocated (bench/disk.py), which holds still between runs
         results["ratio_1000_sustained_vs_disk_overwrite"] = \
             results["add_batch_1000_sustained"]["mb_per_s"] / overwrite
-        # the headline ratio (issue 31): sustained ingest / sustained disk
+        # kept beside it: sustained ingest / sustained disk
         results["ratio_1000_sustained_vs_disk_sustained"] = \
             results["add_batch_1000_sustained"]["mb_per_s"] / sustained
     if "add_batch_1000" in results:

@@ -1,10 +1,10 @@
-"""The floor of a bookie-to-bookie copy on this machine (figure 8's peer, issue 31).
+"""The floor of a bookie-to-bookie copy on this machine (figure 8's peer).
 
 Re-replication's target is half the disk's sequential bandwidth.  Before
 asking how far our pull is from it, this measures how far the bare copy is:
 the same bytes moved from one process to another and made durable with
-nothing but the system calls, the way session 17's sync-add floor
-(bench/sync_floor.py) did for a sync add.
+nothing but the system calls, the way the sync-add floor
+(bench/sync_floor.py) does for a sync add.
 
 * A *source* process per stream (``python -c``) sends its share of a file
   that is in the page cache with ``os.sendfile`` (no user-space copy: the

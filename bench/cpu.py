@@ -1,4 +1,4 @@
-"""CPU per entry by process kind, from the processes' own counters (issue 31).
+"""CPU per entry by process kind, from the processes' own counters.
 
 A :class:`CpuMeter` reads, around a timed window, the CPU (user + system) of
 

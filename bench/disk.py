@@ -7,18 +7,18 @@
   512 MiB of it (``seq_write``) is the *burst* probe: short enough for a
   VM's host cache or a cloud disk's burst allowance to absorb.
 * ``seq_sustained``: the same writes for 4x as long, timed over the second
-  half only (what the disk keeps up once the burst is spent).  Ratios
-  against the disk used this one until session 17; ``burst_vs_sustained``
+  half only (what the disk keeps up once the burst is spent);
+  ``burst_vs_sustained``
   records the spread.
 * ``seq_overwrite``: a file written once (every block allocated), then
   overwritten in place with the same writes and fdatasyncs, timed: the
   device's sequential bandwidth where nothing is being allocated.  On this
-  VM a block's first write is what is slow and what varies: in session 17
-  the fresh-file sustained figure moved between 78 and 379 MB/s from one
-  probe to the next while this one stayed at 2.2-2.6 GB/s, so the ratios
-  against the disk divide by it (issue 31: a denominator that cannot swing
+  VM a block's first write is what is slow and what varies: the
+  fresh-file sustained figure moves between 78 and 379 MB/s from one
+  probe to the next while this one stays at 2.2-2.6 GB/s, so the ratios
+  against the disk divide by it (a denominator that cannot swing
   2x between runs; the stricter one, too).
-* ``seq_direct``: the journal's pattern for big groups since session 19
+* ``seq_direct``: the journal's pattern for big groups
   (journal/direct_write.py): a preallocated file (``posix_fallocate``)
   written sequentially with ``O_DIRECT`` from one page-aligned 1 MiB buffer,
   fdatasync every 64 MiB: what the device takes around the page cache.

@@ -1,6 +1,6 @@
 """The floor of a Python data source: a no-op ``DataSource`` measured in the
-same run as the ``bookkeeper`` source (figure 6, issue 31), for reads and,
-since session 17, for writes.
+same run as the ``bookkeeper`` source (figure 6), for reads and
+for writes.
 
 ``spark.read.format("pybk_noop").option("rows", N).load()`` yields the same
 shape as the log figure 6 reads (``id long, payload binary``, 100 B payloads)

@@ -78,7 +78,7 @@ def markdown(r: dict) -> str:
     lines.append(f"| 1 | disk sequential, fdatasync every 64 MiB | 1 writer {_f(_get(d, 'seq_write', 'mb_per_s'))} MB/s; "
                  f"3 writers {_f(_get(d, 'seq_3_writers', 'total_mb_per_s_sum'))} MB/s total | - |")
     # journal-shaped; on a VM handing freed memory back to the host it can beat the line
-    # above by landing in just-freed pages (docs/performance.md, (2), session 7)
+    # above by landing in just-freed pages (docs/performance.md, (2))
     lines.append(f"| 1 | disk sequential, fdatasync every 1 MiB (run right after) | "
                  f"1 writer {_f(_get(d, 'sync_1m_write', 'mb_per_s'))} MB/s | - |")
     lines.append(f"| 1 | disk sequential, sustained (4x as long, second half timed) | "

@@ -1,4 +1,4 @@
-"""``make bench`` / ``make bench QUICK=1``: every figure of issue 8, in one run,
+"""``make bench`` / ``make bench QUICK=1``: every figure, in one run,
 in a fixed order, each beside its peer measured in the same run.
 
     .venv/bin/python -m bench.run [--quick] [--data-dir DIR] [--no-docs]
@@ -24,7 +24,7 @@ measured right after the Redis peers, before the cluster starts), figure 6 a no-
 Python data source timed beside ours (bench/noop_source.py), figure 8 the
 bookie-to-bookie and the client path side by side and, as their floor, the
 bare copy between two processes (bench/copy_floor.py, measured right after
-the sync floor) (issue 31).
+the sync floor).
 
 Outputs: full mode writes bench/results/latest.{json,md,png} and regenerates
 the marked section of docs/performance.md; ``--quick`` (tiny sizes, same code
@@ -113,8 +113,8 @@ def compute_ratios(f: dict, errors: dict) -> tuple[dict, dict]:
         "append_vs_redis_pipelined_1c": _ratio(ours_batched, red.get("redis_pipelined_1c_entries_per_s")),
         "append_vs_redis_50c": _ratio(ours_batched, red.get("redis_50c_entries_per_s")),
         "sync_add_p99_ms": _g(f, "4_sync_latency", "p99_ms"),
-        # sustained ingest / the disk overwriting allocated blocks (session 17: the
-        # fresh-file sustained probe moved 78-379 MB/s between probes; its ratio stays
+        # sustained ingest / the disk overwriting allocated blocks (the fresh-file
+        # sustained probe moves 78-379 MB/s between probes; its ratio stays
         # in the figure, as does the burst one)
         "bookie_ingest_vs_disk": _g(f, "2_bookie_ingest", "ratio_1000_sustained_vs_disk_overwrite"),
         "catchup_read_vs_redis_xrange": _ratio(_g(f, "5_catchup", "entries_per_s"),

@@ -22,8 +22,8 @@ reported separately as ``bookkeeper_cold_*`` and left out of the figures.
 After that, each pair of queries (Parquet, ours) gets ``warmups`` untimed
 rounds and then ``reps`` timed rounds, the two sides alternating within each
 round, so both reach the same JIT warm-up and share the machine's drift; the
-median is the figure.  Session 8 measured why: the JVM's C2 compiler is still
-busy for the first 5-10 queries of a session (0.6 CPU-s per scan at first,
+median is the figure.  Why: the JVM's C2 compiler is still
+busy for the first 5-10 queries of a Spark session (0.6 CPU-s per scan at first,
 under 0.2 later), and a scan's time falls by a quarter over them.  Quick mode:
 no warm-up, one round.
 """

@@ -1,4 +1,4 @@
-"""The floor of a replicated synchronous add written in Python (issue 31).
+"""The floor of a replicated synchronous add written in Python.
 
 Figure 4's peer for CPU: the least a Python client and three Python
 "bookies" can spend on one acknowledged add of the same shape (1 KiB,

@@ -249,8 +249,8 @@ def _freeze_startup_heap() -> None:
     """Move what start-up built (modules, protobuf descriptors, the replayed
     index) out of the cyclic collector's reach.  It lives as long as the
     process, yet every full collection would walk it again with the GIL held:
-    30-85 ms per collection in a started bookie (docs/performance.md, (4),
-    session 9), which stalls every add and read on that bookie meanwhile."""
+    30-85 ms per collection in a started bookie (docs/performance.md, (4)),
+    which stalls every add and read on that bookie meanwhile."""
     pygc.collect()
     pygc.freeze()
 

@@ -5,7 +5,7 @@ extra; hardware, three interleaved streams, GIL released for large bodies),
 else by ``google_crc32c``.  The values are the same, so either reads what
 the other wrote; the first is about twice as fast on 1 MiB records, where
 the CRC was the largest user-space item of a bookie taking batches (11% of
-samples; docs/performance.md, (2), session 13).  It is an extra because its
+samples; docs/performance.md, (2)).  It is an extra because its
 licence is LGPL-2.1-or-later.
 """
 from __future__ import annotations

@@ -218,7 +218,7 @@ class BookKeeper:
 
     # -- logs ---------------------------------------------------------------------------------
     def open_log_writer(self, name: str, **options):
-        """Become the leader of log ``name`` (the seed's fence-then-CAS open)."""
+        """Become the leader of log ``name`` (the fence-then-CAS open)."""
         from pybk_spark.logs.log import LogWriter
         return LogWriter(self, name, **options).open()
 

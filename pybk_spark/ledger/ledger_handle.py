@@ -18,11 +18,11 @@ its write sets (``LedgerWriter``).  Futures complete in id order.
 Qw - Qa copies still unanswered (a warning names how many, if any: those
 entries have their Qa copies, the replicas check or autorecovery restores
 Qw), then CASes CLOSED with last entry =
-LAC following the seed's three outcomes (``close_by_writer``); the writer
+LAC following the protocol's three outcomes (``close_by_writer``); the writer
 lease key is revoked.  Exception: a handle whose writer aborted (fenced, or a
 failed ensemble change) with unreleased adds closes by fencing recovery,
-because those adds may still land on a bookie after the close (chaos run 7:
-a SIGSTOPped bookie resumed and stored entry LAC+1 on its whole write set);
+because those adds may still land on a bookie after the close (a
+SIGSTOPped bookie that resumes can store entry LAC+1 on its whole write set);
 the handle runs that recovery itself (``recovery_op.recover`` with its own
 context), it does not re-enter the client's open path.
 If that recovery fails, the ledger stays OPEN/IN_RECOVERY for a recoverer.

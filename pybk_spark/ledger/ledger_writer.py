@@ -31,7 +31,7 @@ futures (never completing a future while holding the lock).
   ``NotEnoughBookies``, marked unknown-outcome).  Such adds may still land
   on bookies later (a paused bookie resumes), so a writer that aborted with
   unreleased ids (``unknown_tail``) is closed by fencing recovery, never at
-  its LAC (chaos run 7).
+  its LAC.
 The writer serves both the application writer (``recovery=False``, ensemble
 changes need OPEN) and recovery adds (``recovery=True``, need IN_RECOVERY).
 """

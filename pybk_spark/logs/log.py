@@ -1,8 +1,8 @@
 """Named logs built from ledgers: a fenced single leader, rolling, truncation,
 and non-fencing tailing readers.
 
-Theory of operation (the seed's "Ledgers to logs", in this order)
-------------------------------------------------------------------
+Theory of operation ("Ledgers to logs", in this order)
+------------------------------------------------------
 Leader open (``LogWriter.open``):
   1. read the ledger list;  2. fence AND recover the last two ledgers (the
   previous leader may be writing to the second-to-last while adding the last);
@@ -230,7 +230,7 @@ def recover_tail(bk, md: LogMetadata, password: bytes) -> dict[int, tuple[int, i
         try:
             rh = bk.open_ledger(ledger_id, password=password, recovery=True)
         except errors.NoSuchLedger:
-            # listed but gone: a writer before session 12 deleted a ledger
+            # listed but gone: a writer of an older version deleted a ledger
             # whose roll CAS had in fact landed (see LogWriter._abandon).  It
             # never took an add (a writer uses a ledger only after the CAS
             # succeeded), so it is recorded as closed and empty, which lets
@@ -429,7 +429,7 @@ class LogWriter:
 
     def _after_roll_cas(self, previous_ledger_id: int, new_ledger_id: int) -> None:
         """Extension point between the roll's CAS and the close of the previous
-        ledger (the window the seed says is safe; crash tests stop here)."""
+        ledger (the window the protocol makes safe; crash tests stop here)."""
 
     def _record_closed(self, handle) -> None:
         try:

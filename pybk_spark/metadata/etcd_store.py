@@ -417,8 +417,8 @@ class EtcdMetadataStore(MetadataStore):
         """One keep-alive, bounded by ``timeout`` rather than the store's RPC
         timeout: a member cut off from its peers holds a keep-alive until the
         deadline, and a lease must fail over to another member well before
-        its ttl runs out (fresh-clone CI at ab098f6: a bookie's 5 s lease
-        expired on the majority while its keep-alive waited 10 s on the
+        its ttl runs out (else a bookie's 5 s lease expires on the majority
+        while its keep-alive waits 10 s on the
         cut-off member).  A timed-out endpoint is marked failed, so the next
         attempt goes to another.  One attempt: the keep-alive loop is the
         retry (and must notice expiry)."""

@@ -91,7 +91,7 @@ class LedgerMetadata:
     # IN_RECOVERY); None for a ledger never recovered.  Recovery may replace
     # bookies in a new fragment before it has re-written the entries beyond
     # the boundary; the writer's bookies still hold those entries, so a later
-    # recovery reads them too (chaos run 8).
+    # recovery reads them too (docs/testing.md, "Bugs the harness found").
     writer_ensemble: tuple[str, ...] | None = None
 
     # -- derived views ----------------------------------------------------------
@@ -225,7 +225,7 @@ def recovery_read_bookies(md: LedgerMetadata, slot: int) -> tuple[str, ...]:
 
 
 def close_by_writer(md: LedgerMetadata, last_acked: int, length: int) -> LedgerMetadata:
-    """The seed's writer-close rules, re-decided on every CAS attempt."""
+    """The protocol's writer-close rules, re-decided on every CAS attempt."""
     if md.state == OPEN:
         return replace(md, state=CLOSED, last_entry_id=last_acked, length=length)
     if md.state == IN_RECOVERY:

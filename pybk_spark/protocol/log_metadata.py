@@ -7,7 +7,7 @@ value in etcd and changed only by compare-and-swap.  Every change below is a
 pure transform ``old -> new`` that the adapter re-runs on a fresh read after a
 CAS conflict, so each decides from the value it is given.
 
-Ordering obligations (the seed's):
+Ordering obligations (docs/protocol.md):
   * open as leader: read list -> fence+recover the LAST TWO ledgers -> create a
     ledger -> append it -> CAS.  ``open_as_leader`` is the step-4 transform; it
     refuses (``LeaderConflict``) if the tail it fenced is no longer the tail,

@@ -28,8 +28,8 @@ Recovery of an IN_RECOVERY ledger runs in two phases over the LAST fragment:
    A slot may have two bookies to ask (``SlotAnswers``): when an earlier
    recovery replaced the writer's bookie at that slot, the replacement may
    not have the entries beyond its fragment's start yet, so the slot says
-   "no" only when the writer's bookie says so too (chaos run 8: a crashed
-   recovery's ensemble change made the next recovery close before
+   "no" only when the writer's bookie says so too (else a crashed
+   recovery's ensemble change makes the next recovery close before
    acknowledged entries).
 
 Pure: no I/O, no clock, no threads.
@@ -61,7 +61,7 @@ def recovery_start(max_lac: int, last_fragment_first: int, tail_replaced: bool =
     fragment (#2615).  ``tail_replaced``: an earlier recovery replaced
     bookies of the writer's ensemble in the last fragment, so ids there up to
     the LAC may be missing on the replacements: re-read and re-write the
-    whole last fragment (chaos run 8)."""
+    whole last fragment."""
     if tail_replaced:
         return last_fragment_first - 1
     return max(max_lac, last_fragment_first - 1)

@@ -6,7 +6,7 @@ gives the pages of a freed multi-MiB block back to the kernel soon after.
 The next block of that size is faulted in again, and with transparent huge
 pages every fault zero-fills 2 MiB.  A bookie pulling a fragment (5 MB read
 answers, one after another) spent 40-47% of its CPU in the kernel's
-``clear_page_erms`` (perf, docs/performance.md "Issue 31, session 18").
+``clear_page_erms`` (perf, docs/performance.md "Memory touched for the first time").
 jemalloc, and glibc's malloc, keep a freed block mapped and hand it out
 again: that CPU went to zero.
 

@@ -1,4 +1,4 @@
-"""The shell as operators meet it (issue #30, item 4) and the BookKeeper shell
+"""The shell as operators meet it and the BookKeeper shell
 commands added with it, against the shared real cluster: tables, decoded
 DataFrame logs, escaped binary payloads, autorecovery switches, log deletion,
 bookiesanity, readledger --bookie, offline readjournal / lastmark.  Every

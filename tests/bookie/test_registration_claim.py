@@ -145,8 +145,8 @@ def test_a_failed_reregistration_keeps_the_lease_that_holds_the_key(env, monkeyp
     """A refresh failed (say one member restarting), a new lease was granted,
     but moving the key under it failed too: the earlier lease, still alive
     and still holding the key, must not be revoked, or a healthy bookie
-    drops out of the registry until the next round (fresh-clone CI at ab098f6:
-    ``NotEnoughBookies`` right after every etcd member came back)."""
+    drops out of the registry until the next round (writers meet
+    ``NotEnoughBookies`` right after every etcd member comes back)."""
     store, _, make = env
     me = make(ME)
     me.start()

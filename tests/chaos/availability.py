@@ -3,9 +3,9 @@ I10: a lone autorecovery daemon does not stand by behind nobody.
 
 The safety invariants (checker.py) cannot see a healthy bookie drop out of
 the registry: writers only meet it as ``NotEnoughBookies``, which no
-invariant reads.  Session 23 found exactly that bug by hand (a keep-alive
-held by an etcd member cut off from its peers let a serving bookie's lease
-expire), so the harness now judges it.
+invariant reads (a keep-alive held by an etcd member cut off from its
+peers can let a serving bookie's lease expire), so the harness judges it
+here.
 
 Theory of operation
 -------------------
@@ -37,8 +37,8 @@ Theory of operation
   ``audit/leader`` is held by no other process: by this one's own earlier
   lease, which must end within its ttl.  ``standby_stalls`` (pure) finds each
   run of standby rounds with no leader round between; one longer than
-  ``limit_s`` is a violation (session 25: a lease dropped without being
-  revoked kept the key alive, and the daemon stood by for good).  Rounds
+  ``limit_s`` is a violation (a lease dropped without being revoked keeps
+  the key alive, and the daemon stands by for good).  Rounds
   that could not reach etcd ("unknown", "error") are not judged: that is
   the fault, not the daemon.  With several daemons a standby round is the
   normal case, so only the figures are reported.

@@ -339,7 +339,7 @@ def check_logs(ops: list[dict], final: FinalState) -> list[Violation]:
 
 def check_replicas(final: FinalState, strict: bool = True) -> list[Violation]:
     """< Qa replicas is always a violation (the durability floor); < Qw only
-    when ``strict`` (the issue's "every entry has Qw replicas")."""
+    when ``strict`` ("every entry has Qw replicas")."""
     out = []
     for lid, fl in sorted(final.ledgers.items()):
         for e, n in sorted(fl.replicas.items()):

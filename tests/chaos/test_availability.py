@@ -145,7 +145,7 @@ def test_a_round_row_names_its_leadership():
 
 
 def test_a_lone_daemon_standing_by_for_good_is_a_violation():
-    """Session 25's bug: a dropped, unrevoked lease kept audit/leader alive."""
+    """A dropped, unrevoked lease that keeps audit/leader alive is caught."""
     ops = _rounds((0, "leader"), (2, "unknown"), (4, "standby"),
                   *[(t, "standby") for t in range(6, 100, 2)])
     [v] = check_autorecovery(ops, daemons=1, limit_s=40.0)

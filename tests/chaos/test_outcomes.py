@@ -1,4 +1,4 @@
-"""How the chaos history classifies the add-path errors of issue 25 (pure)."""
+"""How the chaos history classifies the add-path errors (pure)."""
 from __future__ import annotations
 
 from pybk_spark import errors

@@ -336,7 +336,7 @@ def test_bk1591_ensemble_change_metadata_write_stalls(cluster, hist_dir):
 
 
 def test_chaos_run7_close_after_an_aborted_ensemble_change_recovers(cluster, hist_dir):
-    """Found by the 30-minute chaos run 7 (seed 2026112207, ledger 4058):
+    """Chaos seed 2026112207 (30 minutes, ledger 4058):
     a bookie is paused with adds in flight and etcd is frozen, so the
     ensemble change's CAS fails and the handle aborts its adds (unknown
     outcome).  The writer then closes.  Closed at its LAC, the ledger would
@@ -390,7 +390,7 @@ def test_chaos_run7_close_after_an_aborted_ensemble_change_recovers(cluster, his
 
 
 def test_chaos_run8_recovery_after_a_crashed_recoverys_ensemble_change(cluster, hist_dir):
-    """Found by the 30-minute chaos run 8 (seed 2026112207, ledger 3537): a
+    """Chaos seed 2026112207 (30 minutes, ledger 3537): a
     recovery replaced a failed bookie in a new fragment and failed before
     re-writing the entries beyond that boundary.  The next recovery started
     at the LAC and asked only the new ensemble, where the replacement

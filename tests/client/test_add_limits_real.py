@@ -1,4 +1,4 @@
-"""Add-path errors against real etcd + real bookie-server processes (issue 25).
+"""Add-path errors against real etcd + real bookie-server processes.
 
 * An oversized entry (or an add_entries call holding one) is refused with
   TooLarge before it gets an id; the handle stays usable and the ensemble is
@@ -85,7 +85,7 @@ def _oversized_add_leaves_handle_usable(bk, lh, big: int):
 
 
 def test_oversized_entry_3_bookies(cluster):
-    """The issue's reproduction: 64 MiB into a (3, 3, 2) ledger."""
+    """64 MiB into a (3, 3, 2) ledger: refused, the handle stays usable."""
     bk = _bk(cluster.metadata_uri)
     try:
         lh = bk.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2)

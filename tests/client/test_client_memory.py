@@ -85,7 +85,7 @@ def test_recovery_closes_open_ledger_and_fences_writer(env):
     with pytest.raises(errors.LedgerFenced) as ei:
         lh.add_entry(b"late")
     assert ei.value.outcome_known is False
-    lh.close()       # CLOSED at the writer's own LAC: the seed says success
+    lh.close()       # CLOSED at the writer's own LAC: the protocol says success
     assert bk.get_ledger_metadata(lh.ledger_id).last_entry_id == 11
 
 
@@ -261,7 +261,7 @@ def test_reserved_ledger_id_and_pending_cleanup_of_a_ledger_never_created(env):
 def test_close_after_an_aborted_ensemble_change_recovers_instead(env, monkeypatch):
     """An ensemble change that fails aborts the pending adds (unknown
     outcome); one of them is already on a bookie.  The writer's close must
-    not end the ledger at its LAC: it fences and recovers (chaos run 7),
+    not end the ledger at its LAC: it fences and recovers,
     with its own context, not through the client's open path."""
     bk, store, pool = env
     lh = bk.create_ledger(3, 2, 2)
@@ -314,7 +314,7 @@ def test_a_bookie_lookup_that_raises_is_a_bookie_failure(env, monkeypatch):
 
 
 def test_recovery_after_a_crashed_recovery_changed_the_ensemble(env):
-    """Chaos run 8 (seed 2026112207, ledger 3537): a recovery replaced a
+    """Chaos seed 2026112207 (ledger 3537): a recovery replaced a
     failed bookie in a new fragment, then died before re-writing the entries
     beyond its boundary.  The next recovery read those entries from the new
     ensemble, where the replacement answered NoSuchEntry, and closed before

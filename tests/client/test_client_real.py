@@ -1,6 +1,6 @@
 """The client against real etcd + real bookie-server processes (LocalCluster).
 
-Scenarios of issue 4: basic lifecycle, fencing-and-recovery.txt with a
+Scenarios: basic lifecycle, fencing and recovery with a
 SIGSTOPped bookie, SIGKILL mid-stream -> ensemble change, concurrent
 recoveries agree, wrong password, IncorrectParameter before etcd.
 No timing thresholds: waits are on futures/conditions; timeouts only bound

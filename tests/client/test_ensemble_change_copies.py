@@ -2,14 +2,14 @@
 holding every entry of its new fragment, on a private cluster of real
 ``bookie-server`` processes (destructive: a bookie is SIGKILLed).
 
-The race this guards (found in session 19): a bookie of E=3 Qw=3 Qa=2 dies
+The race this guards: a bookie of E=3 Qw=3 Qa=2 dies
 while three 1000-entry chunks are in flight.  The other two bookies
 acknowledge chunks while the change is pending; nothing is released then
-(#1591), but ``commit_change`` releases them at once, and the writer used
-to drop their chunks before taking the ones to resend, and to complete the
-adds before sending the resends (so ``close()`` did not wait for them).
-The ledger then closed with only Qa copies of up to 2,500 entries while its
-metadata named Qw.  Several rounds, since the interleaving varies."""
+(#1591), but ``commit_change`` releases them at once.  A writer that drops
+their chunks before taking the ones to resend, or completes the adds
+before sending the resends (so ``close()`` does not wait for them), closes
+the ledger with only Qa copies of up to 2,500 entries while its
+metadata names Qw.  Several rounds, since the interleaving varies."""
 import os
 
 import pytest

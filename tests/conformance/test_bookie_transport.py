@@ -2,7 +2,7 @@
 run against the in-memory bookie (transport/memory.py) and a real
 ``bookie-server`` process over gRPC and over the lane.  If the in-memory
 bookie passes here, tests and simulations built on it mean something for the
-real bookie (issue #27 item 2).
+real bookie.
 
 Each test uses ledger ids of its own: the real bookies are the shared
 session cluster.

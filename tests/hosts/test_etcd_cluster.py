@@ -1,7 +1,7 @@
 """A 3-member etcd on 3 hosts and 3 bookies on 3 more; the test process (root
 namespace) is the client, through ``etcd://e1:2379,e2:2379,e3:2379/scope``.
 
-Scenarios (issue #26): write and read back; the etcd leader SIGKILLed in the
+Scenarios: write and read back; the etcd leader SIGKILLed in the
 middle of writes (writers carry on, no acknowledged entry lost, metadata
 works again through the survivors); the leader partitioned from the other
 members during writes and a fencing recovery (the majority carries on, the
@@ -194,8 +194,8 @@ def test_no_quorum_then_all_down_is_unavailable_then_recovers(host_cluster):
            "list_prefix": lambda: store.list_prefix("hosts-test/")}
     try:
         # readiness: right after the rolling restart above, the first request to
-        # the member restarted last can still fail to connect (fresh-clone CI at
-        # 7bf0821), and a put is not retried by the store
+        # the member restarted last can still fail to connect, and a put is
+        # not retried by the store
         assert _retry_metadata(lambda: store.put("hosts-test/probe", b"1")) > 0
         survivor, *others = etcd.members
         for m in others:                               # one member left: no quorum; it

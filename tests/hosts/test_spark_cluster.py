@@ -1,4 +1,4 @@
-"""Spark on a real (standalone) cluster across test hosts (issue #26 item 4).
+"""Spark on a real (standalone) cluster across test hosts.
 
 One cluster for the module: etcd-1..3, bookie-1..4, spark-master, two
 workers (spark-worker-1..2) and a driver host (spark-driver), all separate

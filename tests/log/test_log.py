@@ -1,5 +1,5 @@
 """Logs on a real cluster: leader open with fencing, rolling, truncation and
-tailing readers (issue 5)."""
+tailing readers."""
 import threading
 import time
 

@@ -1,6 +1,6 @@
 """A long log: its head names immutable chunks of its older segments
 (protocol/log_metadata.py, "Chunks"), so it grows past etcd's request limit
-(one value of ~190 bytes a segment used to be refused at ~8,300 segments)."""
+(one value of ~190 bytes a segment is refused at ~8,300 segments)."""
 from __future__ import annotations
 
 import logging

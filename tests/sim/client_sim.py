@@ -32,8 +32,8 @@ ledger if nobody did, and ``check`` judges the history:
      the writer failed (``SimNet.failed_adds``; why, in ``check``).  The
      writer's close waits for an answer to every request it sent, the
      resends of an ensemble change included, so a replacement holds all of
-     its fragment (before commit 7645c6e it lacked the entries the
-     survivors acknowledged while the change was pending: closed at Qa).
+     its fragment (else it lacks the entries the survivors acknowledged
+     while the change was pending: closed at Qa).
 
 Focused schedules (``ClientSim(focus=...)``, ``FOCI``) aim at the rare
 interleavings of the protocol planted bugs: a writer cut from the one bookie
@@ -468,7 +468,7 @@ _real_resend = ledger_writer.LedgerWriter._resend
 
 
 def _resend_skips_released(self, chunks, resends, ensemble, bad):
-    """The held chunks as the writer took them before commit 7645c6e: after
+    """The held chunks taken the wrong way round: after
     ``commit_change`` released (and ``_collect_done`` dropped) those the
     survivors acknowledged while the change was pending, so the replacement
     never gets those entries of its fragment."""
@@ -497,7 +497,7 @@ def planted(name: str | None, sim: ClientSim):
             real = lm.close_by_recovery
             stack.enter_context(mock.patch.object(
                 lm, "close_by_recovery", lambda md, last, length, *_a: real(md, last, length)))
-        elif name == "resends_skip_released":    # the writer before commit 7645c6e
+        elif name == "resends_skip_released":    # chunks taken after commit_change
             stack.enter_context(mock.patch.object(ledger_writer.LedgerWriter, "_resend",
                                                   _resend_skips_released))
         elif name is not None:

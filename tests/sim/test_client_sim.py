@@ -174,11 +174,11 @@ def test_protocol_planted_bug_is_caught_in_focused_schedules(plant):
     real client holds on that very seed: ``no_coverage_wait`` (fencing done
     after the first answer, recovery reads that do not fence: #1067/#2614)
     by a writer cut from the one bookie a recovery fenced, its other fences
-    lost; ``read_only_replacements`` (chaos run 8) by a recoverer that crashes
+    lost; ``read_only_replacements`` by a recoverer that crashes
     right after its recovery ensemble change and the recovery that follows;
     ``close_ignores_ensemble`` by a second recovery running meanwhile (its
     close leaves entries on bookies the closed metadata does not name);
-    ``resends_skip_released`` (the writer before commit 7645c6e) by a
+    ``resends_skip_released`` (resends that skip released entries) by a
     writer's ensemble change while its pipelined adds are acknowledged (I5:
     the writer closes with entries its replacement never got)."""
     assert plant in PLANTS

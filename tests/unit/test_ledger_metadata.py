@@ -1,4 +1,4 @@
-"""Pure metadata transforms: the seed's close rules, recovery convergence and
+"""Pure metadata transforms: the protocol's close rules, recovery convergence and
 the fragment invariants (#2615)."""
 import pytest
 

@@ -1,4 +1,4 @@
-"""Pure log-metadata transforms: the seed's leader-open, roll and truncation
+"""Pure log-metadata transforms: the protocol's leader-open, roll and truncation
 orders, and the atomic / exactly-once batch commit."""
 import pytest
 
