@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -147,6 +148,14 @@ def test_a_script_uses_the_uri_the_moment_it_is_printed(tmp_path):
         assert sa.terminate() == 0
 
 
+def documented_json_keys() -> set[str]:
+    """The keys of the ``pybk --json standalone`` document docs/operations.md shows."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
+    block = re.search(r"```text\n(\{\"metadataServiceUri\".*?)```", text, re.S)
+    assert block, "docs/operations.md shows no pybk --json standalone document"
+    return set(re.findall(r'"(\w+)":', block.group(1)))
+
+
 def test_standalone_json_is_one_document_naming_every_bookie(tmp_path):
     from pybk_spark.transport.grpc_bookie import BookieClient
     proc = procs.spawn(
@@ -175,6 +184,9 @@ def test_standalone_json_is_one_document_naming_every_bookie(tmp_path):
         pids = [doc["etcd"]["pid"]] + [b["pid"] for b in doc["bookies"]]
         assert sorted(pids) == sorted(procs.children_of(proc.pid))
         assert doc["tls"] is None and doc["data_dir"] == str(tmp_path / "json")
+        # docs/operations.md shows the document: it names exactly these keys
+        shown = documented_json_keys()
+        assert set(doc) | set(doc["etcd"]) | set(doc["bookies"][0]) == shown
     finally:
         proc.send_signal(signal.SIGTERM)
         rest, _ = proc.communicate(timeout=HANG_GUARD)
