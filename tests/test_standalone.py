@@ -1,6 +1,8 @@
 """``pybk standalone`` as a user runs it: a subprocess that prints the metadata
-URI, is used from outside, stops on SIGTERM leaving no process behind, and
-keeps its data across a restart on the same data dir."""
+URI once etcd and every bookie serve (a script reads and writes at once,
+without retrying), or with ``--json`` one JSON document and nothing else on
+stdout; it is used from outside, stops on SIGTERM leaving no process behind,
+and keeps its data across a restart on the same data dir."""
 from __future__ import annotations
 
 import json
@@ -11,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -121,6 +124,76 @@ def test_standalone_serves_stops_cleanly_and_keeps_data(tmp_path):
     finally:
         again.terminate()
     assert_all_gone(pids2 + [again.proc.pid])
+
+
+def _write_then_read(uri: str) -> None:
+    """What a script does right after the URI appears: no retry, no wait."""
+    from pybk_spark.ledger.client import BookKeeper
+    with BookKeeper(uri) as bk:
+        lh = bk.create_ledger(3, 3, 2)
+        lh.add_entries([b"at", b"once"])
+        lh.close()
+    with BookKeeper(uri) as reader:             # a fresh client: resolves every bookie anew
+        assert [e.payload for e in reader.open_ledger(lh.ledger_id).read(0, 1)] == \
+            [b"at", b"once"]
+
+
+def test_a_script_uses_the_uri_the_moment_it_is_printed(tmp_path):
+    sa = Standalone(tmp_path / "script")
+    try:
+        uri = sa.wait_for(r"metadataServiceUri=(etcd://127\.0\.0\.1:\d+/pybk)").group(1)
+        _write_then_read(uri)
+        sa.wait_for(r"standalone ready: .*")
+    finally:
+        assert sa.terminate() == 0
+
+
+def documented_json_keys() -> set[str]:
+    """The keys of the ``pybk --json standalone`` document docs/operations.md shows."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
+    block = re.search(r"```text\n(\{\"metadataServiceUri\".*?)```", text, re.S)
+    assert block, "docs/operations.md shows no pybk --json standalone document"
+    return set(re.findall(r'"(\w+)":', block.group(1)))
+
+
+def test_standalone_json_is_one_document_naming_every_bookie(tmp_path):
+    from pybk_spark.transport.grpc_bookie import BookieClient
+    proc = procs.spawn(
+        [sys.executable, "-m", "pybk_spark.commands.cli", "--json", "standalone", "--bookies", "3",
+         "--data-dir", str(tmp_path / "json")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+        start_new_session=False)
+    err_lines: list[str] = []
+    threading.Thread(target=lambda: err_lines.extend(proc.stderr), daemon=True).start()
+    try:
+        first = proc.stdout.readline()          # blocks until the cluster serves
+        assert first, f"no document; stderr:\n{''.join(err_lines)}"
+        doc = json.loads(first)
+        uri = doc["metadataServiceUri"]
+        assert re.fullmatch(r"etcd://127\.0\.0\.1:\d+/pybk", uri)
+        _write_then_read(uri)
+        assert [b["bookie_id"] for b in doc["bookies"]] == ["bookie-0", "bookie-1", "bookie-2"]
+        for b in doc["bookies"]:
+            assert b["address"] == f"127.0.0.1:{b['port']}"
+            assert b["add_lane_address"] == f"127.0.0.1:{b['lane_port']}"
+            client = BookieClient(b["address"], bookie_id=b["bookie_id"])
+            try:
+                assert client.info().result(30) is not None
+            finally:
+                client.close()
+        pids = [doc["etcd"]["pid"]] + [b["pid"] for b in doc["bookies"]]
+        assert sorted(pids) == sorted(procs.children_of(proc.pid))
+        assert doc["tls"] is None and doc["data_dir"] == str(tmp_path / "json")
+        # docs/operations.md shows the document: it names exactly these keys
+        shown = documented_json_keys()
+        assert set(doc) | set(doc["etcd"]) | set(doc["bookies"][0]) == shown
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=HANG_GUARD)
+        procs.terminate(proc, grace=0)
+    assert proc.returncode == 0
+    assert rest == ""                           # the document is all there is on stdout
+    assert_all_gone(pids + [proc.pid])
 
 
 def test_listbookies_without_uri_is_a_clear_error():

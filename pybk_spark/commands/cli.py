@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 import threading
+from typing import Any
 
 from pybk_spark import errors
 from pybk_spark.admin import shell_common
@@ -54,13 +55,18 @@ def _standalone_args(p: argparse.ArgumentParser) -> None:
 def _standalone(args: argparse.Namespace) -> int:
     """Exit 0 after a clean stop; 2 when refused to start because another
     process runs a cluster on the data dir (one line naming its pid); 1 when
-    a child failed to start (its reason and log path on the first line)."""
+    a child failed to start (its reason and log path on the first line).
+    The metadata URI is printed only once etcd and every bookie serve
+    (registered and answering on their addresses, cluster/serving.py);
+    with ``--json`` it is one JSON document, the only thing on stdout."""
     from pybk_spark.cluster.local import BookieStartError, LocalCluster
+    from pybk_spark.cluster.serving import wait_serving
     if args.bookies < 1:
         raise errors.IncorrectParameter("--bookies must be >= 1")
-    bookie_conf, client_lines = args.bookie_conf, list[str]()
+    as_json = getattr(args, "json", False)
+    bookie_conf, tls_info = args.bookie_conf, dict[str, Any]()
     if args.tls:
-        bookie_conf, client_lines = _standalone_tls(args)
+        bookie_conf, tls_info = _standalone_tls(args)
     cluster = LocalCluster(args.data_dir, num_bookies=args.bookies, scope=args.scope,
                            bookie_conf=bookie_conf)
     try:
@@ -69,6 +75,7 @@ def _standalone(args: argparse.Namespace) -> int:
         print(f"pybk standalone: refusing to start: {exc}", file=sys.stderr, flush=True)
         return 2
     stop = threading.Event()
+    status = sys.stderr if as_json else sys.stdout     # --json: stdout holds the document only
 
     def on_signal(signum, _frame):
         if not stop.is_set():
@@ -79,14 +86,19 @@ def _standalone(args: argparse.Namespace) -> int:
     rc = 0
     try:
         cluster.start()
-        print(f"metadataServiceUri={cluster.metadata_uri}", flush=True)
-        for bid in cluster.bookie_ids:
-            print(f"bookie {bid} {cluster.bookie_address(bid)} pid={cluster.bookie_pid(bid)}",
-                  flush=True)
-        for line in client_lines:
-            print(line, flush=True)
-        print(f"standalone ready: etcd pid={cluster.etcd.pid} data_dir={cluster.data_dir} "
-              "(Ctrl-C or SIGTERM to stop)", flush=True)
+        regs = wait_serving(cluster, _probe_tls(tls_info))
+        ready = (f"standalone ready: etcd pid={cluster.etcd.pid} data_dir={cluster.data_dir} "
+                 "(Ctrl-C or SIGTERM to stop)")
+        if as_json:
+            print(json.dumps(_standalone_document(cluster, regs, tls_info)), flush=True)
+        else:
+            print(f"metadataServiceUri={cluster.metadata_uri}", flush=True)
+            for reg in regs:
+                bid = reg["bookie_id"]
+                print(f"bookie {bid} {reg['address']} pid={cluster.bookie_pid(bid)}", flush=True)
+            for line in _tls_lines(tls_info):
+                print(line, flush=True)
+        print(ready, file=status, flush=True)
         while not stop.wait(1.0):
             pass
     except KeyboardInterrupt:
@@ -100,12 +112,40 @@ def _standalone(args: argparse.Namespace) -> int:
         cluster.stop()
         for s, handler in previous.items():
             signal.signal(s, handler)
-        print("standalone stopped", flush=True)
+        print("standalone stopped", file=status, flush=True)
     return rc
 
 
-def _standalone_tls(args: argparse.Namespace) -> tuple[dict, list[str]]:
-    """(bookie conf with TLS on, lines telling clients how to connect)."""
+def _port(address: str) -> int | None:
+    return int(address.rsplit(":", 1)[1]) if address and ":" in address else None
+
+
+def _standalone_document(cluster, regs: list[dict], tls_info: dict) -> dict:
+    """What ``pybk --json standalone`` prints once the cluster serves."""
+    bookies = []
+    for reg in regs:
+        bid, lane = reg["bookie_id"], reg.get("add_lane_address") or ""
+        bookies.append({"bookie_id": bid, "address": reg["address"],
+                        "port": _port(reg["address"]), "add_lane_address": lane,
+                        "lane_port": _port(lane), "metrics_port": reg.get("metrics_port") or None,
+                        "state": reg.get("state", "writable"), "pid": cluster.bookie_pid(bid)})
+    return {"metadataServiceUri": cluster.metadata_uri,
+            "etcd": {"pid": cluster.etcd.pid, "client_port": cluster.etcd.client_port},
+            "data_dir": str(cluster.data_dir), "bookies": bookies, "tls": tls_info or None}
+
+
+def _probe_tls(tls_info: dict):
+    """The client TLS the readiness probe connects with (None: plaintext)."""
+    if not tls_info:
+        return None
+    from pybk_spark.config import load_client_conf
+    from pybk_spark.transport.tls import ClientTls
+    return ClientTls.from_conf(load_client_conf(tls_info["client_conf_file"]))
+
+
+def _standalone_tls(args: argparse.Namespace) -> tuple[dict, dict[str, Any]]:
+    """(bookie conf with TLS on, how clients connect: their conf keys, conf
+    files and Spark options)."""
     from pybk_spark.cluster import certs
     try:
         files = certs.ensure_cert_files(os.path.join(args.data_dir, "tls"))
@@ -119,15 +159,23 @@ def _standalone_tls(args: argparse.Namespace) -> tuple[dict, list[str]]:
     conf.update(files.bookie_conf())
     confs = certs.write_client_confs(files)
     client = files.client_conf(certs.WRITER)
-    lines = ["tls: client settings (conf/client.conf keys): "
-             + " ".join(f"{k}={v}" for k, v in client.items()),
-             f"tls: client conf file: {confs['client.conf']} (pybk --client-conf, "
-             f"BookKeeper(uri, conf=path)); operator: {confs['operator.conf']}",
-             "tls: Spark options: " + " ".join(
-                 f"{opt}={client[key]}" for opt, key in (("tls.caFile", "tls_ca_file"),
-                                                        ("tls.certFile", "tls_cert_file"),
-                                                        ("tls.keyFile", "tls_key_file")))]
-    return conf, lines
+    spark = {opt: client[key] for opt, key in (("tls.caFile", "tls_ca_file"),
+                                               ("tls.certFile", "tls_cert_file"),
+                                               ("tls.keyFile", "tls_key_file"))}
+    return conf, {"client_settings": client, "client_conf_file": str(confs["client.conf"]),
+                  "operator_conf_file": str(confs["operator.conf"]), "spark_options": spark}
+
+
+def _tls_lines(tls_info: dict) -> list[str]:
+    """The text form of ``_standalone_tls``'s client settings."""
+    if not tls_info:
+        return []
+    return ["tls: client settings (conf/client.conf keys): "
+            + " ".join(f"{k}={v}" for k, v in tls_info["client_settings"].items()),
+            f"tls: client conf file: {tls_info['client_conf_file']} (pybk --client-conf, "
+            f"BookKeeper(uri, conf=path)); operator: {tls_info['operator_conf_file']}",
+            "tls: Spark options: " + " ".join(
+                f"{opt}={v}" for opt, v in tls_info["spark_options"].items())]
 
 
 # -- listbookies -------------------------------------------------------------------------

@@ -231,6 +231,10 @@ class GrpcTransportPool(TransportPool):
         self._clock = clock
         self._lock = threading.Lock()
         self._clients: dict[str, BookieClient] = {}
+        # the last registration seen of each bookie id, kept while it is absent
+        # from the registry; one entry per id, like _clients
+        self._known: dict[str, dict] = {}
+        self._stale: dict[str, _LastKnownAddress] = {}    # clients built from _known
         self._stop = threading.Event()
         self._watchdog: threading.Thread | None = None
 
@@ -238,7 +242,8 @@ class GrpcTransportPool(TransportPool):
         interval = min(1.0, max(0.05, min(self._timeout, self._idle_close_s) / 10))
         while not self._stop.wait(interval):
             with self._lock:
-                clients = list(self._clients.values())
+                clients: list[BookieClient | _LastKnownAddress] = [*self._clients.values(),
+                                                                   *self._stale.values()]
             for c in clients:
                 c.expire()
 
@@ -249,17 +254,29 @@ class GrpcTransportPool(TransportPool):
             return client
         reg = registration_of(self._store, bookie_id)
         if reg is None or not reg.get("address"):
-            return _Unavailable(bookie_id)
+            return self._last_known(bookie_id)
+        with self._lock:
+            self._known[bookie_id] = reg
+            stale = self._stale.pop(bookie_id, None)
+        if stale is not None:
+            _close_later(stale)
         mismatch = _tls_mismatch(bool(reg.get("tls")), self._tls is not None)
         if mismatch:
             return _Unavailable(bookie_id, errors.TlsError(mismatch, bookie=bookie_id))
+        return self._cache(self._clients, bookie_id, self._client_for(bookie_id, reg))
+
+    def _client_for(self, bookie_id: str, reg: dict) -> BookieClient:
         lane = reg.get("add_lane_address") or ""
-        client = BookieClient(reg["address"], self._max, self._timeout, bookie_id, self._clock,
-                              self._idle_close_s, lane if self._use_lane else "",
-                              lambda: self._lane_address(bookie_id),
-                              lane if self._read_lane else "", self._tls)
+        return BookieClient(reg["address"], self._max, self._timeout, bookie_id, self._clock,
+                            self._idle_close_s, lane if self._use_lane else "",
+                            lambda: self._lane_address(bookie_id),
+                            lane if self._read_lane else "", self._tls)
+
+    def _cache(self, table: dict, bookie_id: str, client):
+        """Put ``client`` in ``table`` unless another thread was first (then
+        close ours and return theirs); starts the watchdog."""
         with self._lock:
-            old = self._clients.setdefault(bookie_id, client)
+            old = table.setdefault(bookie_id, client)
             if self._watchdog is None and not self._stop.is_set():
                 self._watchdog = threading.Thread(target=self._watch, daemon=True,
                                                   name="pybk-add-watchdog")
@@ -268,24 +285,53 @@ class GrpcTransportPool(TransportPool):
             client.close()
         return old
 
+    def _last_known(self, bookie_id: str) -> BookieTransport:
+        """A bookie absent from the registry (restarting, or its lease lapsed
+        while etcd stalled) may still answer at the address it last
+        registered: reads go there (their answers are verified like any
+        other), writes fail as they would without the address."""
+        with self._lock:
+            stale = self._stale.get(bookie_id)
+            reg = self._known.get(bookie_id)
+        if stale is not None:
+            return stale
+        if reg is None or _tls_mismatch(bool(reg.get("tls")), self._tls is not None):
+            return _Unavailable(bookie_id)
+        return self._cache(self._stale, bookie_id,
+                           _LastKnownAddress(self._client_for(bookie_id, reg)))
+
     def _lane_address(self, bookie_id: str) -> str:
         reg = registration_of(self._store, bookie_id)
         return (reg or {}).get("add_lane_address") or ""
 
-    def invalidate(self, bookie_id: str) -> None:
+    def last_known_address(self, bookie_id: str) -> str:
+        """The gRPC address ``bookie_id`` last registered, as this pool saw
+        it ('' when never seen)."""
         with self._lock:
-            client = self._clients.pop(bookie_id, None)
-        if client is not None:
-            # never close in place: callers run in gRPC callbacks on the channel's
-            # own thread, and channel.close() waits for that thread (deadlock)
-            threading.Thread(target=client.close, name="pybk-close-channel", daemon=True).start()
+            return (self._known.get(bookie_id) or {}).get("address") or ""
+
+    def invalidate(self, bookie_id: str) -> None:
+        """Drop the connections to ``bookie_id`` (the next ``get`` reads the
+        registry again); its last known address is kept."""
+        with self._lock:
+            dropped = [self._clients.pop(bookie_id, None), self._stale.pop(bookie_id, None)]
+        for client in dropped:
+            if client is not None:
+                _close_later(client)
 
     def close(self) -> None:
         self._stop.set()
         with self._lock:
-            clients, self._clients = list(self._clients.values()), {}
+            clients = [*self._clients.values(), *self._stale.values()]
+            self._clients, self._stale = {}, {}
         for c in clients:
             c.close()
+
+
+def _close_later(client: BookieTransport) -> None:
+    # never close in place: callers run in gRPC callbacks on the channel's
+    # own thread, and channel.close() waits for that thread (deadlock)
+    threading.Thread(target=client.close, name="pybk-close-channel", daemon=True).start()
 
 
 def _tls_mismatch(bookie_tls: bool, client_tls: bool) -> str:
@@ -324,3 +370,61 @@ class _Unavailable(BookieTransport):
 
     def write_lac(self, *a, **k):
         return self._fail()
+
+
+class _LastKnownAddress(BookieTransport):
+    """A bookie absent from the registry, reached at the address it last
+    registered: reads and LAC reads (fencing ones included: a fence that
+    reaches a live bookie only makes recovery safer) go there; adds, explicit
+    LAC writes and pulls fail as for any unregistered bookie.  A read the
+    address does not answer fails with ``BookieUnavailable`` naming both."""
+
+    def __init__(self, client: BookieClient):
+        self.client = client
+        self.bookie_id = client.bookie_id
+        self.address = client.address
+
+    def _refused(self) -> Future:
+        return failed_future(errors.BookieUnavailable("bookie not registered",
+                                                      bookie=self.bookie_id))
+
+    def _unanswered(self, fut: Future) -> Future:
+        out: Future = Future()
+
+        def done(f: Future) -> None:
+            if f.cancelled():
+                out.cancel()
+                return
+            exc = f.exception()
+            if exc is None:
+                settle(out, lambda r: r, f.result())
+            elif isinstance(exc, errors.BookieUnavailable) and not isinstance(exc, errors.TlsError):
+                fail(out, errors.BookieUnavailable(
+                    f"bookie not registered, and its last known address {self.address} did "
+                    f"not answer: {exc}", bookie=self.bookie_id))
+            else:
+                fail(out, exc)
+        fut.add_done_callback(done)
+        out.add_done_callback(lambda o: fut.cancel() if o.cancelled() else None)
+        return out
+
+    def add(self, *a, **k):
+        return self._refused()
+
+    def write_lac(self, *a, **k):
+        return self._refused()
+
+    def pull(self, *a, **k):
+        return self._refused()
+
+    def read(self, *a, **k):
+        return self._unanswered(self.client.read(*a, **k))
+
+    def read_lac(self, *a, **k):
+        return self._unanswered(self.client.read_lac(*a, **k))
+
+    def expire(self) -> None:
+        self.client.expire()
+
+    def close(self) -> None:
+        self.client.close()
