@@ -15,6 +15,9 @@ MAY have taken effect.  Callers must treat it as "unknown", never as "failed".
 """
 from __future__ import annotations
 
+import difflib
+from typing import Iterable
+
 
 class BKError(Exception):
     """Base class.  ``code`` mirrors BookKeeper's BKException.Code."""
@@ -223,6 +226,23 @@ class LogTruncated(BKError):
 class SchemaMismatch(BKError):
     """DataFrame schema incompatible with the log's recorded schema."""
     code = -14
+
+
+def close_matches(word: str, candidates: Iterable[str], n: int = 3) -> list[str]:
+    """The ``candidates`` closest to ``word`` (compared case-insensitively,
+    difflib's ratio >= 0.6), best first, each in its own spelling: the
+    names a "did you mean" hint offers (option names, client settings, logs)."""
+    spelled: dict[str, str] = {}
+    for name in candidates:
+        spelled.setdefault(str(name).lower(), str(name))
+    return [spelled[m] for m in difflib.get_close_matches(str(word).lower(), sorted(spelled),
+                                                          n=n, cutoff=0.6)]
+
+
+def did_you_mean(word: str, candidates: Iterable[str], n: int = 3) -> str:
+    """``"did you mean 'a' or 'b'?"`` for the closest candidates; "" when none is close."""
+    close = close_matches(word, candidates, n)
+    return f"did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
 
 def unknown_outcome(exc: BKError) -> BKError:

@@ -128,7 +128,6 @@ def _read_password(path: str, what: str) -> str:
 
 
 def _args(p) -> None:
-    shell_common.add_metadata_uri(p)
     p.add_argument("--apply", action="store_true",
                    help="create the roles (and users) in etcd; without it, print the layout")
     p.add_argument("--per-bookie", action="append", default=[], metavar="BOOKIE_ID",
@@ -167,4 +166,6 @@ def _run(args) -> int:
 
 
 shell_common.register("etcd-roles", "print or --apply the least-privilege etcd roles "
-                      "(docs/operations.md, 'Securing etcd')", _args, _run)
+                      "(docs/operations.md, 'Securing etcd')", _args, _run,
+                      writes="only with --apply: etcd roles and users (with --enable-auth, "
+                             "etcd's authentication switch)")

@@ -11,7 +11,6 @@ from pybk_spark.metadata import keys
 
 # -- bookieinfo ----------------------------------------------------------------------------------
 def _bookieinfo_args(p):
-    shell_common.add_metadata_uri(p)
     p.add_argument("--bookie", help="only this bookie")
 
 
@@ -58,4 +57,4 @@ def _bookieinfo(args) -> int:
 
 
 shell_common.register("bookieinfo", "disk, mode and counts of every registered bookie",
-                      _bookieinfo_args, _bookieinfo)
+                      _bookieinfo_args, _bookieinfo, writes=None)

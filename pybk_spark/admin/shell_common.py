@@ -1,6 +1,6 @@
 """What every ``pybk`` subcommand module shares: the ``Command`` record, the
-registry ``register`` fills, and the helpers for ``--metadata-uri``,
-``--client-conf`` and output (``emit``).
+registry ``register`` fills, the global flags (``--json``, ``--metadata-uri``,
+``--client-conf``) and output (``emit``).
 
 ``pybk_spark.commands.cli`` builds the parser from the registry; the
 ``pybk_spark.admin.shell_*`` modules register their subcommands here when
@@ -11,37 +11,64 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import textwrap
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from pybk_spark import errors
 
 
+READS_ONLY = "Reads only."
+WRITES = "Writes: "
+
+
 @dataclass(frozen=True)
 class Command:
+    """A subcommand.  ``writes`` says what it changes (the metadata store,
+    bookies, files), or is None for a command that only reads; ``pybk CMD
+    --help`` shows it after ``help``."""
     name: str
     help: str
     add_arguments: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int]
+    writes: str | None
+
+    def description(self) -> str:
+        said = READS_ONLY if self.writes is None else f"{WRITES}{self.writes}."
+        return "\n\n".join(textwrap.fill(part, 78, break_on_hyphens=False)
+                             for part in (self.help, said))
 
 
 COMMANDS: list[Command] = []
 
 
-def register(name: str, help: str, add_arguments, run) -> None:
-    """Add (or replace) a subcommand."""
+def register(name: str, help: str, add_arguments, run, *, writes: str | None) -> None:
+    """Add (or replace) a subcommand; ``writes``: what it changes (None: it only reads)."""
     COMMANDS[:] = [c for c in COMMANDS if c.name != name]
-    COMMANDS.append(Command(name, help, add_arguments, run))
+    COMMANDS.append(Command(name, help, add_arguments, run, writes))
+
+
+# -- global flags ---------------------------------------------------------------------
+def add_global_flags(parser: argparse.ArgumentParser, *, top_level: bool) -> None:
+    """``--json``, ``--metadata-uri``, ``--client-conf``: on the top-level
+    parser (before the command) with their defaults, and on every
+    subcommand's parser (after it) without one, so that a flag given before
+    the command is not overwritten by the subcommand's default."""
+    def default(value):
+        return value if top_level else argparse.SUPPRESS
+    group = parser.add_argument_group(
+        "global options" if top_level else "global options (also accepted before the command)")
+    group.add_argument("--json", action="store_true", default=default(False),
+                       help="machine-readable output: one JSON document")
+    group.add_argument("--metadata-uri", default=default(os.environ.get("PYBK_METADATA_URI")),
+                       help="etcd://HOST:PORT[,HOST:PORT...]/SCOPE "
+                            "(default: $PYBK_METADATA_URI)")
+    group.add_argument("--client-conf", default=default(os.environ.get("PYBK_CLIENT_CONF")),
+                       help="client conf file (conf/client.conf: TLS files, operator = "
+                            "true, timeouts; default: $PYBK_CLIENT_CONF)")
 
 
 # -- helpers for subcommands --------------------------------------------------------
-def add_metadata_uri(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--metadata-uri", default=os.environ.get("PYBK_METADATA_URI"),
-                        help="etcd://HOST:PORT[,HOST:PORT...]/SCOPE "
-                             "(default: $PYBK_METADATA_URI)")
-    parser.add_argument("--client-conf", default=os.environ.get("PYBK_CLIENT_CONF"),
-                        help="client conf file (conf/client.conf: TLS files, operator = "
-                             "true, timeouts; default: $PYBK_CLIENT_CONF)")
 
 
 def client_conf(args: argparse.Namespace):

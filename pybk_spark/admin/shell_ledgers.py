@@ -25,7 +25,6 @@ def _md_dict(md) -> dict:
 
 # -- listledgers ---------------------------------------------------------------------------------
 def _listledgers_args(p):
-    shell_common.add_metadata_uri(p)
     p.add_argument("--bookie", help="only ledgers with a fragment on this bookie")
 
 
@@ -47,7 +46,6 @@ def _listledgers(args) -> int:
 
 # -- ledgermetadata ------------------------------------------------------------------------------
 def _ledger_id_arg(p):
-    shell_common.add_metadata_uri(p)
     p.add_argument("ledger_id", type=int, metavar="ID")
 
 
@@ -175,7 +173,6 @@ def _deleteledger(args) -> int:
 
 # -- simpletest ------------------------------------------------------------------------------------
 def _simpletest_args(p):
-    shell_common.add_metadata_uri(p)
     p.add_argument("--ensemble", "-e", type=int, default=3)
     p.add_argument("--write-quorum", "-w", type=int, default=2)
     p.add_argument("--ack-quorum", "-a", type=int, default=2)
@@ -215,10 +212,15 @@ def _simpletest(args) -> int:
 
 
 shell_common.register("listledgers", "list ledgers with state and ensemble", _listledgers_args,
-                      _listledgers)
-shell_common.register("ledgermetadata", "show one ledger's metadata", _ledger_id_arg, _ledgermetadata)
-shell_common.register("readledger", "print a ledger's entries", _readledger_args, _readledger)
+                      _listledgers, writes=None)
+shell_common.register("ledgermetadata", "show one ledger's metadata", _ledger_id_arg, _ledgermetadata,
+                      writes=None)
+shell_common.register("readledger", "print a ledger's entries", _readledger_args, _readledger,
+                      writes="only with --force-recovery: it fences the ledger on its bookies, "
+                             "recovers its last entries and closes it in its metadata (CAS)")
 shell_common.register("deleteledger", "delete a ledger (bookies garbage-collect its entries)",
-                      _ledger_id_arg, _deleteledger)
+                      _ledger_id_arg, _deleteledger,
+                      writes="deletes the ledger's metadata; bookies then delete its entries")
 shell_common.register("simpletest", "create, write, read back and delete a ledger", _simpletest_args,
-                      _simpletest)
+                      _simpletest, writes="a test ledger: created, written, read back and "
+                                          "deleted (kept with --keep)")

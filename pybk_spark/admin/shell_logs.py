@@ -44,7 +44,6 @@ def _listlogs(args) -> int:
 
 
 def _log_name_args(p):
-    shell_common.add_metadata_uri(p)
     p.add_argument("name", metavar="NAME")
 
 
@@ -161,6 +160,9 @@ def _readlog(args) -> int:
     return 0
 
 
-shell_common.register("listlogs", "list logs", lambda p: shell_common.add_metadata_uri(p), _listlogs)
-shell_common.register("logmetadata", "show a log's segments", _log_name_args, _logmetadata)
-shell_common.register("readlog", "print a log's records (optionally tail it)", _readlog_args, _readlog)
+shell_common.register("listlogs", "list logs", lambda p: None, _listlogs,
+                      writes=None)
+shell_common.register("logmetadata", "show a log's segments", _log_name_args, _logmetadata,
+                      writes=None)
+shell_common.register("readlog", "print a log's records (optionally tail it)", _readlog_args, _readlog,
+                      writes=None)

@@ -163,6 +163,7 @@ def _readjournal(args) -> int:
 
 
 shell_common.register("lastmark", "a bookie's checkpoint position (journal file and offset), offline",
-                      _data_dir_arg, _lastmark)
+                      _data_dir_arg, _lastmark, writes=None)
 shell_common.register("readjournal", "decode a bookie's journal files offline (records, types, "
-                      "ledger/entry ids)", _readjournal_args, _readjournal)
+                      "ledger/entry ids)", _readjournal_args, _readjournal,
+                      writes=None)

@@ -38,7 +38,6 @@ def _triggeraudit(args) -> int:
 
 
 def _delay_args(p):
-    shell_common.add_metadata_uri(p)
     g = p.add_mutually_exclusive_group()
     g.add_argument("--get", action="store_true", help="print the stored delay (default)")
     g.add_argument("--set", type=float, metavar="SECONDS",
@@ -66,7 +65,6 @@ def _lostbookierecoverydelay(args) -> int:
 
 
 def _ctl_args(p):
-    shell_common.add_metadata_uri(p)
     g = p.add_mutually_exclusive_group()
     g.add_argument("--enable", action="store_true", help="let autorecovery audit and repair")
     g.add_argument("--disable", action="store_true",
@@ -95,7 +93,6 @@ def _autorecoveryctl(args) -> int:
 
 # -- logs ------------------------------------------------------------------------------------------
 def _deletelog_args(p):
-    shell_common.add_metadata_uri(p)
     p.add_argument("name", metavar="NAME")
     p.add_argument("--force", action="store_true",
                    help="delete even while a writer holds the log (its next append fails)")
@@ -134,7 +131,6 @@ def _deletelog(args) -> int:
 
 
 def _truncatelog_args(p):
-    shell_common.add_metadata_uri(p)
     p.add_argument("name", metavar="NAME")
     p.add_argument("--before", type=int, required=True, metavar="LEDGER",
                    help="drop every (closed) segment before this ledger of the log")
@@ -151,7 +147,6 @@ def _truncatelog(args) -> int:
 
 
 def _logretention_args(p):
-    shell_common.add_metadata_uri(p)
     p.add_argument("name", metavar="NAME")
     p.add_argument("--ms", type=int, metavar="MS",
                    help="retention.ms: drop closed segments whose last entry is older (-1: no limit)")
@@ -186,7 +181,6 @@ def _logretention(args) -> int:
 
 # -- bookiesanity ------------------------------------------------------------------------------
 def _sanity_args(p):
-    shell_common.add_metadata_uri(p)
     p.add_argument("--bookie", required=True, metavar="ID", help="the bookie to test")
     p.add_argument("--entries", "-n", type=int, default=10)
 
@@ -255,19 +249,31 @@ def _updatecookie(args) -> int:
 
 
 shell_common.register("triggeraudit", "ask the autorecovery leader for an audit round now",
-                      lambda p: shell_common.add_metadata_uri(p), _triggeraudit)
+                      lambda p: None, _triggeraudit,
+                      writes="the audit request key audit/trigger (CAS)")
 shell_common.register("lostbookierecoverydelay", "get or set lostBookieRecoveryDelay (stored in the "
-                      "metadata store, honoured by autorecovery)", _delay_args, _lostbookierecoverydelay)
+                      "metadata store, honoured by autorecovery)", _delay_args, _lostbookierecoverydelay,
+                      writes="only with --set or --clear: the delay in audit/config (CAS)")
 shell_common.register("autorecoveryctl", "show autorecovery status; --enable / --disable it "
-                      "cluster-wide", _ctl_args, _autorecoveryctl)
+                      "cluster-wide", _ctl_args, _autorecoveryctl,
+                      writes="only with --enable or --disable: the switch in audit/config (CAS)")
 shell_common.register("deletelog", "delete a log and its ledgers (refused while a writer is active "
-                      "unless --force)", _deletelog_args, _deletelog)
+                      "unless --force)", _deletelog_args, _deletelog,
+                      writes="deletes the log's metadata (CAS), then its ledgers")
 shell_common.register("truncatelog", "drop a log's closed segments before a ledger and delete them",
-                      _truncatelog_args, _truncatelog)
+                      _truncatelog_args, _truncatelog,
+                      writes="the log's metadata without the dropped segments (CAS); deletes "
+                             "their ledgers")
 shell_common.register("logretention", "show or set a log's retention (retention.ms / "
                       "retention.bytes); --apply drops what has expired now",
-                      _logretention_args, _logretention)
+                      _logretention_args, _logretention,
+                      writes="with --ms or --bytes: the log's retention in its metadata (CAS); "
+                             "with --apply: drops expired segments (CAS) and deletes their "
+                             "ledgers")
 shell_common.register("bookiesanity", "write, read back and delete a ledger on one bookie (ensemble 1)",
-                      _sanity_args, _bookiesanity)
+                      _sanity_args, _bookiesanity,
+                      writes="a test ledger of ensemble 1 on the bookie: created, written, read "
+                             "back and deleted")
 shell_common.register("updatecookie", "how to record a moved bookie's address (bookie-server "
-                      "updatecookie)", lambda p: None, _updatecookie)
+                      "updatecookie)", lambda p: None, _updatecookie,
+                      writes=None)

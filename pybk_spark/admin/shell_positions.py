@@ -19,7 +19,6 @@ def _row(p, now: float) -> dict:
 
 
 def _positions_args(p):
-    shell_common.add_metadata_uri(p)
     p.add_argument("log", nargs="?", help="only this log's positions")
 
 
@@ -38,7 +37,6 @@ def _positions(args) -> int:
 
 
 def _drop_args(p):
-    shell_common.add_metadata_uri(p)
     p.add_argument("log", help="the log")
     p.add_argument("name", help="the position's name (pybk positions LOG lists them)")
 
@@ -58,6 +56,7 @@ def _drop(args) -> int:
 
 shell_common.register("positions", "list the positions registered by streaming queries (they hold "
                       "back log truncation) and exactly-once sinks (informational)", _positions_args,
-             _positions)
+                      _positions, writes=None)
 shell_common.register("dropposition", "drop a stale registered read position so that truncation "
-                      "may pass it", _drop_args, _drop)
+                      "may pass it", _drop_args, _drop,
+                      writes="deletes the position's key positions/LOG/NAME (CAS)")

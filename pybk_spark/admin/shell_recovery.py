@@ -50,7 +50,6 @@ def _progress(args) -> bool:
 
 # -- recover -----------------------------------------------------------------------------------
 def _recover_args(p):
-    shell_common.add_metadata_uri(p)
     p.add_argument("--log", help="only the ledgers of this log")
     p.add_argument("--ledger", type=int, action="append", default=None, metavar="ID",
                    help="only this ledger (repeatable)")
@@ -82,11 +81,11 @@ def _lost_bookie_timing_args(p):
 
 
 def rereplicate_arguments(p):
-    shell_common.add_metadata_uri(p)
     p.add_argument("--bookie", action="append", default=[], metavar="ID",
                    help="treat this bookie as lost (repeatable)")
     p.add_argument("--verify", action="store_true",
-                   help="afterwards check that every entry has its Qw replicas")
+                   help="afterwards check that every entry has its Qw replicas, and copy "
+                        "each one short of them (this writes to bookies)")
     _lost_bookie_timing_args(p)
     password_arg(p)
     parallel_arg(p)
@@ -105,7 +104,6 @@ def _rereplicate(args) -> int:
 
 # -- decommission -----------------------------------------------------------------------------
 def _decommission_args(p):
-    shell_common.add_metadata_uri(p)
     p.add_argument("--bookie", required=True, metavar="ID", help="bookie to decommission")
     p.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
                    help="grace before fencing open ledgers that still write to it")
@@ -157,7 +155,6 @@ def _bookies_of(bk, lid):
 
 # -- listunderreplicated ------------------------------------------------------------------------
 def _lur_args(p):
-    shell_common.add_metadata_uri(p)
     p.add_argument("--delay", type=float, default=0.0, metavar="SECONDS",
                    help="count a bookie as lost only after this long unregistered")
 
@@ -198,19 +195,28 @@ def _unregistered(bk) -> list[str]:
 
 
 shell_common.register("recover", "fence, recover and close ledgers whose writer is gone",
-                      _recover_args, _recover)
+                      _recover_args, _recover,
+                      writes="fences each ledger on its bookies, re-adds its last entries to "
+                             "a write quorum and closes it in its metadata (CAS)")
 shell_common.register("rereplicate", "re-replicate fragments of lost bookies (auditor + copy)",
-                      rereplicate_arguments, _rereplicate)
+                      rereplicate_arguments, _rereplicate,
+                      writes="the first-seen times of missing bookies (audit/missing/), entry "
+                             "copies on replacement bookies, each copied fragment's new ensemble "
+                             "in its ledger's metadata (CAS); after --grace it fences and closes "
+                             "an open ledger whose last fragment has a lost bookie; --verify also "
+                             "writes: it copies every entry it finds short of its Qw replicas")
 shell_common.register("decommission", "move every fragment off a bookie", _decommission_args,
-                      _decommission)
+                      _decommission,
+                      writes="the bookie's decommission mark (audit/decommissioned/), then as "
+                             "rereplicate: entry copies on other bookies and the ledgers' new "
+                             "ensembles (CAS); --cancel only removes the mark")
 shell_common.register("listunderreplicated", "fragments with a replica on a lost bookie, and "
                       "entries bookies lost to damage",
-                      _lur_args, _listunderreplicated)
+                      _lur_args, _listunderreplicated, writes=None)
 
 
 # -- autorecovery ------------------------------------------------------------------------------
 def _autorecovery_args(p):
-    shell_common.add_metadata_uri(p)
     p.add_argument("--interval", type=float, default=60.0, metavar="SECONDS",
                    help="time between audit rounds (default 60)")
     _lost_bookie_timing_args(p)
@@ -285,7 +291,11 @@ def _autorecovery(args) -> int:
 
 
 shell_common.register("autorecovery", "periodic auditor + re-replication daemon (leader-elected)",
-                      _autorecovery_args, _autorecovery)
+                      _autorecovery_args, _autorecovery,
+                      writes="the leadership key audit/leader (under a lease); each round, as "
+                             "rereplicate (and with --verify-every as its --verify), with "
+                             "--recover-abandoned as recover; logs' expired segments (retention) "
+                             "and their ledgers are deleted")
 
 
 def _reasons(by_reason: dict | None) -> str:

@@ -1,18 +1,24 @@
 """``pybk``: the operator's shell (``bookkeeper shell`` / ``localbookie`` analogue).
 
 Adding a subcommand: write ``add_arguments(parser)`` and ``run(args) -> int``
-and either append ``Command(name, help, add_arguments, run)`` to ``COMMANDS``
-below, or call ``shell_common.register(...)`` from a ``pybk_spark.admin.shell_*``
-module imported below (the import order is the order of ``pybk --help``).
+and either append ``Command(name, help, add_arguments, run, writes)`` to
+``COMMANDS`` below, or call ``shell_common.register(..., writes=...)`` from a
+``pybk_spark.admin.shell_*`` module imported below (the import order is the
+order of ``pybk --help``).  ``writes`` says what the command changes (None:
+it only reads); ``pybk CMD --help`` shows it.
 
 Conventions every subcommand follows:
-  * ``--metadata-uri`` (default ``$PYBK_METADATA_URI``) via ``add_metadata_uri``;
+  * the global flags ``--json``, ``--metadata-uri`` (default
+    ``$PYBK_METADATA_URI``) and ``--client-conf`` are accepted before or
+    after the command (``shell_common.add_global_flags``);
   * results through ``emit(args, data, text)``: ``pybk --json CMD`` prints the
     data as one JSON document, otherwise the text;
   * failures are ``pybk_spark.errors`` exceptions: ``main`` prints them (JSON
     with code when ``--json``) and exits 1, as it does an ``OSError`` (one
     line naming the file); bad usage exits 2, and so does
-    ``standalone`` refused because its data dir is in use.
+    ``standalone`` refused because its data dir is in use;
+  * stdout closed by its reader (``pybk ... | head``): ``main`` ends quietly
+    with exit status 141, as a process killed by SIGPIPE does.
 """
 from __future__ import annotations
 
@@ -26,7 +32,7 @@ from typing import Any
 
 from pybk_spark import errors
 from pybk_spark.admin import shell_common
-from pybk_spark.admin.shell_common import Command, add_metadata_uri, emit, open_store_from
+from pybk_spark.admin.shell_common import Command, emit, open_store_from
 from pybk_spark.metadata import keys
 # Each registers its subcommands when imported, in this order (that of ``pybk --help``).
 from pybk_spark.admin import shell_recovery  # noqa: F401  (the import registers)
@@ -180,7 +186,6 @@ def _tls_lines(tls_info: dict) -> list[str]:
 
 # -- listbookies -------------------------------------------------------------------------
 def _listbookies_args(p: argparse.ArgumentParser) -> None:
-    add_metadata_uri(p)
     p.add_argument("--readonly", action="store_true", help="list read-only bookies")
     p.add_argument("--all", action="store_true", help="list writable and read-only bookies")
 
@@ -216,27 +221,37 @@ def _listbookies(args: argparse.Namespace) -> int:
 COMMANDS: list[Command] = [
     Command("standalone", "run etcd + N bookies locally until Ctrl-C / SIGTERM (exit 2: "
             "data dir in use by another standalone, whose pid is named)",
-            _standalone_args, _standalone),
-    Command("listbookies", "list registered bookies", _listbookies_args, _listbookies),
+            _standalone_args, _standalone,
+            writes="DATA_DIR (etcd's and each bookie's data, their logs; with --tls a CA "
+                   "and certificates in DATA_DIR/tls) and the bookies' registrations"),
+    Command("listbookies", "list registered bookies", _listbookies_args, _listbookies,
+            writes=None),
 ]
 
 
 # -- entry point -----------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pybk", description="pybk-spark operator shell")
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    shell_common.add_global_flags(parser, top_level=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for cmd in [*COMMANDS, *shell_common.COMMANDS]:
-        p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
-        p.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
-                       help="machine-readable output")
+        p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.description(),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        shell_common.add_global_flags(p, top_level=False)
         cmd.add_arguments(p)
         p.set_defaults(_run=cmd.run)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        return _stdout_closed()
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -249,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"pybk {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        raise                        # stdout's reader is gone: main ends quietly
     except OSError as exc:           # a file or socket the operator named: one line, no traceback
         where = f" ({exc.filename})" if exc.filename else ""
         if getattr(args, "json", False):
@@ -258,6 +275,22 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"pybk {args.command}: {exc.strerror or exc}{where}", file=sys.stderr)
         return 1
+
+
+SIGPIPE_EXIT = 128 + signal.SIGPIPE      # 141: what a shell reports for a SIGPIPE'd process
+
+
+def _stdout_closed() -> int:
+    """``pybk ... | head``: the reader closed stdout.  Point stdout at
+    /dev/null so that the interpreter's flush at exit cannot fail again (no
+    "Exception ignored" traceback), and exit as a process killed by SIGPIPE."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):    # stdout is no file (in-process callers): nothing to redirect
+        pass
+    return SIGPIPE_EXIT
 
 
 if __name__ == "__main__":

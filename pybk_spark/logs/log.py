@@ -143,8 +143,18 @@ def _read(store, name: str) -> Optional[tuple[LogMetadata, int, _Chunks]]:
 def read_log(store, name: str) -> tuple[LogMetadata, int]:
     got = _read(store, name)
     if got is None:
-        raise errors.LogNotFound(f"no log named {name!r}")
+        raise errors.LogNotFound(f"no log named {name!r}{_log_hint(store, name)}")
     return got[0], got[1]
+
+
+def _log_hint(store, name: str) -> str:
+    """``"; did you mean 'x'?"`` from the existing logs' names ("" when none
+    is close, or when they cannot be listed: the error stays LogNotFound)."""
+    try:
+        hint = errors.did_you_mean(name, list_logs(store))
+    except errors.BKError:
+        return ""
+    return f"; {hint}" if hint else ""
 
 
 def read_or_create_log(store, name: str) -> tuple[LogMetadata, int]:

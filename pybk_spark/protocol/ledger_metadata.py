@@ -196,8 +196,15 @@ def new_ledger(ledger_id: int, ensemble: tuple[str, ...], write_quorum: int, ack
 
 
 def check_password(md: LedgerMetadata, password: bytes) -> None:
+    """``Unauthorized`` unless ``password`` is the ledger's; an empty one (none
+    given) is told apart from a wrong one, as its fix differs."""
     if md.password_check and md.password_check != key_check(password):
-        raise errors.Unauthorized("wrong password for ledger", ledger_id=md.ledger_id)
+        if not password:
+            raise errors.Unauthorized(
+                "no password given for a ledger that has one: set the 'password' option "
+                "(pybk: --password)", ledger_id=md.ledger_id)
+        raise errors.Unauthorized("wrong password for ledger: not the one it was created with",
+                                  ledger_id=md.ledger_id)
 
 
 def to_in_recovery(md: LedgerMetadata) -> LedgerMetadata:

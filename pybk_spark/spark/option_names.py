@@ -12,7 +12,7 @@ know is silently passed through, so a misspelt name would be ignored.
 :func:`check_names` refuses, with ``IncorrectParameter``, every name that is
 not valid for the operation at hand: a name valid for another operation is
 named as such ("applies to batch reads only"); any other name gets the
-closest valid names (``difflib``).  Names are compared case-insensitively
+closest valid names (``errors.did_you_mean``).  Names are compared case-insensitively
 and reported in their documented spelling.
 
 ``load()`` cannot tell a batch read from a stream read (Spark calls the same
@@ -24,7 +24,6 @@ Pure: no I/O.
 """
 from __future__ import annotations
 
-import difflib
 from typing import Iterable, Mapping
 
 from pybk_spark import errors
@@ -122,8 +121,8 @@ def check_names(options: Mapping[str, str], valid: tuple[str, ...], operation: s
         if where:
             raise errors.IncorrectParameter(
                 f"option {name!r} applies to {' and '.join(where)} only, not to {operation}")
-        close = difflib.get_close_matches(lowered, sorted(allowed), n=3, cutoff=0.6)
-        hint = (f"; did you mean {' or '.join(repr(spelling(c)) for c in close)}?" if close
+        close = errors.did_you_mean(key, valid)
+        hint = (f"; {close}" if close
                 else "; valid options: " + ", ".join(
                     sorted((n for n in valid if not n.startswith("_")), key=str.lower)))
         raise errors.IncorrectParameter(

@@ -98,8 +98,7 @@ def client_settings(options: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
             ClientConfig().with_overrides({key: value})
         except errors.IncorrectParameter:
             if key not in valid:
-                import difflib
-                close = difflib.get_close_matches(key, valid, n=2)
+                close = errors.close_matches(key, valid, n=2)
                 hint = f"; did you mean {' or '.join(repr('bk.' + c) for c in close)}?" \
                     if close else "; valid keys: " + ", ".join(valid)
                 raise errors.IncorrectParameter(
@@ -125,15 +124,18 @@ def client_overrides(options: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(merged.items()))
 
 
+BOOLEAN_SPELLINGS = ("true", "false")     # case-insensitive, as Spark's own options
+
+
 def parse_bool(name: str, text: Optional[str], default: bool) -> bool:
+    """A boolean option: ``true`` or ``false``, case-insensitively (docs/spark.md)."""
     if text is None:
         return default
     value = str(text).strip().lower()
-    if value in ("true", "1", "yes"):
-        return True
-    if value in ("false", "0", "no"):
-        return False
-    raise errors.IncorrectParameter(f"option {name!r} must be true or false, got {text!r}")
+    if value in BOOLEAN_SPELLINGS:
+        return value == "true"
+    raise errors.IncorrectParameter(f"option {name!r} must be true or false "
+                                    f"(case-insensitive), not {text!r}")
 
 
 def parse_positive_int(name: str, text: Optional[str], default: int, minimum: int = 1) -> int:

@@ -31,10 +31,10 @@ def parse_client_options(options: Mapping[str, str]) -> tuple:
     out = []
     for name, setting in TLS_OPTIONS:
         value = option(options, name)
+        if setting == "operator" and value is not None:     # a boolean: true/false only
+            value = "true" if parse_bool(name, value, False) else "false"
         if value is None or not str(value).strip():
             continue
-        if setting == "operator":
-            value = "true" if parse_bool(name, value, False) else "false"
         out.append((setting, str(value).strip()))
     have = dict(out)
     if (have.get("tls_cert_file") or have.get("tls_key_file")) and not have.get("tls_ca_file"):

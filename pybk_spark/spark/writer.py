@@ -102,8 +102,9 @@ def _prepare_log(bk, opts: WriteOptions, schema, overwrite: bool) -> str:
         if md.segments:
             raise errors.SchemaMismatch(
                 "log holds raw entries (written by a LogWriter/ledger client), not DataFrame "
-                "rows; append a DataFrame only to an empty or DataFrame log, or use "
-                "mode('overwrite')", log=opts.log)
+                "rows, so a DataFrame cannot be appended to it: write the DataFrame to "
+                "another log (a new one, or one written from DataFrames), or read this log "
+                "as it is (spark.read: its entries as binary 'payload' rows)", log=opts.log)
         return arrow_codec.encode_schema(schema)
     recorded = arrow_codec.decode_schema(md.schema)
     if not recorded.equals(schema):

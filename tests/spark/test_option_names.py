@@ -126,3 +126,26 @@ def test_streams_take_logs_and_log_pattern():
     refused(parse_stream_options, {"ledgers": "1"}, "'ledgers' applies to batch reads only")
     assert parse_load_options({"metadataServiceUri": URI, "logs": "a,b",
                                "maxTriggerDelay": "1m"}).logs == ("a", "b")
+
+
+READ_BOOLEANS = {"recovery": lambda o: o.recovery,
+                 "includeMetadata": lambda o: o.include_metadata,
+                 "failOnDataLoss": lambda o: o.fail_on_data_loss,
+                 "operator": lambda o: dict(o.client_conf)["operator"] == "true"}
+WRITE_BOOLEANS = {"mergeSchema": lambda o: o.merge_schema,
+                  "operator": lambda o: dict(o.client_conf)["operator"] == "true"}
+
+
+@pytest.mark.parametrize("parse, base, booleans", [
+    (parse_read_options, {"ledgers": "1"}, READ_BOOLEANS),
+    (parse_write_options, {"log": "x"}, WRITE_BOOLEANS),
+])
+def test_boolean_options_take_exactly_true_or_false(parse, base, booleans):
+    for name, value_of in booleans.items():
+        for text, want in (("true", True), ("FALSE", False), (" True ", True), ("false", False)):
+            assert value_of(parse({"metadataServiceUri": URI, **base, name: text})) is want
+        for text in ("yes", "no", "1", "0", "on", ""):
+            message = refused(parse, {**base, name: text},
+                              f"option {name!r} must be true or false (case-insensitive), "
+                              f"not {text!r}")
+            assert "\n" not in message

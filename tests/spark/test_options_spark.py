@@ -61,6 +61,10 @@ def test_wrong_password_fails_planning_on_the_driver(spark, bk, metadata_uri):
     text = _error_text(df.collect)
     assert "Unauthorized" in text and "wrong password" in text, text
     assert "Lost task" not in text and "Task 0" not in text, text     # no task ran
+    bare = (spark.read.format("bookkeeper").option("metadataServiceUri", metadata_uri)
+            .option("ledgers", str(lh.ledger_id)).load())
+    text = _error_text(bare.collect)
+    assert "no password given for a ledger that has one: set the 'password' option" in text, text
     right = (spark.read.format("bookkeeper").option("metadataServiceUri", metadata_uri)
              .option("ledgers", str(lh.ledger_id)).option("password", "secret").load())
     assert sorted(r.payload for r in right.collect()) == [b"a", b"b"]

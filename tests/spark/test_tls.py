@@ -14,7 +14,7 @@ pytestmark = pytest.mark.spark
 
 def test_options_parse_into_client_settings():
     got = parse_client_options({"TLS.CAFILE": "/ca.pem", "tls.certFile": "/c.pem",
-                                "tls.keyFile": "/k.pem", "operator": "yes"})
+                                "tls.keyFile": "/k.pem", "operator": "TRUE"})
     assert client_conf(got) == {"tls_ca_file": "/ca.pem", "tls_cert_file": "/c.pem",
                                 "tls_key_file": "/k.pem", "operator": "true"}
     assert parse_client_options({}) == () and client_conf(()) is None
@@ -23,7 +23,7 @@ def test_options_parse_into_client_settings():
     with pytest.raises(errors.IncorrectParameter, match="tls.keyFile"):
         parse_client_options({"tls.caFile": "/ca.pem", "tls.certFile": "/c.pem"})
     with pytest.raises(errors.IncorrectParameter, match="operator"):
-        parse_client_options({"operator": "maybe"})
+        parse_client_options({"operator": "yes"})
 
 
 @pytest.fixture(scope="module")
