@@ -30,7 +30,8 @@ from pybk_spark.spark.options import (parse_load_options, parse_read_options,
 from pybk_spark.spark.write_options import parse_write_options
 from pybk_spark.spark.multi_log import (BookKeeperMultiLogReader, common_schema, is_multi,
                                         log_names, with_log_column)
-from pybk_spark.spark.reader import BookKeeperBatchReader, check_schema, output_spark_schema
+from pybk_spark.spark.reader import (BookKeeperBatchReader, check_schema,
+                                     note_filters_not_pushed, output_spark_schema)
 from pybk_spark.spark import option_names as names
 from pybk_spark.spark.table_options import merged_options, with_table_options
 
@@ -89,13 +90,14 @@ class BookKeeperDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         opts = parse_read_options(self._options(schema, names.BATCH_READ))
+        note_filters_not_pushed()
         if is_multi(opts):
             table_schema, expected = _multi_schema(opts)
             check_schema(schema, expected)
             return BookKeeperMultiLogReader(opts, table_schema)
         table_schema = _table_schema(opts.metadata_uri, opts.log)
         check_schema(schema, output_spark_schema(table_schema, opts.include_metadata))
-        return BookKeeperBatchReader(opts, table_schema)   # pushFilters: reader.py
+        return BookKeeperBatchReader(opts, table_schema)
 
     # -- batch write -----------------------------------------------------------------------
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:

@@ -62,15 +62,10 @@ def resolve_range(view: LedgerView, start: int, end: int) -> tuple[int, int]:
     return max(first, 0), last
 
 
-def plan_ledger(view: LedgerView, start: int, end: int, max_entries: int,
-                entry_lo: int = 0, entry_hi: Optional[int] = None) -> list[Slice]:
-    """``entry_lo``/``entry_hi`` (inclusive) narrow the range further (pushed filters)."""
+def plan_ledger(view: LedgerView, start: int, end: int, max_entries: int) -> list[Slice]:
     if max_entries <= 0:
         raise ValueError("max_entries must be positive")
     first, last = resolve_range(view, start, end)
-    first = max(first, entry_lo)
-    if entry_hi is not None:
-        last = min(last, entry_hi)
     out: list[Slice] = []
     if first > last:
         return out
@@ -86,10 +81,10 @@ def plan_ledger(view: LedgerView, start: int, end: int, max_entries: int,
 
 
 def plan_slices(views: Sequence[LedgerView], starts: Iterable[int], ends: Iterable[int],
-                max_entries: int, entry_lo: int = 0, entry_hi: Optional[int] = None) -> list[Slice]:
+                max_entries: int) -> list[Slice]:
     out: list[Slice] = []
     for view, start, end in zip(views, starts, ends):
-        out.extend(plan_ledger(view, start, end, max_entries, entry_lo, entry_hi))
+        out.extend(plan_ledger(view, start, end, max_entries))
     return out
 
 

@@ -23,6 +23,16 @@ entries than planned raises ``ReadError``: a read never silently loses data.
 The next read window is fetched on a helper thread while Spark takes the
 current batch (``readAheadBatches``, read_ahead.py); order is unchanged.
 
+Filters are never pushed down: the readers keep DataSourceReader's own
+``pushFilters`` (every filter stays Spark's to apply), so they plan and read
+the same with ``spark.sql.python.filterPushdown.enabled`` on or off.  PySpark
+4.x keeps a pushed-down read plan (partitions and the pickled reader) on the
+data source object that every query over the same DataFrame shares: a query
+with no filter to push reuses the plan the last filtered one narrowed, and
+reads too few rows, however fresh each reader is.  A plan narrowed by
+filters is therefore never right to make; :func:`note_filters_not_pushed`
+says so once per process.
+
 DataSource and reader objects are pickled between processes, so no client is
 held on them; each Python worker keeps one lazily opened client per
 metadata URI (workers are reused across tasks), and freezes its long-lived
@@ -30,7 +40,8 @@ objects out of the garbage collector once (Spark collects after every task).
 """
 from __future__ import annotations
 
-import dataclasses
+import functools
+import logging
 from typing import Any, Iterator, Optional
 
 import pyarrow as pa
@@ -42,7 +53,6 @@ from pybk_spark.spark import arrow_codec, data_loss
 from pybk_spark.spark.client_cache import close_handle, drop_client, open_handle, worker_client
 from pybk_spark.spark.options import ReadOptions
 from pybk_spark.spark.planning import LedgerView, Slice, plan_slices, split_to_min
-from pybk_spark.spark.pushdown import Bounds, push
 from pybk_spark.protocol.ledger_metadata import check_password
 from pybk_spark.spark.read_ahead import read_ahead
 from pybk_spark.logs.log_reader import with_append_time
@@ -61,6 +71,8 @@ RAW_ARROW_SCHEMA = pa.schema([
     pa.field("payload", pa.binary(), nullable=True),
     pa.field("timestamp", pa.timestamp("us", tz="UTC"), nullable=True),
 ])
+
+LOG = logging.getLogger("pybk_spark.spark")
 
 CLOSED_STATE = "CLOSED"
 LAC_CATCH_UP_TIMEOUT_S = 30.0
@@ -223,12 +235,8 @@ def resolve_ledgers(bk, opts: ReadOptions) -> tuple[int, ...]:
     return ids
 
 
-def plan(bk, opts: ReadOptions, ledger_ids, bounds: Bounds = Bounds()) -> list[Slice]:
-    """Slices to read; ``bounds`` (pushed filters) drop ledgers before any I/O
-    on them (no LAC read, no recovery) and narrow the entry range."""
-    ledger_ids = [lid for lid in ledger_ids if bounds.allows_ledger(lid)]
-    if bounds.entry_hi is not None and bounds.entry_hi < bounds.entry_lo:
-        return []
+def plan(bk, opts: ReadOptions, ledger_ids) -> list[Slice]:
+    """Slices to read: every readable entry the options select."""
     views, kept = [], []
     for lid in ledger_ids:
         view = _view_or_data_loss(bk, lid, opts)
@@ -238,8 +246,7 @@ def plan(bk, opts: ReadOptions, ledger_ids, bounds: Bounds = Bounds()) -> list[S
     from pybk_spark.spark import time_seek
     starts, ends = time_seek.resolve(bk, opts, views, [opts.start_for(lid) for lid in kept],
                                      [opts.end_for(lid) for lid in kept])   # times -> entries
-    slices = plan_slices(views, starts, ends,
-                         opts.max_entries_per_partition, bounds.entry_lo, bounds.entry_hi)
+    slices = plan_slices(views, starts, ends, opts.max_entries_per_partition)
     return split_to_min(slices, opts.min_partitions)
 
 
@@ -318,46 +325,28 @@ def read_partition(partition: LedgerSlicePartition, opts: ReadOptions,
         raise
 
 
-class _OptionalPushFilters:
-    """``pushFilters`` that Spark may call or not: the reader plans right either way.
-
-    Spark calls ``pushFilters`` only when ``spark.sql.python.filterPushdown.enabled``
-    is true (PySpark's documented call order: ``reader()``, then ``pushFilters``,
-    then ``partitions()``); a source never sees that setting.  With it off,
-    PySpark refuses a reader that overrides ``pushFilters`` (plan_data_source_read:
-    ``reader.pushFilters.__func__ is not DataSourceReader.pushFilters`` ->
-    DATA_SOURCE_PUSHDOWN_DISABLED), because a source that *needs* its filters
-    would silently return too many rows.  Ours never needs them (unpushed
-    filters are applied by Spark), so the bound method reports the base
-    method as its ``__func__``: with pushdown off Spark accepts the reader and
-    never calls it; with pushdown on Spark calls it and the reader prunes."""
-
-    def __get__(self, reader, owner=None):
-        return self if reader is None else _BoundPushFilters(reader)
-
-
-class _BoundPushFilters:
-    def __init__(self, reader):
-        self.__self__ = reader
-        self.__func__ = DataSourceReader.pushFilters   # what Spark's "disabled" check compares
-
-    def __call__(self, filters):
-        return self.__self__.push_filters(filters)
+@functools.cache
+def note_filters_not_pushed() -> None:
+    """Once per process: the batch readers leave every filter to Spark."""
+    import pyspark
+    LOG.info("bookkeeper source (pyspark %s): filters are not pushed down, because PySpark "
+             "keeps a pushed-down read plan on the data source that every query over the "
+             "same DataFrame shares; Spark applies every filter after the read "
+             "(docs/spark.md, 'Filter pushdown')", pyspark.__version__)
 
 
 class BookKeeperBatchReader(DataSourceReader):
+    """No ``pushFilters`` of its own: see the module docstring."""
+
     def __init__(self, opts: ReadOptions, table_schema: Optional[str] = None):
         self.opts = opts
         self.table_schema = table_schema          # None: raw ledgers
-        self.bounds = Bounds()
-
-    pushFilters = _OptionalPushFilters()          # called only with pushdown on
 
     def partitions(self) -> list[InputPartition]:
         bk = PlanningClient(self.opts.metadata_uri, self.opts.client_conf)
         try:
             ledger_ids = resolve_ledgers(bk, self.opts)
-            return [LedgerSlicePartition.of(s) for s in plan(bk, self.opts, ledger_ids, self.bounds)]
+            return [LedgerSlicePartition.of(s) for s in plan(bk, self.opts, ledger_ids)]
         finally:
             bk.close()
 
@@ -368,27 +357,3 @@ class BookKeeperBatchReader(DataSourceReader):
 
     def _read(self, partition: LedgerSlicePartition) -> Iterator[pa.RecordBatch]:
         return read_partition(partition, self.opts, self.table_schema)
-
-    def push_filters(self, filters):
-        """Filters on ledger_id / entry_id (pushdown.py) -> ``self.bounds``;
-        returns those Spark must still apply."""
-        if self.table_schema is None:
-            self.bounds, unhandled = push(filters)
-            return iter(unhandled)
-        if not self.opts.include_metadata:
-            return iter(filters)               # the table's own columns: nothing to prune by
-        # DataFrame logs: position columns _ledger_id/_entry_id prune like the raw ones
-        renamed, originals = [], {}
-        for f in filters:
-            column = tuple(getattr(f, "attribute", ()))
-            target = {(arrow_codec.META_LEDGER,): ("ledger_id",),
-                      (arrow_codec.META_ENTRY,): ("entry_id",)}.get(column)
-            if target is None:
-                originals.setdefault(id(f), f)
-                renamed.append(f)
-                continue
-            g = dataclasses.replace(f, attribute=target)
-            originals[id(g)] = f
-            renamed.append(g)
-        self.bounds, unhandled = push(renamed)
-        return iter([originals[id(g)] for g in unhandled])

@@ -139,29 +139,6 @@ def test_to_raw_batch_casts_and_relabels_exactly():
     assert out.column(3).to_pylist() == [None, None]
 
 
-# -- filter pushdown ---------------------------------------------------------------------------------
-def test_pushdown_folds_exact_filters_and_returns_the_rest():
-    from pyspark.sql.datasource import (EqualTo, GreaterThan, GreaterThanOrEqual, In, IsNotNull,
-                                        LessThan, LessThanOrEqual, StringContains)
-    from pybk_spark.spark.pushdown import Bounds, push
-    filters = [In(("ledger_id",), (4, 6, 9)), LessThanOrEqual(("ledger_id",), 6),
-               GreaterThanOrEqual(("entry_id",), 45), LessThan(("entry_id",), 60),
-               IsNotNull(("entry_id",)), IsNotNull(("payload",)),
-               StringContains(("payload",), "x"), In(("entry_id",), (50, 52)),
-               GreaterThan(("entry_id",), 2.5)]
-    bounds, unhandled = push(filters)
-    assert unhandled == [IsNotNull(("payload",)), StringContains(("payload",), "x"),
-                         In(("entry_id",), (50, 52)), GreaterThan(("entry_id",), 2.5)]
-    assert [x for x in range(12) if bounds.allows_ledger(x)] == [4, 6]
-    assert (bounds.entry_lo, bounds.entry_hi) == (50, 52)     # In narrows conservatively
-    view = LedgerView(4, ((0, 49, B1), (50, -1, B2)), 120)
-    slices = plan_ledger(view, EARLIEST, LATEST, 100, bounds.entry_lo, bounds.entry_hi)
-    assert [(s.first, s.last) for s in slices] == [(50, 52)]
-    eq, _ = push([EqualTo(("entry_id",), 7), EqualTo(("ledger_id",), 3)])
-    assert (eq.entry_lo, eq.entry_hi, eq.allows_ledger(3), eq.allows_ledger(4)) == (7, 7, True, False)
-    assert push([])[0] == Bounds()
-
-
 def test_load_path_is_shorthand_for_ledgers_and_user_schema_must_be_raw():
     from pyspark.sql.types import LongType, StructField, StructType
     from pybk_spark.spark.reader import RAW_SCHEMA, check_schema

@@ -119,44 +119,6 @@ def test_starting_and_ending_offsets(spark, metadata_uri, two_ledgers):
     assert load(spark, metadata_uri, [a], startingOffsets="latest").count() == 0
 
 
-def test_filter_pushdown_prunes_ledgers_and_entries(spark, metadata_uri, two_ledgers):
-    a, b, expected = two_ledgers
-    want = [r for r in expected if r[0] == a and 100 <= r[1] <= 149]
-    query = f"ledger_id = {a} AND entry_id BETWEEN 100 AND 149"
-    assert rows_of(load(spark, metadata_uri, [a, b]).where(query)) == want     # pushdown off
-    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
-    try:
-        df = load(spark, metadata_uri, [a, b], maxEntriesPerPartition="20").where(query)
-        assert df.rdd.getNumPartitions() == 3          # 100-119, 120-139, 140-149 of ledger a only
-        assert rows_of(df) == want
-        # pushdown on, nothing Spark can push (a payload filter): planned as a plain read
-        assert load(spark, metadata_uri, [a, b]).where("payload IS NOT NULL").count() \
-            == len(expected)
-    finally:
-        spark.conf.unset("spark.sql.python.filterPushdown.enabled")
-    spark.conf.set("spark.sql.python.filterPushdown.enabled", "false")    # explicitly off
-    try:
-        df = load(spark, metadata_uri, [a, b], maxEntriesPerPartition="20").where(query)
-        assert df.rdd.getNumPartitions() == 19         # nothing pruned: 13 + 6 slices
-        assert rows_of(df) == want
-    finally:
-        spark.conf.unset("spark.sql.python.filterPushdown.enabled")
-
-
-def test_pushdown_decided_by_spark_calling_push_filters(metadata_uri, two_ledgers):
-    """No call-stack inspection: the same reader serves both Spark paths.  Spark's
-    'pushdown disabled' check (plan_data_source_read) accepts it, and a
-    pushFilters call (pushdown on) prunes the plan."""
-    from pyspark.sql.datasource import DataSourceReader, EqualTo
-    a, b, _ = two_ledgers
-    source = BookKeeperDataSource({"metadataServiceUri": metadata_uri, "ledgers": f"{a},{b}"})
-    reader = source.reader(source.schema())
-    assert getattr(reader.pushFilters, "__func__", None) is DataSourceReader.pushFilters
-    assert len(reader.partitions()) == 2                   # not called: both ledgers
-    assert list(reader.pushFilters([EqualTo(("ledger_id",), b)])) == []
-    assert {p.ledger_id for p in reader.partitions()} == {b}
-
-
 def test_open_ledger_reads_prefix_up_to_lac_then_recovery_closes_it(spark, metadata_uri, bk):
     payloads = payloads_for(b"open", 60)
     lh = write_ledger(bk, payloads[:50], close=False)
