@@ -142,12 +142,11 @@ def run_rereplicate(bk, metadata_uri: str, mapper: Mapper, *, bookies: Iterable[
             if got["copied"]:
                 filled.append({"ledger": got["ledger"], "copied": got["copied"],
                                "entries": got["entries"]})
-    damaged_copied = sum(r["copied"] for r in damaged)
-    report = {"lost": sorted(result.lost), "fenced": fenced, "deferred": result.deferred,
-              "copies": copies, "summary": summary, "ledgers": result.ledgers,
-              "damaged": damaged,
-              "entries_copied": {"fragments": summary["entries"], "damaged": damaged_copied,
-                                 "verify": sum(r["copied"] for r in filled)}}
+    totals = {"fragments": summary["entries"], "damaged": sum(r["copied"] for r in damaged),
+              "verify": sum(r["copied"] for r in filled)}
+    report: dict = {"lost": sorted(result.lost), "fenced": fenced,
+                    "deferred": result.deferred, "copies": copies, "summary": summary,
+                    "ledgers": result.ledgers, "damaged": damaged, "entries_copied": totals}
     if verify:
         report["under_replicated"] = under
         report["verify_copied"] = filled
@@ -175,7 +174,6 @@ def run_rereplicate(bk, metadata_uri: str, mapper: Mapper, *, bookies: Iterable[
                          table(filled, ["ledger", "copied", "entries"]))
         lines.append("verify: " + ("every entry has its Qw replicas" if not under else
                                    "UNDER-REPLICATED:\n" + table(under, rr.VERIFY_COLUMNS)))
-    totals = report["entries_copied"]
     lines.append(f"entries copied in all: {sum(totals.values())} (re-replicated fragments "
                  f"{totals['fragments']}, damage repair {totals['damaged']}, "
                  f"verify fill-ins {totals['verify']})")

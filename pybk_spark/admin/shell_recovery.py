@@ -181,10 +181,10 @@ def _listunderreplicated(args) -> int:
         rows += [{"ledger": lid, "fragment": f"entries {first}-{'end' if last < 0 else last}",
                   "bookie": bookie, "state": "damaged"} for lid, first, last in ranges]
         if unattributed:      # its data was lost (formatted, damage it could not name)
-            named = {lid for lid, _f, _l in ranges}
+            in_ranges = {lid for lid, _f, _l in ranges}
             rows += [{"ledger": lid, "fragment": "any", "bookie": bookie,
                       "state": "damaged (unattributed)"}
-                     for lid in holding.get(bookie, []) if lid not in named]
+                     for lid in holding.get(bookie, []) if lid not in in_ranges]
     data = {"lost": sorted(res.lost), "under_replicated": rows}
     text = (f"lost/unregistered bookies: {', '.join(sorted(res.lost)) or '(none)'}\n"
             + table(rows, ["ledger", "fragment", "bookie", "state"],

@@ -30,7 +30,9 @@ id formatted before any instance was recorded is covered too.
 from __future__ import annotations
 
 import json
-from typing import Optional
+from typing import Any, Optional
+
+Record = dict[str, Any]          # {"instance_id": str, "since": float}
 
 INSTANCES_PREFIX = "bookies/instances/"
 MAX_KEPT = 16
@@ -40,7 +42,7 @@ def instances_key(bookie_id: str) -> str:
     return INSTANCES_PREFIX + bookie_id
 
 
-def parse(raw: Optional[bytes]) -> list[dict]:
+def parse(raw: Optional[bytes]) -> list[Record]:
     """The recorded instances, oldest first ([] for none or an unreadable value)."""
     if not raw:
         return []
@@ -52,11 +54,11 @@ def parse(raw: Optional[bytes]) -> list[dict]:
     return [i for i in items if isinstance(i, dict) and i.get("instance_id")]
 
 
-def value(history: list[dict]) -> bytes:
+def value(history: list[Record]) -> bytes:
     return json.dumps({"instances": history[-MAX_KEPT:]}).encode()
 
 
-def with_instance(history: list[dict], instance_id: str, now: float) -> list[dict]:
+def with_instance(history: list[Record], instance_id: str, now: float) -> list[Record]:
     """``history`` with ``instance_id`` as its newest entry (unchanged when it
     already is)."""
     if not instance_id:
@@ -66,7 +68,7 @@ def with_instance(history: list[dict], instance_id: str, now: float) -> list[dic
     return (list(history) + [{"instance_id": instance_id, "since": now}])[-MAX_KEPT:]
 
 
-def data_lost(history: list[dict], instance_id: str) -> bool:
+def data_lost(history: list[Record], instance_id: str) -> bool:
     """True when an instance other than ``instance_id`` was recorded before
     it: the bookie id held data that this instance does not have."""
     earlier = []
@@ -77,6 +79,6 @@ def data_lost(history: list[dict], instance_id: str) -> bool:
     return any(i.get("instance_id") != instance_id for i in earlier)
 
 
-def current(history: list[dict]) -> str:
+def current(history: list[Record]) -> str:
     """The newest recorded instance id ("" for none)."""
     return str(history[-1].get("instance_id", "")) if history else ""
