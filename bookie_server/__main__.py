@@ -3,7 +3,8 @@
     bookie-server --conf conf/bookie.conf [--port N] [--data-dir DIR]
                   [--metadata-uri etcd://HOST:PORT/SCOPE] [--bookie-id ID]
                   [--metrics-port N]
-    bookie-server format --conf ... [--metadata-uri ...]   # delete cookie + data
+    bookie-server format --conf ... [--metadata-uri ...] [--yes]  # delete cookie + data
+                                       # (--yes: confirmed, for a data dir that holds any)
     bookie-server updatecookie --conf ... [same flags] [--yes]  # the bookie moved:
                                        # record its new advertised address in the cookie
 
@@ -28,7 +29,13 @@ setting; a wildcard advertised address, or a loopback one with the
 metadata store on another host), data dir locked by another process (its pid is named), a port
 in use (the port and its setting are named), the bookie id registered by
 another live bookie, an invalid cookie (also: the advertised address
-changed), updatecookie not confirmed; 3 metadata store unavailable.
+changed), updatecookie or format not confirmed; 3 metadata store unavailable.
+
+Format: the bookie id stays named in the ensembles of every ledger it held,
+so ``format`` marks the id's data lost (bookie_server/cookie.py,
+``mark_data_lost``) and the auditor copies those ledgers' entries back onto
+the bookie once it runs again (docs/operations.md, "Replacing a bookie's
+disk").
 """
 from __future__ import annotations
 
@@ -56,6 +63,7 @@ from bookie_server.storage.scrubber import Scrubber
 from bookie_server.serving.service import add_service, make_add_lane
 from pybk_spark import errors
 from pybk_spark.dirlock import DirLock
+from pybk_spark.protocol import damage_marker
 from pybk_spark.wire import arrow_memory
 
 LOCK_NAME = cookie.LOCK_NAME
@@ -79,7 +87,8 @@ def _parse(argv):
     p.add_argument("--add-lane-port", type=int, help="0 = any free port, -1 = no add lane")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--yes", action="store_true",
-                   help="updatecookie: the move is confirmed (no question asked)")
+                   help="updatecookie: the move is confirmed; format: deleting the data "
+                        "dir's data is confirmed (no question asked)")
     return p.parse_args(argv)
 
 
@@ -162,9 +171,7 @@ def _locked_main(args, cfg, make_bookie=Bookie) -> int:
             registrar = _registrar(cfg, bookie_id, store, listeners)
             registrar.check_claimable()          # a live bookie with our id: refuse
         if args.command == "format":
-            cookie.format_bookie(cfg.data_dir, bookie_id, store)
-            print(f"bookie-server: formatted {bookie_id} (cookie deleted, data dir emptied)")
-            return 0
+            return _format(cfg, bookie_id, store, args.yes)
         address = f"{cfg.advertised_address}:{cfg.port}"
         if args.command == "updatecookie":
             return _update_cookie(cfg, bookie_id, store, address, args.yes)
@@ -204,6 +211,26 @@ def _registrar(cfg, bookie_id: str, store, listeners) -> Registrar:
                      limits={"max_entry_bytes": cfg.max_entry_bytes,
                              "max_batch_bytes": cfg.max_batch_bytes},
                      tls=bool(cfg.tls_cert_file))
+
+
+def _format(cfg, bookie_id: str, store, confirmed: bool) -> int:
+    """``format``: delete the cookie and the data dir's data, after the
+    operator confirms (``--yes``, or ``yes`` typed) when there is any."""
+    if cookie.holds_anything(cfg.data_dir) and not confirmed:
+        what = (f"bookie {bookie_id}: delete everything in data dir {cfg.data_dir} "
+                "(cookie, journal, entries)")
+        if not sys.stdin.isatty():
+            print(f"bookie-server: refusing to format without confirmation: {what}? Pass --yes",
+                  file=sys.stderr)
+            return 2
+        if input(f"{what}? Type yes: ").strip().lower() != "yes":
+            print("bookie-server: nothing formatted", file=sys.stderr)
+            return 2
+    marked = cookie.format_bookie(cfg.data_dir, bookie_id, store)
+    print(f"bookie-server: formatted {bookie_id} (cookie deleted, data dir emptied)" +
+          (f"; its ledgers are copied back onto it once it runs again "
+           f"({damage_marker.marker_key(bookie_id)})" if marked else ""))
+    return 0
 
 
 def _update_cookie(cfg, bookie_id: str, store, address: str, confirmed: bool) -> int:
@@ -267,6 +294,13 @@ def _serve(cfg, bookie_id: str, store, conf_path, listeners, metrics, registrar,
 
     memory_pool = arrow_memory.use_for_process()   # before replay allocates
     bookie = make_bookie(cfg, metrics=metrics).open()
+    publisher = (DamagePublisher(bookie, store, bookie_id, cfg.registration_ttl_s)
+                 if store is not None else None)
+    if publisher is not None:
+        # Adopt the damage marker before serving: a formatted bookie's marker
+        # (cookie.mark_data_lost) makes it answer BookieIOError, never
+        # NoSuchEntry, for the entries it held before it was formatted.
+        publisher.sync_once()
     server, port = listeners.server, listeners.port
     add_service(server, bookie, cfg, bookie_id)
     readiness = readiness or health.Readiness(needs_registration=registrar is not None)
@@ -294,8 +328,6 @@ def _serve(cfg, bookie_id: str, store, conf_path, listeners, metrics, registrar,
     ledger_gc = GarbageCollector(bookie, store, cfg.gc_interval_s) if store is not None else None
     if ledger_gc is not None:
         ledger_gc.start()
-    publisher = (DamagePublisher(bookie, store, bookie_id, cfg.registration_ttl_s)
-                 if store is not None else None)
     if publisher is not None:
         publisher.start()
     if admin is not None:

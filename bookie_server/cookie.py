@@ -16,6 +16,17 @@ Theory of operation
 ``format`` (the escape hatch, like BookKeeper's bookieformat) deletes the etcd
 cookie and the local data so the bookie can join as a new one.
 
+A new instance under an old id: the ledger metadata still names the bookie
+id in every ensemble that held it, but the new instance holds none of those
+entries (``pybk_spark/protocol/bookie_instances.py``).  So ``format`` sets
+the id's damage marker to ``unattributed`` (``mark_data_lost``) before it
+deletes anything, and a newly created cookie is appended to the id's
+instance history (``bookies/instances/<id>``, by CAS); when an earlier,
+different instance is recorded there the marker is set too.  The bookie
+adopts the marker before it serves (answering BookieIOError, never
+NoSuchEntry, for what it lacks), and the auditor copies every entry its
+write sets lack back onto it (``pybk_spark/admin/damage_repair.py``).
+
 The cookie also records the bookie's advertised address (``address``,
 ``host:port`` of gRPC, bookie_server/serving/identity.py), as BookKeeper's cookie
 records its bookie host.  ``decide_address(recorded, current)`` (pure):
@@ -31,13 +42,19 @@ records its bookie host.  ``decide_address(recorded, current)`` (pure):
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
+import time
 import uuid
-from typing import Optional
+from typing import Callable, Optional
 
 from pybk_spark import errors
 from pybk_spark.metadata import keys
+from pybk_spark.protocol import bookie_instances as bi
+from pybk_spark.protocol import damage_marker as dm
+
+log = logging.getLogger("bookie.cookie")
 
 LOCAL_NAME = "cookie.json"
 LOCK_NAME = "bookie.lock"     # the data dir's lock (pybk_spark/dirlock.py): not data
@@ -139,9 +156,10 @@ def _read_remote(store, bookie_id: str):
 
 
 def check_or_create(data_dir: str, bookie_id: str, store=None, address: str = "",
-                    update_hint: str = "") -> dict:
+                    update_hint: str = "", clock: Callable[[], float] = time.time) -> dict:
     """Verify identity (and the advertised ``address``); create the cookies
-    on first start.  Raises InvalidCookie."""
+    on first start (recording the new instance, ``record_instance``).
+    Raises InvalidCookie."""
     local = read_local(data_dir)
     remote, version = _read_remote(store, bookie_id)
     action = decide(bookie_id, local, remote, has_data(data_dir), standalone=store is None)
@@ -156,6 +174,7 @@ def check_or_create(data_dir: str, bookie_id: str, store=None, address: str = ""
     if address and not cookie.get("address"):
         cookie = {**cookie, "address": address}
     if store is not None and remote is None:
+        record_instance(store, bookie_id, cookie["instance_id"], clock())
         try:
             store.put_if_absent(cookie_key(bookie_id), json.dumps(cookie).encode())
         except errors.MetadataVersion:
@@ -191,10 +210,64 @@ def update_address(data_dir: str, bookie_id: str, store, address: str) -> Option
     return old
 
 
-def format_bookie(data_dir: str, bookie_id: str, store=None) -> None:
+def _upsert(store, key: str, transform: Callable[[Optional[bytes]], bytes],
+            max_attempts: int = 100) -> bytes:
+    """Read-transform-write by CAS (put-if-absent for a new key), re-run on
+    every conflict; returns the value written (or found unchanged)."""
+    for _ in range(max_attempts):
+        cur = store.get(key)
+        new = transform(cur.value if cur is not None else None)
+        try:
+            if cur is None:
+                store.put_if_absent(key, new)
+            elif new != cur.value:
+                store.compare_and_swap(key, new, cur.version)
+            return new
+        except errors.MetadataVersion:
+            continue
+    raise errors.MetadataVersion(f"gave up after {max_attempts} CAS conflicts on {key}")
+
+
+def mark_data_lost(store, bookie_id: str) -> None:
+    """Set ``unattributed`` in the id's damage marker (merged by CAS): every
+    ledger with the bookie in an ensemble is checked and copied back."""
+    _upsert(store, dm.marker_key(bookie_id),
+            lambda raw: dm.marker_value(dm.parse_marker(raw)[0], True))
+
+
+def record_instance(store, bookie_id: str, instance_id: str, now: float) -> bool:
+    """Append ``instance_id`` to the id's instance history (by CAS); True,
+    with the damage marker set, when the id had another instance before:
+    its data is not in this one."""
+    raw = _upsert(store, bi.instances_key(bookie_id),
+                  lambda raw: bi.value(bi.with_instance(bi.parse(raw), instance_id, now)))
+    history = bi.parse(raw)
+    if not bi.data_lost(history, instance_id):
+        return False
+    mark_data_lost(store, bookie_id)
+    earlier = [i["instance_id"] for i in history if i["instance_id"] != instance_id]
+    log.warning("event=bookie_instance_replaced bookie_id=%s instance=%s previous=%s "
+                "marker=%s (every ledger naming this bookie is checked and copied back)",
+                bookie_id, instance_id, earlier[-1], dm.marker_key(bookie_id))
+    return True
+
+
+def holds_anything(data_dir: str) -> bool:
+    """The data dir has a cookie or data (anything but its lock file)."""
+    return has_data(data_dir) or os.path.exists(os.path.join(data_dir, LOCAL_NAME))
+
+
+def format_bookie(data_dir: str, bookie_id: str, store=None) -> bool:
     """Delete the metadata cookie and the local data (bookieformat).  The
-    caller holds the data dir's lock; its lock file is kept."""
+    caller holds the data dir's lock; its lock file is kept.  When the id
+    held anything (a cookie in either place, data, a recorded instance) its
+    damage marker is set first (``mark_data_lost``); returns whether it was."""
+    marked = False
     if store is not None:
+        if (store.get(cookie_key(bookie_id)) is not None or holds_anything(data_dir)
+                or store.get(bi.instances_key(bookie_id)) is not None):
+            mark_data_lost(store, bookie_id)
+            marked = True
         store.delete(cookie_key(bookie_id))
     if os.path.isdir(data_dir):
         for name in os.listdir(data_dir):
@@ -205,3 +278,4 @@ def format_bookie(data_dir: str, bookie_id: str, store=None) -> None:
                 shutil.rmtree(path)
             else:
                 os.unlink(path)
+    return marked

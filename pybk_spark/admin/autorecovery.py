@@ -176,8 +176,10 @@ class AutoRecovery:
                    "damaged_repaired": sum(1 for r in report["damaged"]
                                            if r["outcome"] == "repaired"),
                    "lost_bookie_delay_s": delay, "status": status}
+            out["damaged_entries_copied"] = report["entries_copied"]["damaged"]
             if verify:
                 out["under_replicated"] = len(report["under_replicated"])
+                out["verify_entries_copied"] = report["entries_copied"]["verify"]
             out["retention_dropped_ledgers"], out["retention_failed"] = self._apply_retention()
             if self.conf.recover_abandoned:
                 rec_report, _t, rec_status = orch.run_recover(

@@ -10,7 +10,7 @@ Theory of operation:
                       auditor / autorecovery, recovery and re-replication jobs)
       pybk-bookie     READ on the scope (GC reads ledgers/, the start-up guards
                       read bookies/ and cookies/); READWRITE on bookies/
-                      (writable/, readonly/, damaged/ registrations) and cookies/
+                      (writable/, readonly/, damaged/, instances/) and cookies/
       pybk-client     READ on the scope; READWRITE on ledgers/, idgen, writers/,
                       logs/, logchunks/ and spark/ (what writers, readers and
                       Spark change)
@@ -18,8 +18,8 @@ Theory of operation:
     by ledger passwords); what RBAC prevents is a bookie or client rewriting
     metadata it has no business changing.
   * Per-bookie roles (``bookie_role(id)``): READWRITE on exactly
-    bookies/writable/<id>, bookies/readonly/<id>, bookies/damaged/<id> and
-    cookies/<id>.  A stolen bookie credential can then only forge its own
+    bookies/writable/<id>, bookies/readonly/<id>, bookies/damaged/<id>,
+    bookies/instances/<id> and cookies/<id>.  A stolen bookie credential can then only forge its own
     registration, at the cost of one etcd user and role per bookie.  The
     shared pybk-bookie role is simpler to run, and lets one bookie overwrite
     another's registration or cookie (never ledger metadata).
@@ -67,6 +67,7 @@ def bookie_role(bookie_id: str) -> tuple[str, list[tuple[str, str, bool]]]:
         ("READWRITE", keys.bookie_key("writable", bookie_id), False),
         ("READWRITE", keys.bookie_key("readonly", bookie_id), False),
         ("READWRITE", keys.bookie_key("damaged", bookie_id), False),
+        ("READWRITE", keys.bookie_key("instances", bookie_id), False),
         ("READWRITE", keys.cookie_key(bookie_id), False)]
 
 

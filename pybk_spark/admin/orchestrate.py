@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Callable, Iterable, Optional
 
 from pybk_spark.admin import damage_repair
+from pybk_spark.admin import entry_sets as es
 from pybk_spark.admin import recover as rec
 from pybk_spark.admin import rereplicate as rr
 from pybk_spark.admin.report import Progress, table
@@ -85,9 +86,17 @@ def copy_task(metadata_uri, password: Optional[bytes], work) -> dict:
         return rr.copy_fragment(bk, work, password)
 
 
-def verify_task(metadata_uri, password: Optional[bytes], ledger_id: int) -> list[dict]:
+def verify_task(metadata_uri, password: Optional[bytes], ledger_id: int) -> dict:
+    """One ledger's replicas check: ``under`` (what is still missing) and
+    ``copied`` (ids filled in on live bookies that lacked them)."""
+    import numpy as np
     with _client(metadata_uri) as bk:
-        return rr.verify_ledger(bk, ledger_id, password, repair=True)
+        copied: list = []
+        under = rr.verify_ledger(bk, ledger_id, password, repair=True, copied=copied)
+    n = int(sum(len(ids) for ids in copied))
+    return {"ledger": ledger_id, "outcome": "under-replicated" if under else "ok",
+            "under": under, "copied": n,
+            "entries": es.ranges_text(np.sort(np.concatenate(copied))) if n else ""}
 
 
 # -- recover ----------------------------------------------------------------------------------------
@@ -124,16 +133,23 @@ def run_rereplicate(bk, metadata_uri: str, mapper: Mapper, *, bookies: Iterable[
     summary = rr.copy_summary(copies, clock() - t0)
     damaged = damage_repair.repair_damaged(bk, password)   # bookies/damaged/ markers
     under: list[dict] = []
+    filled: list[dict] = []        # ids --verify copied onto live bookies that lacked them
     if verify:
         ids = bk.list_ledgers()
-        for rows in mapper(functools.partial(verify_task, client_target(bk, metadata_uri), password), ids,
-                           "verify", one_per_task=False):
-            under.extend(rows)
-    report = {"lost": sorted(result.lost), "fenced": fenced, "deferred": result.deferred,
-              "copies": copies, "summary": summary, "ledgers": result.ledgers,
-              "damaged": damaged}
+        for got in mapper(functools.partial(verify_task, client_target(bk, metadata_uri), password), ids,
+                          "verify", one_per_task=False):
+            under.extend(got["under"])
+            if got["copied"]:
+                filled.append({"ledger": got["ledger"], "copied": got["copied"],
+                               "entries": got["entries"]})
+    totals = {"fragments": summary["entries"], "damaged": sum(r["copied"] for r in damaged),
+              "verify": sum(r["copied"] for r in filled)}
+    report: dict = {"lost": sorted(result.lost), "fenced": fenced,
+                    "deferred": result.deferred, "copies": copies, "summary": summary,
+                    "ledgers": result.ledgers, "damaged": damaged, "entries_copied": totals}
     if verify:
         report["under_replicated"] = under
+        report["verify_copied"] = filled
     failed = [r for r in copies if r["outcome"] == "failed"] + \
              [r for r in fenced if r["outcome"] == "failed"] + \
              [r for r in damaged if r["outcome"] == "failed"]
@@ -145,15 +161,22 @@ def run_rereplicate(bk, metadata_uri: str, mapper: Mapper, *, bookies: Iterable[
         lines.append("deferred (still being written): " + ", ".join(
             f"{d['ledger']} ({d['reason']})" for d in result.deferred))
     lines.append(table(copies, rr.COPY_COLUMNS, empty="no fragments to re-replicate"))
-    lines.append(f"copied {summary['entries']} entries, {summary['bytes'] / 1e6:.2f} MB in "
+    lines.append(f"re-replicated fragments: copied {summary['entries']} entries, "
+                 f"{summary['bytes'] / 1e6:.2f} MB in "
                  f"{summary['seconds']:.2f}s ({summary['mb_per_s']:.2f} MB/s), "
                  f"{summary['fragments']} fragments, {summary['failed']} failed")
     if damaged:
         lines.append("damaged bookies (bookies/damaged/), entries copied back:\n" +
                      table(damaged, damage_repair.COLUMNS))
     if verify:
+        if filled:
+            lines.append("verify: entries filled in on bookies that lacked them:\n" +
+                         table(filled, ["ledger", "copied", "entries"]))
         lines.append("verify: " + ("every entry has its Qw replicas" if not under else
                                    "UNDER-REPLICATED:\n" + table(under, rr.VERIFY_COLUMNS)))
+    lines.append(f"entries copied in all: {sum(totals.values())} (re-replicated fragments "
+                 f"{totals['fragments']}, damage repair {totals['damaged']}, "
+                 f"verify fill-ins {totals['verify']})")
     if failed:
         lines.append("FAILED: " + "; ".join(
             f"ledger {r['ledger']}: {r['error']}" for r in failed))

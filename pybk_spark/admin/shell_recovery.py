@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from pybk_spark import errors
 from pybk_spark.admin import shell_common
 from pybk_spark.admin import audit, damage_repair
 from pybk_spark.admin import orchestrate as orch
@@ -166,6 +167,7 @@ def _listunderreplicated(args) -> int:
         res = rr.run_audit(bk, delay_s=args.delay, grace_s=float("inf"), mark=False,
                            plan=False, named=named)
         markers = damage_repair.read_markers(bk.metadata_store)
+        holding = _ledgers_holding(bk, {b for b, _v, _r, unattributed in markers if unattributed})
     rows = [{"ledger": w.ledger_id, "fragment": f"{w.first}-{w.last}", "bookie": w.lost,
              "state": "complete"} for w in res.work]
     rows += [{"ledger": d["ledger"], "fragment": "last (open)", "bookie": "",
@@ -175,15 +177,32 @@ def _listunderreplicated(args) -> int:
     for bookie, _v, ranges, unattributed in markers:
         rows += [{"ledger": lid, "fragment": f"entries {first}-{'end' if last < 0 else last}",
                   "bookie": bookie, "state": "damaged"} for lid, first, last in ranges]
-        if unattributed:
-            rows.append({"ledger": "*", "fragment": "any", "bookie": bookie,
-                         "state": "damaged (unattributed)"})
+        if unattributed:      # its data was lost (formatted, damage it could not name)
+            in_ranges = {lid for lid, _f, _l in ranges}
+            rows += [{"ledger": lid, "fragment": "any", "bookie": bookie,
+                      "state": "damaged (unattributed)"}
+                     for lid in holding.get(bookie, []) if lid not in in_ranges]
     data = {"lost": sorted(res.lost), "under_replicated": rows}
     text = (f"lost/unregistered bookies: {', '.join(sorted(res.lost)) or '(none)'}\n"
             + table(rows, ["ledger", "fragment", "bookie", "state"],
                     empty="no under-replicated fragments"))
     shell_common.emit(args, data, text)
     return 0
+
+
+def _ledgers_holding(bk, bookies: set) -> dict[str, list[int]]:
+    """bookie -> ids of the ledgers with it in an ensemble (only ``bookies``)."""
+    out: dict[str, list[int]] = {b: [] for b in bookies}
+    if not bookies:
+        return out
+    for lid in bk.list_ledgers():
+        try:
+            named = bk.get_ledger_metadata(lid).all_bookies()
+        except errors.NoSuchLedger:
+            continue
+        for b in bookies & named:
+            out[b].append(lid)
+    return out
 
 
 def _unregistered(bk) -> list[str]:
@@ -274,6 +293,9 @@ def _autorecovery(args) -> int:
                   + (f" recovered={row['recovered']}" if "recovered" in row else "")
                   + (f" under_replicated={row['under_replicated']}"
                      if "under_replicated" in row else "")
+                  + (f" damaged_repaired={row['damaged_repaired']}"
+                     f" ({row.get('damaged_entries_copied', 0)} entries)"
+                     if row.get("damaged_repaired") else "")
                   + (f" retention_dropped={row['retention_dropped_ledgers']}"
                      if row.get("retention_dropped_ledgers") else "")
                   + (f" retention_failed={row['retention_failed']}"

@@ -15,6 +15,7 @@ the scope, callers never do).  The layout, one line per kind:
   bookies/writable/<bookie id>   a registered writable bookie (under a lease)
   bookies/readonly/<bookie id>   a registered read-only bookie (under a lease)
   bookies/damaged/<bookie id>    a bookie's damage marker (protocol/damage_marker.py)
+  bookies/instances/<bookie id>  the cookie instances the id has had (protocol/bookie_instances.py)
 
 Pure string functions, no I/O.  Ids are zero-padded so that a prefix listing
 returns ledgers in id order.  etcd roles (admin/etcd_roles.py) grant by these
@@ -25,6 +26,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from pybk_spark.protocol.damage_marker import MARKER_PREFIX as DAMAGED_PREFIX  # noqa: F401
+from pybk_spark.protocol.bookie_instances import INSTANCES_PREFIX  # noqa: F401
 
 LEDGERS_PREFIX = "ledgers/"
 WRITERS_PREFIX = "writers/"

@@ -76,10 +76,16 @@ def ledgers_to_check(ranges: Iterable[Range], unattributed: bool,
 def remaining(ranges: Iterable[Range], unrepaired: Iterable[int],
               still_written: dict[int, int]) -> list[Range]:
     """What stays in the marker after a repair round: the ranges of ledgers
-    not fully repaired, and for a ledger whose last fragment holding the
-    bookie is still being written (ledger -> that fragment's first id) an
-    OPEN range from there: it is checked once the ledger is closed."""
+    not fully repaired (a ledger checked only because the damage was
+    unattributed has no range: all of it, ``(ledger, 0, OPEN)``, so it is
+    not forgotten when the unattributed flag is written away), and for a
+    ledger whose last fragment holding the bookie is still being written
+    (ledger -> that fragment's first id) an OPEN range from there: it is
+    checked once the ledger is closed."""
+    ranges = list(ranges)
     keep = set(unrepaired)
+    named = {r[0] for r in ranges}
     out = [r for r in ranges if r[0] in keep]
+    out += [(lid, 0, OPEN) for lid in keep - named]
     out += [(lid, first, OPEN) for lid, first in still_written.items()]
     return merge(out)

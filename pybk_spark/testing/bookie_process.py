@@ -83,9 +83,11 @@ class BookieProcess:
             self.wait_ready(timeout)
         return self
 
-    def run_format(self, timeout: float = 60.0) -> subprocess.CompletedProcess:
+    def run_format(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
+        """``bookie-server format`` with this bookie's flags and ``args`` (``--yes``)."""
         self.write_conf()
-        proc = procs.spawn(self.command("format"), stdout=subprocess.PIPE,
+        proc = procs.spawn([*self.command("format"), *args], stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
         try:
             out, err = proc.communicate(timeout=timeout)

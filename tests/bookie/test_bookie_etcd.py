@@ -70,15 +70,18 @@ def test_cookie_refuses_wiped_data_dir_until_formatted(bookies, etcd_scope):
     bp.start(wait=False)
     assert bp.wait_exit() == 2
     assert "cookie mismatch" in bp.log_tail()
-    # escape hatch: format, then it joins as a new bookie
-    res = bp.run_format()
+    # escape hatch: format (confirmed: the dir holds a cookie), then it joins as a new
+    # bookie whose id lost its data: an error for what it may have held, never "no such"
+    assert bp.run_format().returncode == 2
+    assert os.path.exists(os.path.join(bp.data_dir, "cookie.json"))
+    res = bp.run_format("--yes")
     assert res.returncode == 0, res.stderr
     assert store.get(f"cookies/{bp.bookie_id}") is None
     bp.start()
     new_cookie = json.loads(store.get(f"cookies/{bp.bookie_id}").value)
     assert new_cookie["instance_id"] != cookie["instance_id"]
     assert bp.stub().ReadEntries(pb.ReadRequest(ledger_id=1, first_entry_id=0,
-                                                last_entry_id=1)).code == pb.NO_SUCH_LEDGER
+                                                last_entry_id=1)).code == pb.IO_ERROR
 
 
 def test_gc_reclaims_deleted_ledger_only(bookies, etcd_scope):

@@ -35,3 +35,11 @@ def test_a_damaged_bookies_error_never_makes_an_entry_missing():
     assert probe.on_answer(0, rc.ERROR) == rc.UNDECIDED
     assert probe.on_answer(1, rc.NO_ENTRY) == rc.UNDECIDED
     assert probe.on_answer(2, rc.OK) == rc.EXISTS
+
+
+def test_remaining_keeps_all_of_an_unrepaired_ledger_checked_only_as_unattributed():
+    """A ledger checked because the damage was unattributed (a formatted
+    bookie) has no range of its own: unrepaired, all of it stays, since
+    the marker written back no longer says unattributed."""
+    assert dm.remaining([(1, 4, 5)], unrepaired=[1, 7], still_written={}) == \
+        [(1, 4, 5), (7, 0, dm.OPEN)]

@@ -71,6 +71,7 @@ def test_role_layout_keeps_bookies_off_ledger_metadata():
     assert not any(k.startswith(("bookies/", "cookies/")) for k, _ in writes[etcd_roles.CLIENT])
     assert writes["pybk-bookie-b1"] == [("bookies/writable/b1", False),
                                         ("bookies/readonly/b1", False),
-                                        ("bookies/damaged/b1", False), ("cookies/b1", False)]
+                                        ("bookies/damaged/b1", False),
+                                        ("bookies/instances/b1", False), ("cookies/b1", False)]
     with pytest.raises(errors.IncorrectParameter):
         etcd_roles.bookie_role("a/b")
