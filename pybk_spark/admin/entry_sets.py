@@ -3,8 +3,8 @@
 Theory of operation
 -------------------
 In a fragment [first, last] with ensemble size E and write quorum Qw, entry
-``e`` lives on the slots ``write_set(e)`` = (e % E, ..., e % E + Qw - 1) mod E.
-So slot ``s`` holds exactly the ids with ``(s - e) mod E < Qw``.  Everything
+``e`` lives on the slots ``write_set(e)`` = (e % E, ..., e % E + Qw - 1) mod E
+(``protocol.distribution.holds`` says which ids a slot holds).  Everything
 here is vectorised over id arrays (no per-entry Python loops):
 
 * ``slot_entries``   ids a slot must hold;
@@ -16,13 +16,15 @@ here is vectorised over id arrays (no per-entry Python loops):
 * ``copies_per_entry`` / ``under_replicated``  the replicas check of
                      ``--verify``: count, per entry, the slots that returned it.
 
-Pure: imports numpy only; no I/O, no clock.
+Pure: numpy and the protocol's distribution; no I/O, no clock.
 """
 from __future__ import annotations
 
 from typing import Iterable, Mapping
 
 import numpy as np
+
+from pybk_spark.protocol.distribution import holds
 
 
 def fragment_ids(first: int, last: int) -> np.ndarray:
@@ -31,15 +33,10 @@ def fragment_ids(first: int, last: int) -> np.ndarray:
     return np.arange(first, last + 1, dtype=np.int64)
 
 
-def holds_mask(ids: np.ndarray, ensemble_size: int, write_quorum: int, slot: int) -> np.ndarray:
-    """Boolean mask: which ``ids`` have ``slot`` in their write set."""
-    return ((slot - ids) % ensemble_size) < write_quorum
-
-
 def slot_entries(first: int, last: int, ensemble_size: int, write_quorum: int,
                  slot: int) -> np.ndarray:
     ids = fragment_ids(first, last)
-    return ids[holds_mask(ids, ensemble_size, write_quorum, slot)]
+    return ids[holds(ids, ensemble_size, write_quorum, slot)]
 
 
 def runs(ids: np.ndarray) -> list[tuple[int, int]]:
@@ -70,7 +67,7 @@ def next_source(remaining: np.ndarray, ensemble_size: int, write_quorum: int,
     for slot in range(ensemble_size):
         if slot in excluded:
             continue
-        held = remaining[holds_mask(remaining, ensemble_size, write_quorum, slot)]
+        held = remaining[holds(remaining, ensemble_size, write_quorum, slot)]
         if len(held) and (best is None or len(held) > len(best[1])):
             best = (slot, held)
     return best
