@@ -13,6 +13,9 @@ here is vectorised over id arrays (no per-entry Python loops):
 * ``next_source``    for the ids still to copy, the untried surviving slot
                      holding most of them (re-replication reads from it first,
                      then falls back to the next one for whatever is left);
+* ``ReplicaSources`` that order for one lost slot, as both copy paths (the
+                     client's and bookie to bookie) walk it: the lost bookie
+                     itself first when it is still up, then ``next_source``;
 * ``copies_per_entry`` / ``under_replicated``  the replicas check of
                      ``--verify``: count, per entry, the slots that returned it.
 
@@ -71,6 +74,36 @@ def next_source(remaining: np.ndarray, ensemble_size: int, write_quorum: int,
         if len(held) and (best is None or len(held) > len(best[1])):
             best = (slot, held)
     return best
+
+
+class ReplicaSources:
+    """Where to read a lost slot's ids from, one source at a time: the lost
+    slot itself first when ``lost_first`` (a decommissioned bookie is still
+    up and holds them all), then ``next_source`` over the slots not tried.
+    ``next(remaining)`` gives (slot, the ids to ask it for), or None when
+    nothing remains or no untried slot holds any of it."""
+
+    def __init__(self, ensemble_size: int, write_quorum: int, lost_slot: int,
+                 lost_first: bool):
+        self.ensemble_size, self.write_quorum = ensemble_size, write_quorum
+        self.lost_slot = lost_slot
+        self._lost_next = lost_first
+        self.tried: set[int] = set()
+
+    def next(self, remaining: np.ndarray) -> tuple[int, np.ndarray] | None:
+        if not len(remaining):
+            return None
+        if self._lost_next:
+            self._lost_next = False
+            slot, ids = self.lost_slot, remaining
+        else:
+            nxt = next_source(remaining, self.ensemble_size, self.write_quorum,
+                              self.tried | {self.lost_slot})
+            if nxt is None:
+                return None
+            slot, ids = nxt
+        self.tried.add(slot)
+        return slot, ids
 
 
 def copies_per_entry(first: int, last: int, present_by_slot: Mapping[int, np.ndarray]) -> np.ndarray:
