@@ -50,8 +50,9 @@ def holds(entry_ids: np.ndarray, ensemble_size: int, write_quorum: int,
           slot: int) -> np.ndarray:
     """Mask: which of ``entry_ids`` (an integer array) have ``slot`` in their
     write set."""
-    return _holder_by_start(ensemble_size, write_quorum, slot)[
+    mask: np.ndarray = _holder_by_start(ensemble_size, write_quorum, slot)[
         np.asarray(entry_ids) % ensemble_size]
+    return mask
 
 
 def write_quorums(ensemble_size: int, write_quorum: int) -> list[tuple[int, ...]]:

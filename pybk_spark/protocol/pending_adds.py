@@ -70,7 +70,8 @@ class Resend:
     def entry_ids(self) -> np.ndarray:
         """The ids to resend (ascending)."""
         ids = np.arange(self.first, self.last + 1, dtype=np.int64)
-        return ids[holds(ids, self.ensemble_size, self.write_quorum, self.slot)]
+        held: np.ndarray = ids[holds(ids, self.ensemble_size, self.write_quorum, self.slot)]
+        return held
 
 
 class _Run:
