@@ -10,7 +10,9 @@ data path:
 1. reads the span of the wanted ids from the peer with sparse reads
    (``ReadRequest.sparse``: every stored id, gaps skipped), up to
    ``window`` reads in flight, each up to ``COPY_BATCH_ENTRIES`` ids and
-   ``COPY_BATCH_BYTES`` bytes; a LIMIT answer resumes after its last row;
+   ``COPY_BATCH_BYTES`` bytes; a LIMIT answer resumes after its last row
+   (the plan is ``protocol.sparse_reads.SparseReadWindow``, shared with the
+   client's re-replication reads);
 2. keeps the rows that are wanted (one ``searchsorted`` per batch) and whose
    digest is correct (``Digester.verify_batch``: one call per batch);
 3. journals each kept batch as a RECOVERY add under the given key, the
@@ -42,6 +44,7 @@ import pyarrow as pa
 
 from pybk_spark import errors
 from pybk_spark.ledger.digest import Digester
+from pybk_spark.protocol.sparse_reads import SparseReadWindow
 from pybk_spark.wire.entries import batch_to_buffer
 
 DEFAULT_WINDOW = 4
@@ -126,24 +129,23 @@ def pull(bookie, peer, ledger_id: int, key: bytes, wanted: np.ndarray, digest_ty
     cfg = bookie.cfg
     max_entries = min(COPY_BATCH_ENTRIES, cfg.max_read_entries)
     max_bytes = min(COPY_BATCH_BYTES, cfg.max_read_bytes)
-    lo, hi = int(wanted[0]), int(wanted[-1])
-    todo: deque = deque((a, min(hi, a + max_entries - 1)) for a in range(lo, hi + 1, max_entries))
-    inflight: dict = {}
     window = min(window or DEFAULT_WINDOW, MAX_WINDOW)      # a request cannot ask for more
+    win: SparseReadWindow = SparseReadWindow(wanted, max_entries, window)
     problem = ""
     expire = getattr(peer, "expire", lambda: None)
+
+    def send(a: int, b: int):
+        return peer.read(ledger_id, a, b, max_entries=max_entries, max_bytes=max_bytes,
+                         timeout=timeout, sparse=True)
+
     try:
-        while (todo or inflight) and not problem:
-            while todo and len(inflight) < window:
-                a, b = todo.popleft()
-                f = peer.read(ledger_id, a, b, max_entries=max_entries, max_bytes=max_bytes,
-                              timeout=timeout, sparse=True)
-                inflight[f] = (a, b)
-            done, _ = cf.wait(list(inflight), timeout=_EXPIRE_EVERY_S,
+        while win.busy and not problem:
+            win.fill(send)
+            done, _ = cf.wait(list(win.inflight), timeout=_EXPIRE_EVERY_S,
                               return_when=cf.FIRST_COMPLETED)
             expire()                 # lane reads past their deadline fail (no pool watchdog here)
-            for f in sorted(done, key=lambda x: inflight[x][0]):
-                a, b = inflight.pop(f)
+            for f in sorted(done, key=lambda x: win.inflight[x][0]):
+                span = win.finished(f)
                 exc = f.exception()
                 if isinstance(exc, errors.NoSuchLedger):
                     continue         # the peer holds none of them
@@ -157,13 +159,12 @@ def pull(bookie, peer, ledger_id: int, key: bytes, wanted: np.ndarray, digest_ty
                 batch = res.batch
                 if batch.num_rows:
                     eids = batch.column("entry_id").to_numpy()
-                    if res.end == "LIMIT" and int(eids[-1]) < b:
-                        todo.append((int(eids[-1]) + 1, b))
-                    _copy(adds, digester, batch, eids, wanted, res.raw)
+                    keep = win.answered(span, eids, res.end)
+                    _copy(adds, digester, batch, eids, keep, res.raw)
                 elif res.end == "LIMIT":
                     problem = "peer answered LIMIT with no rows"
     finally:
-        for f in inflight:
+        for f in win.abandon():
             f.cancel()
         adds.drain()
     copied = np.concatenate(adds.copied) if adds.copied else np.empty(0, np.int64)
@@ -174,12 +175,10 @@ def pull(bookie, peer, ledger_id: int, key: bytes, wanted: np.ndarray, digest_ty
 
 
 def _copy(adds: _Adds, digester: Digester, batch: pa.RecordBatch, eids: np.ndarray,
-          wanted: np.ndarray, raw=None) -> None:
-    """Journal the wanted rows of ``batch`` whose digests are correct: the
-    peer's own Arrow IPC bytes (``raw``) when every row is kept, else the
-    kept rows re-encoded."""
-    pos = np.searchsorted(wanted, eids)
-    keep = (pos < len(wanted)) & (wanted[np.minimum(pos, len(wanted) - 1)] == eids)
+          keep: np.ndarray, raw=None) -> None:
+    """Journal the wanted rows of ``batch`` (``keep``) whose digests are
+    correct: the peer's own Arrow IPC bytes (``raw``) when every row is
+    kept, else the kept rows re-encoded."""
     if not keep.all():
         if not keep.any():
             return

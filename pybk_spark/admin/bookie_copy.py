@@ -8,7 +8,7 @@ The ids the lost slot must hold (``entry_sets.slot_entries``) are asked of
 the replacement bookie, one surviving source at a time, in the order the
 client path reads them (the lost bookie itself first when it is still
 registered, as in a decommission; then ``entry_sets.next_source``, the
-replica holding most of what is left).  Each ``PullEntries`` answer says
+replica holding most of what is left: ``entry_sets.ReplicaSources``).  Each ``PullEntries`` answer says
 which wanted ids were not copied (absent or corrupt on that source, or the
 source failed midway); those are asked of the next source.  The entries
 travel bookie to bookie as the stored Arrow rows: no client decodes,
@@ -40,19 +40,11 @@ def pull_fragment(bk, w: audit.FragmentWork, write_quorum: int, key: bytes, dige
     target = bk.transports.get(w.replacement)
     E = len(w.ensemble)
     remaining = es.slot_entries(w.first, w.last, E, write_quorum, w.slot)
-    order = [w.slot] if lost_registered else []
-    tried: set[int] = set()
+    sources = es.ReplicaSources(E, write_quorum, w.slot, lost_first=lost_registered)
     notes: list[str] = []
     entries = nbytes = 0
-    while len(remaining):
-        if order:
-            slot, ids = order.pop(), remaining
-        else:
-            nxt = es.next_source(remaining, E, write_quorum, tried | {w.slot})
-            if nxt is None:
-                break
-            slot, ids = nxt
-        tried.add(slot)
+    while (nxt := sources.next(remaining)) is not None:
+        slot, ids = nxt
         bookie = w.ensemble[slot]
         reg = registration_of(store, bookie)
         if not reg or not reg.get("address"):

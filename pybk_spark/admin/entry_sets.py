@@ -3,8 +3,8 @@
 Theory of operation
 -------------------
 In a fragment [first, last] with ensemble size E and write quorum Qw, entry
-``e`` lives on the slots ``write_set(e)`` = (e % E, ..., e % E + Qw - 1) mod E.
-So slot ``s`` holds exactly the ids with ``(s - e) mod E < Qw``.  Everything
+``e`` lives on the slots ``write_set(e)`` = (e % E, ..., e % E + Qw - 1) mod E
+(``protocol.distribution.holds`` says which ids a slot holds).  Everything
 here is vectorised over id arrays (no per-entry Python loops):
 
 * ``slot_entries``   ids a slot must hold;
@@ -13,16 +13,21 @@ here is vectorised over id arrays (no per-entry Python loops):
 * ``next_source``    for the ids still to copy, the untried surviving slot
                      holding most of them (re-replication reads from it first,
                      then falls back to the next one for whatever is left);
+* ``ReplicaSources`` that order for one lost slot, as both copy paths (the
+                     client's and bookie to bookie) walk it: the lost bookie
+                     itself first when it is still up, then ``next_source``;
 * ``copies_per_entry`` / ``under_replicated``  the replicas check of
                      ``--verify``: count, per entry, the slots that returned it.
 
-Pure: imports numpy only; no I/O, no clock.
+Pure: numpy and the protocol's distribution; no I/O, no clock.
 """
 from __future__ import annotations
 
 from typing import Iterable, Mapping
 
 import numpy as np
+
+from pybk_spark.protocol.distribution import holds
 
 
 def fragment_ids(first: int, last: int) -> np.ndarray:
@@ -31,15 +36,10 @@ def fragment_ids(first: int, last: int) -> np.ndarray:
     return np.arange(first, last + 1, dtype=np.int64)
 
 
-def holds_mask(ids: np.ndarray, ensemble_size: int, write_quorum: int, slot: int) -> np.ndarray:
-    """Boolean mask: which ``ids`` have ``slot`` in their write set."""
-    return ((slot - ids) % ensemble_size) < write_quorum
-
-
 def slot_entries(first: int, last: int, ensemble_size: int, write_quorum: int,
                  slot: int) -> np.ndarray:
     ids = fragment_ids(first, last)
-    return ids[holds_mask(ids, ensemble_size, write_quorum, slot)]
+    return ids[holds(ids, ensemble_size, write_quorum, slot)]
 
 
 def runs(ids: np.ndarray) -> list[tuple[int, int]]:
@@ -70,10 +70,40 @@ def next_source(remaining: np.ndarray, ensemble_size: int, write_quorum: int,
     for slot in range(ensemble_size):
         if slot in excluded:
             continue
-        held = remaining[holds_mask(remaining, ensemble_size, write_quorum, slot)]
+        held = remaining[holds(remaining, ensemble_size, write_quorum, slot)]
         if len(held) and (best is None or len(held) > len(best[1])):
             best = (slot, held)
     return best
+
+
+class ReplicaSources:
+    """Where to read a lost slot's ids from, one source at a time: the lost
+    slot itself first when ``lost_first`` (a decommissioned bookie is still
+    up and holds them all), then ``next_source`` over the slots not tried.
+    ``next(remaining)`` gives (slot, the ids to ask it for), or None when
+    nothing remains or no untried slot holds any of it."""
+
+    def __init__(self, ensemble_size: int, write_quorum: int, lost_slot: int,
+                 lost_first: bool):
+        self.ensemble_size, self.write_quorum = ensemble_size, write_quorum
+        self.lost_slot = lost_slot
+        self._lost_next = lost_first
+        self.tried: set[int] = set()
+
+    def next(self, remaining: np.ndarray) -> tuple[int, np.ndarray] | None:
+        if not len(remaining):
+            return None
+        if self._lost_next:
+            self._lost_next = False
+            slot, ids = self.lost_slot, remaining
+        else:
+            nxt = next_source(remaining, self.ensemble_size, self.write_quorum,
+                              self.tried | {self.lost_slot})
+            if nxt is None:
+                return None
+            slot, ids = nxt
+        self.tried.add(slot)
+        return slot, ids
 
 
 def copies_per_entry(first: int, last: int, present_by_slot: Mapping[int, np.ndarray]) -> np.ndarray:

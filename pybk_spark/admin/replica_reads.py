@@ -5,7 +5,8 @@ stores in a range, gaps skipped, so a striped fragment (E > Qw: a bookie
 holds runs of Qw ids) costs one read per ``max_entries`` ids, not one per
 run.  The span of the wanted ids is cut into chunks of ``max_entries`` ids,
 read with a bounded window of concurrent requests; a LIMIT answer resumes
-after its last row; rows not wanted are dropped (vectorised).  NoSuchLedger
+after its last row; rows not wanted are dropped (vectorised): the plan is
+``protocol.sparse_reads.SparseReadWindow``, shared with a bookie's pull.  NoSuchLedger
 means the bookie holds none of them; any other error (bookie down, timeout)
 stops and reports the bookie unreachable, so callers fall back to another
 replica.  Rows come back as Arrow batches (ENTRY_SCHEMA).
@@ -25,6 +26,7 @@ import pyarrow as pa
 
 from pybk_spark import errors
 from pybk_spark.admin.entry_sets import runs
+from pybk_spark.protocol.sparse_reads import SparseReadWindow
 
 DEFAULT_WINDOW = 8
 
@@ -52,20 +54,18 @@ def read_ids(transport, ledger_id: int, ids: np.ndarray, master_key: bytes, *,
     ids = np.asarray(ids, dtype=np.int64)
     if len(ids) == 0:
         return out
-    lo, hi = int(ids[0]), int(ids[-1])
-    todo: deque = deque((a, min(hi, a + max_entries - 1))
-                        for a in range(lo, hi + 1, max_entries))
-    inflight: dict = {}
+    win: SparseReadWindow = SparseReadWindow(ids, max_entries, window)
     legacy = False
-    while (todo or inflight) and not out.unreachable and not legacy:
-        while todo and len(inflight) < window:
-            a, b = todo.popleft()
-            f = transport.read(ledger_id, a, b, max_entries=max_entries, max_bytes=max_bytes,
-                               master_key=master_key, timeout=timeout, sparse=True)
-            inflight[f] = (a, b)
-        done, _ = cf.wait(list(inflight), return_when=cf.FIRST_COMPLETED)
+
+    def send(a: int, b: int):
+        return transport.read(ledger_id, a, b, max_entries=max_entries, max_bytes=max_bytes,
+                              master_key=master_key, timeout=timeout, sparse=True)
+
+    while win.busy and not out.unreachable and not legacy:
+        win.fill(send)
+        done, _ = cf.wait(list(win.inflight), return_when=cf.FIRST_COMPLETED)
         for f in done:
-            a, b = inflight.pop(f)
+            span = win.finished(f)
             exc = f.exception()
             if (exc is None and f.result().end == "MISSING") or isinstance(exc, errors.NoSuchEntry):
                 legacy = True          # the bookie ignored ``sparse``
@@ -74,16 +74,13 @@ def read_ids(transport, ledger_id: int, ids: np.ndarray, master_key: bytes, *,
                 res = f.result()
                 batch = res.batch
                 if batch.num_rows:
-                    eids = batch.column("entry_id").to_numpy()
-                    keep = np.isin(eids, ids)
+                    keep = win.answered(span, batch.column("entry_id").to_numpy(), res.end)
                     out.batches.append(batch if keep.all() else batch.filter(pa.array(keep)))
-                    if res.end == "LIMIT" and int(eids[-1]) < b:
-                        todo.append((int(eids[-1]) + 1, b))
             elif isinstance(exc, errors.NoSuchLedger):
                 continue
             else:
                 out.unreachable = f"{type(exc).__name__}: {exc}"
-    for f in inflight:           # stopped early: let stragglers finish unobserved
+    for f in win.abandon():      # stopped early: let stragglers finish unobserved
         f.cancel()
     if legacy:
         return _read_runs(transport, ledger_id, ids, master_key, max_entries=max_entries,

@@ -229,21 +229,12 @@ def _gather(bk, md: lm.LedgerMetadata, w: audit.FragmentWork, key: bytes,
     E, Qw = len(w.ensemble), md.write_quorum
     remaining = es.slot_entries(w.first, w.last, E, Qw, w.slot) if wanted is None else wanted
     pieces: list[pa.Table] = []
-    tried: set[int] = set()
     conf = bk.conf
-    # the lost bookie itself first (decommission: it is alive and holds them all)
-    order = [w.slot] if (wanted is None and
-                         w.lost in registered_bookies(bk.metadata_store)) else []
+    sources = es.ReplicaSources(E, Qw, w.slot, lost_first=(
+        wanted is None and w.lost in registered_bookies(bk.metadata_store)))
     tried_errors = []
-    while len(remaining):
-        if order:
-            slot, ids = order.pop(), remaining
-        else:
-            nxt = es.next_source(remaining, E, Qw, tried | {w.slot})
-            if nxt is None:
-                break
-            slot, ids = nxt
-        tried.add(slot)
+    while (nxt := sources.next(remaining)) is not None:
+        slot, ids = nxt
         got = read_ids(bk.transports.get(w.ensemble[slot]), w.ledger_id, ids, key,
                        max_entries=SPARSE_READ_ENTRIES, max_bytes=conf.read_batch_bytes,
                        timeout=conf.read_timeout_s)

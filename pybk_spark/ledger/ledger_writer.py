@@ -50,6 +50,7 @@ from pybk_spark.ledger.context import ClientContext
 from pybk_spark.metadata.store import ledger_key
 from pybk_spark.ledger.placement import writable_bookies
 from pybk_spark.protocol import add_admission as admission
+from pybk_spark.protocol.distribution import holds
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.protocol.pending_adds import EnsembleChange, PendingAdds, Resend
 from pybk_spark.wire.entries import batch_to_buffer
@@ -183,7 +184,7 @@ class LedgerWriter:
             if Qw == E:                          # every slot holds every entry
                 mask, count = None, len(ids)
             else:
-                mask = ((slot - ids % E) % E) < Qw
+                mask = holds(ids, E, Qw, slot)
                 count = int(mask.sum())
             if count == 0:
                 continue

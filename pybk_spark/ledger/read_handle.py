@@ -332,8 +332,7 @@ class ReadHandle:
                         raise exc
                     if isinstance(exc, errors.BookieUnavailable):
                         self.ctx.transports.invalidate(bookie)
-                    kind = rd.NO_ENTRY if isinstance(exc, (errors.NoSuchEntry,
-                                                           errors.NoSuchLedger)) else rd.ERROR
+                    kind = rd.answer_kind(exc)
                 self._launch(run, choice.on_answer(kind))
         verdict = choice.verdict
         if verdict == rd.BAD_DIGEST_ALL:
@@ -364,20 +363,6 @@ def verified_prefix(batch: pa.RecordBatch | pa.Table, e: int, digester: Digester
     return batch if n == batch.num_rows else batch.slice(0, n)
 
 
-def lac_answer_kind(exc: BaseException | None) -> str:
-    """What a ReadLac answer is to ``read_decisions.LacCoverage``
-    (Unauthorized is raised: no bookie will answer a wrong key)."""
-    if exc is None:
-        return rd.OK
-    if isinstance(exc, errors.Unauthorized):
-        raise exc
-    if isinstance(exc, errors.NoSuchLedger):
-        return rd.NO_LEDGER
-    if isinstance(exc, errors.NoSuchEntry):
-        return rd.NO_ENTRY
-    return rd.ERROR
-
-
 def read_lac_coverage(ctx: ClientContext, md: lm.LedgerMetadata, key: bytes, *,
                       fence: bool) -> rd.LacCoverage:
     """ReadLac (fenced or not) to every bookie of the last fragment; returns
@@ -390,7 +375,9 @@ def read_lac_coverage(ctx: ClientContext, md: lm.LedgerMetadata, key: bytes, *,
             for i, b in enumerate(ensemble)}
     for f in cf.as_completed(futs):
         exc = f.exception()
-        cov.on_answer(futs[f], lac_answer_kind(exc), f.result().lac if exc is None else -1)
+        if isinstance(exc, errors.Unauthorized):
+            raise exc           # no bookie will answer a wrong key
+        cov.on_answer(futs[f], rd.answer_kind(exc), f.result().lac if exc is None else -1)
         if cov.covered or cov.impossible:
             break
     return cov

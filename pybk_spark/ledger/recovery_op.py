@@ -57,6 +57,7 @@ from pybk_spark.ledger.digest import Digester
 from pybk_spark.ledger.ledger_writer import LedgerWriter, Waiter
 from pybk_spark.metadata.store import ledger_key
 from pybk_spark.protocol import ledger_metadata as lm
+from pybk_spark.protocol import read_decisions as rd
 from pybk_spark.protocol import recovery as rc
 from pybk_spark.ledger.read_handle import ReadHandle, read_lac_coverage, verified_prefix
 from pybk_spark.wire.entries import one_batch
@@ -159,17 +160,13 @@ def read_forward(ctx: ClientContext, md: lm.LedgerMetadata, key: bytes, digester
             seen.add(f)
             slot = futs[f]
             exc = f.exception()
+            kind = rd.answer_kind(exc)
             if exc is None:
                 good = verified_prefix(f.result().batch, e, digester)
-                kind = rc.OK if good is not None else rc.ERROR
-                if good is not None and (best is None or good.num_rows > best.num_rows):
+                if good is None:
+                    kind = rd.ERROR
+                elif best is None or good.num_rows > best.num_rows:
                     best = good
-            elif isinstance(exc, errors.NoSuchEntry):
-                kind = rc.NO_ENTRY
-            elif isinstance(exc, errors.NoSuchLedger):
-                kind = rc.NO_LEDGER
-            else:
-                kind = rc.ERROR
             before = slot_answers[slot].verdict
             verdict = slot_answers[slot].on_answer(kind)
             if verdict is not None and before is None:

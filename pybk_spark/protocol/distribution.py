@@ -13,22 +13,46 @@ There are therefore exactly E distinct write quorums, one per start slot.
   did not answer, so an old writer can no longer reach Qa anywhere (fencing),
   and the highest LAC among the answers bounds every acknowledged entry.
   "Answered" includes NoSuchLedger / NoSuchEntry; errors and silence do not.
-* Missing entry: entry ``e`` is absent iff (Qw - Qa) + 1 slots of ITS write
-  set answered NoSuchEntry (then at most Qa - 1 could hold it: it was never
-  acknowledged).
+* Holders: ``holds`` says which of many entries a slot holds (vectorised,
+  from the E distinct write sets); every writer, resend and re-replication
+  mask is this one.
+
+Recovery's "entry missing" ((Qw - Qa) + 1 NoSuchEntry of the entry's write
+set) is ``recovery.EntryProbe``'s rule.
 
 Pure arithmetic: no I/O, no clock, no threads.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Iterable
+
+import numpy as np
 
 
 def write_set(entry_id: int, ensemble_size: int, write_quorum: int) -> tuple[int, ...]:
     """Slots holding ``entry_id``: Qw slots starting at entry_id % E."""
     start = entry_id % ensemble_size
     return tuple((start + i) % ensemble_size for i in range(write_quorum))
+
+
+@lru_cache(maxsize=256)
+def _holder_by_start(ensemble_size: int, write_quorum: int, slot: int) -> np.ndarray:
+    """Indexed by ``e % E``: whether ``slot`` is in ``write_set(e)``."""
+    table = np.array([slot in write_set(r, ensemble_size, write_quorum)
+                      for r in range(ensemble_size)], dtype=bool)
+    table.flags.writeable = False
+    return table
+
+
+def holds(entry_ids: np.ndarray, ensemble_size: int, write_quorum: int,
+          slot: int) -> np.ndarray:
+    """Mask: which of ``entry_ids`` (an integer array) have ``slot`` in their
+    write set."""
+    mask: np.ndarray = _holder_by_start(ensemble_size, write_quorum, slot)[
+        np.asarray(entry_ids) % ensemble_size]
+    return mask
 
 
 def write_quorums(ensemble_size: int, write_quorum: int) -> list[tuple[int, ...]]:
@@ -47,21 +71,6 @@ def is_covered(ensemble_size: int, write_quorum: int, ack_quorum: int,
     need = coverage_threshold(write_quorum, ack_quorum)
     return all(sum(1 for s in q if s in got) >= need
                for q in write_quorums(ensemble_size, write_quorum))
-
-
-def can_still_cover(ensemble_size: int, write_quorum: int, ack_quorum: int,
-                    answered: Iterable[int], failed: Iterable[int]) -> bool:
-    """False once so many slots failed that coverage is impossible."""
-    bad = set(failed) - set(answered)
-    return is_covered(ensemble_size, write_quorum, ack_quorum,
-                      [s for s in range(ensemble_size) if s not in bad])
-
-
-def entry_missing(entry_id: int, ensemble_size: int, write_quorum: int, ack_quorum: int,
-                  no_entry_slots: Iterable[int]) -> bool:
-    """True iff (Qw-Qa)+1 slots of the entry's write set answered NoSuchEntry."""
-    ws = set(write_set(entry_id, ensemble_size, write_quorum))
-    return len(ws & set(no_entry_slots)) >= coverage_threshold(write_quorum, ack_quorum)
 
 
 @dataclass

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pybk_spark.protocol.distribution import write_quorums
+from pybk_spark.protocol.distribution import holds, write_quorums
 
 
 @dataclass(frozen=True)
@@ -70,8 +70,8 @@ class Resend:
     def entry_ids(self) -> np.ndarray:
         """The ids to resend (ascending)."""
         ids = np.arange(self.first, self.last + 1, dtype=np.int64)
-        return ids[((self.slot - ids % self.ensemble_size) % self.ensemble_size)
-                   < self.write_quorum]
+        held: np.ndarray = ids[holds(ids, self.ensemble_size, self.write_quorum, self.slot)]
+        return held
 
 
 class _Run:
@@ -135,8 +135,7 @@ class PendingAdds:
 
     def holds(self, entry_ids: np.ndarray, slot: int) -> np.ndarray:
         """Mask: which of ``entry_ids`` have ``slot`` in their write set."""
-        E = len(self.ensemble)
-        return ((slot - entry_ids % E) % E) < self.write_quorum
+        return holds(entry_ids, len(self.ensemble), self.write_quorum, slot)
 
     # -- inputs ---------------------------------------------------------------------
     def assign(self, count: int) -> list[int]:
@@ -165,13 +164,12 @@ class PendingAdds:
         if self.ensemble[slot] != bookie or self._slot_unavailable(slot):
             return []
         lo = max(first, self.lac + 1)
-        E = len(self.ensemble)
         for run in self._runs:
             a, b = max(lo, run.first), min(last, run.last)
             if a > b:
                 continue
             if a == b:          # one id (a synchronous add): no arrays
-                if (slot - a % E) % E < self.write_quorum:
+                if slot in self.write_set(a):
                     run.acks[a - run.first, slot] = True
                 continue
             ids = np.arange(a, b + 1)

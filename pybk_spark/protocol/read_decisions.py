@@ -5,12 +5,13 @@ Theory of operation
 -------------------
 A reader asks bookies; this module says what their answers mean and whom to
 ask next.  The shells (``read_handle``, ``recovery_op``, the re-replication
-in ``admin``) turn typed errors into answer kinds, send the requests and
-verify digests; every rule below is written here once.
+in ``admin``) send the requests and verify digests; every rule below is
+written here once.
 
 Answer kinds: ``OK`` (rows, or a LAC), ``NO_ENTRY`` (NoSuchEntry),
 ``NO_LEDGER`` (NoSuchLedger), ``CORRUPT`` (rows arrived, none usable),
-``ERROR`` (anything else: down, timeout, damaged bookie).
+``ERROR`` (anything else: down, timeout, damaged bookie).  ``answer_kind``
+turns a request's outcome (its typed error, or None) into one of them.
 
 * Verified prefix (``usable_prefix``, ``verified_prefix``).  Rows answering a
   read for ids from ``e`` are usable only as a prefix: the first row must be
@@ -55,6 +56,7 @@ from typing import Callable
 
 import numpy as np
 
+from pybk_spark import errors
 from pybk_spark.protocol.distribution import is_covered, write_set
 
 OK = "ok"
@@ -68,6 +70,19 @@ BAD_DIGEST_ALL = "bad_digest_all"
 MISSING = "missing"
 BAD_DIGEST = "bad_digest"
 FAILED = "failed"
+
+
+def answer_kind(exc: BaseException | None) -> str:
+    """The kind of a bookie's answer from its outcome: None (it answered;
+    rows, if any, are judged by the caller) -> OK; NoSuchLedger ->
+    NO_LEDGER; NoSuchEntry -> NO_ENTRY; any other error -> ERROR."""
+    if exc is None:
+        return OK
+    if isinstance(exc, errors.NoSuchLedger):
+        return NO_LEDGER
+    if isinstance(exc, errors.NoSuchEntry):
+        return NO_ENTRY
+    return ERROR
 
 
 # -- verified prefix ---------------------------------------------------------------------------

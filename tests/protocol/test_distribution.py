@@ -1,8 +1,7 @@
-"""Write sets and coverage against naive oracles (exhaustive, E <= 6)."""
-import itertools
+"""Write sets, holders and coverage against naive oracles (exhaustive, E <= 6)."""
+import numpy as np
 
-from pybk_spark.protocol.distribution import (AckSet, entry_missing, is_covered, write_quorums,
-                                              write_set)
+from pybk_spark.protocol.distribution import AckSet, holds, is_covered, write_quorums, write_set
 
 
 def test_seed_example_write_quorums():
@@ -43,17 +42,14 @@ def test_coverage_exhaustive_against_oracle():
     assert checked > 1000
 
 
-def test_entry_missing_exhaustive():
+def test_holds_matches_write_set_exhaustive():
+    ids = np.arange(0, 40, dtype=np.int64)
     for E in range(1, 7):
         for Qw in range(1, E + 1):
-            for Qa in range(1, Qw + 1):
-                for e in range(E):
-                    ws = write_set(e, E, Qw)
-                    for k in range(len(ws) + 1):
-                        for no in itertools.combinations(range(E), k):
-                            holders_possible = len(set(ws) - set(no))
-                            # missing <=> fewer than Qa replicas can hold it (never acked)
-                            assert entry_missing(e, E, Qw, Qa, no) == (holders_possible < Qa)
+            for slot in range(E):
+                mask = holds(ids, E, Qw, slot)
+                assert mask.dtype == bool
+                assert mask.tolist() == [slot in write_set(int(e), E, Qw) for e in ids]
 
 
 def test_ackset():

@@ -7,9 +7,20 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pybk_spark import errors
 from pybk_spark.protocol import read_decisions as rd
 from pybk_spark.protocol import recovery as rc
 from pybk_spark.protocol.distribution import is_covered, write_set
+
+
+# -- answer kinds --------------------------------------------------------------------------------
+def test_answer_kind_of_each_outcome():
+    assert rd.answer_kind(None) == rd.OK
+    assert rd.answer_kind(errors.NoSuchLedger(ledger_id=1)) == rd.NO_LEDGER
+    assert rd.answer_kind(errors.NoSuchEntry(ledger_id=1, entry_id=2)) == rd.NO_ENTRY
+    for exc in (errors.BookieUnavailable("down"), errors.Timeout("slow"),
+                errors.Unauthorized("wrong key"), errors.LedgerFenced(), OSError("reset")):
+        assert rd.answer_kind(exc) == rd.ERROR, exc
 
 
 # -- verified prefix -----------------------------------------------------------------------------

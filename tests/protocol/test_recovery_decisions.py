@@ -71,6 +71,45 @@ def test_entry_probe():
     assert write_set(5, 5, 3) == s
 
 
+def _naive_probe_status(ws, Qa, kinds):
+    """What the answers of write set ``ws`` say about an entry above the LAC:
+    any copy exists; missing iff fewer than Qa slots may still hold it (it
+    was never acknowledged); undecidable once all answered otherwise."""
+    said = {s: kinds[s] for s in ws if kinds[s] is not None}
+    if rc.OK in said.values():
+        return rc.EXISTS
+    no = {s for s, k in said.items() if k in (rc.NO_ENTRY, rc.NO_LEDGER)}
+    if len(set(ws) - no) < Qa:
+        return rc.MISSING
+    if len(said) == len(ws):
+        return rc.UNRECOVERABLE
+    return rc.UNDECIDED
+
+
+def test_entry_probe_exhaustive_against_oracle():
+    """Every answer combination over small ensembles, slots outside the write
+    set included (they are ignored), checked after each answer."""
+    kinds_all = [rc.OK, rc.NO_ENTRY, rc.NO_LEDGER, rc.ERROR, None]
+    checked = 0
+    for E in range(1, 5):
+        for Qw in range(1, E + 1):
+            for Qa in range(1, Qw + 1):
+                for e in range(E):
+                    ws = write_set(e, E, Qw)
+                    for kinds in itertools.product(kinds_all, repeat=E):
+                        p = rc.EntryProbe(e, E, Qw, Qa)
+                        so_far = [None] * E
+                        for s, k in enumerate(kinds):
+                            if k is None:
+                                continue
+                            so_far[s] = k
+                            got = p.on_answer(s, k)
+                            assert got == _naive_probe_status(ws, Qa, so_far), (E, Qw, Qa, e, so_far)
+                            checked += 1
+                        assert p.status == _naive_probe_status(ws, Qa, kinds)
+    assert checked > 10000
+
+
 def test_pure_core_imports_no_io():
     import ast
     import pathlib
