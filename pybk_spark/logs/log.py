@@ -4,7 +4,9 @@ and non-fencing tailing readers.
 Theory of operation (the seed's "Ledgers to logs", in this order)
 ------------------------------------------------------------------
 Leader open (``LogWriter.open``):
-  1. read the ledger list;  2. fence AND recover the last two ledgers (the
+  1. read the ledger list (and check the writer's password against the
+  log's before any ledger is fenced or created: ``claim_log_password``);
+  2. fence AND recover the last two ledgers (the
   previous leader may be writing to the second-to-last while adding the last);
   3. create a new ledger;  4. append it;  5. CAS the list back.  On a CAS
   conflict (or the tail moved) start again at 1.  No append is served before
@@ -52,10 +54,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
 from pybk_spark import errors
-from pybk_spark.metadata.store import log_key
+from pybk_spark.metadata.store import log_key, read_ledger_metadata
 from pybk_spark.protocol import append_time
 from pybk_spark.protocol import log_metadata as logmd
-from pybk_spark.protocol.ledger_metadata import CLOSED
+from pybk_spark.protocol.ledger_metadata import CLOSED, key_check
 from pybk_spark.protocol.log_metadata import LogMetadata, Position
 from pybk_spark.metadata import keys
 
@@ -147,16 +149,45 @@ def read_log(store, name: str) -> tuple[LogMetadata, int]:
     return got[0], got[1]
 
 
-def read_or_create_log(store, name: str) -> tuple[LogMetadata, int]:
+def read_or_create_log(store, name: str, password_check: str = "") -> tuple[LogMetadata, int]:
+    """The log's metadata, creating it (recording ``password_check``, the
+    creating writer's) when there is none."""
     while True:
         got = _read(store, name)
         if got is not None:
             return got[0], got[1]
-        md = logmd.new_log(name)
+        md = logmd.new_log(name, password_check)
         try:
             return md, store.put_if_absent(log_key(name), md.to_json())
         except errors.MetadataVersion:
             continue
+
+
+def claim_log_password(store, name: str, password: bytes) -> LogMetadata:
+    """Before a writer creates any ledger: the log (created if absent) with
+    ``password``'s check recorded, or ``Unauthorized`` naming the log when
+    it records another password.  A log that records none (written before
+    it was recorded) adopts this one only if it opens the log's newest
+    ledger, checked against that ledger's metadata; the claim is a CAS that
+    re-decides if another writer claimed first."""
+    check = key_check(password)
+    md, _ = read_or_create_log(store, name, check)
+    logmd.check_writer_password(md, check)
+    if md.password_check:
+        return md
+    for segment in reversed(md.segments):
+        try:
+            ledger = read_ledger_metadata(store, segment.ledger_id)
+        except errors.NoSuchLedger:
+            continue                                  # deleted: the one before decides
+        if ledger.password_check and ledger.password_check != check:
+            raise errors.Unauthorized(
+                f"wrong password for log {name!r}: it does not open the log's newest ledger "
+                f"{segment.ledger_id}; a log has one password, the one its ledgers were "
+                "written with", log=name, ledger_id=segment.ledger_id)
+        if ledger.password_check:
+            break
+    return update_log(store, name, lambda m: logmd.claim_password(m, check))
 
 
 def update_log(store, name: str, transform: Callable[[LogMetadata], LogMetadata]) -> LogMetadata:
@@ -266,14 +297,16 @@ class LogWriter:
     # seed steps 1-5
     def open(self, max_attempts: int = 50) -> "LogWriter":
         store = self._bk.metadata_store
+        check = key_check(self._password)
         for _ in range(max_attempts):
-            md, _ = read_or_create_log(store, self.name)                     # 1
+            md = claim_log_password(store, self.name, self._password)        # 1
             fenced_tail = logmd.tail_ids(md)
             closed = recover_tail(self._bk, md, self._password)               # 2
             handle = self._create_ledger()                                    # 3
             try:
                 new = update_log(store, self.name, lambda m: logmd.open_as_leader(   # 4 + 5
-                    m, fenced_tail, closed, handle.ledger_id))  # noqa: B023 (called within this iteration)
+                    logmd.claim_password(m, check), fenced_tail, closed,  # noqa: B023 (called within this iteration)
+                    handle.ledger_id))  # noqa: B023
             except logmd.LeaderConflict:
                 self._discard(handle)
                 continue
