@@ -255,11 +255,16 @@ def list_logs(store) -> list[str]:
 
 
 def recover_tail(bk, md: LogMetadata, password: bytes) -> dict[int, tuple[int, int]]:
-    """Seed step 2: fence and recover the last two ledgers; their final sizes."""
+    """Seed step 2: fence and recover the last two ledgers; their final sizes.
+    A ledger already closed needs neither, and is not opened: in a log older
+    writers left with segments under different passwords, it may be one this
+    writer's password does not open."""
     closed = {}
     for ledger_id in logmd.tail_ids(md):
         try:
-            rh = bk.open_ledger(ledger_id, password=password, recovery=True)
+            meta = bk.get_ledger_metadata(ledger_id)
+            if not meta.is_closed:
+                meta = bk.open_ledger(ledger_id, password=password, recovery=True).metadata
         except errors.NoSuchLedger:
             # listed but gone: a writer before session 12 deleted a ledger
             # whose roll CAS had in fact landed (see LogWriter._abandon).  It
@@ -268,7 +273,6 @@ def recover_tail(bk, md: LogMetadata, password: bytes) -> dict[int, tuple[int, i
             # readers step over it.
             closed[ledger_id] = (-1, 0)
             continue
-        meta = rh.metadata
         closed[ledger_id] = (meta.last_entry_id, append_time.payload_bytes(
             meta.length, meta.last_entry_id + 1, meta.custom))
     return closed
