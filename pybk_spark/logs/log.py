@@ -169,25 +169,40 @@ def claim_log_password(store, name: str, password: bytes) -> LogMetadata:
     it records another password.  A log that records none (written before
     it was recorded) adopts this one only if it opens the log's newest
     ledger, checked against that ledger's metadata; the claim is a CAS that
-    re-decides if another writer claimed first."""
+    re-decides if another writer claimed first, and checks again if the
+    list changed since that ledger was checked."""
     check = key_check(password)
-    md, _ = read_or_create_log(store, name, check)
-    logmd.check_writer_password(md, check)
-    if md.password_check:
-        return md
+    for _ in range(100):
+        md, _ = read_or_create_log(store, name, check)
+        logmd.check_writer_password(md, check)
+        if md.password_check:
+            return md
+        _check_newest_ledger(store, md, check)
+        checked = md.ledger_ids
+        new = update_log(store, name, lambda m: logmd.claim_password(m, check)  # noqa: B023
+                         if m.password_check or m.ledger_ids == checked else m)  # noqa: B023
+        if new.password_check:
+            return new
+    raise errors.MetadataVersion(f"log {name!r}: its list kept changing while its password "
+                                 "was checked", log=name)
+
+
+def _check_newest_ledger(store, md: LogMetadata, check: str) -> None:
+    """``Unauthorized`` unless the password of ``check`` opens the log's newest
+    ledger that records one (a deleted ledger is stepped over)."""
     for segment in reversed(md.segments):
         try:
             ledger = read_ledger_metadata(store, segment.ledger_id)
         except errors.NoSuchLedger:
-            continue                                  # deleted: the one before decides
-        if ledger.password_check and ledger.password_check != check:
+            continue
+        if not ledger.password_check:
+            continue
+        if ledger.password_check != check:
             raise errors.Unauthorized(
-                f"wrong password for log {name!r}: it does not open the log's newest ledger "
+                f"wrong password for log {md.name!r}: it does not open the log's newest ledger "
                 f"{segment.ledger_id}; a log has one password, the one its ledgers were "
-                "written with", log=name, ledger_id=segment.ledger_id)
-        if ledger.password_check:
-            break
-    return update_log(store, name, lambda m: logmd.claim_password(m, check))
+                "written with", log=md.name, ledger_id=segment.ledger_id)
+        return
 
 
 def update_log(store, name: str, transform: Callable[[LogMetadata], LogMetadata]) -> LogMetadata:
