@@ -74,6 +74,10 @@ def _readlog_args(p):
     p.add_argument("--max", type=int, default=0, metavar="N", help="stop after N records")
     p.add_argument("--hex", action="store_true", help="print raw payloads as hex")
     password_arg(p)
+    p.add_argument("--extra-password", dest="extra_passwords", action="append", default=[],
+                   metavar="PW", help="another password to try per segment, for a log whose "
+                                      "segments were written under different passwords "
+                                      "(repeatable)")
 
 
 def _parse_position(text: str):
@@ -118,7 +122,8 @@ def _readlog(args) -> int:
     records = []
     with client(args) as bk:
         decode = _dataframe_decoder(bk.metadata_store, args.name)
-        reader = LogReader(bk, args.name, start, password=password_of(args) or b"")
+        reader = LogReader(bk, args.name, start, password=password_of(args) or b"",
+                           other_passwords=[p.encode() for p in args.extra_passwords])
         try:
             while limit is None or count < limit:
                 want = 100_000 if limit is None else limit - count

@@ -30,7 +30,7 @@ import threading
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 from pybk_spark import errors
 from pybk_spark.config import ClientConfig, as_config
@@ -175,10 +175,16 @@ class BookKeeper:
         """A fresh ledger id (etcd CAS counter), never handed out again."""
         return self.metadata_store.next_id()
 
-    def open_ledger(self, ledger_id: int, password: bytes = b"", recovery: bool = True) -> ReadHandle:
+    def open_ledger(self, ledger_id: int, password: bytes = b"", recovery: bool = True, *,
+                    other_passwords: Sequence[bytes] = ()) -> ReadHandle:
+        """``other_passwords``: tried after ``password``; the ledger opens
+        with the first whose check its metadata records (a log whose
+        segments were written under different passwords)."""
         self._check_open()
         password = _as_bytes(password)
         md = self.get_ledger_metadata(ledger_id)
+        if other_passwords:
+            password = lm.password_for(md, [password, *map(_as_bytes, other_passwords)])
         lm.check_password(md, password)
         if recovery:
             return recover(self.context, md, password)

@@ -4,7 +4,9 @@ and non-fencing tailing readers.
 Theory of operation ("Ledgers to logs", in this order)
 ------------------------------------------------------
 Leader open (``LogWriter.open``):
-  1. read the ledger list;  2. fence AND recover the last two ledgers (the
+  1. read the ledger list (and check the writer's password against the
+  log's before any ledger is fenced or created: ``claim_log_password``);
+  2. fence AND recover the last two ledgers (the
   previous leader may be writing to the second-to-last while adding the last);
   3. create a new ledger;  4. append it;  5. CAS the list back.  On a CAS
   conflict (or the tail moved) start again at 1.  No append is served before
@@ -52,10 +54,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
 from pybk_spark import errors
-from pybk_spark.metadata.store import log_key
+from pybk_spark.metadata.store import log_key, read_ledger_metadata
 from pybk_spark.protocol import append_time
 from pybk_spark.protocol import log_metadata as logmd
-from pybk_spark.protocol.ledger_metadata import CLOSED
+from pybk_spark.protocol.ledger_metadata import CLOSED, key_check
 from pybk_spark.protocol.log_metadata import LogMetadata, Position
 from pybk_spark.metadata import keys
 
@@ -157,16 +159,60 @@ def _log_hint(store, name: str) -> str:
     return f"; {hint}" if hint else ""
 
 
-def read_or_create_log(store, name: str) -> tuple[LogMetadata, int]:
+def read_or_create_log(store, name: str, password_check: str = "") -> tuple[LogMetadata, int]:
+    """The log's metadata, creating it (recording ``password_check``, the
+    creating writer's) when there is none."""
     while True:
         got = _read(store, name)
         if got is not None:
             return got[0], got[1]
-        md = logmd.new_log(name)
+        md = logmd.new_log(name, password_check)
         try:
             return md, store.put_if_absent(log_key(name), md.to_json())
         except errors.MetadataVersion:
             continue
+
+
+def claim_log_password(store, name: str, password: bytes) -> LogMetadata:
+    """Before a writer creates any ledger: the log (created if absent) with
+    ``password``'s check recorded, or ``Unauthorized`` naming the log when
+    it records another password.  A log that records none (written before
+    it was recorded) adopts this one only if it opens the log's newest
+    ledger, checked against that ledger's metadata; the claim is a CAS that
+    re-decides if another writer claimed first, and checks again if the
+    list changed since that ledger was checked."""
+    check = key_check(password)
+    for _ in range(100):
+        md, _ = read_or_create_log(store, name, check)
+        logmd.check_writer_password(md, check)
+        if md.password_check:
+            return md
+        _check_newest_ledger(store, md, check)
+        checked = md.ledger_ids
+        new = update_log(store, name, lambda m: logmd.claim_password(m, check)  # noqa: B023
+                         if m.password_check or m.ledger_ids == checked else m)  # noqa: B023
+        if new.password_check:
+            return new
+    raise errors.MetadataVersion(f"log {name!r}: its list kept changing while its password "
+                                 "was checked", log=name)
+
+
+def _check_newest_ledger(store, md: LogMetadata, check: str) -> None:
+    """``Unauthorized`` unless the password of ``check`` opens the log's newest
+    ledger that records one (a deleted ledger is stepped over)."""
+    for segment in reversed(md.segments):
+        try:
+            ledger = read_ledger_metadata(store, segment.ledger_id)
+        except errors.NoSuchLedger:
+            continue
+        if not ledger.password_check:
+            continue
+        if ledger.password_check != check:
+            raise errors.Unauthorized(
+                f"wrong password for log {md.name!r}: it does not open the log's newest ledger "
+                f"{segment.ledger_id}; a log has one password, the one its ledgers were "
+                "written with", log=md.name, ledger_id=segment.ledger_id)
+        return
 
 
 def update_log(store, name: str, transform: Callable[[LogMetadata], LogMetadata]) -> LogMetadata:
@@ -234,11 +280,16 @@ def list_logs(store) -> list[str]:
 
 
 def recover_tail(bk, md: LogMetadata, password: bytes) -> dict[int, tuple[int, int]]:
-    """Seed step 2: fence and recover the last two ledgers; their final sizes."""
+    """Seed step 2: fence and recover the last two ledgers; their final sizes.
+    A ledger already closed needs neither, and is not opened: in a log older
+    writers left with segments under different passwords, it may be one this
+    writer's password does not open."""
     closed = {}
     for ledger_id in logmd.tail_ids(md):
         try:
-            rh = bk.open_ledger(ledger_id, password=password, recovery=True)
+            meta = bk.get_ledger_metadata(ledger_id)
+            if not meta.is_closed:
+                meta = bk.open_ledger(ledger_id, password=password, recovery=True).metadata
         except errors.NoSuchLedger:
             # listed but gone: a writer of an older version deleted a ledger
             # whose roll CAS had in fact landed (see LogWriter._abandon).  It
@@ -247,7 +298,6 @@ def recover_tail(bk, md: LogMetadata, password: bytes) -> dict[int, tuple[int, i
             # readers step over it.
             closed[ledger_id] = (-1, 0)
             continue
-        meta = rh.metadata
         closed[ledger_id] = (meta.last_entry_id, append_time.payload_bytes(
             meta.length, meta.last_entry_id + 1, meta.custom))
     return closed
@@ -276,14 +326,16 @@ class LogWriter:
     # seed steps 1-5
     def open(self, max_attempts: int = 50) -> "LogWriter":
         store = self._bk.metadata_store
+        check = key_check(self._password)
         for _ in range(max_attempts):
-            md, _ = read_or_create_log(store, self.name)                     # 1
+            md = claim_log_password(store, self.name, self._password)        # 1
             fenced_tail = logmd.tail_ids(md)
             closed = recover_tail(self._bk, md, self._password)               # 2
             handle = self._create_ledger()                                    # 3
             try:
                 new = update_log(store, self.name, lambda m: logmd.open_as_leader(   # 4 + 5
-                    m, fenced_tail, closed, handle.ledger_id))  # noqa: B023 (called within this iteration)
+                    logmd.claim_password(m, check), fenced_tail, closed,  # noqa: B023 (called within this iteration)
+                    handle.ledger_id))  # noqa: B023
             except logmd.LeaderConflict:
                 self._discard(handle)
                 continue

@@ -25,7 +25,7 @@ append-time header here (protocol/append_time.py): batches carry it as a
 """
 from __future__ import annotations
 
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence
 
 import pyarrow as pa
 
@@ -40,8 +40,12 @@ from pybk_spark.wire.entries import one_batch
 
 class LogReader:
     def __init__(self, bk, name: str, start="earliest", *, password: bytes = b"",
+                 other_passwords: Sequence[bytes] = (),
                  poll_timeout_s: float = 1.0, max_batch_entries: int = 1000):
+        """``other_passwords``: tried per segment after ``password``, for a
+        log whose segments were written under different passwords."""
         self._bk, self.name, self._password = bk, name, password
+        self._others = {"other_passwords": tuple(other_passwords)} if other_passwords else {}
         self._poll_timeout = poll_timeout_s
         self._max_batch = max_batch_entries
         self._handles: dict[int, object] = {}
@@ -76,7 +80,8 @@ class LogReader:
     def _handle(self, ledger_id: int):
         rh = self._handles.get(ledger_id)
         if rh is None:
-            rh = self._bk.open_ledger(ledger_id, password=self._password, recovery=False)
+            rh = self._bk.open_ledger(ledger_id, password=self._password, recovery=False,
+                                      **self._others)
             self._handles[ledger_id] = rh
         return rh
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field, replace
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from pybk_spark import errors
 
@@ -205,6 +205,23 @@ def check_password(md: LedgerMetadata, password: bytes) -> None:
                 "(pybk: --password)", ledger_id=md.ledger_id)
         raise errors.Unauthorized("wrong password for ledger: not the one it was created with",
                                   ledger_id=md.ledger_id)
+
+
+def password_for(md: LedgerMetadata, candidates: Sequence[bytes]) -> bytes:
+    """The first of ``candidates`` (non-empty) that opens the ledger: a reader
+    given several passwords (a log whose segments were written under
+    different ones) uses, per ledger, the one its metadata records.
+    ``Unauthorized`` when none does."""
+    if not md.password_check:
+        return candidates[0]
+    if len(candidates) == 1:
+        check_password(md, candidates[0])
+        return candidates[0]
+    for password in candidates:
+        if key_check(password) == md.password_check:
+            return password
+    raise errors.Unauthorized(f"none of the {len(candidates)} passwords given opens ledger",
+                              ledger_id=md.ledger_id)
 
 
 def to_in_recovery(md: LedgerMetadata) -> LedgerMetadata:

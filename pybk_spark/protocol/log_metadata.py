@@ -27,6 +27,16 @@ first and last entry when known (-1 otherwise; older metadata has neither),
 recorded with its size; a time-based start skips segments by them
 (protocol/append_time.py).
 
+One password per log: ``password_check`` is the check of the password its
+ledgers are written with, the value a ledger's metadata records
+(``ledger_metadata.key_check``; never the password or the key itself).
+The first writer sets it in the CAS that creates the log or in the first
+change it makes (``claim_password``); a writer with another password is
+refused before it creates a ledger, and every writer's CAS re-checks it.
+A log that has none (written before it was recorded) takes the first
+writer's whose password opens the log's newest ledger: the caller checks
+that against the ledger's metadata before it claims.
+
 Chunks: a log's list is one value only while it is short.  etcd refuses a
 request over ``--max-request-bytes`` (1.5 MiB by default), about 8,000
 segments at ~190 bytes each, which a streaming sink reaches in hours.  So
@@ -112,6 +122,7 @@ class LogMetadata:
     epoch: int = 0                               # bumped by every leader open
     sink_commits: Mapping[str, int] = field(default_factory=dict)   # query id -> last batch id
     properties: Mapping[str, str] = field(default_factory=dict)
+    password_check: str = ""                     # key_check of the log's password; "" = none yet
 
     @property
     def ledger_ids(self) -> list[int]:
@@ -128,12 +139,15 @@ class LogMetadata:
         return Position(self.truncated_ledgers + self.segment_index(ledger_id), ledger_id, entry_id)
 
     def to_json(self) -> bytes:
-        return json.dumps({
+        d: dict[str, Any] = {
             "name": self.name, "segments": [s.to_dict() for s in self.segments],
             "schema": self.schema, "truncated_offset": self.truncated_offset,
             "truncated_ledgers": self.truncated_ledgers, "epoch": self.epoch,
             "sink_commits": dict(self.sink_commits), "properties": dict(self.properties),
-        }, sort_keys=True).encode()
+        }
+        if self.password_check:            # optional: a log without one reads as before
+            d["password_check"] = self.password_check
+        return json.dumps(d, sort_keys=True).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> "LogMetadata":
@@ -151,7 +165,8 @@ class LogMetadata:
                 truncated_ledgers=int(d.get("truncated_ledgers", 0)),
                 epoch=int(d.get("epoch", 0)),
                 sink_commits={k: int(v) for k, v in d.get("sink_commits", {}).items()},
-                properties=dict(d.get("properties", {})))
+                properties=dict(d.get("properties", {})),
+                password_check=str(d.get("password_check") or ""))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise errors.MetadataError(f"corrupt log metadata: {exc}") from None
 
@@ -165,10 +180,25 @@ def _with_offsets(segments: Iterable[Segment], first_offset: int) -> tuple[Segme
     return tuple(out)
 
 
-def new_log(name: str) -> LogMetadata:
+def new_log(name: str, password_check: str = "") -> LogMetadata:
     if not name or "/" in name or len(name) > 200:
         raise errors.IncorrectParameter(f"bad log name {name!r}: non-empty, no '/', <= 200 chars")
-    return LogMetadata(name=name)
+    return LogMetadata(name=name, password_check=password_check)
+
+
+def check_writer_password(md: LogMetadata, password_check: str) -> None:
+    """``Unauthorized`` naming the log when it records another password."""
+    if md.password_check and md.password_check != password_check:
+        raise errors.Unauthorized(
+            f"wrong password for log {md.name!r}: a log has one password, the one its first "
+            "writer used; write with that password, or to another log", log=md.name)
+
+
+def claim_password(md: LogMetadata, password_check: str) -> LogMetadata:
+    """The log with its password recorded: unchanged when it records this
+    one, ``Unauthorized`` when it records another."""
+    check_writer_password(md, password_check)
+    return md if md.password_check else replace(md, password_check=password_check)
 
 
 def tail_ids(md: LogMetadata, n: int = 2) -> tuple[int, ...]:

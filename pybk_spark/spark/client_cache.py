@@ -11,7 +11,7 @@ on such a client.
 from __future__ import annotations
 
 import atexit
-from typing import Any
+from typing import Any, Sequence
 
 
 _CLIENTS: dict[tuple, Any] = {}
@@ -65,7 +65,12 @@ def _close_clients() -> None:
         drop_client(uri, conf)
 
 
-def open_handle(bk, ledger_id: int, *, recovery: bool, password: bytes):
+def open_handle(bk, ledger_id: int, *, recovery: bool, passwords: Sequence[bytes]):
+    """Open with the first of ``passwords`` the ledger's metadata accepts."""
+    password, *others = passwords or (b"",)
+    if others:
+        return bk.open_ledger(ledger_id, recovery=recovery, password=password,
+                              other_passwords=others)
     if password:
         return bk.open_ledger(ledger_id, recovery=recovery, password=password)
     return bk.open_ledger(ledger_id, recovery=recovery)

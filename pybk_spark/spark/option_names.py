@@ -34,7 +34,7 @@ COMMON_READ = (
     "metadataServiceUri", "log", "startingOffsets", "includeMetadata", "password",
     "maxEntriesPerPartition", "readBatchEntries", "readBatchBytes", "readAheadBatches",
     "readWindowsInFlight", "failOnDataLoss", "minPartitions", "startingTimestamp", "logs",
-    "logPattern",
+    "logPattern", "extraPasswords",
 ) + KNOWN_TLS_OPTIONS
 BATCH_READ = COMMON_READ + ("ledgers", "endingOffsets", "recovery", "path", "endingTimestamp",
                             "startingOffsetsByTimestamp", "endingOffsetsByTimestamp")

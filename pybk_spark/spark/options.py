@@ -55,6 +55,7 @@ class ReadOptions:
     read_ahead_batches: int = DEFAULT_READ_AHEAD_BATCHES
     read_windows_in_flight: int = DEFAULT_READ_WINDOWS_IN_FLIGHT
     password: bytes = b""
+    extra_passwords: tuple[bytes, ...] = ()  # tried per ledger after password (extraPasswords)
     include_metadata: bool = False          # DataFrame logs: add _ledger_id, _entry_id
     fail_on_data_loss: bool = True          # truncated position / deleted ledger: LogTruncated
     min_partitions: Optional[int] = None    # split slices until there are at least this many
@@ -63,11 +64,31 @@ class ReadOptions:
     log_pattern: Optional[str] = None       # regex over log names (multi_log.py)
     times: TimeBounds = TimeBounds()        # start / end by append time (time_options.py)
 
+    @property
+    def passwords(self) -> tuple[bytes, ...]:
+        """Every password a ledger of this read may be opened with, in order."""
+        return (self.password,) + self.extra_passwords
+
     def start_for(self, ledger_id: int) -> int:
         return self.starting.get(ledger_id, self.starting_default)
 
     def end_for(self, ledger_id: int) -> int:
         return self.ending.get(ledger_id, self.ending_default)
+
+
+def parse_extra_passwords(value: Optional[str]) -> tuple[bytes, ...]:
+    """Option ``extraPasswords``: a JSON array of strings (a password may
+    hold any character, a comma too)."""
+    if value is None or not str(value).strip():
+        return ()
+    try:
+        got = json.loads(value)
+    except ValueError:
+        got = None
+    if not isinstance(got, list) or not all(isinstance(p, str) for p in got):
+        raise errors.IncorrectParameter(
+            "option 'extraPasswords' must be a JSON array of strings, e.g. '[\"old-password\"]'")
+    return tuple(p.encode() for p in got)
 
 
 def option(options: Mapping[str, str], name: str) -> Optional[str]:
@@ -326,6 +347,7 @@ def parse_read_options(options: Mapping[str, str], *, check_names: bool = True) 
             "readWindowsInFlight", option(options, "readWindowsInFlight"),
             DEFAULT_READ_WINDOWS_IN_FLIGHT),
         password=password.encode() if password else b"",
+        extra_passwords=parse_extra_passwords(option(options, "extraPasswords")),
         include_metadata=parse_bool("includeMetadata", option(options, "includeMetadata"), False),
         fail_on_data_loss=parse_bool("failOnDataLoss", option(options, "failOnDataLoss"), True),
         min_partitions=parse_positive_int("minPartitions", option(options, "minPartitions"), 0)

@@ -53,7 +53,7 @@ from pybk_spark.spark import arrow_codec, data_loss
 from pybk_spark.spark.client_cache import close_handle, drop_client, open_handle, worker_client
 from pybk_spark.spark.options import ReadOptions
 from pybk_spark.spark.planning import LedgerView, Slice, plan_slices, split_to_min
-from pybk_spark.protocol.ledger_metadata import check_password
+from pybk_spark.protocol.ledger_metadata import password_for
 from pybk_spark.spark.read_ahead import read_ahead
 from pybk_spark.logs.log_reader import with_append_time
 from pybk_spark.wire.entries import one_batch
@@ -200,10 +200,10 @@ def ledger_view(bk, ledger_id: int, opts: ReadOptions) -> LedgerView:
     """Fix the readable prefix of one ledger (see module docstring).  A wrong
     password fails here, on the driver, before any task is planned."""
     md = bk.get_ledger_metadata(ledger_id)
-    check_password(md, opts.password)
+    password_for(md, opts.passwords)
     if md.state == CLOSED_STATE:
         return LedgerView(ledger_id, tuple(md.fragments()), md.last_entry_id)
-    handle = open_handle(bk, ledger_id, recovery=opts.recovery, password=opts.password)
+    handle = open_handle(bk, ledger_id, recovery=opts.recovery, passwords=opts.passwords)
     try:
         readable_last = None if opts.recovery else handle.last_add_confirmed
     finally:
@@ -276,7 +276,7 @@ def catch_up_lac(handle, planned_last: int) -> None:
 
 
 def read_slice(bk, part: LedgerSlicePartition, opts: ReadOptions) -> Iterator[pa.RecordBatch]:
-    handle = open_handle(bk, part.ledger_id, recovery=False, password=opts.password)
+    handle = open_handle(bk, part.ledger_id, recovery=False, passwords=opts.passwords)
     try:
         catch_up_lac(handle, part.last)
         expected = part.first

@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional, Sequence
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -47,7 +47,7 @@ from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadM
 
 from pybk_spark import errors
 from pybk_spark.spark import data_loss
-from pybk_spark.protocol.ledger_metadata import check_password
+from pybk_spark.protocol.ledger_metadata import password_for
 from pybk_spark.protocol.log_metadata import SEGMENT_CLOSED, LogMetadata
 from pybk_spark.spark.options import LATEST, StreamOptions
 from pybk_spark.spark.planning import LedgerView, plan_ledger, split_to_min
@@ -57,7 +57,7 @@ from pybk_spark.spark.stream_offsets import (Extent, Offset, advance, count, del
 CLOSED_STATE = "CLOSED"
 
 
-def measure(bk, md: LogMetadata, from_index: int, password: bytes, *,
+def measure(bk, md: LogMetadata, from_index: int, passwords: Sequence[bytes], *,
             read_lac: bool = True, fail_on_data_loss: bool = True) -> list[Extent]:
     """Extents of the log's segments from ``from_index`` up to the first open one.
     A listed ledger that was deleted is data loss (data_loss.py): with
@@ -86,7 +86,7 @@ def measure(bk, md: LogMetadata, from_index: int, password: bytes, *,
             continue
         end = 0
         if read_lac:
-            handle = open_handle(bk, seg.ledger_id, recovery=False, password=password)
+            handle = open_handle(bk, seg.ledger_id, recovery=False, passwords=passwords)
             try:
                 end = handle.last_add_confirmed + 1
             finally:
@@ -119,7 +119,7 @@ def plan_range(bk, md: LogMetadata, begin: Offset, finish: Offset, extents: list
             data_loss.report(opts.fail_on_data_loss, "a ledger of the log was deleted",
                              log=md.name, ledger_id=ledger_id, first=first, last=last)
             continue
-        check_password(meta, opts.password)                   # on the driver, not in tasks
+        password_for(meta, opts.passwords)                    # on the driver, not in tasks
         view = LedgerView(ledger_id, tuple(meta.fragments()), last)
         slices.extend(plan_ledger(view, first, LATEST, opts.max_entries_per_partition))
     return slices
@@ -152,7 +152,7 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return read_log(self._client().metadata_store, self.opts.read.log)[0]
 
     def _extents(self, md: LogMetadata, start: Offset, read_lac: bool = True) -> list[Extent]:
-        return measure(self._client(), md, start.index, self.opts.read.password,
+        return measure(self._client(), md, start.index, self.opts.read.passwords,
                        read_lac=read_lac, fail_on_data_loss=self.opts.read.fail_on_data_loss)
 
     def _end(self, md: LogMetadata, start: Offset, budget: Optional[int]) -> Offset:
@@ -188,7 +188,7 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if self.opts.read.times.start_ms is not None:          # startingTimestamp
             from pybk_spark.spark.time_seek import stream_start
             return self._out(stream_start(self._client(), md, self.opts.read.times.start_ms,
-                                          self.opts.read.password,
+                                          self.opts.read.passwords,
                                           self.opts.read.fail_on_data_loss))
         if self.opts.starting == "earliest":
             return self._out(earliest)

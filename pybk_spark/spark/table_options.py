@@ -33,7 +33,7 @@ t1's log.  So an ``INSERT`` names its target:
 No record reaches the log's own schema: it is recorded canonical, without
 field metadata (arrow_codec.py).
 
-``password`` is never recorded: field metadata is visible to anyone who reads
+``password`` and ``extraPasswords`` are never recorded: field metadata is visible to anyone who reads
 the table's schema (``df.schema``), where Spark would not redact it.  A
 table over password-protected ledgers takes it per query, in ``WITH``.
 
@@ -47,7 +47,7 @@ from typing import Iterable, Mapping, Optional
 from pybk_spark.spark import option_names as names
 
 METADATA_KEY = "pybk.tableOptions"
-NOT_RECORDED = ("password",)
+NOT_RECORDED = ("password", "extraPasswords")
 
 
 def is_table_creation(options: Mapping[str, str]) -> bool:

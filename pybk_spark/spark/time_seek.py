@@ -20,7 +20,7 @@ The start becomes that ledger's first entry, the end its exclusive end, as
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 from pybk_spark.protocol import append_time as at
 from pybk_spark.spark.planning import LedgerView
@@ -45,7 +45,8 @@ class _Log:
         return cls.of(read_log(bk.metadata_store, log)[0])
 
 
-def entry_at_or_after(bk, view: LedgerView, t_ms: int, log: _Log, password: bytes) -> int:
+def entry_at_or_after(bk, view: LedgerView, t_ms: int, log: _Log,
+                      passwords: Sequence[bytes]) -> int:
     """The first entry of ``view`` appended at or after ``t_ms`` (readable
     last + 1 when there is none)."""
     from pybk_spark.spark import arrow_codec
@@ -61,7 +62,7 @@ def entry_at_or_after(bk, view: LedgerView, t_ms: int, log: _Log, password: byte
     prefixed = at.is_time_prefixed(bk.get_ledger_metadata(view.ledger_id).custom)
     if not prefixed and not log.dataframe:
         return none                         # no times: older than any time
-    handle = open_handle(bk, view.ledger_id, recovery=False, password=password)
+    handle = open_handle(bk, view.ledger_id, recovery=False, passwords=passwords)
     try:
         catch_up_lac(handle, view.readable_last)
 
@@ -85,25 +86,25 @@ def resolve(bk, opts, views: list[LedgerView], starts: list[int], ends: list[int
     for i, view in enumerate(views):
         t = bounds.start_for(view.ledger_id)
         if t is not None:
-            starts[i] = entry_at_or_after(bk, view, t, log, opts.password)
+            starts[i] = entry_at_or_after(bk, view, t, log, opts.passwords)
         t = bounds.end_for(view.ledger_id)
         if t is not None:
-            ends[i] = entry_at_or_after(bk, view, t, log, opts.password)
+            ends[i] = entry_at_or_after(bk, view, t, log, opts.passwords)
     return starts, ends
 
 
-def stream_start(bk, md, t_ms: int, password: bytes, fail_on_data_loss: bool):
+def stream_start(bk, md, t_ms: int, passwords: Sequence[bytes], fail_on_data_loss: bool):
     """A stream's first position for ``startingTimestamp``: the first entry, in
     log order, appended at or after ``t_ms`` among the segments readable now;
     the log's current end when there is none (later entries are newer)."""
     from pybk_spark.spark.stream_offsets import Offset, advance
     from pybk_spark.spark.stream_reader import measure
     earliest = Offset(md.truncated_ledgers, 0)
-    extents = measure(bk, md, earliest.index, password, fail_on_data_loss=fail_on_data_loss)
+    extents = measure(bk, md, earliest.index, passwords, fail_on_data_loss=fail_on_data_loss)
     log = _Log.of(md)
     for ext in extents:
         view = LedgerView(ext.ledger_id, (), ext.end - 1)
-        entry = entry_at_or_after(bk, view, t_ms, log, password)
+        entry = entry_at_or_after(bk, view, t_ms, log, passwords)
         if entry < ext.end:
             return Offset(ext.index, entry)
     return advance(earliest, extents)

@@ -3,7 +3,9 @@
 Theory of operation
 -------------------
 Driver, ``writer()`` / ``streamWriter()`` (before any task runs): read or
-create the log, convert the DataFrame schema to its canonical Arrow form
+create the log, refuse a password other than the log's with
+``Unauthorized`` (``logs.log.claim_log_password``; the commit's CAS checks
+it again), convert the DataFrame schema to its canonical Arrow form
 (arrow_codec) and refuse an incompatible append with ``SchemaMismatch`` - no
 data has been written yet.
 
@@ -49,10 +51,11 @@ from pyspark.sql.datasource import (DataSourceArrowWriter, DataSourceStreamArrow
                                     WriterCommitMessage)
 
 from pybk_spark import errors
-from pybk_spark.logs.log import read_or_create_log, update_log
+from pybk_spark.logs.log import claim_log_password, read_or_create_log, update_log
 from pybk_spark.logs.truncation import retain
 from pybk_spark.protocol import append_time
 from pybk_spark.protocol import log_metadata as logmd
+from pybk_spark.protocol.ledger_metadata import key_check
 from pybk_spark.spark import arrow_codec, pending
 from pybk_spark.spark.write_options import WriteOptions
 
@@ -85,7 +88,7 @@ def prepare_log_evolving(bk, opts: WriteOptions, spark_schema, overwrite: bool
     """``prepare_log`` with ``mergeSchema``: -> (schema to record, the recorded
     schema it extends, or None when unchanged)."""
     schema = arrow_codec.spark_to_canonical(spark_schema)
-    md, _ = read_or_create_log(bk.metadata_store, opts.log)
+    md = claim_log_password(bk.metadata_store, opts.log, opts.password)   # Unauthorized here
     if md.schema is not None and not overwrite and opts.merge_schema:
         recorded = arrow_codec.decode_schema(md.schema)
         if not recorded.equals(schema):
@@ -244,9 +247,10 @@ def commit_job(bk, opts: WriteOptions, job: str, schema_text: str, messages, *,
     ledgers = committed_ledgers(messages)
     times = committed_times(messages)
     replaced: list[int] = []
+    check = key_check(opts.password)
 
     def transform(md: logmd.LogMetadata) -> logmd.LogMetadata:
-        new, old = logmd.append_closed(md, ledgers, schema=schema_text, sink=sink,
+        new, old = logmd.append_closed(logmd.claim_password(md, check), ledgers, schema=schema_text, sink=sink,
                                        overwrite=overwrite, base_schema=base_schema,
                                        times=times)
         replaced[:] = old

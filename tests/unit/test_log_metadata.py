@@ -94,3 +94,29 @@ def test_append_closed_evolves_the_schema_only_from_the_base_it_checked():
     assert evolved.schema == "AB" and evolved.ledger_ids == [1, 2]
     with pytest.raises(errors.SchemaMismatch):                # changed concurrently to "AC"
         logmd.append_closed(evolved, [(3, 1, 10, 1)], schema="AC", base_schema="A")
+
+
+def test_one_password_per_log_recorded_as_its_check():
+    from pybk_spark.protocol.ledger_metadata import key_check
+    pw1, pw2 = key_check(b"pw1"), key_check(b"pw2")
+    old = logmd.new_log("l")                       # a log that records no password
+    assert b"password_check" not in old.to_json()
+    assert logmd.LogMetadata.from_json(old.to_json()) == old
+    md = logmd.claim_password(old, pw1)
+    assert md.password_check == pw1 and b"pw1" not in md.to_json()
+    assert logmd.LogMetadata.from_json(md.to_json()) == md
+    assert logmd.claim_password(md, pw1) is md     # the same password: unchanged
+    with pytest.raises(errors.Unauthorized, match="wrong password for log 'l'"):
+        logmd.claim_password(md, pw2)
+    head, _ = logmd.head_from_json(logmd.head_to_json(md, md.segments, ()))
+    assert head.password_check == pw1
+
+
+def test_password_for_picks_the_password_a_ledger_records():
+    from pybk_spark.protocol import ledger_metadata as lm
+    md = lm.new_ledger(7, ("b1",), 1, 1, password=b"pw2")
+    assert lm.password_for(md, [b"pw1", b"pw2"]) == b"pw2"
+    with pytest.raises(errors.Unauthorized, match="none of the 2 passwords"):
+        lm.password_for(md, [b"pw1", b"pw3"])
+    with pytest.raises(errors.Unauthorized, match="wrong password for ledger"):
+        lm.password_for(md, [b"pw1"])
