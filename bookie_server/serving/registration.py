@@ -39,7 +39,14 @@ The claim creates the key of its mode and then re-reads the other mode's key;
 if a foreign one appeared meanwhile it deletes its own and refuses (of two
 bookies racing on the two keys at least one sees the other: never both).
 
-If a refresh fails (lease expired, etcd restarted) a new lease is granted and
+A refresh round re-registers only on a definite answer: etcd says the lease
+is gone (expired while the bookie was cut off, a wiped cluster), or our key
+is missing or was changed.  A round that learns nothing (a member hung or
+cut off, an election: ``MetadataUnavailable``) changes nothing: the lease's
+own keep-alive moves to another member within a third of the ttl
+(pybk_spark/metadata/etcd_store.py), and moving the key to a new lease
+through an etcd that is failing over would only add writes of unknown
+outcome.  Otherwise a new lease is granted and
 the key created again, or moved under it; a key meanwhile taken by another
 owner is left alone (logged: ``event=registration_taken``).  The earlier
 lease is revoked only after the key is under the new one: if the move fails
@@ -290,7 +297,10 @@ class Registrar:
             got = self.store.get(registration_key(self.bookie_id, read_only))
             if got is None or got.version != version:
                 raise errors.MetadataError("registration key vanished or changed")
-        except Exception as exc:  # noqa: BLE001 - lease lost or store down
+        except errors.MetadataUnavailable as exc:
+            # nothing learnt: the lease keeps itself alive through another member
+            log.info("event=registration_check_unavailable error=%r", exc)
+        except Exception as exc:  # noqa: BLE001 - lease lost, key gone, or a bug
             with self._lock:
                 if self._stop.is_set() or self._registered() != seen:
                     return
