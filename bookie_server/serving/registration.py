@@ -5,7 +5,8 @@
 "limits","owner","tls"}`` (``add_lane_address`` is empty when the bookie serves no
 add lane; ``limits`` is ``{"max_entry_bytes", "max_batch_bytes"}``, the add
 sizes this bookie accepts, which clients check before assigning entry ids)
-under a lease of ``ttl`` seconds, refreshed every ttl/3.  ``owner`` says which
+under a lease of ``ttl`` seconds, refreshed every ttl/3 (at most every 2 s:
+``keepalive_period``, which says why).  ``owner`` says which
 process holds the id: ``{"token","host","pid","data_dir","cookie_instance"}``
 (``token`` is fresh per process).  ``tls`` is true when the bookie's ports
 speak TLS: clients only use it to explain a refused connection (a client
@@ -73,6 +74,7 @@ from typing import Any, Callable, Optional
 from bookie_server.background import join_bounded
 from pybk_spark import errors
 from pybk_spark.metadata import keys
+from pybk_spark.metadata.store import keepalive_period
 
 log = logging.getLogger("bookie.registration")
 
@@ -277,7 +279,7 @@ class Registrar:
                 log.warning("event=reregister_failed error=%r (retried by refresh loop)", exc)
 
     def _refresh_loop(self) -> None:
-        while not self._stop.wait(self.ttl / 3.0):
+        while not self._stop.wait(keepalive_period(self.ttl)):
             self.refresh_once()
 
     def _registered(self) -> tuple:

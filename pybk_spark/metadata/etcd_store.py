@@ -39,7 +39,8 @@ Theory of operation:
     member that was down for a minute is used again within a second of its
     return, not after gRPC's default 120 s cap.
   * Leases refresh themselves from a daemon thread owned by the lease object
-    (every ttl/3; every 0.5 s after a failed refresh); ``revoke()`` stops the
+    (every ttl/3, at most every 2 s: ``keepalive_period``; every 0.5 s after
+    a failed refresh); ``revoke()`` stops the
     thread and revokes the lease.  One keep-alive round is bounded by ttl/3,
     not by ``timeout``, and moves from member to member within the round
     (each try at most half the round): a hung member (SIGSTOPped, a stalled
@@ -87,7 +88,7 @@ from pybk_spark import errors
 from pybk_spark.metadata import etcd_errors
 from pybk_spark.metadata.etcd_refusals import StaleToken
 from pybk_spark.metadata.security import EtcdSecurity
-from pybk_spark.metadata.store import Lease, MetadataStore, Versioned
+from pybk_spark.metadata.store import Lease, MetadataStore, Versioned, keepalive_period
 
 log = logging.getLogger("pybk_spark.metadata")
 
@@ -148,16 +149,16 @@ class EtcdLease(Lease):
                     pass
 
     def _keepalive_loop(self) -> None:
-        period = max(self.ttl / 3.0, 0.2)
+        period = keepalive_period(self.ttl)
         while not self._stop.wait(period):
             try:
                 self.refresh()
             except errors.MetadataUnavailable:
-                period = min(max(self.ttl / 3.0, 0.2), 0.5)   # etcd away: retry soon
+                period = min(keepalive_period(self.ttl), 0.5)   # etcd away: retry soon
                 continue
             except errors.BKError:
-                return                                       # lease gone
-            period = max(self.ttl / 3.0, 0.2)
+                return                                         # lease gone
+            period = keepalive_period(self.ttl)
 
     def stop_keepalive(self) -> None:
         self._stop.set()
