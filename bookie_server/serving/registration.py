@@ -301,7 +301,7 @@ class Registrar:
                 raise errors.MetadataError("registration key vanished or changed")
         except errors.MetadataUnavailable as exc:
             # nothing learnt: the lease keeps itself alive through another member
-            log.info("event=registration_check_unavailable error=%r", exc)
+            log.info("event=lease_refresh_failed error=%r action=none (outcome unknown)", exc)
         except Exception as exc:  # noqa: BLE001 - lease lost, key gone, or a bug
             with self._lock:
                 if self._stop.is_set() or self._registered() != seen:

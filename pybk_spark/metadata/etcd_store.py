@@ -431,13 +431,14 @@ class EtcdMetadataStore(MetadataStore):
         same round.  Each try gets at most half the budget; the member that
         answered last is tried first (a keep-alive sticks to a healthy
         member), the others in the order of their last keep-alive failure,
-        oldest first, so a member that just timed out is tried last.  A
+        oldest first, so a member that just timed out is tried last (one
+        member alone gets the whole budget).  A
         member that timed out is also marked failed for the store's other
         calls (as a failed pyetcd call marks it).  A keep-alive is idempotent,
         so trying another member after a timeout is safe."""
         request = etcdrpc.LeaseKeepAliveRequest(ID=lease_id)
         deadline = time.monotonic() + budget
-        per_try = budget / 2.0
+        per_try = budget / 2.0 if len(self._all_endpoints) > 1 else budget
         tried: list[str] = []
         last: Optional[errors.MetadataUnavailable] = None
         for netloc in self._keepalive_order():
