@@ -365,10 +365,11 @@ def _serve(cfg, bookie_id: str, store, conf_path, listeners, metrics, registrar,
 
     log.info("event=bookie_stopping bookie_id=%s", bookie_id)
     readiness.set(stopping=True)       # probes see it before the registration goes
-    # The metadata side gets the lease ttl in all: past it the lease expires by
-    # itself, and an etcd that answers nothing (a partition) must not keep the
-    # bookie from closing its storage cleanly before a supervisor's SIGKILL.
-    metadata_deadline = time.monotonic() + cfg.registration_ttl_s
+    # The metadata side gets the lease ttl, at most 5 s, in all: past it the
+    # lease expires by itself, and an etcd that answers nothing (a partition)
+    # must not keep the bookie from closing its storage cleanly before a
+    # supervisor's SIGKILL (LocalCluster's comes after 15 s).
+    metadata_deadline = time.monotonic() + min(cfg.registration_ttl_s, 5.0)
 
     def metadata_time_left() -> float:
         return max(0.5, metadata_deadline - time.monotonic())

@@ -57,7 +57,7 @@ class BookieConfig:
     disk_check_interval_s: float = 2.0
     # gc / registration
     gc_interval_s: float = 60.0
-    registration_ttl_s: int = 5
+    registration_ttl_s: int = 15         # > the longest etcd member stall survived (docs/operations.md)
     # service
     grpc_threads: int = 64
     add_lane_port: int = 0               # 0 = any free port (registered), -1 = no add lane

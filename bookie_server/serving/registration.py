@@ -5,7 +5,8 @@
 "limits","owner","tls"}`` (``add_lane_address`` is empty when the bookie serves no
 add lane; ``limits`` is ``{"max_entry_bytes", "max_batch_bytes"}``, the add
 sizes this bookie accepts, which clients check before assigning entry ids)
-under a lease of ``ttl`` seconds, refreshed every ttl/3.  ``owner`` says which
+under a lease of ``ttl`` seconds, refreshed every ttl/3 (at most every 2 s:
+``keepalive_period``, which says why).  ``owner`` says which
 process holds the id: ``{"token","host","pid","data_dir","cookie_instance"}``
 (``token`` is fresh per process).  ``tls`` is true when the bookie's ports
 speak TLS: clients only use it to explain a refused connection (a client
@@ -39,7 +40,14 @@ The claim creates the key of its mode and then re-reads the other mode's key;
 if a foreign one appeared meanwhile it deletes its own and refuses (of two
 bookies racing on the two keys at least one sees the other: never both).
 
-If a refresh fails (lease expired, etcd restarted) a new lease is granted and
+A refresh round re-registers only on a definite answer: etcd says the lease
+is gone (expired while the bookie was cut off, a wiped cluster), or our key
+is missing or was changed.  A round that learns nothing (a member hung or
+cut off, an election: ``MetadataUnavailable``) changes nothing: the lease's
+own keep-alive moves to another member within a third of the ttl
+(pybk_spark/metadata/etcd_store.py), and moving the key to a new lease
+through an etcd that is failing over would only add writes of unknown
+outcome.  Otherwise a new lease is granted and
 the key created again, or moved under it; a key meanwhile taken by another
 owner is left alone (logged: ``event=registration_taken``).  The earlier
 lease is revoked only after the key is under the new one: if the move fails
@@ -66,6 +74,7 @@ from typing import Any, Callable, Optional
 from bookie_server.background import join_bounded
 from pybk_spark import errors
 from pybk_spark.metadata import keys
+from pybk_spark.metadata.store import keepalive_period
 
 log = logging.getLogger("bookie.registration")
 
@@ -270,7 +279,7 @@ class Registrar:
                 log.warning("event=reregister_failed error=%r (retried by refresh loop)", exc)
 
     def _refresh_loop(self) -> None:
-        while not self._stop.wait(self.ttl / 3.0):
+        while not self._stop.wait(keepalive_period(self.ttl)):
             self.refresh_once()
 
     def _registered(self) -> tuple:
@@ -290,7 +299,10 @@ class Registrar:
             got = self.store.get(registration_key(self.bookie_id, read_only))
             if got is None or got.version != version:
                 raise errors.MetadataError("registration key vanished or changed")
-        except Exception as exc:  # noqa: BLE001 - lease lost or store down
+        except errors.MetadataUnavailable as exc:
+            # nothing learnt: the lease keeps itself alive through another member
+            log.info("event=lease_refresh_failed error=%r action=none (outcome unknown)", exc)
+        except Exception as exc:  # noqa: BLE001 - lease lost, key gone, or a bug
             with self._lock:
                 if self._stop.is_set() or self._registered() != seen:
                     return

@@ -39,12 +39,16 @@ Theory of operation:
     member that was down for a minute is used again within a second of its
     return, not after gRPC's default 120 s cap.
   * Leases refresh themselves from a daemon thread owned by the lease object
-    (every ttl/3; every 0.5 s after a failed refresh); ``revoke()`` stops the
-    thread and revokes the lease.  One keep-alive is bounded by ttl/4, not
-    by ``timeout``: a member cut off from its peers holds a keep-alive until
-    its deadline, while the majority's leader counts the lease down, so the
-    refresh must move to another member in time.  If
-    etcd reports the lease gone, ``lease.lost`` is set and ``on_lost`` runs.
+    (every ttl/3, at most every 2 s: ``keepalive_period``; every 0.5 s after
+    a failed refresh); ``revoke()`` stops the
+    thread and revokes the lease.  One keep-alive round is bounded by ttl/3,
+    not by ``timeout``, and moves from member to member within the round
+    (each try at most half the round): a hung member (SIGSTOPped, a stalled
+    disk: connections open, no answer) or one cut off from its peers holds a
+    keep-alive until its deadline while the majority's leader counts the
+    lease down.  Keep-alives stick to the member that answered last; one
+    that timed out is tried last (``_refresh_lease``).  If etcd reports the
+    lease gone, ``lease.lost`` is set and ``on_lost`` runs.
   * ``wait_for_change`` is a one-shot watch from ``after_revision + 1``.  A
     watch is a hint, not an answer: one that fails before its timeout (its
     member lost the leader, which cancels a watch that asked for one; its
@@ -84,7 +88,7 @@ from pybk_spark import errors
 from pybk_spark.metadata import etcd_errors
 from pybk_spark.metadata.etcd_refusals import StaleToken
 from pybk_spark.metadata.security import EtcdSecurity
-from pybk_spark.metadata.store import Lease, MetadataStore, Versioned
+from pybk_spark.metadata.store import Lease, MetadataStore, Versioned, keepalive_period
 
 log = logging.getLogger("pybk_spark.metadata")
 
@@ -145,16 +149,16 @@ class EtcdLease(Lease):
                     pass
 
     def _keepalive_loop(self) -> None:
-        period = max(self.ttl / 3.0, 0.2)
+        period = keepalive_period(self.ttl)
         while not self._stop.wait(period):
             try:
                 self.refresh()
             except errors.MetadataUnavailable:
-                period = min(max(self.ttl / 3.0, 0.2), 0.5)   # etcd away: retry soon
+                period = min(keepalive_period(self.ttl), 0.5)   # etcd away: retry soon
                 continue
             except errors.BKError:
-                return                                       # lease gone
-            period = max(self.ttl / 3.0, 0.2)
+                return                                         # lease gone
+            period = keepalive_period(self.ttl)
 
     def stop_keepalive(self) -> None:
         self._stop.set()
@@ -209,6 +213,8 @@ class EtcdMetadataStore(MetadataStore):
         self._tx = self._client.transactions
         self._leases: list[EtcdLease] = []
         self._leases_lock = threading.Lock()
+        self._keepalive_preferred = ""       # the member that answered the last keep-alive
+        self._keepalive_failed_at: dict[str, float] = {}
         self._closed = False
 
     @property
@@ -413,28 +419,86 @@ class EtcdMetadataStore(MetadataStore):
             if lease in self._leases:
                 self._leases.remove(lease)
 
-    def _refresh_lease(self, lease_id: int, timeout: float) -> int:
-        """One keep-alive, bounded by ``timeout`` rather than the store's RPC
-        timeout: a member cut off from its peers holds a keep-alive until the
-        deadline, and a lease must fail over to another member well before
-        its ttl runs out (else a bookie's 5 s lease expires on the majority
-        while its keep-alive waits 10 s on the
-        cut-off member).  A timed-out endpoint is marked failed, so the next
-        attempt goes to another.  One attempt: the keep-alive loop is the
-        retry (and must notice expiry)."""
+    def _refresh_lease(self, lease_id: int, budget: float) -> int:
+        """One keep-alive, tried member by member within ``budget`` seconds
+        (not the store's RPC timeout); returns the TTL the first member to
+        answer reports (0: the lease is gone).
+
+        A hung member (stopped process, stalled disk: its connections stay
+        open, nothing answers) or one cut off from its peers holds a
+        keep-alive until the deadline, while the majority's leader counts the
+        lease down, so the keep-alive must reach another member within the
+        same round.  Each try gets at most half the budget; the member that
+        answered last is tried first (a keep-alive sticks to a healthy
+        member), the others in the order of their last keep-alive failure,
+        oldest first, so a member that just timed out is tried last (one
+        member alone gets the whole budget).  A
+        member that timed out is also marked failed for the store's other
+        calls (as a failed pyetcd call marks it).  A keep-alive is idempotent,
+        so trying another member after a timeout is safe."""
         request = etcdrpc.LeaseKeepAliveRequest(ID=lease_id)
-        responses = self._call(lambda: self._direct(
-            lambda: list(self._client.leasestub.LeaseKeepAlive(
+        deadline = time.monotonic() + budget
+        per_try = budget / 2.0 if len(self._all_endpoints) > 1 else budget
+        tried: list[str] = []
+        last: Optional[errors.MetadataUnavailable] = None
+        for netloc in self._keepalive_order():
+            left = deadline - time.monotonic()
+            if left <= 0.05:
+                break
+            tried.append(netloc)
+            try:
+                ttl = self._keepalive_at(netloc, request, min(per_try, left))
+            except errors.MetadataUnavailable as exc:
+                last = exc
+                self._keepalive_failed(netloc)
+                continue
+            self._keepalive_preferred = netloc
+            return ttl
+        raise errors.MetadataUnavailable(
+            str(last.args[0]) if last is not None and last.args else "etcd unavailable",
+            endpoints=",".join(tried) or ",".join(self._all_endpoints),
+        ) from (last.__cause__ if last is not None else None)
+
+    def _keepalive_order(self) -> list[str]:
+        rest = sorted((ep for ep in self._all_endpoints if ep != self._keepalive_preferred),
+                      key=lambda ep: self._keepalive_failed_at.get(ep, 0.0))
+        return ([self._keepalive_preferred] if self._keepalive_preferred else []) + rest
+
+    def _keepalive_failed(self, netloc: str) -> None:
+        self._keepalive_failed_at[netloc] = time.monotonic()
+        if self._keepalive_preferred == netloc:
+            self._keepalive_preferred = ""
+        if self._endpoint_in_use() == netloc:
+            self._client.endpoint_in_use.fail()
+            self._client._clear_old_stubs()
+
+    def _keepalive_at(self, netloc: str, request, timeout: float) -> int:
+        """One LeaseKeepAlive on member ``netloc``; MetadataUnavailable when it
+        does not answer in ``timeout`` s or refuses for want of a leader.  A
+        stale auth token is renewed once and the keep-alive repeated."""
+        stub = etcdrpc.LeaseStub(self._client.endpoints[netloc].channel)
+
+        def once() -> int:
+            responses = etcd_errors.translate(lambda: list(stub.LeaseKeepAlive(
                 iter([request]), timeout, credentials=self._client.call_credentials,
-                metadata=self._client.metadata))), idempotent=False)
-        return responses[-1].TTL if responses else 0
+                metadata=self._client.metadata)), self.security)()
+            return responses[-1].TTL if responses else 0
+        epoch = self._ensure_auth()
+        try:
+            return once()
+        except StaleToken as exc:
+            if self._password is None:
+                raise errors.MetadataUnauthorized(
+                    f"{exc}: check etcd_user / etcd_password_file") from exc.__cause__
+        self._call(lambda: self._authenticate(epoch), idempotent=True, auth=False)
+        return once()
 
     def _keepalive_timeout(self, ttl: int) -> float:
-        """The bound of one keep-alive of a ``ttl`` s lease: a quarter of
-        the ttl (at least 0.5 s, at most the store's RPC timeout), so that
-        a refresh every ttl/3 that times out still leaves time for one on
-        another member before the lease ends."""
-        return min(self._timeout, max(0.5, ttl / 4.0))
+        """The bound of one keep-alive round of a ``ttl`` s lease: a third of
+        the ttl (at least 1 s, at most the store's RPC timeout), tried on two
+        members at least, so that a round every ttl/3 that meets a hung member
+        still reaches a live one well before the lease ends."""
+        return min(self._timeout, max(1.0, ttl / 3.0))
 
     def _revoke_lease(self, lease_id: int) -> None:
         self._write(lambda: self._client.revoke_lease(lease_id))

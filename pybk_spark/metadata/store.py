@@ -54,6 +54,20 @@ class Versioned:
     version: int          # etcd mod_revision
 
 
+KEEPALIVE_MAX_PERIOD_S = 2.0
+
+
+def keepalive_period(ttl: float) -> float:
+    """Seconds between keep-alives of a ``ttl`` s lease: ttl/3, at most 2 s.
+
+    The cap is for a leader that stalls (SIGSTOP, a disk or GC stall) and
+    resumes: etcd before v3.5.13 lets it revoke every lease that expired in
+    its own view, which stopped at the stall, before it learns that another
+    member leads and has kept the leases alive.  A lease survives a stall of
+    up to ``ttl - period`` seconds, so the period stays short beside the ttl."""
+    return max(0.2, min(ttl / 3.0, KEEPALIVE_MAX_PERIOD_S))
+
+
 class Lease(abc.ABC):
     """A TTL lease; keys put under it vanish when it expires or is revoked."""
 

@@ -92,7 +92,7 @@ def test_leadership_outlives_an_etcd_outage_shorter_than_its_lease(own_cluster, 
     object without revoking it, asked for a new one, found the key still
     held (by the old lease, which its keep-alive thread kept alive) and
     stood by behind its own key for good, and so did everyone else."""
-    conf = AutoRecoveryConfig(leader_ttl_s=20)      # keep-alive bound: ttl / 4 = 5 s
+    conf = AutoRecoveryConfig(leader_ttl_s=20)      # keep-alive bound: ttl / 3
     a = AutoRecovery(bk, own_cluster.metadata_uri, conf, identity="a")
     b = AutoRecovery(bk, own_cluster.metadata_uri, conf, identity="b")
     try:

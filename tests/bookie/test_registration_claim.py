@@ -203,3 +203,28 @@ def test_a_slow_refresh_does_not_hold_up_a_mode_switch(env, monkeypatch):
     assert me._lease is lease and me._retired == []          # no re-registration
     assert holder(store, True) == "t-me"
     me.stop()
+
+
+def test_a_round_that_learns_nothing_keeps_the_lease_and_the_key(env, monkeypatch):
+    """A keep-alive that ends unanswered (a hung or cut-off etcd member, an
+    election) says nothing about the lease, whose own keep-alive moves to
+    another member: the round neither grants a new lease nor moves the key;
+    a round that learns the lease is gone re-registers at once."""
+    store, _, make = env
+    me = make(ME)
+    me.start()
+    lease, version = me._lease, me._version
+
+    def unanswered():
+        raise errors.MetadataUnavailable("a member that answers nothing")
+    monkeypatch.setattr(lease, "refresh", unanswered)
+    me.refresh_once()
+    assert me._lease is lease and me._version == version and me._retired == []
+    assert holder(store) == "t-me"
+
+    def gone():
+        raise errors.MetadataError("lease expired")
+    monkeypatch.setattr(lease, "refresh", gone)
+    me.refresh_once()
+    assert me._lease is not lease and holder(store) == "t-me"
+    me.stop()

@@ -176,8 +176,6 @@ def test_a_lone_etcd_pause_opens_a_window_for_every_bookie():
     assert all(w.what == "etcd pause" and w.end > w.start for w in nem.windows)
 
 
-def test_etcd_pause_is_drawn_only_when_named():
-    from .nemesis import DEFAULT_KINDS, KINDS
-    assert "etcd_pause" in KINDS and "etcd_pause" not in DEFAULT_KINDS
+def test_etcd_pause_is_drawn_by_default():
     nem, _faults = _setup(13, None)
-    assert "etcd_pause" not in nem.kinds
+    assert "etcd_pause" in nem.kinds
