@@ -134,10 +134,12 @@ def audit_ledger(md: lm.LedgerMetadata, lost_since: Mapping[str, float], now: fl
 
 def plan_replacements(work: list[FragmentWork], lost: Iterable[str],
                       choose: Callable[[tuple[str, ...], int, set], str]
-                      ) -> tuple[list[FragmentWork], list[tuple[FragmentWork, str]]]:
-    """(work with ``replacement`` filled, [(work, reason)] that could not be
-    placed).  ``choose(ensemble, slot, exclude)`` is the placement policy; it
-    raises NotEnoughBookies when it cannot (that item is left unplaced)."""
+                      ) -> tuple[list[FragmentWork],
+                                 list[tuple[FragmentWork, errors.NotEnoughBookies]]]:
+    """(work with ``replacement`` filled, [(work, refusal)] that could not
+    be placed).  ``choose(ensemble, slot, exclude)`` is the placement
+    policy; it raises NotEnoughBookies when it cannot (that item is left
+    unplaced, with the error: its ensemble and excluded bookies say why)."""
     lost = set(lost)
     current: dict[tuple[int, int], list[str]] = {}
     planned, unplaced = [], []
@@ -146,7 +148,7 @@ def plan_replacements(work: list[FragmentWork], lost: Iterable[str],
         try:
             new = choose(tuple(ens), w.slot, lost | set(ens))
         except errors.NotEnoughBookies as exc:
-            unplaced.append((w, f"{type(exc).__name__}: {exc}"))
+            unplaced.append((w, exc))
             continue
         ens[w.slot] = new
         planned.append(FragmentWork(w.ledger_id, w.first, w.last, w.ensemble, w.slot, w.lost, new))

@@ -300,7 +300,9 @@ def _autorecovery(args) -> int:
                      if row.get("retention_dropped_ledgers") else "")
                   + (f" retention_failed={row['retention_failed']}"
                      if row.get("retention_failed") else "")
-                  + f" ({row['seconds']}s)", flush=True)
+                  + f" ({row['seconds']}s)"
+                  + (f"; not repaired: {rr.failed_ledgers_text(row['failed_ledgers'])}"
+                     if row.get("failed_ledgers") else ""), flush=True)
 
     try:
         with client(args) as bk:
