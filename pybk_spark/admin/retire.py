@@ -69,7 +69,8 @@ def refusal(bk, bookie_id: str) -> str:
                 f"still be read from it), then run pybk decommission {bookie_id} again")
     held = holding_ledgers(_metadata(bk), bookie_id)
     if held:
-        return (f"bookie {bookie_id} is still in the ensembles of ledgers {ledgers_text(held)} "
+        return (f"bookie {bookie_id} is still in the ensembles of "
+                f"{'ledger' if len(held) == 1 else 'ledgers'} {ledgers_text(held)} "
                 f"with entries not re-replicated elsewhere: run pybk decommission {bookie_id} "
                 f"without --no-copy, or pybk rereplicate --bookie {bookie_id}, first")
     return ""
