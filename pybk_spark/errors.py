@@ -16,7 +16,7 @@ MAY have taken effect.  Callers must treat it as "unknown", never as "failed".
 from __future__ import annotations
 
 import difflib
-from typing import Iterable
+from typing import Iterable, Mapping
 
 
 class BKError(Exception):
@@ -119,8 +119,48 @@ class BadDigest(BKError):
 
 # -- bookie / cluster ----------------------------------------------------------------
 class NotEnoughBookies(BKError):
-    """Not enough writable bookies for the requested ensemble."""
+    """Not enough writable bookies for the requested ensemble.
+
+    Typed fields, for an operator to see what would fix it: ``ensemble`` the
+    ensemble a replacement was sought for (empty for a new ensemble),
+    ``needed`` / ``available`` the bookies a new ensemble needs and found,
+    ``excluded`` each bookie that was not a candidate -> why (lost,
+    read-only, being decommissioned, ...).  The message renders them once
+    (``describe``); a caller that knows more reasons adds them with
+    ``excluding``."""
     code = -6
+
+    def __init__(self, message: str = "", *, ensemble: Iterable[str] = (),
+                 excluded: Mapping[str, str] | None = None, needed: int | None = None,
+                 available: int | None = None, **context):
+        self.ensemble = tuple(ensemble)
+        self.excluded = dict(sorted((excluded or {}).items()))
+        self.needed, self.available = needed, available
+        self.message = message
+        super().__init__(self.describe(), **context)
+
+    def describe(self) -> str:
+        """``no bookie outside the ensemble {b1,b2,b3} is writable (b4: lost)``
+        or ``needs 3 writable bookies, found 2 (...)``."""
+        if self.message:
+            text = self.message
+        elif self.ensemble:
+            text = f"no bookie outside the ensemble {{{','.join(self.ensemble)}}} is writable"
+        elif self.needed is not None:
+            text = f"needs {self.needed} writable bookies, found {self.available or 0}"
+        else:
+            text = (self.__class__.__doc__ or "").splitlines()[0]
+        if self.excluded:
+            text += " (" + "; ".join(f"{b}: {why}" for b, why in self.excluded.items()) + ")"
+        return text
+
+    def excluding(self, reasons: Mapping[str, str]) -> "NotEnoughBookies":
+        """The same refusal with more excluded bookies named (a reason
+        already recorded stands); bookies of the ensemble are not listed."""
+        merged = {b: why for b, why in reasons.items() if b not in self.ensemble}
+        merged.update(self.excluded)
+        return NotEnoughBookies(self.message, ensemble=self.ensemble, excluded=merged,
+                                needed=self.needed, available=self.available, **self.context)
 
 
 class BookieUnavailable(BKError):

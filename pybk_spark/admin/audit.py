@@ -4,10 +4,11 @@ lostBookieRecoveryDelay, openLedgerRereplicationGracePeriod), without I/O.
 Theory of operation
 -------------------
 Lost bookies.  A bookie is *known* if it has a cookie or appears in some
-ledger's ensembles; it is *missing* while it is known but not registered
-(writable or read-only).  The first time the auditor sees it missing it
-records the wall-clock time under ``audit/missing/<id>`` (put-if-absent, so
-concurrent auditors agree on the first sighting); when it registers again
+ledger's fragment that holds entries; it is *missing* while it is known but
+not registered (writable or read-only).  The first time the auditor sees it
+missing it records the wall-clock time under ``audit/missing/<id>``
+(put-if-absent, so concurrent auditors agree on the first sighting); when it
+registers again, or is no longer known (``pybk decommission`` retired it),
 the record is deleted.  It is *lost* once missing for at least
 ``lost_bookie_recovery_delay`` seconds, or when an operator decommissioned
 it (``audit/decommissioned/<id>``) or named it with ``--bookie``.
@@ -54,24 +55,27 @@ FENCE = "FENCE"
 
 # -- lost bookies -------------------------------------------------------------------------
 def known_bookies(cookie_ids: Iterable[str], ledgers: Iterable[lm.LedgerMetadata]) -> set[str]:
+    """Bookies with a cookie or with a fragment that holds entries (an empty
+    fragment's bookies hold nothing of that ledger)."""
     out = set(cookie_ids)
     for md in ledgers:
-        out |= md.all_bookies()
+        for _first, _last, bookies in md.fragments():
+            out |= set(bookies)
     return out
 
 
 @dataclass(frozen=True)
 class MissingChanges:
     mark: frozenset       # newly missing: record first-seen time now
-    clear: frozenset      # registered again: drop the record
+    clear: frozenset      # registered again, or no longer known (retired): drop the record
 
 
 def track_missing(known: Iterable[str], registered: Iterable[str],
                   first_seen: Mapping[str, float]) -> MissingChanges:
-    reg = set(registered)
-    missing = set(known) - reg
+    reg, known = set(registered), set(known)
+    missing = known - reg
     return MissingChanges(mark=frozenset(missing - set(first_seen)),
-                          clear=frozenset(set(first_seen) & reg))
+                          clear=frozenset(set(first_seen) & reg | set(first_seen) - known))
 
 
 def lost_bookies(first_seen: Mapping[str, float], now: float, delay_s: float,
@@ -134,10 +138,12 @@ def audit_ledger(md: lm.LedgerMetadata, lost_since: Mapping[str, float], now: fl
 
 def plan_replacements(work: list[FragmentWork], lost: Iterable[str],
                       choose: Callable[[tuple[str, ...], int, set], str]
-                      ) -> tuple[list[FragmentWork], list[tuple[FragmentWork, str]]]:
-    """(work with ``replacement`` filled, [(work, reason)] that could not be
-    placed).  ``choose(ensemble, slot, exclude)`` is the placement policy; it
-    raises NotEnoughBookies when it cannot (that item is left unplaced)."""
+                      ) -> tuple[list[FragmentWork],
+                                 list[tuple[FragmentWork, errors.NotEnoughBookies]]]:
+    """(work with ``replacement`` filled, [(work, refusal)] that could not
+    be placed).  ``choose(ensemble, slot, exclude)`` is the placement
+    policy; it raises NotEnoughBookies when it cannot (that item is left
+    unplaced, with the error: its ensemble and excluded bookies say why)."""
     lost = set(lost)
     current: dict[tuple[int, int], list[str]] = {}
     planned, unplaced = [], []
@@ -146,7 +152,7 @@ def plan_replacements(work: list[FragmentWork], lost: Iterable[str],
         try:
             new = choose(tuple(ens), w.slot, lost | set(ens))
         except errors.NotEnoughBookies as exc:
-            unplaced.append((w, f"{type(exc).__name__}: {exc}"))
+            unplaced.append((w, exc))
             continue
         ens[w.slot] = new
         planned.append(FragmentWork(w.ledger_id, w.first, w.last, w.ensemble, w.slot, w.lost, new))

@@ -25,7 +25,10 @@ one loop does both, and any number of copies may run for availability:
   every complete fragment and fills in copies live bookies lack (BookKeeper's
   periodic ledger check).  A round's row counts the fragments copied and
   failed, the failures by reason too (``failed_by_reason``: error class
-  name -> copies, ``rereplicate.failure_reasons``).
+  name -> copies, ``rereplicate.failure_reasons``), and each ledger it could
+  not repair with why (``failed_ledgers``: its error names the ensemble and
+  the bookies that could not take a copy, each with its reason;
+  ``rereplicate.failed_ledgers``).
 * Operator switches (``admin/audit_control.py``) are read every round: a
   round while ``audit/config`` says disabled only keeps the leadership and
   reports ``disabled``; a ``lost_bookie_recovery_delay_s`` stored there
@@ -171,6 +174,7 @@ class AutoRecovery:
                                            if c["outcome"] == "replicated"),
                    "fragments_failed": sum(1 for c in report["copies"] if c["outcome"] == "failed"),
                    "failed_by_reason": rr.failure_reasons(report["copies"]),
+                   "failed_ledgers": rr.failed_ledgers(report["copies"]),
                    "open_ledgers_fenced": len(report["fenced"]),
                    "deferred": len(report["deferred"]),
                    "damaged_repaired": sum(1 for r in report["damaged"]

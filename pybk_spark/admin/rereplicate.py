@@ -153,17 +153,65 @@ def run_audit(bk, *, delay_s: float = 0.0, grace_s: float = 30.0, named: Iterabl
             res.deferred.append({"ledger": md.ledger_id, "reason": la.reason})
     if plan and work:
         candidates = {b: reg for b, reg in writable_bookies(store).items() if b not in res.lost}
-        res.work, unplaced = audit.plan_replacements(
-            work, res.lost, lambda ens, slot, ex: bk.placement.replace(ens, slot, candidates, ex))
+        why_not = _not_candidates(store, res, decom, now)
+
+        def choose(ens, slot, ex):
+            try:
+                return bk.placement.replace(ens, slot, candidates, ex)
+            except errors.NotEnoughBookies as exc:
+                raise exc.excluding(why_not) from None
+        res.work, unplaced = audit.plan_replacements(work, res.lost, choose)
         # plan_replacements leaves unplaced only what the placement refused
         res.unplaced = [{"ledger": w.ledger_id, "fragment": f"{w.first}-{w.last}",
                          "lost": w.lost, "replacement": None, "entries": 0, "bytes": 0,
-                         "mb": 0.0, "seconds": 0.0, "outcome": "failed", "error": why,
-                         "reason": errors.NotEnoughBookies.__name__}
-                        for w, why in unplaced]
+                         "mb": 0.0, "seconds": 0.0, "outcome": "failed",
+                         "error": f"{type(exc).__name__}: {exc}",
+                         "reason": type(exc).__name__, "ensemble": list(exc.ensemble),
+                         "excluded": exc.excluded}
+                        for w, exc in unplaced]
     else:
         res.work = work
     return res
+
+
+def _not_candidates(store, res: AuditResult, decom: dict, now: float) -> dict[str, str]:
+    """Every known bookie that cannot take a replacement -> why (named in a
+    NotEnoughBookies, so an operator sees what would fix it)."""
+    readonly = {keys.last_part(k) for k, _ in store.list_prefix(keys.bookies_prefix("readonly"))}
+    out = {b: (f"lost (unregistered for {now - t:.0f}s)" if b not in decom else
+               "lost (being decommissioned)") for b, t in res.lost.items()}
+    for b in sorted(decom):
+        out.setdefault(b, "being decommissioned")
+    for b in sorted(readonly):
+        out.setdefault(b, "registered read-only")
+    return out
+
+
+def failed_ledgers(rows: Iterable[dict]) -> list[dict]:
+    """One entry per ledger with a failed copy row, in ledger order: its
+    first failure's ``reason`` and ``error`` (which names what would fix
+    it), how many fragments failed, and the ``excluded`` bookies of a
+    NotEnoughBookies."""
+    out: dict[int, dict] = {}
+    for r in rows:
+        if r["outcome"] != "failed":
+            continue
+        got = out.get(r["ledger"])
+        if got is None:
+            out[r["ledger"]] = got = {"ledger": r["ledger"], "reason": r.get("reason") or "unknown",
+                                      "error": r.get("error", ""), "fragments": 0}
+            if r.get("excluded") is not None:
+                got["ensemble"], got["excluded"] = r.get("ensemble", []), r["excluded"]
+        got["fragments"] += 1
+    return [out[k] for k in sorted(out)]
+
+
+def failed_ledgers_text(failed: list[dict], limit: int = 5) -> str:
+    """``ledger 12: NotEnoughBookies: ...; ledger 13: ...; and 4 more``."""
+    shown = [f"ledger {f['ledger']}: {f['error'] or f['reason']}" for f in failed[:limit]]
+    if len(failed) > limit:
+        shown.append(f"and {len(failed) - limit} more (--json lists all)")
+    return "; ".join(shown)
 
 
 # -- copy one fragment -------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import time
 from pybk_spark import errors
 from pybk_spark.admin import shell_common
 from pybk_spark.admin import audit_control as ctl
+from pybk_spark.admin import liveness
 from pybk_spark.admin.report import table
 from pybk_spark.admin.shell_recovery import client
 
@@ -20,9 +21,28 @@ def _who() -> str:
 
 
 # -- autorecovery switches -----------------------------------------------------------------
+def _triggeraudit_args(p):
+    p.add_argument("--wait", action="store_true",
+                   help="when a registered bookie does not answer, first wait (at most its "
+                        "lease's time left + 5 s) until its registration lapses, so the "
+                        "audit counts it missing")
+    p.add_argument("--probe-timeout", type=float, default=liveness.PROBE_TIMEOUT_S,
+                   metavar="SECONDS", help="how long each registered bookie may take to "
+                   f"answer (default {liveness.PROBE_TIMEOUT_S:g})")
+
+
 def _triggeraudit(args) -> int:
+    from pybk_spark.transport.tls import ClientTls
+    conf = shell_common.client_conf(args)
+    tls = ClientTls.from_conf(conf) if conf is not None else None
     store = shell_common.open_store_from(args)
     try:
+        checked, suspects = liveness.suspects(store, tls, args.probe_timeout)
+        waited, still = 0.0, None
+        if args.wait and suspects:
+            t0 = time.monotonic()
+            still = liveness.wait_lapsed(store, suspects)
+            waited = round(time.monotonic() - t0, 1)
         version = ctl.trigger(store, time.time(), _who())
         st = ctl.status(store)
     finally:
@@ -31,9 +51,23 @@ def _triggeraudit(args) -> int:
             " (no autorecovery process is running: the request waits for one)")
     if not st["enabled"]:
         note += " (autorecovery is disabled: pybk autorecoveryctl --enable)"
+    lines = [f"audit requested from the autorecovery leader {st['leader'] or '-'}{note}",
+             f"registered bookies probed: {checked}, not answering: {len(suspects)}"]
+    for s in suspects:
+        lines.append(f"suspect: {s['bookie']} is registered at {s['address'] or '-'} but does "
+                     f"not answer ({s['error']}); lease lapses in {s['lease_lapses_in_s']:.0f} s"
+                     + ("" if args.wait else
+                        ", and only then does an audit count it missing (run triggeraudit "
+                        "again then, or triggeraudit --wait)"))
+    if args.wait and suspects:
+        lines.append(f"waited {waited:g} s for the suspects' leases to lapse" +
+                     (f"; still registered: {', '.join(still)} (their leases are being "
+                      "refreshed: alive but not answering)" if still else ""))
     shell_common.emit(args, {"triggered": True, "version": version, "leader": st["leader"],
-                             "enabled": st["enabled"]},
-             f"audit requested from the autorecovery leader {st['leader'] or '-'}{note}")
+                             "enabled": st["enabled"], "bookies_probed": checked,
+                             "suspects": suspects, "waited_s": waited,
+                             "still_registered": still or []},
+                      "\n".join(lines))
     return 0
 
 
@@ -248,9 +282,12 @@ def _updatecookie(args) -> int:
     return 0
 
 
-shell_common.register("triggeraudit", "ask the autorecovery leader for an audit round now",
-                      lambda p: None, _triggeraudit,
-                      writes="the audit request key audit/trigger (CAS)")
+shell_common.register("triggeraudit", "ask the autorecovery leader for an audit round now; "
+                      "first probe every registered bookie and report those that do not answer "
+                      "(suspects) with the time their registration lease has left",
+                      _triggeraudit_args, _triggeraudit,
+                      writes="the audit request key audit/trigger (CAS); with --wait, only after "
+                             "the suspects' registrations lapsed")
 shell_common.register("lostbookierecoverydelay", "get or set lostBookieRecoveryDelay (stored in the "
                       "metadata store, honoured by autorecovery)", _delay_args, _lostbookierecoverydelay,
                       writes="only with --set or --clear: the delay in audit/config (CAS)")

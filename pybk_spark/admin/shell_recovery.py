@@ -105,53 +105,83 @@ def _rereplicate(args) -> int:
 
 # -- decommission -----------------------------------------------------------------------------
 def _decommission_args(p):
-    p.add_argument("--bookie", required=True, metavar="ID", help="bookie to decommission")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("bookie_id", nargs="?", metavar="BOOKIE_ID", help="bookie to decommission")
+    g.add_argument("--bookie", metavar="ID", help="the same, as an option")
     p.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
                    help="grace before fencing open ledgers that still write to it")
+    p.add_argument("--no-copy", action="store_true",
+                   help="copy nothing: retire the id if its data is already safe, else "
+                        "refuse, naming the ledgers still on it")
     p.add_argument("--cancel", action="store_true",
                    help="withdraw the decommission mark (moves nothing back)")
     password_arg(p)
     parallel_arg(p)
 
 
+def _known_ids(store) -> set[str]:
+    """Ids any record names: registrations, cookies, the auditor's marks,
+    instances records and damage markers (what a retire removes)."""
+    out = set(rr.registered_bookies(store))
+    for prefix in (keys.COOKIES_PREFIX, audit.MISSING_PREFIX, audit.DECOMMISSIONED_PREFIX,
+                   keys.INSTANCES_PREFIX, keys.DAMAGED_PREFIX):
+        out |= {keys.last_part(k) for k, _ in store.list_prefix(prefix)}
+    return out
+
+
 def _decommission(args) -> int:
-    from pybk_spark import errors
+    from pybk_spark.admin import retire
+    bookie = args.bookie_id or args.bookie
     with client(args) as bk:
         store = bk.metadata_store
-        known = set(rr.registered_bookies(store)) | {
-            k.rsplit("/", 1)[1] for k, _ in store.list_prefix(keys.COOKIES_PREFIX)}
-        if args.bookie not in known:
-            raise errors.IncorrectParameter(f"unknown bookie {args.bookie!r} (no registration "
-                                            "and no cookie)")
+        if bookie not in _known_ids(store):
+            raise errors.IncorrectParameter(f"unknown bookie {bookie!r} (no registration, no "
+                                            "cookie, no audit record)")
         if args.cancel:
-            rr.clear_decommissioned(store, args.bookie)
-            shell_common.emit(args, {"bookie": args.bookie, "decommissioned": False},
-                              f"{args.bookie} is no longer marked decommissioned")
+            rr.clear_decommissioned(store, bookie)
+            shell_common.emit(args, {"bookie": bookie, "decommissioned": False},
+                              f"{bookie} is no longer marked decommissioned")
             return 0
-        rr.mark_decommissioned(store, args.bookie, time.time())
+        if args.no_copy:
+            deleted = retire.retire(bk, bookie)        # IllegalOp while its data is not safe
+            shell_common.emit(args, {"bookie": bookie, "retired": True, "deleted": deleted},
+                              _retired_text(bookie, deleted))
+            return 0
+        rr.mark_decommissioned(store, bookie, time.time())
         report, text, status = orch.run_rereplicate(
             bk, args.metadata_uri, orch.local_mapper(_progress(args), args.parallel),
-            bookies=[args.bookie],
+            bookies=[bookie],
             grace_s=args.grace, password=password_of(args))
-        remaining = [lid for lid in bk.list_ledgers()
-                     if args.bookie in _bookies_of(bk, lid)]
-    report["remaining_ledgers"] = remaining
-    if remaining:
-        text += (f"\n{args.bookie} still holds fragments of ledgers {remaining} "
-                 "(still being written); run decommission again later")
-        status = status or 1
-    else:
-        text += f"\n{args.bookie} holds no fragment any more: safe to stop it"
+        remaining = retire.holding_ledgers(
+            [md for md in (_metadata_of(bk, lid) for lid in bk.list_ledgers()) if md], bookie)
+        registered = bookie in rr.registered_bookies(store)
+        report.update(remaining_ledgers=remaining, retired=False, deleted=[])
+        if remaining:
+            text += (f"\n{bookie} still holds fragments of ledgers "
+                     f"{retire.ledgers_text(remaining)} (still being written, or copies "
+                     "failed); run decommission again later")
+            status = status or 1
+        elif registered:
+            text += (f"\n{bookie} holds no fragment any more: safe to stop it; then run "
+                     f"pybk decommission {bookie} --no-copy to retire the id")
+        else:
+            report["deleted"] = retire.retire(bk, bookie)
+            report["retired"] = True
+            text += "\n" + _retired_text(bookie, report["deleted"])
     shell_common.emit(args, report, text)
     return status
 
 
-def _bookies_of(bk, lid):
-    from pybk_spark import errors
+def _retired_text(bookie: str, deleted: list[str]) -> str:
+    return (f"{bookie} retired: no ledger holds entries on it; removed "
+            f"{', '.join(deleted) or 'nothing (no record left)'}")
+
+
+def _metadata_of(bk, lid):
     try:
-        return bk.get_ledger_metadata(lid).all_bookies()
+        return bk.get_ledger_metadata(lid)
     except errors.NoSuchLedger:
-        return set()
+        return None
 
 
 # -- listunderreplicated ------------------------------------------------------------------------
@@ -224,11 +254,16 @@ shell_common.register("rereplicate", "re-replicate fragments of lost bookies (au
                              "in its ledger's metadata (CAS); after --grace it fences and closes "
                              "an open ledger whose last fragment has a lost bookie; --verify also "
                              "writes: it copies every entry it finds short of its Qw replicas")
-shell_common.register("decommission", "move every fragment off a bookie", _decommission_args,
+shell_common.register("decommission", "move every fragment off a bookie, then, once it is "
+                      "stopped and no ledger holds entries on it, retire its id (refused, naming "
+                      "the ledgers, while its data is not safe)", _decommission_args,
                       _decommission,
                       writes="the bookie's decommission mark (audit/decommissioned/), then as "
                              "rereplicate: entry copies on other bookies and the ledgers' new "
-                             "ensembles (CAS); --cancel only removes the mark")
+                             "ensembles (CAS); retiring deletes (CAS) the id's cookie, "
+                             "bookies/instances/ record, damage marker and audit/missing/ and "
+                             "audit/decommissioned/ marks; --no-copy only retires; --cancel "
+                             "only removes the mark")
 shell_common.register("listunderreplicated", "fragments with a replica on a lost bookie, and "
                       "entries bookies lost to damage",
                       _lur_args, _listunderreplicated, writes=None)
@@ -300,7 +335,9 @@ def _autorecovery(args) -> int:
                      if row.get("retention_dropped_ledgers") else "")
                   + (f" retention_failed={row['retention_failed']}"
                      if row.get("retention_failed") else "")
-                  + f" ({row['seconds']}s)", flush=True)
+                  + f" ({row['seconds']}s)"
+                  + (f"; not repaired: {rr.failed_ledgers_text(row['failed_ledgers'])}"
+                     if row.get("failed_ledgers") else ""), flush=True)
 
     try:
         with client(args) as bk:

@@ -379,11 +379,13 @@ class LedgerWriter:
         policy = self.ctx.placement
         for _ in range(self.ctx.conf.metadata_retries):
             bookies = writable_bookies(store)
-            exclude = set(self._failed_bookies)
+            exclude = {b: "failed a request of this ledger" for b in self._failed_bookies}
             repl: dict[int, str] = {}
             ens = list(change.ensemble)
             for slot in change.slots:
-                b = policy.replace(tuple(ens), slot, bookies, exclude=exclude | set(repl.values()))
+                b = policy.replace(tuple(ens), slot, bookies, exclude={
+                    **exclude, **{r: "replaces another bookie of this change"
+                                  for r in repl.values()}})
                 repl[slot] = b
             by_writer = not self.recovery
 

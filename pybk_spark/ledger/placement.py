@@ -9,7 +9,10 @@ replacement outside the current ensemble, with an injected ``random.Random``.
   (round-robin over racks in random order); a replacement prefers a rack not
   already used by the rest of the ensemble.
 
-Too few candidates => NotEnoughBookies.
+Too few candidates => NotEnoughBookies, naming the ensemble and every
+writable bookie that was not a candidate, with why (``exclude`` may be a
+mapping bookie -> reason; a plain iterable's bookies read "excluded by the
+caller").
 """
 from __future__ import annotations
 
@@ -60,18 +63,35 @@ def _candidates(bookies: Mapping[str, dict], exclude: Iterable[str]) -> list[str
     return sorted(b for b in bookies if b not in ex)
 
 
+def _reasons(exclude: Iterable[str]) -> dict[str, str]:
+    if isinstance(exclude, Mapping):
+        return {str(b): str(why) for b, why in exclude.items()}
+    return {str(b): "excluded by the caller" for b in exclude}
+
+
+def refusal(bookies: Mapping[str, dict], exclude: Iterable[str], *,
+            ensemble: tuple[str, ...] = (), needed: int | None = None) -> errors.NotEnoughBookies:
+    """The NotEnoughBookies of a placement: the writable bookies it could
+    not use, each with its reason (members of ``ensemble`` are named as the
+    ensemble, not listed again)."""
+    reasons = _reasons(exclude)
+    excluded = {b: reasons[b] for b in bookies if b in reasons and b not in ensemble}
+    available = len(_candidates(bookies, reasons)) if needed is not None else None
+    return errors.NotEnoughBookies(ensemble=ensemble, excluded=excluded, needed=needed,
+                                   available=available)
+
+
 class RandomPlacement(PlacementPolicy):
     def new_ensemble(self, n, bookies, exclude=()):
         cands = _candidates(bookies, exclude)
         if len(cands) < n:
-            raise errors.NotEnoughBookies(needed=n, available=len(cands))
+            raise refusal(bookies, exclude, needed=n)
         return tuple(self.rng.sample(cands, n))
 
     def replace(self, ensemble, slot, bookies, exclude=()):
         cands = _candidates(bookies, set(exclude) | set(ensemble))
         if not cands:
-            raise errors.NotEnoughBookies("no replacement bookie outside the ensemble",
-                                          ensemble=",".join(ensemble))
+            raise refusal(bookies, exclude, ensemble=tuple(ensemble))
         return self.rng.choice(cands)
 
 
@@ -83,7 +103,7 @@ class RackAwarePlacement(PlacementPolicy):
     def new_ensemble(self, n, bookies, exclude=()):
         cands = _candidates(bookies, exclude)
         if len(cands) < n:
-            raise errors.NotEnoughBookies(needed=n, available=len(cands))
+            raise refusal(bookies, exclude, needed=n)
         racks: dict[str, list[str]] = {}
         for b in cands:
             racks.setdefault(self._rack(bookies, b), []).append(b)
@@ -101,8 +121,7 @@ class RackAwarePlacement(PlacementPolicy):
     def replace(self, ensemble, slot, bookies, exclude=()):
         cands = _candidates(bookies, set(exclude) | set(ensemble))
         if not cands:
-            raise errors.NotEnoughBookies("no replacement bookie outside the ensemble",
-                                          ensemble=",".join(ensemble))
+            raise refusal(bookies, exclude, ensemble=tuple(ensemble))
         used = {self._rack(bookies, b) for i, b in enumerate(ensemble) if i != slot}
         fresh = [b for b in cands if self._rack(bookies, b) not in used]
         return self.rng.choice(fresh or cands)

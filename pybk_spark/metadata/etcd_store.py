@@ -414,6 +414,19 @@ class EtcdMetadataStore(MetadataStore):
             self._leases.append(lease)
         return lease
 
+    def lease_time_left(self, key: str) -> Optional[float]:
+        """etcd's LeaseTimeToLive of the key's lease (whole seconds; -1 from
+        etcd, a lease that just ended, is 0)."""
+        self._check()
+        resp = self._read(lambda: self._client.get_response(self._k(key)))
+        if not resp.kvs or not resp.kvs[0].lease:
+            return None
+        lease_id = resp.kvs[0].lease
+        info = self._read(lambda: self._direct(lambda: self._client.leasestub.LeaseTimeToLive(
+            etcdrpc.LeaseTimeToLiveRequest(ID=lease_id), self._timeout,
+            credentials=self._client.call_credentials, metadata=self._client.metadata)))
+        return float(max(0, info.TTL))
+
     def _forget_lease(self, lease: EtcdLease) -> None:
         with self._leases_lock:
             if lease in self._leases:

@@ -188,6 +188,14 @@ class MemoryMetadataStore(MetadataStore):
         return self._shared.revision
 
     # -- the port -------------------------------------------------------------
+    def lease_time_left(self, key: str) -> Optional[float]:
+        self._check()
+        sh = self._shared
+        with sh.cond:
+            item = sh.data.get(self._k(key))
+            lease = sh.leases.get(item[2]) if item is not None and item[2] else None
+            return None if lease is None else max(0.0, lease.deadline - sh.clock())
+
     def get(self, key: str) -> Optional[Versioned]:
         self._check()
         with self._shared.cond:

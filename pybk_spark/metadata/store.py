@@ -124,6 +124,13 @@ class MetadataStore(abc.ABC):
     def grant_lease(self, ttl_seconds: int) -> Lease: ...
 
     @abc.abstractmethod
+    def lease_time_left(self, key: str) -> Optional[float]:
+        """Seconds until the lease ``key`` is under ends unless refreshed
+        (its ttl remaining: a live holder keeps it near the full ttl, a dead
+        one's counts down to 0 and the key vanishes); None when the key is
+        absent or under no lease."""
+
+    @abc.abstractmethod
     def wait_for_change(self, prefix: str, after_revision: int, timeout: float) -> bool:
         """Block until something under prefix changes after ``after_revision``
         or timeout; True if it changed."""

@@ -125,7 +125,8 @@ def test_plan_replacements_not_enough():
     res = audit.audit_ledger(md, {"a": 0.0}, 1.0, 0.0, False)
     planned, unplaced = audit.plan_replacements(res.work, {"a"}, lambda e, s, x: (
         _ for _ in ()).throw(errors.NotEnoughBookies()))
-    assert planned == [] and len(unplaced) == 1 and "NotEnoughBookies" in unplaced[0][1]
+    assert planned == [] and len(unplaced) == 1
+    assert isinstance(unplaced[0][1], errors.NotEnoughBookies)
 
 
 # -- dead-writer selection ----------------------------------------------------------------------

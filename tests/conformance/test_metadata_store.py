@@ -136,6 +136,20 @@ def test_lease_expiry_removes_keys(store):
     poll_until(lambda: store.get("bookies/writable/b1") is None, "lease expiry")
 
 
+def test_lease_time_left_counts_down_to_expiry(store):
+    lease = store.grant_lease(30, keepalive=False)
+    store.put("leased", b"x", lease=lease)
+    store.put_if_absent("plain", b"y")
+    try:
+        left = store.lease_time_left("leased")
+        assert left is not None and 0 < left <= 30
+        assert store.lease_time_left("plain") is None
+        assert store.lease_time_left("absent") is None
+    finally:
+        lease.revoke()
+    assert store.lease_time_left("leased") is None
+
+
 def test_lease_keepalive_keeps_keys(store):
     lease = store.grant_lease(2)
     try:
