@@ -44,6 +44,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import random
 import threading
 import time
 import weakref
@@ -53,7 +54,7 @@ from typing import Any, Callable, Optional, Union
 
 from pybk_spark import errors
 from pybk_spark.metadata.store import log_key
-from pybk_spark.protocol import append_time
+from pybk_spark.protocol import append_time, log_identity
 from pybk_spark.protocol import log_metadata as logmd
 from pybk_spark.protocol.ledger_metadata import CLOSED
 from pybk_spark.protocol.log_metadata import LogMetadata, Position
@@ -147,12 +148,14 @@ def read_log(store, name: str) -> tuple[LogMetadata, int]:
     return got[0], got[1]
 
 
-def read_or_create_log(store, name: str) -> tuple[LogMetadata, int]:
+def read_or_create_log(store, name: str, rng: random.Random) -> tuple[LogMetadata, int]:
+    """The log, created empty if there is none; a new log's uid is drawn
+    from ``rng`` (protocol/log_identity.py)."""
     while True:
         got = _read(store, name)
         if got is not None:
             return got[0], got[1]
-        md = logmd.new_log(name)
+        md = logmd.new_log(name, log_identity.new_uid(rng))
         try:
             return md, store.put_if_absent(log_key(name), md.to_json())
         except errors.MetadataVersion:
@@ -267,7 +270,7 @@ class LogWriter:
     def open(self, max_attempts: int = 50) -> "LogWriter":
         store = self._bk.metadata_store
         for _ in range(max_attempts):
-            md, _ = read_or_create_log(store, self.name)                     # 1
+            md, _ = read_or_create_log(store, self.name, self._bk.rng)       # 1
             fenced_tail = logmd.tail_ids(md)
             closed = recover_tail(self._bk, md, self._password)               # 2
             handle = self._create_ledger()                                    # 3

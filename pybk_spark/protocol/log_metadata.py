@@ -22,6 +22,9 @@ Positions are (ledger_id, entry_id); they order by the ledger's index in the
 list, then by entry id.  ``start_offset`` of a segment is the number of
 entries in the log before it when that is known (all earlier segments
 closed); it lets readers seek without opening every ledger.
+``uid`` names this log among every log that ever had its name: drawn when
+the log is created, never changed, absent in logs created by older
+versions; positions record it (protocol/log_identity.py).
 ``first_time_us`` / ``last_time_us`` of a segment are the append times of its
 first and last entry when known (-1 otherwise; older metadata has neither),
 recorded with its size; a time-based start skips segments by them
@@ -112,6 +115,8 @@ class LogMetadata:
     epoch: int = 0                               # bumped by every leader open
     sink_commits: Mapping[str, int] = field(default_factory=dict)   # query id -> last batch id
     properties: Mapping[str, str] = field(default_factory=dict)
+    uid: Optional[str] = None                    # identity of this incarnation of the name
+                                                 # (protocol/log_identity.py); None: older log
 
     @property
     def ledger_ids(self) -> list[int]:
@@ -128,12 +133,15 @@ class LogMetadata:
         return Position(self.truncated_ledgers + self.segment_index(ledger_id), ledger_id, entry_id)
 
     def to_json(self) -> bytes:
-        return json.dumps({
+        d: dict[str, Any] = {
             "name": self.name, "segments": [s.to_dict() for s in self.segments],
             "schema": self.schema, "truncated_offset": self.truncated_offset,
             "truncated_ledgers": self.truncated_ledgers, "epoch": self.epoch,
             "sink_commits": dict(self.sink_commits), "properties": dict(self.properties),
-        }, sort_keys=True).encode()
+        }
+        if self.uid is not None:          # absent for a log without one: stored as before
+            d["uid"] = self.uid
+        return json.dumps(d, sort_keys=True).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> "LogMetadata":
@@ -151,7 +159,8 @@ class LogMetadata:
                 truncated_ledgers=int(d.get("truncated_ledgers", 0)),
                 epoch=int(d.get("epoch", 0)),
                 sink_commits={k: int(v) for k, v in d.get("sink_commits", {}).items()},
-                properties=dict(d.get("properties", {})))
+                properties=dict(d.get("properties", {})),
+                uid=None if d.get("uid") is None else str(d["uid"]))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise errors.MetadataError(f"corrupt log metadata: {exc}") from None
 
@@ -165,10 +174,12 @@ def _with_offsets(segments: Iterable[Segment], first_offset: int) -> tuple[Segme
     return tuple(out)
 
 
-def new_log(name: str) -> LogMetadata:
+def new_log(name: str, uid: Optional[str] = None) -> LogMetadata:
+    """An empty log; ``uid`` identifies it among the logs that ever had this
+    name (protocol/log_identity.py, ``new_uid``)."""
     if not name or "/" in name or len(name) > 200:
         raise errors.IncorrectParameter(f"bad log name {name!r}: non-empty, no '/', <= 200 chars")
-    return LogMetadata(name=name)
+    return LogMetadata(name=name, uid=uid)
 
 
 def tail_ids(md: LogMetadata, n: int = 2) -> tuple[int, ...]:
