@@ -27,11 +27,12 @@ HINT = ("set option failOnDataLoss=false to skip what is gone and go on "
         "(docs/spark.md, 'Data loss')")
 
 
-def report(fail: bool, message: str, error: type[errors.LogTruncated] = errors.LogTruncated,
+def report(fail: bool, message: str, kind: type[errors.LogTruncated] = errors.LogTruncated,
            **context) -> None:
-    """Raise ``error`` when ``fail``; otherwise warn and return (skip)."""
+    """Raise ``kind`` (``LogTruncated`` or a subclass) when ``fail``;
+    otherwise warn and return (skip)."""
     if fail:
-        raise error(f"{message}; {HINT}", **context)
+        raise kind(f"{message}; {HINT}", **context)
     detail = ", ".join(f"{k}={v}" for k, v in sorted(context.items()))
     LOG.warning("bookkeeper source: %s (%s); skipped because failOnDataLoss=false",
                 message, detail)

@@ -38,6 +38,7 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import BinaryType, LongType, StructField, StructType, TimestampType
 
 from pybk_spark import errors
+from pybk_spark.protocol import log_identity
 from pybk_spark.spark import arrow_codec, data_loss
 from pybk_spark.spark.client_cache import close_handle, drop_client, open_handle, worker_client
 from pybk_spark.spark.options import ReadOptions
@@ -215,6 +216,11 @@ def resolve_ledgers(bk, opts: ReadOptions) -> tuple[int, ...]:
     from pybk_spark.logs.log import read_log
     md, _ = read_log(bk.metadata_store, opts.log)
     ids = tuple(md.ledger_ids)
+    if log_identity.recreated(opts.offsets_uid, md.uid):
+        raise errors.LogRecreated(
+            log_identity.describe(opts.log, opts.offsets_uid, md.uid)
+            + "; its ledgers are not this log's: take the offsets again (pybk logmetadata "
+            f"{opts.log})", log=opts.log)
     for name, named in (("startingOffsets", opts.starting), ("endingOffsets", opts.ending)):
         unknown = sorted(set(named) - set(ids))
         if unknown:
