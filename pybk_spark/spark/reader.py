@@ -31,6 +31,7 @@ objects out of the garbage collector once (Spark collects after every task).
 from __future__ import annotations
 
 import dataclasses
+import random
 from typing import Any, Iterator, Optional
 
 import pyarrow as pa
@@ -152,11 +153,13 @@ class PlanningClient:
     for ledgers that are not closed (LAC read / recovery).  Spark runs each
     planning step in a fresh Python worker, so the full client (bookie
     transports, ledger handles, their imports) is built only when an open
-    ledger needs it; planning a closed log touches etcd only."""
+    ledger needs it; planning a closed log touches etcd only.  ``rng``: the
+    randomness of both (a new log's uid, placement), as ``BookKeeper``'s."""
 
-    def __init__(self, uri: str, conf: tuple = ()):
+    def __init__(self, uri: str, conf: tuple = (), rng: Optional[random.Random] = None):
         from pybk_spark.metadata import open_store
         self.uri, self.conf = uri, conf
+        self.rng = rng or random.Random()
         self.metadata_store = open_store(uri)
         self._bk: Any = None
 
@@ -168,7 +171,7 @@ class PlanningClient:
         if self._bk is None:
             from pybk_spark.ledger.client import BookKeeper
             self._bk = BookKeeper(self.uri, store=self.metadata_store,
-                                  conf=dict(self.conf) or None)
+                                  conf=dict(self.conf) or None, rng=self.rng)
         return self._bk.open_ledger(ledger_id, **kwargs)
 
     def close(self) -> None:
