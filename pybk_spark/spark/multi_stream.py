@@ -230,6 +230,8 @@ class BookKeeperMultiLogStreamReader(BookKeeperStreamReader):
         store = self._client().metadata_store
         recorded = mo.uids(end)
         for name, offset in sorted(offsets.items()):
+            if not self._still_there(name, {"uid": recorded.get(name)}):
+                continue
             record(store, RegisteredPosition(name, self._name, offset.index, offset.entry,
                                              "stream", self._wall_clock(),
                                              uid=recorded.get(name)))

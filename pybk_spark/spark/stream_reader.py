@@ -314,13 +314,24 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         """Spark committed every batch up to ``end``: record the query's
         position (CAS, forward only) so that truncation keeps what it needs."""
         offset = self._in(end)
-        if self._name is None:
+        if self._name is None or not self._still_there(self.opts.read.log, end):
             return
         from pybk_spark.logs.positions import record
         from pybk_spark.protocol.positions import RegisteredPosition
         record(self._client().metadata_store, RegisteredPosition(
             self.opts.read.log, self._name, offset.index, offset.entry, "stream",
             self._wall_clock(), uid=uid_of(end)))
+
+    def _still_there(self, name: str, offset: dict) -> bool:
+        """False: the log ``offset`` was taken in is gone (deleted, perhaps
+        created again): its position would only be left behind.  A restarted
+        query commits its last checkpointed offset again, which may be one."""
+        from pybk_spark.logs.log import read_log
+        try:
+            md = read_log(self._client().metadata_store, name)[0]
+        except errors.LogNotFound:
+            return False
+        return not log_identity.recreated(uid_of(offset), md.uid)
 
     def stop(self) -> None:
         if self._bk is not None:
