@@ -51,7 +51,8 @@ from pybk_spark.spark import arrow_codec, data_loss
 from pybk_spark.spark import multi_offsets as mo
 from pybk_spark.spark.multi_log import LogSlicePartition, _share, add_log_column
 from pybk_spark.spark.planning import split_to_min
-from pybk_spark.spark.stream_offsets import Offset, advance, count, delay_batch, lag
+from pybk_spark.spark.stream_offsets import (Offset, advance, count, delay_batch, lag,
+                                             with_uid)
 from pybk_spark.spark.stream_reader import (BookKeeperStreamReader, _average_entry_bytes,
                                             plan_range)
 
@@ -230,7 +231,7 @@ class BookKeeperMultiLogStreamReader(BookKeeperStreamReader):
         store = self._client().metadata_store
         recorded = mo.uids(end)
         for name, offset in sorted(offsets.items()):
-            if not self._still_there(name, {"uid": recorded.get(name)}):
+            if not self._still_there(name, with_uid({}, recorded.get(name))):
                 continue
             record(store, RegisteredPosition(name, self._name, offset.index, offset.entry,
                                              "stream", self._wall_clock(),
