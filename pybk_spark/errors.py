@@ -263,6 +263,11 @@ class LogTruncated(BKError):
     code = -25
 
 
+class LogRecreated(LogTruncated):
+    """The position was taken in a log that was deleted; a new log has its name
+    (protocol/log_identity.py).  A LogTruncated: what it named is gone."""
+
+
 class SchemaMismatch(BKError):
     """DataFrame schema incompatible with the log's recorded schema."""
     code = -14

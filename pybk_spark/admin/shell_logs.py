@@ -57,7 +57,7 @@ def _logmetadata(args) -> int:
     data = json.loads(md.to_json())
     data["version"] = version
     seg_rows = [s.to_dict() for s in md.segments]
-    text = (f"log {md.name}: epoch={md.epoch} truncated_ledgers={md.truncated_ledgers} "
+    text = (f"log {md.name}: uid={md.uid or 'none'} epoch={md.epoch} truncated_ledgers={md.truncated_ledgers} "
             f"truncated_offset={md.truncated_offset} schema={'yes' if md.schema else 'no'} "
             f"retention={_retention_text(md)}\n"
             + table(seg_rows, ["ledger_id", "state", "entry_count", "byte_count",

@@ -133,10 +133,13 @@ def _deletelog_args(p):
 
 
 def _deletelog(args) -> int:
-    """The log's key goes first (CAS on the version read), then its ledgers:
-    a crash in between leaves ledgers no log names, never a log naming
-    deleted ledgers."""
+    """The log's key goes first (CAS on the version read), then its ledgers
+    and its registered positions: a crash in between leaves ledgers no log
+    names, never a log naming deleted ledgers; positions left behind carry
+    the deleted log's uid, which a log created later under the name does
+    not have (protocol/positions.py)."""
     from pybk_spark.logs.log import delete_log_metadata, read_log
+    from pybk_spark.logs.positions import drop_all
     from pybk_spark.protocol.log_metadata import SEGMENT_CLOSED
     with client(args) as bk:
         md, version = read_log(bk.metadata_store, args.name)
@@ -158,8 +161,11 @@ def _deletelog(args) -> int:
                 deleted.append(lid)
             except errors.NoSuchLedger:
                 pass
-    shell_common.emit(args, {"log": args.name, "deleted_ledgers": deleted, "forced": bool(live)},
-                      f"deleted log {args.name} and its {len(deleted)} ledgers"
+        positions = [p.name for p in drop_all(bk.metadata_store, args.name, md.uid)]
+    shell_common.emit(args, {"log": args.name, "deleted_ledgers": deleted, "forced": bool(live),
+                             "uid": md.uid, "dropped_positions": positions},
+                      f"deleted log {args.name} (uid {md.uid or 'none'}) and its "
+                      f"{len(deleted)} ledgers and {len(positions)} registered positions"
                       + (f" (writer of ledger {live[-1]} was alive)" if live else ""))
     return 0
 

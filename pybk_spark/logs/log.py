@@ -46,6 +46,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import random
 import threading
 import time
 import weakref
@@ -55,7 +56,7 @@ from typing import Any, Callable, Optional, Union
 
 from pybk_spark import errors
 from pybk_spark.metadata.store import log_key, read_ledger_metadata
-from pybk_spark.protocol import append_time
+from pybk_spark.protocol import append_time, log_identity
 from pybk_spark.protocol import log_metadata as logmd
 from pybk_spark.protocol.ledger_metadata import CLOSED, key_check
 from pybk_spark.protocol.log_metadata import LogMetadata, Position
@@ -159,21 +160,23 @@ def _log_hint(store, name: str) -> str:
     return f"; {hint}" if hint else ""
 
 
-def read_or_create_log(store, name: str, password_check: str = "") -> tuple[LogMetadata, int]:
-    """The log's metadata, creating it (recording ``password_check``, the
-    creating writer's) when there is none."""
+def read_or_create_log(store, name: str, rng: random.Random,
+                       password_check: str = "") -> tuple[LogMetadata, int]:
+    """The log's metadata, creating it when there is none: a new log's uid is
+    drawn from ``rng`` (protocol/log_identity.py), and it records
+    ``password_check``, the creating writer's."""
     while True:
         got = _read(store, name)
         if got is not None:
             return got[0], got[1]
-        md = logmd.new_log(name, password_check)
+        md = logmd.new_log(name, log_identity.new_uid(rng), password_check)
         try:
             return md, store.put_if_absent(log_key(name), md.to_json())
         except errors.MetadataVersion:
             continue
 
 
-def claim_log_password(store, name: str, password: bytes) -> LogMetadata:
+def claim_log_password(store, name: str, password: bytes, rng: random.Random) -> LogMetadata:
     """Before a writer creates any ledger: the log (created if absent) with
     ``password``'s check recorded, or ``Unauthorized`` naming the log when
     it records another password.  A log that records none (written before
@@ -183,7 +186,7 @@ def claim_log_password(store, name: str, password: bytes) -> LogMetadata:
     list changed since that ledger was checked."""
     check = key_check(password)
     for _ in range(100):
-        md, _ = read_or_create_log(store, name, check)
+        md, _ = read_or_create_log(store, name, rng, check)
         logmd.check_writer_password(md, check)
         if md.password_check:
             return md
@@ -328,7 +331,7 @@ class LogWriter:
         store = self._bk.metadata_store
         check = key_check(self._password)
         for _ in range(max_attempts):
-            md = claim_log_password(store, self.name, self._password)        # 1
+            md = claim_log_password(store, self.name, self._password, self._bk.rng)  # 1
             fenced_tail = logmd.tail_ids(md)
             closed = recover_tail(self._bk, md, self._password)               # 2
             handle = self._create_ledger()                                    # 3

@@ -11,6 +11,7 @@ from typing import Optional
 from pybk_spark import errors
 from pybk_spark.metadata.store import position_key, positions_prefix
 from pybk_spark.protocol import positions as pos
+from pybk_spark.protocol.log_identity import recreated
 from pybk_spark.protocol.positions import RegisteredPosition
 from pybk_spark.metadata import keys
 
@@ -56,6 +57,22 @@ def drop(store, log: str, name: str) -> RegisteredPosition:
     return RegisteredPosition.from_json(got.value)
 
 
+def drop_all(store, log: str, uid: Optional[str]) -> list[RegisteredPosition]:
+    """Remove the positions registered in the deleted log ``log`` with uid
+    ``uid``, so that a log created later under its name starts with none;
+    a position of that later log (another uid) is kept."""
+    gone = []
+    for key, versioned in store.list_prefix(positions_prefix(log)):
+        if recreated(RegisteredPosition.from_json(versioned.value).uid, uid):
+            continue
+        try:
+            store.delete(key, expected_version=versioned.version)
+        except errors.MetadataVersion:
+            continue        # moved meanwhile: a query still committing; its uid tells
+        gone.append(RegisteredPosition.from_json(versioned.value))
+    return gone
+
+
 def record_sink(store, md, written, name: str, sink_id: str, batch_id: int, now: float
                 ) -> Optional[RegisteredPosition]:
     """After a sink's commit CAS: its position in ``md`` (the log as committed)
@@ -71,4 +88,5 @@ def record_sink(store, md, written, name: str, sink_id: str, batch_id: int, now:
         at = ((RegisteredPosition.from_json(got.value).index, 0) if got is not None
               else (md.truncated_ledgers + len(md.segments), 0))
     return record(store, RegisteredPosition(md.name, name, at[0], at[1], pos.SINK, now,
-                                            batch_id=int(batch_id), detail=sink_id))
+                                            batch_id=int(batch_id), detail=sink_id,
+                                            uid=md.uid))

@@ -37,7 +37,7 @@ def truncate_log(bk, name: str, before_ledger_id: int, *, force: bool = False) -
 
     def transform(m: LogMetadata) -> tuple[LogMetadata, list[int]]:
         first_kept = m.truncated_ledgers + m.segment_index(before_ledger_id)
-        stuck = blockers(first_kept, registered)
+        stuck = blockers(first_kept, registered, m.uid)
         if stuck:
             raise errors.IllegalOp(
                 "truncation would drop segments that registered read positions still need: "

@@ -22,6 +22,9 @@ Positions are (ledger_id, entry_id); they order by the ledger's index in the
 list, then by entry id.  ``start_offset`` of a segment is the number of
 entries in the log before it when that is known (all earlier segments
 closed); it lets readers seek without opening every ledger.
+``uid`` names this log among every log that ever had its name: drawn when
+the log is created, never changed, absent in logs created by older
+versions; positions record it (protocol/log_identity.py).
 ``first_time_us`` / ``last_time_us`` of a segment are the append times of its
 first and last entry when known (-1 otherwise; older metadata has neither),
 recorded with its size; a time-based start skips segments by them
@@ -123,6 +126,8 @@ class LogMetadata:
     sink_commits: Mapping[str, int] = field(default_factory=dict)   # query id -> last batch id
     properties: Mapping[str, str] = field(default_factory=dict)
     password_check: str = ""                     # key_check of the log's password; "" = none yet
+    uid: Optional[str] = None                    # identity of this incarnation of the name
+                                                 # (protocol/log_identity.py); None: older log
 
     @property
     def ledger_ids(self) -> list[int]:
@@ -147,6 +152,8 @@ class LogMetadata:
         }
         if self.password_check:            # optional: a log without one reads as before
             d["password_check"] = self.password_check
+        if self.uid is not None:          # absent for a log without one: stored as before
+            d["uid"] = self.uid
         return json.dumps(d, sort_keys=True).encode()
 
     @classmethod
@@ -166,7 +173,8 @@ class LogMetadata:
                 epoch=int(d.get("epoch", 0)),
                 sink_commits={k: int(v) for k, v in d.get("sink_commits", {}).items()},
                 properties=dict(d.get("properties", {})),
-                password_check=str(d.get("password_check") or ""))
+                password_check=str(d.get("password_check") or ""),
+                uid=None if d.get("uid") is None else str(d["uid"]))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise errors.MetadataError(f"corrupt log metadata: {exc}") from None
 
@@ -180,10 +188,13 @@ def _with_offsets(segments: Iterable[Segment], first_offset: int) -> tuple[Segme
     return tuple(out)
 
 
-def new_log(name: str, password_check: str = "") -> LogMetadata:
+def new_log(name: str, uid: Optional[str] = None, password_check: str = "") -> LogMetadata:
+    """An empty log; ``uid`` identifies it among the logs that ever had this
+    name (protocol/log_identity.py, ``new_uid``), ``password_check`` is its
+    creating writer's password check."""
     if not name or "/" in name or len(name) > 200:
         raise errors.IncorrectParameter(f"bad log name {name!r}: non-empty, no '/', <= 200 chars")
-    return LogMetadata(name=name, password_check=password_check)
+    return LogMetadata(name=name, uid=uid, password_check=password_check)
 
 
 def check_writer_password(md: LogMetadata, password_check: str) -> None:

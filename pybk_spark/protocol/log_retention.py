@@ -113,6 +113,6 @@ def expired(md: LogMetadata, now_us: int,
         remaining -= max(s.byte_count, 0)
         n += 1
     held = list(positions)
-    while n and blockers(md.truncated_ledgers + n, held):
+    while n and blockers(md.truncated_ledgers + n, held, md.uid):
         n -= 1
     return n

@@ -28,6 +28,14 @@ any other, but it never holds back truncation: a writer needs none of what
 it wrote (a Pulsar producer has no cursor either).  :func:`blockers`
 counts readers (kind ``stream``) only.
 
+A position records the uid of the log it was taken in (``uid``,
+protocol/log_identity.py).  When the log is deleted and a log of the same
+name is created, the positions of the old one stay under its name: they
+hold nothing back in the new log (:func:`blockers` skips a position of
+another uid), and a position of the new log replaces one of the old log
+however far that one had got (:func:`advance`).  A position without a uid
+(recorded by an older version) counts as before.
+
 Pure: no I/O, no clock (``updated_at`` is given by the caller).
 """
 from __future__ import annotations
@@ -37,6 +45,7 @@ from dataclasses import asdict, dataclass
 from typing import Iterable, Optional, Sequence
 
 from pybk_spark import errors
+from pybk_spark.protocol.log_identity import recreated
 
 
 STREAM, SINK = "stream", "sink"
@@ -52,6 +61,7 @@ class RegisteredPosition:
     updated_at: float = 0.0     # wall-clock seconds of the last commit (for operators)
     batch_id: Optional[int] = None   # a sink's last committed micro-batch
     detail: str = ""                 # a sink's id (its checkpoint location)
+    uid: Optional[str] = None        # uid of the log it was taken in (None: not recorded)
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -63,7 +73,8 @@ class RegisteredPosition:
             batch = d.get("batch_id")
             return cls(str(d["log"]), str(d["name"]), int(d["index"]), int(d["entry"]),
                        str(d.get("kind", STREAM)), float(d.get("updated_at", 0.0)),
-                       None if batch is None else int(batch), str(d.get("detail", "")))
+                       None if batch is None else int(batch), str(d.get("detail", "")),
+                       None if d.get("uid") is None else str(d["uid"]))
         except (ValueError, KeyError, TypeError) as exc:
             raise errors.MetadataError(f"corrupt registered position: {exc}") from None
 
@@ -76,7 +87,10 @@ def check_name(name: str) -> str:
 
 
 def advance(old: Optional[RegisteredPosition], new: RegisteredPosition) -> RegisteredPosition:
-    """The value to store: ``new``, unless ``old`` is already further."""
+    """The value to store: ``new``, unless ``old`` is already further in
+    the same log."""
+    if old is not None and recreated(old.uid, new.uid):
+        return new
     if old is not None and (old.index, old.entry) > (new.index, new.entry):
         return old
     if (old is not None and old.batch_id is not None and new.batch_id is not None
@@ -85,10 +99,13 @@ def advance(old: Optional[RegisteredPosition], new: RegisteredPosition) -> Regis
     return new
 
 
-def blockers(first_kept_index: int,
-             positions: Iterable[RegisteredPosition]) -> list[RegisteredPosition]:
-    """Positions that truncating every segment before ``first_kept_index`` would break."""
-    return sorted((p for p in positions if p.kind != SINK and p.index < first_kept_index),
+def blockers(first_kept_index: int, positions: Iterable[RegisteredPosition],
+             uid: Optional[str] = None) -> list[RegisteredPosition]:
+    """Positions that truncating every segment before ``first_kept_index`` of
+    the log with uid ``uid`` would break (positions taken in another log of
+    that name break nothing)."""
+    return sorted((p for p in positions if p.kind != SINK and p.index < first_kept_index
+                   and not recreated(p.uid, uid)),
                   key=lambda p: (p.index, p.entry, p.name))
 
 

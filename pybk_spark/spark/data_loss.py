@@ -2,8 +2,10 @@
 
 Theory of operation
 -------------------
-Data is gone when a log was truncated below a stream's position, or a ledger
-that a log lists (or a task was planned on) was deleted.  As in Spark's Kafka
+Data is gone when a log was truncated below a stream's position, a ledger
+that a log lists (or a task was planned on) was deleted, or the log a
+position was taken in was deleted and another log was created with its name
+(``LogRecreated``, a ``LogTruncated``; protocol/log_identity.py).  As in Spark's Kafka
 source, ``failOnDataLoss=true`` (the default) fails the query with
 ``LogTruncated``, naming the position and the option; ``false`` logs a
 warning (logger ``pybk_spark.spark``) and the caller skips what is gone:
@@ -25,10 +27,12 @@ HINT = ("set option failOnDataLoss=false to skip what is gone and go on "
         "(docs/spark.md, 'Data loss')")
 
 
-def report(fail: bool, message: str, **context) -> None:
-    """Raise ``LogTruncated`` when ``fail``; otherwise warn and return (skip)."""
+def report(fail: bool, message: str, kind: type[errors.LogTruncated] = errors.LogTruncated,
+           **context) -> None:
+    """Raise ``kind`` (``LogTruncated`` or a subclass) when ``fail``;
+    otherwise warn and return (skip)."""
     if fail:
-        raise errors.LogTruncated(f"{message}; {HINT}", **context)
+        raise kind(f"{message}; {HINT}", **context)
     detail = ", ".join(f"{k}={v}" for k, v in sorted(context.items()))
     LOG.warning("bookkeeper source: %s (%s); skipped because failOnDataLoss=false",
                 message, detail)

@@ -18,6 +18,12 @@ its first entry still present (Kafka: new partitions start at earliest).
 A log in the start offset but no longer listed was deleted: the caller
 reports data loss (failOnDataLoss) and it is dropped from the offset.
 
+Each log's entry names the log it was taken in (``"uid"``, as a single-log
+offset does; :func:`uids`).  A log listed now whose uid differs from the
+one recorded (:func:`recreated_logs`) was deleted and created again: the
+caller reports data loss (``LogRecreated``) and it starts again, as a new
+log, at its first entry.
+
 Fairness (:func:`plan_ends`): the admission budgets (``maxEntriesPerTrigger``,
 ``maxBytesPerTrigger``) are shared max-min fairly (:func:`fair_shares`):
 every log with entries waiting gets an equal share, a log needing less
@@ -40,13 +46,31 @@ import json
 from typing import Any, Mapping, Optional, Sequence
 
 from pybk_spark import errors
-from pybk_spark.spark.stream_offsets import Extent, Offset, advance, lag
+from pybk_spark.protocol.log_identity import recreated
+from pybk_spark.spark.stream_offsets import Extent, Offset, advance, lag, uid_of, with_uid
 
 LOGS_KEY = "logs"
 
 
-def to_dict(offsets: Mapping[str, Offset]) -> dict:
-    return {LOGS_KEY: {name: offsets[name].to_dict() for name in sorted(offsets)}}
+def to_dict(offsets: Mapping[str, Offset],
+            uids: Mapping[str, Optional[str]] = {}) -> dict:
+    """The offset dict; ``uids``: the uid of each log, recorded with its position."""
+    return {LOGS_KEY: {name: with_uid(offsets[name].to_dict(), uids.get(name))
+                       for name in sorted(offsets)}}
+
+
+def uids(d) -> dict[str, Optional[str]]:
+    """The uid recorded for each log of an offset dict (None: not recorded)."""
+    logs = d.get(LOGS_KEY) if isinstance(d, dict) else None
+    return {str(n): uid_of(o) for n, o in logs.items()} if isinstance(logs, dict) else {}
+
+
+def recreated_logs(recorded: Mapping[str, Optional[str]],
+                   current: Mapping[str, Optional[str]]) -> list[str]:
+    """The logs listed now (``current``: name -> uid) that are another log
+    than the one of that name an offset was taken in (``recorded``)."""
+    return sorted(n for n, uid in current.items()
+                  if n in recorded and recreated(recorded[n], uid))
 
 
 def parse(d) -> dict[str, Offset]:

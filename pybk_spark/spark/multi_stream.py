@@ -13,7 +13,10 @@ carry a ``_log`` column (multi_log.py).  On the driver:
     re-evaluated against ``logs/`` in etcd each trigger, so a log created
     while the query runs is picked up, from its first entry, as Kafka picks
     up new partitions), reports logs that are gone as data loss
-    (``failOnDataLoss``: fail with ``LogTruncated``, or warn and drop them),
+    (``failOnDataLoss``: fail with ``LogTruncated``, or warn and drop them)
+    and logs deleted and created again under their name (the uid recorded
+    with each log's position differs: ``LogRecreated``, or warn and read
+    the new log from its first entry),
     measures each log as the single-log source does, and shares the
     admission budgets fairly between the logs (multi_offsets.plan_ends);
     ``minEntriesPerTrigger`` counts the entries waiting in all the logs.
@@ -33,6 +36,7 @@ carry a ``_log`` column (multi_log.py).  On the driver:
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from typing import Any, Iterator, Optional
 
@@ -41,12 +45,14 @@ from pyspark.sql.datasource import InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit
 
 from pybk_spark import errors
+from pybk_spark.protocol import log_identity
 from pybk_spark.protocol.log_metadata import LogMetadata
 from pybk_spark.spark import arrow_codec, data_loss
 from pybk_spark.spark import multi_offsets as mo
 from pybk_spark.spark.multi_log import LogSlicePartition, _share, add_log_column
 from pybk_spark.spark.planning import split_to_min
-from pybk_spark.spark.stream_offsets import Offset, advance, count, delay_batch, lag
+from pybk_spark.spark.stream_offsets import (Offset, advance, count, delay_batch, lag,
+                                             with_uid)
 from pybk_spark.spark.stream_reader import (BookKeeperStreamReader, _average_entry_bytes,
                                             plan_range)
 
@@ -100,10 +106,23 @@ class BookKeeperMultiLogStreamReader(BookKeeperStreamReader):
     def _first(md: LogMetadata) -> Offset:
         return Offset(md.truncated_ledgers, 0)
 
+    def _again(self, recorded: dict[str, Optional[str]],
+               logs: dict[str, LogMetadata]) -> list[str]:
+        """The logs of ``logs`` deleted and created again since their uid was
+        ``recorded``, each reported as data loss (failOnDataLoss)."""
+        again = mo.recreated_logs(recorded, {n: md.uid for n, md in logs.items()})
+        for name in again:
+            data_loss.report(self.opts.read.fail_on_data_loss,
+                             log_identity.describe(name, recorded[name], logs[name].uid),
+                             errors.LogRecreated, log=name)
+        return again
+
     def _begins(self, start: dict, logs: dict[str, LogMetadata]) -> dict[str, Offset]:
         """Start of every log read now: gone logs reported (data loss), new
-        logs from their first entry, truncated positions clamped."""
-        begins, gone = mo.reconcile(self._in_map(start), sorted(logs),
+        and recreated logs from their first entry, truncated positions clamped."""
+        again = self._again(mo.uids(start), logs)
+        kept = {n: o for n, o in self._in_map(start).items() if n not in again}
+        begins, gone = mo.reconcile(kept, sorted(logs),
                                     {n: self._first(md) for n, md in logs.items()})
         for name in gone:
             data_loss.report(self.opts.read.fail_on_data_loss,
@@ -116,8 +135,8 @@ class BookKeeperMultiLogStreamReader(BookKeeperStreamReader):
             self._name = str(name)
         return mo.parse(offset)
 
-    def _out_map(self, offsets: dict[str, Offset]) -> dict:
-        d = mo.to_dict(offsets)
+    def _out_map(self, offsets: dict[str, Offset], logs: dict[str, LogMetadata]) -> dict:
+        d = mo.to_dict(offsets, {n: md.uid for n, md in logs.items()})
         if self._name is not None:
             d["stream"] = self._name
         return d
@@ -128,11 +147,13 @@ class BookKeeperMultiLogStreamReader(BookKeeperStreamReader):
         self._name = self._new_name()
         starting = self.opts.starting
         if starting == "earliest":
-            return self._out_map({n: self._first(md) for n, md in logs.items()})
+            return self._out_map({n: self._first(md) for n, md in logs.items()}, logs)
         if starting == "latest":
-            return self._out_map({n: self._end_of(md) for n, md in logs.items()})
+            return self._out_map({n: self._end_of(md) for n, md in logs.items()}, logs)
         named = mo.parse_starting(starting)
-        return self._out_map({n: named.get(n, self._first(md)) for n, md in logs.items()})
+        again = self._again(mo.uids({mo.LOGS_KEY: json.loads(starting)}), logs)
+        return self._out_map({n: self._first(md) if n in again else named.get(n, self._first(md))
+                              for n, md in logs.items()}, logs)
 
     def _end_of(self, md: LogMetadata) -> Offset:
         first = self._first(md)
@@ -168,13 +189,14 @@ class BookKeeperMultiLogStreamReader(BookKeeperStreamReader):
                             entriesBehindLatest=sum(e for e, _ in behind),
                             bytesBehindLatest=-1 if any(b < 0 for _, b in behind)
                             else sum(b for _, b in behind))
-        return self._out_map(ends)
+        return self._out_map(ends, logs)
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         from pybk_spark.logs.log import read_log
         from pybk_spark.spark.reader import LedgerSlicePartition
         bk = self._client()
         starts, finishes = self._in_map(start), self._in_map(end)
+        start_uids, end_uids = mo.uids(start), mo.uids(end)
         tagged: list[tuple[str, Any]] = []
         for name in sorted(finishes):
             try:
@@ -183,7 +205,11 @@ class BookKeeperMultiLogStreamReader(BookKeeperStreamReader):
                 data_loss.report(self.opts.read.fail_on_data_loss,
                                  "a log the stream was reading was deleted", log=name)
                 continue
-            begin = self._clamp(md, starts.get(name, self._first(md)))
+            if self._again({name: end_uids.get(name)}, {name: md}):
+                continue                    # planned in a log since deleted: nothing to read
+            begin = self._first(md)
+            if name in starts and not self._again({name: start_uids.get(name)}, {name: md}):
+                begin = self._clamp(md, starts[name])
             if finishes[name] <= begin:
                 continue
             extents = self._extents(md, begin, read_lac=False)
@@ -203,9 +229,13 @@ class BookKeeperMultiLogStreamReader(BookKeeperStreamReader):
         from pybk_spark.logs.positions import record
         from pybk_spark.protocol.positions import RegisteredPosition
         store = self._client().metadata_store
+        recorded = mo.uids(end)
         for name, offset in sorted(offsets.items()):
+            if not self._still_there(name, with_uid({}, recorded.get(name))):
+                continue
             record(store, RegisteredPosition(name, self._name, offset.index, offset.entry,
-                                             "stream", self._wall_clock()))
+                                             "stream", self._wall_clock(),
+                                             uid=recorded.get(name)))
 
     # -- executors ------------------------------------------------------------------------------
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

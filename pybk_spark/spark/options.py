@@ -12,7 +12,11 @@ Offsets follow Spark's Kafka connector:
   * ``earliest`` / ``latest`` apply to every ledger;
   * JSON ``{"<ledgerId>": entryId, ...}`` sets single ledgers; ledgers not
     named keep the default (earliest for start, latest for end);
-    in JSON, ``-2`` means earliest and ``-1`` means latest.
+    in JSON, ``-2`` means earliest and ``-1`` means latest;
+  * with option ``log``, the JSON may name the log the ledgers belong to,
+    ``"uid": "<the log's uid>"`` (``pybk logmetadata``; protocol/log_identity.py):
+    a read of another log of that name (deleted and created again) is
+    then refused with ``LogRecreated`` (reader.py).
 "Latest" is the end of what may be read: last entry + 1 for a CLOSED ledger,
 LAC + 1 for a ledger that is still OPEN (recovery=false).
 
@@ -25,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
 from pybk_spark import errors
+from pybk_spark.spark.stream_offsets import UID_KEY
 from pybk_spark.spark.tls_options import parse_client_options
 from pybk_spark.spark import option_names as names
 from pybk_spark.spark.time_options import TimeBounds, ledger_integers, parse_time_bounds
@@ -63,6 +68,7 @@ class ReadOptions:
     logs: tuple[str, ...] = ()              # several logs (multi_log.py)
     log_pattern: Optional[str] = None       # regex over log names (multi_log.py)
     times: TimeBounds = TimeBounds()        # start / end by append time (time_options.py)
+    offsets_uid: Optional[str] = None       # uid of the log the JSON offsets were taken in
 
     @property
     def passwords(self) -> tuple[bytes, ...]:
@@ -229,6 +235,7 @@ def parse_offsets(name: str, text: Optional[str], *, default: int,
             f"option {name!r} must be 'earliest', 'latest' or JSON "
             f"{{\"<ledgerId>\": entryId, ...}}, got {text!r}")
     out: dict[int, int] = {}
+    parsed = {k: v for k, v in parsed.items() if k != UID_KEY}
     for ledger_id, value in ledger_integers(name, parsed, "offset"):
         if value < 0:
             if value not in (EARLIEST, LATEST):
@@ -238,6 +245,30 @@ def parse_offsets(name: str, text: Optional[str], *, default: int,
             _check_special(name, value, allow_earliest, allow_latest)
         out[ledger_id] = value
     return default, out
+
+
+def offsets_uid(options: Mapping[str, str]) -> Optional[str]:
+    """The ``"uid"`` named by the JSON of ``startingOffsets`` / ``endingOffsets``
+    (None: neither names one); the two must agree."""
+    found: dict[str, str] = {}
+    for name in ("startingOffsets", "endingOffsets"):
+        text = option(options, name)
+        try:
+            parsed = json.loads(str(text)) if text is not None else None
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict) and parsed.get(UID_KEY) is not None:
+            uid = parsed[UID_KEY]
+            if not isinstance(uid, str) or not uid:
+                raise errors.IncorrectParameter(
+                    f"option {name!r}: \"uid\" must be a log's uid (pybk logmetadata LOG), "
+                    f"got {uid!r}")
+            found[name] = uid
+    if len(set(found.values())) > 1:
+        raise errors.IncorrectParameter(
+            "options 'startingOffsets' and 'endingOffsets' name different logs: "
+            + ", ".join(f"{n} has uid {u}" for n, u in sorted(found.items())))
+    return next(iter(found.values()), None)
 
 
 def _check_special(name: str, value: int, allow_earliest: bool, allow_latest: bool) -> None:
@@ -315,6 +346,11 @@ def parse_read_options(options: Mapping[str, str], *, check_names: bool = True) 
         raise errors.IncorrectParameter(
             "with 'logs'/'logPattern', 'startingOffsets'/'endingOffsets' may only be "
             "'earliest'/'latest' (ledger ids are per log)")
+    uid = offsets_uid(options)
+    if uid is not None and log is None:
+        raise errors.IncorrectParameter(
+            "\"uid\" in 'startingOffsets'/'endingOffsets' names a log: it goes with "
+            "option 'log' only")
     times = parse_time_bounds(lambda n: option(options, n), multi=bool(logs or pattern))
     if ledgers:
         for name, named in (("startingOffsets", starting), ("endingOffsets", ending),
@@ -352,6 +388,7 @@ def parse_read_options(options: Mapping[str, str], *, check_names: bool = True) 
         fail_on_data_loss=parse_bool("failOnDataLoss", option(options, "failOnDataLoss"), True),
         min_partitions=parse_positive_int("minPartitions", option(options, "minPartitions"), 0)
         or None,
+        offsets_uid=uid,
         client_conf=client_overrides(options),
         logs=logs, log_pattern=pattern, times=times,
     )

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import random
 from typing import Any, Iterator, Optional
 
 import pyarrow as pa
@@ -49,6 +50,7 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import BinaryType, LongType, StructField, StructType, TimestampType
 
 from pybk_spark import errors
+from pybk_spark.protocol import log_identity
 from pybk_spark.spark import arrow_codec, data_loss
 from pybk_spark.spark.client_cache import close_handle, drop_client, open_handle, worker_client
 from pybk_spark.spark.options import ReadOptions
@@ -163,11 +165,13 @@ class PlanningClient:
     for ledgers that are not closed (LAC read / recovery).  Spark runs each
     planning step in a fresh Python worker, so the full client (bookie
     transports, ledger handles, their imports) is built only when an open
-    ledger needs it; planning a closed log touches etcd only."""
+    ledger needs it; planning a closed log touches etcd only.  ``rng``: the
+    randomness of both (a new log's uid, placement), as ``BookKeeper``'s."""
 
-    def __init__(self, uri: str, conf: tuple = ()):
+    def __init__(self, uri: str, conf: tuple = (), rng: Optional[random.Random] = None):
         from pybk_spark.metadata import open_store
         self.uri, self.conf = uri, conf
+        self.rng = rng or random.Random()
         self.metadata_store = open_store(uri)
         self._bk: Any = None
 
@@ -179,7 +183,7 @@ class PlanningClient:
         if self._bk is None:
             from pybk_spark.ledger.client import BookKeeper
             self._bk = BookKeeper(self.uri, store=self.metadata_store,
-                                  conf=dict(self.conf) or None)
+                                  conf=dict(self.conf) or None, rng=self.rng)
         return self._bk.open_ledger(ledger_id, **kwargs)
 
     def close(self) -> None:
@@ -227,6 +231,11 @@ def resolve_ledgers(bk, opts: ReadOptions) -> tuple[int, ...]:
     from pybk_spark.logs.log import read_log
     md, _ = read_log(bk.metadata_store, opts.log)
     ids = tuple(md.ledger_ids)
+    if log_identity.recreated(opts.offsets_uid, md.uid):
+        raise errors.LogRecreated(
+            log_identity.describe(opts.log, opts.offsets_uid, md.uid)
+            + "; its ledgers are not this log's: take the offsets again (pybk logmetadata "
+            f"{opts.log})", log=opts.log)
     for name, named in (("startingOffsets", opts.starting), ("endingOffsets", opts.ending)):
         unknown = sorted(set(named) - set(ids))
         if unknown:

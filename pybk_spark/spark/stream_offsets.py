@@ -31,6 +31,13 @@ between an offset and the end (entries; bytes when every part is known).
 (return the start offset) while fewer entries are available than asked and
 the last batch (or the query's start) is more recent than the delay.
 
+An offset also names the log it was taken in: ``"uid"``, the log's uid
+(protocol/log_identity.py), next to ``index`` and ``entry`` (:func:`uid_of`,
+:func:`with_uid`).  A position means something only in its own log: a log
+deleted and created again under the same name starts at index 0 again.
+An offset without one (a checkpoint written before logs had a uid, or a
+log that has none) is taken as it is.
+
 Pure: no I/O, no clock.
 """
 from __future__ import annotations
@@ -58,6 +65,20 @@ class Offset:
         if index < 0 or entry < 0:
             raise errors.IncorrectParameter(f"not a bookkeeper stream offset: {d!r}")
         return cls(index, entry)
+
+
+UID_KEY = "uid"
+
+
+def uid_of(d) -> Optional[str]:
+    """The uid of the log an offset dict was taken in (None: not recorded)."""
+    uid = d.get(UID_KEY) if isinstance(d, dict) else None
+    return None if uid is None else str(uid)
+
+
+def with_uid(d: dict, uid: Optional[str]) -> dict:
+    """``d`` naming the log with uid ``uid`` (unchanged when it has none)."""
+    return dict(d, **{UID_KEY: uid}) if uid is not None else d
 
 
 @dataclass(frozen=True)

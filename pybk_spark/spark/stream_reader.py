@@ -31,10 +31,17 @@ truncation will not pass.  The name is minted by ``initialOffset`` and rides
 in every offset (key ``"stream"``), so it lives in the query's checkpoint and
 a restarted query keeps it; an offset without it (a checkpoint written
 before) registers nothing.
+
+Every offset names the log it was taken in (``"uid"``, stream_offsets.py).
+An offset of a log that was deleted while a log of the same name was
+created is data loss (``failOnDataLoss``): the query fails with
+``LogRecreated`` naming both uids, or warns and reads the new log from its
+first entry.  The registered position carries the uid too.
 """
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from typing import Callable, Iterator, Optional, Sequence
@@ -46,15 +53,33 @@ from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadM
                                               SupportsTriggerAvailableNow)
 
 from pybk_spark import errors
+from pybk_spark.protocol import log_identity
 from pybk_spark.spark import data_loss
 from pybk_spark.protocol.ledger_metadata import password_for
 from pybk_spark.protocol.log_metadata import SEGMENT_CLOSED, LogMetadata
 from pybk_spark.spark.options import LATEST, StreamOptions
 from pybk_spark.spark.planning import LedgerView, plan_ledger, split_to_min
 from pybk_spark.spark.stream_offsets import (Extent, Offset, advance, count, delay_batch, lag,
-                                             ranges)
+                                             ranges, uid_of, with_uid)
 
 CLOSED_STATE = "CLOSED"
+_log = logging.getLogger("pybk_spark.spark")
+
+
+def other_log(md: LogMetadata, offset: dict, fail_on_data_loss: bool) -> bool:
+    """True: ``offset`` was taken in another log of ``md``'s name, one
+    deleted since (data loss: ``LogRecreated`` unless failOnDataLoss=false,
+    which warns)."""
+    recorded = uid_of(offset)
+    if log_identity.recreated(recorded, md.uid):
+        data_loss.report(fail_on_data_loss, log_identity.describe(md.name, recorded, md.uid),
+                         errors.LogRecreated, log=md.name, offset=json.dumps(offset,
+                                                                             sort_keys=True))
+        return True
+    if not log_identity.comparable(recorded, md.uid):
+        _log.debug("event=log_uid_unchecked log=%s offset_uid=%s log_uid=%s",
+                   md.name, recorded, md.uid)
+    return False
 
 
 def measure(bk, md: LogMetadata, from_index: int, passwords: Sequence[bytes], *,
@@ -169,11 +194,20 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                          index=start.index, entry=start.entry, first_index=first.index)
         return first
 
-    def _out(self, offset: Offset) -> dict:
-        d = offset.to_dict()
+    def _out(self, offset: Offset, uid: Optional[str]) -> dict:
+        d = with_uid(offset.to_dict(), uid)
         if self._name is not None:
             d["stream"] = self._name
         return d
+
+    def _resume(self, md: LogMetadata, offset: dict) -> Offset:
+        """Where to read ``md`` from, given an offset: the offset itself
+        (clamped to what truncation left), or the log's first entry when the
+        offset was taken in a log since deleted (data loss, ``other_log``)."""
+        start = self._in(offset)
+        if other_log(md, offset, self.opts.read.fail_on_data_loss):
+            return Offset(md.truncated_ledgers, 0)
+        return self._clamp(md, start)
 
     def _in(self, offset: dict) -> Offset:
         name = offset.get("stream") if isinstance(offset, dict) else None
@@ -189,12 +223,15 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             from pybk_spark.spark.time_seek import stream_start
             return self._out(stream_start(self._client(), md, self.opts.read.times.start_ms,
                                           self.opts.read.passwords,
-                                          self.opts.read.fail_on_data_loss))
+                                          self.opts.read.fail_on_data_loss), md.uid)
         if self.opts.starting == "earliest":
-            return self._out(earliest)
+            return self._out(earliest, md.uid)
         if self.opts.starting == "latest":
-            return self._out(self._end(md, earliest, None))
-        return self._out(Offset.from_dict(json.loads(self.opts.starting)))
+            return self._out(self._end(md, earliest, None), md.uid)
+        named = json.loads(self.opts.starting)
+        if other_log(md, named, self.opts.read.fail_on_data_loss):
+            return self._out(earliest, md.uid)
+        return self._out(Offset.from_dict(named), md.uid)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         """One limit for Spark to hand back (it does not interpret it); the
@@ -231,7 +268,7 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         md = self._log()
-        begin = self._clamp(md, self._in(start))
+        begin = self._resume(md, start)
         extents = self._extents(md, begin)
         average = _average_entry_bytes(md)
         latest = advance(begin, extents)
@@ -250,7 +287,7 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         entries, behind_bytes = lag(end, extents, average)
         self._report = dict(latest.to_dict(), entriesBehindLatest=entries,
                             bytesBehindLatest=behind_bytes)
-        return self._out(end)
+        return self._out(end, md.uid)
 
     def reportLatestOffset(self) -> Optional[dict]:
         """The log's latest offset, for the query progress (``latestOffset``),
@@ -263,7 +300,9 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         from pybk_spark.spark.reader import LedgerSlicePartition
         bk = self._client()
         md = self._log()
-        begin, finish = self._clamp(md, self._in(start)), self._in(end)
+        if other_log(md, end, self.opts.read.fail_on_data_loss):
+            return []                       # planned in a log since deleted: nothing to read
+        begin, finish = self._resume(md, start), self._in(end)
         if finish <= begin:
             return []
         extents = self._extents(md, begin, read_lac=False)
@@ -275,13 +314,24 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         """Spark committed every batch up to ``end``: record the query's
         position (CAS, forward only) so that truncation keeps what it needs."""
         offset = self._in(end)
-        if self._name is None:
+        if self._name is None or not self._still_there(self.opts.read.log, end):
             return
         from pybk_spark.logs.positions import record
         from pybk_spark.protocol.positions import RegisteredPosition
         record(self._client().metadata_store, RegisteredPosition(
             self.opts.read.log, self._name, offset.index, offset.entry, "stream",
-            self._wall_clock()))
+            self._wall_clock(), uid=uid_of(end)))
+
+    def _still_there(self, name: str, offset: dict) -> bool:
+        """False: the log ``offset`` was taken in is gone (deleted, perhaps
+        created again): its position would only be left behind.  A restarted
+        query commits its last checkpointed offset again, which may be one."""
+        from pybk_spark.logs.log import read_log
+        try:
+            md = read_log(self._client().metadata_store, name)[0]
+        except errors.LogNotFound:
+            return False
+        return not log_identity.recreated(uid_of(offset), md.uid)
 
     def stop(self) -> None:
         if self._bk is not None:

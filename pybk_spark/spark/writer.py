@@ -88,7 +88,7 @@ def prepare_log_evolving(bk, opts: WriteOptions, spark_schema, overwrite: bool
     """``prepare_log`` with ``mergeSchema``: -> (schema to record, the recorded
     schema it extends, or None when unchanged)."""
     schema = arrow_codec.spark_to_canonical(spark_schema)
-    md = claim_log_password(bk.metadata_store, opts.log, opts.password)   # Unauthorized here
+    md = claim_log_password(bk.metadata_store, opts.log, opts.password, bk.rng)   # Unauthorized here
     if md.schema is not None and not overwrite and opts.merge_schema:
         recorded = arrow_codec.decode_schema(md.schema)
         if not recorded.equals(schema):
@@ -98,7 +98,7 @@ def prepare_log_evolving(bk, opts: WriteOptions, spark_schema, overwrite: bool
 
 
 def _prepare_log(bk, opts: WriteOptions, schema, overwrite: bool) -> str:
-    md, _ = read_or_create_log(bk.metadata_store, opts.log)
+    md, _ = read_or_create_log(bk.metadata_store, opts.log, bk.rng)
     if overwrite:
         return arrow_codec.encode_schema(schema)
     if md.schema is None:

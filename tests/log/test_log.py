@@ -103,6 +103,36 @@ def test_truncation_deletes_ledgers_and_old_positions_fail_clearly(bk):
     assert [r.payload for r in read_all(bk, "trunc")] == payloads("z", 5)
 
 
+def test_positions_of_a_deleted_log_hold_nothing_back_in_a_new_log_of_its_name(bk):
+    """A query still committing positions of a log after ``deletelog``: they
+    carry the old log's uid, so the new log's truncation passes them, and a
+    position of the new log replaces one of the old however far it got."""
+    from pybk_spark.logs.log import delete_log_metadata
+    from pybk_spark.logs.positions import drop_all, list_positions, record
+    from pybk_spark.protocol.positions import RegisteredPosition
+    with LogWriter(bk, "again").open() as w:
+        w.append_batch(payloads("old", 3))
+    old, version = read_log(bk.metadata_store, "again")
+    record(bk.metadata_store, RegisteredPosition("again", "q", 0, 1, uid=old.uid))
+    delete_log_metadata(bk.metadata_store, "again", version)
+    writer = LogWriter(bk, "again", roll_policy=RollPolicy(max_entries=2)).open()
+    writer.append_batch(payloads("a", 2))
+    writer.append_batch(payloads("b", 2))
+    writer.append_batch(payloads("c", 2))
+    new, _ = read_log(bk.metadata_store, "again")
+    assert new.uid not in (None, old.uid) and len(new.segments) == 3
+    record(bk.metadata_store, RegisteredPosition("again", "late", 9, 0, uid=old.uid))
+    assert truncate_log(bk, "again", new.ledger_ids[1]) == [new.ledger_ids[0]]
+    record(bk.metadata_store, RegisteredPosition("again", "q", 1, 0, uid=new.uid))
+    [q] = [p for p in list_positions(bk.metadata_store, "again") if p.name == "q"]
+    assert (q.index, q.entry, q.uid) == (1, 0, new.uid)
+    with pytest.raises(errors.IllegalOp, match="q at index 1"):
+        truncate_log(bk, "again", new.ledger_ids[2])
+    assert [p.name for p in drop_all(bk.metadata_store, "again", old.uid)] == ["late"]
+    writer.close()
+    assert [p.name for p in list_positions(bk.metadata_store, "again")] == ["q"]
+
+
 def test_retention_drops_expired_segments_as_the_writer_rolls(bk):
     """retention.ms on a real cluster: each roll drops the closed segments
     whose last entry is older than the limit and deletes their ledgers; a

@@ -37,7 +37,7 @@ def snapshot(bk, name):
 def legacy_log(bk, name, passwords):
     """A log as older writers left it: one closed segment per password, each
     ledger written under it, and no password recorded in the log."""
-    read_or_create_log(bk.metadata_store, name)
+    read_or_create_log(bk.metadata_store, name, bk.rng)
     segments = []
     for i, password in enumerate(passwords):
         lh = bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2, password=password,

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import random
 import threading
 
 import pytest
@@ -15,6 +16,7 @@ from pybk_spark.protocol import log_metadata as logmd
 from pybk_spark.testing.fixtures import unique_scope
 
 T0 = 1_764_200_000_000_000
+RNG = random.Random(20261128)          # new logs' uids
 
 
 def _append(store, first: int, n: int, name: str = "events", **kw):
@@ -38,13 +40,13 @@ def store(memory_store):
 
 
 def test_a_short_log_is_one_value_as_before(store):
-    read_or_create_log(store, "events")
+    read_or_create_log(store, "events", RNG)
     md = _append(store, 1, 50)
     assert _head(store) == md.to_json() and _chunk_keys(store) == []
 
 
 def test_a_log_of_20000_segments_keeps_its_head_small(store, caplog):
-    read_or_create_log(store, "events")
+    read_or_create_log(store, "events", RNG)
     with caplog.at_level(logging.WARNING, logger="pybk_spark.logs"):
         for first in range(1, 20_001, 500):
             md = _append(store, first, 500)
@@ -61,7 +63,7 @@ def test_a_log_of_20000_segments_keeps_its_head_small(store, caplog):
 def test_truncation_drops_whole_chunks_and_relays_a_cut_one(store, monkeypatch):
     from pybk_spark.logs import log
     monkeypatch.setattr(log, "_TXN_DELETES", 1)     # the rest are deleted after the CAS
-    read_or_create_log(store, "events")
+    read_or_create_log(store, "events", RNG)
     for first in range(1, 6_001, 500):
         _append(store, first, 500)
     before = _chunk_keys(store)
@@ -76,7 +78,7 @@ def test_truncation_drops_whole_chunks_and_relays_a_cut_one(store, monkeypatch):
 
 
 def test_an_overwrite_drops_every_chunk(store):
-    read_or_create_log(store, "events")
+    read_or_create_log(store, "events", RNG)
     for first in range(1, 4_001, 1_000):
         _append(store, first, 1_000)
     assert _chunk_keys(store)
@@ -86,7 +88,7 @@ def test_an_overwrite_drops_every_chunk(store):
 
 
 def test_concurrent_appends_to_a_long_log_each_land_once(store):
-    read_or_create_log(store, "events")
+    read_or_create_log(store, "events", RNG)
     _append(store, 1, 2_500)
 
     def appender(base: int) -> None:
@@ -105,9 +107,9 @@ def test_concurrent_appends_to_a_long_log_each_land_once(store):
 
 
 def test_deleting_a_long_log_deletes_its_chunks(store):
-    read_or_create_log(store, "events")
+    read_or_create_log(store, "events", RNG)
     _append(store, 1, 3_000)
-    read_or_create_log(store, "other")
+    read_or_create_log(store, "other", RNG)
     _append(store, 5_001, 100, name="other")
     assert _chunk_keys(store)
     delete_log_metadata(store, "events", read_log(store, "events")[1])
@@ -133,7 +135,7 @@ def test_a_one_value_log_near_etcds_limit_moves_to_chunks(store):
 
 
 def test_a_head_past_etcds_limit_names_the_log(store):
-    read_or_create_log(store, "events")
+    read_or_create_log(store, "events", RNG)
     huge = "x" * (2 << 20)
     with pytest.raises(errors.MetadataTooLarge) as info:
         update_log(store, "events",
@@ -147,7 +149,7 @@ def test_a_long_log_on_etcd(etcd):
     of them was refused at ~8,300), read back whole, then truncated."""
     store = open_store(etcd.uri(unique_scope("logsize")))
     try:
-        read_or_create_log(store, "events")
+        read_or_create_log(store, "events", RNG)
         for first in range(1, 12_001, 1_000):
             _append(store, first, 1_000)
         md, _ = read_log(store, "events")

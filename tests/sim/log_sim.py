@@ -174,7 +174,7 @@ class RetainedLogSim(LogSim):
     def run(self) -> "RetainedLogSim":
         from pybk_spark.logs import log, truncation
         store = self.client("setup").metadata_store
-        log.read_or_create_log(store, LOG)
+        log.read_or_create_log(store, LOG, self.loop.rng)
         # records are 4-8 bytes, 3-10 a segment: keep 0-2 closed segments or so
         truncation.set_log_retention(store, LOG, nbytes=self.loop.rng.choice([0, 8, 24]))
         self.dropped_at: dict[int, float] = {}      # ledger id -> sim time retention dropped it

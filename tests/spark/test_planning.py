@@ -22,6 +22,22 @@ def test_metadata_uri_required_with_clear_message():
         parse_read_options({"metadataServiceUri": "http://x", "ledgers": "1"})
 
 
+def test_offsets_json_may_name_the_log_by_its_uid():
+    o = parse_read_options({"metadataServiceUri": URI, "log": "l",
+                            "startingOffsets": '{"uid": "u1", "4": 2}',
+                            "endingOffsets": '{"4": 9, "uid": "u1"}'})
+    assert o.offsets_uid == "u1" and o.start_for(4) == 2 and o.end_for(4) == 9
+    assert parse_read_options({"metadataServiceUri": URI, "log": "l"}).offsets_uid is None
+    with pytest.raises(errors.IncorrectParameter, match="name different logs"):
+        parse_read_options({"metadataServiceUri": URI, "log": "l",
+                            "startingOffsets": '{"uid": "u1"}', "endingOffsets": '{"uid": "u2"}'})
+    with pytest.raises(errors.IncorrectParameter, match="option 'log' only"):
+        parse_read_options({"metadataServiceUri": URI, "ledgers": "4",
+                            "startingOffsets": '{"uid": "u1", "4": 0}'})
+    with pytest.raises(errors.IncorrectParameter, match="uid"):
+        parse_read_options({"metadataServiceUri": URI, "log": "l", "startingOffsets": '{"uid": 3}'})
+
+
 def test_options_are_case_insensitive_and_defaulted():
     o = parse_read_options({"METADATASERVICEURI": URI, "Ledgers": "7, 3,7"})
     assert o.metadata_uri == URI and o.ledgers == (7, 3)

@@ -69,7 +69,7 @@ def test_mixed_password_log_reads_with_extra_passwords(spark, metadata_uri, bk):
     """Segments under pw1 and pw2, as older writers left them (built with the
     ledger API: nothing records a password in the log)."""
     log = log_name("pw-mixed")
-    read_or_create_log(bk.metadata_store, log)
+    read_or_create_log(bk.metadata_store, log, bk.rng)
     segments, payloads = [], []
     for i, password in enumerate([b"pw1", b"pw2"]):
         lh = bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2, password=password,
