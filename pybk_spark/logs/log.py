@@ -326,7 +326,7 @@ class LogWriter:
         self._opened_at = 0.0
         self._lost = False
 
-    # seed steps 1-5
+    # the leader open, steps 1-5 (module docstring)
     def open(self, max_attempts: int = 50) -> "LogWriter":
         store = self._bk.metadata_store
         check = key_check(self._password)
