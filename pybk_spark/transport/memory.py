@@ -1,7 +1,7 @@
 """In-memory bookies and transport (unit tests and simulations only).
 
 ``MemoryBookie`` takes the real bookie's decisions: each ledger's state is a
-``bookie_server.ledger_state.LedgerState`` changed only by that module's pure
+``pybk_spark.protocol.ledger_state.LedgerState`` changed only by that module's pure
 functions, as in ``bookie_server.bookie.Bookie`` (the master key is recorded
 on first use and checked afterwards, ``decide_add`` / ``decide_fence`` /
 ``decide_write_lac``; a fence is sticky and rejects non-recovery adds with
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from bookie_server import ledger_state as ls
+from pybk_spark.protocol import ledger_state as ls
 from pybk_spark import errors
 from pybk_spark.transport.base import (BookieTransport, LacResult, ReadResult, TransportPool,
                                        failed_future)
@@ -80,7 +80,7 @@ class MemoryBookie:
         led.state = ls.decide_fence(led.state, key).state
 
     def add(self, lid: int, key: bytes, data: bytes, recovery: bool) -> tuple[int, int]:
-        from bookie_server.add_validation import validate_batch     # the real bookie's checks
+        from pybk_spark.wire.add_validation import validate_batch     # the real bookie's checks
         batch = validate_batch(data, lid, self.config)
         with self.lock:
             led = self.ledgers.get(lid) or _Ledger(lid)
