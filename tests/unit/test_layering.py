@@ -161,3 +161,36 @@ def test_the_checker_sees_imports_inside_functions_and_type_checking(tmp_path):
     bad = broken_arrows(probe, "bookie_server.serving.probe")
     assert [b.rsplit(" -> ", 1)[1] for b in bad] == [
         "pybk_spark.ledger.client", "pybk_spark.transport.base"], bad
+
+
+def _docs_table() -> dict[str, set[str]]:
+    """docs/architecture.md's "may import" table, as layer -> layers."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    rows = text[text.index("| layer | may import |"):].split("\n\n", 1)[0].splitlines()[2:]
+
+    def layer(name: str) -> str:
+        name = name.strip().strip("`")
+        if name in ("pybk_spark/__init__.py", PACKAGE):
+            return PACKAGE
+        if name == BOOKIE:
+            return BOOKIE
+        return f"{PACKAGE}.{name.removeprefix('pybk_spark').lstrip('.')}"
+
+    table: dict[str, set[str]] = {}
+    for row in rows:
+        left, right = [c.strip() for c in row.strip("|").split("|")]
+        right = right.split(":", 1)[-1] if right.startswith("the shared layer:") else right
+        targets: set[str] = set()
+        for part in right.replace("(lazily)", "").split(","):
+            part = part.strip()
+            if part == "the shared layer":
+                targets |= SHARED
+            elif part and part != "nothing":
+                targets.add(layer(part))
+        for name in left.split(","):
+            table[layer(name)] = targets
+    return table
+
+
+def test_the_docs_draw_the_same_table():
+    assert _docs_table() == ALLOWED
