@@ -37,7 +37,7 @@ test: venv bench-peers fault-tools lint install-check
 # namespaces cannot be made they FAIL here, naming what is missing, instead of
 # skipping as they do under `make test`.
 test-hosts: venv fault-tools
-	$(VPY) -m pybk_spark.testing.hosts --check
+	$(VPY) -m pybk_spark.cluster.hosts --check
 	PYBK_REQUIRE_HOSTS=1 $(VPY) -m pytest -q tests/hosts $(PYTEST_ARGS)
 
 # ruff (style, bugbear, broad excepts) and mypy (strict for protocol/ and
@@ -71,7 +71,7 @@ bench-peers:
 	  || echo "WARNING: could not install redis-server; Redis figures will be skipped"; }
 
 # iptables: the link faults between test hosts (partitions, drops, loss;
-# pybk_spark/testing/link_faults.py).  Without it those tests skip naming it.
+# pybk_spark/cluster/link_faults.py).  Without it those tests skip naming it.
 fault-tools:
 	@command -v iptables >/dev/null 2>&1 || [ -x /usr/sbin/iptables ] || { \
 	  echo "installing iptables (link faults between test hosts) with apt-get"; \

@@ -1,7 +1,7 @@
 """Figure 9: scaling, measured.  Batched appends and reads with 3, 5 and 7
 bookie hosts, and what each entry costs in CPU, per process kind.
 
-Layout (``pybk_spark.testing.host_cluster.HostCluster``, network namespaces
+Layout (``pybk_spark.cluster.host_cluster.HostCluster``, network namespaces
 on a private bridge, docs/testing.md): etcd on its own host(s) (3 members;
 1 in the quick run), every bookie on its own host, and W writer processes
 (``bench.scaling_writer``), one per host ``client-1..W``.  The cluster
@@ -71,7 +71,7 @@ def sizes(quick: bool) -> dict:
 
 def unavailable_reason() -> str | None:
     """Why the figure cannot run here, or None."""
-    from pybk_spark.testing.host_cluster import unavailable_reason as cluster_reason
+    from pybk_spark.cluster.host_cluster import unavailable_reason as cluster_reason
     return cluster_reason()
 
 
@@ -250,7 +250,7 @@ def measure(quick: bool, work: str) -> dict:
     reason = unavailable_reason()
     if reason:
         return {"available": False, "reason": reason}
-    from pybk_spark.testing.host_cluster import HostCluster
+    from pybk_spark.cluster.host_cluster import HostCluster
     sz = sizes(quick)
     deadline = time.monotonic() + sz["deadline_s"]
     data_dir = Path(work) / "scaling"

@@ -7,6 +7,8 @@
                                        # (--yes: confirmed, for a data dir that holds any)
     bookie-server updatecookie --conf ... [same flags] [--yes]  # the bookie moved:
                                        # record its new advertised address in the cookie
+    bookie-server lastmark --data-dir DIR          # offline, JSON (bookie_server/offline.py;
+    bookie-server readjournal --data-dir DIR [...] # pybk lastmark / readjournal run these)
 
 Without a metadata URI the bookie runs standalone (no registration, no GC).
 SIGTERM/SIGINT: unregister, stop accepting, flush, exit 0.  SIGHUP: reload
@@ -50,7 +52,7 @@ import time
 import sys
 import uuid
 
-from bookie_server import cookie
+from bookie_server import cookie, offline
 from bookie_server.serving import admin_http, health, identity, tls as bookie_tls
 from bookie_server.background import DamagePublisher, DiskChecker, GarbageCollector
 from bookie_server.bookie import Bookie
@@ -103,6 +105,8 @@ def main(argv=None, *, make_bookie=Bookie) -> int:
     """``make_bookie(cfg)`` builds the Bookie: a test seam (tests/chaos/
     faulty_bookie.py passes one with failing or lying syscalls)."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in offline.COMMANDS:        # reads a data dir, starts nothing
+        return offline.main(argv)
     args = _parse(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")

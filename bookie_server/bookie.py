@@ -64,7 +64,7 @@ import pyarrow as pa
 from bookie_server.storage import compaction, damage, store_index
 from bookie_server.journal import journal_replay
 from bookie_server.serving.admission import AddAdmission
-from bookie_server import ledger_state as ls
+from pybk_spark.protocol import ledger_state as ls
 from bookie_server import checkpoint_file
 from bookie_server.bookie_requests import BookieRequests
 from bookie_server.config import BookieConfig, MiB

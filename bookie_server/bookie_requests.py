@@ -18,11 +18,11 @@ from typing import Any, Optional
 
 import pyarrow as pa
 
-from bookie_server import ledger_state as ls
-from bookie_server.add_validation import validate_batch
+from pybk_spark.protocol import ledger_state as ls
+from pybk_spark.wire.add_validation import validate_batch
 from bookie_server.journal.journal_format import LEDGER_LAC, RecordType
 from pybk_spark import errors
-from pybk_spark.transport.base import LacResult, ReadResult
+from pybk_spark.wire.results import LacResult, ReadResult
 
 
 class BookieRequests:

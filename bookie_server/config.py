@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from pybk_spark.config import conf_pairs
+from pybk_spark.wire.add_validation import DEFAULT_MAX_BATCH_BYTES, DEFAULT_MAX_ENTRY_BYTES
 
 MiB = 1024 * 1024
 
@@ -35,8 +36,8 @@ class BookieConfig:
     journal_page_cache_keep_mb: int = 1024  # -1: never drop; see conf/bookie.conf
     journal_direct_write_min_bytes: int = 1 * MiB  # groups this big: O_DIRECT; 0 = never
     # limits
-    max_entry_bytes: int = 5 * MiB
-    max_batch_bytes: int = 64 * MiB
+    max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES
+    max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
     max_read_entries: int = 10000
     max_read_bytes: int = 16 * MiB
     max_inflight_per_stream: int = 64

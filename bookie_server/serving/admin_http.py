@@ -46,6 +46,7 @@ import time
 from typing import Any, Callable, Optional
 
 from pybk_spark import errors
+from pybk_spark.metadata import audit_control as ctl
 from pybk_spark.metadata import keys
 from pybk_spark.protocol import access
 
@@ -217,12 +218,10 @@ class AdminApi:
         return self.store
 
     def _ar_status(self, _body) -> dict:
-        from pybk_spark.admin import audit_control as ctl
         return ctl.status(self._need_store())
 
     def _cluster_info(self, _body) -> dict:
         """BookKeeper's ClusterInfoService, from the registry, cookies and audit keys."""
-        from pybk_spark.admin import audit_control as ctl
         store = self._need_store()
         writable = {k.rsplit("/", 1)[1] for k, _ in store.list_prefix(keys.bookies_prefix("writable"))}
         readonly = {k.rsplit("/", 1)[1] for k, _ in store.list_prefix(keys.bookies_prefix("readonly"))}
@@ -237,23 +236,19 @@ class AdminApi:
                 "damaged_bookies": damaged}
 
     def _ar_status_put(self, body: dict) -> dict:
-        from pybk_spark.admin import audit_control as ctl
         store = self._need_store()
         ctl.set_enabled(store, _field(body, "enabled", bool))
         return ctl.status(store)
 
     def _ar_trigger(self, _body) -> dict:
-        from pybk_spark.admin import audit_control as ctl
         version = ctl.trigger(self._need_store(), self.clock(), f"bookie {self.bookie_id}")
         return {"triggered": True, "version": version}
 
     def _ar_delay_get(self, _body) -> dict:
-        from pybk_spark.admin import audit_control as ctl
         conf = ctl.read_config(self._need_store())
         return {"delay_seconds": conf["lost_bookie_recovery_delay_s"]}
 
     def _ar_delay_put(self, body: dict) -> dict:
-        from pybk_spark.admin import audit_control as ctl
         if "delay_seconds" not in body:
             raise HttpError(400, "bad_request", 'body must be {"delay_seconds": number | null}')
         value = body["delay_seconds"]

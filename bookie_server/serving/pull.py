@@ -8,7 +8,8 @@ hold and names a surviving peer.  This bookie then, with no client in the
 data path:
 
 1. reads the span of the wanted ids from the peer with sparse reads
-   (``ReadRequest.sparse``: every stored id, gaps skipped), up to
+   (``ReadRequest.sparse``: every stored id, gaps skipped; the peer's gRPC
+   ``ReadEntries``, called by serving/peer_client.py), up to
    ``window`` reads in flight, each up to ``COPY_BATCH_ENTRIES`` ids and
    ``COPY_BATCH_BYTES`` bytes; a LIMIT answer resumes after its last row
    (the plan is ``protocol.sparse_reads.SparseReadWindow``, shared with the
@@ -43,7 +44,7 @@ import numpy as np
 import pyarrow as pa
 
 from pybk_spark import errors
-from pybk_spark.ledger.digest import Digester
+from pybk_spark.wire.digest import Digester
 from pybk_spark.protocol.sparse_reads import SparseReadWindow
 from pybk_spark.wire.entries import batch_to_buffer
 
@@ -57,7 +58,7 @@ MAX_WINDOW = 16
 COPY_BATCH_ENTRIES = 5000
 COPY_BATCH_BYTES = 8 << 20
 MAX_ADDS_IN_FLIGHT = 8
-_EXPIRE_EVERY_S = 0.5
+_WAKE_EVERY_S = 0.5
 
 
 @dataclass
@@ -120,8 +121,9 @@ class _Adds:
 
 def pull(bookie, peer, ledger_id: int, key: bytes, wanted: np.ndarray, digest_type: str, *,
          keyless: bool = False, window: int = 0, timeout: float = 30.0) -> PullOutcome:
-    """Copy ``wanted`` ids of ``ledger_id`` from ``peer`` (a BookieTransport)
-    into ``bookie``'s journal; see the module docstring."""
+    """Copy ``wanted`` ids of ``ledger_id`` from ``peer`` (its sparse
+    ``read`` futures: serving/peer_client.py's ``PeerReader``) into
+    ``bookie``'s journal; see the module docstring."""
     digester = Digester.with_key(digest_type, key)
     adds = _Adds(bookie, ledger_id, key, keyless)
     if len(wanted) == 0:
@@ -132,7 +134,6 @@ def pull(bookie, peer, ledger_id: int, key: bytes, wanted: np.ndarray, digest_ty
     window = min(window or DEFAULT_WINDOW, MAX_WINDOW)      # a request cannot ask for more
     win: SparseReadWindow = SparseReadWindow(wanted, max_entries, window)
     problem = ""
-    expire = getattr(peer, "expire", lambda: None)
 
     def send(a: int, b: int):
         return peer.read(ledger_id, a, b, max_entries=max_entries, max_bytes=max_bytes,
@@ -141,9 +142,8 @@ def pull(bookie, peer, ledger_id: int, key: bytes, wanted: np.ndarray, digest_ty
     try:
         while win.busy and not problem:
             win.fill(send)
-            done, _ = cf.wait(list(win.inflight), timeout=_EXPIRE_EVERY_S,
+            done, _ = cf.wait(list(win.inflight), timeout=_WAKE_EVERY_S,
                               return_when=cf.FIRST_COMPLETED)
-            expire()                 # lane reads past their deadline fail (no pool watchdog here)
             for f in sorted(done, key=lambda x: win.inflight[x][0]):
                 span = win.finished(f)
                 exc = f.exception()

@@ -21,7 +21,6 @@ import queue
 import threading
 import time
 from concurrent import futures
-from types import SimpleNamespace
 from typing import Iterator
 
 import grpc
@@ -29,10 +28,10 @@ import grpc
 from bookie_server.serving import pull
 from bookie_server.bookie import Bookie
 from bookie_server.config import BookieConfig
+from bookie_server.serving.peer_client import PeerReader, peer_credentials
 from bookie_server.serving.tls import grpc_peer, policy_of
 from pybk_spark import errors
 from pybk_spark.protocol import access
-from pybk_spark.transport.tls import ClientTls
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import bookie_wire_pb2_grpc as pb_grpc
 from pybk_spark.wire import framing
@@ -291,11 +290,9 @@ class BookieService(pb_grpc.BookieServicer):
                 raise errors.BadRequest("PullEntries needs source_address")
             keyless = self.authorize(peer, "recovery_add", request.master_key)
             wanted = pull.ids_from_bytes(request.wanted_ids)
-            from pybk_spark.transport.grpc_bookie import BookieClient
-            source = BookieClient(request.source_address, self.cfg.grpc_message_limit(),
-                                  bookie_id=request.source_bookie_id or request.source_address,
-                                  read_lane_address=request.source_lane_address,
-                                  tls=self._peer_tls())
+            source = PeerReader(request.source_address, self.cfg.grpc_message_limit(),
+                                bookie_id=request.source_bookie_id or request.source_address,
+                                credentials=peer_credentials(self.cfg, self.policy.tls))
             try:
                 got = pull.pull(self.bookie, source, request.ledger_id, request.master_key,
                                 wanted, request.digest_type or "crc32c", keyless=keyless,
@@ -310,25 +307,6 @@ class BookieService(pb_grpc.BookieServicer):
         except BaseException as exc:  # noqa: BLE001
             code, msg = _code(exc, "pull")
             return pb.PullResponse(code=code, message=msg)
-
-    def _peer_tls(self) -> ClientTls | None:
-        """This bookie as a client of a peer (a pull), on a TLS cluster: it
-        presents its own certificate (``tls_cert_file``, which must allow
-        client authentication, as trustme's and most CA profiles do) and
-        verifies the peer's against ``tls_ca_file``.  The peer admits it as
-        any reader: with ``tls_writer_identities`` set there, that list must
-        name the bookies' identities, or the pull is refused (Unauthorized)
-        and the driver copies through its client.  Read per pull, so a
-        SIGHUP-reloaded certificate is the one presented."""
-        if not self.policy.tls:
-            return None
-        cfg = self.cfg
-        if not cfg.tls_ca_file:
-            raise errors.BadRequest("a pull on a TLS bookie needs tls_ca_file (to verify the "
-                                    "peer it reads from): copy through a client")
-        return ClientTls.from_conf(SimpleNamespace(
-            tls_ca_file=cfg.tls_ca_file, tls_cert_file=cfg.tls_cert_file,
-            tls_key_file=cfg.tls_key_file, tls_server_name=""))
 
     def Health(self, request, context):
         return pb.HealthResponse(serving=True, bookie_id=self.bookie_id)

@@ -8,7 +8,7 @@ order, reads its bytes from the file and checks that
 
   * it parses as one Arrow IPC batch of the entry schema whose rows all
     belong to its ledger, and
-  * every row's digest matches (``pybk_spark.ledger.digest``; the type is told by
+  * every row's digest matches (``pybk_spark.wire.digest``; the type is told by
     the digest's length: 4 bytes crc32c, 32 bytes hmac keyed by the ledger's
     master key, which the bookie recorded; 0 bytes none).
 
@@ -35,7 +35,7 @@ from typing import Callable, Optional
 import numpy as np
 import pyarrow as pa
 
-from pybk_spark.ledger.digest import Digester
+from pybk_spark.wire.digest import Digester
 from pybk_spark.wire.entries import ENTRY_SCHEMA
 
 log = logging.getLogger("bookie.scrubber")

@@ -44,9 +44,8 @@ from typing import Callable, Iterable, Mapping
 
 from pybk_spark import errors
 from pybk_spark.ledger.placement import DECOMMISSIONED_PREFIX  # noqa: F401  (re-exported)
+from pybk_spark.metadata.audit_control import MISSING_PREFIX  # noqa: F401  (re-exported)
 from pybk_spark.protocol import ledger_metadata as lm
-
-MISSING_PREFIX = "audit/missing/"
 
 REPAIR = "REPAIR"
 DEFER = "DEFER"

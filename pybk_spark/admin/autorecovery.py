@@ -29,7 +29,7 @@ one loop does both, and any number of copies may run for availability:
   not repair with why (``failed_ledgers``: its error names the ensemble and
   the bookies that could not take a copy, each with its reason;
   ``rereplicate.failed_ledgers``).
-* Operator switches (``admin/audit_control.py``) are read every round: a
+* Operator switches (``metadata/audit_control.py``) are read every round: a
   round while ``audit/config`` says disabled only keeps the leadership and
   reports ``disabled``; a ``lost_bookie_recovery_delay_s`` stored there
   overrides ``lost_bookie_delay``.  Between rounds the wait is cut into
@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from pybk_spark import errors
-from pybk_spark.admin import audit_control as ctl
+from pybk_spark.metadata import audit_control as ctl
 from pybk_spark.admin import orchestrate as orch
 from pybk_spark.admin import rereplicate as rr
 

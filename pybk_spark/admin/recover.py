@@ -63,7 +63,7 @@ def access_key(bk, md: lm.LedgerMetadata, given: Optional[bytes], check: bool = 
 
     Otherwise the ledger's password (``--password`` or its custom metadata
     ``password``), checked against the metadata when ``check``."""
-    from pybk_spark.ledger.digest import Digester
+    from pybk_spark.wire.digest import Digester
     from pybk_spark.protocol.access import OPERATOR_KEY
     if getattr(bk.conf, "operator", False) and given is None:
         key = learn_key(bk, md)

@@ -51,7 +51,7 @@ from pybk_spark.admin import audit, entry_sets as es
 from pybk_spark.admin.bookie_copy import pull_fragment
 from pybk_spark.admin.recover import access_key, recover_with
 from pybk_spark.admin.replica_reads import read_ids
-from pybk_spark.ledger.digest import Digester
+from pybk_spark.wire.digest import Digester
 from pybk_spark.metadata.store import ledger_key
 from pybk_spark.ledger.placement import writable_bookies
 from pybk_spark.protocol import ledger_metadata as lm

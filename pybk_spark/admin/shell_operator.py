@@ -1,6 +1,6 @@
 """``pybk triggeraudit | lostbookierecoverydelay | autorecoveryctl | deletelog |
 truncatelog | logretention | bookiesanity | updatecookie``: the operator commands of
-BookKeeper's shell that act on the autorecovery switches (admin/audit_control.py),
+BookKeeper's shell that act on the autorecovery switches (metadata/audit_control.py),
 on logs, or on one bookie."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 
 from pybk_spark import errors
 from pybk_spark.admin import shell_common
-from pybk_spark.admin import audit_control as ctl
+from pybk_spark.metadata import audit_control as ctl
 from pybk_spark.admin import liveness
 from pybk_spark.admin.report import table
 from pybk_spark.admin.shell_recovery import client

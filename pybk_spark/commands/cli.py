@@ -159,9 +159,10 @@ def _standalone_tls(args: argparse.Namespace) -> tuple[dict, dict[str, Any]]:
         raise errors.IncorrectParameter(f"--tls: {exc}") from None
     conf: dict = {}
     if args.bookie_conf:
-        from bookie_server.config import parse_conf_text
+        # its keys are copied as text: the bookies check them when they start
+        from pybk_spark.config import conf_pairs
         with open(args.bookie_conf, encoding="utf-8") as fh:
-            conf.update(parse_conf_text(fh.read()))
+            conf.update((key, value) for _n, key, value in conf_pairs(fh.read(), _bad_bookie_conf_line))
     conf.update(files.bookie_conf())
     confs = certs.write_client_confs(files)
     client = files.client_conf(certs.WRITER)
@@ -170,6 +171,10 @@ def _standalone_tls(args: argparse.Namespace) -> tuple[dict, dict[str, Any]]:
                                                ("tls.keyFile", "tls_key_file"))}
     return conf, {"client_settings": client, "client_conf_file": str(confs["client.conf"]),
                   "operator_conf_file": str(confs["operator.conf"]), "spark_options": spark}
+
+
+def _bad_bookie_conf_line(n: int, _line: str) -> errors.BKError:
+    return errors.IncorrectParameter(f"--bookie-conf line {n}: expected key = value")
 
 
 def _tls_lines(tls_info: dict) -> list[str]:

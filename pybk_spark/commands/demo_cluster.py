@@ -4,7 +4,7 @@ host and the etcd leader killed while it writes.
     python -m pybk_spark.commands.demo_cluster [--keep-data] [--timeout S] [-- extra jobs/demo.py args]
 
 Layout, every process on its own test host (network namespace,
-``pybk_spark.testing.hosts``; needs root / CAP_NET_ADMIN, etcd, java):
+``pybk_spark.cluster.hosts``; needs root / CAP_NET_ADMIN, etcd, java):
 
     etcd-1..3        a 3-member etcd cluster (multi-endpoint metadata URI)
     bookie-1..5      one bookie-server each; racks /rack-a (1, 3, 5), /rack-b (2, 4)
@@ -57,7 +57,7 @@ class DemoFailed(Exception):
 
 def missing_requirement() -> str | None:
     """Why the demo cannot run here (None: it can)."""
-    from pybk_spark.testing.host_cluster import unavailable_reason
+    from pybk_spark.cluster.host_cluster import unavailable_reason
     reason = unavailable_reason()
     if reason:
         return reason
@@ -111,8 +111,8 @@ class Demo:
 
     # -- the run ------------------------------------------------------------------------
     def run(self, net) -> str:
-        from pybk_spark.testing.host_cluster import HostCluster
-        from pybk_spark.testing.spark_cluster import SparkCluster
+        from pybk_spark.cluster.host_cluster import HostCluster
+        from pybk_spark.cluster.spark_cluster import SparkCluster
         self.say(f"starting 3 etcd members and 5 bookies (racks {_rack_summary()}) "
                  f"on separate hosts under {self.data_dir}")
         self.cluster = HostCluster(self.data_dir / "bk", network=net, num_bookies=len(RACKS),
@@ -337,7 +337,7 @@ def main(argv=None) -> int:
     if missing:
         print(f"demo-cluster: FAILED: cannot run here: {missing}", flush=True)
         return 2
-    from pybk_spark.testing.hosts import HostNetwork
+    from pybk_spark.cluster.hosts import HostNetwork
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
     data_dir = Path(tempfile.mkdtemp(prefix="pybk-demo-cluster-"))
     demo = Demo(data_dir, JOB_ARGS + args.job_args, args.timeout, seed)

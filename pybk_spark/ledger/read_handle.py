@@ -41,7 +41,7 @@ import pyarrow as pa
 
 from pybk_spark import errors
 from pybk_spark.ledger.context import ClientContext
-from pybk_spark.ledger.digest import Digester
+from pybk_spark.wire.digest import Digester
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.protocol import read_decisions as rd
 from pybk_spark.transport.base import failed_future

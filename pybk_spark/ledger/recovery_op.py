@@ -53,7 +53,7 @@ import pyarrow as pa
 
 from pybk_spark import errors
 from pybk_spark.ledger.context import ClientContext
-from pybk_spark.ledger.digest import Digester
+from pybk_spark.wire.digest import Digester
 from pybk_spark.ledger.ledger_writer import LedgerWriter, Waiter
 from pybk_spark.metadata.store import ledger_key
 from pybk_spark.protocol import ledger_metadata as lm

@@ -31,7 +31,7 @@ Key layout under the scope prefix ``/<scope>/``:
   audit/decommissioned/<id>      operator: bookie being decommissioned (pybk decommission)
   audit/leader                   autorecovery leader {"id"}, under its lease
   audit/config                   autorecovery switches: enabled, lost_bookie_recovery_delay_s
-                                 (admin/audit_control.py; CAS, absent = defaults)
+                                 (metadata/audit_control.py; CAS, absent = defaults)
   audit/trigger                  pybk triggeraudit's request (CAS); a new version = audit now
 """
 from __future__ import annotations

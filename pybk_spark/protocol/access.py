@@ -20,7 +20,7 @@ Roles, from the bookie's configuration:
   ``tls_writer_identities``; when that list is empty, any peer the TLS layer
   let in (with ``tls_client_auth = required``: any client whose certificate
   the bookie's CA verified).  The ledger's master key still applies, as in
-  BookKeeper: the key check of bookie_server/ledger_state.py is unchanged.
+  BookKeeper: the key check of pybk_spark/protocol/ledger_state.py is unchanged.
 * anyone else: every request is refused with ``Unauthorized``, naming the
   identity and the settings that would admit it.
 

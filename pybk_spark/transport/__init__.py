@@ -3,5 +3,4 @@
 ``BookieTransport`` is the port (futures in, typed errors out); the gRPC
 adapter lives in ``grpc_bookie``, simulations provide in-memory ones.
 """
-from pybk_spark.transport.base import (BookieTransport, LacResult, ReadResult,  # noqa: F401
-                                       TransportPool)
+from pybk_spark.transport.base import BookieTransport, TransportPool  # noqa: F401

@@ -9,29 +9,10 @@ from __future__ import annotations
 import abc
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
-from typing import Any
-
 import numpy as np
-import pyarrow as pa
 
 from pybk_spark import errors
-
-
-@dataclass(frozen=True)
-class ReadResult:
-    batch: pa.RecordBatch     # ENTRY_SCHEMA rows, contiguous from the first id asked
-    end: str                  # "COMPLETE" | "LIMIT" | "MISSING"
-    lac: int
-    fenced: bool
-    raw: Any = None           # the Arrow IPC bytes ``batch`` was parsed from, when kept
-
-
-@dataclass(frozen=True)
-class LacResult:
-    lac: int
-    last_entry_id: int
-    fenced: bool
-    master_key: bytes = b""   # only to an operator (protocol/access.may_learn_key)
+from pybk_spark.wire.results import LacResult, ReadResult
 
 
 @dataclass(frozen=True)

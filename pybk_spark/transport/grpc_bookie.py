@@ -30,12 +30,13 @@ from pybk_spark.metadata.store import MetadataStore
 from pybk_spark.transport.lane_client import (frame_add, frame_read, lane_connector,
                                            read_lane_connector)
 from pybk_spark.transport.request_streams import PendingRequests, RequestStreamer, stream_connector
-from pybk_spark.transport.base import (BookieTransport, LacResult, PullResult, ReadResult,
-                                       TransportPool, fail, failed_future, settle)
+from pybk_spark.transport.base import (BookieTransport, PullResult, TransportPool, fail,
+                                       failed_future, settle)
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import bookie_wire_pb2_grpc as pbg
 from pybk_spark.wire import codes, framing
 from pybk_spark.wire.entries import batch_from_bytes
+from pybk_spark.wire.results import LacResult, ReadResult
 from pybk_spark.metadata import keys
 
 ADD_TRANSPORTS = ("lane", "grpc")

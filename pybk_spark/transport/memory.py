@@ -1,7 +1,7 @@
 """In-memory bookies and transport (unit tests and simulations only).
 
 ``MemoryBookie`` takes the real bookie's decisions: each ledger's state is a
-``bookie_server.ledger_state.LedgerState`` changed only by that module's pure
+``pybk_spark.protocol.ledger_state.LedgerState`` changed only by that module's pure
 functions, as in ``bookie_server.bookie.Bookie`` (the master key is recorded
 on first use and checked afterwards, ``decide_add`` / ``decide_fence`` /
 ``decide_write_lac``; a fence is sticky and rejects non-recovery adds with
@@ -18,18 +18,15 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from bookie_server import ledger_state as ls
 from pybk_spark import errors
-from pybk_spark.transport.base import (BookieTransport, LacResult, ReadResult, TransportPool,
-                                       failed_future)
+from pybk_spark.protocol import ledger_state as ls
+from pybk_spark.transport.base import BookieTransport, TransportPool, failed_future
+from pybk_spark.wire.add_validation import AddBatchLimits, BatchLimits, validate_batch
 from pybk_spark.wire.entries import ENTRY_SCHEMA, empty_batch
-
-if TYPE_CHECKING:
-    from bookie_server.config import BookieConfig
+from pybk_spark.wire.results import LacResult, ReadResult
 
 
 class _Ledger:
@@ -49,10 +46,9 @@ class _Ledger:
 
 
 class MemoryBookie:
-    def __init__(self, bookie_id: str, config: "BookieConfig | None" = None):
-        from bookie_server.config import BookieConfig
+    def __init__(self, bookie_id: str, limits: BatchLimits | None = None):
         self.bookie_id = bookie_id
-        self.config = config or BookieConfig()      # its add limits (max_entry_bytes, ...)
+        self.limits = limits or AddBatchLimits()     # a real bookie's defaults
         self.ledgers: dict[int, _Ledger] = {}
         self.read_only = False
         self.lock = threading.Lock()
@@ -80,8 +76,7 @@ class MemoryBookie:
         led.state = ls.decide_fence(led.state, key).state
 
     def add(self, lid: int, key: bytes, data: bytes, recovery: bool) -> tuple[int, int]:
-        from bookie_server.add_validation import validate_batch     # the real bookie's checks
-        batch = validate_batch(data, lid, self.config)
+        batch = validate_batch(data, lid, self.limits)         # the real bookie's checks
         with self.lock:
             led = self.ledgers.get(lid) or _Ledger(lid)
             try:

@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 
 from bookie_server.serving.admin_http import AdminApi, is_loopback
-from pybk_spark.admin import audit_control as ctl
+from pybk_spark.metadata import audit_control as ctl
 
 from admin_helpers import wait_until
 

@@ -17,7 +17,7 @@ from bookie_server.journal.journal_replay import replay
 from bookie_server.journal.journal import Position
 from bookie_server.storage.scrubber import Scrubber, check_batch
 from pybk_spark import errors
-from pybk_spark.ledger.digest import Digester
+from pybk_spark.wire.digest import Digester
 from pybk_spark.metadata.memory_store import MemoryMetadataStore
 from pybk_spark.protocol.ledger_metadata import master_key
 from pybk_spark.wire.entries import batch_from_bytes, batch_to_bytes, cumulative_lengths, make_batch

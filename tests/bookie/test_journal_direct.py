@@ -184,7 +184,7 @@ def test_a_bookie_reads_back_directly_written_batches_before_and_after_restart(t
 
 
 def test_readjournal_names_pad_records_and_unknown_types():
-    from pybk_spark.admin.shell_offline import _describe
+    from bookie_server.offline import _describe
     assert _describe(int(RecordType.PAD), bytes(PAD_MIN))["type"] == "PAD"
     assert _describe(int(RecordType.PAD), bytes(PAD_MIN))["ledger"] is None
     assert _describe(99, bytes(8))["type"] == "99"

@@ -35,7 +35,7 @@ def _substitute(argv, values: dict) -> list[str]:
 
 
 def test_bookie_unit_runs_the_launchers_command_line():
-    from pybk_spark.testing.host_cluster import bookie_command
+    from pybk_spark.cluster.host_cluster import bookie_command
     unit = _exec_start("bookie-server.service")
     assert Path(unit[0]).name == "bookie-server"
     launcher = bookie_command("/c", 3181, "0.0.0.0", "10.0.0.5", "/d", "etcd://e:2379/s", "b1")

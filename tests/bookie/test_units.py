@@ -10,9 +10,9 @@ import pyarrow as pa
 import pytest
 
 from bookie_server import cookie
-from bookie_server import ledger_state as ls
+from pybk_spark.protocol import ledger_state as ls
 from bookie_server.background import gc_candidates, next_read_only
-from bookie_server.add_validation import max_value_length
+from pybk_spark.wire.add_validation import max_value_length
 from bookie_server.config import BookieConfig, load_config, parse_conf_text
 from bookie_server.storage.run_index import runs_of
 from bookie_server.journal.journal import Journal, Position, RecordType

@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 
 from pybk_spark import errors
-from pybk_spark.ledger.digest import Digester
+from pybk_spark.wire.digest import Digester
 from pybk_spark.wire.entries import ENTRY_SCHEMA, batch_from_bytes, batch_to_buffer
 
 

@@ -1,6 +1,6 @@
 """The chaos topology on separate test hosts: every etcd member, every bookie
 and every worker process on its own network namespace
-(``pybk_spark.testing.host_cluster`` / ``hosts``), so that link faults
+(``pybk_spark.cluster.host_cluster`` / ``hosts``), so that link faults
 (``HostNetwork.faults``) can cut any pair of them.
 
 ``ChaosHosts`` is a ``HostCluster`` with the process-control surface the
@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Optional
 
 from pybk_spark.cluster.registration import fresh_registration
-from pybk_spark.testing.host_cluster import HostCluster
+from pybk_spark.cluster.host_cluster import HostCluster
 
 
 def unavailable_reason() -> Optional[str]:
-    from pybk_spark.testing import hosts, link_faults
+    from pybk_spark.cluster import hosts, link_faults
     reason = hosts.unavailable_reason() or link_faults.unavailable_reason()
     if reason is None:
         from pybk_spark.cluster.etcd_process import EtcdNotFound, find_etcd_binary

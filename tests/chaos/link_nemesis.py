@@ -107,7 +107,7 @@ class LinkNemesis:
         if self.clock() < self._quiet_until:
             return False
         if kind == "netem":
-            from pybk_spark.testing.link_faults import netem_unavailable_reason
+            from pybk_spark.cluster.link_faults import netem_unavailable_reason
             return netem_unavailable_reason() is None
         return True
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pybk_spark import errors
 from pybk_spark.ledger.client import BookKeeper
-from pybk_spark.ledger.digest import Digester
+from pybk_spark.wire.digest import Digester
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.wire.entries import batch_to_bytes, make_batch
 

@@ -183,7 +183,7 @@ def apply(faults, host, peers, *, seed: int, delay_ms: float, jitter_ms: float =
           log_path=None) -> int:
     """Start a relay in ``host`` and redirect its TCP connections to ``peers``
     through it; returns the fault id (``faults.heal(id)`` undoes it)."""
-    from pybk_spark.testing import link_faults as lf
+    from pybk_spark.cluster import link_faults as lf
     lf.require()
     host = faults._hosts([host])[0]
     peers = [p for p in faults._hosts(peers) if p is not host]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from pybk_spark.ledger.digest import Digester
+from pybk_spark.wire.digest import Digester
 from pybk_spark.wire.entries import batch_from_bytes, batch_to_buffer, make_batch
 
 from .faulty_client import _Rewinds

@@ -26,7 +26,7 @@ import pytest
 
 from pybk_spark import errors
 from pybk_spark.ledger import recovery_op
-from pybk_spark.ledger.digest import Digester
+from pybk_spark.wire.digest import Digester
 from pybk_spark.metadata.store import ledger_key
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.protocol import recovery as rc
@@ -166,7 +166,7 @@ def test_tla_defect1_recovery_reads_must_fence(cluster, hist_dir):
         assert phase.covered                                      # the fence to b3 is lost
         cluster.stop_bookie(b2)                                   # b2's read answer comes late
         try:
-            from pybk_spark.ledger.digest import Digester
+            from pybk_spark.wire.digest import Digester
             rows = recovery_op.read_forward(bk2.context, md, key, Digester(md.digest_type, b""),
                                             rc.recovery_start(phase.max_lac, 0))
             assert rows is None or rows.num_rows == 0

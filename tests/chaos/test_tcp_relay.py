@@ -18,11 +18,11 @@ from . import tcp_relay
 @pytest.fixture
 def net():
     need_hosts()
-    from pybk_spark.testing import link_faults
+    from pybk_spark.cluster import link_faults
     reason = link_faults.unavailable_reason()
     if reason:
         pytest.skip(f"link faults unavailable: {reason}")
-    from pybk_spark.testing.hosts import HostNetwork
+    from pybk_spark.cluster.hosts import HostNetwork
     with HostNetwork() as network:
         yield network
 

@@ -96,7 +96,7 @@ def test_recovery_rewrites_partial_entry(env):
     md = lh.metadata
     # entry 12 reached only one bookie of its write set (partial write)
     from pybk_spark.protocol.distribution import write_set
-    from pybk_spark.ledger.digest import Digester
+    from pybk_spark.wire.digest import Digester
     from pybk_spark.wire.entries import make_batch, batch_to_bytes
     slot = write_set(12, 3, 2)[0]
     length = lh.length + 3

@@ -13,7 +13,7 @@ import pytest
 
 def need_hosts(*, etcd: bool = False, bookies: bool = False, java: bool = False) -> None:
     """Skip (or fail under PYBK_REQUIRE_HOSTS=1) naming what is missing."""
-    from pybk_spark.testing import hosts
+    from pybk_spark.cluster import hosts
     reason = hosts.unavailable_reason()
     if reason is None and etcd:
         from pybk_spark.cluster.etcd_process import EtcdNotFound, find_etcd_binary
@@ -40,7 +40,7 @@ def need_hosts(*, etcd: bool = False, bookies: bool = False, java: bool = False)
 def host_cluster(tmp_path_factory):
     """3 etcd members on hosts etcd-1..3, 3 bookies on hosts bookie-1..3."""
     need_hosts(etcd=True, bookies=True)
-    from pybk_spark.testing.host_cluster import HostCluster
+    from pybk_spark.cluster.host_cluster import HostCluster
     cluster = HostCluster(tmp_path_factory.mktemp("hosts"),
                           bookie_conf={"journal_prealloc_bytes": 4 << 20})
     try:

@@ -21,7 +21,7 @@ import pytest
 
 from pybk_spark.ledger.client import BookKeeper
 from pybk_spark.cluster import procs
-from pybk_spark.testing.host_cluster import BOOKIE_PORT, bookie_command
+from pybk_spark.cluster.host_cluster import BOOKIE_PORT, bookie_command
 from tests.hosts.conftest import need_hosts
 
 pytestmark = pytest.mark.slow
@@ -32,7 +32,7 @@ HANG_GUARD = 90.0
 @pytest.fixture(scope="module")
 def hcluster(tmp_path_factory):
     need_hosts(etcd=True, bookies=True)
-    from pybk_spark.testing.host_cluster import HostCluster
+    from pybk_spark.cluster.host_cluster import HostCluster
     c = HostCluster(tmp_path_factory.mktemp("identity"),
                     bookie_conf={"journal_prealloc_bytes": 4 << 20,
                                  "metrics_port": METRICS_PORT})

@@ -257,7 +257,7 @@ def test_leader_partitioned_from_the_other_members(host_cluster):
     that can reach only the cut-off member fails typed, and no CAS succeeds
     there; after the heal the old leader rejoins and nothing acked is lost."""
     from pybk_spark.metadata.etcd_store import EtcdMetadataStore
-    from pybk_spark.testing import link_faults
+    from pybk_spark.cluster import link_faults
     reason = link_faults.unavailable_reason()
     if reason is not None:
         pytest.skip(f"link faults unavailable: {reason}")

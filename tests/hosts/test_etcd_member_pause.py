@@ -37,7 +37,7 @@ _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 @pytest.fixture(scope="module")
 def pause_cluster(tmp_path_factory):
     need_hosts(etcd=True, bookies=True)
-    from pybk_spark.testing.host_cluster import HostCluster
+    from pybk_spark.cluster.host_cluster import HostCluster
     c = HostCluster(tmp_path_factory.mktemp("pause"),
                     bookie_conf={"journal_prealloc_bytes": 4 << 20})
     try:

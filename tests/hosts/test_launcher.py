@@ -38,7 +38,7 @@ def _echo_server(host, port: int) -> subprocess.Popen:
 
 def test_hosts_reach_each_other_and_the_root(tmp_path):
     need_hosts()
-    from pybk_spark.testing.hosts import HostNetwork
+    from pybk_spark.cluster.hosts import HostNetwork
     with HostNetwork() as net:
         a, b = net.add_hosts("a", "b")
         assert a.address != b.address and a.netns.startswith("pbk-")
@@ -70,7 +70,7 @@ def test_hosts_reach_each_other_and_the_root(tmp_path):
 
 _RUN_AND_DIE = textwrap.dedent("""
     import os, signal, subprocess, sys, time
-    from pybk_spark.testing.hosts import HostNetwork
+    from pybk_spark.cluster.hosts import HostNetwork
     net = HostNetwork().start()
     host = net.add_host("victim")
     host.spawn(["sleep", "600"])
@@ -84,7 +84,7 @@ _RUN_AND_DIE = textwrap.dedent("""
 @pytest.mark.parametrize("how", ["sigterm", "sigkill"])
 def test_a_run_that_dies_leaves_nothing_behind(how):
     need_hosts()
-    from pybk_spark.testing.hosts import clear_leftovers
+    from pybk_spark.cluster.hosts import clear_leftovers
     env = dict(os.environ, PYTHONPATH=os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen([PY, "-c", _RUN_AND_DIE, "kill" if how == "sigkill" else "wait"],
                             stdout=subprocess.PIPE, env=env)
@@ -109,7 +109,7 @@ def test_a_run_that_dies_leaves_nothing_behind(how):
 
 
 def test_missing_capability_skips_or_fails_naming_it(monkeypatch):
-    from pybk_spark.testing import hosts
+    from pybk_spark.cluster import hosts
     monkeypatch.setattr(hosts, "_REASON", ["no CAP_NET_ADMIN: run as root"])
     with pytest.raises(hosts.HostsUnavailable, match="CAP_NET_ADMIN"):
         hosts.require()

@@ -100,11 +100,11 @@ def _root_rules() -> str:
 @pytest.fixture
 def net():
     need_hosts()
-    from pybk_spark.testing import link_faults
+    from pybk_spark.cluster import link_faults
     reason = link_faults.unavailable_reason()
     if reason:
         pytest.skip(f"link faults unavailable: {reason}")
-    from pybk_spark.testing.hosts import HostNetwork
+    from pybk_spark.cluster.hosts import HostNetwork
     with HostNetwork() as network:
         yield network
 
@@ -175,7 +175,7 @@ def test_faults_name_only_hosts_of_this_network(net):
 
 
 def test_netem_delay_shows_in_the_round_trip(net):
-    from pybk_spark.testing import link_faults
+    from pybk_spark.cluster import link_faults
     reason = link_faults.netem_unavailable_reason()
     if reason:
         pytest.skip(f"netem unavailable: {reason}")

@@ -36,9 +36,9 @@ SUBMIT_TIMEOUT = 900.0          # JVMs on 2 shared cores: bounds, not expectatio
 def spark_hosts(tmp_path_factory):
     """(HostCluster, SparkCluster) sharing one HostNetwork."""
     need_hosts(etcd=True, bookies=True, java=True)
-    from pybk_spark.testing.host_cluster import HostCluster
-    from pybk_spark.testing.hosts import HostNetwork
-    from pybk_spark.testing.spark_cluster import SparkCluster
+    from pybk_spark.cluster.host_cluster import HostCluster
+    from pybk_spark.cluster.hosts import HostNetwork
+    from pybk_spark.cluster.spark_cluster import SparkCluster
     base = tmp_path_factory.mktemp("spark-hosts")
     net = HostNetwork()
     cluster = spark = None

@@ -115,7 +115,10 @@ def test_pure_core_imports_no_io():
     import pathlib
     root = pathlib.Path(__file__).resolve().parents[2] / "pybk_spark" / "protocol"
     forbidden = {"grpc", "pyetcd", "etcd3", "threading", "time", "socket", "asyncio", "random"}
-    for name in ("distribution.py", "pending_adds.py", "recovery.py", "read_decisions.py"):
+    names = sorted(p.name for p in root.glob("*.py"))
+    assert {"distribution.py", "pending_adds.py", "recovery.py", "read_decisions.py",
+            "ledger_state.py"} <= set(names)
+    for name in names:
         tree = ast.parse((root / name).read_text())
         for node in ast.walk(tree):
             mods = []

@@ -1,10 +1,10 @@
-"""Autorecovery switches (admin/audit_control.py) on the in-memory twin, and
+"""Autorecovery switches (metadata/audit_control.py) on the in-memory twin, and
 the daemon's wait between rounds cut short by ``triggeraudit`` (injected
 clock and wait: no sleeping)."""
 import pytest
 
 from pybk_spark import errors
-from pybk_spark.admin import audit_control as ctl
+from pybk_spark.metadata import audit_control as ctl
 from pybk_spark.admin.autorecovery import AutoRecovery, AutoRecoveryConfig
 
 

@@ -61,7 +61,7 @@ def test_racks_span_two_racks_and_job_args_parse():
 def test_fails_naming_what_is_missing(monkeypatch, capsys):
     """Where test hosts cannot be made, `make demo-cluster` fails (exit 2) with
     the reason on one line; it never passes quietly."""
-    from pybk_spark.testing import hosts
+    from pybk_spark.cluster import hosts
     monkeypatch.setattr(hosts, "unavailable_reason",
                         lambda: "no CAP_NET_ADMIN: run as root to make network namespaces")
     assert demo_cluster.main([]) == 2

@@ -1,4 +1,4 @@
-"""Digests (pybk_spark/ledger/digest.py): ``verify_batch`` hashes payloads where
+"""Digests (pybk_spark/wire/digest.py): ``verify_batch`` hashes payloads where
 they lie in the batch's Arrow buffer, and must agree row for row with the
 per-entry ``one`` on bytes, for sliced batches (non-zero array offsets),
 empty payloads and every digest type."""
@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from pybk_spark.ledger.digest import Digester, header_crcs, payload_views
+from pybk_spark.wire.digest import Digester, header_crcs, payload_views
 from pybk_spark.wire.entries import cumulative_lengths, make_batch
 
 

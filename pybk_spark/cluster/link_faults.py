@@ -1,4 +1,4 @@
-"""Link faults between test hosts (``pybk_spark.testing.hosts``): partitions,
+"""Link faults between test hosts (``pybk_spark.cluster.hosts``): partitions,
 one-way drops, random loss, and netem delay; each one healed by id or all
 at once.
 
@@ -66,7 +66,7 @@ _REASONS: dict[str, Optional[str]] = {}
 def unavailable_reason() -> Optional[str]:
     """None if drop/partition/loss rules can be made, else what is missing."""
     if "iptables" not in _REASONS:
-        from pybk_spark.testing import hosts
+        from pybk_spark.cluster import hosts
         reason = hosts.unavailable_reason()
         if reason is None and _iptables_binary() is None:
             reason = ("no 'iptables' command (link faults need it: "
@@ -78,7 +78,7 @@ def unavailable_reason() -> Optional[str]:
 def netem_unavailable_reason() -> Optional[str]:
     """None if ``tc ... netem`` works here (probed in a throw-away namespace)."""
     if "netem" not in _REASONS:
-        from pybk_spark.testing import hosts
+        from pybk_spark.cluster import hosts
         reason = hosts.unavailable_reason()
         if reason is None and _tc_binary() is None:
             reason = "no 'tc' command (install iproute2)"

@@ -17,7 +17,7 @@ import functools
 import hashlib
 import hmac as _hmac
 import struct
-from typing import Sequence
+from typing import Any, Sequence
 
 import google_crc32c
 import numpy as np
@@ -46,7 +46,7 @@ class Digester:
         d._key = key
         return d
 
-    def one(self, ledger_id: int, entry_id: int, lac: int, length: int, payload) -> bytes:
+    def one(self, ledger_id: int, entry_id: int, lac: int, length: int, payload: Any) -> bytes:
         """Digest of one entry; ``payload`` is bytes or any read-only buffer
         (a pyarrow Buffer slice is hashed in place)."""
         hdr = _HDR.pack(ledger_id, entry_id, lac, length)
@@ -129,7 +129,7 @@ def _header_tables() -> tuple[np.ndarray, int]:
     return tables, zero
 
 
-def header_crcs(ledger_ids, entry_ids, lacs, lengths) -> np.ndarray:
+def header_crcs(ledger_ids: Any, entry_ids: Any, lacs: Any, lengths: Any) -> np.ndarray:
     """``google_crc32c.value`` of every row's packed header (uint32), for
     columns of equal length (numpy arrays or anything ``np.asarray`` takes)."""
     cols = [np.asarray(c, dtype=np.int64) for c in (ledger_ids, entry_ids, lacs, lengths)]
@@ -170,4 +170,5 @@ def _verify_crc32c(batch: pa.RecordBatch) -> np.ndarray:
         at = starts[four][:, None] + np.arange(4)
         stored[four] = d_data[at].astype(np.uint32) @ np.array([1 << 24, 1 << 16, 1 << 8, 1],
                                                                 dtype=np.uint32)
-    return four & (stored == got)
+    ok: np.ndarray = four & (stored == got)
+    return ok

@@ -24,6 +24,7 @@ LAC = max(entry lacs, explicit lac).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from pybk_spark import errors
 
@@ -41,14 +42,14 @@ class LedgerState:
     def lac(self) -> int:
         return max(self.entry_lac, self.explicit_lac)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"ledger_id": self.ledger_id,
                 "master_key": self.master_key.hex() if self.master_key is not None else None,
                 "fenced": self.fenced, "entry_lac": self.entry_lac,
                 "explicit_lac": self.explicit_lac, "last_entry_id": self.last_entry_id}
 
     @staticmethod
-    def from_json(d: dict) -> "LedgerState":
+    def from_json(d: dict[str, Any]) -> "LedgerState":
         key = d.get("master_key")
         return LedgerState(int(d["ledger_id"]), bytes.fromhex(key) if key is not None else None,
                            bool(d["fenced"]), int(d["entry_lac"]), int(d["explicit_lac"]),

@@ -1,5 +1,5 @@
 """A cluster on separate test hosts: an N-member etcd and M bookies, each on
-its own network namespace (``pybk_spark.testing.hosts``); the test process,
+its own network namespace (``pybk_spark.cluster.hosts``); the test process,
 in the root namespace, is the client.
 
 Layout: hosts ``etcd-1..N`` run one etcd member each (``EtcdCluster``), hosts
@@ -32,15 +32,15 @@ from typing import Any, Optional
 from pybk_spark.metadata import open_store
 from pybk_spark.cluster import procs
 from pybk_spark.cluster.registration import fresh_registration
-from pybk_spark.testing.etcd_cluster import EtcdCluster
-from pybk_spark.testing.hosts import Host, HostNetwork
+from pybk_spark.cluster.etcd_cluster import EtcdCluster
+from pybk_spark.cluster.hosts import Host, HostNetwork
 
 BOOKIE_PORT = 3181
 
 
 def unavailable_reason() -> str | None:
     """Why a HostCluster cannot run here (no test hosts, no etcd binary), or None."""
-    from pybk_spark.testing import hosts
+    from pybk_spark.cluster import hosts
     from pybk_spark.cluster.etcd_process import EtcdNotFound, find_etcd_binary
     reason = hosts.unavailable_reason()
     if reason:
@@ -191,7 +191,7 @@ class HostCluster:
         return self.data_dir / "bookie.conf"
 
     def _write_conf(self) -> None:
-        lines = ["# written by pybk_spark.testing.host_cluster.HostCluster"]
+        lines = ["# written by pybk_spark.cluster.host_cluster.HostCluster"]
         for key, value in self.bookie_conf.items():
             if isinstance(value, bool):
                 value = "true" if value else "false"

@@ -1,5 +1,5 @@
 """A Spark standalone cluster on test hosts: a master and N workers, each on
-its own network namespace (``pybk_spark.testing.hosts``), a host for drivers
+its own network namespace (``pybk_spark.cluster.hosts``), a host for drivers
 (``spark-submit`` runs there), and optionally a Spark Connect server.
 
 Everything is started from the pyspark pip package (``SPARK_HOME`` = the
@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from pybk_spark.cluster import procs
-from pybk_spark.testing.hosts import Host, HostNetwork
+from pybk_spark.cluster.hosts import Host, HostNetwork
 
 MASTER_PORT = 7077
 MASTER_UI_PORT = 8080

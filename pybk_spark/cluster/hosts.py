@@ -37,7 +37,7 @@ Capability.  ``unavailable_reason()`` says why namespaces cannot be made here
 namespace) or returns None; tests skip with that reason, ``make test-hosts``
 fails with it.
 
-Faults.  ``HostNetwork.faults`` (``pybk_spark.testing.link_faults``) cuts,
+Faults.  ``HostNetwork.faults`` (``pybk_spark.cluster.link_faults``) cuts,
 drops, loses and delays traffic between hosts: packet-filter rules inside the
 hosts' namespaces and netem on a host's root-side veth (``Host.link``).
 ``heal()`` undoes them all; they vanish with the namespaces on close.
@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 from pybk_spark.cluster import procs
-from pybk_spark.testing.link_faults import LinkFaults
+from pybk_spark.cluster.link_faults import LinkFaults
 
 PREFIX = "pbk"
 SUBNET_PREFIX = "10.213"          # 10.213.<slot>.0/24, only inside our namespaces
@@ -420,7 +420,7 @@ atexit.register(_close_all)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m pybk_spark.testing.hosts [--check|--clean]``."""
+    """``python -m pybk_spark.cluster.hosts [--check|--clean]``."""
     args = list(sys.argv[1:] if argv is None else argv)
     reason = unavailable_reason()
     if reason:

@@ -1,20 +1,45 @@
 """Checking one add request's Arrow batch before it is journaled: size
 limits, no nulls, one ledger, entry ids ascending (``validate_batch``), all
 without a per-entry Python loop.  Pure: no I/O, no bookie state.
+
+The limits are two plain numbers (``BatchLimits``): the real bookie passes
+its ``BookieConfig`` (which has both fields, with these defaults), the
+in-memory bookies an ``AddBatchLimits``.
 """
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
 
-from bookie_server.config import BookieConfig
 from pybk_spark import errors
 from pybk_spark.wire.entries import batch_from_bytes
 
+MiB = 1024 * 1024
+DEFAULT_MAX_ENTRY_BYTES = 5 * MiB
+DEFAULT_MAX_BATCH_BYTES = 64 * MiB
 
-def validate_batch(data: bytes, ledger_id: int, cfg: BookieConfig) -> pa.RecordBatch:
+
+class BatchLimits(Protocol):
+    """What ``validate_batch`` checks an add against."""
+
+    @property
+    def max_entry_bytes(self) -> int: ...
+
+    @property
+    def max_batch_bytes(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class AddBatchLimits:
+    max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES
+    max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
+
+
+def validate_batch(data: bytes, ledger_id: int, cfg: BatchLimits) -> pa.RecordBatch:
     """Parse + check one add batch without a per-entry Python loop (numpy
     views of the Arrow buffers: a one-entry add pays microseconds, not the
     ~25 us of each Arrow compute call; a one-entry batch, the synchronous
@@ -52,7 +77,7 @@ def max_value_length(arr: pa.BinaryArray) -> int:
     """Longest value of a (non-empty) binary array, from its offsets buffer."""
     if len(arr) == 1:
         start, end = _OFFSET_PAIR.unpack_from(arr.buffers()[1], arr.offset * 4)
-        return end - start
+        return int(end - start)
     offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32,
                             count=len(arr) + 1, offset=arr.offset * 4)
     return int(np.diff(offsets).max())

@@ -12,7 +12,9 @@ Delay``, the ``disable`` node of under-replication, ``triggeraudit``); here:
                   change and starts a round at once instead of waiting ``--interval``.
 
 Read by ``admin/autorecovery.py`` at every round and by the bookie's admin
-HTTP API (``/api/v1/autorecovery/status``).  Time is passed in (``now``).
+HTTP API (``/api/v1/autorecovery/status``): metadata shared by the operator
+tools and the bookie, so it lives in the metadata layer.  Time is passed in
+(``now``).
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from pybk_spark import errors
 CONFIG_KEY = "audit/config"
 TRIGGER_KEY = "audit/trigger"
 LEADER_KEY = "audit/leader"
+MISSING_PREFIX = "audit/missing/"      # the auditor's marks: when a bookie was first seen gone
 DEFAULTS = {"enabled": True, "lost_bookie_recovery_delay_s": None}
 
 
@@ -85,7 +88,6 @@ def trigger_version(store) -> int:
 
 def status(store) -> dict:
     """What ``autorecoveryctl`` and ``/api/v1/autorecovery/status`` show."""
-    from pybk_spark.admin.audit import MISSING_PREFIX
     conf = read_config(store)
     leader = store.get(LEADER_KEY)
     try:
