@@ -4,9 +4,9 @@ reports.
 A bookie's liveness is its registration (``bookies/writable|readonly/<id>``)
 under a lease it refreshes every ttl/3; there is no other heartbeat.  A
 bookie killed with SIGKILL stays registered until its lease ends (the
-bookie's ``registration_ttl_s``, 5 s by default), and until then an audit
+bookie's ``registration_ttl_s``, 15 s by default), and until then an audit
 does not count it missing.  So each registered bookie is probed at the
-addresses it registered (``cluster.serving.probe``: ``GetBookieInfo``, and a
+addresses it registered (``probe``: ``GetBookieInfo``, and a
 read over the lane when it registered one); one that does not answer is a
 suspect, reported with the time its lease has left
 (``MetadataStore.lease_time_left``).  A registration that is gone by the
@@ -19,9 +19,34 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional
 
+from pybk_spark import errors
 from pybk_spark.metadata import keys
+from pybk_spark.transport.grpc_bookie import BookieClient
+from pybk_spark.transport.tls import ClientTls
 
 PROBE_TIMEOUT_S = 3.0
+_PROBE_LEDGER = 0       # any id: an answer about it, entries or NoSuchLedger, is what counts
+
+
+def probe(registration: dict, tls: Optional[ClientTls] = None,
+          timeout: float = PROBE_TIMEOUT_S) -> str:
+    """'' when the bookie answers at the addresses of ``registration``; else
+    why not (the typed error, one line)."""
+    bookie_id = registration.get("bookie_id", "")
+    lane = registration.get("add_lane_address") or ""
+    client = BookieClient(registration["address"], default_timeout=timeout, bookie_id=bookie_id,
+                          read_lane_address=lane, tls=tls)
+    try:
+        client.info().result(timeout + 1.0)
+        if lane:
+            client.read(_PROBE_LEDGER, 0, 0, max_entries=1).result(timeout + 1.0)
+    except (errors.BookieUnavailable, errors.Timeout) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    except errors.BKError:
+        pass                    # refused or not found: the bookie answered
+    finally:
+        client.close()
+    return ""
 
 
 def registrations(store) -> dict[str, dict]:
@@ -42,7 +67,6 @@ def registrations(store) -> dict[str, dict]:
 def suspects(store, tls=None, timeout: float = PROBE_TIMEOUT_S) -> tuple[int, list[dict]]:
     """(bookies probed, [{bookie, address, error, lease_lapses_in_s}] of those
     registered but not answering), by bookie id."""
-    from pybk_spark.cluster.serving import probe
     regs = registrations(store)
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(regs)))) as pool:
         failed = dict(zip(regs, pool.map(

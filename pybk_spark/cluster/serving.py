@@ -16,33 +16,12 @@ import time
 from typing import Optional
 
 from pybk_spark import errors
+from pybk_spark.admin.liveness import probe
 from pybk_spark.cluster.local import BookieStartError, LocalCluster
-from pybk_spark.transport.grpc_bookie import BookieClient, registration_of
+from pybk_spark.transport.grpc_bookie import registration_of
 from pybk_spark.transport.tls import ClientTls
 
 PROBE_TIMEOUT_S = 5.0
-_PROBE_LEDGER = 0       # any id: an answer about it, entries or NoSuchLedger, is what counts
-
-
-def probe(registration: dict, tls: Optional[ClientTls] = None,
-          timeout: float = PROBE_TIMEOUT_S) -> str:
-    """'' when the bookie answers at the addresses of ``registration``; else
-    why not (the typed error, one line)."""
-    bookie_id = registration.get("bookie_id", "")
-    lane = registration.get("add_lane_address") or ""
-    client = BookieClient(registration["address"], default_timeout=timeout, bookie_id=bookie_id,
-                          read_lane_address=lane, tls=tls)
-    try:
-        client.info().result(timeout + 1.0)
-        if lane:
-            client.read(_PROBE_LEDGER, 0, 0, max_entries=1).result(timeout + 1.0)
-    except (errors.BookieUnavailable, errors.Timeout) as exc:
-        return f"{type(exc).__name__}: {exc}"
-    except errors.BKError:
-        pass                    # refused or not found: the bookie answered
-    finally:
-        client.close()
-    return ""
 
 
 def wait_serving(cluster: LocalCluster, tls: Optional[ClientTls] = None,
