@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
 from pybk_spark import errors
+from pybk_spark.metadata.scope import require_bookies
 from pybk_spark.metadata.store import log_key
 from pybk_spark.protocol import append_time
 from pybk_spark.protocol import log_metadata as logmd
@@ -143,6 +144,7 @@ def _read(store, name: str) -> Optional[tuple[LogMetadata, int, _Chunks]]:
 def read_log(store, name: str) -> tuple[LogMetadata, int]:
     got = _read(store, name)
     if got is None:
+        require_bookies(store)            # EmptyScope: the wrong scope, not the name
         raise errors.LogNotFound(f"no log named {name!r}{_log_hint(store, name)}")
     return got[0], got[1]
 
