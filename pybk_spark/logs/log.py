@@ -149,6 +149,13 @@ def read_log(store, name: str) -> tuple[LogMetadata, int]:
     return got[0], got[1]
 
 
+def find_log(store, name: str) -> Optional[LogMetadata]:
+    """The log's metadata, or None when there is no such log (no check of
+    the scope, no hint: for writers about to create it)."""
+    got = _read(store, name)
+    return None if got is None else got[0]
+
+
 def _log_hint(store, name: str) -> str:
     """``"; did you mean 'x'?"`` from the existing logs' names ("" when none
     is close, or when they cannot be listed: the error stays LogNotFound)."""
@@ -160,15 +167,33 @@ def _log_hint(store, name: str) -> str:
 
 
 def read_or_create_log(store, name: str) -> tuple[LogMetadata, int]:
+    md, version, _ = open_or_create_log(store, name)
+    return md, version
+
+
+def open_or_create_log(store, name: str) -> tuple[LogMetadata, int, bool]:
+    """(metadata, version, True when this call created the log): a writer
+    that fails before its first change removes the log it created
+    (:func:`drop_created_log`), so a failed write leaves no empty log."""
     while True:
         got = _read(store, name)
         if got is not None:
-            return got[0], got[1]
+            return got[0], got[1], False
         md = logmd.new_log(name)
         try:
-            return md, store.put_if_absent(log_key(name), md.to_json())
+            return md, store.put_if_absent(log_key(name), md.to_json()), True
         except errors.MetadataVersion:
             continue
+
+
+def drop_created_log(store, name: str, version: int) -> None:
+    """Delete the log created at ``version`` if nothing changed it since (CAS):
+    the undo of a failed write's ``open_or_create_log``.  A log another
+    writer changed in the meantime is theirs and stays; best effort."""
+    try:
+        store.delete(log_key(name), expected_version=version)
+    except errors.BKError:
+        pass
 
 
 def update_log(store, name: str, transform: Callable[[LogMetadata], LogMetadata]) -> LogMetadata:
@@ -278,11 +303,18 @@ class LogWriter:
     # seed steps 1-5
     def open(self, max_attempts: int = 50) -> "LogWriter":
         store = self._bk.metadata_store
+        created: Optional[int] = None         # the log's version, if this open created it
         for _ in range(max_attempts):
-            md, _ = read_or_create_log(store, self.name)                     # 1
+            md, version, new_log = open_or_create_log(store, self.name)      # 1
+            created = version if new_log else created
             fenced_tail = logmd.tail_ids(md)
-            closed = recover_tail(self._bk, md, self._password)               # 2
-            handle = self._create_ledger()                                    # 3
+            try:
+                closed = recover_tail(self._bk, md, self._password)           # 2
+                handle = self._create_ledger()                                # 3
+            except BaseException:
+                if created is not None:       # no bookies, wrong scope...: no empty log left
+                    drop_created_log(store, self.name, created)
+                raise
             try:
                 new = update_log(store, self.name, lambda m: logmd.open_as_leader(   # 4 + 5
                     m, fenced_tail, closed, handle.ledger_id))  # noqa: B023 (called within this iteration)
@@ -291,6 +323,8 @@ class LogWriter:
                 continue
             except BaseException as exc:
                 self._abandon(handle, exc)
+                if created is not None and getattr(exc, "outcome_known", True):
+                    drop_created_log(store, self.name, created)
                 raise
             self._install(handle, new)
             return self
