@@ -114,8 +114,18 @@ class BookKeeperDataSource(DataSource):
         return BookKeeperBatchWriter(opts, schema_text, overwrite, base_schema=base)
 
     # -- streaming --------------------------------------------------------------------------
-    @our_line_first
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        # load() cannot tell a stream from a batch read (PySpark calls schema()
+        # for both), so a batch-only option is refused here, at start().  PySpark
+        # 4's stream runner answers an exception from streamReader() with its own
+        # UnboundLocalError (its ``finally: reader.stop()``), so a refusal is a
+        # reader that raises our error from its first call instead.
+        try:
+            return self._stream_reader(schema)
+        except errors.BKError as exc:
+            return RefusedStreamReader(exc)
+
+    def _stream_reader(self, schema: StructType) -> DataSourceStreamReader:
         from pybk_spark.spark.stream_reader import BookKeeperStreamReader
         opts = parse_stream_options(self._options(schema, names.STREAM_READ))
         if is_multi(opts.read):
@@ -140,3 +150,18 @@ class BookKeeperDataSource(DataSource):
             schema_text, base = prepare_log_evolving(bk, opts, schema, False)
         return BookKeeperStreamWriter(opts, schema_text, base_schema=base)
 
+
+class RefusedStreamReader(DataSourceStreamReader):
+    """A stream the source refused: every call raises the refusal."""
+
+    def __init__(self, refusal: errors.BKError):
+        self.refusal = refusal
+
+    @our_line_first
+    def _refuse(self, *args, **kwargs):
+        raise self.refusal
+
+    initialOffset = latestOffset = partitions = read = commit = _refuse
+
+    def stop(self) -> None:
+        pass
