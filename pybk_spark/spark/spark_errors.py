@@ -1,53 +1,53 @@
-"""How our errors reach a Spark user: our line first.
+"""How our errors reach a Spark user: our line first, one line.
 
-PySpark's Python workers answer an exception with Python's whole formatted
-traceback (``pyspark.util.handle_worker_exception``: ``traceback.
-TracebackException`` of the exception being handled), and the JVM puts its
-error class in front, e.g. ``[PYTHON_DATA_SOURCE_ERROR] Failed to create
-Python data source instance: <that text>``.  We cannot change the JVM's
-prefix, nor hide the traceback (only the user's
-``spark.sql.execution.pyspark.udf.hideTraceback.enabled`` does), but Python
-formats a chain from its root: a context without a traceback prints as its
-one line, ``pybk_spark.errors.Type: message``, before everything else (a
-``__cause__`` would too, but Spark's default simplified traceback drops
-causes).  So every entry point Spark calls raises our error with a
-traceback-less copy of itself as its context, and what the user reads right
-after the error class is the typed error, what was tried and what to do; the
-traceback follows below it.
-Called outside Spark the error is the same typed error, with the same text.
+PySpark's Python workers answer an exception with its formatted traceback
+(``pyspark.util.handle_worker_exception``), and the JVM puts its error class
+in front: ``[PYTHON_DATA_SOURCE_ERROR] Failed to create Python data source
+instance: Traceback (most recent call last): ...``, our line last.  The
+worker leaves the traceback out, sending ``pybk_spark.errors.Type:
+message`` alone, when ``SPARK_HIDE_TRACEBACK`` is set in its environment at
+that moment (what ``spark.sql.execution.pyspark.udf.hideTraceback.enabled``
+sets for every worker).
+
+The driver-side entry points (``schema()``, ``reader()``, ``writer()``,
+``streamReader()``, ``streamWriter()`` and the stream reader's calls) run in
+one-shot planner processes: ``python -m pyspark.sql.worker.<step>`` (or the
+streaming runner), which report this one exception and exit.  An expected
+failure of ours (a ``BKError``) sets ``SPARK_HIDE_TRACEBACK`` in such a
+process only, never in a pooled executor worker (``pyspark.daemon``) whose
+other users' errors it would change.  Called outside Spark the error is the
+same typed error with the same text.
 """
 from __future__ import annotations
 
-import copy
 import functools
+import os
+import sys
 from typing import Callable, TypeVar
 
 from pybk_spark import errors
 
 F = TypeVar("F", bound=Callable)
 
+# the modules PySpark runs as a process of their own for one planning step
+PLANNER_MODULES = ("pyspark.sql.worker.", "pyspark.sql.streaming.python_streaming_source_runner")
 
-def leading(exc: errors.BKError) -> errors.BKError:
-    """A copy of ``exc`` without traceback, cause or context: one line."""
-    head = copy.copy(exc)
-    head.__traceback__ = None
-    head.__cause__ = head.__context__ = None
-    head.__suppress_context__ = True
-    return head
+
+def _in_planner_process() -> bool:
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    name = getattr(spec, "name", "") or ""
+    return name.startswith(PLANNER_MODULES)
 
 
 def our_line_first(fn: F) -> F:
-    """Wrap a method Spark calls: a BKError it raises leads the message."""
+    """Wrap a method Spark calls on the driver: a BKError it raises reaches
+    the user as its one line, right after Spark's error class."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except errors.BKError as exc:
-            failure = exc
-        # raised outside the except block, so that the context set here stays:
-        # Spark's simplified traceback drops a __cause__, never a __context__
-        failure.__cause__ = None
-        failure.__context__ = leading(failure)
-        failure.__suppress_context__ = False
-        raise failure.with_traceback(None)
+        except errors.BKError:
+            if _in_planner_process():
+                os.environ["SPARK_HIDE_TRACEBACK"] = "1"
+            raise
     return wrapper  # type: ignore[return-value]
