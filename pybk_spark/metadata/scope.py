@@ -2,8 +2,8 @@
 
 A scope that any bookie ever started in holds its cookie (``cookies/<id>``)
 and, while it runs, its registration (``bookies/<mode>/<id>``), whatever
-happened to its ledgers.  A scope with neither is one no cluster uses: almost
-always a misspelt scope in the metadata URI.  ``require_bookies`` turns that
+happened to its ledgers.  A scope with neither (and with no log and no ledger) is
+one no cluster uses: almost always a misspelt scope in the metadata URI.  ``require_bookies`` turns that
 into ``EmptyScope`` naming the scopes that do have bookies (when the
 credentials may list them), instead of the NoSuchLedger / NotEnoughBookies /
 LogNotFound the wrong scope otherwise produces.
@@ -26,10 +26,15 @@ if TYPE_CHECKING:                  # store.py's read_ledger_metadata calls this 
     from pybk_spark.metadata.store import MetadataStore
 
 
+# what a scope in use holds; the first ones are the small ones, and they
+# decide for every scope a bookie ever started in
+_IN_USE = (keys.BOOKIES_PREFIX, keys.COOKIES_PREFIX, keys.LOGS_PREFIX, keys.LEDGERS_PREFIX)
+
+
 def require_bookies(store: "MetadataStore") -> None:
-    """EmptyScope unless a bookie registered in ``store``'s scope or left its
-    cookie there."""
-    if store.list_prefix(keys.BOOKIES_PREFIX) or store.list_prefix(keys.COOKIES_PREFIX):
+    """EmptyScope unless ``store``'s scope holds a bookie's registration or
+    cookie, a log or a ledger."""
+    if any(store.list_prefix(prefix) for prefix in _IN_USE):
         return
     raise errors.EmptyScope(f"{describe(store)} holds no bookies and no ledgers: no bookie "
                             f"has registered in it; {_elsewhere(store)}")

@@ -11,11 +11,11 @@ sets for every worker).
 
 The driver-side entry points (``schema()``, ``reader()``, ``writer()``,
 ``streamReader()``, ``streamWriter()`` and the stream reader's calls) run in
-one-shot planner processes: ``python -m pyspark.sql.worker.<step>`` (or the
-streaming runner), which report this one exception and exit.  An expected
-failure of ours (a ``BKError``) sets ``SPARK_HIDE_TRACEBACK`` in such a
-process only, never in a pooled executor worker (``pyspark.daemon``) whose
-other users' errors it would change.  Called outside Spark the error is the
+planner processes (``pyspark.sql.worker.<step>`` or the streaming runner,
+run on their own or forked by ``pyspark.daemon``), which report a failure
+and exit.  An expected failure of ours (a ``BKError``) sets
+``SPARK_HIDE_TRACEBACK`` in such a process only, never in an executor's
+Python worker, whose later tasks' errors it would change.  Called outside Spark the error is the
 same typed error with the same text.
 """
 from __future__ import annotations
@@ -34,9 +34,13 @@ PLANNER_MODULES = ("pyspark.sql.worker.", "pyspark.sql.streaming.python_streamin
 
 
 def _in_planner_process() -> bool:
+    """Run as ``python -m <planner module>``, or forked by ``python -m
+    pyspark.daemon <planner module>``: either way the process exits after
+    reporting a failure (``worker_run``'s ``sys.exit(-1)``; the daemon reuses
+    a worker only after a success)."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    name = getattr(spec, "name", "") or ""
-    return name.startswith(PLANNER_MODULES)
+    names = [getattr(spec, "name", "") or "", *sys.argv[1:2]]
+    return any(str(name).startswith(PLANNER_MODULES) for name in names)
 
 
 def our_line_first(fn: F) -> F:

@@ -108,8 +108,9 @@ def test_batch_only_ledgers_on_a_stream_is_refused_with_our_message(spark, metad
         finally:
             query.stop()
     text = str(info.value)
-    assert ("pybk_spark.errors.IncorrectParameter: the streaming bookkeeper source needs "
-            "option 'log'") in text, text[:2000]
+    assert ("[PYTHON_STREAMING_DATA_SOURCE_RUNTIME_ERROR] Failed when Python streaming data "
+            "source perform initialOffset: pybk_spark.errors.IncorrectParameter: option "
+            "'ledgers' applies to batch reads only, not to stream reads") in text, text[:2000]
     assert "UnboundLocalError" not in text and "Traceback" not in text, text[:2000]
 
 
