@@ -163,6 +163,11 @@ class NotEnoughBookies(BKError):
                                 needed=self.needed, available=self.available, **self.context)
 
 
+class EmptyScope(IncorrectParameter):
+    """The metadata scope holds no bookies and no ledgers: no bookie ever
+    registered there, so the metadata URI most likely names the wrong scope."""
+
+
 class BookieUnavailable(BKError):
     """Bookie handle not available (connection refused / closed)."""
     code = -8

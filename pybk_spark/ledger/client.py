@@ -37,6 +37,7 @@ from pybk_spark.config import ClientConfig, as_config
 from pybk_spark.ledger.context import ClientContext
 from pybk_spark.ledger.ledger_handle import LedgerHandle
 from pybk_spark.metadata import EtcdSecurity, keys, open_store
+from pybk_spark.metadata.scope import require_bookies
 from pybk_spark.metadata.store import (MetadataStore, iter_ids, ledger_key, read_ledger_metadata,
                                        writer_key)
 from pybk_spark.ledger.placement import PlacementPolicy, make_policy, writable_bookies
@@ -141,6 +142,8 @@ class BookKeeper:
         password = _as_bytes(password)
         store = self.metadata_store
         registry = writable_bookies(store)
+        if not registry:
+            require_bookies(store)            # no bookie at all: EmptyScope if it is the scope
         bookies = self.placement.new_ensemble(ensemble, registry)
         if ledger_id is None:
             ledger_id = self.reserve_ledger_id()

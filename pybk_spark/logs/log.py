@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
 from pybk_spark import errors
+from pybk_spark.metadata.scope import require_bookies
 from pybk_spark.metadata.store import log_key, read_ledger_metadata
 from pybk_spark.protocol import append_time, log_identity
 from pybk_spark.protocol import log_metadata as logmd
@@ -146,8 +147,16 @@ def _read(store, name: str) -> Optional[tuple[LogMetadata, int, _Chunks]]:
 def read_log(store, name: str) -> tuple[LogMetadata, int]:
     got = _read(store, name)
     if got is None:
+        require_bookies(store)            # EmptyScope: the wrong scope, not the name
         raise errors.LogNotFound(f"no log named {name!r}{_log_hint(store, name)}")
     return got[0], got[1]
+
+
+def find_log(store, name: str) -> Optional[LogMetadata]:
+    """The log's metadata, or None when there is no such log (no check of
+    the scope, no hint: for writers about to create it)."""
+    got = _read(store, name)
+    return None if got is None else got[0]
 
 
 def _log_hint(store, name: str) -> str:
@@ -162,40 +171,52 @@ def _log_hint(store, name: str) -> str:
 
 def read_or_create_log(store, name: str, rng: random.Random,
                        password_check: str = "") -> tuple[LogMetadata, int]:
-    """The log's metadata, creating it when there is none: a new log's uid is
-    drawn from ``rng`` (protocol/log_identity.py), and it records
-    ``password_check``, the creating writer's."""
+    md, version, _ = open_or_create_log(store, name, rng, password_check)
+    return md, version
+
+
+def open_or_create_log(store, name: str, rng: random.Random,
+                       password_check: str = "") -> tuple[LogMetadata, int, bool]:
+    """(metadata, version, True when this call created the log).  A new log's
+    uid is drawn from ``rng`` (protocol/log_identity.py), and it records
+    ``password_check``, the creating writer's.  A writer that fails before
+    its first change removes the log it created (:func:`drop_created_log`),
+    so a failed write leaves no empty log."""
     while True:
         got = _read(store, name)
         if got is not None:
-            return got[0], got[1]
+            return got[0], got[1], False
         md = logmd.new_log(name, log_identity.new_uid(rng), password_check)
         try:
-            return md, store.put_if_absent(log_key(name), md.to_json())
+            return md, store.put_if_absent(log_key(name), md.to_json()), True
         except errors.MetadataVersion:
             continue
 
 
-def claim_log_password(store, name: str, password: bytes, rng: random.Random) -> LogMetadata:
+def claim_log_password(store, name: str, password: bytes,
+                       rng: random.Random) -> tuple[LogMetadata, Optional[int]]:
     """Before a writer creates any ledger: the log (created if absent) with
-    ``password``'s check recorded, or ``Unauthorized`` naming the log when
-    it records another password.  A log that records none (written before
+    ``password``'s check recorded, and the log's version when this call
+    created it (else None); or ``Unauthorized`` naming the log when it
+    records another password.  A log that records none (written before
     it was recorded) adopts this one only if it opens the log's newest
     ledger, checked against that ledger's metadata; the claim is a CAS that
     re-decides if another writer claimed first, and checks again if the
     list changed since that ledger was checked."""
     check = key_check(password)
     for _ in range(100):
-        md, _ = read_or_create_log(store, name, rng, check)
+        md, version, created = open_or_create_log(store, name, rng, check)
+        if created:
+            return md, version
         logmd.check_writer_password(md, check)
         if md.password_check:
-            return md
+            return md, None
         _check_newest_ledger(store, md, check)
         checked = md.ledger_ids
         new = update_log(store, name, lambda m: logmd.claim_password(m, check)  # noqa: B023
                          if m.password_check or m.ledger_ids == checked else m)  # noqa: B023
         if new.password_check:
-            return new
+            return new, None
     raise errors.MetadataVersion(f"log {name!r}: its list kept changing while its password "
                                  "was checked", log=name)
 
@@ -216,6 +237,16 @@ def _check_newest_ledger(store, md: LogMetadata, check: str) -> None:
                 f"{segment.ledger_id}; a log has one password, the one its ledgers were "
                 "written with", log=md.name, ledger_id=segment.ledger_id)
         return
+
+
+def drop_created_log(store, name: str, version: int) -> None:
+    """Delete the log created at ``version`` if nothing changed it since (CAS):
+    the undo of a failed write's ``open_or_create_log``.  A log another
+    writer changed in the meantime is theirs and stays; best effort."""
+    try:
+        store.delete(log_key(name), expected_version=version)
+    except errors.BKError:
+        pass
 
 
 def update_log(store, name: str, transform: Callable[[LogMetadata], LogMetadata]) -> LogMetadata:
@@ -330,11 +361,18 @@ class LogWriter:
     def open(self, max_attempts: int = 50) -> "LogWriter":
         store = self._bk.metadata_store
         check = key_check(self._password)
+        created: Optional[int] = None         # the log's version, if this open created it
         for _ in range(max_attempts):
-            md = claim_log_password(store, self.name, self._password, self._bk.rng)  # 1
+            md, version = claim_log_password(store, self.name, self._password, self._bk.rng)  # 1
+            created = version if version is not None else created
             fenced_tail = logmd.tail_ids(md)
-            closed = recover_tail(self._bk, md, self._password)               # 2
-            handle = self._create_ledger()                                    # 3
+            try:
+                closed = recover_tail(self._bk, md, self._password)           # 2
+                handle = self._create_ledger()                                # 3
+            except BaseException:
+                if created is not None:       # no bookies, wrong scope...: no empty log left
+                    drop_created_log(store, self.name, created)
+                raise
             try:
                 new = update_log(store, self.name, lambda m: logmd.open_as_leader(   # 4 + 5
                     logmd.claim_password(m, check), fenced_tail, closed,  # noqa: B023 (called within this iteration)
@@ -344,6 +382,8 @@ class LogWriter:
                 continue
             except BaseException as exc:
                 self._abandon(handle, exc)
+                if created is not None and getattr(exc, "outcome_known", True):
+                    drop_created_log(store, self.name, created)
                 raise
             self._install(handle, new)
             return self

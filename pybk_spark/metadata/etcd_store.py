@@ -85,7 +85,7 @@ from pyetcd import etcdrpc
 from pyetcd import exceptions as etcd_exc
 
 from pybk_spark import errors
-from pybk_spark.metadata import etcd_errors
+from pybk_spark.metadata import etcd_errors, keys
 from pybk_spark.metadata.etcd_refusals import StaleToken
 from pybk_spark.metadata.security import EtcdSecurity
 from pybk_spark.metadata.store import Lease, MetadataStore, Versioned, keepalive_period
@@ -402,6 +402,31 @@ class EtcdMetadataStore(MetadataStore):
         return [(bytes(kv.key)[n:].decode(), Versioned(bytes(kv.value), kv.mod_revision))
                 for kv in resp.kvs]
 
+    def scopes_with(self, prefix: str) -> list[str]:
+        """A skip scan: the first key from a cursor names a scope (keys.scope_of);
+        one count of ``/<scope>/<prefix>``, then the cursor jumps past the whole
+        scope.  Two small requests per scope, however many keys each holds."""
+        self._check()
+        found: list[str] = []
+        cursor, end = b"/", b"0"                  # every key that starts with "/"
+        for _ in range(_SCOPE_SCAN_STEPS):
+            resp = self._read(lambda c=cursor: self._client.get_range_response(  # type: ignore[misc]
+                c, end, limit=1, keys_only=True))
+            if not resp.kvs:
+                break
+            key = bytes(resp.kvs[0].key)
+            scope = keys.scope_of(key.decode("utf-8", "replace"))
+            if scope is None:                     # another layout's key: step over it
+                cursor = key + b"\0"
+                continue
+            root = f"/{scope}/".encode()
+            counted = self._read(lambda r=root: self._client.get_prefix_response(  # type: ignore[misc]
+                r + prefix.encode(), count_only=True))
+            if counted.count:
+                found.append(scope)
+            cursor = _prefix_end(root)
+        return sorted(found)
+
     def grant_lease(self, ttl_seconds: int, *, keepalive: bool = True,
                     on_lost: Callable[[EtcdLease], None] | None = None) -> EtcdLease:
         """A lease refreshed by its own daemon thread (unless keepalive=False)."""
@@ -592,3 +617,11 @@ class EtcdMetadataStore(MetadataStore):
 
 def _lease_id(lease: Lease | None) -> int:
     return 0 if lease is None else int(lease.id)
+
+
+_SCOPE_SCAN_STEPS = 1000        # bounds a scan of a keyspace full of other layouts' keys
+
+
+def _prefix_end(prefix: bytes) -> bytes:
+    """The first key after every key that starts with ``prefix``."""
+    return prefix[:-1] + bytes([prefix[-1] + 1])

@@ -23,7 +23,7 @@ prefixes, so a new kind of key needs a role change too.
 """
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Optional
 
 from pybk_spark.protocol.damage_marker import MARKER_PREFIX as DAMAGED_PREFIX  # noqa: F401
 from pybk_spark.protocol.bookie_instances import INSTANCES_PREFIX  # noqa: F401
@@ -36,6 +36,11 @@ POSITIONS_PREFIX = "positions/"
 COOKIES_PREFIX = "cookies/"
 BOOKIES_PREFIX = "bookies/"
 BOOKIE_MODES = ("writable", "readonly")
+# every first path element of the layout: how a scope's end is told in a key
+# (``audit/`` is the auditor's, ``spark/`` the Spark writer's pending attempts,
+# ``idgen`` the ledger id counter)
+SCOPE_ROOTS = (LEDGERS_PREFIX, WRITERS_PREFIX, LOGS_PREFIX, LOG_CHUNKS_PREFIX, POSITIONS_PREFIX,
+               COOKIES_PREFIX, BOOKIES_PREFIX, "audit/", "spark/", "idgen")
 
 
 def ledger_key(ledger_id: int) -> str:
@@ -90,3 +95,15 @@ def last_part(key: str) -> str:
 def iter_ids(keys: Iterator[str]) -> Iterator[int]:
     for k in keys:
         yield int(last_part(k))
+
+
+def scope_of(full_key: str) -> Optional[str]:
+    """The scope of a whole etcd key ``/<scope>/<key>`` of this layout (scopes
+    may hold ``/``: the shortest one followed by a layout root); None for a
+    key of another layout."""
+    best = -1
+    for root in SCOPE_ROOTS:
+        i = full_key.find("/" + root, 1)
+        if i > 0 and (best < 0 or i < best):
+            best = i
+    return full_key[1:best] if best > 0 else None

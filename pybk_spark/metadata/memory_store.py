@@ -26,6 +26,7 @@ import time
 from typing import Callable, Iterable, Mapping, Optional
 
 from pybk_spark import errors
+from pybk_spark.metadata import keys
 from pybk_spark.metadata.store import Lease, MetadataStore, Versioned
 
 
@@ -293,6 +294,17 @@ class MemoryMetadataStore(MetadataStore):
                      if k.startswith(full)]
         items.sort(key=lambda kv: kv[0].encode())
         return items
+
+    def scopes_with(self, prefix: str) -> list[str]:
+        self._check()
+        with self._shared.cond:
+            names = list(self._shared.data)
+        found = set()
+        for k in names:
+            scope = keys.scope_of(k)
+            if scope is not None and k.startswith(f"/{scope}/{prefix}"):
+                found.add(scope)
+        return sorted(found)
 
     def grant_lease(self, ttl_seconds: int, *, keepalive: bool = True,
                     on_lost=None) -> Lease:

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Optional, TypeVar
 
 from pybk_spark import errors
+from pybk_spark.metadata.scope import require_bookies
 # the key layout lives in metadata/keys.py; these names stay importable from here
 from pybk_spark.metadata.keys import (iter_ids, ledger_key, log_key,  # noqa: F401
                                       position_key, positions_prefix, writer_key)
@@ -121,6 +122,13 @@ class MetadataStore(abc.ABC):
         """All keys under prefix, sorted by key."""
 
     @abc.abstractmethod
+    def scopes_with(self, prefix: str) -> list[str]:
+        """Every scope of this store's keyspace (this one and the others) that
+        holds a key under ``prefix`` (``bookies/``: scopes bookies registered
+        in), sorted.  MetadataUnauthorized when the credentials may read this
+        scope only."""
+
+    @abc.abstractmethod
     def grant_lease(self, ttl_seconds: int) -> Lease: ...
 
     @abc.abstractmethod
@@ -182,5 +190,6 @@ def read_ledger_metadata(store: "MetadataStore", ledger_id: int):
     from pybk_spark.protocol.ledger_metadata import LedgerMetadata
     v = store.get(ledger_key(ledger_id))
     if v is None:
+        require_bookies(store)            # EmptyScope: the wrong scope, not the id
         raise errors.NoSuchLedger(ledger_id=ledger_id)
     return LedgerMetadata.from_json(v.value)

@@ -36,7 +36,6 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from pybk_spark import errors
 
@@ -79,6 +78,9 @@ def unframe(payload: Any) -> tuple[pa.Array, pa.Array]:
     (times as timestamp[us, UTC], payloads without the header); vectorised."""
     if isinstance(payload, pa.ChunkedArray):
         payload = payload.combine_chunks()
+    # pyarrow.compute costs more to import than the rest of pyarrow's use here,
+    # and only a read of time-prefixed entries needs it (never load()/schema())
+    import pyarrow.compute as pc
     lengths = pc.binary_length(payload)
     if len(payload) and pc.min(lengths).as_py() < HEADER_BYTES:
         raise errors.ReadError("entry of a time-prefixed ledger is shorter than its header")

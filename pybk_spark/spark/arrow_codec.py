@@ -89,6 +89,29 @@ def canonical_to_spark(schema: pa.Schema):
     return from_arrow_schema(schema, prefer_timestamp_ntz=True)
 
 
+def refuse_unstorable(spark_schema) -> None:
+    """IncorrectParameter naming the first column whose type would not read
+    back as written (a variant reads back as its struct of binaries, an
+    interval of hours as one of days to seconds...) or that Arrow cannot
+    carry at all: the sink refuses it before anything is written."""
+    from pyspark.sql.types import StructType
+    for field in spark_schema.fields:
+        wrote = field.dataType.simpleString()
+        try:
+            back = canonical_to_spark(spark_to_canonical(StructType([field]))).fields[0]
+            read = back.dataType.simpleString()
+        except (TypeError, ValueError, NotImplementedError, pa.ArrowException):
+            read = None
+        if read == wrote:
+            continue
+        how = (f"it would read back as {read}" if read is not None
+               else "Arrow, the entries' format, cannot carry it")
+        raise errors.IncorrectParameter(
+            f"column {field.name!r} has type {wrote}, which the bookkeeper sink cannot store "
+            f"faithfully ({how}): cast it to a type that round-trips (e.g. to_json() for a "
+            f"variant, a long of microseconds for an interval) or drop the column")
+
+
 def encode_schema(schema: pa.Schema) -> str:
     return base64.b64encode(schema.serialize().to_pybytes()).decode("ascii")
 

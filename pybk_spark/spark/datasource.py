@@ -25,6 +25,7 @@ from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStre
 from pyspark.sql.types import StructType
 
 from pybk_spark import errors
+from pybk_spark.spark import arrow_codec
 from pybk_spark.spark.options import (parse_load_options, parse_read_options,
                                       parse_stream_options)
 from pybk_spark.spark.write_options import parse_write_options
@@ -33,6 +34,7 @@ from pybk_spark.spark.multi_log import (BookKeeperMultiLogReader, common_schema,
 from pybk_spark.spark.reader import (BookKeeperBatchReader, check_schema,
                                      note_filters_not_pushed, output_spark_schema)
 from pybk_spark.spark import option_names as names
+from pybk_spark.spark.spark_errors import our_line_first
 from pybk_spark.spark.table_options import merged_options, with_table_options
 
 
@@ -73,6 +75,7 @@ class BookKeeperDataSource(DataSource):
         return "bookkeeper"
 
     # -- batch read ----------------------------------------------------------------------
+    @our_line_first
     def schema(self) -> StructType:
         opts = parse_load_options(self.options)      # fail at load(), not at the first action
         if is_multi(opts):
@@ -88,6 +91,7 @@ class BookKeeperDataSource(DataSource):
         another table's)."""
         return merged_options(self.options, schema, valid)
 
+    @our_line_first
     def reader(self, schema: StructType) -> DataSourceReader:
         opts = parse_read_options(self._options(schema, names.BATCH_READ))
         note_filters_not_pushed()
@@ -100,10 +104,12 @@ class BookKeeperDataSource(DataSource):
         return BookKeeperBatchReader(opts, table_schema)
 
     # -- batch write -----------------------------------------------------------------------
+    @our_line_first
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         from pybk_spark.spark.writer import BookKeeperBatchWriter, prepare_log_evolving
         from pybk_spark.spark.reader import PlanningClient
         opts = parse_write_options(self.options)     # schema: the DataFrame's, not a table's
+        arrow_codec.refuse_unstorable(schema)
         with PlanningClient(opts.metadata_uri, opts.client_conf) as bk:      # metadata only
             # SchemaMismatch here: no data written
             schema_text, base = prepare_log_evolving(bk, opts, schema, overwrite)
@@ -111,6 +117,17 @@ class BookKeeperDataSource(DataSource):
 
     # -- streaming --------------------------------------------------------------------------
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        # load() cannot tell a stream from a batch read (PySpark calls schema()
+        # for both), so a batch-only option is refused here, at start().  PySpark
+        # 4's stream runner answers an exception from streamReader() with its own
+        # UnboundLocalError (its ``finally: reader.stop()``), so a refusal is a
+        # reader that raises our error from its first call instead.
+        try:
+            return self._stream_reader(schema)
+        except errors.BKError as exc:
+            return RefusedStreamReader(exc)
+
+    def _stream_reader(self, schema: StructType) -> DataSourceStreamReader:
         from pybk_spark.spark.stream_reader import BookKeeperStreamReader
         opts = parse_stream_options(self._options(schema, names.STREAM_READ))
         if is_multi(opts.read):
@@ -122,6 +139,7 @@ class BookKeeperDataSource(DataSource):
         check_schema(schema, output_spark_schema(table_schema, opts.read.include_metadata))
         return BookKeeperStreamReader(opts, table_schema)
 
+    @our_line_first
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         from pybk_spark.spark.writer import BookKeeperStreamWriter, prepare_log_evolving
         from pybk_spark.spark.reader import PlanningClient
@@ -129,7 +147,23 @@ class BookKeeperDataSource(DataSource):
             raise errors.IncorrectParameter(
                 "the bookkeeper sink supports outputMode('append') only")
         opts = parse_write_options(self.options, streaming=True)
+        arrow_codec.refuse_unstorable(schema)
         with PlanningClient(opts.metadata_uri, opts.client_conf) as bk:      # metadata only
             schema_text, base = prepare_log_evolving(bk, opts, schema, False)
         return BookKeeperStreamWriter(opts, schema_text, base_schema=base)
 
+
+class RefusedStreamReader(DataSourceStreamReader):
+    """A stream the source refused: every call raises the refusal."""
+
+    def __init__(self, refusal: errors.BKError):
+        self.refusal = refusal
+
+    @our_line_first
+    def _refuse(self, *args, **kwargs):
+        raise self.refusal
+
+    initialOffset = latestOffset = partitions = read = commit = _refuse
+
+    def stop(self) -> None:
+        pass

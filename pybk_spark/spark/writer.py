@@ -2,10 +2,12 @@
 
 Theory of operation
 -------------------
-Driver, ``writer()`` / ``streamWriter()`` (before any task runs): read or
-create the log, refuse a password other than the log's with
-``Unauthorized`` (``logs.log.claim_log_password``; the commit's CAS checks
-it again), convert the DataFrame schema to its canonical Arrow form
+Driver, ``writer()`` / ``streamWriter()`` (before any task runs): read the
+log and refuse a password other than the log's with ``Unauthorized``
+(``logs.log.claim_log_password``; the commit's CAS checks it again).  A new
+log is created by the commit, so a failed or aborted write leaves no log
+behind; a new log in a scope without bookies is refused with
+``EmptyScope``.  Then convert the DataFrame schema to its canonical Arrow form
 (arrow_codec) and refuse an incompatible append with ``SchemaMismatch`` - no
 data has been written yet.
 
@@ -23,7 +25,8 @@ time it stamped into its entries (protocol/append_time.py; one wall-clock
 stamp per Spark batch, never going backwards).  A task whose write fails
 deletes its own ledger (best effort; the driver cleans up in any case).
 
-Driver, ``commit(messages)``: ONE CAS on the log (``append_closed``) appends
+Driver, ``commit(messages)``: creates the log if it is new, then ONE CAS on
+the log (``append_closed``) appends
 every task ledger in partition order - readers see all of the write or none
 of it; overwrite swaps the whole list in that CAS and deletes the replaced
 ledgers AFTER it.  Then :func:`pending.clean_job` deletes ledgers of failed or
@@ -51,7 +54,9 @@ from pyspark.sql.datasource import (DataSourceArrowWriter, DataSourceStreamArrow
                                     WriterCommitMessage)
 
 from pybk_spark import errors
-from pybk_spark.logs.log import claim_log_password, read_or_create_log, update_log
+from pybk_spark.logs.log import (claim_log_password, drop_created_log, find_log,
+                                 open_or_create_log, update_log)
+from pybk_spark.metadata.scope import require_bookies
 from pybk_spark.logs.truncation import retain
 from pybk_spark.protocol import append_time
 from pybk_spark.protocol import log_metadata as logmd
@@ -88,7 +93,7 @@ def prepare_log_evolving(bk, opts: WriteOptions, spark_schema, overwrite: bool
     """``prepare_log`` with ``mergeSchema``: -> (schema to record, the recorded
     schema it extends, or None when unchanged)."""
     schema = arrow_codec.spark_to_canonical(spark_schema)
-    md = claim_log_password(bk.metadata_store, opts.log, opts.password, bk.rng)   # Unauthorized here
+    md = _recorded_log(bk, opts)   # Unauthorized here
     if md.schema is not None and not overwrite and opts.merge_schema:
         recorded = arrow_codec.decode_schema(md.schema)
         if not recorded.equals(schema):
@@ -97,8 +102,21 @@ def prepare_log_evolving(bk, opts: WriteOptions, spark_schema, overwrite: bool
     return _prepare_log(bk, opts, schema, overwrite), None
 
 
+def _recorded_log(bk, opts: WriteOptions) -> logmd.LogMetadata:
+    """The log as recorded, its password claimed (``Unauthorized`` for
+    another), or a new log's metadata when there is none: the commit creates
+    it (``commit_job``), so a write that fails leaves no log.  Writing a new
+    log into a scope without bookies is refused here, before any task runs
+    (EmptyScope)."""
+    store = bk.metadata_store
+    if find_log(store, opts.log) is None:
+        require_bookies(store)
+        return logmd.new_log(opts.log, password_check=key_check(opts.password))
+    return claim_log_password(store, opts.log, opts.password, bk.rng)[0]
+
+
 def _prepare_log(bk, opts: WriteOptions, schema, overwrite: bool) -> str:
-    md, _ = read_or_create_log(bk.metadata_store, opts.log, bk.rng)
+    md = _recorded_log(bk, opts)
     if overwrite:
         return arrow_codec.encode_schema(schema)
     if md.schema is None:
@@ -256,10 +274,13 @@ def commit_job(bk, opts: WriteOptions, job: str, schema_text: str, messages, *,
         replaced[:] = old
         return new
     store = bk.metadata_store
+    _, version, created = open_or_create_log(store, opts.log, bk.rng, check)  # a new log
     try:
         md = update_log(store, opts.log, transform)
     except errors.BKError as exc:
         if getattr(exc, "outcome_known", True):
+            if created:
+                drop_created_log(store, opts.log, version)
             abort_job(bk, opts, job, messages)        # definitely not committed
         raise
     pending.delete_ledgers(bk, replaced)              # overwrite: after the CAS
@@ -268,11 +289,8 @@ def commit_job(bk, opts: WriteOptions, job: str, schema_text: str, messages, *,
 
 
 def abort_job(bk, opts: WriteOptions, job: str, messages) -> list[int]:
-    from pybk_spark.logs.log import read_log
-    try:
-        in_log = read_log(bk.metadata_store, opts.log)[0].ledger_ids
-    except errors.LogNotFound:
-        in_log = []
+    md = find_log(bk.metadata_store, opts.log)
+    in_log = md.ledger_ids if md is not None else []
     return pending.clean_job(bk, opts.log, job, in_log, extra=message_ledger_ids(messages))
 
 

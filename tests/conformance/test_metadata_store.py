@@ -349,3 +349,28 @@ def test_swap_with_is_one_atomic_step(store):
     assert store.get("new/a").value == b"a" and store.get("new/b").value == b"b"
     with pytest.raises(errors.MetadataVersion):             # the key itself is gone
         store.swap_with("nope", b"x", v2, {})
+
+
+def _sibling(store, scope: str):
+    """Another scope of the same keyspace (the same etcd, the same twin)."""
+    if isinstance(store, MemoryMetadataStore):
+        return MemoryMetadataStore(scope, _shared=store._shared)
+    return open_store(store.uri.rsplit("/", 1)[0] + "/" + scope)
+
+
+def test_scopes_with_names_every_scope_holding_the_prefix(store):
+    base = unique_scope("sw")
+    others = {name: _sibling(store, name) for name in (f"{base}a", f"{base}b/nested", f"{base}c")}
+    try:
+        others[f"{base}a"].put("bookies/writable/b1", b"{}")
+        others[f"{base}b/nested"].put("bookies/writable/b2", b"{}")
+        others[f"{base}c"].put("ledgers/00000000000000000001", b"{}")    # no bookies there
+        found = store.scopes_with("bookies/writable/")
+        assert {f"{base}a", f"{base}b/nested"} <= set(found), found
+        assert f"{base}c" not in found
+        assert found == sorted(found)
+        assert others[f"{base}c"].scopes_with("ledgers/") == [
+            s for s in store.scopes_with("ledgers/")]
+    finally:
+        for other in others.values():
+            other.close()
