@@ -362,6 +362,8 @@ class LogWriter:
         store = self._bk.metadata_store
         check = key_check(self._password)
         created: Optional[int] = None         # the log's version, if this open created it
+        if find_log(store, self.name) is None:
+            require_bookies(store)            # no log is made in the wrong scope: EmptyScope
         for _ in range(max_attempts):
             md, version = claim_log_password(store, self.name, self._password, self._bk.rng)  # 1
             created = version if version is not None else created
