@@ -76,6 +76,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from bookie_server.journal.direct_write import DirectWriter, pad_before
+from bookie_server.journal.records import JournalRecord
 from bookie_server.storage import page_cache
 from bookie_server.journal.journal_crc import crc_of  # noqa: F401  (callers import it here)
 from bookie_server.journal.journal_format import (HEADER, LEDGER, LEDGER_LAC,  # noqa: F401
@@ -89,7 +90,7 @@ log = logging.getLogger("bookie.journal")
 @dataclass
 class Submission:
     records: list[tuple[int, bytes]]
-    payload: Any = None
+    payload: Optional[JournalRecord] = None     # applied once durable (records.py)
     future: Future = field(default_factory=Future)
     nbytes: int = 0
     enqueued_at: float = 0.0
@@ -185,7 +186,7 @@ class Journal:
                 return
             self._allocated += self.prealloc_bytes
 
-    def submit(self, records: list[tuple[int, bytes]], payload: Any = None, *,
+    def submit(self, records: list[tuple[int, bytes]], payload: Optional[JournalRecord] = None, *,
                lead: bool = False) -> Future:
         """Queue records; the future completes with the position after them
         once they are durable.  ``lead=True``: the caller promises to call
@@ -205,7 +206,8 @@ class Journal:
                 self._cv.notify_all()
         return sub.future
 
-    def write(self, records: list[tuple[int, bytes]], payload: Any = None) -> Future:
+    def write(self, records: list[tuple[int, bytes]],
+              payload: Optional[JournalRecord] = None) -> Future:
         """``submit`` + ``lead``, for a caller that holds no lock of its own."""
         fut = self.submit(records, payload, lead=True)
         self.lead()
