@@ -190,10 +190,6 @@ class Bookie:
         if checkpoint and self.io_error is None:   # after a failure: restart replays
             self.checkpoint()
 
-    # -- state helpers -------------------------------------------------------------------
-    def _state(self, ledger_id: int) -> ls.LedgerState:
-        return self.states.get(ledger_id) or ls.empty(ledger_id)
-
     # -- durable application (journal thread and replay) ---------------------------------
     def _on_durable(self, group: list[Submission], position: Position) -> None:
         with self.cond:
@@ -208,7 +204,7 @@ class Bookie:
                     self._apply_delete(rec.ledger_id)
                 elif isinstance(rec, LacRecord):
                     self.states[rec.ledger_id] = ls.apply_explicit_lac(
-                        self._state(rec.ledger_id), rec.lac)
+                        self.ledgers.get(rec.ledger_id), rec.lac)
             self._applied = position
             self.cond.notify_all()
         if self.store.write_cache_bytes > self.cfg.write_cache_max_bytes:
@@ -220,7 +216,7 @@ class Bookie:
         lacs = batch.column(2).to_numpy()
         max_lac = int(lacs[0] if len(lacs) == 1 else lacs.max())   # a lone add: no reduction
         max_id = int(batch.column(1).to_numpy()[-1])
-        self.states[ledger_id] = ls.apply_entries(self._state(ledger_id), max_lac, max_id)
+        self.states[ledger_id] = ls.apply_entries(self.ledgers.get(ledger_id), max_lac, max_id)
 
     def _apply_delete(self, ledger_id: int) -> None:
         self.states.pop(ledger_id, None)
@@ -244,12 +240,12 @@ class Bookie:
             return None, None
         (ledger_id,) = LEDGER.unpack_from(body)
         if rtype == RecordType.FENCE:
-            self.states[ledger_id] = ls.apply_fence(self._state(ledger_id))
+            self.states[ledger_id] = ls.apply_fence(self.ledgers.get(ledger_id))
         elif rtype == RecordType.MASTER_KEY:
-            self.states[ledger_id] = ls.apply_key(self._state(ledger_id), body[LEDGER.size:])
+            self.states[ledger_id] = ls.apply_key(self.ledgers.get(ledger_id), body[LEDGER.size:])
         elif rtype == RecordType.EXPLICIT_LAC:
             _, lac = LEDGER_LAC.unpack(body)
-            self.states[ledger_id] = ls.apply_explicit_lac(self._state(ledger_id), lac)
+            self.states[ledger_id] = ls.apply_explicit_lac(self.ledgers.get(ledger_id), lac)
         elif rtype == RecordType.LEDGER_DELETED:
             self._apply_delete(ledger_id)
         return ledger_id, None
