@@ -51,6 +51,7 @@ import socket
 import time
 import sys
 import uuid
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from bookie_server import cookie, offline
 from bookie_server.serving import admin_http, health, identity, tls as bookie_tls
@@ -68,12 +69,19 @@ from pybk_spark.dirlock import DirLock
 from pybk_spark.protocol import damage_marker
 from pybk_spark.wire import arrow_memory
 
+if TYPE_CHECKING:
+    from bookie_server.config import BookieConfig
+    from bookie_server.serving.listeners import Listeners
+    from pybk_spark.metadata.store import MetadataStore
+
+MakeBookie = Callable[..., Bookie]     # (cfg, *, metrics=...) -> Bookie
+
 LOCK_NAME = cookie.LOCK_NAME
 
 log = logging.getLogger("bookie.main")
 
 
-def _parse(argv):
+def _parse(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bookie-server", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("command", nargs="?", choices=["run", "format", "updatecookie"],
@@ -94,14 +102,14 @@ def _parse(argv):
     return p.parse_args(argv)
 
 
-def _open_store(uri: str, cfg=None):
+def _open_store(uri: str, cfg: Optional[BookieConfig] = None) -> Optional[MetadataStore]:
     if not uri:
         return None
     from pybk_spark.metadata import EtcdSecurity, open_store
     return open_store(uri, EtcdSecurity.from_config(cfg) if cfg is not None else None)
 
 
-def main(argv=None, *, make_bookie=Bookie) -> int:
+def main(argv: Optional[Sequence[str]] = None, *, make_bookie: MakeBookie = Bookie) -> int:
     """``make_bookie(cfg)`` builds the Bookie: a test seam (tests/chaos/
     faulty_bookie.py passes one with failing or lying syscalls)."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -144,7 +152,8 @@ def main(argv=None, *, make_bookie=Bookie) -> int:
     os._exit(rc)
 
 
-def _locked_main(args, cfg, make_bookie=Bookie) -> int:
+def _locked_main(args: argparse.Namespace, cfg: BookieConfig,
+                 make_bookie: MakeBookie = Bookie) -> int:
     bookie_id = cfg.effective_bookie_id()
     listeners = metrics = readiness = admin = server_tls = None
     if args.command == "run":
@@ -199,7 +208,8 @@ def _locked_main(args, cfg, make_bookie=Bookie) -> int:
             store.close()
 
 
-def _registrar(cfg, bookie_id: str, store, listeners) -> Registrar:
+def _registrar(cfg: BookieConfig, bookie_id: str, store: MetadataStore,
+               listeners: Optional[Listeners]) -> Registrar:
     """The registrar, knowing who we are: ``owner`` lets the next start tell
     a crashed predecessor on this data dir from another live bookie."""
     local = cookie.read_local(cfg.data_dir) or {}
@@ -217,7 +227,8 @@ def _registrar(cfg, bookie_id: str, store, listeners) -> Registrar:
                      tls=bool(cfg.tls_cert_file))
 
 
-def _format(cfg, bookie_id: str, store, confirmed: bool) -> int:
+def _format(cfg: BookieConfig, bookie_id: str, store: Optional[MetadataStore],
+            confirmed: bool) -> int:
     """``format``: delete the cookie and the data dir's data, after the
     operator confirms (``--yes``, or ``yes`` typed) when there is any."""
     if cookie.holds_anything(cfg.data_dir) and not confirmed:
@@ -237,7 +248,8 @@ def _format(cfg, bookie_id: str, store, confirmed: bool) -> int:
     return 0
 
 
-def _update_cookie(cfg, bookie_id: str, store, address: str, confirmed: bool) -> int:
+def _update_cookie(cfg: BookieConfig, bookie_id: str, store: Optional[MetadataStore],
+                   address: str, confirmed: bool) -> int:
     """``updatecookie``: record the bookie's new advertised address in both
     cookies, after the operator confirms (``--yes``, or ``yes`` typed)."""
     local = cookie.read_local(cfg.data_dir) or {}
@@ -261,7 +273,7 @@ def _update_cookie(cfg, bookie_id: str, store, address: str, confirmed: bool) ->
     return 0
 
 
-def _reload_tls(server_tls, conf_path) -> None:
+def _reload_tls(server_tls: bookie_tls.ServerTls, conf_path: Optional[str]) -> None:
     """SIGHUP: the certificate files again (new paths from the conf file
     only for the three file settings; the rest needs a restart)."""
     try:
@@ -286,8 +298,12 @@ def _freeze_startup_heap() -> None:
     pygc.freeze()
 
 
-def _serve(cfg, bookie_id: str, store, conf_path, listeners, metrics, registrar,
-           make_bookie=Bookie, readiness=None, admin=None, server_tls=None) -> int:
+def _serve(cfg: BookieConfig, bookie_id: str, store: Optional[MetadataStore],
+           conf_path: Optional[str], listeners: Optional[Listeners],
+           metrics: Optional[BookieMetrics], registrar: Optional[Registrar],
+           make_bookie: MakeBookie = Bookie, readiness: Optional[health.Readiness] = None,
+           admin: Optional[admin_http.AdminApi] = None,
+           server_tls: Optional[bookie_tls.ServerTls] = None) -> int:
     # Signal handlers only flip plain flags: taking a lock (Event.set) inside a
     # handler can deadlock when the signal lands while the main thread holds
     # that same lock.  The main loop polls the flags.
@@ -305,6 +321,8 @@ def _serve(cfg, bookie_id: str, store, conf_path, listeners, metrics, registrar,
         # (cookie.mark_data_lost) makes it answer BookieIOError, never
         # NoSuchEntry, for the entries it held before it was formatted.
         publisher.sync_once()
+    if listeners is None:       # run: bound by _locked_main before anything else
+        raise ValueError("bookie-server run needs its listeners bound first")
     server, port = listeners.server, listeners.port
     add_service(server, bookie, cfg, bookie_id)
     readiness = readiness or health.Readiness(needs_registration=registrar is not None)

@@ -22,10 +22,15 @@ import logging
 import shutil
 import threading
 import time
-from typing import Any, Callable, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
 from pybk_spark.metadata.store import ledger_key
 from pybk_spark.metadata import keys
+
+if TYPE_CHECKING:
+    from bookie_server.bookie import Bookie
+    from bookie_server.config import BookieConfig
+    from pybk_spark.metadata.store import MetadataStore
 
 log = logging.getLogger("bookie.background")
 
@@ -66,8 +71,8 @@ def gc_candidates(local: Iterable[int], listed_keys: Iterable[str]) -> list[int]
 
 
 class DiskChecker:
-    def __init__(self, bookie, cfg, on_change: Callable[[bool], None],
-                 usage_fn: Optional[Callable[[], float]] = None):
+    def __init__(self, bookie: Bookie, cfg: BookieConfig, on_change: Callable[[bool], None],
+                 usage_fn: Optional[Callable[[], float]] = None) -> None:
         self.bookie = bookie
         self.threshold = cfg.disk_usage_threshold
         self.lwm = cfg.disk_usage_lwm
@@ -113,7 +118,7 @@ def _usage(path: str) -> float:
     return (du.total - du.free) / du.total if du.total else 1.0
 
 
-def gc_once(bookie, store, stopping: Callable[[], bool] = lambda: False) -> list[int]:
+def gc_once(bookie: Bookie, store: MetadataStore, stopping: Callable[[], bool] = lambda: False) -> list[int]:
     """Delete the local ledgers the metadata no longer has.  Once
     ``stopping()`` (the bookie shuts down, and may be closing its storage
     while this round waits on the store) nothing more is deleted."""
@@ -140,7 +145,8 @@ class GarbageCollector:
     """GC every ``interval_s``, or at once after ``trigger()`` (the admin HTTP
     API's ``PUT /api/v1/bookie/gc``); ``status()`` describes the runs."""
 
-    def __init__(self, bookie, store, interval_s: float, clock: Callable[[], float] = time.time):
+    def __init__(self, bookie: Bookie, store: MetadataStore, interval_s: float,
+                 clock: Callable[[], float] = time.time) -> None:
         self.bookie, self.store, self.interval = bookie, store, interval_s
         self.clock = clock
         self._stop = threading.Event()
@@ -196,7 +202,8 @@ class DamagePublisher:
     damage goes into ``bookies/damaged/<bookie_id>``, ranges the auditor
     repaired leave the bookie's lost set.  An unreachable store is retried."""
 
-    def __init__(self, bookie, store, bookie_id: str, interval_s: float):
+    def __init__(self, bookie: Bookie, store: MetadataStore, bookie_id: str,
+                 interval_s: float) -> None:
         self.bookie, self.store, self.bookie_id = bookie, store, bookie_id
         self.interval = interval_s
         self._synced = False

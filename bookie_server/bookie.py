@@ -1,8 +1,14 @@
 """The bookie core: journal + entry store + per-ledger states.  No gRPC here.
 
+``Bookie`` is the lifecycle (start-up, replay, durable application, GC,
+checkpoints) and owns its typed parts: the per-ledger states under the state
+lock (``ledger_table.LedgerTable``), the read-only mode
+(``bookie_mode.BookieMode``) and the request handlers
+(``bookie_requests.RequestHandlers``), whose API it exposes.
+
 Theory of operation
 -------------------
-Write path (``add_async``): validate the Arrow batch in the caller's thread
+Write path (``add_async``, bookie_requests.py): validate the Arrow batch in the caller's thread
 (vectorised), pass admission (``admission.AddAdmission``: TooManyRequests
 past the bounds on adds in progress and add memory), then under the state
 lock decide (``ledger_state.decide_add``), update the in-memory state and
@@ -31,8 +37,8 @@ the checkpoint and replays the journal from P; replay is idempotent
 GC deletes a ledger by journaling LEDGER_DELETED and then dropping it, so a
 replay from an older checkpoint cannot resurrect it.
 
-Storage failure (``_storage_failed``; docs/bookie.md, "Storage failure"): a
-journal write/fdatasync failure (the journal's ``on_failure``) or a failed
+Storage failure (``bookie_mode.BookieMode.storage_failed``; docs/bookie.md,
+"Storage failure"): a journal write/fdatasync failure (the journal's ``on_failure``) or a failed
 checkpoint write/fsync pins the bookie read-only until restart: ``io_error``
 is set at once, so adds (recovery adds too), fences, explicit LACs and GC
 deletes get ReadOnly; the listeners (registrar) are told; the disk checker
@@ -66,10 +72,13 @@ from bookie_server.journal import journal_replay
 from bookie_server.serving.admission import AddAdmission
 from pybk_spark.protocol import ledger_state as ls
 from bookie_server import checkpoint_file
-from bookie_server.bookie_requests import BookieRequests
+from bookie_server.bookie_mode import BookieMode
+from bookie_server.bookie_requests import RequestHandlers
 from bookie_server.config import BookieConfig, MiB
 from bookie_server.storage.entry_store import EntryStore
-from bookie_server.journal.journal import LEDGER, LEDGER_LAC, Journal, Position, RecordType
+from bookie_server.journal.journal import LEDGER, LEDGER_LAC, Journal, Position, RecordType, Submission
+from bookie_server.journal.records import AddRecord, DeleteRecord, LacRecord
+from bookie_server.ledger_table import LedgerTable
 from bookie_server.serving.metrics import BookieMetrics
 from pybk_spark import errors
 from pybk_spark.wire.entries import batch_from_bytes
@@ -77,12 +86,12 @@ from pybk_spark.wire.entries import batch_from_bytes
 log = logging.getLogger("bookie.core")
 
 
-class Bookie(BookieRequests):
+class Bookie:
     def __init__(self, cfg: BookieConfig, *, metrics: Optional[BookieMetrics] = None,
                  clock: Callable[[], float] = time.monotonic,
                  fsync: Callable[[int], None] = os.fdatasync,
                  pwritev: Callable[[int, list, int], int] = os.pwritev,
-                 store_fsync: Callable[[int], None] = os.fsync):
+                 store_fsync: Callable[[int], None] = os.fsync) -> None:
         # fsync / pwritev / store_fsync: the journal's and the entry store's
         # syscalls, injected like the clock (fault tests); production passes none
         self.cfg = cfg
@@ -107,18 +116,17 @@ class Bookie(BookieRequests):
                                direct_min_bytes=cfg.journal_direct_write_min_bytes,
                                clock=clock, metrics=self.metrics, fsync=fsync,
                                pwritev=pwritev, on_failure=self._journal_failed)
-        self.states: dict[int, ls.LedgerState] = {}
-        self.cond = threading.Condition(threading.RLock())
-        self.read_only = False
-        self.admin_read_only = False     # set by the operator (admin HTTP API): kept until cleared
-        self.io_error: Optional[str] = None     # set once storage failed (pinned read-only)
-        self._mode_listeners: list[Callable[[bool], None]] = []
+        self.ledgers = LedgerTable(self.store)
+        self.states = self.ledgers.states       # the table's, under its lock (``cond``)
+        self.cond = self.ledgers.cond
+        self.mode = BookieMode(self.cond, self.metrics)
         self._applied = Position(0, 0)
         self._ckpt_lock = threading.Lock()
         self._ckpt_gen = 0
         # what the last checkpoint named; None: the next one writes the whole index
         self._index_files: Optional[checkpoint_file.IndexFiles] = None
-        self._last_written: Optional[tuple] = None       # (P, states, lost) persisted last
+        # (P, states, lost) persisted last
+        self._last_written: Optional[tuple[Position, list[dict], dict]] = None
         self._flush_wanted = threading.Event()
         self._stop = threading.Event()
         self._flusher: Optional[threading.Thread] = None
@@ -127,7 +135,18 @@ class Bookie(BookieRequests):
                                       lambda: self.store.write_cache_bytes,
                                       on_refused=self.metrics.adds_refused.inc,
                                       on_full=self._flush_wanted.set)
-        self.lost = damage.LostSet()
+        self.lost = damage.LostSet()       # filled in place from the checkpoint
+        self.requests = RequestHandlers(cfg, self.ledgers, self.store, self.journal,
+                                        self.admission, self.lost, self.mode, self._stop)
+        # the request API, bound once (no extra call on the add path)
+        self.add_async = self.requests.add_async
+        self.add = self.requests.add
+        self.fence = self.requests.fence
+        self.write_lac = self.requests.write_lac
+        self.master_key_of = self.requests.master_key_of
+        self.lac_of = self.requests.lac_of
+        self.read_lac = self.requests.read_lac
+        self.read = self.requests.read
 
     # -- lifecycle ----------------------------------------------------------------------
     def open(self, *, background: bool = True) -> "Bookie":
@@ -171,34 +190,21 @@ class Bookie(BookieRequests):
         if checkpoint and self.io_error is None:   # after a failure: restart replays
             self.checkpoint()
 
-    # -- state helpers -------------------------------------------------------------------
-    def _state(self, ledger_id: int) -> ls.LedgerState:
-        return self.states.get(ledger_id) or ls.empty(ledger_id)
-
-    def _known(self, ledger_id: int) -> bool:
-        return ledger_id in self.states or self.store.has_ledger(ledger_id)
-
-    def _key_records(self, plan: ls.Plan, ledger_id: int, key: bytes) -> list:
-        recs = []
-        if plan.record_key:
-            recs.append((RecordType.MASTER_KEY, LEDGER.pack(ledger_id) + bytes(key)))
-        if plan.record_fence:
-            recs.append((RecordType.FENCE, LEDGER.pack(ledger_id)))
-        return recs
-
     # -- durable application (journal thread and replay) ---------------------------------
-    def _on_durable(self, group, position: Position) -> None:
+    def _on_durable(self, group: list[Submission], position: Position) -> None:
         with self.cond:
             for sub in group:
-                if sub.payload is not None:
-                    kind, ledger_id, batch = sub.payload[:3]
-                    if kind == "add":    # ADD_BATCH is the submission's last record
-                        self._apply_batch(ledger_id, batch, sub.payload[3],
-                                          sub.locations[-1] if sub.locations else None)
-                    elif kind == "delete":
-                        self._apply_delete(ledger_id)
-                    elif kind == "lac":
-                        self.states[ledger_id] = ls.apply_explicit_lac(self._state(ledger_id), batch)
+                rec = sub.payload
+                if rec is None:
+                    continue
+                if isinstance(rec, AddRecord):  # ADD_BATCH is the submission's last record
+                    self._apply_batch(rec.ledger_id, rec.batch, rec.raw,
+                                      sub.locations[-1] if sub.locations else None)
+                elif isinstance(rec, DeleteRecord):
+                    self._apply_delete(rec.ledger_id)
+                elif isinstance(rec, LacRecord):
+                    self.states[rec.ledger_id] = ls.apply_explicit_lac(
+                        self.ledgers.get(rec.ledger_id), rec.lac)
             self._applied = position
             self.cond.notify_all()
         if self.store.write_cache_bytes > self.cfg.write_cache_max_bytes:
@@ -210,7 +216,7 @@ class Bookie(BookieRequests):
         lacs = batch.column(2).to_numpy()
         max_lac = int(lacs[0] if len(lacs) == 1 else lacs.max())   # a lone add: no reduction
         max_id = int(batch.column(1).to_numpy()[-1])
-        self.states[ledger_id] = ls.apply_entries(self._state(ledger_id), max_lac, max_id)
+        self.states[ledger_id] = ls.apply_entries(self.ledgers.get(ledger_id), max_lac, max_id)
 
     def _apply_delete(self, ledger_id: int) -> None:
         self.states.pop(ledger_id, None)
@@ -234,12 +240,12 @@ class Bookie(BookieRequests):
             return None, None
         (ledger_id,) = LEDGER.unpack_from(body)
         if rtype == RecordType.FENCE:
-            self.states[ledger_id] = ls.apply_fence(self._state(ledger_id))
+            self.states[ledger_id] = ls.apply_fence(self.ledgers.get(ledger_id))
         elif rtype == RecordType.MASTER_KEY:
-            self.states[ledger_id] = ls.apply_key(self._state(ledger_id), body[LEDGER.size:])
+            self.states[ledger_id] = ls.apply_key(self.ledgers.get(ledger_id), body[LEDGER.size:])
         elif rtype == RecordType.EXPLICIT_LAC:
             _, lac = LEDGER_LAC.unpack(body)
-            self.states[ledger_id] = ls.apply_explicit_lac(self._state(ledger_id), lac)
+            self.states[ledger_id] = ls.apply_explicit_lac(self.ledgers.get(ledger_id), lac)
         elif rtype == RecordType.LEDGER_DELETED:
             self._apply_delete(ledger_id)
         return ledger_id, None
@@ -263,69 +269,36 @@ class Bookie(BookieRequests):
                 self.report_lost(lost)
             return lost
 
-    def _check_lost(self, ledger_id: int, entry_id: int) -> None:
-        """Unattributed damage: any ledger's tail may be lost (a ledger none of
-        whose records since the checkpoint survived is named by no range)."""
-        if self.lost and (self.lost.covers(ledger_id, entry_id) or (
-                self.lost.unattributed and entry_id > self.store.max_entry(ledger_id))):
-            raise errors.BookieIOError(
-                f"entry {ledger_id}:{entry_id} was lost to damage on this bookie and is "
-                "not yet re-replicated (event=entries_missing)")
+    # -- read-only mode (bookie_mode.py) ------------------------------------------------------
+    @property
+    def read_only(self) -> bool:
+        return self.mode.read_only
 
-    # -- read-only mode ------------------------------------------------------------------------
+    @property
+    def admin_read_only(self) -> bool:
+        return self.mode.admin_read_only
+
+    @property
+    def io_error(self) -> Optional[str]:
+        """Why storage failed (the bookie is then pinned read-only), or None."""
+        return self.mode.io_error
+
     def set_read_only(self, value: bool) -> bool:
-        """Returns True if the mode changed.  After a journal failure the
-        bookie stays read-only until it is restarted (and its journal
-        replayed): nothing may be acknowledged that was not made durable."""
-        with self.cond:
-            if not value and (self.io_error is not None or self.admin_read_only):
-                value = True
-            changed = self.read_only != value
-            self.read_only = value
-        if changed:
-            self.metrics.read_only.set(1 if value else 0)
-            log.warning("event=bookie_mode read_only=%s storage_failed=%s", value,
-                        self.io_error is not None)
-            for listener in list(self._mode_listeners):
-                try:
-                    listener(value)
-                except Exception:  # noqa: BLE001 - e.g. etcd down: the registrar retries
-                    log.exception("event=mode_listener_error")
-        return changed
+        """Returns True if the mode changed (``BookieMode.set_read_only``)."""
+        return self.mode.set_read_only(value)
 
     def set_admin_read_only(self, value: bool, disk_full: bool = False) -> bool:
-        """The operator's read-only switch (``PUT /api/v1/bookie/state/readonly``):
-        while set, nothing (not the disk checker) makes the bookie writable.
-        Clearing it leaves the bookie read-only if ``disk_full`` or storage failed."""
-        with self.cond:
-            self.admin_read_only = value
-        self.set_read_only(value or disk_full)
-        return self.read_only
+        """The operator's switch (``BookieMode.set_admin_read_only``)."""
+        return self.mode.set_admin_read_only(value, disk_full)
 
     def add_mode_listener(self, listener: Callable[[bool], None]) -> None:
         """``listener(read_only)`` after every mode change (the registrar)."""
-        self._mode_listeners.append(listener)
-
-    def _check_storage(self) -> None:
-        """Refuse what needs the journal once storage has failed."""
-        if self.io_error is not None:
-            raise errors.ReadOnly(f"bookie is read-only until restarted: storage failed "
-                                  f"({self.io_error})")
+        self.mode.add_listener(listener)
 
     def _journal_failed(self, exc: BaseException) -> None:
         """Journal hook: a write or fdatasync failed (EIO, ENOSPC...); the
         journal has logged ``event=journal_failed`` with the errno and path."""
-        self._storage_failed(exc, "journal")
-
-    def _storage_failed(self, exc: BaseException, where: str) -> None:
-        """Pin the bookie read-only until restart (see the module docstring).
-        ``io_error`` is set at once, so the very next operation is refused;
-        the switch itself runs on its own thread: a journal thread must not
-        wait for the bookie lock, nor for the registrar's etcd round trip."""
-        if self.io_error is None:
-            self.io_error = f"{where}: {exc!r}"
-        threading.Thread(target=self.set_read_only, args=(True,), name="storage-failed",
-                         daemon=True).start()
+        self.mode.storage_failed(exc, "journal")
 
     @property
     def applied_position(self) -> Position:
@@ -343,9 +316,9 @@ class Bookie(BookieRequests):
     # -- GC ------------------------------------------------------------------------------------
     def delete_ledger(self, ledger_id: int) -> None:
         """Reclaim a ledger (GC only, after it has confirmed the metadata is gone)."""
-        self._check_storage()
+        self.mode.check_storage()
         fut = self.journal.write([(RecordType.LEDGER_DELETED, LEDGER.pack(ledger_id))],
-                                 ("delete", ledger_id, None))
+                                 DeleteRecord(ledger_id))
         fut.result()
         self.metrics.gc_ledgers.inc()
         log.info("event=gc_ledger_deleted ledger_id=%d", ledger_id)
@@ -369,7 +342,7 @@ class Bookie(BookieRequests):
     def checkpoint(self) -> Position:
         """Raises BookieIOError once storage has failed: the checkpoint never
         advances past a failed write or fsync.  A failure here pins the
-        bookie read-only (``_storage_failed``): ``flush_begin`` has already
+        bookie read-only (``BookieMode.storage_failed``): ``flush_begin`` has already
         handed the write cache's refs to this checkpoint, so a later one would
         persist a position past entries no segment holds durably."""
         with self._ckpt_lock:
@@ -395,7 +368,7 @@ class Bookie(BookieRequests):
                           "action=read_only_until_restart",
                           errno.errorcode.get(code, code) if code is not None else "-",
                           getattr(exc, "filename", None) or self.data_dir, exc)
-                self._storage_failed(exc, "checkpoint")
+                self.mode.storage_failed(exc, "checkpoint")
                 raise errors.BookieIOError(f"checkpoint failed: {exc!r}") from exc
             # journal files before P go, unless indexed batches still live in them
             gone = self.journal.delete_before(position, keep=self.store.journal_seqs_in_use())
@@ -434,7 +407,8 @@ class Bookie(BookieRequests):
         for d in doc["states"]:
             s = ls.LedgerState.from_json(d)
             self.states[s.ledger_id] = s
-        self.lost = damage.LostSet.from_json(doc.get("lost"))
+        saved = damage.LostSet.from_json(doc.get("lost"))
+        self.lost.add(saved.ranges(), saved.unattributed)   # the set the handlers hold
         if self.lost:
             log.warning("event=damage_outstanding ranges=%d unattributed=%s",
                         len(self.lost.ranges()), self.lost.unattributed)

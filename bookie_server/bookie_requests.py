@@ -1,12 +1,12 @@
 """The bookie's request handlers: add, fence, explicit LAC, LAC reads (with
 long poll) and entry reads.
 
-``BookieRequests`` is a base class of ``bookie.Bookie`` and works on the state
-the bookie sets up and keeps (``states`` under ``cond``, ``store``,
-``journal``, ``admission``, ``lost``, ``cfg``) and on its helpers
-(``_state``, ``_known``, ``_key_records``, ``_check_storage``,
-``_check_lost``); the bookie itself is the lifecycle: start-up, replay,
-durable application, read-only mode, GC and checkpoints.  Every decision
+``RequestHandlers`` is owned by ``bookie.Bookie`` (the lifecycle: start-up,
+replay, durable application, GC and checkpoints) and gets from it, typed,
+what it works on: the config, the per-ledger states under the state lock
+(``ledger_table.LedgerTable``), the entry store, the journal, add admission,
+the lost-entry set (``storage.damage``), the read-only mode
+(``bookie_mode.BookieMode``) and the bookie's stop event.  Every decision
 about a ledger's state is ``ledger_state``'s (pure); a handler journals what
 the decision says and waits for it to be durable.
 """
@@ -14,43 +14,47 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future
-from typing import Any, Optional
+from typing import Optional
 
 import pyarrow as pa
 
 from pybk_spark.protocol import ledger_state as ls
 from pybk_spark.wire.add_validation import validate_batch
-from bookie_server.journal.journal_format import LEDGER_LAC, RecordType
+from bookie_server.bookie_mode import BookieMode
+from bookie_server.config import BookieConfig
+from bookie_server.journal.journal import Journal
+from bookie_server.journal.journal_format import LEDGER, LEDGER_LAC, RecordType
+from bookie_server.journal.records import AddRecord, LacRecord
+from bookie_server.ledger_table import LedgerTable
+from bookie_server.serving.admission import AddAdmission
+from bookie_server.storage.damage import LostSet
+from bookie_server.storage.entry_store import EntryStore
 from pybk_spark import errors
 from pybk_spark.wire.results import LacResult, ReadResult
 
 
-class BookieRequests:
-    # What the bookie core (bookie.py) sets up and keeps; declared here for the type checker.
-    cfg: Any
-    cond: threading.Condition
-    states: dict[int, ls.LedgerState]
-    store: Any
-    journal: Any
-    admission: Any
-    lost: Any
-    read_only: bool
-    _stop: threading.Event
+class RequestHandlers:
+    def __init__(self, cfg: BookieConfig, ledgers: LedgerTable, store: EntryStore,
+                 journal: Journal, admission: AddAdmission, lost: LostSet, mode: BookieMode,
+                 stop: threading.Event) -> None:
+        self.cfg = cfg
+        self.ledgers = ledgers
+        self.cond = ledgers.cond
+        self.states = ledgers.states
+        self.store = store
+        self.journal = journal
+        self.admission = admission
+        self.lost = lost
+        self.mode = mode
+        self._stop = stop
 
-    def _state(self, ledger_id: int) -> ls.LedgerState:
-        raise NotImplementedError
-
-    def _known(self, ledger_id: int) -> bool:
-        raise NotImplementedError
-
-    def _key_records(self, plan: ls.Plan, ledger_id: int, key: bytes) -> list:
-        raise NotImplementedError
-
-    def _check_lost(self, ledger_id: int, entry_id: int) -> None:
-        raise NotImplementedError
-
-    def _check_storage(self) -> None:
-        raise NotImplementedError
+    def _key_records(self, plan: ls.Plan, ledger_id: int, key: bytes) -> list[tuple[int, bytes]]:
+        recs: list[tuple[int, bytes]] = []
+        if plan.record_key:
+            recs.append((RecordType.MASTER_KEY, LEDGER.pack(ledger_id) + bytes(key)))
+        if plan.record_fence:
+            recs.append((RecordType.FENCE, LEDGER.pack(ledger_id)))
+        return recs
 
     def add_async(self, ledger_id: int, master_key: bytes, data: bytes,
                   recovery: bool = False, keyless: bool = False) -> tuple[Future, int, int]:
@@ -59,7 +63,7 @@ class BookieRequests:
         (protocol/access.py)."""
         batch = validate_batch(data, ledger_id, self.cfg)
         first, last = batch.column(1)[0].as_py(), batch.column(1)[batch.num_rows - 1].as_py()
-        self._check_storage()
+        self.mode.check_storage()
         release = self.admission.admit(len(data))      # TooManyRequests past its bounds
         try:
             fut = self._submit_add(ledger_id, master_key, data, batch, recovery, keyless)
@@ -73,12 +77,12 @@ class BookieRequests:
     def _submit_add(self, ledger_id: int, master_key: bytes, data: bytes,
                     batch: pa.RecordBatch, recovery: bool, keyless: bool = False) -> Future:
         with self.cond:
-            plan = ls.decide_add(self._state(ledger_id), master_key, recovery=recovery,
-                                 read_only=self.read_only, keyless=keyless)
+            plan = ls.decide_add(self.ledgers.get(ledger_id), master_key, recovery=recovery,
+                                 read_only=self.mode.read_only, keyless=keyless)
             records = self._key_records(plan, ledger_id, master_key)
             records.append((RecordType.ADD_BATCH, data))
             self.states[ledger_id] = plan.state
-            return self.journal.submit(records, ("add", ledger_id, batch, data), lead=True)
+            return self.journal.submit(records, AddRecord(ledger_id, batch, data), lead=True)
 
     def add(self, ledger_id: int, master_key: bytes, data: bytes, recovery: bool = False,
             timeout: Optional[float] = None) -> tuple[int, int]:
@@ -87,9 +91,9 @@ class BookieRequests:
         return first, last
 
     def fence(self, ledger_id: int, master_key: bytes, keyless: bool = False) -> LacResult:
-        self._check_storage()
+        self.mode.check_storage()
         with self.cond:
-            plan = ls.decide_fence(self._state(ledger_id), master_key, keyless)
+            plan = ls.decide_fence(self.ledgers.get(ledger_id), master_key, keyless)
             records = self._key_records(plan, ledger_id, master_key)
             self.states[ledger_id] = plan.state
             fut = self.journal.submit(records, lead=True) if records else None
@@ -105,26 +109,26 @@ class BookieRequests:
         self.journal.write([]).result()
 
     def write_lac(self, ledger_id: int, master_key: bytes, lac: int) -> None:
-        self._check_storage()
+        self.mode.check_storage()
         with self.cond:
-            if self.read_only:
+            if self.mode.read_only:
                 raise errors.ReadOnly("bookie is read-only")
-            plan = ls.decide_write_lac(self._state(ledger_id), master_key, lac)
+            plan = ls.decide_write_lac(self.ledgers.get(ledger_id), master_key, lac)
             records = self._key_records(plan, ledger_id, master_key)
             records.append((RecordType.EXPLICIT_LAC, LEDGER_LAC.pack(ledger_id, lac)))
-            self.states[ledger_id] = ls.apply_key(self._state(ledger_id), master_key)
-            fut = self.journal.submit(records, ("lac", ledger_id, lac), lead=True)
+            self.states[ledger_id] = ls.apply_key(self.ledgers.get(ledger_id), master_key)
+            fut = self.journal.submit(records, LacRecord(ledger_id, lac), lead=True)
         self.journal.lead()
         fut.result()
 
     def master_key_of(self, ledger_id: int) -> bytes:
         """The key this bookie recorded for the ledger (b"" if none)."""
         with self.cond:
-            return self._state(ledger_id).master_key or b""
+            return self.ledgers.get(ledger_id).master_key or b""
 
     def lac_of(self, ledger_id: int) -> LacResult:
         with self.cond:
-            s = self._state(ledger_id)
+            s = self.ledgers.get(ledger_id)
             return LacResult(s.lac, max(s.last_entry_id, self.store.max_entry(ledger_id)), s.fenced)
 
     def read_lac(self, ledger_id: int, *, fence: bool = False, master_key: bytes = b"",
@@ -135,10 +139,10 @@ class BookieRequests:
         if wait_for_lac_above >= -1 and timeout_s > 0:
             timeout_s = min(timeout_s, self.cfg.long_poll_max_timeout_ms / 1000.0)
             with self.cond:
-                self.cond.wait_for(lambda: self._state(ledger_id).lac > wait_for_lac_above
+                self.cond.wait_for(lambda: self.ledgers.get(ledger_id).lac > wait_for_lac_above
                                    or self._stop.is_set(), timeout_s)
         with self.cond:
-            if not self._known(ledger_id):
+            if not self.ledgers.known(ledger_id):
                 self._unknown_ledger(ledger_id)
         return self.lac_of(ledger_id)
 
@@ -148,6 +152,15 @@ class BookieRequests:
                 f"ledger {ledger_id} not found, but this bookie lost journal records to damage "
                 "(event=journal_damage) and is not yet re-replicated")
         raise errors.NoSuchLedger(ledger_id=ledger_id)
+
+    def _check_lost(self, ledger_id: int, entry_id: int) -> None:
+        """Unattributed damage: any ledger's tail may be lost (a ledger none of
+        whose records since the checkpoint survived is named by no range)."""
+        if self.lost and (self.lost.covers(ledger_id, entry_id) or (
+                self.lost.unattributed and entry_id > self.store.max_entry(ledger_id))):
+            raise errors.BookieIOError(
+                f"entry {ledger_id}:{entry_id} was lost to damage on this bookie and is "
+                "not yet re-replicated (event=entries_missing)")
 
     def read(self, ledger_id: int, first: int, last: int, *, max_entries: int = 0,
              max_bytes: int = 0, fence: bool = False, master_key: bytes = b"",
@@ -160,7 +173,7 @@ class BookieRequests:
         max_entries = min(max_entries or self.cfg.max_read_entries, self.cfg.max_read_entries)
         max_bytes = min(max_bytes or self.cfg.max_read_bytes, self.cfg.max_read_bytes)
         with self.cond:
-            if not self._known(ledger_id):
+            if not self.ledgers.known(ledger_id):
                 if sparse:      # copies / replicas checks: never a recovery decision
                     raise errors.NoSuchLedger(ledger_id=ledger_id)
                 self._unknown_ledger(ledger_id)

@@ -35,6 +35,7 @@ from typing import Callable, Optional
 
 import pyarrow as pa
 
+from bookie_server.journal.journal_format import Position
 from bookie_server.storage.store_index import IndexDelta, fold
 
 CHECKPOINT = "checkpoint.json"
@@ -79,7 +80,7 @@ def wants_base(files: Optional[IndexFiles], delta_rows: int) -> bool:
             or 2 * (files.delta_rows() + delta_rows) > max(files.base_rows, 4096))
 
 
-def write(data_dir: str, generation: int, position, files: Optional[IndexFiles],
+def write(data_dir: str, generation: int, position: Position, files: Optional[IndexFiles],
           delta: IndexDelta, states: list[dict],
           lost: dict, fsync: Callable[[int], None]) -> IndexFiles:
     """Persist checkpoint ``generation`` at journal ``position`` (seq, offset)

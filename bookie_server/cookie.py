@@ -47,12 +47,15 @@ import os
 import shutil
 import time
 import uuid
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from pybk_spark import errors
 from pybk_spark.metadata import keys
 from pybk_spark.protocol import bookie_instances as bi
 from pybk_spark.protocol import damage_marker as dm
+
+if TYPE_CHECKING:
+    from pybk_spark.metadata.store import MetadataStore
 
 log = logging.getLogger("bookie.cookie")
 
@@ -81,7 +84,7 @@ def decide(bookie_id: str, local: Optional[dict], remote: Optional[dict],
         return CREATE
     if local is None:
         raise errors.InvalidCookie(
-            f"cookie for {bookie_id!r} exists in metadata (instance {remote.get('instance_id')}) "
+            f"cookie for {bookie_id!r} exists in metadata (instance {(remote or {}).get('instance_id')}) "
             "but the data dir has none: it was wiped or is foreign. Refusing to start; run "
             "`bookie-server format` to rejoin as a new bookie")
     if remote is None:
@@ -118,7 +121,8 @@ def decide_address(bookie_id: str, recorded: Optional[str], current: str,
         f"{update_hint or 'bookie-server updatecookie (with the same flags)'}")
 
 
-def new_cookie(bookie_id: str, rng_uuid=uuid.uuid4, address: str = "") -> dict:
+def new_cookie(bookie_id: str, rng_uuid: Callable[[], uuid.UUID] = uuid.uuid4,
+               address: str = "") -> dict:
     cookie = {"bookie_id": bookie_id, "instance_id": str(rng_uuid()), "version": 1,
               "entry_format": ENTRY_FORMAT}
     if address:
@@ -150,12 +154,14 @@ def has_data(data_dir: str) -> bool:
     return any(n not in (LOCAL_NAME, LOCK_NAME) for n in os.listdir(data_dir))
 
 
-def _read_remote(store, bookie_id: str):
+def _read_remote(store: Optional[MetadataStore], bookie_id: str
+                 ) -> tuple[Optional[dict], Optional[int]]:
     got = store.get(cookie_key(bookie_id)) if store is not None else None
     return (json.loads(got.value), got.version) if got is not None else (None, None)
 
 
-def check_or_create(data_dir: str, bookie_id: str, store=None, address: str = "",
+def check_or_create(data_dir: str, bookie_id: str, store: Optional[MetadataStore] = None,
+                    address: str = "",
                     update_hint: str = "", clock: Callable[[], float] = time.time) -> dict:
     """Verify identity (and the advertised ``address``); create the cookies
     on first start (recording the new instance, ``record_instance``).
@@ -163,13 +169,13 @@ def check_or_create(data_dir: str, bookie_id: str, store=None, address: str = ""
     local = read_local(data_dir)
     remote, version = _read_remote(store, bookie_id)
     action = decide(bookie_id, local, remote, has_data(data_dir), standalone=store is None)
-    if action == OK:
+    if action == OK and local is not None:      # OK: there is a local cookie (decide)
         for recorded in (local.get("address"), (remote or {}).get("address")):
             decide_address(bookie_id, recorded, address, update_hint)
         if address and (local.get("address") != address
                         or (remote is not None and remote.get("address") != address)):
             _write_address(data_dir, bookie_id, store, local, remote, version, address)
-        return read_local(data_dir)
+        return read_local(data_dir) or local
     cookie = local or remote or new_cookie(bookie_id, address=address)
     if address and not cookie.get("address"):
         cookie = {**cookie, "address": address}
@@ -184,9 +190,10 @@ def check_or_create(data_dir: str, bookie_id: str, store=None, address: str = ""
     return cookie
 
 
-def _write_address(data_dir, bookie_id, store, local, remote, version, address) -> None:
+def _write_address(data_dir: str, bookie_id: str, store: Optional[MetadataStore], local: dict,
+                   remote: Optional[dict], version: Optional[int], address: str) -> None:
     """Both copies now say ``address``: etcd first (by CAS), then the disk."""
-    if remote is not None:
+    if remote is not None and store is not None and version is not None:
         try:
             store.compare_and_swap(cookie_key(bookie_id),
                                    json.dumps({**remote, "address": address}).encode(), version)
@@ -196,7 +203,8 @@ def _write_address(data_dir, bookie_id, store, local, remote, version, address) 
     write_local(data_dir, {**local, "address": address})
 
 
-def update_address(data_dir: str, bookie_id: str, store, address: str) -> Optional[str]:
+def update_address(data_dir: str, bookie_id: str, store: Optional[MetadataStore],
+                   address: str) -> Optional[str]:
     """``bookie-server updatecookie``: record ``address`` in both copies of a
     valid cookie (same bookie id and instance); returns the old address.
     Raises InvalidCookie for anything ``decide`` would refuse."""
@@ -210,7 +218,7 @@ def update_address(data_dir: str, bookie_id: str, store, address: str) -> Option
     return old
 
 
-def _upsert(store, key: str, transform: Callable[[Optional[bytes]], bytes],
+def _upsert(store: MetadataStore, key: str, transform: Callable[[Optional[bytes]], bytes],
             max_attempts: int = 100) -> bytes:
     """Read-transform-write by CAS (put-if-absent for a new key), re-run on
     every conflict; returns the value written (or found unchanged)."""
@@ -228,14 +236,14 @@ def _upsert(store, key: str, transform: Callable[[Optional[bytes]], bytes],
     raise errors.MetadataVersion(f"gave up after {max_attempts} CAS conflicts on {key}")
 
 
-def mark_data_lost(store, bookie_id: str) -> None:
+def mark_data_lost(store: MetadataStore, bookie_id: str) -> None:
     """Set ``unattributed`` in the id's damage marker (merged by CAS): every
     ledger with the bookie in an ensemble is checked and copied back."""
     _upsert(store, dm.marker_key(bookie_id),
             lambda raw: dm.marker_value(dm.parse_marker(raw)[0], True))
 
 
-def record_instance(store, bookie_id: str, instance_id: str, now: float) -> bool:
+def record_instance(store: MetadataStore, bookie_id: str, instance_id: str, now: float) -> bool:
     """Append ``instance_id`` to the id's instance history (by CAS); True,
     with the damage marker set, when the id had another instance before:
     its data is not in this one."""
@@ -257,7 +265,7 @@ def holds_anything(data_dir: str) -> bool:
     return has_data(data_dir) or os.path.exists(os.path.join(data_dir, LOCAL_NAME))
 
 
-def format_bookie(data_dir: str, bookie_id: str, store=None) -> bool:
+def format_bookie(data_dir: str, bookie_id: str, store: Optional[MetadataStore] = None) -> bool:
     """Delete the metadata cookie and the local data (bookieformat).  The
     caller holds the data dir's lock; its lock file is kept.  When the id
     held anything (a cookie in either place, data, a recorded instance) its

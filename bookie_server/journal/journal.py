@@ -76,6 +76,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from bookie_server.journal.direct_write import DirectWriter, pad_before
+from bookie_server.journal.records import JournalRecord
+from bookie_server.serving.metrics import BookieMetrics
 from bookie_server.storage import page_cache
 from bookie_server.journal.journal_crc import crc_of  # noqa: F401  (callers import it here)
 from bookie_server.journal.journal_format import (HEADER, LEDGER, LEDGER_LAC,  # noqa: F401
@@ -89,7 +91,7 @@ log = logging.getLogger("bookie.journal")
 @dataclass
 class Submission:
     records: list[tuple[int, bytes]]
-    payload: Any = None
+    payload: Optional[JournalRecord] = None     # applied once durable (records.py)
     future: Future = field(default_factory=Future)
     nbytes: int = 0
     enqueued_at: float = 0.0
@@ -108,7 +110,7 @@ class Journal:
                  prealloc_bytes: int = 64 << 20, lead_max_bytes: int = 64 * 1024,
                  page_cache_keep_bytes: Optional[int] = None, direct_min_bytes: int = 0,
                  clock: Callable[[], float] = time.monotonic,
-                 metrics: Any = None, fsync: Callable[[int], None] = os.fdatasync,
+                 metrics: Optional[BookieMetrics] = None, fsync: Callable[[int], None] = os.fdatasync,
                  pwritev: Callable[[int, list, int], int] = os.pwritev,
                  on_failure: Optional[Callable[[BaseException], None]] = None):
         self.dir = directory
@@ -185,7 +187,7 @@ class Journal:
                 return
             self._allocated += self.prealloc_bytes
 
-    def submit(self, records: list[tuple[int, bytes]], payload: Any = None, *,
+    def submit(self, records: list[tuple[int, bytes]], payload: Optional[JournalRecord] = None, *,
                lead: bool = False) -> Future:
         """Queue records; the future completes with the position after them
         once they are durable.  ``lead=True``: the caller promises to call
@@ -205,7 +207,8 @@ class Journal:
                 self._cv.notify_all()
         return sub.future
 
-    def write(self, records: list[tuple[int, bytes]], payload: Any = None) -> Future:
+    def write(self, records: list[tuple[int, bytes]],
+              payload: Optional[JournalRecord] = None) -> Future:
         """``submit`` + ``lead``, for a caller that holds no lock of its own."""
         fut = self.submit(records, payload, lead=True)
         self.lead()
@@ -295,7 +298,8 @@ class Journal:
                     self._cv.notify_all()
         self._sync_barrier()
         self._sync_q.put(_STOP)
-        self._syncer.join()
+        if self._syncer is not None:
+            self._syncer.join()
         self._finish_file()
 
     def _pipeline_done(self, groups: int) -> None:
@@ -429,8 +433,11 @@ class Journal:
 
     def _release_pages(self, groups: list) -> None:   # synced range (one file) -> window
         seq, end = groups[-1][1].seq, groups[-1][1].offset
+        window = self.cache_window
+        if window is None:
+            return
         try:
-            ranges = self.cache_window.synced(seq, end - sum(g[3] for g in groups), end)
+            ranges = window.synced(seq, end - sum(g[3] for g in groups), end)
             page_cache.drop(self.dir, ranges, file_name, seq, groups[-1][2])
         except Exception:  # noqa: BLE001 - advice must never fail the journal
             log.exception("event=journal_page_cache_error")

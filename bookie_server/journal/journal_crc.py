@@ -10,22 +10,28 @@ licence is LGPL-2.1-or-later.
 """
 from __future__ import annotations
 
+from types import ModuleType
+from typing import Optional, Union
+
 import google_crc32c
 
+_fast_crc: Optional[ModuleType]
 try:                                   # optional, same values: the ``fastcrc`` extra
     import crc32c as _fast_crc
 except ImportError:                    # pragma: no cover - depends on the install
     _fast_crc = None
 
+Body = Union[bytes, bytearray, memoryview]
+
 _TYPE_CRC = {t: google_crc32c.value(bytes((t,))) for t in range(256)}
 
 
-def crc_of_google(rtype: int, body) -> int:
+def crc_of_google(rtype: int, body: Body) -> int:
     return google_crc32c.extend(_TYPE_CRC[rtype], body)
 
 
-def crc_of_fast(rtype: int, body) -> int:
-    return _fast_crc.crc32c(body, value=_TYPE_CRC[rtype])
+def crc_of_fast(rtype: int, body: Body) -> int:
+    return _fast_crc.crc32c(body, value=_TYPE_CRC[rtype])  # type: ignore[union-attr]
 
 
 FAST_AVAILABLE = _fast_crc is not None

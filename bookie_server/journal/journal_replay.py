@@ -56,7 +56,7 @@ import logging
 import mmap
 import os
 from dataclasses import dataclass
-from typing import Callable, Generator, Iterator, Optional
+from typing import Callable, Generator, Iterator, Optional, Union
 
 import numpy as np
 
@@ -69,6 +69,9 @@ log = logging.getLogger("bookie.journal")
 _TYPES = np.array(sorted(int(t) for t in RecordType), np.uint8)
 _TYPE_SET = frozenset(int(t) for t in RecordType)
 UNCHAINED_CRC_BUDGET = 256 << 20   # CRC bytes spent on unchained candidates per scan
+
+Data = Union[bytes, mmap.mmap]      # a journal file's bytes (replay maps the file)
+OnDamage = Optional[Callable[["Damage"], None]]
 
 
 @dataclass(frozen=True)
@@ -102,7 +105,7 @@ def scan_file(path: str, seq: int, offset: int = 0,
             yield position, rtype, bytes(body)
 
 
-def _read_frame(data, pos: int, size: int) -> tuple[Optional[str], int, Optional[bytes]]:
+def _read_frame(data: Data, pos: int, size: int) -> tuple[Optional[str], int, Optional[bytes]]:
     """(problem or None, type, body) of the frame at ``pos``; problem "" is
     the zero-filled end of the file."""
     if size - pos < HEADER.size:
@@ -118,7 +121,7 @@ def _read_frame(data, pos: int, size: int) -> tuple[Optional[str], int, Optional
     return None, rtype, body
 
 
-def _zeros_to_end(data, pos: int) -> bool:
+def _zeros_to_end(data: Data, pos: int) -> bool:
     view = np.frombuffer(data, np.uint8, offset=pos)
     return not view.any()
 
@@ -144,7 +147,7 @@ def _plausible_next(arr: np.ndarray, at: np.ndarray, size: int) -> np.ndarray:
     return ok
 
 
-def find_next_frame(data, start: int, *, window: int = 4 << 20) -> Optional[int]:
+def find_next_frame(data: Data, start: int, *, window: int = 4 << 20) -> Optional[int]:
     """Offset of the first valid frame at or after ``start``, or None.
 
     Candidates (valid type, length >= MIN_BODY that fits) are found with numpy
@@ -201,13 +204,14 @@ def _replay_file(directory: str, seq: int, offset: int,
         _truncate(path, cut)
 
 
-def _records(data, seq: int, offset: int, on_damage) -> Generator[tuple, None, Optional[int]]:
+def _records(data: Data, seq: int, offset: int, on_damage: OnDamage
+             ) -> Generator[tuple[Position, int, bytes], None, Optional[int]]:
     """Yield the file's records; returns the offset to truncate at, or None."""
     size = len(data)
     pos = offset
     while pos < size:
         problem, rtype, body = _read_frame(data, pos, size)
-        if problem is not None:
+        if problem is not None or body is None:     # a body comes with no problem only
             nxt = find_next_frame(data, pos + 1) if problem else None
             if nxt is None:
                 if problem:

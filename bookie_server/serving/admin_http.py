@@ -43,19 +43,28 @@ import json
 import logging
 import socket
 import time
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 from pybk_spark import errors
 from pybk_spark.metadata import audit_control as ctl
 from pybk_spark.metadata import keys
 from pybk_spark.protocol import access
 
+if TYPE_CHECKING:
+    from http.server import BaseHTTPRequestHandler
+
+    from bookie_server.background import GarbageCollector
+    from bookie_server.bookie import Bookie
+    from bookie_server.serving.health import Readiness
+    from pybk_spark.metadata.store import MetadataStore
+
 log = logging.getLogger("bookie.admin_http")
+T = TypeVar("T")
 PREFIX = "/api/v1/"
 
 
 class HttpError(Exception):
-    def __init__(self, code: int, error: str, message: str, **extra):
+    def __init__(self, code: int, error: str, message: str, **extra: object) -> None:
         super().__init__(message)
         self.code, self.error, self.extra = code, error, extra
 
@@ -97,7 +106,8 @@ class AdminApi:
             ("PUT", "autorecovery/lost_bookie_recovery_delay"): self._ar_delay_put,
         }
 
-    def attach(self, bookie, bookie_id: str, store=None, gc=None, readiness=None,
+    def attach(self, bookie: Bookie, bookie_id: str, store: Optional[MetadataStore] = None,
+               gc: Optional[GarbageCollector] = None, readiness: Optional[Readiness] = None,
                disk_full: Optional[Callable[[], bool]] = None) -> None:
         self.bookie_id, self.store, self.gc, self.readiness = bookie_id, store, gc, readiness
         if disk_full is not None:
@@ -105,7 +115,7 @@ class AdminApi:
         self.bookie = bookie            # last: routes need everything above
 
     # -- HTTP glue (called by health.py's handler) ---------------------------------------
-    def dispatch(self, handler, method: str) -> bool:
+    def dispatch(self, handler: Any, method: str) -> bool:    # health.py's Handler
         """Answer ``handler``'s request if it is an admin route; False if not."""
         path = handler.path.split("?", 1)[0]
         if not path.startswith(PREFIX):
@@ -155,7 +165,7 @@ class AdminApi:
             return 400, {"error": type(exc).__name__, "message": str(exc)}
 
     # -- bookie ---------------------------------------------------------------------------
-    def _state(self, _body) -> dict:
+    def _state(self, _body: dict) -> dict:
         b = self.bookie
         st: dict = self.readiness.state() if self.readiness is not None else {}
         why = None
@@ -166,7 +176,7 @@ class AdminApi:
                 "registered": bool(st.get("registered", False)), "read_only": b.read_only,
                 "read_only_reason": why, "stopping": bool(st.get("stopping", False))}
 
-    def _readonly_get(self, _body) -> dict:
+    def _readonly_get(self, _body: dict) -> dict:
         return {"read_only": self.bookie.read_only, "admin_read_only": self.bookie.admin_read_only}
 
     def _readonly_put(self, body: dict) -> dict:
@@ -175,7 +185,7 @@ class AdminApi:
         log.warning("event=admin_read_only value=%s", value)
         return self._readonly_get({})
 
-    def _gc_put(self, _body) -> dict:
+    def _gc_put(self, _body: dict) -> dict:
         if self.gc is None:
             raise HttpError(503, "standalone", "no ledger GC: the bookie runs without a "
                             "metadata store (metadata_uri)")
@@ -188,14 +198,14 @@ class AdminApi:
                             "metadata store (metadata_uri)")
         return self.gc.status()
 
-    def _gc_get(self, _body) -> dict:
+    def _gc_get(self, _body: dict) -> dict:
         st = self._gc_status()
         return {"is_in_force_gc": bool(st["running"] or st["forced_pending"])}
 
-    def _gc_details(self, _body) -> dict:
+    def _gc_details(self, _body: dict) -> dict:
         return self._gc_status()
 
-    def _info(self, _body) -> dict:
+    def _info(self, _body: dict) -> dict:
         b = self.bookie
         free, total = b.disk_usage()
         applied = b.applied_position
@@ -211,16 +221,16 @@ class AdminApi:
                 "read_only": b.read_only, "host": socket.gethostname()}
 
     # -- autorecovery (etcd) -----------------------------------------------------------------
-    def _need_store(self):
+    def _need_store(self) -> MetadataStore:
         if self.store is None:
             raise HttpError(503, "standalone", "no metadata store: the bookie runs standalone "
                             "(metadata_uri is empty)")
         return self.store
 
-    def _ar_status(self, _body) -> dict:
+    def _ar_status(self, _body: dict) -> dict:
         return ctl.status(self._need_store())
 
-    def _cluster_info(self, _body) -> dict:
+    def _cluster_info(self, _body: dict) -> dict:
         """BookKeeper's ClusterInfoService, from the registry, cookies and audit keys."""
         store = self._need_store()
         writable = {k.rsplit("/", 1)[1] for k, _ in store.list_prefix(keys.bookies_prefix("writable"))}
@@ -240,11 +250,11 @@ class AdminApi:
         ctl.set_enabled(store, _field(body, "enabled", bool))
         return ctl.status(store)
 
-    def _ar_trigger(self, _body) -> dict:
+    def _ar_trigger(self, _body: dict) -> dict:
         version = ctl.trigger(self._need_store(), self.clock(), f"bookie {self.bookie_id}")
         return {"triggered": True, "version": version}
 
-    def _ar_delay_get(self, _body) -> dict:
+    def _ar_delay_get(self, _body: dict) -> dict:
         conf = ctl.read_config(self._need_store())
         return {"delay_seconds": conf["lost_bookie_recovery_delay_s"]}
 
@@ -260,7 +270,7 @@ class AdminApi:
         return {"delay_seconds": conf["lost_bookie_recovery_delay_s"]}
 
 
-def _peer_of(handler) -> access.Peer:
+def _peer_of(handler: BaseHTTPRequestHandler) -> access.Peer:
     """Identities of the request's verified client certificate (TLS only)."""
     getpeercert = getattr(handler.connection, "getpeercert", None)
     if getpeercert is None:
@@ -282,14 +292,14 @@ def _body(raw: bytes) -> dict:
     return doc
 
 
-def _field(body: dict, name: str, kind: type):
+def _field(body: dict, name: str, kind: type[T]) -> T:
     value = body.get(name)
     if not isinstance(value, kind):
         raise HttpError(400, "bad_request", f'body must be {{"{name}": {kind.__name__}}}')
     return value
 
 
-def _checkpoint_of(bookie) -> Optional[dict]:
+def _checkpoint_of(bookie: Bookie) -> Optional[dict]:
     import os
 
     from bookie_server.checkpoint_file import CHECKPOINT

@@ -30,9 +30,16 @@ from __future__ import annotations
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+if TYPE_CHECKING:
+    import ssl
+
+    import grpc
+
+    from bookie_server.serving.admin_http import AdminApi
 
 SERVICE = "pybk.wire.v1.Bookie"
 WRITABLE = "bookie.writable"
@@ -89,17 +96,18 @@ class Readiness:
 _TLS_HANDSHAKE_S = 10.0
 
 
-def serve_http(port: int, addr: str, registry, readiness: Optional[Readiness], admin=None,
-               tls_context: Optional[Callable] = None):
+def serve_http(port: int, addr: str, registry: CollectorRegistry, readiness: Optional[Readiness],
+               admin: Optional[AdminApi] = None,
+               tls_context: Optional[Callable[[], ssl.SSLContext]] = None) -> ThreadingHTTPServer:
     """Bind and serve ``/metrics``, ``/health``, ``/ready`` and, with
     ``admin`` (an ``admin_http.AdminApi``), ``/api/v1/...`` (OSError if the
     port is taken); returns the server (``shutdown()`` stops it).
     ``tls_context()``: the current ``ssl.SSLContext`` for HTTPS (asked per
     connection, so a reloaded certificate serves the next one)."""
-    readiness = readiness or Readiness(needs_registration=False)
+    ready = readiness or Readiness(needs_registration=False)
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's name
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
             if admin is not None and admin.dispatch(self, "GET"):
                 return
             path = self.path.split("?", 1)[0]
@@ -108,14 +116,14 @@ def serve_http(port: int, addr: str, registry, readiness: Optional[Readiness], a
             elif path == "/health":
                 self._json(200, {"alive": True})
             elif path == "/ready":
-                reasons = readiness.reasons()
+                reasons = ready.reasons()
                 self._json(503 if reasons else 200,
-                           {"ready": not reasons, "reasons": reasons, **readiness.state()})
+                           {"ready": not reasons, "reasons": reasons, **ready.state()})
             else:
                 self._json(404, {"error": f"no such path {path!r}: try /metrics, /health, "
                                           "/ready"})
 
-        def do_PUT(self):  # noqa: N802
+        def do_PUT(self) -> None:  # noqa: N802
             if admin is None or not admin.dispatch(self, "PUT"):
                 self._json(405, {"error": "only GET here (PUT: /api/v1/... admin routes)"})
 
@@ -129,7 +137,7 @@ def serve_http(port: int, addr: str, registry, readiness: Optional[Readiness], a
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, *args):   # probes poll often: no line per request
+        def log_message(self, *args: Any) -> None:   # probes poll often: no line per request
             pass
 
     import socket
@@ -137,7 +145,7 @@ def serve_http(port: int, addr: str, registry, readiness: Optional[Readiness], a
     class _Server(ThreadingHTTPServer):
         address_family = socket.AF_INET6 if ":" in addr else socket.AF_INET
 
-        def finish_request(self, request, client_address):
+        def finish_request(self, request: Any, client_address: Any) -> None:   # socketserver's types
             if tls_context is not None:
                 import ssl
                 request.settimeout(_TLS_HANDSHAKE_S)
@@ -159,7 +167,7 @@ def serve_http(port: int, addr: str, registry, readiness: Optional[Readiness], a
 
 
 # -- gRPC -----------------------------------------------------------------------------------
-def add_grpc_health(server, readiness: Readiness):
+def add_grpc_health(server: grpc.Server, readiness: Readiness) -> Any:   # its HealthServicer
     """Register ``grpc.health.v1.Health`` on ``server`` (before it starts),
     its statuses following ``readiness``."""
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc

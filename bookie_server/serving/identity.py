@@ -28,7 +28,10 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
+
+if TYPE_CHECKING:
+    from bookie_server.config import BookieConfig
 
 WILDCARDS = ("0.0.0.0", "::", "")
 SETTING = "advertised_address / --advertised-address"
@@ -109,7 +112,7 @@ def check_advertised(host: str, metadata_uri: str, *,
                          f"connect to themselves; set {SETTING} to an address they can reach")
 
 
-def effective_host(cfg, resolve: Optional[Callable[[str], list]] = None,
+def effective_host(cfg: BookieConfig, resolve: Optional[Callable[[str], list]] = None,
                    route_source: Optional[Callable[[str], str]] = None) -> str:
     """``advertised_host`` + ``check_advertised`` for a BookieConfig."""
     kw: dict = {}

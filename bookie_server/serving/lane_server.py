@@ -49,8 +49,10 @@ from __future__ import annotations
 import logging
 import socket
 import ssl
+import io
 import threading
 import time
+from typing import TYPE_CHECKING, Callable, Optional, cast
 
 from google.protobuf.message import DecodeError
 
@@ -63,7 +65,11 @@ from pybk_spark.wire import lane_frames
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire.entries import batch_to_parts
 from pybk_spark.wire.framing import parse_add_request
-from pybk_spark.wire.tls_socket import handshake
+from pybk_spark.wire.tls_socket import TlsSocket, handshake
+
+if TYPE_CHECKING:
+    from bookie_server.serving.service import BookieService
+    from bookie_server.serving.tls import ServerTls
 
 log = logging.getLogger("bookie.add_lane")
 
@@ -82,8 +88,8 @@ def bind_listener(cfg: BookieConfig) -> socket.socket:
 
 
 class AddLaneServer:
-    def __init__(self, service, cfg: BookieConfig, listener: socket.socket | None = None,
-                 tls=None):
+    def __init__(self, service: BookieService, cfg: BookieConfig,
+                 listener: socket.socket | None = None, tls: Optional[ServerTls] = None) -> None:
         self.service = service
         self.bookie_id = service.bookie_id.encode()
         self.metrics = service.m
@@ -131,11 +137,12 @@ class AddLaneServer:
             threading.Thread(target=self._serve, args=(conn, peer), daemon=True,
                              name="add-lane-conn").start()
 
-    def _handshake(self, raw: socket.socket, peer):
+    def _handshake(self, tls: ServerTls, raw: socket.socket, peer: object
+                   ) -> Optional[tuple[TlsSocket, access.Peer]]:
         """The TLS connection over ``raw`` and who is on the other end; None
         (the connection closed, the refusal counted) when the handshake fails."""
         try:
-            conn = handshake(raw, self.tls.lane_context(), server_side=True,
+            conn = handshake(raw, tls.lane_context(), server_side=True,
                              timeout=self.hello_timeout_s)
         except TimeoutError:
             why = f"no TLS handshake within lane_hello_timeout_s = {self.hello_timeout_s}"
@@ -154,14 +161,14 @@ class AddLaneServer:
         raw.close()
         return None
 
-    def _serve(self, conn: socket.socket, peer) -> None:
+    def _serve(self, conn: socket.socket, peer: object) -> None:
         who = access.ANONYMOUS
         started = time.monotonic()
         if self.tls is not None:
-            done = self._handshake(conn, peer)
+            done = self._handshake(self.tls, conn, peer)
             if done is None:
                 return
-            conn, who = done
+            conn, who = cast(socket.socket, done[0]), done[1]    # TlsSocket: a socket's duck type
         writer = FrameWriter(configure(conn), "add-lane-answers", _MAX_UNREAD_ANSWER_BYTES)
         slots = threading.BoundedSemaphore(self.max_inflight)
         answer_cls: type[pb.AddResponse] | type[pb.ReadResponse] = pb.AddResponse
@@ -213,8 +220,9 @@ class AddLaneServer:
                 log.info("event=add_lane_cut peer=%s reason=%s", peer, writer.error)
             self._finish(conn, writer, slots)
 
-    def _serve_adds(self, stream, writer: FrameWriter, slots: threading.BoundedSemaphore,
-                    refuse, who: access.Peer) -> None:
+    def _serve_adds(self, stream: io.BufferedIOBase, writer: FrameWriter,
+                    slots: threading.BoundedSemaphore, refuse: Callable[[str], None],
+                    who: access.Peer) -> None:
         def respond(resp: pb.AddResponse) -> None:
             slots.release()
             writer.send(lane_frames.frame(resp.SerializeToString()))
@@ -233,7 +241,8 @@ class AddLaneServer:
                     return
             self.service.submit_add(req, respond, who)
 
-    def _serve_reads(self, conn: socket.socket, stream, refuse, who: access.Peer) -> None:
+    def _serve_reads(self, conn: socket.socket, stream: io.BufferedIOBase,
+                     refuse: Callable[[str], None], who: access.Peer) -> None:
         """One read at a time, in arrival order; each answer is sent whole
         (blocking: this thread has nothing else to do) before the next
         request is read, so a client that stops reading holds back only its

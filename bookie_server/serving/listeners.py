@@ -15,22 +15,33 @@ from __future__ import annotations
 import errno
 import socket
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from bookie_server.config import BookieConfig
 from pybk_spark import errors
 
+if TYPE_CHECKING:
+    from http.server import ThreadingHTTPServer
+
+    import grpc
+
+    from bookie_server.serving.admin_http import AdminApi
+    from bookie_server.serving.health import Readiness
+    from bookie_server.serving.metrics import BookieMetrics
+    from bookie_server.serving.tls import ServerTls
+
 
 @dataclass
 class Listeners:
-    server: object                      # grpc.Server, bound, no service yet, not started
+    server: grpc.Server                 # bound, no service yet, not started
     port: int
     lane_listener: Optional[socket.socket]
     metrics_port: int                   # 0 = none
-    http: object = None                 # the metrics/health/ready HTTP server, if any
+    http: Optional[ThreadingHTTPServer] = None     # the metrics/health/ready HTTP server, if any
 
 
-def bind_all(cfg: BookieConfig, metrics, readiness=None, admin=None, tls=None) -> Listeners:
+def bind_all(cfg: BookieConfig, metrics: BookieMetrics, readiness: Optional[Readiness] = None,
+             admin: Optional[AdminApi] = None, tls: Optional[ServerTls] = None) -> Listeners:
     """Bind gRPC (``port``), the add lane (``add_lane_port``) and the
     HTTP endpoint (``metrics_port``: Prometheus ``/metrics``, ``/health``,
     ``/ready`` from ``readiness``, the admin API ``admin``; serving at once,

@@ -1,15 +1,22 @@
 """Prometheus metrics of one bookie (own registry, so tests can host several)."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+if TYPE_CHECKING:
+    import ssl
+    from http.server import ThreadingHTTPServer
+
+    from bookie_server.serving.admin_http import AdminApi
+    from bookie_server.serving.health import Readiness
 
 _LAT = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
 
 class BookieMetrics:
-    def __init__(self):
+    def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         self.add_requests = Counter("bookie_add_requests", "add requests", ["outcome"], registry=r)
         self.add_entries = Counter("bookie_add_entries", "entries acknowledged", registry=r)
@@ -68,8 +75,9 @@ class BookieMetrics:
         self.write_cache.set_function(write_cache)
         self.journal_live.set_function(journal_live)
 
-    def serve(self, port: int, addr: str = "127.0.0.1", readiness=None, admin=None,
-              tls_context=None):
+    def serve(self, port: int, addr: str = "127.0.0.1", readiness: Optional[Readiness] = None,
+              admin: Optional[AdminApi] = None,
+              tls_context: Optional[Callable[[], ssl.SSLContext]] = None) -> ThreadingHTTPServer:
         """``/metrics`` plus ``/health`` and ``/ready`` (bookie_server/serving/health.py)
         and the admin API (bookie_server/serving/admin_http.py) when ``admin`` is given;
         ``tls_context``: a callable giving the current ``ssl.SSLContext`` (HTTPS)."""

@@ -39,6 +39,7 @@ import concurrent.futures as cf
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional, Union
 
 import numpy as np
 import pyarrow as pa
@@ -47,6 +48,10 @@ from pybk_spark import errors
 from pybk_spark.wire.digest import Digester
 from pybk_spark.protocol.sparse_reads import SparseReadWindow
 from pybk_spark.wire.entries import batch_to_buffer
+
+if TYPE_CHECKING:
+    from bookie_server.bookie import Bookie
+    from pybk_spark.transport.base import BookieTransport, ReadResult
 
 DEFAULT_WINDOW = 4
 MAX_WINDOW = 16
@@ -85,13 +90,13 @@ def ids_to_bytes(ids: np.ndarray) -> bytes:
 class _Adds:
     """Recovery adds to this bookie, a bounded number outstanding."""
 
-    def __init__(self, bookie, ledger_id: int, key: bytes, keyless: bool):
+    def __init__(self, bookie: Bookie, ledger_id: int, key: bytes, keyless: bool) -> None:
         self.bookie, self.ledger_id, self.key, self.keyless = bookie, ledger_id, key, keyless
         self.inflight: deque = deque()      # (future, ids, payload bytes)
         self.entries = self.bytes = 0
         self.copied: list[np.ndarray] = []
 
-    def submit(self, data, ids: np.ndarray, nbytes: int) -> None:
+    def submit(self, data: Union[bytes, pa.Buffer], ids: np.ndarray, nbytes: int) -> None:
         """``data``: one Arrow IPC entry batch (bytes or a pyarrow Buffer)."""
         while True:
             while len(self.inflight) >= MAX_ADDS_IN_FLIGHT:
@@ -119,7 +124,7 @@ class _Adds:
             self._settle_oldest()
 
 
-def pull(bookie, peer, ledger_id: int, key: bytes, wanted: np.ndarray, digest_type: str, *,
+def pull(bookie: Bookie, peer: BookieTransport, ledger_id: int, key: bytes, wanted: np.ndarray, digest_type: str, *,
          keyless: bool = False, window: int = 0, timeout: float = 30.0) -> PullOutcome:
     """Copy ``wanted`` ids of ``ledger_id`` from ``peer`` (its sparse
     ``read`` futures: serving/peer_client.py's ``PeerReader``) into
@@ -135,7 +140,7 @@ def pull(bookie, peer, ledger_id: int, key: bytes, wanted: np.ndarray, digest_ty
     win: SparseReadWindow = SparseReadWindow(wanted, max_entries, window)
     problem = ""
 
-    def send(a: int, b: int):
+    def send(a: int, b: int) -> cf.Future[ReadResult]:
         return peer.read(ledger_id, a, b, max_entries=max_entries, max_bytes=max_bytes,
                          timeout=timeout, sparse=True)
 
@@ -175,7 +180,7 @@ def pull(bookie, peer, ledger_id: int, key: bytes, wanted: np.ndarray, digest_ty
 
 
 def _copy(adds: _Adds, digester: Digester, batch: pa.RecordBatch, eids: np.ndarray,
-          keep: np.ndarray, raw=None) -> None:
+          keep: np.ndarray, raw: Optional[pa.Buffer] = None) -> None:
     """Journal the wanted rows of ``batch`` (``keep``) whose digests are
     correct: the peer's own Arrow IPC bytes (``raw``) when every row is
     kept, else the kept rows re-encoded."""

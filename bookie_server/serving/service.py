@@ -21,7 +21,7 @@ import queue
 import threading
 import time
 from concurrent import futures
-from typing import Iterator
+from typing import TYPE_CHECKING, Callable, Iterator, Optional, Union
 
 import grpc
 
@@ -37,6 +37,15 @@ from pybk_spark.wire import bookie_wire_pb2_grpc as pb_grpc
 from pybk_spark.wire import framing
 from pybk_spark.wire.codes import READ_END_CODES, error_to_code
 from pybk_spark.wire.entries import batch_to_buffer
+
+if TYPE_CHECKING:
+    import socket
+
+    from bookie_server.serving.lane_server import AddLaneServer
+    from bookie_server.serving.tls import ServerTls
+
+# an add as the request deserializer hands it over (pybk_spark/wire/framing.py)
+AddMessage = Union[pb.AddRequest, framing.Framed, framing.Malformed]
 
 log = logging.getLogger("bookie.service")
 
@@ -60,7 +69,7 @@ class BookieService(pb_grpc.BookieServicer):
         self._adds_ok = self.m.add_requests.labels("ok")     # bound once: every add counts
         self.policy = policy_of(cfg)
 
-    def peer(self, context) -> access.Peer:
+    def peer(self, context: grpc.ServicerContext) -> access.Peer:
         """Who sent a gRPC request (anonymous without TLS: not looked up)."""
         return grpc_peer(context) if self.policy.tls else access.ANONYMOUS
 
@@ -71,7 +80,9 @@ class BookieService(pb_grpc.BookieServicer):
         return access.check(self.policy, peer, op, key)
 
     # -- adds ---------------------------------------------------------------------------
-    def submit_add(self, req: pb.AddRequest, done, peer: access.Peer = access.ANONYMOUS) -> None:
+    def submit_add(self, req: AddMessage,
+                   done: Callable[[pb.AddResponse], None],
+                   peer: access.Peer = access.ANONYMOUS) -> None:
         """Submit one add; ``done(response)`` is called exactly once."""
         t0 = time.perf_counter()
         if isinstance(req, framing.Malformed):     # an AddStream message that did not parse
@@ -108,7 +119,7 @@ class BookieService(pb_grpc.BookieServicer):
 
         fut.add_done_callback(finished)
 
-    def AddEntries(self, request, context):
+    def AddEntries(self, request: AddMessage, context: grpc.ServicerContext) -> pb.AddResponse:
         box: "queue.Queue[pb.AddResponse]" = queue.Queue(1)
         try:
             self.submit_add(request, box.put, self.peer(context))
@@ -117,7 +128,8 @@ class BookieService(pb_grpc.BookieServicer):
             code, msg = _code(exc, "add")
             return pb.AddResponse(code=code, message=msg, request_id=request.request_id)
 
-    def AddStream(self, request_iterator, context) -> Iterator[pb.AddResponse]:
+    def AddStream(self, request_iterator: Iterator[AddMessage], context: grpc.ServicerContext
+                  ) -> Iterator[pb.AddResponse]:
         """Two modes, one per stream.  Lone adds: while every add is answered
         by the time it is submitted (an idle journal writes and syncs it on
         the submitting thread: the journal's leader path), this handler
@@ -130,7 +142,7 @@ class BookieService(pb_grpc.BookieServicer):
         out: "queue.SimpleQueue" = queue.SimpleQueue()
         slots = threading.BoundedSemaphore(max(1, self.cfg.max_inflight_per_stream))
 
-        def respond(resp) -> None:
+        def respond(resp: pb.AddResponse) -> None:
             slots.release()
             out.put(resp)
 
@@ -149,7 +161,10 @@ class BookieService(pb_grpc.BookieServicer):
             if context.is_active():
                 log.debug("event=add_stream_error error=%r", exc)
 
-    def _pipelined_answers(self, request_iterator, context, out, slots, respond, peer):
+    def _pipelined_answers(self, request_iterator: Iterator[AddMessage], context: grpc.ServicerContext,
+                           out: queue.SimpleQueue, slots: threading.BoundedSemaphore,
+                           respond: Callable[[pb.AddResponse], None], peer: access.Peer
+                           ) -> Iterator[pb.AddResponse]:
         """The rest of an AddStream with one add already outstanding."""
         pending = [1]
         lock = threading.Lock()
@@ -182,14 +197,14 @@ class BookieService(pb_grpc.BookieServicer):
             yield item
 
     # -- reads ----------------------------------------------------------------------------
-    def ReadEntries(self, request, context):
+    def ReadEntries(self, request: pb.ReadRequest, context: grpc.ServicerContext) -> Union[pb.ReadResponse, bytes]:
         head, batch = self.read_answer(request, self.peer(context))
         if batch is None:
             return head
         # pre-framed: see pybk_spark/wire/framing.py
         return framing.with_payload(head, batch_to_buffer(batch))
 
-    def read_answer(self, request, peer: access.Peer = access.ANONYMOUS) -> tuple:
+    def read_answer(self, request: pb.ReadRequest, peer: access.Peer = access.ANONYMOUS) -> tuple:
         """(ReadResponse without its entries, the entries as a record batch or
         None): the answer to a read, for gRPC's ``ReadEntries`` and for a
         read lane connection, which encodes the batch itself."""
@@ -221,7 +236,7 @@ class BookieService(pb_grpc.BookieServicer):
             return (pb.ReadResponse(code=code, message=msg, end=pb.MISSING, lac=lac, fenced=fenced,
                                     request_id=request.request_id), None)
 
-    def ReadLac(self, request, context):
+    def ReadLac(self, request: pb.ReadLacRequest, context: grpc.ServicerContext) -> pb.ReadLacResponse:
         try:
             peer = self.peer(context)
             keyless = self.authorize(peer, "fence" if request.fence else "read",
@@ -239,7 +254,7 @@ class BookieService(pb_grpc.BookieServicer):
             code, msg = _code(exc, "read_lac")
             return pb.ReadLacResponse(code=code, message=msg, lac=-1, last_entry_id=-1)
 
-    def Fence(self, request, context):
+    def Fence(self, request: pb.FenceRequest, context: grpc.ServicerContext) -> pb.FenceResponse:
         try:
             keyless = self.authorize(self.peer(context), "fence", request.master_key)
             r = self.bookie.fence(request.ledger_id, request.master_key, keyless)
@@ -248,7 +263,7 @@ class BookieService(pb_grpc.BookieServicer):
             code, msg = _code(exc, "fence")
             return pb.FenceResponse(code=code, message=msg, lac=-1, last_entry_id=-1)
 
-    def WriteLac(self, request, context):
+    def WriteLac(self, request: pb.WriteLacRequest, context: grpc.ServicerContext) -> pb.WriteLacResponse:
         try:
             self.authorize(self.peer(context), "write_lac", request.master_key)
             self.bookie.write_lac(request.ledger_id, request.master_key, request.lac)
@@ -258,7 +273,8 @@ class BookieService(pb_grpc.BookieServicer):
             return pb.WriteLacResponse(code=code, message=msg)
 
     # -- info -------------------------------------------------------------------------------
-    def GetBookieInfo(self, request, context):
+    def GetBookieInfo(self, request: pb.BookieInfoRequest, context: grpc.ServicerContext
+                      ) -> pb.BookieInfoResponse:
         try:
             self.authorize(self.peer(context), "info")
             free, total = self.bookie.disk_usage()
@@ -271,7 +287,8 @@ class BookieService(pb_grpc.BookieServicer):
             code, msg = _code(exc, "info")
             return pb.BookieInfoResponse(code=code, message=msg, bookie_id=self.bookie_id)
 
-    def ListLedgers(self, request, context):
+    def ListLedgers(self, request: pb.ListLedgersRequest, context: grpc.ServicerContext
+                    ) -> pb.ListLedgersResponse:
         try:
             self.authorize(self.peer(context), "info")
             return pb.ListLedgersResponse(code=pb.OK, ledger_ids=self.bookie.ledger_ids())
@@ -280,7 +297,7 @@ class BookieService(pb_grpc.BookieServicer):
             return pb.ListLedgersResponse(code=code, message=msg)
 
     # -- bookie-to-bookie re-replication ---------------------------------------------------
-    def PullEntries(self, request, context):
+    def PullEntries(self, request: pb.PullRequest, context: grpc.ServicerContext) -> pb.PullResponse:
         """Copy wanted entries of a ledger from a peer into this bookie
         (bookie_server/serving/pull.py); operators only (protocol/access.py)."""
         try:
@@ -308,11 +325,11 @@ class BookieService(pb_grpc.BookieServicer):
             code, msg = _code(exc, "pull")
             return pb.PullResponse(code=code, message=msg)
 
-    def Health(self, request, context):
+    def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthResponse:
         return pb.HealthResponse(serving=True, bookie_id=self.bookie_id)
 
 
-def bind_server(cfg: BookieConfig, tls=None) -> tuple[grpc.Server, int]:
+def bind_server(cfg: BookieConfig, tls: Optional[ServerTls] = None) -> tuple[grpc.Server, int]:
     """A gRPC server bound to ``cfg.port`` but serving nothing yet (the port
     is taken before the bookie writes anything anywhere; ``add_service``
     comes once the bookie is open).  OSError if the port cannot be bound.
@@ -344,7 +361,9 @@ def make_server(bookie: Bookie, cfg: BookieConfig, bookie_id: str) -> tuple[grpc
     return server, port
 
 
-def make_add_lane(bookie: Bookie, cfg: BookieConfig, bookie_id: str, listener=None, tls=None):
+def make_add_lane(bookie: Bookie, cfg: BookieConfig, bookie_id: str,
+                  listener: Optional[socket.socket] = None,
+                  tls: Optional[ServerTls] = None) -> Optional[AddLaneServer]:
     """The started add lane server (bookie_server/serving/lane_server.py), or None when
     ``add_lane_port`` is -1.  ``listener``: its socket, bound beforehand;
     ``tls``: a bookie_server.serving.tls.ServerTls for TLS connections."""

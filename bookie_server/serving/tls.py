@@ -32,9 +32,14 @@ from __future__ import annotations
 import logging
 import ssl
 import threading
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from pybk_spark.protocol import access
+
+if TYPE_CHECKING:
+    import grpc
+
+    from bookie_server.config import BookieConfig
 
 log = logging.getLogger("bookie.tls")
 
@@ -53,7 +58,7 @@ def _read(path: str, setting: str) -> bytes:
         raise TlsConfigError(f"cannot read {setting} = {path}: {exc.strerror or exc}") from None
 
 
-def validate(cfg) -> None:
+def validate(cfg: BookieConfig) -> None:
     """Config-level checks (no file access)."""
     if not cfg.tls_cert_file and not cfg.tls_key_file:
         if cfg.metrics_tls:
@@ -73,7 +78,7 @@ def validate(cfg) -> None:
                              "API cannot tell an operator from anyone else")
 
 
-def admin_policy(cfg) -> Optional[access.Policy]:
+def admin_policy(cfg: BookieConfig) -> Optional[access.Policy]:
     """The roles the admin HTTP API checks (access.admin_refusal), or None
     when its port does not authenticate clients (plain HTTP, or no client
     certificates): then only the loopback rule applies."""
@@ -82,14 +87,14 @@ def admin_policy(cfg) -> Optional[access.Policy]:
     return None
 
 
-def policy_of(cfg) -> access.Policy:
+def policy_of(cfg: BookieConfig) -> access.Policy:
     return access.Policy(tls=bool(cfg.tls_cert_file),
                          writers=access.parse_identities(cfg.tls_writer_identities),
                          operators=access.parse_identities(cfg.tls_operator_identities))
 
 
 class ServerTls:
-    def __init__(self, cfg):
+    def __init__(self, cfg: BookieConfig) -> None:
         validate(cfg)
         self.cfg = cfg
         self._lock = threading.Lock()
@@ -97,7 +102,7 @@ class ServerTls:
         self._served_generation = 0         # what gRPC's fetcher last handed out
         self._load(cfg)
 
-    def _load(self, cfg) -> None:
+    def _load(self, cfg: BookieConfig) -> None:
         cert = _read(cfg.tls_cert_file, "tls_cert_file")
         key = _read(cfg.tls_key_file, "tls_key_file")
         ca = _read(cfg.tls_ca_file, "tls_ca_file") if cfg.tls_ca_file else None
@@ -120,7 +125,7 @@ class ServerTls:
             self._generation += 1
 
     @staticmethod
-    def _lane_context(cfg) -> ssl.SSLContext:
+    def _lane_context(cfg: BookieConfig) -> ssl.SSLContext:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         try:
@@ -137,7 +142,7 @@ class ServerTls:
                            "none": ssl.CERT_NONE}[cfg.tls_client_auth]
         return ctx
 
-    def reload(self, cfg=None) -> None:
+    def reload(self, cfg: Optional[BookieConfig] = None) -> None:
         """Read the files again (of ``cfg``, or the current settings); keep
         the old material and raise TlsConfigError if they do not work."""
         cfg = cfg or self.cfg
@@ -154,16 +159,16 @@ class ServerTls:
         with self._lock:
             return self._http_context
 
-    def grpc_credentials(self):
+    def grpc_credentials(self) -> grpc.ServerCredentials:
         import grpc
         with self._lock:
             initial = self._grpc_config
             self._served_generation = self._generation
         return grpc.dynamic_ssl_server_credentials(
-            initial, self._fetch,
+            initial, self._fetch,    # type: ignore[arg-type]  # None: keep the current one
             require_client_authentication=self.cfg.tls_client_auth == "required")
 
-    def _fetch(self):
+    def _fetch(self) -> Optional[grpc.ServerCertificateConfiguration]:
         """gRPC, before each handshake: the new configuration after a reload, else None."""
         with self._lock:
             if self._served_generation == self._generation:
@@ -173,7 +178,7 @@ class ServerTls:
 
 
 # -- identities -------------------------------------------------------------------------------
-def grpc_peer(context) -> access.Peer:
+def grpc_peer(context: grpc.ServicerContext) -> access.Peer:
     """Identities of a gRPC peer: CN and SANs of its verified certificate."""
     try:
         auth = context.auth_context() or {}

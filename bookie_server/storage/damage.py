@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable, Iterable, Optional
+from typing import TYPE_CHECKING, Callable, Iterable, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -54,6 +54,11 @@ from bookie_server.storage.run_index import runs_of
 from pybk_spark import errors
 from pybk_spark.protocol.damage_marker import (  # noqa: F401  (re-exported)
     MARKER_PREFIX, OPEN, marker_key, marker_value, merge, parse_marker)
+
+if TYPE_CHECKING:
+    from bookie_server.journal.journal_replay import Damage
+    from bookie_server.storage.entry_store import EntryStore
+    from pybk_spark.metadata.store import MetadataStore
 
 log = logging.getLogger("bookie.damage")
 
@@ -112,7 +117,7 @@ class LostSet:
         return LostSet([tuple(r) for r in doc.get("ranges", [])],
                        bool(doc.get("unattributed", False)))
 
-    def sync_marker(self, store, bookie_id: str) -> None:
+    def sync_marker(self, store: MetadataStore, bookie_id: str) -> None:
         """Publish new damage into the marker (CAS merge), else adopt the
         marker (the auditor removed what it repaired).  Raises BKError when
         the store is unreachable (the caller retries later)."""
@@ -159,7 +164,7 @@ class ReplayTracker:
         self._points: list[tuple[dict, set]] = []     # (ledger -> max id at damage, ledgers before)
         self._after_max: list[dict] = []              # per damage: ledger -> max id replayed after
 
-    def on_damage(self, damage) -> None:
+    def on_damage(self, damage: Damage) -> None:
         self.damages.append(damage)
         snap = {lid: self._max_entry(lid) for lid in self._ledgers()}
         self._points.append((snap, set(self._seen)))
@@ -200,7 +205,7 @@ def gaps_in(starts: np.ndarray, ends: np.ndarray, lo: int, hi: int) -> list[tupl
     return out
 
 
-def store_gaps(store, ledger_id: int, lo: int, hi: int) -> list[tuple[int, int]]:
+def store_gaps(store: EntryStore, ledger_id: int, lo: int, hi: int) -> list[tuple[int, int]]:
     """The ranges of [lo, hi] the entry store does not hold for a ledger."""
     with store.lock:
         idx = store.ledgers.get(ledger_id)
@@ -210,7 +215,7 @@ def store_gaps(store, ledger_id: int, lo: int, hi: int) -> list[tuple[int, int]]
         return gaps_in(starts, ends, lo, hi)
 
 
-def quarantine(store, ref_id: int, ledger_id: int,
+def quarantine(store: EntryStore, ref_id: int, ledger_id: int,
                good: Optional[pa.RecordBatch]) -> list[tuple[int, int, int]]:
     """Take a damaged stored batch out of the index and re-store its intact
     rows (``good``: digests verified; the write cache, so the next checkpoint

@@ -123,7 +123,7 @@ class Ref:
 @dataclass
 class FlushSnapshot:
     by_ledger: dict[int, list[int]]      # ledger -> memory ref ids
-    results: dict[int, list] = None     # ledger -> (new Ref, starts, ends, rows, old refs)
+    results: Optional[dict[int, list]] = None     # ledger -> (new Ref, starts, ends, rows, old refs)
 
 
 class EntryStore:
@@ -183,7 +183,8 @@ class EntryStore:
                     raw = None
             as_received = raw is not None and (batch.num_rows >= self.raw_min_rows
                                                or len(raw) >= self.raw_min_bytes)
-            if as_received and location is not None and self.journal_dir is not None:
+            if (as_received and raw is not None and location is not None
+                    and self.journal_dir is not None):
                 ref = Ref(ledger_id, batch, journal_segment(location[0]), location[1], len(raw))
             else:
                 ref = Ref(ledger_id, batch, raw=raw if as_received else None)
@@ -294,7 +295,8 @@ class EntryStore:
     def write_snapshot(self, snap: FlushSnapshot) -> None:
         """Append the snapshot to segments; fsync.  No lock held.  Big batches
         are written as received; small ones are merged per ledger."""
-        snap.results = {}
+        results: dict[int, list] = {}
+        snap.results = results
         touched: set[int] = set()
         fh = None
         try:
@@ -319,7 +321,7 @@ class EntryStore:
                 raw_ids = [r for r, o in objs.items() if o.raw is not None]
                 for rid in raw_ids:
                     m = refs == rid
-                    out.append((objs[rid].raw, starts[m], ends[m], rows[m]))
+                    out.append((objs[rid].raw or b"", starts[m], ends[m], rows[m]))
                 # small batches: one consolidated, id-sorted batch per ledger
                 small = [o.batch for r, o in objs.items() if o.raw is None and o.segment < 0]
                 if small:      # whole batches (every row is indexed), sorted by entry id
@@ -344,7 +346,7 @@ class EntryStore:
                     touched.add(self.files.current)
                     written.append((Ref(ledger_id, None, self.files.current, offset, len(data)),
                                     r_starts, r_ends, r_rows))
-                snap.results[ledger_id] = written
+                results[ledger_id] = written
             if fh is not None:
                 fh.flush()
                 self.fsync(fh.fileno())
@@ -465,7 +467,7 @@ class EntryStore:
         with self.lock, self.files.io_lock:
             ref = self.refs.pop(ref_id, None)
             idx = self.ledgers.get(ref.ledger) if ref is not None else None
-            if idx is None:
+            if ref is None or idx is None:
                 return []
             self.index_changed.add(ref.ledger)
             starts, ends, refs, _rows = idx.table_parts()

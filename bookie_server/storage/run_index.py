@@ -33,14 +33,15 @@ def runs_of(entry_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 class LedgerIndex:
     """Sorted, non-overlapping runs of one ledger."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         empty = np.empty(0, np.int64)
         self.starts = self.ends = self.refs = self.rows = empty
         self._pending: list[tuple[np.ndarray, ...]] = []
         self.max_entry = -1
         self.count = 0
 
-    def add_runs(self, starts, ends, refs, rows) -> None:
+    def add_runs(self, starts: np.ndarray, ends: np.ndarray, refs: np.ndarray,
+                 rows: np.ndarray) -> None:
         if len(starts) == 0:
             return
         self._pending.append((starts, ends, refs, rows))
@@ -115,6 +116,6 @@ class LedgerIndex:
         self.starts, self.ends, self.refs, self.rows = (
             a[keep] for a in (self.starts, self.ends, self.refs, self.rows))
 
-    def table_parts(self):
+    def table_parts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         self._settle()
         return self.starts, self.ends, self.refs, self.rows

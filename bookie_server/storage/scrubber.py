@@ -30,13 +30,16 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
 import pyarrow as pa
 
 from pybk_spark.wire.digest import Digester
 from pybk_spark.wire.entries import ENTRY_SCHEMA
+
+if TYPE_CHECKING:
+    from bookie_server.bookie import Bookie
 
 log = logging.getLogger("bookie.scrubber")
 
@@ -74,7 +77,7 @@ def check_batch(data: bytes, ledger_id: int, key: Optional[bytes]
 
 
 class Scrubber:
-    def __init__(self, bookie, interval_s: float, rate_bytes_per_s: float, *,
+    def __init__(self, bookie: Bookie, interval_s: float, rate_bytes_per_s: float, *,
                  clock: Callable[[], float] = time.monotonic,
                  wait: Optional[Callable[[float], bool]] = None):
         self.bookie = bookie
@@ -122,13 +125,14 @@ class Scrubber:
             metrics.scrub_bytes.inc(len(data))
             state = self.bookie.states.get(ref.ledger)
             batch, ok = check_batch(data, ref.ledger, state.master_key if state else None)
-            if batch is None or not ok.all() or len(data) < ref.length:
+            if batch is None or ok is None or not ok.all() or len(data) < ref.length:
                 log.error("event=scrub_damage file=%s offset=%d bytes=%d ledger=%d reason=%s",
                           os.path.basename(path), ref.offset, ref.length, ref.ledger,
                           "unreadable batch" if batch is None else "digest mismatch")
                 report.damaged += 1
                 metrics.scrub_damaged.inc()
-                good = batch.filter(pa.array(ok)) if batch is not None and ok.any() else None
+                good = (batch.filter(pa.array(ok))
+                        if batch is not None and ok is not None and ok.any() else None)
                 self.bookie.quarantine_batch(ref_id, ref.ledger, good)
             due = report.bytes / self.rate if self.rate > 0 else 0.0
             ahead = due - (self.clock() - t0)

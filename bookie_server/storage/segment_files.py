@@ -31,11 +31,14 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from typing import Callable
+from typing import TYPE_CHECKING, BinaryIO, Callable
 
 import pyarrow as pa
 
 from bookie_server.journal.journal_format import file_name as journal_file_name
+
+if TYPE_CHECKING:
+    from bookie_server.storage.entry_store import Ref
 
 JOURNAL_SEGMENT_BASE = 1 << 22     # segment ids >= this are journal files (seq = id - base)
 
@@ -68,6 +71,8 @@ class SegmentFiles:
 
     def path(self, seg: int) -> str:
         if is_journal_segment(seg):
+            if self.journal_dir is None:
+                raise ValueError(f"segment {seg} is a journal file, and there is no journal dir")
             return os.path.join(self.journal_dir, journal_file_name(seg - JOURNAL_SEGMENT_BASE))
         return os.path.join(self.seg_dir, f"{seg:08d}.seg")
 
@@ -108,7 +113,7 @@ class SegmentFiles:
                 except (OSError, ValueError):
                     return
 
-    def batch_of(self, ref) -> pa.RecordBatch:
+    def batch_of(self, ref: "Ref") -> pa.RecordBatch:
         batch = ref.batch
         if batch is not None:
             return batch
@@ -130,7 +135,7 @@ class SegmentFiles:
         self._batch_cache.pop((seg << 40) | offset, None)
 
     # -- appends ----------------------------------------------------------------------
-    def open_for_append(self):
+    def open_for_append(self) -> BinaryIO:
         if self.current < 0 or self.size.get(self.current, 0) >= self.segment_max_bytes:
             self.current = max((s for s in self.size if not is_journal_segment(s)),
                                default=0) + 1
