@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 
-from bookie_server import ledger_state as ls
+from pybk_spark.protocol import ledger_state as ls
 from bookie_server.storage.entry_store import EntryStore
 
 

@@ -51,7 +51,8 @@ from pybk_spark.wire.entries import batch_to_buffer
 
 if TYPE_CHECKING:
     from bookie_server.bookie import Bookie
-    from pybk_spark.transport.base import BookieTransport, ReadResult
+    from bookie_server.serving.peer_client import PeerReader
+    from pybk_spark.wire.results import ReadResult
 
 DEFAULT_WINDOW = 4
 MAX_WINDOW = 16
@@ -124,7 +125,7 @@ class _Adds:
             self._settle_oldest()
 
 
-def pull(bookie: Bookie, peer: BookieTransport, ledger_id: int, key: bytes, wanted: np.ndarray, digest_type: str, *,
+def pull(bookie: Bookie, peer: PeerReader, ledger_id: int, key: bytes, wanted: np.ndarray, digest_type: str, *,
          keyless: bool = False, window: int = 0, timeout: float = 30.0) -> PullOutcome:
     """Copy ``wanted`` ids of ``ledger_id`` from ``peer`` (its sparse
     ``read`` futures: serving/peer_client.py's ``PeerReader``) into
