@@ -29,13 +29,18 @@ Pure: no I/O; the randomness is the caller's.
 """
 from __future__ import annotations
 
-import random
-from typing import Optional
+from typing import Optional, Protocol
 
 UID_BITS = 128
 
 
-def new_uid(rng: random.Random) -> str:
+class RandomBits(Protocol):
+    """The part of the caller's rng (a ``random.Random``) a uid needs."""
+
+    def getrandbits(self, k: int, /) -> int: ...
+
+
+def new_uid(rng: RandomBits) -> str:
     """A fresh log uid (32 hex digits)."""
     return f"{rng.getrandbits(UID_BITS):0{UID_BITS // 4}x}"
 
