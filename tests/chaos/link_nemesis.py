@@ -12,8 +12,9 @@ time and healed by the nemesis itself (``HostNetwork.faults``):
                                 zombie writer: its lease lapses, a recoverer
                                 fences it, its next add must end
                                 LedgerFenced/unknown)
-             bookie-etcd        a bookie <-> every etcd member (its
-                                registration lapses while it serves)
+             bookie-etcd        a bookie <-> every etcd member for its
+                                registration ttl + 1-6 s (its registration
+                                lapses while it serves)
              etcd-minority      one etcd member (and sometimes a writer with
                                 it) <-> the other members: the minority's
                                 clients fail typed, no CAS succeeds there
@@ -60,6 +61,7 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass
 
+from bookie_server.config import BookieConfig
 from pybk_spark.config import ClientConfig
 
 from .workers import AUTORECOVERY_LEADER_TTL_S
@@ -190,7 +192,8 @@ class LinkNemesis:
         if shape == "bookie-etcd":
             b = self._bookie_hosts(1)
             fid = f.partition(b, self._etcd_hosts())
-            return self._cut(fid, secs, f"{b[0].name} | etcd", "partition:" + shape,
+            lapse = BookieConfig().registration_ttl_s + self.rng.uniform(1, 6)  # outlasts the lease
+            return self._cut(fid, lapse, f"{b[0].name} | etcd", "partition:" + shape,
                              bookies=(self._bookie_id(b[0]),))
         if shape == "etcd-minority":
             etcd = self._etcd_hosts()
