@@ -218,37 +218,19 @@ def update_address(data_dir: str, bookie_id: str, store: Optional[MetadataStore]
     return old
 
 
-def _upsert(store: MetadataStore, key: str, transform: Callable[[Optional[bytes]], bytes],
-            max_attempts: int = 100) -> bytes:
-    """Read-transform-write by CAS (put-if-absent for a new key), re-run on
-    every conflict; returns the value written (or found unchanged)."""
-    for _ in range(max_attempts):
-        cur = store.get(key)
-        new = transform(cur.value if cur is not None else None)
-        try:
-            if cur is None:
-                store.put_if_absent(key, new)
-            elif new != cur.value:
-                store.compare_and_swap(key, new, cur.version)
-            return new
-        except errors.MetadataVersion:
-            continue
-    raise errors.MetadataVersion(f"gave up after {max_attempts} CAS conflicts on {key}")
-
-
 def mark_data_lost(store: MetadataStore, bookie_id: str) -> None:
     """Set ``unattributed`` in the id's damage marker (merged by CAS): every
     ledger with the bookie in an ensemble is checked and copied back."""
-    _upsert(store, dm.marker_key(bookie_id),
-            lambda raw: dm.marker_value(dm.parse_marker(raw)[0], True))
+    store.upsert(dm.marker_key(bookie_id),
+                 lambda raw: dm.marker_value(dm.parse_marker(raw)[0], True))
 
 
 def record_instance(store: MetadataStore, bookie_id: str, instance_id: str, now: float) -> bool:
     """Append ``instance_id`` to the id's instance history (by CAS); True,
     with the damage marker set, when the id had another instance before:
     its data is not in this one."""
-    raw = _upsert(store, bi.instances_key(bookie_id),
-                  lambda raw: bi.value(bi.with_instance(bi.parse(raw), instance_id, now)))
+    raw = store.upsert(bi.instances_key(bookie_id),
+                       lambda raw: bi.value(bi.with_instance(bi.parse(raw), instance_id, now)))
     history = bi.parse(raw)
     if not bi.data_lost(history, instance_id):
         return False

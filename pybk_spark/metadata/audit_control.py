@@ -41,25 +41,20 @@ def read_config(store) -> dict:
     return out
 
 
-def _cas_merge(store, key: str, change: Callable[[dict], dict], max_attempts: int = 100) -> dict:
+def _cas_merge(store, key: str, change: Callable[[dict], dict]) -> dict:
     """Create ``key`` or CAS-replace it with ``change(current dict)``."""
-    for _ in range(max_attempts):
-        cur = store.get(key)
+    merged: dict = {}
+
+    def transform(value: Optional[bytes]) -> bytes:
         try:
-            doc = json.loads(cur.value) if cur is not None else {}
+            doc = json.loads(value) if value is not None else {}
         except ValueError:
             doc = {}
-        new = change(dict(doc))
-        value = json.dumps(new, sort_keys=True).encode()
-        try:
-            if cur is None:
-                store.put_if_absent(key, value)
-            elif value != cur.value:
-                store.compare_and_swap(key, value, cur.version)
-            return new
-        except errors.MetadataVersion:
-            continue
-    raise errors.MetadataVersion(f"gave up after {max_attempts} CAS conflicts on {key}")
+        merged.clear()
+        merged.update(change(dict(doc)))
+        return json.dumps(merged, sort_keys=True).encode()
+    store.upsert(key, transform)
+    return merged
 
 
 def set_enabled(store, enabled: bool) -> dict:

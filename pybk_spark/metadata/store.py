@@ -167,6 +167,24 @@ class MetadataStore(abc.ABC):
                 raise errors.MetadataTooLarge(str(exc), key=key, value_bytes=len(new_value)) from exc
         raise errors.MetadataVersion(f"gave up after {max_attempts} CAS conflicts on {key}")
 
+    def upsert(self, key: str, transform: Callable[[Optional[bytes]], bytes], *,
+               max_attempts: int = 100) -> bytes:
+        """``update`` for a key that may not exist yet: ``transform`` gets None
+        for an absent key, whose value is then created (put-if-absent).  Re-run
+        on every conflict; returns the value written (or found unchanged)."""
+        for _ in range(max_attempts):
+            current = self.get(key)
+            new_value = transform(current.value if current is not None else None)
+            try:
+                if current is None:
+                    self.put_if_absent(key, new_value)
+                elif new_value != current.value:
+                    self.compare_and_swap(key, new_value, current.version)
+                return new_value
+            except errors.MetadataVersion:
+                continue
+        raise errors.MetadataVersion(f"gave up after {max_attempts} CAS conflicts on {key}")
+
     def next_id(self, key: str = "idgen") -> int:
         """Allocate a unique 64-bit id with a CAS counter."""
         while True:
