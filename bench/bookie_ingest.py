@@ -147,9 +147,9 @@ def _sustained(bookie: BookieProcess, n_batches: int, window_mb: int) -> dict:
         stream_adds(stub, fill_ledger, 1000, n_batches)
         fill_ledger += 1
         filled += ledger_bytes
-    u0, s0 = _cpu_split(bookie.proc.pid)
+    u0, s0 = _cpu_split(bookie.started().pid)
     x = stream_adds(stub, fill_ledger, 1000, n_batches)
-    u1, s1 = _cpu_split(bookie.proc.pid)
+    u1, s1 = _cpu_split(bookie.started().pid)
     x["server_cpu_per_s"] = (u1 + s1 - u0 - s0) / x["seconds"]
     x["server_sys_cpu_per_s"] = (s1 - s0) / x["seconds"]
     x["journaled_before_mb"] = filled / 1e6
@@ -184,10 +184,10 @@ def run(quick: bool = False, data_dir: str | None = None, conf: dict | None = No
                 if n not in sizes:
                     continue
                 stream_adds(stub, 1000 + ledger, n, max(5, batches // 10))   # warm-up
-                u0, s0 = _cpu_split(bookie.proc.pid)
+                u0, s0 = _cpu_split(bookie.started().pid)
                 results[f"add_batch_{n}"] = stream_adds(stub, ledger, n, batches)
                 x = results[f"add_batch_{n}"]
-                u1, s1 = _cpu_split(bookie.proc.pid)
+                u1, s1 = _cpu_split(bookie.started().pid)
                 x["server_cpu_per_s"] = (u1 + s1 - u0 - s0) / x["seconds"]
                 x["server_sys_cpu_per_s"] = (s1 - s0) / x["seconds"]
             if 1000 in sizes:
@@ -201,10 +201,10 @@ def run(quick: bool = False, data_dir: str | None = None, conf: dict | None = No
             tuned.start()
             try:
                 stream_adds(_target(tuned), 1001, 1000, max(5, plan[1000] // 10))
-                cpu0 = _cpu_seconds(tuned.proc.pid)
+                cpu0 = _cpu_seconds(tuned.started().pid)
                 x = results["add_batch_1000_group8m"] = stream_adds(_target(tuned), 1, 1000,
                                                                     plan[1000])
-                x["server_cpu_per_s"] = (_cpu_seconds(tuned.proc.pid) - cpu0) / x["seconds"]
+                x["server_cpu_per_s"] = (_cpu_seconds(tuned.started().pid) - cpu0) / x["seconds"]
             finally:
                 tuned.terminate()
         # the machine may be shared: measure the disk again after, use the mean

@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import IO
 
 CHUNK_BYTES = 4 << 20
 
@@ -93,6 +94,11 @@ print(t.user + t.system - t0.user - t0.system, flush=True)
 """
 
 
+def _out(proc: subprocess.Popen) -> IO[str]:
+    """A helper process's stdout (each is started with stdout=PIPE, in text mode)."""
+    assert proc.stdout is not None, "helpers are started with stdout=PIPE"
+    return proc.stdout
+
 def measure(work_dir: str, total_bytes: int, streams_list=None) -> dict:
     """MB/s and CPU-s per GB of the bare copy, one stream and as many as
     figure 8 copies at once (``orchestrate.DEFAULT_PARALLEL``)."""
@@ -120,17 +126,19 @@ def _run(d: str, src: str, total: int, streams: int) -> dict:
             rep = subprocess.Popen([sys.executable, "-c", _REPLACEMENT, os.path.join(d, f"copy{streams}-{i}"),
                                     str(chunks), str(CHUNK_BYTES)], stdout=subprocess.PIPE, text=True)
             reps.append(rep)
-            port = int(rep.stdout.readline())
+            port = int(_out(rep).readline())
             sources.append(subprocess.Popen(
                 [sys.executable, "-c", _SOURCE, src, str(port), str(i * share), str(share),
                  str(CHUNK_BYTES)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
         t0 = time.perf_counter()
         for s in sources:
-            s.stdin.write("go\n")
-            s.stdin.flush()
-        rep_out = [r.stdout.readline().split() for r in reps]
+            go = s.stdin
+            assert go is not None, "sources are started with stdin=PIPE"
+            go.write("go\n")
+            go.flush()
+        rep_out = [_out(r).readline().split() for r in reps]
         elapsed = time.perf_counter() - t0
-        src_cpu = sum(float(s.stdout.readline()) for s in sources)
+        src_cpu = sum(float(_out(s).readline()) for s in sources)
     finally:
         for p in reps + sources:
             try:

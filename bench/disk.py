@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from typing import Any
 
 import numpy as np
 
@@ -174,7 +175,7 @@ def memory_touch(total: int, chunk: int = 1 << 20) -> dict:
 def measure(directory: str | None = None, quick: bool = False) -> dict:
     with tempfile.TemporaryDirectory(dir=directory) as d:
         total = (128 if quick else 512) << 20
-        out = {"fsync_4k": fsync_rate(d, 500 if quick else 2000),
+        out: dict[str, Any] = {"fsync_4k": fsync_rate(d, 500 if quick else 2000),
                "seq_write": seq_bandwidth(d, total),
                # journal-shaped: every 1 MiB write followed by its own fdatasync
                "sync_1m_write": seq_bandwidth(d, total // 2, sync_every=1 << 20),

@@ -116,7 +116,7 @@ def run(quick: bool) -> str:
     try:
         with LocalCluster(os.path.join(work, "cluster"), 3) as cluster:
             uri = cluster.metadata_uri
-            pids = [cluster.bookie_pid(b) for b in cluster.bookie_ids]
+            pids = [pid for b in cluster.bookie_ids if (pid := cluster.bookie_pid(b)) is not None]
             with BookKeeper(uri) as bk:
                 lh = bk.create_ledger(3, 3, 2)
                 lh.add_entries(payloads(5_000))
@@ -196,7 +196,7 @@ def _bookie_ingest(work: str, quick: bool):
         stub = bookie.stub()
         stream_adds(stub, 99, 1000, 10)
         n = 60 if quick else 300
-        with PySpy([bookie.proc.pid], work, "ingest") as spy:
+        with PySpy([bookie.started().pid], work, "ingest") as spy:
             r = stream_adds(stub, 1, 1000, n)
         return ("bookie_ingest", f"one bookie, {n} batches of 1000 x 1 KiB: "
                 f"{r['entries_per_s']:,.0f} entries/s, {r['mb_per_s']:.0f} MB/s (py-spy attached)",

@@ -52,6 +52,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import IO
 
 from bench.stats import rate
 
@@ -86,6 +87,11 @@ def ensembles(n_bookies: int, n_writers: int, bookie_ids: list[str]) -> list[lis
     """Writer i's E=3 ensemble: bookies 3i..3i+2 mod N (round-robin)."""
     return [[bookie_ids[(3 * i + k) % n_bookies] for k in range(3)] for i in range(n_writers)]
 
+
+def _stdin(proc: subprocess.Popen) -> IO[str]:
+    """A writer's stdin (every writer is started with stdin=PIPE, in text mode)."""
+    assert proc.stdin is not None, "writers are started with stdin=PIPE"
+    return proc.stdin
 
 class Writers:
     """W ``bench.scaling_writer`` processes, one per host ``client-<i>``."""
@@ -126,8 +132,8 @@ class Writers:
     def call_all(self, messages: list[dict]) -> list[dict]:
         """Send message i to writer i (all first), then await every answer."""
         for proc, msg in zip(self.procs, messages):
-            proc.stdin.write(json.dumps(msg) + "\n")
-            proc.stdin.flush()
+            _stdin(proc).write(json.dumps(msg) + "\n")
+            _stdin(proc).flush()
         return [self._answer(i) for i in range(len(self.procs))]
 
     def _answer(self, i: int) -> dict:
@@ -148,9 +154,9 @@ class Writers:
     def close(self) -> None:
         for proc in self.procs:
             try:
-                proc.stdin.write(json.dumps({"cmd": "exit"}) + "\n")
-                proc.stdin.flush()
-                proc.stdin.close()
+                _stdin(proc).write(json.dumps({"cmd": "exit"}) + "\n")
+                _stdin(proc).flush()
+                _stdin(proc).close()
             except (OSError, ValueError):
                 pass
         for proc in self.procs:

@@ -107,7 +107,10 @@ def _scan(df, int_cols):
 
 def _bk_reader(spark, uri: str, ledgers: list[int] | None, log: str | None):
     r = spark.read.format("bookkeeper").option("metadataServiceUri", uri)
-    return r.option("log", log).load() if log else r.option("ledgers", ",".join(map(str, ledgers))).load()
+    if log:
+        return r.option("log", log).load()
+    assert ledgers is not None, "a read names a log or its ledgers"
+    return r.option("ledgers", ",".join(map(str, ledgers))).load()
 
 
 def _write_ledgers_with_client(uri: str, table: pa.Table) -> list[int]:

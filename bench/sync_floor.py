@@ -70,6 +70,7 @@ def measure(n: int = 2000, entry_bytes: int = 1024, replicas: int = 3, acks: int
                 p = subprocess.Popen([sys.executable, "-c", _SERVER, os.path.join(d, f"j{i}")],
                                      stdout=subprocess.PIPE, text=True)
                 procs.append(p)
+                assert p.stdout is not None, "started with stdout=PIPE"
                 port = int(p.stdout.readline())
                 s = socket.create_connection(("127.0.0.1", port))
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

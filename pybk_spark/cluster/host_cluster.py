@@ -107,6 +107,8 @@ class HostCluster:
 
     @property
     def metadata_uri(self) -> str:
+        if self.etcd is None:
+            raise RuntimeError("the host cluster is not started: call start() first")
         return self.etcd.uri(self.scope)
 
     @property
@@ -138,7 +140,7 @@ class HostCluster:
 
     def close(self) -> None:
         for b in self.bookies.values():
-            if b.running():
+            if b.proc is not None and b.running():
                 b.proc.send_signal(signal.SIGTERM)
         for b in self.bookies.values():
             self._reap(b, grace=15.0)

@@ -105,15 +105,16 @@ def unavailable_reason() -> Optional[str]:
 def _probe() -> Optional[str]:
     if not sys.platform.startswith("linux"):
         return f"network namespaces need Linux (this is {sys.platform})"
-    if ip_binary() is None:
+    ip = ip_binary()
+    if ip is None:
         return "no 'ip' command (install iproute2)"
     if not _has_cap_net_admin():
         return "no CAP_NET_ADMIN: run as root to make network namespaces"
     name = f"{PREFIX}-0-probe{os.getpid()}"
-    made = subprocess.run([ip_binary(), "netns", "add", name], capture_output=True, text=True)
+    made = subprocess.run([ip, "netns", "add", name], capture_output=True, text=True)
     if made.returncode != 0:
         return f"'ip netns add' failed: {made.stderr.strip() or made.returncode}"
-    subprocess.run([ip_binary(), "netns", "del", name], capture_output=True)
+    subprocess.run([ip, "netns", "del", name], capture_output=True)
     return None
 
 

@@ -94,7 +94,7 @@ def _probe_netem(hosts) -> Optional[str]:
     subprocess.run([ip, "netns", "add", ns], capture_output=True)
     try:
         subprocess.run([ip, "-n", ns, "link", "set", "lo", "up"], capture_output=True)
-        res = subprocess.run([ip, "netns", "exec", ns, _tc_binary(), "qdisc", "add", "dev",
+        res = subprocess.run([ip, "netns", "exec", ns, _tc_binary() or "tc", "qdisc", "add", "dev",
                               "lo", "root", "netem", "delay", "1ms"],
                              capture_output=True, text=True)
         if res.returncode != 0:

@@ -99,9 +99,13 @@ class LocalCluster:
 
     def uri_for(self, user: str | None) -> str:
         """The metadata URI for ``user`` (operator, bookie, client; None = TLS only)."""
+        return with_security(self.started_etcd().uri(self.scope), self.etcd_security(user))
+
+    def started_etcd(self) -> EtcdProcess:
+        """The cluster's etcd (RuntimeError before ``start()``)."""
         if self.etcd is None:
             raise RuntimeError("cluster not started")
-        return with_security(self.etcd.uri(self.scope), self.etcd_security(user))
+        return self.etcd
 
     def etcd_security(self, user: str | None) -> EtcdSecurity:
         tls = self.etcd_tls
@@ -133,8 +137,9 @@ class LocalCluster:
         """Live child pids (etcd and bookies)."""
         out = [b.proc.pid for b in self._bookies.values()
                if b.proc is not None and b.proc.poll() is None]
-        if self.etcd is not None and self.etcd.running():
-            out.append(self.etcd.pid)
+        pid = self.etcd.pid if self.etcd is not None and self.etcd.running() else None
+        if pid is not None:
+            out.append(pid)
         return out
 
     # -- lifecycle ----------------------------------------------------------------
@@ -266,7 +271,7 @@ class LocalCluster:
 
     def restart_etcd(self) -> None:
         """Stop etcd (SIGTERM) and start it again on the same data dir and port."""
-        self.etcd.restart()
+        self.started_etcd().restart()
 
     def wait_registered(self, bookie_id: str, read_only: bool | None = None,
                         timeout: float | None = None) -> dict:
@@ -379,8 +384,9 @@ class LocalCluster:
             return {}
 
     def _save_state(self) -> None:
+        etcd = self.started_etcd()
         state = {"scope": self.scope, "etcd_auth": self.etcd_auth,
-                 "etcd": {"client_port": self.etcd.client_port, "peer_port": self.etcd.peer_port},
+                 "etcd": {"client_port": etcd.client_port, "peer_port": etcd.peer_port},
                  "bookies": {bid: {"port": b.port, "metrics_port": b.metrics_port}
                              for bid, b in self._bookies.items()}}
         tmp = self._state_path.with_suffix(".tmp")

@@ -91,12 +91,26 @@ class SparkCluster:
 
     # -- addresses ----------------------------------------------------------------------
     @property
+    def master(self) -> Host:
+        """The master's host (RuntimeError before ``start()``)."""
+        if self.master_host is None:
+            raise RuntimeError("the Spark cluster is not started: call start() first")
+        return self.master_host
+
+    @property
+    def driver(self) -> Host:
+        """The driver's host (RuntimeError before ``start()``)."""
+        if self.driver_host is None:
+            raise RuntimeError("the Spark cluster is not started: call start() first")
+        return self.driver_host
+
+    @property
     def master_url(self) -> str:
-        return f"spark://{self.master_host.address}:{MASTER_PORT}"
+        return f"spark://{self.master.address}:{MASTER_PORT}"
 
     @property
     def connect_url(self) -> str:
-        return f"sc://{self.driver_host.address}:{CONNECT_PORT}"
+        return f"sc://{self.driver.address}:{CONNECT_PORT}"
 
     @property
     def hosts(self) -> list[Host]:
@@ -138,7 +152,7 @@ class SparkCluster:
         """Start the Spark Connect server on the driver host; returns its ``sc://`` URL."""
         if "spark-connect" in self._procs and self._procs["spark-connect"].poll() is None:
             return self.connect_url
-        h = self.driver_host
+        h = self.driver
         argv = [spark_home() / "bin" / "spark-submit", "--class", CONNECT_SERVER_CLASS,
                 "--name", "Spark Connect server", *self._driver_conf(),
                 "--conf", f"spark.connect.grpc.binding.address={h.address}",
@@ -185,7 +199,7 @@ class SparkCluster:
     # -- the master's view --------------------------------------------------------------
     def master_state(self) -> Optional[dict]:
         """The master's ``/json`` (None while it does not answer)."""
-        url = f"http://{self.master_host.address}:{MASTER_UI_PORT}/json"
+        url = f"http://{self.master.address}:{MASTER_UI_PORT}/json"
         try:
             with _HTTP.open(url, timeout=5) as resp:
                 return json.loads(resp.read())
@@ -210,7 +224,7 @@ class SparkCluster:
         out_path = self.data_dir / "submit" / f"{name}.out"
         err_path = self.data_dir / "submit" / f"{name}.err"
         with open(out_path, "w") as out, open(err_path, "w") as err:
-            proc = self.driver_host.spawn([str(a) for a in argv], env=self._env(self.driver_host),
+            proc = self.driver.spawn([str(a) for a in argv], env=self._env(self.driver),
                                           stdout=out, stderr=err, cwd=self.data_dir / "submit")
             try:
                 rc = proc.wait(timeout)
@@ -223,7 +237,7 @@ class SparkCluster:
         return subprocess.CompletedProcess(argv, rc, out_path.read_text(), err_path.read_text())
 
     def _driver_conf(self, conf: dict | None = None) -> list[str]:
-        h = self.driver_host
+        h = self.driver
         settings = {
             "spark.driver.host": h.address,
             "spark.driver.bindAddress": h.address,

@@ -93,7 +93,7 @@ def _standalone(args: argparse.Namespace) -> int:
     try:
         cluster.start()
         regs = wait_serving(cluster, _probe_tls(tls_info))
-        ready = (f"standalone ready: etcd pid={cluster.etcd.pid} data_dir={cluster.data_dir} "
+        ready = (f"standalone ready: etcd pid={cluster.started_etcd().pid} data_dir={cluster.data_dir} "
                  "(Ctrl-C or SIGTERM to stop)")
         if as_json:
             print(json.dumps(_standalone_document(cluster, regs, tls_info)), flush=True)

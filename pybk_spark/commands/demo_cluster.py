@@ -223,6 +223,8 @@ class Demo:
         """Until the job ends: note the new etcd leader and the victim's
         registration expiring."""
         from pybk_spark import errors
+        victim = self.victim
+        assert victim is not None, "recovery is watched only after _inject_faults killed a bookie"
         new_leader = unregistered = False
         while job.is_alive() and not (new_leader and unregistered):
             if not new_leader:
@@ -236,12 +238,12 @@ class Demo:
                     new_leader = True
             if not unregistered:
                 try:
-                    gone = all(self.cluster.store.get(keys.bookie_key(m, self.victim)) is None
+                    gone = all(self.cluster.store.get(keys.bookie_key(m, victim)) is None
                                for m in ("writable", "readonly"))
                 except errors.MetadataError:
                     gone = False
                 if gone:
-                    self.tl.event(self.victim, "registration expired (no longer writable)")
+                    self.tl.event(victim, "registration expired (no longer writable)")
                     unregistered = True
             job.join(0.2)
 

@@ -56,16 +56,17 @@ class BookKeeper:
                  background: bool = True, recovery_listener: Callable | None = None,
                  call_later: Callable[[float, Callable[[], None]], None] | None = None,
                  executor=None):
-        if store is None and metadata_uri is None:
-            raise errors.IncorrectParameter("metadata_uri or store is required")
         self.conf: ClientConfig = as_config(conf)
         self.clock = clock
         self.rng = rng or random.Random()
         self._call_later = call_later or _timer
         self._recovery_listener = recovery_listener
         self._own_store = store is None
-        self.metadata_store = store if store is not None else open_store(
-            metadata_uri, EtcdSecurity.from_config(self.conf))
+        if store is None:
+            if metadata_uri is None:
+                raise errors.IncorrectParameter("metadata_uri or store is required")
+            store = open_store(metadata_uri, EtcdSecurity.from_config(self.conf))
+        self.metadata_store: MetadataStore = store
         if transports is None:
             from pybk_spark.transport.grpc_bookie import GrpcTransportPool
             from pybk_spark.transport.tls import ClientTls

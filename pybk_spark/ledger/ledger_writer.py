@@ -317,7 +317,7 @@ class LedgerWriter:
                                                 ledger_id=self.ledger_id))
 
     # -- ensemble change ------------------------------------------------------------------
-    def _run_change(self, change: EnsembleChange) -> None:
+    def _run_change(self, change: EnsembleChange | None) -> None:
         store = self.ctx.metadata_store
         while change is not None:
             try:

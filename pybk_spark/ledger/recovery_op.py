@@ -182,6 +182,8 @@ def read_forward(ctx: ClientContext, md: lm.LedgerMetadata, key: bytes, digester
         if status != rc.EXISTS:
             raise errors.LedgerRecoveryError("cannot decide whether an entry exists",
                                              ledger_id=md.ledger_id, entry_id=e)
+        # EXISTS: some replica answered with a verified entry e, kept in best
+        assert best is not None, "EXISTS without a verified answer"
         pieces.append(best)
         known_upto = e + best.num_rows - 1
         e = known_upto + 1

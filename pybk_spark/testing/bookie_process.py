@@ -101,8 +101,9 @@ class BookieProcess:
         stub = health_pb2_grpc.HealthStub(self.channel())
         serving = health_pb2.HealthCheckResponse.SERVING
         while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"bookie exited with {self.proc.returncode}:\n{self.log_tail()}")
+            proc = self.started()
+            if proc.poll() is not None:
+                raise RuntimeError(f"bookie exited with {proc.returncode}:\n{self.log_tail()}")
             try:
                 if stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0).status == serving:
                     return
@@ -114,7 +115,13 @@ class BookieProcess:
             time.sleep(0.05)   # poll interval, not synchronisation
 
     def wait_exit(self, timeout: float = 60.0) -> int:
-        return self.proc.wait(timeout)
+        return self.started().wait(timeout)
+
+    def started(self) -> subprocess.Popen:
+        """The running process (RuntimeError before ``start()``)."""
+        if self.proc is None:
+            raise RuntimeError(f"bookie {self.bookie_id} was never started: call start() first")
+        return self.proc
 
     def channel(self) -> grpc.Channel:
         if self._channel is None:
@@ -160,7 +167,7 @@ class BookieProcess:
         return self.proc.returncode
 
     def signal(self, sig: int) -> None:
-        self.proc.send_signal(sig)
+        self.started().send_signal(sig)
 
     def restart(self, timeout: float = 60.0) -> "BookieProcess":
         self.kill()

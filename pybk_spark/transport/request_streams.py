@@ -213,6 +213,7 @@ class RequestStreamer:
         req = self._frame(head, entries)
         now = self._clock()
         deadline = now + timeout
+        stream: PendingRequests | None = None
         for _attempt in range(2):
             with self._lock:
                 if self._closed:
@@ -228,9 +229,10 @@ class RequestStreamer:
                         return fut
             if stream.add(request_id, req, fut, deadline, convert, now):
                 return fut
-        cls = errors.TlsError if isinstance(stream.broken, errors.TlsError) \
+        broken = stream.broken if stream is not None else None
+        cls = errors.TlsError if isinstance(broken, errors.TlsError) \
             else errors.BookieUnavailable
-        fut.set_exception(cls(f"add stream keeps breaking: {stream.broken}",
+        fut.set_exception(cls(f"add stream keeps breaking: {broken}",
                               bookie=self._bookie_id))
         return fut
 
