@@ -103,7 +103,12 @@ def load_client_conf(path: str | None = None, **overrides) -> ClientConfig:
     return cfg.with_overrides(overrides) if overrides else cfg
 
 
-def as_config(conf) -> ClientConfig:
+# what a client may be given as its configuration: nothing (the defaults), a
+# ClientConfig, the path of a client.conf, or {key: value} overrides
+ClientConfLike = ClientConfig | Mapping[str, object] | str | None
+
+
+def as_config(conf: ClientConfLike) -> ClientConfig:
     if conf is None:
         return ClientConfig()
     if isinstance(conf, ClientConfig):

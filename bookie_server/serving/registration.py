@@ -74,7 +74,7 @@ from typing import Any, Callable, Optional
 from bookie_server.background import join_bounded
 from pybk_spark import errors
 from pybk_spark.metadata import keys
-from pybk_spark.metadata.store import keepalive_period
+from pybk_spark.metadata.store import Lease, MetadataStore, Versioned, keepalive_period
 
 log = logging.getLogger("bookie.registration")
 
@@ -121,11 +121,11 @@ def describe_owner(existing: dict) -> str:
 
 
 class Registrar:
-    def __init__(self, store, bookie_id: str, address: str, rack: str, metrics_port: int,
+    def __init__(self, store: MetadataStore, bookie_id: str, address: str, rack: str, metrics_port: int,
                  ttl: int = 5, add_lane_address: str = "", *, owner: Optional[dict] = None,
                  limits: Optional[dict] = None, tls: bool = False,
                  clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep):
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         self.store = store
         self.bookie_id = bookie_id
         self.address = address
@@ -163,7 +163,7 @@ class Registrar:
         return self.ttl + 2.0
 
     # -- the claim --------------------------------------------------------------------
-    def _existing(self) -> list[tuple[str, object, dict]]:
+    def _existing(self) -> list[tuple[str, Versioned, dict[str, Any]]]:
         out = []
         for mode in MODES:
             key = keys.bookie_key(mode, self.bookie_id)
@@ -345,7 +345,7 @@ class Registrar:
             self._revoke(old)
 
     @staticmethod
-    def _revoke(lease) -> None:
+    def _revoke(lease: Lease) -> None:
         try:
             lease.revoke()
         except Exception:  # noqa: BLE001 - expired already, or store down

@@ -157,7 +157,7 @@ def recover_with(bk, ledger_id: int, password: Optional[bytes] = None,
 
 
 def _lac_before(bk, md: lm.LedgerMetadata, password: bytes) -> Optional[int]:
-    from pybk_spark.ledger.read_handle import query_lac
+    from pybk_spark.ledger.lac_query import query_lac
     lm.check_password(md, password)
     try:
         return query_lac(bk.context, md, lm.master_key(password), fence=False)

@@ -37,19 +37,20 @@ import logging
 import threading
 from concurrent.futures import Future
 from operator import itemgetter
-from typing import Callable, Iterable
+from types import TracebackType
+from typing import Any, Callable, Iterable
 
 from pybk_spark import errors
 from pybk_spark.ledger.context import ClientContext
 from pybk_spark.wire.digest import Digester
 from pybk_spark.ledger.ledger_writer import LedgerWriter, Waiter
-from pybk_spark.metadata.store import ledger_key
+from pybk_spark.metadata.store import Lease, ledger_key
 from pybk_spark.protocol import add_admission as admission
 from pybk_spark.protocol import batch_cuts
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.ledger.read_handle import ReadHandle
 from pybk_spark.ledger.recovery_op import recover
-from pybk_spark.wire.entries import cumulative_lengths, make_batch
+from pybk_spark.wire.entries import Entry, cumulative_lengths, make_batch
 
 log = logging.getLogger("pybk_spark.ledger")
 
@@ -58,9 +59,9 @@ class LedgerHandle:
     """``ctx``: the client's dependencies; ``on_close(handle)``: called once
     the handle is closed (the client stops ticking it)."""
 
-    def __init__(self, ctx: ClientContext, md: lm.LedgerMetadata, password: bytes, lease=None,
-                 limits: admission.AddLimits | None = None,
-                 on_close: Callable[["LedgerHandle"], None] | None = None):
+    def __init__(self, ctx: ClientContext, md: lm.LedgerMetadata, password: bytes,
+                 lease: Lease | None = None, limits: admission.AddLimits | None = None,
+                 on_close: Callable[[LedgerHandle], None] | None = None) -> None:
         self.ctx = ctx
         self._on_close = on_close
         self.ledger_id = md.ledger_id
@@ -72,7 +73,7 @@ class LedgerHandle:
         self._submit_lock = threading.RLock()  # ids assigned and sent in order
         # add_entry_async calls made while earlier ones are being sent are
         # coalesced into one Arrow batch per bookie (one RPC, not one per entry)
-        self._queued: list[tuple[bytes, Future]] = []
+        self._queued: list[tuple[bytes, Future[int]]] = []
         self._queue_lock = threading.Lock()
         self._drain_scheduled = False
         self._async_inflight = 0
@@ -113,7 +114,7 @@ class LedgerHandle:
     def add_entry(self, payload: bytes) -> int:
         payload = bytes(payload)
         self._check_size(payload)
-        fut: Future = Future()
+        fut: Future[int] = Future()
         self._submit_chunk([payload], fut, single=True)
         return fut.result()
 
@@ -122,7 +123,7 @@ class LedgerHandle:
         one request per bookie each) with at most ``async_add_window`` batches
         in flight: while they are out, new calls queue up and leave together
         (Nagle's idea).  Entry ids follow call order."""
-        fut: Future = Future()
+        fut: Future[int] = Future()
         payload = bytes(payload)
         try:
             self._check_size(payload)
@@ -147,7 +148,7 @@ class LedgerHandle:
         with self._submit_lock:
             self._send_queued_locked(windowed=True)
 
-    def _take_queued(self, windowed: bool) -> list[tuple[bytes, Future]]:
+    def _take_queued(self, windowed: bool) -> list[tuple[bytes, Future[int]]]:
         """Pop one batch worth of queued adds.  Clears the drain flag when
         nothing more may go now (atomically with the check: no add strands,
         because a finishing batch re-schedules a drain)."""
@@ -169,7 +170,7 @@ class LedgerHandle:
                 self._async_inflight += 1
             return items
 
-    def _async_batch_done(self, chunk: Future, futures: list[Future]) -> None:
+    def _async_batch_done(self, chunk: Future[list[int]], futures: list[Future[int]]) -> None:
         with self._queue_lock:
             self._async_inflight -= 1
             again = bool(self._queued) and not self._drain_scheduled
@@ -186,7 +187,7 @@ class LedgerHandle:
             items = self._take_queued(windowed)
             if not items:
                 return
-            chunk_fut: Future = Future()
+            chunk_fut: Future[list[int]] = Future()
             try:
                 self._assign_and_send([p for p, _ in items], chunk_fut, single=False)
             except BaseException as exc:  # noqa: BLE001 - e.g. a bookie address lookup
@@ -206,35 +207,36 @@ class LedgerHandle:
             out.extend(f.result())
         return out
 
-    def add_entries_async(self, payloads: Iterable[bytes]) -> list[Future]:
+    def add_entries_async(self, payloads: Iterable[bytes]) -> list[Future[list[int]]]:
         """Raises ``TooLarge`` (nothing sent, no id assigned) when any payload
         is over the entry limit; otherwise cuts the payloads into requests
         each within the bookies' per-request limit."""
-        payloads = [bytes(p) for p in payloads]
-        sizes = list(map(len, payloads))
+        blobs = [bytes(p) for p in payloads]
+        sizes = list(map(len, blobs))
         lim = self._writer.limits
         bad = batch_cuts.first_oversized(sizes, lim)
         if bad is not None:
             raise admission.too_large(sizes[bad], lim, ledger_id=self.ledger_id)
         conf = self.ctx.conf
         start = 0
-        futs: list[Future] = []
+        futs: list[Future[list[int]]] = []
         for end in batch_cuts.batch_ends(sizes, conf.add_batch_entries, conf.add_batch_bytes, lim):
-            futs.append(self._chunk_future(payloads[start:end]))
+            futs.append(self._chunk_future(blobs[start:end]))
             start = end
         return futs
 
-    def _chunk_future(self, chunk: list[bytes]) -> Future:
-        fut: Future = Future()
+    def _chunk_future(self, chunk: list[bytes]) -> Future[list[int]]:
+        fut: Future[list[int]] = Future()
         self._submit_chunk(chunk, fut, single=False)
         return fut
 
-    def _submit_chunk(self, payloads: list[bytes], fut: Future, *, single: bool) -> None:
+    def _submit_chunk(self, payloads: list[bytes], fut: Future[Any], *, single: bool) -> None:
         with self._submit_lock:
             self._send_queued_locked()          # earlier async adds keep their place
             self._assign_and_send(payloads, fut, single=single)
 
-    def _assign_and_send(self, payloads: list[bytes], fut: Future, *, single: bool) -> None:
+    def _assign_and_send(self, payloads: list[bytes], fut: Future[Any], *, single: bool) -> None:
+        """``fut`` gets the entry id (``single``) or the list of ids."""
         if self._closed:
             fut.set_exception(errors.LedgerClosed("ledger handle is closed", ledger_id=self.ledger_id))
             return
@@ -252,7 +254,8 @@ class LedgerHandle:
             digests = self._digester.compute(self.ledger_id, ids, lacs, lengths, payloads)
             batch = make_batch(self.ledger_id, ids, lacs, lengths, payloads, digests)
             last = first + n - 1
-            result = (lambda: first) if single else (lambda: list(range(first, last + 1)))
+            result: Callable[[], int | list[int]] = (
+                (lambda: first) if single else (lambda: list(range(first, last + 1))))
             self._writer.submit(batch, Waiter(last, fut, result), nbytes=nbytes)
 
     # -- explicit LAC --------------------------------------------------------------------
@@ -269,7 +272,7 @@ class LedgerHandle:
                 self.ctx.transports.get(b).write_lac(self.ledger_id, self._key, lac)
 
     # -- reads by the writer ----------------------------------------------------------------
-    def read(self, first: int, last: int):
+    def read(self, first: int, last: int) -> list[Entry]:
         return ReadHandle(self.ctx, self.metadata, self._password, self.last_add_confirmed).read(first, last)
 
     # -- close ------------------------------------------------------------------------------
@@ -312,14 +315,15 @@ class LedgerHandle:
                 except errors.BKError:
                     pass
 
-    def __enter__(self):
+    def __enter__(self) -> LedgerHandle:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         self.close()
 
 
-def _fan_out(chunk: Future, futures: list[Future]) -> None:
+def _fan_out(chunk: Future[list[int]], futures: list[Future[int]]) -> None:
     """Complete each coalesced add's future from its chunk's outcome."""
     exc = chunk.exception()
     if exc is not None:

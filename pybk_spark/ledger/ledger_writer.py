@@ -40,14 +40,14 @@ from __future__ import annotations
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
 
 from pybk_spark import errors
 from pybk_spark.ledger.context import ClientContext
-from pybk_spark.metadata.store import ledger_key
+from pybk_spark.metadata.store import MetadataStore, ledger_key
 from pybk_spark.ledger.placement import writable_bookies
 from pybk_spark.protocol import add_admission as admission
 from pybk_spark.protocol.distribution import holds
@@ -59,8 +59,8 @@ from pybk_spark.wire.entries import batch_to_buffer
 @dataclass
 class Waiter:
     last: int
-    future: Future
-    result: Callable[[], object]
+    future: Future[Any]
+    result: Callable[[], Any]
 
 
 @dataclass
@@ -73,8 +73,9 @@ class _Chunk:
 
 class LedgerWriter:
     def __init__(self, ctx: ClientContext, md: lm.LedgerMetadata, master_key: bytes, *,
-                 recovery: bool, last_released: int = -1, on_metadata: Callable | None = None,
-                 limits: admission.AddLimits | None = None):
+                 recovery: bool, last_released: int = -1,
+                 on_metadata: Callable[[lm.LedgerMetadata], None] | None = None,
+                 limits: admission.AddLimits | None = None) -> None:
         self.ctx = ctx
         self.md = md
         self.ledger_id = md.ledger_id
@@ -172,12 +173,13 @@ class LedgerWriter:
         self._abort(error)
 
     # -- sending ------------------------------------------------------------------------
-    def _send(self, batch: pa.RecordBatch, ensemble, bad, *, wait: bool, only_slots=None) -> None:
+    def _send(self, batch: pa.RecordBatch, ensemble: tuple[str, ...], bad: set[int], *,
+              wait: bool, only_slots: set[int] | None = None) -> None:
         E, Qw = len(ensemble), self.md.write_quorum
         ids = batch.column("entry_id").to_numpy()
         # the full batch is serialized once (Qw == E); requests stay Arrow
         # buffers up to the framing, which copies them once into the message
-        whole: list = []
+        whole: list[pa.Buffer] = []
         for slot, bookie in enumerate(ensemble):
             if slot in bad or (only_slots is not None and slot not in only_slots):
                 continue
@@ -224,7 +226,7 @@ class LedgerWriter:
                 self._inflight.release()
             raise
 
-        def done(f: Future) -> None:
+        def done(f: Future[tuple[int, int]]) -> None:
             if not released_sem[0]:
                 released_sem[0] = True
                 self._inflight.release()
@@ -359,7 +361,8 @@ class LedgerWriter:
             self._resend(chunks, resends, ensemble, bad)
             self._complete(done)
 
-    def _resend(self, chunks: list[_Chunk], resends: list[Resend], ensemble, bad) -> None:
+    def _resend(self, chunks: list[_Chunk], resends: list[Resend], ensemble: tuple[str, ...],
+                bad: set[int]) -> None:
         """Send what the core's resends name: for each range, the part of
         every held chunk inside it, to the slots resending that range (the
         slot filter in ``_send`` keeps each bookie's own ids)."""
@@ -375,7 +378,7 @@ class LedgerWriter:
                     ch.batch.slice(lo - ch.first, hi - lo + 1)
                 self._send(part, ensemble, bad, wait=False, only_slots=slots)
 
-    def _cas_change(self, store, change: EnsembleChange) -> lm.LedgerMetadata:
+    def _cas_change(self, store: MetadataStore, change: EnsembleChange) -> lm.LedgerMetadata:
         policy = self.ctx.placement
         for _ in range(self.ctx.conf.metadata_retries):
             bookies = writable_bookies(store)
@@ -405,7 +408,7 @@ class LedgerWriter:
             except errors.IllegalOp:
                 if by_writer:
                     raise
-                md = lm.LedgerMetadata.from_json(store.get(ledger_key(self.ledger_id)).value)
+                md = self.ctx.ledger_metadata(self.ledger_id)     # NoSuchLedger if deleted
                 if md.state != lm.IN_RECOVERY:
                     raise errors.LedgerFenced("ledger no longer in recovery", ledger_id=self.ledger_id) from None
                 continue

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import random
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 from pybk_spark import errors
 from pybk_spark.metadata.store import MetadataStore
@@ -27,12 +27,15 @@ from pybk_spark.metadata import keys
 
 DECOMMISSIONED_PREFIX = "audit/decommissioned/"
 
+# a bookie's registration as it registered it (JSON: addresses, rack, ...)
+Registration = dict[str, Any]
 
-def writable_bookies(store: MetadataStore) -> dict[str, dict]:
+
+def writable_bookies(store: MetadataStore) -> dict[str, Registration]:
     """Registered writable bookies, minus those an operator is decommissioning
     (``pybk decommission``): no new ensemble or replacement lands on them."""
     leaving = {key.rsplit("/", 1)[1] for key, _v in store.list_prefix(DECOMMISSIONED_PREFIX)}
-    out = {}
+    out: dict[str, Registration] = {}
     for key, v in store.list_prefix(keys.bookies_prefix("writable")):
         bookie_id = key.rsplit("/", 1)[1]
         if bookie_id in leaving:
@@ -46,19 +49,19 @@ def writable_bookies(store: MetadataStore) -> dict[str, dict]:
 
 
 class PlacementPolicy:
-    def __init__(self, rng: random.Random | None = None):
+    def __init__(self, rng: random.Random | None = None) -> None:
         self.rng = rng or random.Random()
 
-    def new_ensemble(self, n: int, bookies: Mapping[str, dict],
+    def new_ensemble(self, n: int, bookies: Mapping[str, Registration],
                      exclude: Iterable[str] = ()) -> tuple[str, ...]:
         raise NotImplementedError
 
-    def replace(self, ensemble: tuple[str, ...], slot: int, bookies: Mapping[str, dict],
+    def replace(self, ensemble: tuple[str, ...], slot: int, bookies: Mapping[str, Registration],
                 exclude: Iterable[str] = ()) -> str:
         raise NotImplementedError
 
 
-def _candidates(bookies: Mapping[str, dict], exclude: Iterable[str]) -> list[str]:
+def _candidates(bookies: Mapping[str, Registration], exclude: Iterable[str]) -> list[str]:
     ex = set(exclude)
     return sorted(b for b in bookies if b not in ex)
 
@@ -69,7 +72,7 @@ def _reasons(exclude: Iterable[str]) -> dict[str, str]:
     return {str(b): "excluded by the caller" for b in exclude}
 
 
-def refusal(bookies: Mapping[str, dict], exclude: Iterable[str], *,
+def refusal(bookies: Mapping[str, Registration], exclude: Iterable[str], *,
             ensemble: tuple[str, ...] = (), needed: int | None = None) -> errors.NotEnoughBookies:
     """The NotEnoughBookies of a placement: the writable bookies it could
     not use, each with its reason (members of ``ensemble`` are named as the
@@ -82,13 +85,15 @@ def refusal(bookies: Mapping[str, dict], exclude: Iterable[str], *,
 
 
 class RandomPlacement(PlacementPolicy):
-    def new_ensemble(self, n, bookies, exclude=()):
+    def new_ensemble(self, n: int, bookies: Mapping[str, Registration],
+                     exclude: Iterable[str] = ()) -> tuple[str, ...]:
         cands = _candidates(bookies, exclude)
         if len(cands) < n:
             raise refusal(bookies, exclude, needed=n)
         return tuple(self.rng.sample(cands, n))
 
-    def replace(self, ensemble, slot, bookies, exclude=()):
+    def replace(self, ensemble: tuple[str, ...], slot: int, bookies: Mapping[str, Registration],
+                exclude: Iterable[str] = ()) -> str:
         cands = _candidates(bookies, set(exclude) | set(ensemble))
         if not cands:
             raise refusal(bookies, exclude, ensemble=tuple(ensemble))
@@ -97,10 +102,11 @@ class RandomPlacement(PlacementPolicy):
 
 class RackAwarePlacement(PlacementPolicy):
     @staticmethod
-    def _rack(bookies, b) -> str:
+    def _rack(bookies: Mapping[str, Registration], b: str) -> str:
         return str(bookies.get(b, {}).get("rack") or "/default-rack")
 
-    def new_ensemble(self, n, bookies, exclude=()):
+    def new_ensemble(self, n: int, bookies: Mapping[str, Registration],
+                     exclude: Iterable[str] = ()) -> tuple[str, ...]:
         cands = _candidates(bookies, exclude)
         if len(cands) < n:
             raise refusal(bookies, exclude, needed=n)
@@ -118,7 +124,8 @@ class RackAwarePlacement(PlacementPolicy):
                     chosen.append(racks[r].pop())
         return tuple(chosen)
 
-    def replace(self, ensemble, slot, bookies, exclude=()):
+    def replace(self, ensemble: tuple[str, ...], slot: int, bookies: Mapping[str, Registration],
+                exclude: Iterable[str] = ()) -> str:
         cands = _candidates(bookies, set(exclude) | set(ensemble))
         if not cands:
             raise refusal(bookies, exclude, ensemble=tuple(ensemble))
@@ -127,7 +134,7 @@ class RackAwarePlacement(PlacementPolicy):
         return self.rng.choice(fresh or cands)
 
 
-POLICIES = {"random": RandomPlacement, "rack-aware": RackAwarePlacement}
+POLICIES: dict[str, type[PlacementPolicy]] = {"random": RandomPlacement, "rack-aware": RackAwarePlacement}
 
 
 def make_policy(name: str, rng: random.Random | None = None) -> PlacementPolicy:

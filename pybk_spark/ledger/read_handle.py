@@ -1,5 +1,10 @@
 """Reading a ledger: ``ReadHandle`` (range reads, LAC, long-poll tail).
 
+The LAC query to the last fragment's bookies (a handle's
+``read_last_add_confirmed``, the non-recovery open, recovery's fence phase)
+is ``lac_query.py``; ``verified_prefix`` here is the rule for an answer's
+usable rows, which recovery's forward reads apply too.
+
 Theory of operation
 -------------------
 The decisions (verified prefix, merged sparse answers, replica order and
@@ -34,25 +39,30 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import dataclasses
-from typing import Callable, Iterator
+from concurrent.futures import Future
+from types import TracebackType
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
 
 from pybk_spark import errors
 from pybk_spark.ledger.context import ClientContext
+from pybk_spark.ledger.lac_query import query_lac
 from pybk_spark.wire.digest import Digester
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.protocol import read_decisions as rd
 from pybk_spark.transport.base import failed_future
 from pybk_spark.wire.entries import Entry, one_batch, to_entries
+from pybk_spark.wire.results import ReadResult
 
 OUT_COLUMNS = ["ledger_id", "entry_id", "payload"]
 STRIPED_WINDOW = 1 << 20   # (ids per striped read are bounded by max_entries)
 
 
 class ReadHandle:
-    def __init__(self, ctx: ClientContext, md: lm.LedgerMetadata, password: bytes, lac: int):
+    def __init__(self, ctx: ClientContext, md: lm.LedgerMetadata, password: bytes,
+                 lac: int) -> None:
         self.ctx = ctx
         self.metadata = md
         self.ledger_id = md.ledger_id
@@ -74,10 +84,11 @@ class ReadHandle:
     def close(self) -> None:
         """Readers hold no bookie-side state; kept for symmetry with BookKeeper's API."""
 
-    def __enter__(self):
+    def __enter__(self) -> ReadHandle:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         self.close()
 
     def _refresh_metadata(self) -> None:
@@ -168,7 +179,7 @@ class ReadHandle:
         consumer stops (closes the generator) are cancelled."""
         self._check_range(first, last)
         depth = max(1, windows_in_flight or self.ctx.conf.read_windows_in_flight)
-        ahead: collections.deque = collections.deque()
+        ahead: collections.deque[_Window] = collections.deque()
         planned = nxt = first
         try:
             while nxt <= last:
@@ -208,8 +219,9 @@ class ReadHandle:
         return _Window(first, last, lambda: self._finish_run(run),
                        lambda: _cancel_all(list(run.pending)))
 
-    def _finish_striped(self, first: int, last: int, ensemble, max_bytes: int | None,
-                        futs: list | None) -> pa.RecordBatch:
+    def _finish_striped(self, first: int, last: int, ensemble: tuple[str, ...],
+                        max_bytes: int | None,
+                        futs: list[Future[ReadResult]] | None) -> pa.RecordBatch:
         """Striped range.  First try: each bookie was asked only for the
         entries whose write set starts at it (``stripe=(E, slot)``,
         BookKeeper's first-replica read), so each entry crosses the wire once.
@@ -229,8 +241,8 @@ class ReadHandle:
         return merged if merged is not None else self._finish_run(
             self._start_run(first, last, max_bytes))
 
-    def _sparse_reads(self, first: int, last: int, ensemble, by_slot: bool,
-                      max_bytes: int | None) -> list:
+    def _sparse_reads(self, first: int, last: int, ensemble: tuple[str, ...], by_slot: bool,
+                      max_bytes: int | None) -> list[Future[ReadResult]]:
         conf = self.ctx.conf
         budget = max_bytes or conf.read_batch_bytes
         if by_slot:                  # each bookie returns ~1/E of the window
@@ -239,7 +251,7 @@ class ReadHandle:
                           sparse=True, stripe=(len(ensemble), slot) if by_slot else None)
                 for slot, b in enumerate(ensemble)]
 
-    def _ask(self, bookie: str, first: int, last: int, **kw) -> cf.Future:
+    def _ask(self, bookie: str, first: int, last: int, **kw: Any) -> Future[ReadResult]:
         """One read request; a failure to even send it (the bookie's address
         lookup while etcd is down) is that replica's answer, so a window
         requested ahead never fails the reader before its turn, and the
@@ -251,9 +263,10 @@ class ReadHandle:
         except errors.BKError as exc:
             return failed_future(exc)
 
-    def _merge_sparse(self, first: int, futs: list) -> pa.RecordBatch | None:
+    def _merge_sparse(self, first: int, futs: list[Future[ReadResult]]
+                      ) -> pa.RecordBatch | None:
         """The verified gap-free prefix from ``first`` of the answers, or None."""
-        batches = []
+        batches: list[pa.RecordBatch] = []
         for f in futs:
             try:
                 batch = f.result()
@@ -363,39 +376,10 @@ def verified_prefix(batch: pa.RecordBatch | pa.Table, e: int, digester: Digester
     return batch if n == batch.num_rows else batch.slice(0, n)
 
 
-def read_lac_coverage(ctx: ClientContext, md: lm.LedgerMetadata, key: bytes, *,
-                      fence: bool) -> rd.LacCoverage:
-    """ReadLac (fenced or not) to every bookie of the last fragment; returns
-    the coverage as soon as it is covered or can no longer be."""
-    ensemble = md.current_ensemble
-    cov = rd.LacCoverage(len(ensemble), md.write_quorum, md.ack_quorum,
-                         floor=md.last_fragment_first_entry - 1)
-    futs = {ctx.transports.get(b).read_lac(md.ledger_id, fence=fence, master_key=key,
-                                            timeout=ctx.conf.read_timeout_s): i
-            for i, b in enumerate(ensemble)}
-    for f in cf.as_completed(futs):
-        exc = f.exception()
-        if isinstance(exc, errors.Unauthorized):
-            raise exc           # no bookie will answer a wrong key
-        cov.on_answer(futs[f], rd.answer_kind(exc), f.result().lac if exc is None else -1)
-        if cov.covered or cov.impossible:
-            break
-    return cov
-
-
-def query_lac(ctx: ClientContext, md: lm.LedgerMetadata, key: bytes, *, fence: bool) -> int:
-    """Max LAC of the last fragment's bookies, returning once they cover it."""
-    cov = read_lac_coverage(ctx, md, key, fence=fence)
-    if not cov.covered:
-        raise errors.ReadError("could not read the LAC from enough bookies",
-                               ledger_id=md.ledger_id)
-    return cov.lac
-
-
 SLICE_GATHER_MAX_ROWS = 256
 
 
-def _gather(batches: list, table: pa.Table, rows: np.ndarray,
+def _gather(batches: list[pa.RecordBatch], table: pa.Table, rows: np.ndarray,
             slice_max_rows: int = SLICE_GATHER_MAX_ROWS) -> pa.RecordBatch | pa.Table:
     """Rows ``rows`` (positions in ``table``, the concatenation of ``batches``),
     in that order.  ``Table.take`` copies every payload twice (it concatenates
@@ -411,7 +395,6 @@ def _gather(batches: list, table: pa.Table, rows: np.ndarray,
     return pa.Table.from_batches(pieces, schema=table.schema)
 
 
-
 class _Window:
     """A read window in flight: entries [first, last]; ``finish()`` waits
     for it and returns a verified, non-empty prefix from ``first``;
@@ -419,11 +402,11 @@ class _Window:
     __slots__ = ("first", "last", "finish", "cancel")
 
     def __init__(self, first: int, last: int, finish: Callable[[], pa.RecordBatch],
-                 cancel: Callable[[], None]):
+                 cancel: Callable[[], None]) -> None:
         self.first, self.last, self.finish, self.cancel = first, last, finish, cancel
 
 
-def _cancel_all(futures) -> None:
+def _cancel_all(futures: Iterable[Future[ReadResult]]) -> None:
     """Cancel requests nobody will wait for (the transport stops the call)."""
     for f in futures:
         f.cancel()
@@ -439,4 +422,4 @@ class _RunRead:
     max_bytes: int | None
     ensemble: tuple[str, ...]
     choice: rd.ReplicaRun
-    pending: dict = dataclasses.field(default_factory=dict)
+    pending: dict[Future[ReadResult], str] = dataclasses.field(default_factory=dict)

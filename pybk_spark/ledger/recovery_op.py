@@ -6,7 +6,7 @@ Theory of operation (pure decisions in ``protocol.recovery`` and
 1. CAS the metadata to IN_RECOVERY (``to_in_recovery``; a writer's later
    ensemble change or close then fails).
 2. Fenced ReadLac to every bookie of the last fragment (the readers' LAC
-   query, ``read_handle.read_lac_coverage``, with ``fence=True``); stop
+   query, ``lac_query.read_lac_coverage``, with ``fence=True``); stop
    waiting as soon as the answers cover the ensemble (#1067); LAC only from
    fenced answers (#2614).
 3. start = max(LAC, last fragment first - 1) (#2615); last fragment first - 1
@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 from concurrent.futures import Future
+from typing import Iterable, Iterator
 
 import pyarrow as pa
 
@@ -59,8 +60,10 @@ from pybk_spark.metadata.store import ledger_key
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.protocol import read_decisions as rd
 from pybk_spark.protocol import recovery as rc
-from pybk_spark.ledger.read_handle import ReadHandle, read_lac_coverage, verified_prefix
+from pybk_spark.ledger.lac_query import read_lac_coverage
+from pybk_spark.ledger.read_handle import ReadHandle, verified_prefix
 from pybk_spark.wire.entries import one_batch
+from pybk_spark.wire.results import ReadResult
 
 RACE_RETRIES = 5
 
@@ -144,7 +147,8 @@ def read_forward(ctx: ClientContext, md: lm.LedgerMetadata, key: bytes, digester
             e += 1
             continue
         probe = rc.EntryProbe(e, E, Qw, Qa)
-        futs, slot_answers = {}, {}
+        futs: dict[Future[ReadResult], int] = {}
+        slot_answers: dict[int, rc.SlotAnswers] = {}
         for s in probe.slots:
             holders = lm.recovery_read_bookies(md, s)
             slot_answers[s] = rc.SlotAnswers(len(holders))
@@ -153,7 +157,7 @@ def read_forward(ctx: ClientContext, md: lm.LedgerMetadata, key: bytes, digester
                     md.ledger_id, e, e + batch_n - 1, max_entries=batch_n, master_key=key,
                     fence=True, timeout=ctx.conf.read_timeout_s)] = s
         best: pa.RecordBatch | None = None
-        seen: set = set()
+        seen: set[Future[ReadResult]] = set()
         for f in _completed_preferring_done(futs):
             if f in seen:
                 continue
@@ -217,7 +221,7 @@ def rewrite(ctx: ClientContext, md: lm.LedgerMetadata, key: bytes, start: int,
     writer = LedgerWriter(ctx, md, key, recovery=True, last_released=start)
     first, _lac, _length = writer.assign(rows.num_rows)
     assert first == start + 1
-    fut: Future = Future()
+    fut: Future[None] = Future()
     writer.submit(rows, Waiter(start + rows.num_rows, fut, lambda: None))
     try:
         fut.result()
@@ -229,7 +233,8 @@ def rewrite(ctx: ClientContext, md: lm.LedgerMetadata, key: bytes, start: int,
     return writer.md
 
 
-def _completed_preferring_done(futs):
+def _completed_preferring_done(futs: Iterable[Future[ReadResult]]
+                               ) -> Iterator[Future[ReadResult]]:
     """Already-finished futures first (deterministic order), then as they finish."""
     done = [f for f in futs if f.done()]
     yield from done
