@@ -7,7 +7,7 @@ BookKeeper operator already knows.
 
 Translation happens in exactly two places:
   * gRPC status/response codes  <->  errors: ``pybk_spark.wire.codes``
-  * etcd exceptions             ->   errors: ``pybk_spark.metadata.etcd_store``
+  * etcd exceptions             ->   errors: ``pybk_spark.metadata.etcd_errors``
 
 Outcome rule (Jepsen's ok / fail / info):  an error whose ``outcome_known`` is
 False (timeouts, LedgerFenced on an add, lost connections) means the operation

@@ -45,7 +45,7 @@ is gone (expired while the bookie was cut off, a wiped cluster), or our key
 is missing or was changed.  A round that learns nothing (a member hung or
 cut off, an election: ``MetadataUnavailable``) changes nothing: the lease's
 own keep-alive moves to another member within a third of the ttl
-(pybk_spark/metadata/etcd_store.py), and moving the key to a new lease
+(pybk_spark/metadata/etcd_leases.py), and moving the key to a new lease
 through an etcd that is failing over would only add writes of unknown
 outcome.  Otherwise a new lease is granted and
 the key created again, or moved under it; a key meanwhile taken by another

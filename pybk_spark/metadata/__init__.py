@@ -8,6 +8,7 @@
 """
 from pybk_spark.metadata.store import Lease, MetadataStore, Versioned  # noqa: F401
 from pybk_spark.metadata.security import EtcdSecurity  # noqa: F401
+from pybk_spark.metadata.memory_store import MemoryMetadataStore
 
 from pybk_spark import errors as _errors
 
@@ -52,8 +53,9 @@ def open_store(uri: str, security: EtcdSecurity | None = None) -> MetadataStore:
     ``security`` (from conf keys) merges with the URI's own query."""
     kind, where, scope = parse_uri(uri)
     if kind == "memory":
-        from pybk_spark.metadata.memory_store import MemoryMetadataStore
         return MemoryMetadataStore.named(where)
-    from pybk_spark.metadata.etcd_store import EtcdMetadataStore, parse_endpoints
+    # why: pyetcd and its grpc stubs (~0.2 s to import) only for an etcd URI
+    from pybk_spark.metadata.etcd_connection import parse_endpoints
+    from pybk_spark.metadata.etcd_store import EtcdMetadataStore  # why: as above
     parse_endpoints(where)             # validate before connecting
     return EtcdMetadataStore(where, scope, security=uri_security(uri).merged(security))

@@ -1,6 +1,6 @@
 """Where etcd and gRPC failures become ``pybk_spark.errors``: ``translate(fn)``
 wraps one call of the etcd client so that every failure it raises is a typed
-pybk error (one attempt; ``etcd_store.EtcdMetadataStore._call`` adds
+pybk error (one attempt; ``etcd_connection.EtcdConnection.call`` adds
 retries and the endpoints).  Refusals (TLS, authentication, permissions) are
 ``etcd_refusals``' to name.
 """

@@ -58,9 +58,9 @@ def test_a_lease_outlives_a_hung_member_listed_first(etcd):
         store.get("x")        # a read fails over: the store's other calls use the live member
         lease = store.grant_lease(ttl)
         store.put("bookies/writable/b1", b"reg", lease=lease)
-        store._keepalive_preferred = hung.endpoint     # the worst start: the hung one first
+        store.leases.preferred = hung.endpoint     # the worst start: the hung one first
         lease.refresh()                                # moves on within the round
-        assert store._keepalive_preferred == etcd.endpoint
+        assert store.leases.preferred == etcd.endpoint
         lease.refresh()                                # and sticks to the live member
         seen = 0
         end = time.monotonic() + 3 * ttl               # the keep-alive thread's rounds

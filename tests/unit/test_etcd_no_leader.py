@@ -1,6 +1,6 @@
 """The store's reading of etcd's "no leader" refusal (pybk_spark/metadata/
-etcd_errors.py, etcd_store._call), with no etcd: a member without a leader
-refuses a request in its gRPC interceptor before looking at it, so even a
+etcd_errors.py, etcd_connection.EtcdConnection.call), with no etcd: a member
+without a leader refuses a request in its gRPC interceptor before looking at it, so even a
 write may be sent again (to another member); any other unavailability of a
 write stays an unknown outcome and is not resent."""
 from __future__ import annotations
@@ -65,14 +65,14 @@ def test_other_unavailability_is_not_a_refusal():
 
 def test_a_write_refused_for_want_of_a_leader_is_sent_again(store):
     call, calls = _failing("etcdserver: no leader", then=42)
-    assert store._call(call, idempotent=False) == 42
+    assert store.connection.call(call, idempotent=False) == 42
     assert len(calls) == 2
 
 
 def test_a_write_that_failed_otherwise_is_an_unknown_outcome(store):
     call, calls = _failing("Socket closed", then=42)
     with pytest.raises(errors.MetadataUnavailable):
-        store._call(call, idempotent=False)
+        store.connection.call(call, idempotent=False)
     assert len(calls) == 1                     # never resent: it may have landed
 
 
