@@ -1,5 +1,10 @@
 """The journal: append-only, CRC-framed, group-committed write-ahead log.
 
+This module carries the group commit: the submission queue, the writer and
+sync stages, the leader fast path and the journal's failure.  The file it
+appends to (opening, preallocation, framing and writing a group, rolling's
+file half, deleting old files) is ``journal_file.py``.
+
 Theory of operation
 -------------------
 Record frame: ``[length u32][crc32c u32][type u8][body]`` (little endian);
@@ -75,7 +80,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from bookie_server.journal.direct_write import DirectWriter, pad_before
+from bookie_server.journal.journal_file import JournalFile
 from bookie_server.journal.records import JournalRecord
 from bookie_server.serving.metrics import BookieMetrics
 from bookie_server.storage import page_cache
@@ -113,16 +118,14 @@ class Journal:
                  metrics: Optional[BookieMetrics] = None, fsync: Callable[[int], None] = os.fdatasync,
                  pwritev: Callable[[int, list, int], int] = os.pwritev,
                  on_failure: Optional[Callable[[BaseException], None]] = None):
+        self.file = JournalFile(directory, max_file_bytes=max_file_bytes,
+                                prealloc_bytes=prealloc_bytes, headroom_bytes=max_group_bytes * 2,
+                                direct_min_bytes=direct_min_bytes, pwritev=pwritev)
         self.dir = directory
-        os.makedirs(directory, exist_ok=True)
         self.max_group_wait_s = max_group_wait_s
         self.max_group_bytes = max_group_bytes
         self.flush_when_queue_empty = flush_when_queue_empty
         self.sync_data = sync_data
-        self.max_file_bytes = max_file_bytes
-        self.prealloc_bytes = prealloc_bytes
-        # groups >= direct_min_bytes: O_DIRECT (0 = off)
-        self._direct = DirectWriter(direct_min_bytes, self._write_all, self._preallocate)
         self.cache_window = None if page_cache_keep_bytes is None or not sync_data \
             else page_cache.SyncedWindow(page_cache_keep_bytes)
         # the leader path only where a lone submission would not wait for company anyway
@@ -130,7 +133,6 @@ class Journal:
         self.clock = clock
         self.metrics = metrics
         self._fsync = fsync                  # injected like the clock (fault tests)
-        self._pwritev = pwritev
         self._on_failure = on_failure        # called once, on the failing journal thread
         self._cv = threading.Condition(threading.Lock())   # guards the fields below
         self._pending: "collections.deque[Submission]" = collections.deque()
@@ -142,18 +144,14 @@ class Journal:
         self._started = False
         self._thread: Optional[threading.Thread] = None
         self._failed: Optional[BaseException] = None
-        self._fd = -1
-        self._seq = 0
-        self._offset = 0
-        self._allocated = 0
         self.durable_position = Position(0, 0)
         self._sync_q: "queue.Queue[Any]" = queue.Queue()
         self._syncer: Optional[threading.Thread] = None
 
     # -- writing --------------------------------------------------------------
     def start(self, on_durable: Callable[[list[Submission], Position], None]) -> None:
-        files = list_files(self.dir)
-        self._open_file((files[-1] + 1) if files else 1)
+        self.file.open_after_existing()
+        self.durable_position = max(self.durable_position, Position(self.file.seq, 0))
         self._on_durable = on_durable
         self._syncer = threading.Thread(target=self._sync_run, name="journal-sync", daemon=True)
         self._syncer.start()
@@ -161,31 +159,6 @@ class Journal:
         self._thread.start()
         with self._cv:
             self._started = True
-
-    def _open_file(self, seq: int) -> None:
-        path = os.path.join(self.dir, file_name(seq))
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        self._seq, self._offset, self._allocated = seq, 0, 0
-        if self._direct.min_bytes > 0:
-            self._direct.open(path)
-        self._preallocate()
-        dfd = os.open(self.dir, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-        self.durable_position = max(self.durable_position, Position(seq, 0))
-
-    def _preallocate(self, need: int = 0) -> None:
-        if self.prealloc_bytes <= 0:
-            return
-        while self._allocated < self._offset + max(need, self.max_group_bytes * 2):
-            try:
-                os.posix_fallocate(self._fd, self._allocated, self.prealloc_bytes)
-            except OSError:
-                self.prealloc_bytes = 0
-                return
-            self._allocated += self.prealloc_bytes
 
     def submit(self, records: list[tuple[int, bytes]], payload: Optional[JournalRecord] = None, *,
                lead: bool = False) -> Future:
@@ -318,38 +291,25 @@ class Journal:
         if self._failed is not None:
             self._fail(group, f"journal failed: {self._failed}")
             return None
-        direct = self._direct.wants(sum(sub.nbytes for sub in group))
-        lead_pad = pad_before(self._offset) if direct else 0
-        pieces: list[bytes] = []
-        at = self._offset + lead_pad
-        for sub in group:
-            sub.locations = []
-            for rtype, body in sub.records:
-                pieces.extend(frame(rtype, body))
-                sub.locations.append((self._seq, at + HEADER.size))
-                at += HEADER.size + len(body)
+        f = self.file
         try:
-            if direct:
-                total = self._direct.write_group(pieces, self._offset, lead_pad, self._fd)
-            else:
-                total = self._write_all(self._fd, pieces, self._offset)
+            total = f.write_group(group)
         except BaseException as exc:  # noqa: BLE001 - poison and fail the group
-            self._poison(exc, "write", self._seq)
+            self._poison(exc, "write", f.seq)
             self._fail(group, f"journal write failed: {exc}")
             return None
-        self._offset += total
-        return group, Position(self._seq, self._offset), self._fd, total
+        return group, Position(f.seq, f.offset), f.fd, total
 
     def _maybe_roll(self) -> None:
         if self._failed is not None:    # a failed journal neither rolls nor grows
             return
         try:
-            if self._offset >= self.max_file_bytes:
+            if self.file.full:
                 self._roll()
-            elif self.prealloc_bytes:
-                self._preallocate()
+            elif self.file.prealloc_bytes:
+                self.file.preallocate()
         except OSError as exc:      # e.g. ENOSPC creating the next file: later adds fail
-            self._poison(exc, "roll", self._seq)
+            self._poison(exc, "roll", self.file.seq)
 
     @property
     def failed(self) -> Optional[BaseException]:
@@ -442,51 +402,23 @@ class Journal:
         except Exception:  # noqa: BLE001 - advice must never fail the journal
             log.exception("event=journal_page_cache_error")
 
-    def _write_all(self, fd: int, pieces: list, start: int) -> int:
-        offset = start
-        for i in range(0, len(pieces), 512):  # stay under IOV_MAX
-            chunk = pieces[i:i + 512]
-            size = sum(len(p) for p in chunk)
-            written = self._pwritev(fd, chunk, offset)
-            if written < size:  # rare short write: finish with plain pwrite
-                rest = memoryview(b"".join(chunk))
-                while written < size:
-                    n = os.pwrite(fd, rest[written:], offset + written)
-                    if n <= 0:
-                        raise OSError("short write to journal")
-                    written += n
-            offset += size
-        return offset - start
-
     def _finish_file(self) -> None:
-        if self._fd >= 0:
-            try:
-                if self._failed is None:    # a failed file is left as it is: no retry
-                    os.ftruncate(self._fd, self._offset)
-                    os.fsync(self._fd)
-            finally:
-                os.close(self._fd)
-                self._fd = -1
-                self._direct.close()
+        self.file.finish(durable=self._failed is None)   # a failed file: no retry
 
     def _roll(self) -> None:
         self._sync_barrier()        # the sync stage must be done with the old fd
         self._finish_file()
-        self._open_file(self._seq + 1)
+        self.file.open(self.file.seq + 1)
+        self.durable_position = max(self.durable_position, Position(self.file.seq, 0))
 
     def delete_before(self, position: Position, keep: frozenset = frozenset()) -> list[int]:
         """Delete journal files whose records all lie before ``position``,
         except those in ``keep`` (files the entry store still reads batches
         from).  Returns the deleted file seqs."""
-        removed = []
-        for seq in list_files(self.dir):
-            if seq < position.seq and seq != self._seq and seq not in keep:
-                os.unlink(os.path.join(self.dir, file_name(seq)))
-                removed.append(seq)
-        return removed
+        return self.file.delete_before(position, keep)
 
     def path_of(self, seq: int) -> str:
-        return os.path.join(self.dir, file_name(seq))
+        return self.file.path_of(seq)
 
     def close(self) -> None:
         with self._cv:

@@ -123,6 +123,11 @@ class EtcdConnection:
         self.client.metadata = etcd_errors.REQUIRE_LEADER
         self.closed = False
 
+    @property
+    def auth_epoch(self) -> int:
+        """How many times this connection logged in (0: not yet, or no user)."""
+        return self._auth_epoch
+
     def endpoint_in_use(self) -> str:
         try:
             return str(self.client.endpoint_in_use.netloc)

@@ -37,7 +37,7 @@ class _Writes:
         self.journal: Journal | None = None
 
     def __call__(self, fd, pieces, offset):
-        if self.fail_on_direct and self.journal is not None and fd == self.journal._direct.fd:
+        if self.fail_on_direct and self.journal is not None and fd == self.journal.file.direct.fd:
             raise OSError(self.direct_errno, f"{os.strerror(self.direct_errno)} (injected)")
         n = os.pwritev(fd, pieces, offset)
         self.calls.append((fd, offset, n))
@@ -51,7 +51,7 @@ def _direct_journal(path: str, writes: _Writes, **kw) -> Journal:
 
 
 def _need_direct(j: Journal) -> None:
-    if j._direct.fd < 0:
+    if j.file.direct.fd < 0:
         pytest.skip(f"the file system of {j.dir} refuses O_DIRECT: the direct path is not testable here")
 
 
@@ -68,7 +68,7 @@ def test_big_groups_are_written_aligned_on_the_direct_descriptor_and_replay(tmp_
               (RecordType.ADD_BATCH, os.urandom(3 * ALIGN - 9)),           # direct, exact fit
               (RecordType.ADD_BATCH, os.urandom(300_000))]                 # direct, past prealloc
     positions = [j.submit([rec]).result(10) for rec in bodies]
-    direct_fd = j._direct.fd
+    direct_fd = j.file.direct.fd
     j.close()
 
     direct_writes = [(off, n) for fd, off, n in writes.calls if fd == direct_fd]
@@ -124,7 +124,7 @@ def test_a_direct_write_refused_with_einval_is_written_buffered_and_nothing_is_l
         assert j.failed is None
         j.close()
     assert caplog.text.count("event=journal_direct_refused") == 1
-    assert j._direct.fd == -1 and j._direct.min_bytes == 0
+    assert j.file.direct.fd == -1 and j.file.direct.min_bytes == 0
     got = list(replay(str(tmp_path), Position(0, 0)))
     assert [(t, b) for _p, t, b in got if t != RecordType.PAD] == bodies
 
@@ -152,7 +152,7 @@ def test_without_o_direct_every_group_is_buffered(tmp_path, monkeypatch, caplog)
             j.submit([(RecordType.ADD_BATCH, body)]).result(10)
         j.close()
     assert caplog.text.count("event=journal_direct_unavailable") == 1
-    assert {fd for fd, _off, _n in writes.calls} and j._direct.fd == -1
+    assert {fd for fd, _off, _n in writes.calls} and j.file.direct.fd == -1
     assert [b for _p, _t, b in replay(str(tmp_path), Position(0, 0))] == bodies
 
 

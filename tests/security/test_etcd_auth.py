@@ -137,13 +137,13 @@ def test_stale_token_is_renewed(secure_cluster):
     with _opened(secure_cluster.metadata_uri) as store, \
             _opened(with_security(secure_cluster.metadata_uri, root)) as admin:
         v = store.put_if_absent("logs/renew-check", b"1")
-        epoch = store._auth_epoch
+        epoch = store.connection.auth_epoch
         password = secure_cluster.etcd_security("client").password()
         admin.auth_request("UserChangePassword", name="client", password=password)
         v = store.compare_and_swap("logs/renew-check", b"2", v)
         assert store.get("logs/renew-check").value == b"2"
         store.delete("logs/renew-check", expected_version=v)
-        assert store._auth_epoch > epoch          # it did log in again
+        assert store.connection.auth_epoch > epoch          # it did log in again
 
 
 def test_bookie_conf_keys_and_refused_bookie_exits_2(secure_cluster, tmp_path):

@@ -448,7 +448,7 @@ class _OutOfOrderAcks(PendingAdds):
 
 class _FirstAnswerCovers(rd.LacCoverage):
     """Fencing declared done after the first answer (#1067): recovery's
-    fence phase is the readers' LAC query (``read_handle.read_lac_coverage``
+    fence phase is the readers' LAC query (``lac_query.read_lac_coverage``
     builds an ``rd.LacCoverage``), so readers cover with one answer too."""
 
     @property

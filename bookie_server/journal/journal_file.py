@@ -1,0 +1,144 @@
+"""The journal's current file: opening, preallocating, writing groups of
+records at its end, rolling to the next file, and deleting old files.
+
+Theory of operation
+-------------------
+Files are ``<seq:016x>.jnl`` in the journal directory (``journal_format``);
+writing always starts a fresh file after the last one there, so only tails
+can be torn.  A new file is created with ``O_EXCL``, preallocated in
+``prealloc_bytes`` steps (``posix_fallocate``; a file system that refuses
+stops preallocation for good) and its directory entry fsynced.  A group's
+records are framed and written with ``pwritev`` at the file's end (a rare
+short write is finished with ``pwrite``); a group of at least
+``direct_min_bytes`` goes through ``DirectWriter`` (direct_write.py,
+``O_DIRECT`` with PAD records).  Each record's ``(seq, offset of the body)``
+is recorded in its submission's ``locations`` (the entry store indexes big
+batches where the journal wrote them).  Finishing a file truncates the
+preallocated tail and fsyncs it, unless the journal failed (a failed file is
+left as it is: no retry).  This module does not sync a group or decide when
+to roll: that is ``journal.Journal``'s group commit.
+"""
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Callable
+
+from bookie_server.journal.direct_write import DirectWriter, pad_before
+from bookie_server.journal.journal_format import HEADER, Position, file_name, frame, list_files
+
+if TYPE_CHECKING:       # journal.py imports this module
+    from bookie_server.journal.journal import Submission
+
+
+class JournalFile:
+    """The file the journal appends to (``fd``, ``seq``, ``offset``: its end)."""
+
+    def __init__(self, directory: str, *, max_file_bytes: int, prealloc_bytes: int,
+                 headroom_bytes: int, direct_min_bytes: int,
+                 pwritev: Callable[[int, list, int], int]) -> None:
+        self.dir = directory
+        os.makedirs(directory, exist_ok=True)
+        self.max_file_bytes = max_file_bytes
+        self.prealloc_bytes = prealloc_bytes
+        self._headroom = headroom_bytes      # preallocated ahead of the end, at least
+        self._pwritev = pwritev
+        # groups >= direct_min_bytes: O_DIRECT (0 = off)
+        self.direct = DirectWriter(direct_min_bytes, self.write_all, self.preallocate)
+        self.fd = -1
+        self.seq = 0
+        self.offset = 0
+        self._allocated = 0
+
+    @property
+    def full(self) -> bool:
+        return self.offset >= self.max_file_bytes
+
+    def open_after_existing(self) -> None:
+        files = list_files(self.dir)
+        self.open((files[-1] + 1) if files else 1)
+
+    def open(self, seq: int) -> None:
+        path = self.path_of(seq)
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self.seq, self.offset, self._allocated = seq, 0, 0
+        if self.direct.min_bytes > 0:
+            self.direct.open(path)
+        self.preallocate()
+        dfd = os.open(self.dir, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    def preallocate(self, need: int = 0) -> None:
+        if self.prealloc_bytes <= 0:
+            return
+        while self._allocated < self.offset + max(need, self._headroom):
+            try:
+                os.posix_fallocate(self.fd, self._allocated, self.prealloc_bytes)
+            except OSError:
+                self.prealloc_bytes = 0
+                return
+            self._allocated += self.prealloc_bytes
+
+    def write_group(self, group: list[Submission]) -> int:
+        """Frame and write ``group``'s records at the end; returns the bytes
+        written (PAD records included).  Raises what the write raised."""
+        direct = self.direct.wants(sum(sub.nbytes for sub in group))
+        lead_pad = pad_before(self.offset) if direct else 0
+        pieces: list[bytes] = []
+        at = self.offset + lead_pad
+        for sub in group:
+            sub.locations = []
+            for rtype, body in sub.records:
+                pieces.extend(frame(rtype, body))
+                sub.locations.append((self.seq, at + HEADER.size))
+                at += HEADER.size + len(body)
+        if direct:
+            total = self.direct.write_group(pieces, self.offset, lead_pad, self.fd)
+        else:
+            total = self.write_all(self.fd, pieces, self.offset)
+        self.offset += total
+        return total
+
+    def write_all(self, fd: int, pieces: list, start: int) -> int:
+        offset = start
+        for i in range(0, len(pieces), 512):  # stay under IOV_MAX
+            chunk = pieces[i:i + 512]
+            size = sum(len(p) for p in chunk)
+            written = self._pwritev(fd, chunk, offset)
+            if written < size:  # rare short write: finish with plain pwrite
+                rest = memoryview(b"".join(chunk))
+                while written < size:
+                    n = os.pwrite(fd, rest[written:], offset + written)
+                    if n <= 0:
+                        raise OSError("short write to journal")
+                    written += n
+            offset += size
+        return offset - start
+
+    def finish(self, *, durable: bool) -> None:
+        """Close the file; ``durable``: truncate the preallocated tail and fsync first."""
+        if self.fd >= 0:
+            try:
+                if durable:
+                    os.ftruncate(self.fd, self.offset)
+                    os.fsync(self.fd)
+            finally:
+                os.close(self.fd)
+                self.fd = -1
+                self.direct.close()
+
+    def delete_before(self, position: Position, keep: frozenset = frozenset()) -> list[int]:
+        """Delete journal files whose records all lie before ``position``,
+        except the current one and those in ``keep``.  Returns the deleted
+        file seqs."""
+        removed = []
+        for seq in list_files(self.dir):
+            if seq < position.seq and seq != self.seq and seq not in keep:
+                os.unlink(self.path_of(seq))
+                removed.append(seq)
+        return removed
+
+    def path_of(self, seq: int) -> str:
+        return os.path.join(self.dir, file_name(seq))
