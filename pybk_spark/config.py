@@ -1,10 +1,24 @@
-"""Client configuration: defaults, and a loader for conf/client.conf."""
+"""Client configuration: defaults, and a loader for conf/client.conf; the
+conf-file syntax both conf files use (``conf_pairs``) and the read of a file
+a setting names (``read_setting_file``: TLS and etcd files, client and
+bookie alike)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 from typing import Mapping
 
 from pybk_spark import errors
+
+
+def read_setting_file(path: str, setting: str) -> bytes:
+    """The bytes of the file ``path`` that the setting ``setting`` names;
+    IncorrectParameter naming the setting when it cannot be read."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except OSError as exc:
+        raise errors.IncorrectParameter(
+            f"cannot read {setting} = {path}: {exc.strerror or exc}") from None
 
 
 @dataclass(frozen=True)

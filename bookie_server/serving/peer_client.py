@@ -24,19 +24,11 @@ from typing import Any, Callable
 import grpc
 
 from pybk_spark import errors
+from pybk_spark.config import read_setting_file
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import codes, framing
 from pybk_spark.wire.entries import batch_from_bytes
 from pybk_spark.wire.results import ReadResult
-
-
-def _read_file(path: str, setting: str) -> bytes:
-    try:
-        with open(path, "rb") as fh:
-            return fh.read()
-    except OSError as exc:
-        raise errors.IncorrectParameter(
-            f"cannot read {setting} = {path}: {exc.strerror or exc}") from None
 
 
 def peer_credentials(cfg: Any, tls_on: bool) -> grpc.ChannelCredentials | None:
@@ -50,9 +42,9 @@ def peer_credentials(cfg: Any, tls_on: bool) -> grpc.ChannelCredentials | None:
         raise errors.BadRequest("a pull on a TLS bookie needs tls_ca_file (to verify the "
                                 "peer it reads from): copy through a client")
     return grpc.ssl_channel_credentials(
-        root_certificates=_read_file(cfg.tls_ca_file, "tls_ca_file"),
-        private_key=_read_file(cfg.tls_key_file, "tls_key_file") if cfg.tls_key_file else None,
-        certificate_chain=(_read_file(cfg.tls_cert_file, "tls_cert_file")
+        root_certificates=read_setting_file(cfg.tls_ca_file, "tls_ca_file"),
+        private_key=read_setting_file(cfg.tls_key_file, "tls_key_file") if cfg.tls_key_file else None,
+        certificate_chain=(read_setting_file(cfg.tls_cert_file, "tls_cert_file")
                            if cfg.tls_cert_file else None))
 
 

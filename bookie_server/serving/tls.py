@@ -34,6 +34,8 @@ import ssl
 import threading
 from typing import TYPE_CHECKING, Optional
 
+from pybk_spark import errors
+from pybk_spark.config import read_setting_file
 from pybk_spark.protocol import access
 
 if TYPE_CHECKING:
@@ -52,10 +54,9 @@ class TlsConfigError(ValueError):
 
 def _read(path: str, setting: str) -> bytes:
     try:
-        with open(path, "rb") as fh:
-            return fh.read()
-    except OSError as exc:
-        raise TlsConfigError(f"cannot read {setting} = {path}: {exc.strerror or exc}") from None
+        return read_setting_file(path, setting)
+    except errors.IncorrectParameter as exc:     # start-up's error for bad TLS settings
+        raise TlsConfigError(str(exc)) from None
 
 
 def validate(cfg: BookieConfig) -> None:

@@ -26,6 +26,7 @@ from typing import Mapping
 from urllib.parse import parse_qsl, quote
 
 from pybk_spark import errors
+from pybk_spark.config import read_setting_file
 
 SETTINGS = ("etcd_ca_file", "etcd_cert_file", "etcd_key_file", "etcd_user",
             "etcd_password_file")
@@ -121,11 +122,4 @@ class EtcdSecurity:
     def read_file(self, setting: str) -> bytes | None:
         """The bytes of the file ``setting`` names (None when unset)."""
         path = getattr(self, setting)
-        if not path:
-            return None
-        try:
-            with open(path, "rb") as fh:
-                return fh.read()
-        except OSError as exc:
-            raise errors.IncorrectParameter(
-                f"cannot read {setting} {path!r}: {exc.strerror or exc}") from None
+        return read_setting_file(path, setting) if path else None

@@ -34,17 +34,9 @@ from functools import cached_property
 from typing import Optional
 
 from pybk_spark import errors
+from pybk_spark.config import read_setting_file
 
 TLS_SETTINGS = "tls_ca_file / tls_cert_file / tls_key_file / tls_server_name"
-
-
-def _read(path: str, setting: str) -> bytes:
-    try:
-        with open(path, "rb") as fh:
-            return fh.read()
-    except OSError as exc:
-        raise errors.IncorrectParameter(
-            f"cannot read {setting} = {path}: {exc.strerror or exc}") from None
 
 
 @dataclass(frozen=True)
@@ -69,9 +61,9 @@ class ClientTls:
         if bool(conf.tls_cert_file) != bool(conf.tls_key_file):
             raise errors.IncorrectParameter("a client certificate needs both tls_cert_file "
                                             "and tls_key_file")
-        tls = cls(_read(conf.tls_ca_file, "tls_ca_file"),
-                  _read(conf.tls_cert_file, "tls_cert_file") if conf.tls_cert_file else None,
-                  _read(conf.tls_key_file, "tls_key_file") if conf.tls_key_file else None,
+        tls = cls(read_setting_file(conf.tls_ca_file, "tls_ca_file"),
+                  read_setting_file(conf.tls_cert_file, "tls_cert_file") if conf.tls_cert_file else None,
+                  read_setting_file(conf.tls_key_file, "tls_key_file") if conf.tls_key_file else None,
                   conf.tls_ca_file, conf.tls_cert_file, conf.tls_key_file,
                   conf.tls_server_name)
         tls.lane_context()          # a key that does not match its certificate: say so now
