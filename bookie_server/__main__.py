@@ -66,6 +66,7 @@ from bookie_server.storage.scrubber import Scrubber
 from bookie_server.serving.service import add_service, make_add_lane
 from pybk_spark import errors
 from pybk_spark.dirlock import DirLock
+from pybk_spark.metadata import EtcdSecurity, open_store
 from pybk_spark.protocol import damage_marker
 from pybk_spark.wire import arrow_memory
 
@@ -105,7 +106,6 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
 def _open_store(uri: str, cfg: Optional[BookieConfig] = None) -> Optional[MetadataStore]:
     if not uri:
         return None
-    from pybk_spark.metadata import EtcdSecurity, open_store
     return open_store(uri, EtcdSecurity.from_config(cfg) if cfg is not None else None)
 
 

@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass, fields
 from typing import Any
 
+from bookie_server.serving.tls import validate as validate_tls
 from pybk_spark.config import conf_pairs
 from pybk_spark.wire.add_validation import DEFAULT_MAX_BATCH_BYTES, DEFAULT_MAX_ENTRY_BYTES
 
@@ -156,7 +157,6 @@ def validate(cfg: BookieConfig) -> None:
         raise ValueError("scrub_interval_s must be >= 0 (0 = no scrubber)")
     if cfg.scrub_rate_bytes_per_s <= 0:
         raise ValueError("scrub_rate_bytes_per_s must be > 0")
-    from bookie_server.serving.tls import validate as validate_tls
     validate_tls(cfg)                    # TlsConfigError is a ValueError naming the setting
     if cfg.journal_direct_write_min_bytes < 0:
         raise ValueError("journal_direct_write_min_bytes must be >= 0 (0 = never)")

@@ -20,6 +20,8 @@ import os
 import sys
 from typing import Any
 
+import pyarrow as pa
+
 from bookie_server.journal.journal_format import LEDGER, LEDGER_LAC, RecordType, file_name, list_files
 from bookie_server.journal.journal_replay import scan_file
 from pybk_spark import errors
@@ -67,8 +69,6 @@ def last_mark(data_dir: str) -> dict[str, Any]:
 
 # -- readjournal ---------------------------------------------------------------------------------
 def _describe(rtype: int, body: bytes) -> dict[str, Any]:
-    import pyarrow as pa
-
     name = RecordType(rtype).name if rtype in RecordType._value2member_map_ else str(rtype)
     row: dict[str, Any] = {"type": name, "bytes": len(body), "ledger": None,
                            "first_entry": None, "last_entry": None, "entries": None, "detail": ""}

@@ -41,10 +41,13 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import os
 import socket
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
+from bookie_server.checkpoint_file import CHECKPOINT
+from bookie_server.serving.tls import cert_peer
 from pybk_spark import errors
 from pybk_spark.metadata import audit_control as ctl
 from pybk_spark.metadata import keys
@@ -275,7 +278,6 @@ def _peer_of(handler: BaseHTTPRequestHandler) -> access.Peer:
     getpeercert = getattr(handler.connection, "getpeercert", None)
     if getpeercert is None:
         return access.ANONYMOUS
-    from bookie_server.serving.tls import cert_peer
     try:
         return cert_peer(getpeercert())
     except ValueError:                 # handshake not done: no identity
@@ -300,9 +302,6 @@ def _field(body: dict, name: str, kind: type[T]) -> T:
 
 
 def _checkpoint_of(bookie: Bookie) -> Optional[dict]:
-    import os
-
-    from bookie_server.checkpoint_file import CHECKPOINT
     try:
         with open(os.path.join(bookie.data_dir, CHECKPOINT), encoding="utf-8") as fh:
             doc = json.load(fh)

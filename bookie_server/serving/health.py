@@ -28,15 +28,16 @@ Two views of one ``Readiness`` state (``serving``, ``registered``,
 from __future__ import annotations
 
 import json
+import socket
+import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 if TYPE_CHECKING:
-    import ssl
-
     import grpc
 
     from bookie_server.serving.admin_http import AdminApi
@@ -140,14 +141,11 @@ def serve_http(port: int, addr: str, registry: CollectorRegistry, readiness: Opt
         def log_message(self, *args: Any) -> None:   # probes poll often: no line per request
             pass
 
-    import socket
-
     class _Server(ThreadingHTTPServer):
         address_family = socket.AF_INET6 if ":" in addr else socket.AF_INET
 
         def finish_request(self, request: Any, client_address: Any) -> None:   # socketserver's types
             if tls_context is not None:
-                import ssl
                 request.settimeout(_TLS_HANDSHAKE_S)
                 try:
                     tls = tls_context().wrap_socket(request, server_side=True)
@@ -170,8 +168,6 @@ def serve_http(port: int, addr: str, registry: CollectorRegistry, readiness: Opt
 def add_grpc_health(server: grpc.Server, readiness: Readiness) -> Any:   # its HealthServicer
     """Register ``grpc.health.v1.Health`` on ``server`` (before it starts),
     its statuses following ``readiness``."""
-    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-
     servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
     serving, not_serving = (health_pb2.HealthCheckResponse.SERVING,

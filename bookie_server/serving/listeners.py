@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 from bookie_server.config import BookieConfig
+from bookie_server.serving.lane_server import bind_listener
+from bookie_server.serving.service import bind_server
 from pybk_spark import errors
 
 if TYPE_CHECKING:
@@ -49,9 +51,6 @@ def bind_all(cfg: BookieConfig, metrics: BookieMetrics, readiness: Optional[Read
     of a TLS bookie (gRPC is bound with its credentials; the lane wraps each
     connection it accepts).  Raises ``errors.PortInUse``; on failure nothing
     stays bound."""
-    from bookie_server.serving.lane_server import bind_listener
-    from bookie_server.serving.service import bind_server
-
     _probe(cfg.bind_address, cfg.port, "port / --port")
     try:
         server, port = bind_server(cfg, tls)

@@ -5,6 +5,8 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from bookie_server.serving.health import serve_http
+
 if TYPE_CHECKING:
     import ssl
     from http.server import ThreadingHTTPServer
@@ -81,5 +83,4 @@ class BookieMetrics:
         """``/metrics`` plus ``/health`` and ``/ready`` (bookie_server/serving/health.py)
         and the admin API (bookie_server/serving/admin_http.py) when ``admin`` is given;
         ``tls_context``: a callable giving the current ``ssl.SSLContext`` (HTTPS)."""
-        from bookie_server.serving.health import serve_http
         return serve_http(port, addr, self.registry, readiness, admin, tls_context)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Optional, Union
 import grpc
 
 from bookie_server.serving import pull
+from bookie_server.serving.lane_server import AddLaneServer
 from bookie_server.bookie import Bookie
 from bookie_server.config import BookieConfig
 from bookie_server.serving.peer_client import PeerReader, peer_credentials
@@ -41,7 +42,6 @@ from pybk_spark.wire.entries import batch_to_buffer
 if TYPE_CHECKING:
     import socket
 
-    from bookie_server.serving.lane_server import AddLaneServer
     from bookie_server.serving.tls import ServerTls
 
 # an add as the request deserializer hands it over (pybk_spark/wire/framing.py)
@@ -369,5 +369,4 @@ def make_add_lane(bookie: Bookie, cfg: BookieConfig, bookie_id: str,
     ``tls``: a bookie_server.serving.tls.ServerTls for TLS connections."""
     if cfg.add_lane_port < 0:
         return None
-    from bookie_server.serving.lane_server import AddLaneServer
     return AddLaneServer(BookieService(bookie, cfg, bookie_id), cfg, listener, tls).start()

@@ -34,13 +34,13 @@ import ssl
 import threading
 from typing import TYPE_CHECKING, Optional
 
+import grpc
+
 from pybk_spark import errors
 from pybk_spark.config import read_setting_file
 from pybk_spark.protocol import access
 
 if TYPE_CHECKING:
-    import grpc
-
     from bookie_server.config import BookieConfig
 
 log = logging.getLogger("bookie.tls")
@@ -108,7 +108,6 @@ class ServerTls:
         key = _read(cfg.tls_key_file, "tls_key_file")
         ca = _read(cfg.tls_ca_file, "tls_ca_file") if cfg.tls_ca_file else None
         ctx = self._lane_context(cfg)
-        import grpc
         grpc_config = grpc.ssl_server_certificate_configuration([(key, cert)],
                                                                 root_certificates=ca)
         http_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -161,7 +160,6 @@ class ServerTls:
             return self._http_context
 
     def grpc_credentials(self) -> grpc.ServerCredentials:
-        import grpc
         with self._lock:
             initial = self._grpc_config
             self._served_generation = self._generation

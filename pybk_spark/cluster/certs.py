@@ -43,7 +43,7 @@ class CertFiles:
 
 def _trustme():
     try:
-        import trustme
+        import trustme  # why: an optional dependency (the tls extra), needed only here
     except ImportError:
         raise RuntimeError("TLS certificates for a local cluster need the trustme package: "
                            "pip install 'pybk-spark[tls]'") from None

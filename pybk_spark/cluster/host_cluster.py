@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from pybk_spark.metadata import open_store
-from pybk_spark.cluster import procs
+from pybk_spark.cluster import hosts, procs
+from pybk_spark.cluster.etcd_process import EtcdNotFound, find_etcd_binary
 from pybk_spark.cluster.registration import fresh_registration
 from pybk_spark.cluster.etcd_cluster import EtcdCluster
 from pybk_spark.cluster.hosts import Host, HostNetwork
@@ -40,8 +41,6 @@ BOOKIE_PORT = 3181
 
 def unavailable_reason() -> str | None:
     """Why a HostCluster cannot run here (no test hosts, no etcd binary), or None."""
-    from pybk_spark.cluster import hosts
-    from pybk_spark.cluster.etcd_process import EtcdNotFound, find_etcd_binary
     reason = hosts.unavailable_reason()
     if reason:
         return f"test hosts unavailable: {reason}"

@@ -66,7 +66,7 @@ _REASONS: dict[str, Optional[str]] = {}
 def unavailable_reason() -> Optional[str]:
     """None if drop/partition/loss rules can be made, else what is missing."""
     if "iptables" not in _REASONS:
-        from pybk_spark.cluster import hosts
+        from pybk_spark.cluster import hosts  # why: hosts imports this module (a cycle)
         reason = hosts.unavailable_reason()
         if reason is None and _iptables_binary() is None:
             reason = ("no 'iptables' command (link faults need it: "
@@ -78,7 +78,7 @@ def unavailable_reason() -> Optional[str]:
 def netem_unavailable_reason() -> Optional[str]:
     """None if ``tc ... netem`` works here (probed in a throw-away namespace)."""
     if "netem" not in _REASONS:
-        from pybk_spark.cluster import hosts
+        from pybk_spark.cluster import hosts  # why: hosts imports this module (a cycle)
         reason = hosts.unavailable_reason()
         if reason is None and _tc_binary() is None:
             reason = "no 'tc' command (install iproute2)"

@@ -68,7 +68,7 @@ _HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 def spark_home() -> Path:
     """The pyspark package directory (it holds ``bin/`` and ``jars/``)."""
-    import pyspark
+    import pyspark  # why: ~1.3 s to import, and only this needs the package itself
     return Path(pyspark.__file__).resolve().parent
 
 

@@ -32,8 +32,14 @@ from typing import Any
 
 from pybk_spark import errors
 from pybk_spark.admin import shell_common
+from pybk_spark.admin.report import table
 from pybk_spark.admin.shell_common import Command, emit, open_store_from
+from pybk_spark.cluster import certs
+from pybk_spark.cluster.local import BookieStartError, LocalCluster
+from pybk_spark.cluster.serving import wait_serving
+from pybk_spark.config import conf_pairs, load_client_conf
 from pybk_spark.metadata import keys
+from pybk_spark.transport.tls import ClientTls
 # Each registers its subcommands when imported, in this order (that of ``pybk --help``).
 from pybk_spark.admin import shell_recovery  # noqa: F401  (the import registers)
 from pybk_spark.admin import shell_ledgers  # noqa: F401
@@ -65,8 +71,6 @@ def _standalone(args: argparse.Namespace) -> int:
     The metadata URI is printed only once etcd and every bookie serve
     (registered and answering on their addresses, cluster/serving.py);
     with ``--json`` it is one JSON document, the only thing on stdout."""
-    from pybk_spark.cluster.local import BookieStartError, LocalCluster
-    from pybk_spark.cluster.serving import wait_serving
     if args.bookies < 1:
         raise errors.IncorrectParameter("--bookies must be >= 1")
     as_json = getattr(args, "json", False)
@@ -144,15 +148,12 @@ def _probe_tls(tls_info: dict):
     """The client TLS the readiness probe connects with (None: plaintext)."""
     if not tls_info:
         return None
-    from pybk_spark.config import load_client_conf
-    from pybk_spark.transport.tls import ClientTls
     return ClientTls.from_conf(load_client_conf(tls_info["client_conf_file"]))
 
 
 def _standalone_tls(args: argparse.Namespace) -> tuple[dict, dict[str, Any]]:
     """(bookie conf with TLS on, how clients connect: their conf keys, conf
     files and Spark options)."""
-    from pybk_spark.cluster import certs
     try:
         files = certs.ensure_cert_files(os.path.join(args.data_dir, "tls"))
     except RuntimeError as exc:               # trustme missing: say how to get it
@@ -160,7 +161,6 @@ def _standalone_tls(args: argparse.Namespace) -> tuple[dict, dict[str, Any]]:
     conf: dict = {}
     if args.bookie_conf:
         # its keys are copied as text: the bookies check them when they start
-        from pybk_spark.config import conf_pairs
         with open(args.bookie_conf, encoding="utf-8") as fh:
             conf.update((key, value) for _n, key, value in conf_pairs(fh.read(), _bad_bookie_conf_line))
     conf.update(files.bookie_conf())
@@ -212,7 +212,6 @@ def _listbookies(args: argparse.Namespace) -> int:
                 rows.append(info)
     finally:
         store.close()
-    from pybk_spark.admin.report import table
     human = [{"bookie": r.get("bookie_id"), "address": r.get("address"),
               "add_lane": r.get("add_lane_address") or "-", "rack": r.get("rack"),
               "state": r.get("state"), "metrics_port": r.get("metrics_port") or "-"}

@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from pybk_spark.cluster.local import LocalCluster
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]       # the checkout: jobs/ is beside pybk_spark/
 DEMO_JOB = PROJECT_ROOT / "jobs" / "demo.py"
 JOB_TIMEOUT_S = 900
@@ -89,8 +91,6 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=JOB_TIMEOUT_S)
     ap.add_argument("job_args", nargs="*", help="extra arguments for jobs/demo.py (after --)")
     args = ap.parse_args(argv)
-
-    from pybk_spark.cluster.local import LocalCluster
 
     data_dir = tempfile.mkdtemp(prefix="pybk-demo-")
     rc = 1

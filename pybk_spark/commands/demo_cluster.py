@@ -39,6 +39,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from pybk_spark import errors
+from pybk_spark.cluster.host_cluster import HostCluster, unavailable_reason
+from pybk_spark.cluster.hosts import HostNetwork
+from pybk_spark.cluster.spark_cluster import SparkCluster
+from pybk_spark.commands.demo_timeline import Timeline
+from pybk_spark.ledger.client import BookKeeper
 from pybk_spark.metadata import keys
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]       # the checkout: jobs/ is beside pybk_spark/
@@ -57,7 +63,6 @@ class DemoFailed(Exception):
 
 def missing_requirement() -> str | None:
     """Why the demo cannot run here (None: it can)."""
-    from pybk_spark.cluster.host_cluster import unavailable_reason
     reason = unavailable_reason()
     if reason:
         return reason
@@ -93,7 +98,6 @@ def load_job_module():
 
 class Demo:
     def __init__(self, data_dir: Path, job_args: list[str], timeout: float, seed: int):
-        from pybk_spark.commands.demo_timeline import Timeline
         self.data_dir = data_dir
         self.job_args = job_args
         self.timeout = timeout
@@ -111,8 +115,6 @@ class Demo:
 
     # -- the run ------------------------------------------------------------------------
     def run(self, net) -> str:
-        from pybk_spark.cluster.host_cluster import HostCluster
-        from pybk_spark.cluster.spark_cluster import SparkCluster
         self.say(f"starting 3 etcd members and 5 bookies (racks {_rack_summary()}) "
                  f"on separate hosts under {self.data_dir}")
         self.cluster = HostCluster(self.data_dir / "bk", network=net, num_bookies=len(RACKS),
@@ -180,8 +182,6 @@ class Demo:
     def _inject_faults(self, job: threading.Thread) -> bool:
         """As soon as one of the job's ledgers is open (being written): SIGKILL
         a bookie of its current ensemble, then the etcd leader."""
-        from pybk_spark import errors
-        from pybk_spark.ledger.client import BookKeeper
         bk = BookKeeper(store=self.cluster.store, background=False)
         try:
             md = None
@@ -222,7 +222,6 @@ class Demo:
     def _watch_recovery(self, job: threading.Thread) -> None:
         """Until the job ends: note the new etcd leader and the victim's
         registration expiring."""
-        from pybk_spark import errors
         victim = self.victim
         assert victim is not None, "recovery is watched only after _inject_faults killed a bookie"
         new_leader = unregistered = False
@@ -250,7 +249,6 @@ class Demo:
     # -- independent verification -------------------------------------------------------
     def verify(self, job_stdout: str) -> list[str]:
         """Read every ledger back with a fresh client; returns the problems."""
-        from pybk_spark.ledger.client import BookKeeper
         job = load_job_module()
         n_ledgers = int(_arg(self.job_args, "--ledgers", 3))
         entries = int(_arg(self.job_args, "--entries", 1000))
@@ -339,7 +337,6 @@ def main(argv=None) -> int:
     if missing:
         print(f"demo-cluster: FAILED: cannot run here: {missing}", flush=True)
         return 2
-    from pybk_spark.cluster.hosts import HostNetwork
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
     data_dir = Path(tempfile.mkdtemp(prefix="pybk-demo-cluster-"))
     demo = Demo(data_dir, JOB_ARGS + args.job_args, args.timeout, seed)

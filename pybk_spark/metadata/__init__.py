@@ -54,8 +54,7 @@ def open_store(uri: str, security: EtcdSecurity | None = None) -> MetadataStore:
     kind, where, scope = parse_uri(uri)
     if kind == "memory":
         return MemoryMetadataStore.named(where)
-    # why: pyetcd and its grpc stubs (~0.2 s to import) only for an etcd URI
-    from pybk_spark.metadata.etcd_connection import parse_endpoints
-    from pybk_spark.metadata.etcd_store import EtcdMetadataStore  # why: as above
+    from pybk_spark.metadata.etcd_connection import parse_endpoints  # why: pyetcd (~0.2 s), for etcd only
+    from pybk_spark.metadata.etcd_store import EtcdMetadataStore  # why: pyetcd (~0.2 s), for etcd only
     parse_endpoints(where)             # validate before connecting
     return EtcdMetadataStore(where, scope, security=uri_security(uri).merged(security))

@@ -42,6 +42,7 @@ from typing import Callable, Iterable, Mapping, Optional, TypeVar
 
 from pybk_spark import errors
 from pybk_spark.metadata.scope import require_bookies
+from pybk_spark.protocol.ledger_metadata import LedgerMetadata
 # the key layout lives in metadata/keys.py; these names stay importable from here
 from pybk_spark.metadata.keys import (iter_ids, ledger_key, log_key,  # noqa: F401
                                       position_key, positions_prefix, writer_key)
@@ -203,9 +204,8 @@ class MetadataStore(abc.ABC):
                 continue
 
 
-def read_ledger_metadata(store: "MetadataStore", ledger_id: int):
+def read_ledger_metadata(store: "MetadataStore", ledger_id: int) -> LedgerMetadata:
     """The ledger's metadata, or NoSuchLedger."""
-    from pybk_spark.protocol.ledger_metadata import LedgerMetadata
     v = store.get(ledger_key(ledger_id))
     if v is None:
         require_bookies(store)            # EmptyScope: the wrong scope, not the id

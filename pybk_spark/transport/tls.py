@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Optional
 
+import grpc
+
 from pybk_spark import errors
 from pybk_spark.config import read_setting_file
 
@@ -70,8 +72,7 @@ class ClientTls:
         return tls
 
     # -- gRPC ------------------------------------------------------------------------------
-    def channel_credentials(self):
-        import grpc
+    def channel_credentials(self) -> grpc.ChannelCredentials:
         return grpc.ssl_channel_credentials(root_certificates=self.ca,
                                             private_key=self.key, certificate_chain=self.cert)
 
