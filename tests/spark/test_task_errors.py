@@ -1,0 +1,76 @@
+"""An expected error of ours in a Spark task or a planning step reaches the
+user as our one line, with no Python traceback before it (real SparkSession,
+real cluster): a read task meeting an entry that is not a DataFrame row
+batch, a write task given a row over the largest entry, and the read
+planning of a ledger list naming a missing ledger or given a wrong password.
+A task's failure is PySpark's ``PythonException``, whose text is ``An
+exception was thrown from the Python worker:`` and then our line."""
+import pytest
+
+from pybk_spark.logs.log import LogWriter
+
+from .test_stream import log_name
+from .test_write import read, write
+
+pytestmark = pytest.mark.spark
+
+TASK_FAILED = "An exception was thrown from the Python worker:"
+PLANNING_FAILED = ("[PYTHON_DATA_SOURCE_ERROR] Failed to generate Python data source read "
+                   "partitions: ")
+
+
+def lines(call) -> list[str]:
+    with pytest.raises(Exception) as info:
+        call()
+    text = str(info.value)
+    assert "Traceback" not in text, text[:3000]
+    return text.splitlines()
+
+
+def raw_ledgers(spark, metadata_uri, **options):
+    r = spark.read.format("bookkeeper").option("metadataServiceUri", metadata_uri)
+    for key, value in options.items():
+        r = r.option(key, value)
+    return r.load()
+
+
+def test_a_read_task_meeting_a_foreign_entry_leads_with_our_line(spark, metadata_uri, bk):
+    log = log_name("foreign")
+    write(spark.range(0, 5).coalesce(1), metadata_uri, log)
+    writer = LogWriter(bk, log).open()          # a client appends a payload of its own
+    writer.append_batch([b"not an arrow batch"])
+    writer.close()
+    got = lines(lambda: read(spark, metadata_uri, log).collect())
+    assert got[0] == TASK_FAILED, got[:3]
+    assert got[1].startswith("pybk_spark.errors.ReadError: entry is not an Arrow IPC stream"), \
+        got[:3]
+
+
+def test_a_write_task_given_a_row_over_the_entry_limit_leads_with_our_line(spark, metadata_uri):
+    df = spark.createDataFrame([(1, b"B" * (200 << 10))], "id long, bin binary").coalesce(1)
+    got = lines(lambda: write(df, metadata_uri, log_name("big"),
+                              **{"bk.max_entry_size_bytes": str(64 << 10)}))
+    assert got[0] == TASK_FAILED, got[:3]
+    assert got[1].startswith("pybk_spark.errors.TooLarge: a single row of partition 0 "
+                             "encode(s) to an entry of "), got[:3]
+
+
+def test_planning_a_missing_ledger_leads_with_our_line(spark, metadata_uri, bk):
+    lh = bk.create_ledger(3, 2, 2)
+    lh.add_entries([b"a"])
+    lh.close()
+    missing = max(bk.list_ledgers()) + 1000
+    got = lines(lambda: raw_ledgers(spark, metadata_uri,
+                                    ledgers=f"{lh.ledger_id},{missing}").collect())
+    assert got[0].startswith(PLANNING_FAILED + f"pybk_spark.errors.NoSuchLedger: No such ledger. "
+                             f"(ledger_id={missing})"), got[:3]
+
+
+def test_planning_with_a_wrong_password_leads_with_our_line(spark, metadata_uri, bk):
+    lh = bk.create_ledger(3, 2, 2, password=b"secret")
+    lh.add_entries([b"a"])
+    lh.close()
+    got = lines(lambda: raw_ledgers(spark, metadata_uri, ledgers=str(lh.ledger_id),
+                                    password="guess").collect())
+    assert got[0].startswith(PLANNING_FAILED + "pybk_spark.errors.Unauthorized: wrong password "
+                             "for ledger: not the one it was created with"), got[:3]
