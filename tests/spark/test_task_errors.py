@@ -1,15 +1,20 @@
 """An expected error of ours in a Spark task or a planning step reaches the
 user as our one line, with no Python traceback before it (real SparkSession,
 real cluster): a read task meeting an entry that is not a DataFrame row
-batch, a write task given a row over the largest entry, and the read
-planning of a ledger list naming a missing ledger or given a wrong password.
+batch, a write task given a row over the largest entry, the read planning
+of a ledger list naming a missing ledger or given a wrong password, and a
+sink's commit into a log that another writer created meanwhile with its own
+password.
 A task's failure is PySpark's ``PythonException``, whose text is ``An
 exception was thrown from the Python worker:`` and then our line."""
+import time
+
 import pytest
+from pyspark.sql import functions as F
 
 from pybk_spark.logs.log import LogWriter
 
-from .test_stream import log_name
+from .test_stream import log_name, stream
 from .test_write import read, write
 
 pytestmark = pytest.mark.spark
@@ -74,3 +79,35 @@ def test_planning_with_a_wrong_password_leads_with_our_line(spark, metadata_uri,
                                     password="guess").collect())
     assert got[0].startswith(PLANNING_FAILED + "pybk_spark.errors.Unauthorized: wrong password "
                              "for ledger: not the one it was created with"), got[:3]
+
+
+def test_a_sink_commit_refused_by_the_log_leads_with_our_line(spark, metadata_uri, bk,
+                                                              tmp_path):
+    """The write task waits until the test has created the sink's log with
+    another password: the batch's commit (the sink's commit runner) is refused."""
+    src, dst = log_name("src"), log_name("dst")
+    write(spark.range(0, 3).coalesce(1), metadata_uri, src)
+    reached, release = tmp_path / "reached", tmp_path / "release"
+
+    def gate(value):
+        reached.touch()
+        deadline = time.monotonic() + 300
+        while not release.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return value
+
+    rows = stream(spark, metadata_uri, src).select(F.udf(gate, "long")("id").alias("id"))
+    query = (rows.writeStream.format("bookkeeper").option("metadataServiceUri", metadata_uri)
+             .option("log", dst).option("password", "pw2")
+             .option("checkpointLocation", str(tmp_path / "ckpt"))
+             .trigger(availableNow=True).start())
+    try:
+        deadline = time.monotonic() + 300
+        while not reached.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        LogWriter(bk, dst, password=b"pw1").open().close()
+    finally:
+        release.touch()
+    got = lines(query.awaitTermination)
+    print(got[:4])
+    assert any(line.startswith("pybk_spark.errors.Unauthorized: ") for line in got), got[:4]
