@@ -4,7 +4,8 @@ real cluster): a read task meeting an entry that is not a DataFrame row
 batch, a write task given a row over the largest entry, the read planning
 of a ledger list naming a missing ledger or given a wrong password, and a
 sink's commit into a log that another writer created meanwhile with its own
-password.
+password (Spark reports the commit's failure as "Writing job failed.", ours
+as its cause).
 A task's failure is PySpark's ``PythonException``, whose text is ``An
 exception was thrown from the Python worker:`` and then our line."""
 import time
@@ -108,6 +109,17 @@ def test_a_sink_commit_refused_by_the_log_leads_with_our_line(spark, metadata_ur
         LogWriter(bk, dst, password=b"pw1").open().close()
     finally:
         release.touch()
-    got = lines(query.awaitTermination)
-    print(got[:4])
-    assert any(line.startswith("pybk_spark.errors.Unauthorized: ") for line in got), got[:4]
+    with pytest.raises(Exception) as info:
+        query.awaitTermination()
+    # Spark's own text is "[STREAM_FAILED] ... terminated with exception: Writing job
+    # failed."; the commit's error is in its causes (PySpark keeps them in ``_cause``)
+    texts, exc = [], info.value
+    while exc is not None:
+        texts.append(str(exc))
+        exc = getattr(exc, "_cause", None)
+    assert "Writing job failed." in texts[0].splitlines()[0], texts[0][:2000]
+    ours = ("[PYTHON_STREAMING_DATA_SOURCE_RUNTIME_ERROR] Failed when Python streaming data "
+            "source perform commit: pybk_spark.errors.Unauthorized: wrong password for log "
+            f"'{dst}'")
+    assert any(ours in text.splitlines()[0] for text in texts), [t[:500] for t in texts]
+    assert not any("Traceback" in text for text in texts), [t[:2000] for t in texts]
