@@ -27,6 +27,7 @@ from pybk_spark import errors
 from pybk_spark.spark import data_loss
 from pybk_spark.spark.options import ReadOptions
 from pybk_spark.spark.planning import split_to_min
+from pybk_spark.spark.spark_errors import our_line_first
 
 LOG_COLUMN = "_log"
 LOG_FIELD = pa.field(LOG_COLUMN, pa.string())
@@ -102,6 +103,7 @@ class BookKeeperMultiLogReader(DataSourceReader):
         return dataclasses.replace(self.opts, log=name, logs=(), log_pattern=None,
                                    min_partitions=None)
 
+    @our_line_first
     def partitions(self) -> list[InputPartition]:
         from pybk_spark.spark.reader import (LedgerSlicePartition, PlanningClient, plan,
                                              resolve_ledgers)
@@ -124,6 +126,7 @@ class BookKeeperMultiLogReader(DataSourceReader):
                 out.append(LogSlicePartition(name, LedgerSlicePartition.of(piece)))
         return out
 
+    @our_line_first
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, LogSlicePartition):
             return iter(())

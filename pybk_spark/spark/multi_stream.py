@@ -55,6 +55,7 @@ from pybk_spark.spark.stream_offsets import (Offset, advance, count, delay_batch
                                              with_uid)
 from pybk_spark.spark.stream_reader import (BookKeeperStreamReader, _average_entry_bytes,
                                             plan_range)
+from pybk_spark.spark.spark_errors import our_line_first
 
 
 def schema_fits(stream_schema: Optional[str], md: LogMetadata) -> Optional[bool]:
@@ -142,6 +143,7 @@ class BookKeeperMultiLogStreamReader(BookKeeperStreamReader):
         return d
 
     # -- driver ---------------------------------------------------------------------------------
+    @our_line_first
     def initialOffset(self) -> dict:
         logs = self._listed()
         self._name = self._new_name()
@@ -159,9 +161,11 @@ class BookKeeperMultiLogStreamReader(BookKeeperStreamReader):
         first = self._first(md)
         return advance(first, self._extents(md, first))
 
+    @our_line_first
     def prepareForTriggerAvailableNow(self) -> None:
         self._targets = {n: self._end_of(md) for n, md in self._listed().items()}
 
+    @our_line_first
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         logs = self._listed()
         targets = self._targets
@@ -191,6 +195,7 @@ class BookKeeperMultiLogStreamReader(BookKeeperStreamReader):
                             else sum(b for _, b in behind))
         return self._out_map(ends, logs)
 
+    @our_line_first
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         from pybk_spark.logs.log import read_log
         from pybk_spark.spark.reader import LedgerSlicePartition
@@ -221,6 +226,7 @@ class BookKeeperMultiLogStreamReader(BookKeeperStreamReader):
                 out.append(LogSlicePartition(name, LedgerSlicePartition.of(piece)))
         return out
 
+    @our_line_first
     def commit(self, end: dict) -> None:
         """Record the query's position in every log of ``end`` (CAS, forward only)."""
         offsets = self._in_map(end)
@@ -238,6 +244,7 @@ class BookKeeperMultiLogStreamReader(BookKeeperStreamReader):
                                              uid=recorded.get(name)))
 
     # -- executors ------------------------------------------------------------------------------
+    @our_line_first
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         from pybk_spark.spark.reader import read_partition
         if not isinstance(partition, LogSlicePartition):

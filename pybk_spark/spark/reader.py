@@ -59,6 +59,7 @@ from pybk_spark.protocol.ledger_metadata import password_for
 from pybk_spark.spark.read_ahead import read_ahead
 from pybk_spark.logs.log_reader import with_append_time
 from pybk_spark.wire.entries import one_batch
+from pybk_spark.spark.spark_errors import our_line_first
 
 RAW_SCHEMA = StructType([
     StructField("ledger_id", LongType(), True),
@@ -351,6 +352,7 @@ class BookKeeperBatchReader(DataSourceReader):
         self.opts = opts
         self.table_schema = table_schema          # None: raw ledgers
 
+    @our_line_first
     def partitions(self) -> list[InputPartition]:
         bk = PlanningClient(self.opts.metadata_uri, self.opts.client_conf)
         try:
@@ -359,6 +361,7 @@ class BookKeeperBatchReader(DataSourceReader):
         finally:
             bk.close()
 
+    @our_line_first
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, LedgerSlicePartition):
             return iter(())            # Spark's placeholder partition when nothing is planned

@@ -9,20 +9,30 @@ message`` alone, when ``SPARK_HIDE_TRACEBACK`` is set in its environment at
 that moment (what ``spark.sql.execution.pyspark.udf.hideTraceback.enabled``
 sets for every worker).
 
-The driver-side entry points (``schema()``, ``reader()``, ``writer()``,
-``streamReader()``, ``streamWriter()`` and the stream reader's calls) run in
-planner processes (``pyspark.sql.worker.<step>`` or the streaming runner,
-run on their own or forked by ``pyspark.daemon``), which report a failure
-and exit.  An expected failure of ours (a ``BKError``) sets
-``SPARK_HIDE_TRACEBACK`` in such a process only, never in an executor's
-Python worker, whose later tasks' errors it would change.  Called outside Spark the error is the
-same typed error with the same text.
+Spark calls the data source in PySpark worker processes that report a
+failure and exit: the planner steps (``pyspark.sql.worker.<step>``, the
+streaming source runner and the sink's commit runner) for the driver-side
+calls (``schema()``, ``reader()``, ``writer()``, ``streamWriter()``,
+``partitions()``, offsets, commits), and an executor's ``pyspark.worker``
+for a task's ``read()`` and ``write()`` (its ``main`` answers an exception
+with ``sys.exit(-1)``; the daemon reuses only a worker whose task
+succeeded).  A ``BKError`` leaving one of those calls sets
+``SPARK_HIDE_TRACEBACK`` in that process, which exits after reporting it,
+so no later task's error loses its traceback.  ``our_line_first`` wraps
+only the methods Spark itself calls: a ``BKError`` our own code catches
+never passes through it.  Called outside Spark the error is the same typed
+error with the same text.
+
+An executor task's failure reaches the user as PySpark's
+``PythonException``, whose text is ``An exception was thrown from the
+Python worker:`` and then our line.
 """
 from __future__ import annotations
 
 import functools
 import os
 import sys
+from collections.abc import Iterator
 from typing import Callable, TypeVar
 
 from pybk_spark import errors
@@ -31,27 +41,43 @@ F = TypeVar("F", bound=Callable)
 
 # the modules PySpark runs as a process of their own for one planning step
 PLANNER_MODULES = ("pyspark.sql.worker.", "pyspark.sql.streaming.python_streaming_source_runner")
+# an executor's Python worker (run by ``pyspark.daemon`` or on its own)
+EXECUTOR_MODULE = "pyspark.worker"
 
 
-def _in_planner_process() -> bool:
-    """Run as ``python -m <planner module>``, or forked by ``python -m
-    pyspark.daemon <planner module>``: either way the process exits after
-    reporting a failure (``worker_run``'s ``sys.exit(-1)``; the daemon reuses
-    a worker only after a success)."""
+def _exits_after_reporting() -> bool:
+    """Run as ``python -m <module>``, or forked by ``python -m pyspark.daemon
+    <module>``, where the module is a planner step or an executor's worker:
+    either way the process exits after reporting a failure (``worker_run``'s
+    and ``pyspark.worker.main``'s ``sys.exit(-1)``)."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    names = [getattr(spec, "name", "") or "", *sys.argv[1:2]]
-    return any(str(name).startswith(PLANNER_MODULES) for name in names)
+    names = [str(name) for name in (getattr(spec, "name", "") or "", *sys.argv[1:2])]
+    return any(name.startswith(PLANNER_MODULES) or name == EXECUTOR_MODULE for name in names)
+
+
+def _hide_traceback() -> None:
+    if _exits_after_reporting():
+        os.environ["SPARK_HIDE_TRACEBACK"] = "1"
+
+
+def _rows(rows: Iterator) -> Iterator:
+    try:
+        yield from rows
+    except errors.BKError:
+        _hide_traceback()
+        raise
 
 
 def our_line_first(fn: F) -> F:
-    """Wrap a method Spark calls on the driver: a BKError it raises reaches
-    the user as its one line, right after Spark's error class."""
+    """Wrap a method Spark calls: a BKError it raises (or, for ``read()``,
+    raises while Spark iterates its batches) reaches the user as its one
+    line, right after Spark's error class."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
         except errors.BKError:
-            if _in_planner_process():
-                os.environ["SPARK_HIDE_TRACEBACK"] = "1"
+            _hide_traceback()
             raise
+        return _rows(result) if isinstance(result, Iterator) else result
     return wrapper  # type: ignore[return-value]

@@ -61,6 +61,7 @@ from pybk_spark.spark.options import LATEST, StreamOptions
 from pybk_spark.spark.planning import LedgerView, plan_ledger, split_to_min
 from pybk_spark.spark.stream_offsets import (Extent, Offset, advance, count, delay_batch, lag,
                                              ranges, uid_of, with_uid)
+from pybk_spark.spark.spark_errors import our_line_first
 
 CLOSED_STATE = "CLOSED"
 _log = logging.getLogger("pybk_spark.spark")
@@ -215,6 +216,7 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             self._name = str(name)
         return Offset.from_dict(offset)
 
+    @our_line_first
     def initialOffset(self) -> dict:
         md = self._log()
         self._name = self._new_name()
@@ -262,10 +264,12 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             least = limit.min_rows
         return most, nbytes, least
 
+    @our_line_first
     def prepareForTriggerAvailableNow(self) -> None:
         md = self._log()
         self._target = self._end(md, Offset(md.truncated_ledgers, 0), None)
 
+    @our_line_first
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         md = self._log()
         begin = self._resume(md, start)
@@ -296,6 +300,7 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         ``avgOffsetsBehindLatest``), so they ride along here."""
         return self._report
 
+    @our_line_first
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         from pybk_spark.spark.reader import LedgerSlicePartition
         bk = self._client()
@@ -310,6 +315,7 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return [LedgerSlicePartition.of(s)
                 for s in split_to_min(slices, self.opts.read.min_partitions)]
 
+    @our_line_first
     def commit(self, end: dict) -> None:
         """Spark committed every batch up to ``end``: record the query's
         position (CAS, forward only) so that truncation keeps what it needs."""
@@ -344,6 +350,7 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return state
 
     # -- executors ------------------------------------------------------------------------------
+    @our_line_first
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         from pybk_spark.spark.reader import LedgerSlicePartition, read_partition
         if not isinstance(partition, LedgerSlicePartition):

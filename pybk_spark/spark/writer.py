@@ -63,6 +63,7 @@ from pybk_spark.protocol import log_metadata as logmd
 from pybk_spark.protocol.ledger_metadata import key_check
 from pybk_spark.spark import arrow_codec, pending
 from pybk_spark.spark.write_options import WriteOptions
+from pybk_spark.spark.spark_errors import our_line_first
 
 _log = logging.getLogger("pybk_spark.spark")
 
@@ -308,15 +309,18 @@ class BookKeeperBatchWriter(DataSourceArrowWriter):
         self.job = job or uuid.uuid4().hex
         self._wall_clock = wall_clock             # retention's "now"
 
+    @our_line_first
     def write(self, iterator: Iterator[pa.RecordBatch]) -> LedgerCommitMessage:
         return write_task(self.opts, self.job, self.schema_text, iterator)
 
+    @our_line_first
     def commit(self, messages: List[Optional[WriterCommitMessage]]) -> None:
         with _driver_client(self.opts.metadata_uri, self.opts.client_conf) as bk:
             md = commit_job(bk, self.opts, self.job, self.schema_text, messages,
                             overwrite=self.overwrite, base_schema=self.base_schema)
             retain(bk, self.opts.log, self._wall_clock, md, retry="at the next commit")
 
+    @our_line_first
     def abort(self, messages: List[Optional[WriterCommitMessage]]) -> None:
         with _driver_client(self.opts.metadata_uri, self.opts.client_conf) as bk:
             abort_job(bk, self.opts, self.job, messages)
@@ -346,9 +350,11 @@ class BookKeeperStreamWriter(DataSourceStreamArrowWriter):
         self.job = pending.sink_job(opts.sink_id)
         self._wall_clock = wall_clock             # the sink position's updated_at
 
+    @our_line_first
     def write(self, iterator: Iterator[pa.RecordBatch]) -> LedgerCommitMessage:
         return write_task(self.opts, self.job, self.schema_text, iterator)
 
+    @our_line_first
     def commit(self, messages: List[Optional[WriterCommitMessage]], batchId: int) -> None:
         with _driver_client(self.opts.metadata_uri, self.opts.client_conf) as bk:
             md = commit_job(bk, self.opts, self.job, self.schema_text, messages,
@@ -357,6 +363,7 @@ class BookKeeperStreamWriter(DataSourceStreamArrowWriter):
             _record_sink_position(bk, md, messages, self.job, self.opts.sink_id, int(batchId), now)
             retain(bk, self.opts.log, lambda: now, md, retry="at the next commit")
 
+    @our_line_first
     def abort(self, messages: List[Optional[WriterCommitMessage]], batchId: int) -> None:
         with _driver_client(self.opts.metadata_uri, self.opts.client_conf) as bk:
             abort_job(bk, self.opts, self.job, messages)
