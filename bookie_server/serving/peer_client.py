@@ -27,6 +27,7 @@ from pybk_spark import errors
 from pybk_spark.config import read_setting_file
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import codes, framing
+from pybk_spark.wire.channel_options import bookie_channel_options
 from pybk_spark.wire.entries import batch_from_bytes
 from pybk_spark.wire.results import ReadResult
 
@@ -58,8 +59,7 @@ class PeerReader:
         self.address = address
         self.bookie_id = bookie_id or address
         self.default_timeout = default_timeout
-        options = [("grpc.max_send_message_length", max_message_bytes),
-                   ("grpc.max_receive_message_length", max_message_bytes)]
+        options = bookie_channel_options(max_message_bytes)
         self._channel = (grpc.insecure_channel(address, options=options) if credentials is None
                          else grpc.secure_channel(address, credentials, options=options))
         self._read_entries = self._channel.unary_unary(

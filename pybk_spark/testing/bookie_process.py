@@ -20,6 +20,7 @@ import grpc
 from pybk_spark.cluster import procs
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import bookie_wire_pb2_grpc as pb_grpc
+from pybk_spark.wire.channel_options import bookie_channel_options
 
 _LIVE: set["BookieProcess"] = set()
 
@@ -34,6 +35,14 @@ def free_port() -> int:
 def _kill_all() -> None:
     for proc in list(_LIVE):
         proc.kill()
+
+
+def _port_open(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
 
 
 class BookieProcess:
@@ -104,11 +113,14 @@ class BookieProcess:
             proc = self.started()
             if proc.poll() is not None:
                 raise RuntimeError(f"bookie exited with {proc.returncode}:\n{self.log_tail()}")
-            try:
-                if stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0).status == serving:
-                    return
-            except grpc.RpcError:
-                pass
+            # the port first: a channel whose first connect failed waits out its backoff
+            if _port_open(self.port):
+                try:
+                    if stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0,
+                                  wait_for_ready=True).status == serving:
+                        return
+                except grpc.RpcError:
+                    pass
             if time.monotonic() > deadline:
                 self.kill()
                 raise TimeoutError(f"bookie not ready in {timeout}s:\n{self.log_tail()}")
@@ -125,9 +137,7 @@ class BookieProcess:
 
     def channel(self) -> grpc.Channel:
         if self._channel is None:
-            limit = 80 << 20
-            options = [("grpc.max_send_message_length", limit),
-                       ("grpc.max_receive_message_length", limit)]
+            options = bookie_channel_options(80 << 20)
             if self.client_tls is None:
                 self._channel = grpc.insecure_channel(self.address, options=options)
             else:

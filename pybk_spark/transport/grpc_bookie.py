@@ -36,6 +36,7 @@ from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import bookie_wire_pb2_grpc as pbg
 from pybk_spark.wire import codes, framing
 from pybk_spark.wire.entries import batch_from_bytes
+from pybk_spark.wire.channel_options import bookie_channel_options
 from pybk_spark.wire.results import LacResult, ReadResult
 from pybk_spark.metadata import keys
 
@@ -52,8 +53,7 @@ class BookieClient(BookieTransport):
         self.address = address
         self.bookie_id = bookie_id or address
         self.default_timeout = default_timeout
-        options = [("grpc.max_send_message_length", max_message_bytes),
-                   ("grpc.max_receive_message_length", max_message_bytes)]
+        options = bookie_channel_options(max_message_bytes)
         if tls is None:
             self._channel = grpc.insecure_channel(address, options=options)
         else:
