@@ -21,6 +21,9 @@ re-writes anything; it must not raise.  The chaos harness records them.
 Handles and recovery get these dependencies as one typed
 ``context.ClientContext`` (``bk.context``), built here once; they never
 call back into the client.
+Named logs stand on this client from above: ``pybk_spark/logs/client.py``
+adds ``open_log_writer``, ``open_log_reader`` and ``list_logs`` to the
+``BookKeeper`` that ``from pybk_spark import BookKeeper`` gives.
 """
 from __future__ import annotations
 
@@ -224,22 +227,6 @@ class BookKeeper:
 
     def is_writer_alive(self, ledger_id: int) -> bool:
         return self.metadata_store.get(writer_key(ledger_id)) is not None
-
-    # -- logs ---------------------------------------------------------------------------------
-    def open_log_writer(self, name: str, **options):
-        """Become the leader of log ``name`` (the fence-then-CAS open)."""
-        from pybk_spark.logs.log import LogWriter
-        return LogWriter(self, name, **options).open()
-
-    def open_log_reader(self, name: str, start="earliest", **options):
-        """A non-fencing reader of log ``name`` from ``start`` ("earliest",
-        "latest" or a position)."""
-        from pybk_spark.logs.log_reader import LogReader
-        return LogReader(self, name, start, **options)
-
-    def list_logs(self) -> list[str]:
-        from pybk_spark.logs.log import list_logs
-        return list_logs(self.metadata_store)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def call_later(self, delay_s: float, fn: Callable[[], None]) -> None:

@@ -46,7 +46,7 @@ import time
 
 from pybk_spark import errors
 from pybk_spark.ledger.client import BookKeeper
-from pybk_spark.logs.log import LogWriter, RollPolicy
+from pybk_spark.logs.log_writer import LogWriter, RollPolicy
 from pybk_spark.logs.log_reader import LogReader
 from pybk_spark.protocol import ledger_metadata as lm
 
