@@ -59,6 +59,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from pybk_spark.ledger.port import LedgerClient
 from pybk_spark import errors
 from pybk_spark.metadata import audit_control as ctl
 from pybk_spark.admin import orchestrate as orch
@@ -84,7 +85,7 @@ class AutoRecoveryConfig:
 
 
 class AutoRecovery:
-    def __init__(self, bk, metadata_uri: str, conf: AutoRecoveryConfig, *,
+    def __init__(self, bk: LedgerClient, metadata_uri: str, conf: AutoRecoveryConfig, *,
                  mapper=None, identity: str | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  wall_clock: Callable[[], float] = time.time):

@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from pybk_spark.ledger.port import LedgerClient
 from pybk_spark import errors
 from pybk_spark.admin import audit, entry_sets as es
 from pybk_spark.transport.base import PullSource
 from pybk_spark.transport.grpc_bookie import registration_of
 
 
-def pull_fragment(bk, w: audit.FragmentWork, write_quorum: int, key: bytes, digest_type: str,
+def pull_fragment(bk: LedgerClient, w: audit.FragmentWork, write_quorum: int, key: bytes, digest_type: str,
                   lost_registered: bool, timeout: float) -> tuple[int, int]:
     """(entries, bytes) copied to ``w.replacement`` by pulls; raises a BKError
     if the pull path cannot finish (the caller falls back to the client)."""

@@ -17,6 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Callable, Iterable, Optional
 
+from pybk_spark.ledger.port import LedgerClient
 from pybk_spark.admin import damage_repair
 from pybk_spark.admin import entry_sets as es
 from pybk_spark.admin import recover as rec
@@ -61,7 +62,7 @@ def _row_label(row) -> str:
 
 
 # -- picklable tasks -------------------------------------------------------------------------------
-def client_target(bk, metadata_uri: str):
+def client_target(bk: LedgerClient, metadata_uri: str):
     """What a task needs to open its own client like ``bk``: the metadata URI
     and the driver's client settings (TLS files, ``operator``), so executors
     reach TLS bookies as the same identity (the file paths must exist on
@@ -100,7 +101,7 @@ def verify_task(metadata_uri, password: Optional[bytes], ledger_id: int) -> dict
 
 
 # -- recover ----------------------------------------------------------------------------------------
-def run_recover(bk, metadata_uri: str, mapper: Mapper, *, log: str | None = None,
+def run_recover(bk: LedgerClient, metadata_uri: str, mapper: Mapper, *, log: str | None = None,
                 ledgers: Optional[Iterable[int]] = None, min_idle_s: float = 0.0,
                 force: bool = False, password: Optional[bytes] = None) -> tuple[dict, str, int]:
     """(json report, human text, exit status)."""
@@ -113,7 +114,7 @@ def run_recover(bk, metadata_uri: str, mapper: Mapper, *, log: str | None = None
 
 
 # -- rereplicate --------------------------------------------------------------------------------------
-def run_rereplicate(bk, metadata_uri: str, mapper: Mapper, *, bookies: Iterable[str] = (),
+def run_rereplicate(bk: LedgerClient, metadata_uri: str, mapper: Mapper, *, bookies: Iterable[str] = (),
                     delay_s: float = 0.0, grace_s: float = 30.0, verify: bool = False,
                     password: Optional[bytes] = None,
                     clock: Callable[[], float] = time.monotonic) -> tuple[dict, str, int]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import time
 from typing import Callable, Iterable, Optional
 
+from pybk_spark.ledger.port import LedgerClient
 from pybk_spark import errors
 from pybk_spark.admin import audit
 from pybk_spark.admin.report import Progress, table
@@ -45,7 +46,7 @@ def ledger_password(md: lm.LedgerMetadata, given: Optional[bytes]) -> bytes:
     return str(md.custom.get(PASSWORD_CUSTOM_KEY, "")).encode()
 
 
-def access_key(bk, md: lm.LedgerMetadata, given: Optional[bytes], check: bool = True):
+def access_key(bk: LedgerClient, md: lm.LedgerMetadata, given: Optional[bytes], check: bool = True):
     """(master key, Digester) with which a tool copies, fills in or fences a
     ledger's entries.
 
@@ -76,7 +77,7 @@ def access_key(bk, md: lm.LedgerMetadata, given: Optional[bytes], check: bool = 
     return lm.master_key(pw), Digester(md.digest_type, pw)
 
 
-def learn_key(bk, md: lm.LedgerMetadata) -> bytes:
+def learn_key(bk: LedgerClient, md: lm.LedgerMetadata) -> bytes:
     """The ledger's master key as a bookie of it recorded it, checked against
     the metadata; b"" when no registered bookie of the ledger answers one."""
     from pybk_spark.protocol.access import OPERATOR_KEY
@@ -92,13 +93,13 @@ def learn_key(bk, md: lm.LedgerMetadata) -> bytes:
     return b""
 
 
-def ledgers_of_log(bk, log_name: str) -> list[int]:
+def ledgers_of_log(bk: LedgerClient, log_name: str) -> list[int]:
     from pybk_spark.logs.log import read_log
     md, _ = read_log(bk.metadata_store, log_name)
     return list(md.ledger_ids)
 
 
-def list_candidates(bk, *, log: str | None = None, ledgers: Iterable[int] | None = None,
+def list_candidates(bk: LedgerClient, *, log: str | None = None, ledgers: Iterable[int] | None = None,
                     min_idle_s: float = 0.0, force: bool = False, now_ms: int | None = None
                     ) -> tuple[list[int], list[dict]]:
     """(ledger ids to recover, [{ledger, reason}] skipped not-closed ones).
@@ -122,7 +123,7 @@ def list_candidates(bk, *, log: str | None = None, ledgers: Iterable[int] | None
     return chosen, skipped
 
 
-def recover_with(bk, ledger_id: int, password: Optional[bytes] = None,
+def recover_with(bk: LedgerClient, ledger_id: int, password: Optional[bytes] = None,
                  clock: Callable[[], float] = time.monotonic) -> dict:
     """Recover one ledger with an existing client; never raises."""
     t0 = clock()
@@ -156,7 +157,7 @@ def recover_with(bk, ledger_id: int, password: Optional[bytes] = None,
     return row
 
 
-def _lac_before(bk, md: lm.LedgerMetadata, password: bytes) -> Optional[int]:
+def _lac_before(bk: LedgerClient, md: lm.LedgerMetadata, password: bytes) -> Optional[int]:
     from pybk_spark.ledger.read_handle import query_lac
     lm.check_password(md, password)
     try:
@@ -174,7 +175,7 @@ def recover_task(metadata_uri: str, ledger_id: int, password: Optional[bytes] = 
         return recover_with(bk, ledger_id, password)
 
 
-def recover_in_process(bk, ids: Iterable[int], password: Optional[bytes] = None,
+def recover_in_process(bk: LedgerClient, ids: Iterable[int], password: Optional[bytes] = None,
                        progress: bool = True) -> list[dict]:
     ids = list(ids)
     rows = []

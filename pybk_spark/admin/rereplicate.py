@@ -46,13 +46,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pybk_spark.ledger.port import LedgerClient
 from pybk_spark import errors
 from pybk_spark.admin import audit, entry_sets as es
 from pybk_spark.admin.bookie_copy import pull_fragment
 from pybk_spark.admin.recover import access_key, recover_with
 from pybk_spark.admin.replica_reads import read_ids
 from pybk_spark.wire.digest import Digester
-from pybk_spark.metadata.store import ledger_key
+from pybk_spark.metadata.store import MetadataStore, ledger_key
 from pybk_spark.ledger.placement import writable_bookies
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.protocol import read_decisions as rd
@@ -66,14 +67,14 @@ VERIFY_COLUMNS = ["ledger", "fragment", "bookie", "missing", "entries"]
 
 
 # -- registry / marks -------------------------------------------------------------------------
-def registered_bookies(store) -> set[str]:
+def registered_bookies(store: MetadataStore) -> set[str]:
     out = set()
     for mode in ("writable", "readonly"):
         out |= {k.rsplit("/", 1)[1] for k, _ in store.list_prefix(keys.bookies_prefix(mode))}
     return out
 
 
-def read_marks(store, prefix: str) -> dict[str, tuple[float, int]]:
+def read_marks(store: MetadataStore, prefix: str) -> dict[str, tuple[float, int]]:
     """bookie -> (time, version) recorded under ``prefix``."""
     out = {}
     for key, v in store.list_prefix(prefix):
@@ -85,7 +86,7 @@ def read_marks(store, prefix: str) -> dict[str, tuple[float, int]]:
     return out
 
 
-def mark_decommissioned(store, bookie_id: str, now: float) -> None:
+def mark_decommissioned(store: MetadataStore, bookie_id: str, now: float) -> None:
     try:
         store.put_if_absent(audit.DECOMMISSIONED_PREFIX + bookie_id,
                             json.dumps({"since": now}).encode())
@@ -93,7 +94,7 @@ def mark_decommissioned(store, bookie_id: str, now: float) -> None:
         pass  # already marked
 
 
-def clear_decommissioned(store, bookie_id: str) -> None:
+def clear_decommissioned(store: MetadataStore, bookie_id: str) -> None:
     store.delete(audit.DECOMMISSIONED_PREFIX + bookie_id)
 
 
@@ -109,7 +110,7 @@ class AuditResult:
     ledgers: int = 0
 
 
-def run_audit(bk, *, delay_s: float = 0.0, grace_s: float = 30.0, named: Iterable[str] = (),
+def run_audit(bk: LedgerClient, *, delay_s: float = 0.0, grace_s: float = 30.0, named: Iterable[str] = (),
               now: float | None = None, mark: bool = True, plan: bool = True) -> AuditResult:
     store = bk.metadata_store
     now = time.time() if now is None else now
@@ -174,7 +175,7 @@ def run_audit(bk, *, delay_s: float = 0.0, grace_s: float = 30.0, named: Iterabl
     return res
 
 
-def _not_candidates(store, res: AuditResult, decom: dict, now: float) -> dict[str, str]:
+def _not_candidates(store: MetadataStore, res: AuditResult, decom: dict, now: float) -> dict[str, str]:
     """Every known bookie that cannot take a replacement -> why (named in a
     NotEnoughBookies, so an operator sees what would fix it)."""
     readonly = {keys.last_part(k) for k, _ in store.list_prefix(keys.bookies_prefix("readonly"))}
@@ -215,7 +216,7 @@ def failed_ledgers_text(failed: list[dict], limit: int = 5) -> str:
 
 
 # -- copy one fragment -------------------------------------------------------------------------
-def copy_fragment(bk, w: audit.FragmentWork, password: Optional[bytes] = None, *,
+def copy_fragment(bk: LedgerClient, w: audit.FragmentWork, password: Optional[bytes] = None, *,
                   batch_entries: int = 5000, batch_bytes: int = 8 << 20,
                   clock: Callable[[], float] = time.monotonic, pull: bool = True,
                   pull_timeout_s: float = 600.0) -> dict:
@@ -271,7 +272,7 @@ def _fragment_still_has(md: lm.LedgerMetadata, w: audit.FragmentWork) -> bool:
     return False
 
 
-def _gather(bk, md: lm.LedgerMetadata, w: audit.FragmentWork, key: bytes,
+def _gather(bk: LedgerClient, md: lm.LedgerMetadata, w: audit.FragmentWork, key: bytes,
             digester: Digester, wanted: Optional[np.ndarray] = None) -> pa.Table:
     """Entries of ``w.slot`` (or just ``wanted``) read from surviving replicas."""
     E, Qw = len(w.ensemble), md.write_quorum
@@ -306,7 +307,7 @@ def _gather(bk, md: lm.LedgerMetadata, w: audit.FragmentWork, key: bytes,
     return table.sort_by("entry_id").combine_chunks()
 
 
-def _write(bk, w: audit.FragmentWork, key: bytes, rows: pa.Table, batch_entries: int,
+def _write(bk: LedgerClient, w: audit.FragmentWork, key: bytes, rows: pa.Table, batch_entries: int,
            batch_bytes: int) -> None:
     if rows.num_rows == 0:
         return
@@ -336,7 +337,7 @@ def _chunks(rows: pa.Table, max_entries: int, max_bytes: int):
 
 
 # -- verify ------------------------------------------------------------------------------------------
-def verify_ledger(bk, ledger_id: int, password: Optional[bytes] = None, *,
+def verify_ledger(bk: LedgerClient, ledger_id: int, password: Optional[bytes] = None, *,
                   repair: bool = False, bookies: Optional[set] = None,
                   copied: Optional[list] = None) -> list[dict]:
     """Under-replicated (fragment, bookie) rows of one ledger; [] if healthy.
@@ -379,7 +380,7 @@ def verify_ledger(bk, ledger_id: int, password: Optional[bytes] = None, *,
     return out
 
 
-def _fill_in(bk, md: lm.LedgerMetadata, first: int, last: int, bookies, slot: int,
+def _fill_in(bk: LedgerClient, md: lm.LedgerMetadata, first: int, last: int, bookies, slot: int,
              missing: np.ndarray, key: bytes, digester: Digester) -> np.ndarray:
     """Recovery-add ``missing`` to the live bookie at ``slot``; what is still missing."""
     w = audit.FragmentWork(md.ledger_id, first, last, tuple(bookies), slot,
@@ -393,7 +394,7 @@ def _fill_in(bk, md: lm.LedgerMetadata, first: int, last: int, bookies, slot: in
 
 
 # -- in-process driver ----------------------------------------------------------------------------
-def fence_open_ledgers(bk, ids: Iterable[int], password: Optional[bytes] = None) -> list[dict]:
+def fence_open_ledgers(bk: LedgerClient, ids: Iterable[int], password: Optional[bytes] = None) -> list[dict]:
     return [recover_with(bk, lid, password) for lid in ids]
 
 

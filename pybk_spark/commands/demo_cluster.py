@@ -39,6 +39,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from pybk_spark.metadata.store import MetadataStore
 from pybk_spark.metadata import keys
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]       # the checkout: jobs/ is beside pybk_spark/
@@ -79,7 +80,7 @@ def bookie_entries(address: str) -> int | None:
     return int(float(m.group(1))) if m else None
 
 
-def ledger_ids(store) -> list[int]:
+def ledger_ids(store: MetadataStore) -> list[int]:
     return sorted(int(k.rsplit("/", 1)[1]) for k, _ in store.list_prefix(keys.LEDGERS_PREFIX)
                   if k.rsplit("/", 1)[1].isdigit())
 
