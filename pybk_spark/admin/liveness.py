@@ -65,7 +65,8 @@ def registrations(store: MetadataStore) -> dict[str, dict]:
     return out
 
 
-def suspects(store: MetadataStore, tls=None, timeout: float = PROBE_TIMEOUT_S) -> tuple[int, list[dict]]:
+def suspects(store: MetadataStore, tls: Optional[ClientTls] = None,
+             timeout: float = PROBE_TIMEOUT_S) -> tuple[int, list[dict]]:
     """(bookies probed, [{bookie, address, error, lease_lapses_in_s}] of those
     registered but not answering), by bookie id."""
     regs = registrations(store)
@@ -73,7 +74,7 @@ def suspects(store: MetadataStore, tls=None, timeout: float = PROBE_TIMEOUT_S) -
         failed = dict(zip(regs, pool.map(
             lambda reg: probe(reg, tls, timeout) if reg.get("address") else "no address registered",
             regs.values())))
-    out = []
+    out: list[dict] = []
     for bookie, why in sorted(failed.items()):
         if not why:
             continue
@@ -83,7 +84,8 @@ def suspects(store: MetadataStore, tls=None, timeout: float = PROBE_TIMEOUT_S) -
     return len(regs), out
 
 
-def wait_lapsed(store: MetadataStore, found: list[dict], *, clock: Callable[[], float] = time.monotonic,
+def wait_lapsed(store: MetadataStore, found: list[dict], *,
+                clock: Callable[[], float] = time.monotonic,
                 sleep: Callable[[float], None] = time.sleep,
                 slack_s: float = 5.0) -> Optional[list[str]]:
     """Wait until every suspect's registration is gone (its lease lapsed);

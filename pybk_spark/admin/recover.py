@@ -29,11 +29,16 @@ from __future__ import annotations
 import time
 from typing import Callable, Iterable, Optional
 
-from pybk_spark.ledger.port import LedgerClient
 from pybk_spark import errors
 from pybk_spark.admin import audit
 from pybk_spark.admin.report import Progress, table
+from pybk_spark.ledger.client import BookKeeper
+from pybk_spark.ledger.port import LedgerClient
+from pybk_spark.ledger.read_handle import query_lac
+from pybk_spark.logs.log import read_log
 from pybk_spark.protocol import ledger_metadata as lm
+from pybk_spark.protocol.access import OPERATOR_KEY
+from pybk_spark.wire.digest import Digester
 
 PASSWORD_CUSTOM_KEY = "password"
 SUMMARY_COLUMNS = ["ledger", "state_before", "entries_recovered", "last_entry", "seconds",
@@ -46,7 +51,8 @@ def ledger_password(md: lm.LedgerMetadata, given: Optional[bytes]) -> bytes:
     return str(md.custom.get(PASSWORD_CUSTOM_KEY, "")).encode()
 
 
-def access_key(bk: LedgerClient, md: lm.LedgerMetadata, given: Optional[bytes], check: bool = True):
+def access_key(bk: LedgerClient, md: lm.LedgerMetadata, given: Optional[bytes],
+               check: bool = True) -> tuple[bytes, Digester]:
     """(master key, Digester) with which a tool copies, fills in or fences a
     ledger's entries.
 
@@ -64,8 +70,6 @@ def access_key(bk: LedgerClient, md: lm.LedgerMetadata, given: Optional[bytes], 
 
     Otherwise the ledger's password (``--password`` or its custom metadata
     ``password``), checked against the metadata when ``check``."""
-    from pybk_spark.wire.digest import Digester
-    from pybk_spark.protocol.access import OPERATOR_KEY
     if getattr(bk.conf, "operator", False) and given is None:
         key = learn_key(bk, md)
         if key:
@@ -80,7 +84,6 @@ def access_key(bk: LedgerClient, md: lm.LedgerMetadata, given: Optional[bytes], 
 def learn_key(bk: LedgerClient, md: lm.LedgerMetadata) -> bytes:
     """The ledger's master key as a bookie of it recorded it, checked against
     the metadata; b"" when no registered bookie of the ledger answers one."""
-    from pybk_spark.protocol.access import OPERATOR_KEY
     for bookie in sorted(md.all_bookies()):
         try:
             got = bk.transports.get(bookie).read_lac(
@@ -94,7 +97,6 @@ def learn_key(bk: LedgerClient, md: lm.LedgerMetadata) -> bytes:
 
 
 def ledgers_of_log(bk: LedgerClient, log_name: str) -> list[int]:
-    from pybk_spark.logs.log import read_log
     md, _ = read_log(bk.metadata_store, log_name)
     return list(md.ledger_ids)
 
@@ -158,7 +160,6 @@ def recover_with(bk: LedgerClient, ledger_id: int, password: Optional[bytes] = N
 
 
 def _lac_before(bk: LedgerClient, md: lm.LedgerMetadata, password: bytes) -> Optional[int]:
-    from pybk_spark.ledger.read_handle import query_lac
     lm.check_password(md, password)
     try:
         return query_lac(bk.context, md, lm.master_key(password), fence=False)
@@ -170,7 +171,6 @@ def _lac_before(bk: LedgerClient, md: lm.LedgerMetadata, password: bytes) -> Opt
 
 def recover_task(metadata_uri: str, ledger_id: int, password: Optional[bytes] = None) -> dict:
     """One Spark task: its own client (clients are not picklable)."""
-    from pybk_spark.ledger.client import BookKeeper
     with BookKeeper(metadata_uri, background=False) as bk:
         return recover_with(bk, ledger_id, password)
 
@@ -178,7 +178,7 @@ def recover_task(metadata_uri: str, ledger_id: int, password: Optional[bytes] = 
 def recover_in_process(bk: LedgerClient, ids: Iterable[int], password: Optional[bytes] = None,
                        progress: bool = True) -> list[dict]:
     ids = list(ids)
-    rows = []
+    rows: list[dict] = []
     with Progress("recover", len(ids), enabled=progress) as p:
         for lid in ids:
             rows.append(recover_with(bk, lid, password))

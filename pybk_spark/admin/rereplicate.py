@@ -40,7 +40,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -156,7 +156,7 @@ def run_audit(bk: LedgerClient, *, delay_s: float = 0.0, grace_s: float = 30.0, 
         candidates = {b: reg for b, reg in writable_bookies(store).items() if b not in res.lost}
         why_not = _not_candidates(store, res, decom, now)
 
-        def choose(ens, slot, ex):
+        def choose(ens: tuple[str, ...], slot: int, ex: set[str]) -> str:
             try:
                 return bk.placement.replace(ens, slot, candidates, ex)
             except errors.NotEnoughBookies as exc:
@@ -320,7 +320,7 @@ def _write(bk: LedgerClient, w: audit.FragmentWork, key: bytes, rows: pa.Table, 
         f.result()            # raises the typed error of a failed add
 
 
-def _chunks(rows: pa.Table, max_entries: int, max_bytes: int):
+def _chunks(rows: pa.Table, max_entries: int, max_bytes: int) -> Iterator[pa.RecordBatch]:
     batch = one_batch(rows) if rows.num_rows else None
     if batch is None:
         return
@@ -338,8 +338,8 @@ def _chunks(rows: pa.Table, max_entries: int, max_bytes: int):
 
 # -- verify ------------------------------------------------------------------------------------------
 def verify_ledger(bk: LedgerClient, ledger_id: int, password: Optional[bytes] = None, *,
-                  repair: bool = False, bookies: Optional[set] = None,
-                  copied: Optional[list] = None) -> list[dict]:
+                  repair: bool = False, bookies: Optional[set[str]] = None,
+                  copied: Optional[list[np.ndarray]] = None) -> list[dict]:
     """Under-replicated (fragment, bookie) rows of one ledger; [] if healthy.
 
     With ``repair``, copies a live bookie lacks (an entry acknowledged at Qa
@@ -354,13 +354,13 @@ def verify_ledger(bk: LedgerClient, ledger_id: int, password: Optional[bytes] = 
         return []
     key, digester = access_key(bk, md, password, check=False)
     conf = bk.conf
-    out = []
+    out: list[dict] = []
     only = bookies
-    for first, last, bookies in md.fragments():
+    for first, last, ensemble in md.fragments():
         if last == -1:
             continue            # still being written: checked once closed
-        E, Qw = len(bookies), md.write_quorum
-        for slot, b in enumerate(bookies):
+        E, Qw = len(ensemble), md.write_quorum
+        for slot, b in enumerate(ensemble):
             if only is not None and b not in only:
                 continue
             want = es.slot_entries(first, last, E, Qw, slot)
@@ -370,7 +370,7 @@ def verify_ledger(bk: LedgerClient, ledger_id: int, password: Optional[bytes] = 
             missing = np.setdiff1d(want, got.present_ids())
             if len(missing) and repair and not got.unreachable:
                 before = missing
-                missing = _fill_in(bk, md, first, last, bookies, slot, missing, key, digester)
+                missing = _fill_in(bk, md, first, last, ensemble, slot, missing, key, digester)
                 if copied is not None and len(before) > len(missing):
                     copied.append(np.setdiff1d(before, missing))
             if len(missing):
@@ -380,7 +380,8 @@ def verify_ledger(bk: LedgerClient, ledger_id: int, password: Optional[bytes] = 
     return out
 
 
-def _fill_in(bk: LedgerClient, md: lm.LedgerMetadata, first: int, last: int, bookies, slot: int,
+def _fill_in(bk: LedgerClient, md: lm.LedgerMetadata, first: int, last: int,
+             bookies: Sequence[str], slot: int,
              missing: np.ndarray, key: bytes, digester: Digester) -> np.ndarray:
     """Recovery-add ``missing`` to the live bookie at ``slot``; what is still missing."""
     w = audit.FragmentWork(md.ledger_id, first, last, tuple(bookies), slot,
