@@ -97,7 +97,7 @@ def main(argv=None) -> int:
     from pyspark.sql import functions as F
 
     from pybk_spark import BookKeeper
-    from pybk_spark.admin.spark_runner import job_session
+    from pybk_spark.admin.jobs.spark_runner import job_session
     spark = job_session("pybk-demo", args.verbose)
     bk = BookKeeper(args.metadata_uri, conf={"placement_policy": args.placement_policy})
     try:

@@ -9,8 +9,8 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
-from pybk_spark.admin import orchestrate
-from pybk_spark.admin.spark_runner import job_arguments, run_job
+from pybk_spark.admin.operations import orchestrate
+from pybk_spark.admin.jobs.spark_runner import job_arguments, run_job
 
 
 def _own_options(p: argparse.ArgumentParser) -> None:

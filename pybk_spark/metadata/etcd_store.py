@@ -70,7 +70,7 @@ Theory of operation:
     plaintext client against a TLS etcd sees the socket closed:
     ``MetadataUnavailable`` with a hint to set etcd_ca_file.
   * ``auth_request`` is the port of the etcd Auth API (users, roles, grants)
-    that ``pybk_spark/admin/etcd_roles.py`` drives.
+    that ``pybk_spark/admin/commands/etcd_roles.py`` drives.
 """
 from __future__ import annotations
 
@@ -577,7 +577,7 @@ class EtcdMetadataStore(MetadataStore):
         time.sleep(min(timeout, 0.1))
         return True
 
-    # -- etcd Auth API (users, roles, grants): pybk_spark/admin/etcd_roles.py ----------
+    # -- etcd Auth API (users, roles, grants): pybk_spark/admin/commands/etcd_roles.py ----------
     def auth_request(self, op: str, perm: tuple[str, str, bool] | None = None, **fields):
         """One etcd Auth API call: ``op`` names the RPC ("UserAdd", "RoleGet",
         "RoleGrantPermission", "AuthEnable", ...), ``fields`` its request's

@@ -4,7 +4,7 @@ private 4-bookie cluster (a bookie is SIGKILLed)."""
 import os
 import signal
 
-from pybk_spark.admin.autorecovery import AutoRecovery, AutoRecoveryConfig
+from pybk_spark.admin.operations.autorecovery import AutoRecovery, AutoRecoveryConfig
 
 from admin_helpers import pybk, registered, wait_until
 
@@ -53,7 +53,7 @@ def test_round_rereplicates_a_lost_bookie(own_cluster, bk):
 
 
 def test_a_round_line_names_why_copies_failed():
-    from pybk_spark.admin.shell_recovery import _reasons
+    from pybk_spark.admin.commands.shell_recovery import _reasons
     assert _reasons({"NotEnoughBookies": 2, "ReadError": 1}) == " (NotEnoughBookies=2,ReadError=1)"
     assert _reasons({}) == _reasons(None) == ""
 

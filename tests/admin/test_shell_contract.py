@@ -13,7 +13,7 @@ import uuid
 import pytest
 
 from admin_helpers import pybk
-from pybk_spark.admin.shell_common import READS_ONLY, WRITES
+from pybk_spark.admin.commands.shell_common import READS_ONLY, WRITES
 from pybk_spark.commands import cli
 
 

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from pybk_spark.metadata import audit_control as ctl
-from pybk_spark.admin.autorecovery import AutoRecovery, AutoRecoveryConfig
+from pybk_spark.admin.operations.autorecovery import AutoRecovery, AutoRecoveryConfig
 
 from admin_helpers import pybk, wait_until
 

@@ -36,9 +36,9 @@ import numpy as np
 from pybk_spark.metadata.store import MetadataStore
 from pybk_spark.ledger.port import LedgerClient
 from pybk_spark import errors
-from pybk_spark.admin import entry_sets as es
-from pybk_spark.admin.recover import access_key
-from pybk_spark.admin.rereplicate import verify_ledger
+from pybk_spark.admin.decisions import entry_sets as es
+from pybk_spark.admin.operations.recover import access_key
+from pybk_spark.admin.operations.rereplicate import verify_ledger
 from pybk_spark.protocol import damage_marker as dm
 from pybk_spark.protocol import ledger_metadata as lm
 

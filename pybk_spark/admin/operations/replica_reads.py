@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from pybk_spark import errors
-from pybk_spark.admin.entry_sets import runs
+from pybk_spark.admin.decisions.entry_sets import runs
 from pybk_spark.protocol.sparse_reads import SparseReadWindow
 from pybk_spark.transport.base import BookieTransport
 from pybk_spark.wire.results import ReadResult

@@ -5,7 +5,7 @@ import argparse
 import json
 
 from pybk_spark import errors
-from pybk_spark.admin import shell_common
+from pybk_spark.admin.commands import shell_common
 from pybk_spark.admin.report import table
 from pybk_spark.metadata import keys
 from pybk_spark.transport.grpc_bookie import BookieClient

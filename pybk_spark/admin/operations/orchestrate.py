@@ -20,10 +20,11 @@ from typing import Any, Callable, Iterable, Optional, Union
 
 import numpy as np
 
-from pybk_spark.admin import audit, damage_repair
-from pybk_spark.admin import entry_sets as es
-from pybk_spark.admin import recover as rec
-from pybk_spark.admin import rereplicate as rr
+from pybk_spark.admin.decisions import audit
+from pybk_spark.admin.operations import damage_repair
+from pybk_spark.admin.decisions import entry_sets as es
+from pybk_spark.admin.operations import recover as rec
+from pybk_spark.admin.operations import rereplicate as rr
 from pybk_spark.admin.report import Progress, table
 from pybk_spark.ledger.client import BookKeeper
 from pybk_spark.ledger.port import LedgerClient

@@ -30,7 +30,7 @@ import time
 from typing import Callable, Iterable, Optional
 
 from pybk_spark import errors
-from pybk_spark.admin import audit
+from pybk_spark.admin.decisions import audit
 from pybk_spark.admin.report import Progress, table
 from pybk_spark.ledger.client import BookKeeper
 from pybk_spark.ledger.port import LedgerClient

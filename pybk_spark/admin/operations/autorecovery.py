@@ -60,8 +60,8 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from pybk_spark import errors
-from pybk_spark.admin import orchestrate as orch
-from pybk_spark.admin import rereplicate as rr
+from pybk_spark.admin.operations import orchestrate as orch
+from pybk_spark.admin.operations import rereplicate as rr
 from pybk_spark.ledger.port import LedgerClient
 from pybk_spark.logs.log import list_logs, read_log
 from pybk_spark.logs.truncation import retain

@@ -12,9 +12,10 @@ import time
 from typing import Iterable, Sequence
 
 from pybk_spark import errors
-from pybk_spark.admin import liveness, shell_common
+from pybk_spark.admin.operations import liveness
+from pybk_spark.admin.commands import shell_common
 from pybk_spark.admin.report import table
-from pybk_spark.admin.shell_recovery import client
+from pybk_spark.admin.commands.shell_recovery import client
 from pybk_spark.logs.log import delete_log_metadata, read_log
 from pybk_spark.logs.positions import drop_all
 from pybk_spark.logs.truncation import apply_retention, set_log_retention, truncate_log

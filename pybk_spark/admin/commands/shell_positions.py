@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from pybk_spark.admin import shell_common
+from pybk_spark.admin.commands import shell_common
 from pybk_spark.admin.report import table
 from pybk_spark.logs.positions import drop, list_positions
 from pybk_spark.protocol.positions import RegisteredPosition

@@ -38,7 +38,7 @@ import argparse
 from typing import Iterable, Mapping
 
 from pybk_spark import errors
-from pybk_spark.admin import shell_common
+from pybk_spark.admin.commands import shell_common
 from pybk_spark.metadata import keys
 from pybk_spark.metadata.etcd_store import EtcdMetadataStore
 from pybk_spark.metadata.security import EtcdSecurity

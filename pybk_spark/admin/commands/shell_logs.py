@@ -8,9 +8,9 @@ from typing import Callable, Optional
 import pyarrow as pa
 
 from pybk_spark import errors
-from pybk_spark.admin import shell_common
+from pybk_spark.admin.commands import shell_common
 from pybk_spark.admin.report import HEX_HINT, preview, table
-from pybk_spark.admin.shell_recovery import client, password_arg, password_of
+from pybk_spark.admin.commands.shell_recovery import client, password_arg, password_of
 from pybk_spark.logs.log import list_logs, read_log
 from pybk_spark.logs.log_reader import LogReader, Start, records_of
 from pybk_spark.metadata.store import MetadataStore

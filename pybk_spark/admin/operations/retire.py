@@ -24,8 +24,8 @@ from typing import Iterable
 
 from pybk_spark.ledger.port import LedgerClient
 from pybk_spark import errors
-from pybk_spark.admin import audit
-from pybk_spark.admin.rereplicate import registered_bookies
+from pybk_spark.admin.decisions import audit
+from pybk_spark.admin.operations.rereplicate import registered_bookies
 from pybk_spark.metadata import keys
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.protocol.bookie_instances import instances_key

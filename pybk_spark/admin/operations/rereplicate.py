@@ -16,7 +16,7 @@ Driver (``run_audit``, pure decisions in ``admin.audit``):
   3. A replacement per work item from the placement policy, outside the
      fragment's ensemble and every lost bookie.
 Task (``copy_fragment``, one per work item; a Spark task or in-process):
-  4'. Bookie to bookie first (admin/bookie_copy.py): the replacement pulls
+  4'. Bookie to bookie first (admin/operations/bookie_copy.py): the replacement pulls
      the ids from the same replicas, in the same order, as stored Arrow
      rows, checks digests and journals them (``PullEntries``); no entry
      passes through this client.  If the pull path cannot finish (an older
@@ -48,10 +48,11 @@ import pyarrow.compute as pc
 
 from pybk_spark.ledger.port import LedgerClient
 from pybk_spark import errors
-from pybk_spark.admin import audit, entry_sets as es
-from pybk_spark.admin.bookie_copy import pull_fragment
-from pybk_spark.admin.recover import access_key, recover_with
-from pybk_spark.admin.replica_reads import read_ids
+from pybk_spark.admin.decisions import audit
+from pybk_spark.admin.decisions import entry_sets as es
+from pybk_spark.admin.operations.bookie_copy import pull_fragment
+from pybk_spark.admin.operations.recover import access_key, recover_with
+from pybk_spark.admin.operations.replica_reads import read_ids
 from pybk_spark.wire.digest import Digester
 from pybk_spark.metadata.store import MetadataStore, ledger_key
 from pybk_spark.ledger.placement import writable_bookies

@@ -18,7 +18,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from pybk_spark import errors
-from pybk_spark.admin.job_output import separate_stderr
+from pybk_spark.admin.jobs.job_output import separate_stderr
 from pybk_spark.ledger.client import BookKeeper
 from pybk_spark.ledger.port import LedgerClient
 

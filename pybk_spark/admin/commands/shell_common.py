@@ -3,7 +3,7 @@ registry ``register`` fills, the global flags (``--json``, ``--metadata-uri``,
 ``--client-conf``) and output (``emit``).
 
 ``pybk_spark.commands.cli`` builds the parser from the registry; the
-``pybk_spark.admin.shell_*`` modules register their subcommands here when
+``pybk_spark.admin.commands.shell_*`` modules register their subcommands here when
 imported, and import nothing from the cli.
 """
 from __future__ import annotations

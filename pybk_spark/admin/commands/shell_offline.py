@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 from pybk_spark import errors
-from pybk_spark.admin import shell_common
+from pybk_spark.admin.commands import shell_common
 from pybk_spark.admin.report import table
 
 

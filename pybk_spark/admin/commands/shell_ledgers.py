@@ -8,11 +8,11 @@ import time
 import numpy as np
 
 from pybk_spark import errors
-from pybk_spark.admin import shell_common
-from pybk_spark.admin.recover import ledger_password
-from pybk_spark.admin.replica_reads import read_ids
+from pybk_spark.admin.commands import shell_common
+from pybk_spark.admin.operations.recover import ledger_password
+from pybk_spark.admin.operations.replica_reads import read_ids
 from pybk_spark.admin.report import HEX_HINT, Progress, preview, table
-from pybk_spark.admin.shell_recovery import client, password_arg, password_of
+from pybk_spark.admin.commands.shell_recovery import client, password_arg, password_of
 from pybk_spark.ledger.port import LedgerClient
 from pybk_spark.protocol import ledger_metadata as lm
 

@@ -9,10 +9,13 @@ import time
 from typing import Optional
 
 from pybk_spark import errors
-from pybk_spark.admin import audit, damage_repair, retire, shell_common
-from pybk_spark.admin import orchestrate as orch
-from pybk_spark.admin import rereplicate as rr
-from pybk_spark.admin.autorecovery import AutoRecovery, AutoRecoveryConfig
+from pybk_spark.admin.decisions import audit
+from pybk_spark.admin.operations import damage_repair
+from pybk_spark.admin.operations import retire
+from pybk_spark.admin.commands import shell_common
+from pybk_spark.admin.operations import orchestrate as orch
+from pybk_spark.admin.operations import rereplicate as rr
+from pybk_spark.admin.operations.autorecovery import AutoRecovery, AutoRecoveryConfig
 from pybk_spark.admin.report import table
 from pybk_spark.ledger.client import BookKeeper
 from pybk_spark.ledger.port import LedgerClient
