@@ -103,7 +103,7 @@ def measure(work_dir: str, total_bytes: int, streams_list=None) -> dict:
     """MB/s and CPU-s per GB of the bare copy, one stream and as many as
     figure 8 copies at once (``orchestrate.DEFAULT_PARALLEL``)."""
     if streams_list is None:
-        from pybk_spark.admin.orchestrate import DEFAULT_PARALLEL
+        from pybk_spark.admin.operations.orchestrate import DEFAULT_PARALLEL
         streams_list = sorted({1, DEFAULT_PARALLEL})
     out: dict = {"chunk_bytes": CHUNK_BYTES, "bytes": total_bytes}
     with tempfile.TemporaryDirectory(dir=work_dir) as d:

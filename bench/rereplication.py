@@ -1,5 +1,5 @@
 """Figure 8: re-replication MB/s while bringing a lost bookie's fragments back
-to Qw copies (``pybk_spark.admin.rereplicate``, run in-process).
+to Qw copies (``pybk_spark.admin.operations.rereplicate``, run in-process).
 
 Three groups of work items in the same run, each timed on its own, each
 with its CPU-seconds per GB by process kind:
@@ -42,10 +42,10 @@ from pybk_spark.ledger.client import BookKeeper
 
 def measure(cluster, quick: bool) -> dict:
     try:
-        from pybk_spark.admin import rereplicate as rr
+        from pybk_spark.admin.operations import rereplicate as rr
     except Exception as exc:  # noqa: BLE001 - missing component: figure is null
-        return {"available": False, "reason": f"pybk_spark.admin.rereplicate: {exc}"}
-    from pybk_spark.admin import orchestrate as orch
+        return {"available": False, "reason": f"pybk_spark.admin.operations.rereplicate: {exc}"}
+    from pybk_spark.admin.operations import orchestrate as orch
     groups = (("client", False, orch.DEFAULT_PARALLEL), ("pull_sequential", True, 1),
               ("pull", True, orch.DEFAULT_PARALLEL))
     per_group, per_ledger = (1, 2_000) if quick else (4, 50_000)

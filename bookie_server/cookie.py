@@ -25,7 +25,7 @@ instance history (``bookies/instances/<id>``, by CAS); when an earlier,
 different instance is recorded there the marker is set too.  The bookie
 adopts the marker before it serves (answering BookieIOError, never
 NoSuchEntry, for what it lacks), and the auditor copies every entry its
-write sets lack back onto it (``pybk_spark/admin/damage_repair.py``).
+write sets lack back onto it (``pybk_spark/admin/operations/damage_repair.py``).
 
 The cookie also records the bookie's advertised address (``address``,
 ``host:port`` of gRPC, bookie_server/serving/identity.py), as BookKeeper's cookie

@@ -2,7 +2,7 @@
 
 The journal's file format is the bookie's own (bookie_server/journal/), so
 the bookie reads it; ``pybk lastmark`` / ``pybk readjournal``
-(pybk_spark/admin/shell_offline.py) run these and print what they answer.
+(pybk_spark/admin/commands/shell_offline.py) run these and print what they answer.
 Each prints one JSON document on stdout: the answer, or on bad input
 ``{"error": <typed error class>, "message": ...}`` with exit status 1 (an
 ``OSError`` adds its ``errno``, ``strerror`` and ``filename``).

@@ -14,6 +14,10 @@ import random
 import sys
 import time
 import zlib
+from typing import TYPE_CHECKING, Iterable
+
+if TYPE_CHECKING:      # types only: the job imports pybk_spark in main()
+    from pybk_spark.ledger.port import LedgerClient
 
 SINGLE_ADDS = 100          # the first entries of each ledger go through add_entry
 
@@ -34,7 +38,8 @@ def make_payloads(rng: random.Random, ledger_no: int, count: int, size: int) -> 
     return out
 
 
-def write_ledgers(bk, args, rng) -> dict[int, list[bytes]]:
+def write_ledgers(bk: LedgerClient, args: argparse.Namespace,
+                  rng: random.Random) -> dict[int, list[bytes]]:
     written: dict[int, list[bytes]] = {}
     for ledger_no in range(args.ledgers):
         payloads = make_payloads(rng, ledger_no, args.entries, args.entry_size)
@@ -54,17 +59,16 @@ def summarize(rows_by_ledger: dict[int, list[tuple[int, bytes]]]) -> dict[int, t
             for lid, rows in rows_by_ledger.items()}
 
 
-def read_with_client(bk, ledger_ids) -> dict[int, list[tuple[int, bytes]]]:
+def read_with_client(bk: LedgerClient,
+                     ledger_ids: Iterable[int]) -> dict[int, list[tuple[int, bytes]]]:
     out = {}
     for lid in ledger_ids:
         rh = bk.open_ledger(lid, recovery=False)
         last = bk.get_ledger_metadata(lid).last_entry_id
-        rows: list = []
+        rows: list[tuple[int, bytes]] = []
         for lo in range(0, last + 1, 500):
             rows.extend((e.entry_id, e.payload) for e in rh.read(lo, min(last, lo + 499)))
-        close = getattr(rh, "close", None)
-        if close:
-            close()
+        rh.close()
         out[lid] = rows
     return out
 
@@ -93,7 +97,7 @@ def main(argv=None) -> int:
     from pyspark.sql import functions as F
 
     from pybk_spark import BookKeeper
-    from pybk_spark.admin.spark_runner import job_session
+    from pybk_spark.admin.jobs.spark_runner import job_session
     spark = job_session("pybk-demo", args.verbose)
     bk = BookKeeper(args.metadata_uri, conf={"placement_policy": args.placement_policy})
     try:

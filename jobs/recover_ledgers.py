@@ -7,9 +7,10 @@ and exits non-zero if any ledger could not be recovered.  Idempotent.
 """
 import argparse
 import sys
+from typing import Optional, Sequence
 
-from pybk_spark.admin import orchestrate
-from pybk_spark.admin.spark_runner import job_arguments, run_job
+from pybk_spark.admin.operations import orchestrate
+from pybk_spark.admin.jobs.spark_runner import job_arguments, run_job
 
 
 def _own_options(p: argparse.ArgumentParser) -> None:
@@ -20,7 +21,7 @@ def _own_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="ignore writer leases")
 
 
-def main(argv=None) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     args = job_arguments("recover_ledgers.py", __doc__, _own_options, argv)
     return run_job("recover_ledgers", "pybk-recover-ledgers", args.metadata_uri, args.json,
                    lambda bk, mapper: orchestrate.run_recover(

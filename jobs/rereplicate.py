@@ -10,9 +10,10 @@ under-replicated entry.
 """
 import argparse
 import sys
+from typing import Optional, Sequence
 
-from pybk_spark.admin import orchestrate
-from pybk_spark.admin.spark_runner import job_arguments, run_job
+from pybk_spark.admin.operations import orchestrate
+from pybk_spark.admin.jobs.spark_runner import job_arguments, run_job
 
 
 def _own_options(p: argparse.ArgumentParser) -> None:
@@ -22,7 +23,7 @@ def _own_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grace", type=float, default=30.0, metavar="SECONDS")
 
 
-def main(argv=None) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     args = job_arguments("rereplicate.py", __doc__, _own_options, argv)
     return run_job("rereplicate", "pybk-rereplicate", args.metadata_uri, args.json,
                    lambda bk, mapper: orchestrate.run_rereplicate(

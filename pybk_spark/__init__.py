@@ -17,6 +17,6 @@ def __getattr__(name):
     # Lazy so that bookie_server (which imports pybk_spark.wire/errors) does not
     # pull in the client, grpc channels or Spark.
     if name == "BookKeeper":
-        from pybk_spark.ledger.client import BookKeeper
+        from pybk_spark.logs.client import BookKeeper
         return BookKeeper
     raise AttributeError(name)

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-The re-replication driver (pybk_spark/admin/rereplicate.py) asks the
+The re-replication driver (pybk_spark/admin/operations/rereplicate.py) asks the
 replacement bookie, with ``PullEntries``, for the ids a lost replica must
 hold and names a surviving peer.  This bookie then, with no client in the
 data path:
@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 DEFAULT_WINDOW = 4
 MAX_WINDOW = 16
 # one read answer = one journaled batch = one stored batch: the size the
-# client path writes (admin/rereplicate.py) and replica checks read
+# client path writes (admin/operations/rereplicate.py) and replica checks read
 # (5000-id sparse reads); copies stored as 10,000-row batches made every
 # later 5000-id read of them load twice what it returned (measured: the
 # replicas check after a pull took 2x as long)

@@ -31,7 +31,7 @@ Publication (``sync_marker``): the set is published under
 ``bookies/damaged/<bookie_id>`` (format and rules:
 ``pybk_spark/protocol/damage_marker.py``).  New
 damage is merged into the marker by CAS; otherwise the bookie adopts the
-marker: the auditor (``pybk_spark/admin/damage_repair.py``) copies the
+marker: the auditor (``pybk_spark/admin/operations/damage_repair.py``) copies the
 entries back from the other replicas and then CASes repaired ranges out (or
 deletes the marker), which is how they leave the bookie's set.  The set is
 persisted in ``checkpoint.json`` (``lost``) with the index it describes, and

@@ -15,12 +15,17 @@ import io
 import shutil
 import sys
 import time
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Optional, Sequence, TextIO
+
+if TYPE_CHECKING:
+    from rich.progress import Progress as RichProgress
+    from rich.progress import TaskID
 
 
 def table(rows: Sequence[Mapping], columns: Sequence[str], empty: str = "(none)") -> str:
     if not rows:
         return empty
+    # why: rich takes ~0.15 s to import; only a non-empty table needs it
     from rich import box
     from rich.console import Console
     from rich.table import Table
@@ -63,7 +68,7 @@ def preview(payload: bytes, as_hex: bool = False, width: int = 60) -> tuple[str,
 HEX_HINT = "(binary payloads shown escaped, \\xNN; --hex prints them as hex)"
 
 
-def _cell(v) -> str:
+def _cell(v: object) -> str:
     if v is None:
         return "-"
     if isinstance(v, float):
@@ -80,8 +85,9 @@ class Progress:
     last label), redrawn in place.  Otherwise (a log file, a pipe): one
     plain line per update, at most every ``min_interval_s`` of ``clock``."""
 
-    def __init__(self, what: str, total: int, *, enabled: bool = True, stream=None,
-                 clock: Callable[[], float] = time.monotonic, min_interval_s: float = 0.5):
+    def __init__(self, what: str, total: int, *, enabled: bool = True,
+                 stream: Optional[TextIO] = None,
+                 clock: Callable[[], float] = time.monotonic, min_interval_s: float = 0.5) -> None:
         self.what, self.total, self.done = what, total, 0
         self.enabled = enabled
         self.stream = stream or sys.stderr
@@ -89,11 +95,12 @@ class Progress:
         self.min_interval_s = min_interval_s
         self._tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self._last = -1e18
-        self._bar = self._task = None
+        self._bar: Optional[RichProgress] = None
+        self._task: Optional[TaskID] = None
 
     def step(self, label: str = "", n: int = 1) -> None:
         self.done += n
-        if self._bar is not None:
+        if self._bar is not None and self._task is not None:
             self._bar.update(self._task, advance=n, label=label[:60])
             return
         now = self.clock()
@@ -111,8 +118,9 @@ class Progress:
         self.stream.write(f"{self.what} [{bar}] {self.done}/{self.total} {label}\n")
         self.stream.flush()
 
-    def __enter__(self):
+    def __enter__(self) -> Progress:
         if self.enabled and self._tty:
+            # why: rich takes ~0.15 s to import; only a bar on a terminal needs it
             from rich.console import Console
             from rich.progress import (BarColumn, MofNCompleteColumn, TextColumn,
                                        TimeElapsedColumn, TimeRemainingColumn)
@@ -126,7 +134,7 @@ class Progress:
             self._bar.start()
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         if self._bar is not None:
             self._bar.stop()
             self._bar = None

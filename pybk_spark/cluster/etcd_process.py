@@ -25,7 +25,7 @@ The health probe then speaks https, trusting ``ca_file`` and presenting
 ``probe_cert_file`` when client certificates are required.  Peer traffic
 stays plaintext (peers are on loopback or a test host's private network).
 Authentication (users, roles) is enabled through etcd's API once it runs:
-``pybk_spark.admin.etcd_roles.apply`` (LocalCluster does it for tests).
+``pybk_spark.admin.commands.etcd_roles.apply`` (LocalCluster does it for tests).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Users for a LocalCluster whose etcd runs with authentication.
 
 On the first start ``create`` writes a random password for ``root`` and for
-one user per role of ``pybk_spark.admin.etcd_roles`` (``operator``,
+one user per role of ``pybk_spark.admin.commands.etcd_roles`` (``operator``,
 ``bookie``, ``client``) into ``<dir>/<user>.pw`` (mode 0600), applies the
 role layout, and enables etcd auth.  ``security_for(user)`` is what a process
 running as that user is given (the cluster's TLS files plus etcd_user /
@@ -15,7 +15,7 @@ import secrets
 from pathlib import Path
 from typing import Callable
 
-from pybk_spark.admin import etcd_roles
+from pybk_spark.admin.commands import etcd_roles
 from pybk_spark.metadata import EtcdSecurity, open_store, with_security
 
 USERS = {"operator": etcd_roles.OPERATOR, "bookie": etcd_roles.BOOKIE,

@@ -16,7 +16,7 @@ import time
 from typing import Optional
 
 from pybk_spark import errors
-from pybk_spark.admin.liveness import probe
+from pybk_spark.admin.operations.liveness import probe
 from pybk_spark.cluster.local import BookieStartError, LocalCluster
 from pybk_spark.transport.grpc_bookie import registration_of
 from pybk_spark.transport.tls import ClientTls

@@ -3,7 +3,7 @@
 Adding a subcommand: write ``add_arguments(parser)`` and ``run(args) -> int``
 and either append ``Command(name, help, add_arguments, run, writes)`` to
 ``COMMANDS`` below, or call ``shell_common.register(..., writes=...)`` from a
-``pybk_spark.admin.shell_*`` module imported below (the import order is the
+``pybk_spark.admin.commands.shell_*`` module imported below (the import order is the
 order of ``pybk --help``).  ``writes`` says what the command changes (None:
 it only reads); ``pybk CMD --help`` shows it.
 
@@ -31,9 +31,9 @@ import threading
 from typing import Any
 
 from pybk_spark import errors
-from pybk_spark.admin import shell_common
+from pybk_spark.admin.commands import shell_common
+from pybk_spark.admin.commands.shell_common import Command, emit, open_store_from
 from pybk_spark.admin.report import table
-from pybk_spark.admin.shell_common import Command, emit, open_store_from
 from pybk_spark.cluster import certs
 from pybk_spark.cluster.local import BookieStartError, LocalCluster
 from pybk_spark.cluster.serving import wait_serving
@@ -41,14 +41,14 @@ from pybk_spark.config import conf_pairs, load_client_conf
 from pybk_spark.metadata import keys
 from pybk_spark.transport.tls import ClientTls
 # Each registers its subcommands when imported, in this order (that of ``pybk --help``).
-from pybk_spark.admin import shell_recovery  # noqa: F401  (the import registers)
-from pybk_spark.admin import shell_ledgers  # noqa: F401
-from pybk_spark.admin import shell_bookies  # noqa: F401
-from pybk_spark.admin import shell_logs  # noqa: F401
-from pybk_spark.admin import shell_operator  # noqa: F401
-from pybk_spark.admin import shell_offline  # noqa: F401
-from pybk_spark.admin import etcd_roles  # noqa: F401
-from pybk_spark.admin import shell_positions  # noqa: F401
+from pybk_spark.admin.commands import shell_recovery  # noqa: F401  (the import registers)
+from pybk_spark.admin.commands import shell_ledgers  # noqa: F401
+from pybk_spark.admin.commands import shell_bookies  # noqa: F401
+from pybk_spark.admin.commands import shell_logs  # noqa: F401
+from pybk_spark.admin.commands import shell_operator  # noqa: F401
+from pybk_spark.admin.commands import shell_offline  # noqa: F401
+from pybk_spark.admin.commands import etcd_roles  # noqa: F401
+from pybk_spark.admin.commands import shell_positions  # noqa: F401
 
 
 # -- standalone ------------------------------------------------------------------------

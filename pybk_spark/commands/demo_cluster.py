@@ -45,6 +45,7 @@ from pybk_spark.cluster.hosts import HostNetwork
 from pybk_spark.cluster.spark_cluster import SparkCluster
 from pybk_spark.commands.demo_timeline import Timeline
 from pybk_spark.ledger.client import BookKeeper
+from pybk_spark.metadata.store import MetadataStore
 from pybk_spark.metadata import keys
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]       # the checkout: jobs/ is beside pybk_spark/
@@ -84,7 +85,7 @@ def bookie_entries(address: str) -> int | None:
     return int(float(m.group(1))) if m else None
 
 
-def ledger_ids(store) -> list[int]:
+def ledger_ids(store: MetadataStore) -> list[int]:
     return sorted(int(k.rsplit("/", 1)[1]) for k, _ in store.list_prefix(keys.LEDGERS_PREFIX)
                   if k.rsplit("/", 1)[1].isdigit())
 

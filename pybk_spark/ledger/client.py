@@ -21,6 +21,9 @@ re-writes anything; it must not raise.  The chaos harness records them.
 Handles and recovery get these dependencies as one typed
 ``context.ClientContext`` (``bk.context``), built here once; they never
 call back into the client.
+Named logs stand on this client from above: ``pybk_spark/logs/client.py``
+adds ``open_log_writer``, ``open_log_reader`` and ``list_logs`` to the
+``BookKeeper`` that ``from pybk_spark import BookKeeper`` gives.
 """
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ import time
 import weakref
 from concurrent.futures import Executor, ThreadPoolExecutor
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from pybk_spark import errors
 from pybk_spark.config import ClientConfig, ClientConfLike, as_config
@@ -50,10 +53,6 @@ from pybk_spark.ledger.recovery_op import recover
 from pybk_spark.transport.base import TransportPool
 from pybk_spark.transport.grpc_bookie import GrpcTransportPool
 from pybk_spark.transport.tls import ClientTls
-
-if TYPE_CHECKING:       # logs import the client (the exception the layering test names)
-    from pybk_spark.logs.log import LogWriter
-    from pybk_spark.logs.log_reader import LogReader
 
 
 class BookKeeper:
@@ -231,22 +230,6 @@ class BookKeeper:
 
     def is_writer_alive(self, ledger_id: int) -> bool:
         return self.metadata_store.get(writer_key(ledger_id)) is not None
-
-    # -- logs ---------------------------------------------------------------------------------
-    def open_log_writer(self, name: str, **options: Any) -> LogWriter:
-        """Become the leader of log ``name`` (the fence-then-CAS open)."""
-        from pybk_spark.logs.log import LogWriter  # why: logs import this module (a cycle)
-        return LogWriter(self, name, **options).open()
-
-    def open_log_reader(self, name: str, start: Any = "earliest", **options: Any) -> LogReader:
-        """A non-fencing reader of log ``name`` from ``start`` ("earliest",
-        "latest" or a position)."""
-        from pybk_spark.logs.log_reader import LogReader  # why: logs import this module
-        return LogReader(self, name, start, **options)
-
-    def list_logs(self) -> list[str]:
-        from pybk_spark.logs.log import list_logs  # why: logs import this module (a cycle)
-        return list_logs(self.metadata_store)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def call_later(self, delay_s: float, fn: Callable[[], None]) -> None:

@@ -1,45 +1,10 @@
-"""Named logs built from ledgers: a fenced single leader, rolling, truncation,
-and non-fencing tailing readers.
+"""A named log's metadata in etcd: the ordered list of its ledgers, read,
+created and changed by CAS (``update_log``), listed and deleted.
 
-Theory of operation ("Ledgers to logs", in this order)
-------------------------------------------------------
-Leader open (``LogWriter.open``):
-  1. read the ledger list (and check the writer's password against the
-  log's before any ledger is fenced or created: ``claim_log_password``);
-  2. fence AND recover the last two ledgers (the
-  previous leader may be writing to the second-to-last while adding the last);
-  3. create a new ledger;  4. append it;  5. CAS the list back.  On a CAS
-  conflict (or the tail moved) start again at 1.  No append is served before
-  step 5 succeeds.  Two would-be leaders: each one's open fences the other's
-  ledger, so a deposed leader's adds fail with LedgerFenced (unknown outcome)
-  and ``is_leader()`` tells it that it lost.
-Roll: create ledger -> CAS-add -> close the previous ledger (after its
-  in-flight adds settle; by fencing recovery if its adds were aborted), then
-  a best-effort CAS recording its final size.  If that close fails the writer
-  stops (``is_leader()`` is False): rolling on would push an unclosed ledger
-  out of the two a leader open recovers.
-Failed ledger: a ledger whose writer aborted for another reason than fencing
-  (``NotEnoughBookies``: no replacement for a failed bookie; ``TooLarge``
-  from a misconfigured bookie) does not mean lost leadership: the append
-  fails with that error (outcome unknown) and the next append rolls to a new
-  ledger, closing the failed one by fencing recovery.  Only ``LedgerFenced``
-  marks the writer as deposed.
-A CAS adding a new ledger (open step 5, roll) that is refused deletes that
-  ledger; one whose outcome is unknown (etcd went away mid-CAS) never does:
-  the list may name it, so it is only closed and the writer stops.  Step 2
-  records a listed ledger that no longer exists (deleted by older code) as
-  closed and empty.
-Append time: every entry carries the wall-clock time it was appended (an
-  8-byte header, protocol/append_time.py; the ledger is tagged
-  ``entry_format=time-prefixed-v1``), stamped so that it never goes
-  backwards; the first and last time of a ledger are recorded with its size
-  when it is closed.  Readers strip the header (log_reader.py, Spark).
-Truncate and retention: logs/truncation.py (the roll applies retention).
-Reader: non-fencing; reads each closed segment to its last entry (stepping
-  over closed empty ones without opening them) and the open tail up to its
-  LAC, long-polling the LAC (no busy polling); when the tail
-  ledger is closed it moves to the next segment, so there is no gap and no
-  duplicate across ledger boundaries.
+A long log's list is its head (``logs/<name>``) plus the chunks the head
+names (protocol/log_metadata.py, "Chunks"); the functions here give and take
+the whole list.  The writer that appends to a log is logs/log_writer.py,
+the reader logs/log_reader.py, truncation and retention logs/truncation.py.
 """
 from __future__ import annotations
 
@@ -48,54 +13,32 @@ import dataclasses
 import logging
 import random
 import threading
-import time
 import weakref
-from concurrent.futures import Future
-from dataclasses import dataclass
-from typing import Any, Callable, Optional, Union
+from typing import Callable, Optional
 
 from pybk_spark import errors
-from pybk_spark.metadata.scope import require_bookies
-from pybk_spark.metadata.store import log_key, read_ledger_metadata
-from pybk_spark.protocol import append_time, log_identity
-from pybk_spark.protocol import log_metadata as logmd
-from pybk_spark.protocol.ledger_metadata import CLOSED, key_check
-from pybk_spark.protocol.log_metadata import LogMetadata, Position
 from pybk_spark.metadata import keys
+from pybk_spark.metadata.scope import require_bookies
+from pybk_spark.metadata.store import MetadataStore, log_key, read_ledger_metadata
+from pybk_spark.protocol import log_identity
+from pybk_spark.protocol import log_metadata as logmd
+from pybk_spark.protocol.ledger_metadata import key_check
+from pybk_spark.protocol.log_metadata import LogMetadata
 
-Start = Union[str, Position, tuple]
 _log = logging.getLogger("pybk_spark.logs")
 _LARGE_LOG_BYTES = 1 << 20     # 2/3 of etcd's default request limit
 _TXN_DELETES = 64              # dropped chunks deleted in the head's transaction
 
-
-@dataclass(frozen=True)
-class RollPolicy:
-    max_entries: int = 0          # 0 = no limit
-    max_bytes: int = 0
-    max_age_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class LogRecord:
-    position: Position
-    payload: bytes
-    append_time_us: Optional[int] = None     # None: written without a time (older ledgers)
-
-
-# -- metadata access ------------------------------------------------------------------
-# A long log's list is its head (logs/<name>) plus the chunks the head names
-# (protocol/log_metadata.py, "Chunks"); these functions give and take the
-# whole list.
 _Chunks = list[tuple[logmd.ChunkRef, tuple[logmd.Segment, ...]]]
+_ChunkCache = collections.OrderedDict[str, tuple[logmd.Segment, ...]]
 
 
-_CHUNK_CACHE: "weakref.WeakKeyDictionary[Any, collections.OrderedDict]" = weakref.WeakKeyDictionary()
+_CHUNK_CACHE: "weakref.WeakKeyDictionary[MetadataStore, _ChunkCache]" = weakref.WeakKeyDictionary()
 _CHUNK_CACHE_SIZE = 64            # chunks per store (~64,000 segments)
 _CHUNK_CACHE_LOCK = threading.Lock()
 
 
-def _chunk(store, key: str) -> Optional[tuple[logmd.Segment, ...]]:
+def _chunk(store: MetadataStore, key: str) -> Optional[tuple[logmd.Segment, ...]]:
     """A chunk's segments (None: it is gone).  A chunk is never changed once
     written and its name is never reused, so what was read once is kept
     (per store, the most recent ``_CHUNK_CACHE_SIZE``)."""
@@ -116,7 +59,7 @@ def _chunk(store, key: str) -> Optional[tuple[logmd.Segment, ...]]:
     return segs
 
 
-def _read(store, name: str) -> Optional[tuple[LogMetadata, int, _Chunks]]:
+def _read(store: MetadataStore, name: str) -> Optional[tuple[LogMetadata, int, _Chunks]]:
     """(the whole metadata, the head's version, the chunks with their
     segments); None if there is no such log.  A chunk is deleted only in the
     same transaction that changes the head, so a chunk found missing means
@@ -144,7 +87,7 @@ def _read(store, name: str) -> Optional[tuple[LogMetadata, int, _Chunks]]:
     raise errors.MetadataVersion(f"log {name!r} changed on every one of 100 reads")
 
 
-def read_log(store, name: str) -> tuple[LogMetadata, int]:
+def read_log(store: MetadataStore, name: str) -> tuple[LogMetadata, int]:
     got = _read(store, name)
     if got is None:
         require_bookies(store)            # EmptyScope: the wrong scope, not the name
@@ -152,14 +95,14 @@ def read_log(store, name: str) -> tuple[LogMetadata, int]:
     return got[0], got[1]
 
 
-def find_log(store, name: str) -> Optional[LogMetadata]:
+def find_log(store: MetadataStore, name: str) -> Optional[LogMetadata]:
     """The log's metadata, or None when there is no such log (no check of
     the scope, no hint: for writers about to create it)."""
     got = _read(store, name)
     return None if got is None else got[0]
 
 
-def _log_hint(store, name: str) -> str:
+def _log_hint(store: MetadataStore, name: str) -> str:
     """``"; did you mean 'x'?"`` from the existing logs' names ("" when none
     is close, or when they cannot be listed: the error stays LogNotFound)."""
     try:
@@ -169,13 +112,13 @@ def _log_hint(store, name: str) -> str:
     return f"; {hint}" if hint else ""
 
 
-def read_or_create_log(store, name: str, rng: random.Random,
+def read_or_create_log(store: MetadataStore, name: str, rng: random.Random,
                        password_check: str = "") -> tuple[LogMetadata, int]:
     md, version, _ = open_or_create_log(store, name, rng, password_check)
     return md, version
 
 
-def open_or_create_log(store, name: str, rng: random.Random,
+def open_or_create_log(store: MetadataStore, name: str, rng: random.Random,
                        password_check: str = "") -> tuple[LogMetadata, int, bool]:
     """(metadata, version, True when this call created the log).  A new log's
     uid is drawn from ``rng`` (protocol/log_identity.py), and it records
@@ -193,7 +136,7 @@ def open_or_create_log(store, name: str, rng: random.Random,
             continue
 
 
-def claim_log_password(store, name: str, password: bytes,
+def claim_log_password(store: MetadataStore, name: str, password: bytes,
                        rng: random.Random) -> tuple[LogMetadata, Optional[int]]:
     """Before a writer creates any ledger: the log (created if absent) with
     ``password``'s check recorded, and the log's version when this call
@@ -221,7 +164,7 @@ def claim_log_password(store, name: str, password: bytes,
                                  "was checked", log=name)
 
 
-def _check_newest_ledger(store, md: LogMetadata, check: str) -> None:
+def _check_newest_ledger(store: MetadataStore, md: LogMetadata, check: str) -> None:
     """``Unauthorized`` unless the password of ``check`` opens the log's newest
     ledger that records one (a deleted ledger is stepped over)."""
     for segment in reversed(md.segments):
@@ -239,7 +182,7 @@ def _check_newest_ledger(store, md: LogMetadata, check: str) -> None:
         return
 
 
-def drop_created_log(store, name: str, version: int) -> None:
+def drop_created_log(store: MetadataStore, name: str, version: int) -> None:
     """Delete the log created at ``version`` if nothing changed it since (CAS):
     the undo of a failed write's ``open_or_create_log``.  A log another
     writer changed in the meantime is theirs and stays; best effort."""
@@ -249,7 +192,8 @@ def drop_created_log(store, name: str, version: int) -> None:
         pass
 
 
-def update_log(store, name: str, transform: Callable[[LogMetadata], LogMetadata]) -> LogMetadata:
+def update_log(store: MetadataStore, name: str,
+               transform: Callable[[LogMetadata], LogMetadata]) -> LogMetadata:
     """Read the whole list, ``transform`` it, write it back as one CAS on the
     head's version; on a conflict read again and re-decide.  New chunks, the
     head and the deletion of chunks it no longer names go in one transaction
@@ -300,7 +244,7 @@ def update_log(store, name: str, transform: Callable[[LogMetadata], LogMetadata]
     raise errors.MetadataVersion(f"gave up after 100 CAS conflicts on {key}")
 
 
-def delete_log_metadata(store, name: str, version: int) -> None:
+def delete_log_metadata(store: MetadataStore, name: str, version: int) -> None:
     """Delete the log's head (CAS on ``version``), then its chunks.  A crash
     in between leaves chunks no head names: never read, and never the name
     of a later chunk (their names hold the revision that wrote them)."""
@@ -309,272 +253,5 @@ def delete_log_metadata(store, name: str, version: int) -> None:
         store.delete(key)
 
 
-def list_logs(store) -> list[str]:
+def list_logs(store: MetadataStore) -> list[str]:
     return [k.split("/", 1)[1] for k, _ in store.list_prefix(keys.LOGS_PREFIX)]
-
-
-def recover_tail(bk, md: LogMetadata, password: bytes) -> dict[int, tuple[int, int]]:
-    """Seed step 2: fence and recover the last two ledgers; their final sizes.
-    A ledger already closed needs neither, and is not opened: in a log older
-    writers left with segments under different passwords, it may be one this
-    writer's password does not open."""
-    closed = {}
-    for ledger_id in logmd.tail_ids(md):
-        try:
-            meta = bk.get_ledger_metadata(ledger_id)
-            if not meta.is_closed:
-                meta = bk.open_ledger(ledger_id, password=password, recovery=True).metadata
-        except errors.NoSuchLedger:
-            # listed but gone: a writer of an older version deleted a ledger
-            # whose roll CAS had in fact landed (see LogWriter._abandon).  It
-            # never took an add (a writer uses a ledger only after the CAS
-            # succeeded), so it is recorded as closed and empty, which lets
-            # readers step over it.
-            closed[ledger_id] = (-1, 0)
-            continue
-        closed[ledger_id] = (meta.last_entry_id, append_time.payload_bytes(
-            meta.length, meta.last_entry_id + 1, meta.custom))
-    return closed
-
-
-# -- writer ---------------------------------------------------------------------------------
-class LogWriter:
-    """The single leader of a log.  Create with ``BookKeeper.open_log_writer``."""
-
-    def __init__(self, bk, name: str, *, ensemble: int = 3, write_quorum: int = 2,
-                 ack_quorum: int = 2, password: bytes = b"", roll_policy: RollPolicy = RollPolicy(),
-                 clock: Callable[[], float] = time.monotonic,
-                 wall_clock: Callable[[], float] = time.time):
-        self._bk, self.name, self._password = bk, name, password
-        self._quorums = (ensemble, write_quorum, ack_quorum)
-        self._policy, self._clock, self._wall_clock = roll_policy, clock, wall_clock
-        self._last_stamp = 0                 # append times never go backwards
-        self._times: dict[int, tuple[int, int]] = {}    # ledger -> (first, last) append µs
-        self._lock = threading.RLock()
-        self._handle: Any = None
-        self._index = -1                 # absolute segment index of the current ledger
-        self._entries = self._bytes = 0
-        self._opened_at = 0.0
-        self._lost = False
-
-    # the leader open, steps 1-5 (module docstring)
-    def open(self, max_attempts: int = 50) -> "LogWriter":
-        store = self._bk.metadata_store
-        check = key_check(self._password)
-        created: Optional[int] = None         # the log's version, if this open created it
-        if find_log(store, self.name) is None:
-            require_bookies(store)            # no log is made in the wrong scope: EmptyScope
-        for _ in range(max_attempts):
-            md, version = claim_log_password(store, self.name, self._password, self._bk.rng)  # 1
-            created = version if version is not None else created
-            fenced_tail = logmd.tail_ids(md)
-            try:
-                closed = recover_tail(self._bk, md, self._password)           # 2
-                handle = self._create_ledger()                                # 3
-            except BaseException:
-                if created is not None:       # no bookies, wrong scope...: no empty log left
-                    drop_created_log(store, self.name, created)
-                raise
-            try:
-                new = update_log(store, self.name, lambda m: logmd.open_as_leader(   # 4 + 5
-                    logmd.claim_password(m, check), fenced_tail, closed,  # noqa: B023 (called within this iteration)
-                    handle.ledger_id))  # noqa: B023
-            except logmd.LeaderConflict:
-                self._discard(handle)
-                continue
-            except BaseException as exc:
-                self._abandon(handle, exc)
-                if created is not None and getattr(exc, "outcome_known", True):
-                    drop_created_log(store, self.name, created)
-                raise
-            self._install(handle, new)
-            return self
-        raise errors.MetadataVersion(f"could not become leader of {self.name!r}: tail kept moving")
-
-    def _create_ledger(self):
-        e, w, a = self._quorums
-        return self._bk.create_ledger(ensemble=e, write_quorum=w, ack_quorum=a,
-                                      password=self._password,
-                                      custom_metadata={
-                                          "log": self.name,
-                                          append_time.ENTRY_FORMAT_KEY: append_time.TIME_PREFIXED})
-
-    def _discard(self, handle) -> None:
-        try:
-            handle.close()
-        finally:
-            self._bk.delete_ledger(handle.ledger_id)
-
-    def _abandon(self, handle, exc: BaseException) -> None:
-        """The log CAS meant to list ``handle``'s ledger failed.  Refused (a
-        known outcome): the ledger is deleted.  Outcome unknown (etcd went
-        away mid-CAS): the log may list it now, so it is only closed (empty)
-        and never deleted; the next leader's ``recover_tail`` settles it, and
-        an unlisted empty ledger is all that can be left over."""
-        if getattr(exc, "outcome_known", True):
-            self._discard(handle)
-            return
-        try:
-            handle.close()
-        except errors.BKError:
-            pass            # still OPEN: recovery by the next leader closes it
-
-    def _install(self, handle, md: LogMetadata) -> None:
-        self._handle = handle
-        self._index = md.truncated_ledgers + md.segment_index(handle.ledger_id)
-        self._entries = self._bytes = 0
-        self._opened_at = self._clock()
-
-    @property
-    def current_ledger_id(self) -> int:
-        return self._handle.ledger_id
-
-    def _position(self, index: int, ledger_id: int, entry_id: int) -> Position:
-        return Position(index, ledger_id, entry_id)
-
-    def _check_open(self):
-        if self._handle is None:
-            raise errors.IllegalOp("log writer not open (call open())")
-        if self._lost:
-            raise errors.LedgerFenced("this writer lost leadership of the log, or stopped "
-                                      "after a failed roll: open a new writer", log=self.name)
-
-    def append(self, payload: bytes) -> Position:
-        return self.append_async(payload).result()
-
-    def _stamp(self, ledger_id: int) -> int:
-        """The append time of the next append (under the lock); kept per ledger."""
-        now = self._last_stamp = append_time.stamp(self._last_stamp, self._wall_clock())
-        first, _ = self._times.get(ledger_id, (now, now))
-        self._times[ledger_id] = (first, now)
-        return now
-
-    def append_async(self, payload: bytes) -> "Future[Position]":
-        with self._lock:
-            self._check_open()
-            self._maybe_roll()
-            handle, index = self._handle, self._index
-            head = append_time.header(self._stamp(handle.ledger_id))
-            inner = handle.add_entry_async(head + bytes(payload))
-            self._entries += 1
-            self._bytes += len(payload)
-        outer: Future = Future()
-
-        def done(f):
-            try:
-                outer.set_result(self._position(index, handle.ledger_id, f.result()))
-            except errors.LedgerFenced as exc:
-                self._lost = True
-                outer.set_exception(exc)
-            except BaseException as exc:  # noqa: BLE001 - propagate to the caller's future
-                outer.set_exception(exc)
-        inner.add_done_callback(done)
-        return outer
-
-    def append_batch(self, payloads) -> list[Position]:
-        payloads = list(payloads)
-        with self._lock:
-            self._check_open()
-            self._maybe_roll()
-            handle, index = self._handle, self._index
-            try:
-                ids = handle.add_entries(append_time.frame(payloads,
-                                                           self._stamp(handle.ledger_id)))
-            except errors.LedgerFenced:
-                self._lost = True
-                raise
-            self._entries += len(payloads)
-            self._bytes += sum(map(len, payloads))
-        return [self._position(index, handle.ledger_id, i) for i in ids]
-
-    def _maybe_roll(self) -> None:
-        p = self._policy
-        failed = self._handle.error
-        if ((failed is not None and not isinstance(failed, errors.LedgerFenced))
-                or (p.max_entries and self._entries >= p.max_entries)
-                or (p.max_bytes and self._bytes >= p.max_bytes)
-                or (p.max_age_s and self._clock() - self._opened_at >= p.max_age_s)):
-            self.roll()
-
-    def roll(self) -> int:
-        """create -> CAS-add -> close previous.  Returns the new ledger id."""
-        with self._lock:
-            self._check_open()
-            previous = self._handle
-            handle = self._create_ledger()
-            try:
-                md = update_log(self._bk.metadata_store, self.name,
-                                lambda m: logmd.roll(m, previous.ledger_id, handle.ledger_id))
-            except errors.LedgerFenced:
-                self._lost = True
-                self._discard(handle)
-                raise
-            except BaseException as exc:
-                if not getattr(exc, "outcome_known", True):
-                    self._lost = True      # the log may now end in a ledger not ours to use
-                self._abandon(handle, exc)
-                raise
-            self._install(handle, md)
-        self._after_roll_cas(previous.ledger_id, handle.ledger_id)
-        try:
-            previous.close()                   # waits for its in-flight adds
-        except BaseException:
-            # the previous ledger is left OPEN / IN_RECOVERY in the middle of
-            # the list; a leader open recovers the last two ledgers, so this
-            # writer must not roll again: it stops, and a reopen recovers it
-            self._lost = True
-            raise
-        self._record_closed(previous)
-        self._retain()
-        return handle.ledger_id
-
-    def _retain(self) -> None:
-        """After a roll: apply the log's retention (DistributedLog's writer
-        purges expired segments as it rolls); the next roll retries."""
-        from pybk_spark.logs.truncation import retain
-        retain(self._bk, self.name, self._wall_clock, retry="at the next roll")
-
-    def _after_roll_cas(self, previous_ledger_id: int, new_ledger_id: int) -> None:
-        """Extension point between the roll's CAS and the close of the previous
-        ledger (the window the protocol makes safe; crash tests stop here)."""
-
-    def _record_closed(self, handle) -> None:
-        try:
-            meta = self._bk.get_ledger_metadata(handle.ledger_id)
-            if meta.state == CLOSED:
-                times = {handle.ledger_id: self._times.pop(handle.ledger_id, (-1, -1))}
-                update_log(self._bk.metadata_store, self.name, lambda m: logmd.record_closed(
-                    m, {handle.ledger_id: (meta.last_entry_id, append_time.payload_bytes(
-                        meta.length, meta.last_entry_id + 1, meta.custom))}, times))
-        except errors.BKError:
-            pass  # best effort: readers fall back to ledger metadata
-
-    def is_leader(self) -> bool:
-        """False once another writer has fenced us or taken the tail."""
-        if self._lost or self._handle is None:
-            return False
-        try:
-            md, _ = read_log(self._bk.metadata_store, self.name)
-            meta = self._bk.get_ledger_metadata(self._handle.ledger_id)
-        except errors.BKError:
-            return False
-        still = md.ledger_ids[-1:] == [self._handle.ledger_id] and meta.state != CLOSED \
-            and meta.state == "OPEN"
-        self._lost = not still
-        return still
-
-    def close(self) -> None:
-        with self._lock:
-            if self._handle is None:
-                return
-            handle, self._handle = self._handle, None
-        try:
-            handle.close()
-        finally:
-            self._record_closed(handle)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()

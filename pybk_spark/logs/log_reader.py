@@ -25,36 +25,49 @@ append-time header here (protocol/append_time.py): batches carry it as a
 """
 from __future__ import annotations
 
-from typing import Iterator, Optional, Sequence
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Mapping, Optional, Sequence, Union
 
 import pyarrow as pa
 
 from pybk_spark import errors
-from pybk_spark.logs.log import LogRecord, read_log
+from pybk_spark.ledger.port import LedgerClient
+from pybk_spark.ledger.read_handle import ReadHandle
+from pybk_spark.logs.log import read_log
 from pybk_spark.metadata.store import ledger_key, log_key
 from pybk_spark.protocol import append_time
 from pybk_spark.protocol.ledger_metadata import CLOSED, LedgerMetadata
 from pybk_spark.protocol.log_metadata import SEGMENT_CLOSED, Position
 from pybk_spark.wire.entries import one_batch
 
+# where a reader starts: "earliest", "latest", a Position or (ledger id, entry id)
+Start = Union[str, Position, tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class LogRecord:
+    position: Position
+    payload: bytes
+    append_time_us: Optional[int] = None     # None: written without a time (older ledgers)
+
 
 class LogReader:
-    def __init__(self, bk, name: str, start="earliest", *, password: bytes = b"",
-                 other_passwords: Sequence[bytes] = (),
-                 poll_timeout_s: float = 1.0, max_batch_entries: int = 1000):
+    def __init__(self, bk: LedgerClient, name: str, start: Start = "earliest", *,
+                 password: bytes = b"", other_passwords: Sequence[bytes] = (),
+                 poll_timeout_s: float = 1.0, max_batch_entries: int = 1000) -> None:
         """``other_passwords``: tried per segment after ``password``, for a
         log whose segments were written under different passwords."""
         self._bk, self.name, self._password = bk, name, password
         self._others = {"other_passwords": tuple(other_passwords)} if other_passwords else {}
         self._poll_timeout = poll_timeout_s
         self._max_batch = max_batch_entries
-        self._handles: dict[int, object] = {}
+        self._handles: dict[int, ReadHandle] = {}
         self._md, self._md_version = read_log(bk.metadata_store, name)
         self._segment, self._next = self._resolve_start(start)
         self._closed = False
 
     # -- cursor -----------------------------------------------------------------------
-    def _resolve_start(self, start) -> tuple[int, int]:
+    def _resolve_start(self, start: Start) -> tuple[int, int]:
         md = self._md
         if start == "earliest":
             return md.truncated_ledgers, 0
@@ -68,6 +81,10 @@ class LogReader:
             return index, self._handle(md.segments[-1].ledger_id).read_last_add_confirmed() + 1
         if isinstance(start, Position):
             ledger_id, entry_id = start.ledger_id, start.entry_id
+        elif isinstance(start, str):
+            raise errors.IncorrectParameter(
+                f"log reader start {start!r}: give 'earliest', 'latest', a Position or "
+                "(ledger id, entry id)", log=self.name)
         else:
             ledger_id, entry_id = start
         return md.position(ledger_id, entry_id).ledger_index, entry_id
@@ -77,7 +94,7 @@ class LogReader:
         """(segment index, next entry id) of the next record to be returned."""
         return self._segment, self._next
 
-    def _handle(self, ledger_id: int):
+    def _handle(self, ledger_id: int) -> ReadHandle:
         rh = self._handles.get(ledger_id)
         if rh is None:
             rh = self._bk.open_ledger(ledger_id, password=self._password, recovery=False,
@@ -87,9 +104,8 @@ class LogReader:
 
     def _drop_handle(self, ledger_id: int) -> None:
         rh = self._handles.pop(ledger_id, None)
-        close = getattr(rh, "close", None)
-        if close is not None:
-            close()
+        if rh is not None:
+            rh.close()
 
     def _refresh(self) -> None:
         self._md, self._md_version = read_log(self._bk.metadata_store, self.name)
@@ -173,14 +189,14 @@ class LogReader:
         for ledger_id in list(self._handles):
             self._drop_handle(ledger_id)
 
-    def __enter__(self):
+    def __enter__(self) -> LogReader:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def _concat(batches) -> pa.RecordBatch:
+def _concat(batches: Iterable[pa.RecordBatch]) -> pa.RecordBatch:
     batches = list(batches)
     if len(batches) == 1:
         return batches[0]
@@ -194,7 +210,8 @@ def _concat(batches) -> pa.RecordBatch:
 TIMESTAMP_TYPE = pa.timestamp("us", tz="UTC")
 
 
-def with_append_time(batch, custom) -> pa.RecordBatch:
+def with_append_time(batch: pa.RecordBatch | pa.Table,
+                     custom: Mapping[str, str]) -> pa.RecordBatch | pa.Table:
     """(ledger_id, entry_id, payload) read from a ledger with custom metadata
     ``custom`` -> (ledger_id, entry_id, payload, timestamp): the header
     stripped from a time-prefixed ledger's entries, else a null time."""

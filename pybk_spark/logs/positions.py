@@ -6,17 +6,18 @@ put-if-absent), dropping by a versioned delete.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 from pybk_spark import errors
-from pybk_spark.metadata.store import position_key, positions_prefix
+from pybk_spark.metadata.store import MetadataStore, position_key, positions_prefix
 from pybk_spark.protocol import positions as pos
 from pybk_spark.protocol.log_identity import recreated
+from pybk_spark.protocol.log_metadata import LogMetadata
 from pybk_spark.protocol.positions import RegisteredPosition
 from pybk_spark.metadata import keys
 
 
-def record(store, new: RegisteredPosition) -> RegisteredPosition:
+def record(store: MetadataStore, new: RegisteredPosition) -> RegisteredPosition:
     """Store ``new`` unless the registered position is already further."""
     pos.check_name(new.name)
     key = position_key(new.log, new.name)
@@ -35,15 +36,15 @@ def record(store, new: RegisteredPosition) -> RegisteredPosition:
             continue
 
 
-def list_positions(store, log: Optional[str] = None) -> list[RegisteredPosition]:
+def list_positions(store: MetadataStore, log: Optional[str] = None) -> list[RegisteredPosition]:
     prefix = positions_prefix(log) if log is not None else keys.POSITIONS_PREFIX
-    out = []
+    out: list[RegisteredPosition] = []
     for _, versioned in store.list_prefix(prefix):
         out.append(RegisteredPosition.from_json(versioned.value))
     return sorted(out, key=lambda p: (p.log, p.index, p.entry, p.name))
 
 
-def drop(store, log: str, name: str) -> RegisteredPosition:
+def drop(store: MetadataStore, log: str, name: str) -> RegisteredPosition:
     """Remove one registered position (CAS on the version read); NoSuchPosition
     is reported as IncorrectParameter naming what exists."""
     key = position_key(log, pos.check_name(name))
@@ -57,11 +58,11 @@ def drop(store, log: str, name: str) -> RegisteredPosition:
     return RegisteredPosition.from_json(got.value)
 
 
-def drop_all(store, log: str, uid: Optional[str]) -> list[RegisteredPosition]:
+def drop_all(store: MetadataStore, log: str, uid: Optional[str]) -> list[RegisteredPosition]:
     """Remove the positions registered in the deleted log ``log`` with uid
     ``uid``, so that a log created later under its name starts with none;
     a position of that later log (another uid) is kept."""
-    gone = []
+    gone: list[RegisteredPosition] = []
     for key, versioned in store.list_prefix(positions_prefix(log)):
         if recreated(RegisteredPosition.from_json(versioned.value).uid, uid):
             continue
@@ -73,8 +74,8 @@ def drop_all(store, log: str, uid: Optional[str]) -> list[RegisteredPosition]:
     return gone
 
 
-def record_sink(store, md, written, name: str, sink_id: str, batch_id: int, now: float
-                ) -> Optional[RegisteredPosition]:
+def record_sink(store: MetadataStore, md: LogMetadata, written: Sequence[int], name: str,
+                sink_id: str, batch_id: int, now: float) -> Optional[RegisteredPosition]:
     """After a sink's commit CAS: its position in ``md`` (the log as committed)
     just past the ledgers ``written`` by micro-batch ``batch_id``, kind
     ``sink`` (informational: it never holds back truncation).  An empty

@@ -19,20 +19,23 @@ import logging
 from typing import Callable, Optional
 
 from pybk_spark import errors
+from pybk_spark.ledger.port import LedgerClient
 from pybk_spark.logs.log import read_log, update_log
+from pybk_spark.logs.positions import list_positions
+from pybk_spark.metadata.store import MetadataStore
 from pybk_spark.protocol import log_metadata as logmd
+from pybk_spark.protocol import log_retention
 from pybk_spark.protocol.log_metadata import LogMetadata
+from pybk_spark.protocol.positions import blockers
 
 _log = logging.getLogger("pybk_spark.logs")
 
 
-def truncate_log(bk, name: str, before_ledger_id: int, *, force: bool = False) -> list[int]:
+def truncate_log(bk: LedgerClient, name: str, before_ledger_id: int, *, force: bool = False) -> list[int]:
     """CAS the list first, then delete the dropped ledgers.  Refused
     (``IllegalOp``, nothing changed) when a registered read position
     (``positions/<log>/``, protocol/positions.py) still needs a segment it
     would drop, unless ``force``."""
-    from pybk_spark.logs.positions import list_positions
-    from pybk_spark.protocol.positions import blockers
     registered = [] if force else list_positions(bk.metadata_store, name)
 
     def transform(m: LogMetadata) -> tuple[LogMetadata, list[int]]:
@@ -48,7 +51,7 @@ def truncate_log(bk, name: str, before_ledger_id: int, *, force: bool = False) -
     return _drop_segments(bk, name, transform)
 
 
-def _drop_segments(bk, name: str,
+def _drop_segments(bk: LedgerClient, name: str,
                    transform: Callable[[LogMetadata], tuple[LogMetadata, list[int]]]) -> list[int]:
     """Apply a truncation ``transform`` (-> new metadata, dropped ledgers) by
     CAS, re-deciding on every conflict; then delete the ledgers the CAS
@@ -71,24 +74,21 @@ def _drop_segments(bk, name: str,
     return dropped
 
 
-def set_log_retention(store, name: str, *, ms: Optional[int] = None,
+def set_log_retention(store: MetadataStore, name: str, *, ms: Optional[int] = None,
                       nbytes: Optional[int] = None) -> LogMetadata:
     """Set the log's ``retention.ms`` / ``retention.bytes`` (-1: no limit;
     None: unchanged), by CAS.  Applied (``apply_retention``) when the log
     is next rolled or committed to, and by every autorecovery round."""
-    from pybk_spark.protocol import log_retention
     return update_log(store, name, lambda m: log_retention.with_retention(m, ms=ms, nbytes=nbytes))
 
 
-def apply_retention(bk, name: str, wall_clock: Callable[[], float],
+def apply_retention(bk: LedgerClient, name: str, wall_clock: Callable[[], float],
                     md: Optional[LogMetadata] = None) -> list[int]:
     """Drop and delete the oldest segments the log's retention has expired
     (protocol/log_retention.py); the dropped ledger ids.  ``md``: the
     metadata the caller has just written, so a log with nothing expired
     costs no etcd read.  ``wall_clock`` (seconds) is read only for a log
     with limits.  Registered read positions hold retention back."""
-    from pybk_spark.logs.positions import list_positions
-    from pybk_spark.protocol import log_retention
     if md is None:
         md = read_log(bk.metadata_store, name)[0]
     if not log_retention.retention_of(md).limited:
@@ -110,7 +110,7 @@ def apply_retention(bk, name: str, wall_clock: Callable[[], float],
     return dropped
 
 
-def retain(bk, name: str, wall_clock: Callable[[], float], md: Optional[LogMetadata] = None,
+def retain(bk: LedgerClient, name: str, wall_clock: Callable[[], float], md: Optional[LogMetadata] = None,
            *, retry: str) -> Optional[list[int]]:
     """``apply_retention`` where a failure must not fail the caller (after a
     roll, a commit, in an autorecovery round): the dropped ledger ids, or

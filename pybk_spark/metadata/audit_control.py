@@ -11,7 +11,7 @@ Delay``, the ``disable`` node of under-replication, ``triggeraudit``); here:
                   every ``pybk triggeraudit``; a running leader notices its version
                   change and starts a round at once instead of waiting ``--interval``.
 
-Read by ``admin/autorecovery.py`` at every round and by the bookie's admin
+Read by ``admin/operations/autorecovery.py`` at every round and by the bookie's admin
 HTTP API (``/api/v1/autorecovery/status``): metadata shared by the operator
 tools and the bookie, so it lives in the metadata layer.  Time is passed in
 (``now``).

@@ -65,10 +65,11 @@ from pybk_spark import errors
 from pybk_spark.metadata import etcd_errors
 from pybk_spark.metadata.etcd_refusals import StaleToken
 from pybk_spark.metadata.security import EtcdSecurity
-from pybk_spark.wire.channel_options import RECONNECT_BACKOFF
 
 # Reconnect quickly after a member returns (gRPC's default backoff grows to 120 s).
-_CHANNEL_OPTIONS = list(RECONNECT_BACKOFF)
+_CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 200),
+                    ("grpc.min_reconnect_backoff_ms", 200),
+                    ("grpc.max_reconnect_backoff_ms", 1000)]
 
 
 def parse_endpoints(endpoints: str | Iterable[Any]) -> list[tuple[str, int]]:

@@ -17,7 +17,7 @@ Theory of operation:
     ``EtcdConnection.call``): an unreachable or timing-out etcd is
     ``MetadataUnavailable`` (outcome unknown - a write may have landed).
   * ``auth_request`` is the port of the etcd Auth API (users, roles, grants)
-    that ``pybk_spark/admin/etcd_roles.py`` drives.
+    that ``pybk_spark/admin/commands/etcd_roles.py`` drives.
 """
 from __future__ import annotations
 
@@ -200,7 +200,7 @@ class EtcdMetadataStore(MetadataStore):
         return etcd_watch.wait_for_change(self.connection, self._k(prefix), after_revision,
                                           timeout)
 
-    # -- etcd Auth API (users, roles, grants): pybk_spark/admin/etcd_roles.py ----------
+    # -- etcd Auth API (users, roles, grants): pybk_spark/admin/commands/etcd_roles.py ----------
     def auth_request(self, op: str, perm: tuple[str, str, bool] | None = None,
                      **fields: Any) -> Any:
         """One etcd Auth API call: ``op`` names the RPC ("UserAdd", "RoleGet",

@@ -18,7 +18,7 @@ the scope, callers never do).  The layout, one line per kind:
   bookies/instances/<bookie id>  the cookie instances the id has had (protocol/bookie_instances.py)
 
 Pure string functions, no I/O.  Ids are zero-padded so that a prefix listing
-returns ledgers in id order.  etcd roles (admin/etcd_roles.py) grant by these
+returns ledgers in id order.  etcd roles (admin/commands/etcd_roles.py) grant by these
 prefixes, so a new kind of key needs a role change too.
 """
 from __future__ import annotations

@@ -22,7 +22,7 @@ is recorded, so whatever the id held before this instance is gone.
 What follows from a loss is the damage marker's job
 (``protocol/damage_marker.py``): the id's marker gets ``unattributed`` (every
 ledger with the bookie in an ensemble is checked, and the entries its write
-sets lack are copied back onto it; ``admin/damage_repair.py``), and the
+sets lack are copied back onto it; ``admin/operations/damage_repair.py``), and the
 bookie answers BookieIOError, never NoSuchEntry, for what it does not hold
 until then.  ``bookie-server format`` sets that marker itself, so a bookie
 id formatted before any instance was recorded is covered too.

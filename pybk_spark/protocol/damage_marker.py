@@ -13,7 +13,7 @@ so every ledger with the bookie in an ensemble must be checked.
 Two writers, both by CAS on the marker's version:
   * the bookie (``bookie_server/storage/damage.py``) merges new damage in
     (``merge``: union, so re-publishing is idempotent);
-  * the auditor (``pybk_spark/admin/damage_repair.py``) copies the entries
+  * the auditor (``pybk_spark/admin/operations/damage_repair.py``) copies the entries
     back from the other replicas, then writes ``remaining`` (what it could
     not repair yet: a failed copy, or a ledger whose last fragment, holding
     the bookie, is still being written) or deletes the marker.  If the bookie

@@ -14,7 +14,7 @@ at most ``window`` of them in flight, and for each answer:
   ids of the span, or ids already copied from another replica).
 
 What an error means (NoSuchLedger: none of them; others: the bookie failed)
-is the caller's: the client's re-replication reads (``admin/replica_reads``)
+is the caller's: the client's re-replication reads (``admin/operations/replica_reads``)
 and a bookie's pull from a peer (``bookie_server/serving/pull``) drive the
 same window with their own I/O.
 

@@ -1,4 +1,5 @@
-"""gRPC channel options of every channel to a bookie or an etcd member.
+"""gRPC channel options of every channel to a bookie (etcd's channels have
+their own, in ``metadata/etcd_connection.py``).
 
 gRPC's default reconnect backoff starts at 1 s and grows to 120 s.  While a
 channel waits out its backoff every call on it fails at once with

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from pybk_spark import errors
-from pybk_spark.admin import audit, entry_sets as es
+from pybk_spark.admin.decisions import audit
+from pybk_spark.admin.decisions import entry_sets as es
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.protocol.distribution import write_set
 

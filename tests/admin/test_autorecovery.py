@@ -4,7 +4,7 @@ private 4-bookie cluster (a bookie is SIGKILLed)."""
 import os
 import signal
 
-from pybk_spark.admin.autorecovery import AutoRecovery, AutoRecoveryConfig
+from pybk_spark.admin.operations.autorecovery import AutoRecovery, AutoRecoveryConfig
 
 from admin_helpers import pybk, registered, wait_until
 
@@ -53,7 +53,7 @@ def test_round_rereplicates_a_lost_bookie(own_cluster, bk):
 
 
 def test_a_round_line_names_why_copies_failed():
-    from pybk_spark.admin.shell_recovery import _reasons
+    from pybk_spark.admin.commands.shell_recovery import _reasons
     assert _reasons({"NotEnoughBookies": 2, "ReadError": 1}) == " (NotEnoughBookies=2,ReadError=1)"
     assert _reasons({}) == _reasons(None) == ""
 
@@ -61,7 +61,8 @@ def test_a_round_line_names_why_copies_failed():
 def test_a_round_applies_log_retention_to_idle_logs(own_cluster, bk):
     """A log nobody writes to any more still loses its expired segments: the
     auditor's round applies every log's retention."""
-    from pybk_spark.logs.log import LogWriter, read_log
+    from pybk_spark.logs.log import read_log
+    from pybk_spark.logs.log_writer import LogWriter
     from pybk_spark.logs.truncation import set_log_retention
     w = LogWriter(bk, "idle-retained", wall_clock=lambda: 1_000.0).open()
     for payload in (b"a", b"b", b"c"):

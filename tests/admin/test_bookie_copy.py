@@ -10,8 +10,8 @@ same ledger during the copy is not disturbed."""
 import os
 import threading
 
-from pybk_spark.admin import entry_sets as es
-from pybk_spark.admin import rereplicate as rr
+from pybk_spark.admin.decisions import entry_sets as es
+from pybk_spark.admin.operations import rereplicate as rr
 from pybk_spark.transport.base import PullSource
 from pybk_spark.transport.grpc_bookie import registration_of
 
@@ -155,7 +155,7 @@ def test_fragments_of_one_ledger_copied_at_once(own_cluster, bk):
     slots of its first fragment and one of its second.  Each ensemble change
     is its own CAS on the ledger, re-read and re-decided on a conflict, so
     all three land and every entry ends with Qw copies."""
-    from pybk_spark.admin import orchestrate as orch
+    from pybk_spark.admin.operations import orchestrate as orch
     from pybk_spark.ledger.client import BookKeeper
     own_cluster.heal()
     while len(own_cluster.bookie_ids) < 5:            # room for three replacements

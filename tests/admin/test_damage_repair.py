@@ -17,7 +17,7 @@ import pytest
 
 from bookie_server.journal.journal import HEADER, RecordType, list_files, file_name
 from pybk_spark import errors
-from pybk_spark.admin import rereplicate as rr
+from pybk_spark.admin.operations import rereplicate as rr
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.protocol import damage_marker as dm
 from pybk_spark.wire.entries import batch_from_bytes

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from pybk_spark.admin import entry_sets as es
+from pybk_spark.admin.decisions import entry_sets as es
 from pybk_spark.protocol.distribution import write_set
 
 

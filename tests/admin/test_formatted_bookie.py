@@ -20,8 +20,8 @@ import sys
 import pytest
 
 from pybk_spark import errors
-from pybk_spark.admin import entry_sets as es
-from pybk_spark.admin.replica_reads import read_ids
+from pybk_spark.admin.decisions import entry_sets as es
+from pybk_spark.admin.operations.replica_reads import read_ids
 from pybk_spark.cluster import procs
 from pybk_spark.protocol import bookie_instances as bi
 from pybk_spark.protocol import damage_marker as dm

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from pybk_spark.admin import job_output
+from pybk_spark.admin.jobs import job_output
 
 from admin_helpers import ROOT
 

@@ -107,7 +107,7 @@ def test_recover_in_process_and_log_filter(cluster, bk):
 
 def test_recover_by_log_and_wrong_password_fails(cluster, bk):
     import uuid
-    from pybk_spark.logs.log import LogWriter
+    from pybk_spark.logs.log_writer import LogWriter
     uri = cluster.metadata_uri
     name = f"dead-log-{uuid.uuid4().hex[:8]}"
     w = LogWriter(bk, name, password=b"logpw").open()

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from pybk_spark.admin import audit
+from pybk_spark.admin.decisions import audit
 from pybk_spark.metadata import keys
 
 from admin_helpers import pybk, registered, wait_until
@@ -103,7 +103,7 @@ def test_round_line_names_the_ledger_and_why(ttl_cluster, bk):
 
 
 def test_a_round_line_caps_the_ledgers_it_names():
-    from pybk_spark.admin import rereplicate as rr
+    from pybk_spark.admin.operations import rereplicate as rr
     rows = [{"ledger": i, "outcome": "failed", "reason": "NotEnoughBookies",
              "error": f"NotEnoughBookies: x{i}"} for i in range(8)]
     failed = rr.failed_ledgers(rows + [{"ledger": 3, "outcome": "failed", "reason": "ReadError",

@@ -5,7 +5,7 @@ import json
 import shutil
 
 
-from pybk_spark.admin import rereplicate as rr
+from pybk_spark.admin.operations import rereplicate as rr
 
 from admin_helpers import pybk, registered, spark_submit, wait_until
 

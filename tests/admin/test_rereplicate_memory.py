@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from pybk_spark.admin import rereplicate as rr
+from pybk_spark.admin.operations import rereplicate as rr
 from pybk_spark.ledger.client import BookKeeper
 from pybk_spark.metadata.memory_store import MemoryMetadataStore
 from pybk_spark.transport.memory import MemoryTransportPool
@@ -125,7 +125,7 @@ def test_verify_repairs_missing_copies_on_live_bookies(env):
 
 
 def test_damaged_bookie_marker_repaired_onto_the_same_bookie(env):
-    from pybk_spark.admin.damage_repair import repair_damaged
+    from pybk_spark.admin.operations.damage_repair import repair_damaged
     from pybk_spark.protocol import damage_marker as dm
     bk, store, pool = env
     md = _ledger(bk, 60, e=3, w=3, a=2)
@@ -158,7 +158,7 @@ def test_damaged_bookie_marker_repaired_onto_the_same_bookie(env):
 def test_unattributed_damage_checks_every_ledger_on_the_bookie(env):
     """A ledger all of whose records were damaged cannot be named by the
     bookie: ``unattributed`` makes the auditor check every ledger on it."""
-    from pybk_spark.admin.damage_repair import repair_damaged
+    from pybk_spark.admin.operations.damage_repair import repair_damaged
     from pybk_spark.protocol import damage_marker as dm
     bk, store, pool = env
     md = _ledger(bk, 30, e=3, w=3, a=2)

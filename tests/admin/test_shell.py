@@ -93,7 +93,7 @@ def test_listunderreplicated_healthy_cluster(uri, cluster):
 
 
 def test_log_commands(uri, bk):
-    from pybk_spark.logs.log import LogWriter
+    from pybk_spark.logs.log_writer import LogWriter
     name = f"admin-log-{uuid.uuid4().hex[:8]}"
     w = LogWriter(bk, name).open()
     w.append_batch([f"rec{i}".encode() for i in range(5)])

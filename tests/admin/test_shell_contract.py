@@ -13,7 +13,7 @@ import uuid
 import pytest
 
 from admin_helpers import pybk
-from pybk_spark.admin.shell_common import READS_ONLY, WRITES
+from pybk_spark.admin.commands.shell_common import READS_ONLY, WRITES
 from pybk_spark.commands import cli
 
 
@@ -100,7 +100,7 @@ def test_global_flags_before_the_command_reach_it(uri, tmp_path, monkeypatch):
 
 
 def test_every_read_only_command_prints_one_json_document(uri, cluster, cluster_bk):
-    from pybk_spark.logs.log import LogWriter
+    from pybk_spark.logs.log_writer import LogWriter
     lh = cluster_bk.create_ledger(3, 2, 2)
     lh.add_entries([b"one", b"two"])
     lh.close()
@@ -143,7 +143,7 @@ def test_output_into_a_closed_pipe_ends_quietly(uri, cluster_bk):
 
 
 def test_a_misspelt_log_name_gets_did_you_mean(uri, cluster_bk):
-    from pybk_spark.logs.log import LogWriter
+    from pybk_spark.logs.log_writer import LogWriter
     name = f"clickstream-{uuid.uuid4().hex[:6]}"
     LogWriter(cluster_bk, name).open().close()
     res = pybk("logmetadata", "--metadata-uri", uri, name.replace("click", "clik"))

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from pybk_spark.metadata import audit_control as ctl
-from pybk_spark.admin.autorecovery import AutoRecovery, AutoRecoveryConfig
+from pybk_spark.admin.operations.autorecovery import AutoRecovery, AutoRecoveryConfig
 
 from admin_helpers import pybk, wait_until
 
@@ -63,7 +63,8 @@ def test_readledger_escapes_binary_payloads_and_hints_hex(uri, bk):
 
 
 def test_readlog_prints_dataframe_rows(uri, bk):
-    from pybk_spark.logs.log import LogWriter, update_log
+    from pybk_spark.logs.log import update_log
+    from pybk_spark.logs.log_writer import LogWriter
     from pybk_spark.spark.arrow_codec import encode_schema
     name = f"df-log-{uuid.uuid4().hex[:8]}"
     schema = pa.schema([pa.field("id", pa.int64()), pa.field("name", pa.string())])
@@ -145,7 +146,7 @@ def test_triggeraudit_starts_a_round_at_once(uri, bk):
 
 # -- logs -------------------------------------------------------------------------------------------
 def test_deletelog_refuses_an_active_writer_unless_forced(uri, bk):
-    from pybk_spark.logs.log import LogWriter
+    from pybk_spark.logs.log_writer import LogWriter
     name = f"del-log-{uuid.uuid4().hex[:8]}"
     w = LogWriter(bk, name).open()
     w.append(b"x")
@@ -174,7 +175,7 @@ def test_deletelog_refuses_an_active_writer_unless_forced(uri, bk):
 
 
 def test_logretention_shows_sets_and_applies(uri, bk):
-    from pybk_spark.logs.log import LogWriter
+    from pybk_spark.logs.log_writer import LogWriter
     name = f"ret-log-{uuid.uuid4().hex[:8]}"
     w = LogWriter(bk, name).open()
     for payload in (b"a", b"b"):

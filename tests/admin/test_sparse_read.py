@@ -101,8 +101,8 @@ class _NoSparse:
 
 @pytest.mark.parametrize("legacy", [False, True])
 def test_read_ids_sparse_and_legacy_fallback(legacy):
-    from pybk_spark.admin.entry_sets import slot_entries
-    from pybk_spark.admin.replica_reads import read_ids
+    from pybk_spark.admin.decisions.entry_sets import slot_entries
+    from pybk_spark.admin.operations.replica_reads import read_ids
     pool = MemoryTransportPool()
     pool.add_bookie("b0")
     t = pool.get("b0")

@@ -151,7 +151,7 @@ def test_a_peer_that_does_not_admit_the_bookies_certificate_means_a_client_copy(
     replacement's pull (it reads its peer with the bookie certificate) is
     refused, and the copy goes through the re-replication client instead,
     with the refusal in ``pull_error``; nothing is lost either way."""
-    from pybk_spark.admin import rereplicate as rr
+    from pybk_spark.admin.operations import rereplicate as rr
     from pybk_spark.cluster.certs import OPERATOR, WRITER, make_cert_files
     from pybk_spark.cluster.local import LocalCluster
     from pybk_spark.ledger.client import BookKeeper

@@ -357,10 +357,10 @@ def _rereplicate_phase(cluster, bk, final, rng, out) -> str | None:
     """I6: stop one bookie for good, run the re-replication tool (if it exists)
     naming it lost, then count every entry's replicas in its write set."""
     try:
-        from pybk_spark.admin import orchestrate
-        from pybk_spark.admin import rereplicate as rr
+        from pybk_spark.admin.operations import orchestrate
+        from pybk_spark.admin.operations import rereplicate as rr
     except ImportError:
-        out("chaos: no pybk_spark.admin.orchestrate; I6 skipped")
+        out("chaos: no pybk_spark.admin.operations.orchestrate; I6 skipped")
         return None
     victim = rng.choice(sorted(cluster.bookie_ids))
     cluster.kill_bookie(victim, signal.SIGTERM)

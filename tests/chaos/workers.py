@@ -18,7 +18,7 @@ KIND:
                  and now and then one whose writer is alive (a false
                  suspicion, the fencing wiki's scenario); reads each
                  recovered ledger completely.
-  autorecovery   ``pybk autorecovery``'s loop (admin/autorecovery.py) in a
+  autorecovery   ``pybk autorecovery``'s loop (admin/operations/autorecovery.py) in a
                  chaos process: a round every ``--interval`` s with no lost-
                  bookie delay, so a bookie whose registration lapses (a
                  bookie <-> etcd partition past its 5 s registration TTL) is
@@ -46,7 +46,7 @@ import time
 
 from pybk_spark import errors
 from pybk_spark.ledger.client import BookKeeper
-from pybk_spark.logs.log import LogWriter, RollPolicy
+from pybk_spark.logs.log_writer import LogWriter, RollPolicy
 from pybk_spark.logs.log_reader import LogReader
 from pybk_spark.protocol import ledger_metadata as lm
 
@@ -329,7 +329,7 @@ AUTORECOVERY_LEADER_TTL_S = 15     # the daemon's default (--leader-ttl)
 
 def autorecovery(uri, hist: History, rng: random.Random, until: float,
                  interval: float = 2.0) -> None:
-    from pybk_spark.admin.autorecovery import AutoRecovery, AutoRecoveryConfig
+    from pybk_spark.admin.operations.autorecovery import AutoRecovery, AutoRecoveryConfig
     bk = _bk(uri, hist)
     conf = AutoRecoveryConfig(interval_s=interval, lost_bookie_delay_s=0.0, grace_s=3600.0,
                               leader_ttl_s=AUTORECOVERY_LEADER_TTL_S, verify_every=0)

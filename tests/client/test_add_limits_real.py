@@ -23,7 +23,7 @@ import urllib.request
 import pytest
 
 from pybk_spark import errors
-from pybk_spark.ledger.client import BookKeeper
+from pybk_spark import BookKeeper
 from pybk_spark.ledger.placement import writable_bookies
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.testing.fixtures import bookie_server_available

@@ -13,9 +13,10 @@ import pytest
 
 from pybk_spark import errors
 from pybk_spark.commands import cli
-from pybk_spark.ledger.client import BookKeeper
+from pybk_spark import BookKeeper
 from pybk_spark.ledger.placement import writable_bookies
-from pybk_spark.logs.log import LogWriter, list_logs, read_log
+from pybk_spark.logs.log import list_logs, read_log
+from pybk_spark.logs.log_writer import LogWriter
 from pybk_spark.logs.log_reader import LogReader
 from pybk_spark.metadata import parse_uri
 

@@ -14,7 +14,7 @@ import os
 
 import pytest
 
-from pybk_spark.admin import rereplicate as rr
+from pybk_spark.admin.operations import rereplicate as rr
 from pybk_spark.ledger.client import BookKeeper
 
 ROUNDS = 6

@@ -10,7 +10,7 @@ import sys
 import threading
 
 from pybk_spark import BookKeeper
-from pybk_spark.logs.log import LogWriter, RollPolicy
+from pybk_spark.logs.log_writer import LogWriter, RollPolicy
 
 
 class HangingWriter(LogWriter):

@@ -6,7 +6,8 @@ import time
 import pytest
 
 from pybk_spark import BookKeeper, errors
-from pybk_spark.logs.log import LogWriter, RollPolicy, list_logs, read_log
+from pybk_spark.logs.log import list_logs, read_log
+from pybk_spark.logs.log_writer import LogWriter, RollPolicy
 from pybk_spark.logs.truncation import truncate_log
 from pybk_spark.logs.log_reader import LogReader
 

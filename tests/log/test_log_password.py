@@ -8,7 +8,8 @@ import uuid
 import pytest
 
 from pybk_spark import BookKeeper, errors
-from pybk_spark.logs.log import LogWriter, read_log, read_or_create_log, update_log
+from pybk_spark.logs.log import read_log, read_or_create_log, update_log
+from pybk_spark.logs.log_writer import LogWriter
 from pybk_spark.logs.log_reader import LogReader
 from pybk_spark.metadata.store import log_key
 from pybk_spark.protocol import log_metadata as logmd

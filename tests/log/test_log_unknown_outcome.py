@@ -11,7 +11,8 @@ import pytest
 
 from pybk_spark import errors
 from pybk_spark.ledger.client import BookKeeper
-from pybk_spark.logs.log import LogWriter, RollPolicy, read_log
+from pybk_spark.logs.log import read_log
+from pybk_spark.logs.log_writer import LogWriter, RollPolicy
 from pybk_spark.logs.log_reader import LogReader
 from pybk_spark.metadata.memory_store import MemoryMetadataStore
 from pybk_spark.metadata.store import ledger_key

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pybk_spark import errors
-from pybk_spark.admin import etcd_roles
+from pybk_spark.admin.commands import etcd_roles
 from pybk_spark.config import ClientConfig
 from pybk_spark.metadata import EtcdSecurity, parse_uri, uri_security, with_security
 from pybk_spark.metadata.security import SETTINGS

@@ -33,7 +33,8 @@ acknowledged in a ledger that retention had already dropped.
 from __future__ import annotations
 
 from pybk_spark import errors
-from pybk_spark.logs.log import RollPolicy
+from pybk_spark.logs.log_reader import LogReader
+from pybk_spark.logs.log_writer import RollPolicy, open_log_writer
 
 from sim.client_sim import HEAL_AT, PASSWORD, ClientSim, InvariantViolation
 
@@ -56,7 +57,7 @@ class LogSim(ClientSim):
         w = None
         for _ in range(5):
             try:
-                w = bk.open_log_writer(LOG, ensemble=self.E, write_quorum=self.Qw,
+                w = open_log_writer(bk, LOG, ensemble=self.E, write_quorum=self.Qw,
                                        ack_quorum=self.Qa, password=PASSWORD,
                                        roll_policy=RollPolicy(max_entries=self.roll_every),
                                        clock=loop.clock)
@@ -100,14 +101,14 @@ class LogSim(ClientSim):
         last leader closed the log), ``until`` then only a safety cap."""
         loop = self.loop
         bk = self.client(who)
-        reader = bk.open_log_reader(LOG, "earliest", password=PASSWORD, poll_timeout_s=1.0)
+        reader = LogReader(bk, LOG, "earliest", password=PASSWORD, poll_timeout_s=1.0)
         while loop.now < until:
             try:
                 _index, lid, batch = reader.read_batch(timeout_s=1.0)
             except errors.BKError as exc:
                 loop.note(f"{who} read failed {type(exc).__name__}")
                 loop.sleep(1.0)
-                reader = bk.open_log_reader(LOG, "earliest", password=PASSWORD,
+                reader = LogReader(bk, LOG, "earliest", password=PASSWORD,
                                             poll_timeout_s=1.0)
                 out.clear()
                 continue

@@ -9,7 +9,8 @@ import pytest
 from pyspark.sql.types import LongType, StructField, StructType
 
 from pybk_spark import errors
-from pybk_spark.logs.log import LogWriter, read_log
+from pybk_spark.logs.log import read_log
+from pybk_spark.logs.log_writer import LogWriter
 from pybk_spark.logs.log_reader import LogReader
 from pybk_spark.spark.write_options import parse_write_options
 from pybk_spark.spark.writer import prepare_log

@@ -142,7 +142,8 @@ def test_open_ledger_reads_prefix_up_to_lac_then_recovery_closes_it(spark, metad
 
 
 def test_log_option_reads_a_raw_log_across_its_ledgers(spark, metadata_uri, bk):
-    from pybk_spark.logs.log import LogWriter, RollPolicy, read_log
+    from pybk_spark.logs.log import read_log
+    from pybk_spark.logs.log_writer import LogWriter, RollPolicy
     name = f"spark-raw-{os.getpid()}"
     payloads = payloads_for(b"log", 70)
     with LogWriter(bk, name, roll_policy=RollPolicy(max_entries=30)).open() as w:

@@ -8,7 +8,8 @@ import pytest
 from pyspark.sql.types import LongType, StructField, StructType
 
 from pybk_spark import errors
-from pybk_spark.logs.log import LogWriter, RollPolicy, read_log
+from pybk_spark.logs.log import read_log
+from pybk_spark.logs.log_writer import LogWriter, RollPolicy
 from pybk_spark.protocol import log_metadata as logmd
 from pybk_spark.spark.datasource import BookKeeperDataSource
 from pybk_spark.spark.options import parse_load_options

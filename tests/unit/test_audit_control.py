@@ -5,7 +5,7 @@ import pytest
 
 from pybk_spark import errors
 from pybk_spark.metadata import audit_control as ctl
-from pybk_spark.admin.autorecovery import AutoRecovery, AutoRecoveryConfig
+from pybk_spark.admin.operations.autorecovery import AutoRecovery, AutoRecoveryConfig
 
 
 def test_defaults_then_cas_created_and_merged(memory_store):

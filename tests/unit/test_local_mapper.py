@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from pybk_spark.admin import orchestrate as orch
+from pybk_spark.admin.operations import orchestrate as orch
 
 
 def test_results_come_back_in_item_order_whatever_finishes_first():

@@ -33,17 +33,19 @@ from typing import Optional
 
 import numpy as np
 
+from pybk_spark.metadata.store import MetadataStore
+from pybk_spark.ledger.port import LedgerClient
 from pybk_spark import errors
-from pybk_spark.admin import entry_sets as es
-from pybk_spark.admin.recover import access_key
-from pybk_spark.admin.rereplicate import verify_ledger
+from pybk_spark.admin.decisions import entry_sets as es
+from pybk_spark.admin.operations.recover import access_key
+from pybk_spark.admin.operations.rereplicate import verify_ledger
 from pybk_spark.protocol import damage_marker as dm
 from pybk_spark.protocol import ledger_metadata as lm
 
 COLUMNS = ["bookie", "ledger", "outcome", "copied", "missing", "entries", "error"]
 
 
-def read_markers(store) -> list[tuple[str, int, list, bool]]:
+def read_markers(store: MetadataStore) -> list[tuple[str, int, list, bool]]:
     """[(bookie, marker version, ranges, unattributed)]."""
     out = []
     for key, v in store.list_prefix(dm.MARKER_PREFIX):
@@ -52,7 +54,7 @@ def read_markers(store) -> list[tuple[str, int, list, bool]]:
     return out
 
 
-def _refence(bk, md: lm.LedgerMetadata, bookie: str, password: Optional[bytes]) -> None:
+def _refence(bk: LedgerClient, md: lm.LedgerMetadata, bookie: str, password: Optional[bytes]) -> None:
     """Fence the ledger on the damaged bookie again: a FENCE record in the
     damaged bytes cannot be recognised, and a bookie that forgot its fence
     could let a writer that lost the ledger reach Qa."""
@@ -61,7 +63,7 @@ def _refence(bk, md: lm.LedgerMetadata, bookie: str, password: Optional[bytes]) 
                                        timeout=bk.conf.read_timeout_s).result()
 
 
-def repair_damaged(bk, password: Optional[bytes] = None) -> list[dict]:
+def repair_damaged(bk: LedgerClient, password: Optional[bytes] = None) -> list[dict]:
     store = bk.metadata_store
     rows: list[dict] = []
     markers = read_markers(store)

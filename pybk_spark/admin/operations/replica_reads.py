@@ -25,15 +25,17 @@ import numpy as np
 import pyarrow as pa
 
 from pybk_spark import errors
-from pybk_spark.admin.entry_sets import runs
+from pybk_spark.admin.decisions.entry_sets import runs
 from pybk_spark.protocol.sparse_reads import SparseReadWindow
+from pybk_spark.transport.base import BookieTransport
+from pybk_spark.wire.results import ReadResult
 
 DEFAULT_WINDOW = 8
 
 
 @dataclass
 class ReplicaRead:
-    batches: list = field(default_factory=list)
+    batches: list[pa.RecordBatch] = field(default_factory=list)
     unreachable: str = ""          # error text when the bookie could not be read
 
     def table(self) -> pa.Table | None:
@@ -47,7 +49,7 @@ class ReplicaRead:
         return np.concatenate([b.column("entry_id").to_numpy() for b in self.batches])
 
 
-def read_ids(transport, ledger_id: int, ids: np.ndarray, master_key: bytes, *,
+def read_ids(transport: BookieTransport, ledger_id: int, ids: np.ndarray, master_key: bytes, *,
              max_entries: int = 5000, max_bytes: int = 16 << 20, timeout: float | None = None,
              window: int = DEFAULT_WINDOW) -> ReplicaRead:
     out = ReplicaRead()
@@ -57,7 +59,7 @@ def read_ids(transport, ledger_id: int, ids: np.ndarray, master_key: bytes, *,
     win: SparseReadWindow = SparseReadWindow(ids, max_entries, window)
     legacy = False
 
-    def send(a: int, b: int):
+    def send(a: int, b: int) -> cf.Future[ReadResult]:
         return transport.read(ledger_id, a, b, max_entries=max_entries, max_bytes=max_bytes,
                               master_key=master_key, timeout=timeout, sparse=True)
 
@@ -88,18 +90,18 @@ def read_ids(transport, ledger_id: int, ids: np.ndarray, master_key: bytes, *,
     return out
 
 
-def _read_runs(transport, ledger_id: int, ids: np.ndarray, master_key: bytes, *,
+def _read_runs(transport: BookieTransport, ledger_id: int, ids: np.ndarray, master_key: bytes, *,
                max_entries: int, max_bytes: int, timeout: float | None,
                window: int) -> ReplicaRead:
     """Slow path for bookies without sparse reads: one read per run of ids."""
     out = ReplicaRead()
-    todo: deque = deque()
+    todo: deque[tuple[int, int]] = deque()
     for a, b in runs(ids):
         while a <= b:
             end = min(b, a + max_entries - 1)
             todo.append((a, end))
             a = end + 1
-    inflight: dict = {}
+    inflight: dict[cf.Future[ReadResult], tuple[int, int]] = {}
     while (todo or inflight) and not out.unreachable:
         while todo and len(inflight) < window:
             a, b = todo.popleft()

@@ -1,21 +1,22 @@
 """``pybk bookieinfo``."""
 from __future__ import annotations
 
+import argparse
 import json
 
 from pybk_spark import errors
-from pybk_spark.admin import shell_common
+from pybk_spark.admin.commands import shell_common
 from pybk_spark.admin.report import table
 from pybk_spark.metadata import keys
+from pybk_spark.transport.grpc_bookie import BookieClient
 
 
 # -- bookieinfo ----------------------------------------------------------------------------------
-def _bookieinfo_args(p):
+def _bookieinfo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bookie", help="only this bookie")
 
 
-def _bookieinfo(args) -> int:
-    from pybk_spark.transport.grpc_bookie import BookieClient
+def _bookieinfo(args: argparse.Namespace) -> int:
     store = shell_common.open_store_from(args)
     try:
         regs = []

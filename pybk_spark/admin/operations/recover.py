@@ -30,9 +30,15 @@ import time
 from typing import Callable, Iterable, Optional
 
 from pybk_spark import errors
-from pybk_spark.admin import audit
+from pybk_spark.admin.decisions import audit
 from pybk_spark.admin.report import Progress, table
+from pybk_spark.ledger.client import BookKeeper
+from pybk_spark.ledger.port import LedgerClient
+from pybk_spark.ledger.lac_query import query_lac
+from pybk_spark.logs.log import read_log
 from pybk_spark.protocol import ledger_metadata as lm
+from pybk_spark.protocol.access import OPERATOR_KEY
+from pybk_spark.wire.digest import Digester
 
 PASSWORD_CUSTOM_KEY = "password"
 SUMMARY_COLUMNS = ["ledger", "state_before", "entries_recovered", "last_entry", "seconds",
@@ -45,7 +51,8 @@ def ledger_password(md: lm.LedgerMetadata, given: Optional[bytes]) -> bytes:
     return str(md.custom.get(PASSWORD_CUSTOM_KEY, "")).encode()
 
 
-def access_key(bk, md: lm.LedgerMetadata, given: Optional[bytes], check: bool = True):
+def access_key(bk: LedgerClient, md: lm.LedgerMetadata, given: Optional[bytes],
+               check: bool = True) -> tuple[bytes, Digester]:
     """(master key, Digester) with which a tool copies, fills in or fences a
     ledger's entries.
 
@@ -63,8 +70,6 @@ def access_key(bk, md: lm.LedgerMetadata, given: Optional[bytes], check: bool = 
 
     Otherwise the ledger's password (``--password`` or its custom metadata
     ``password``), checked against the metadata when ``check``."""
-    from pybk_spark.wire.digest import Digester
-    from pybk_spark.protocol.access import OPERATOR_KEY
     if getattr(bk.conf, "operator", False) and given is None:
         key = learn_key(bk, md)
         if key:
@@ -76,10 +81,9 @@ def access_key(bk, md: lm.LedgerMetadata, given: Optional[bytes], check: bool = 
     return lm.master_key(pw), Digester(md.digest_type, pw)
 
 
-def learn_key(bk, md: lm.LedgerMetadata) -> bytes:
+def learn_key(bk: LedgerClient, md: lm.LedgerMetadata) -> bytes:
     """The ledger's master key as a bookie of it recorded it, checked against
     the metadata; b"" when no registered bookie of the ledger answers one."""
-    from pybk_spark.protocol.access import OPERATOR_KEY
     for bookie in sorted(md.all_bookies()):
         try:
             got = bk.transports.get(bookie).read_lac(
@@ -92,13 +96,12 @@ def learn_key(bk, md: lm.LedgerMetadata) -> bytes:
     return b""
 
 
-def ledgers_of_log(bk, log_name: str) -> list[int]:
-    from pybk_spark.logs.log import read_log
+def ledgers_of_log(bk: LedgerClient, log_name: str) -> list[int]:
     md, _ = read_log(bk.metadata_store, log_name)
     return list(md.ledger_ids)
 
 
-def list_candidates(bk, *, log: str | None = None, ledgers: Iterable[int] | None = None,
+def list_candidates(bk: LedgerClient, *, log: str | None = None, ledgers: Iterable[int] | None = None,
                     min_idle_s: float = 0.0, force: bool = False, now_ms: int | None = None
                     ) -> tuple[list[int], list[dict]]:
     """(ledger ids to recover, [{ledger, reason}] skipped not-closed ones).
@@ -122,7 +125,7 @@ def list_candidates(bk, *, log: str | None = None, ledgers: Iterable[int] | None
     return chosen, skipped
 
 
-def recover_with(bk, ledger_id: int, password: Optional[bytes] = None,
+def recover_with(bk: LedgerClient, ledger_id: int, password: Optional[bytes] = None,
                  clock: Callable[[], float] = time.monotonic) -> dict:
     """Recover one ledger with an existing client; never raises."""
     t0 = clock()
@@ -156,8 +159,7 @@ def recover_with(bk, ledger_id: int, password: Optional[bytes] = None,
     return row
 
 
-def _lac_before(bk, md: lm.LedgerMetadata, password: bytes) -> Optional[int]:
-    from pybk_spark.ledger.lac_query import query_lac
+def _lac_before(bk: LedgerClient, md: lm.LedgerMetadata, password: bytes) -> Optional[int]:
     lm.check_password(md, password)
     try:
         return query_lac(bk.context, md, lm.master_key(password), fence=False)
@@ -169,15 +171,14 @@ def _lac_before(bk, md: lm.LedgerMetadata, password: bytes) -> Optional[int]:
 
 def recover_task(metadata_uri: str, ledger_id: int, password: Optional[bytes] = None) -> dict:
     """One Spark task: its own client (clients are not picklable)."""
-    from pybk_spark.ledger.client import BookKeeper
     with BookKeeper(metadata_uri, background=False) as bk:
         return recover_with(bk, ledger_id, password)
 
 
-def recover_in_process(bk, ids: Iterable[int], password: Optional[bytes] = None,
+def recover_in_process(bk: LedgerClient, ids: Iterable[int], password: Optional[bytes] = None,
                        progress: bool = True) -> list[dict]:
     ids = list(ids)
-    rows = []
+    rows: list[dict] = []
     with Progress("recover", len(ids), enabled=progress) as p:
         for lid in ids:
             rows.append(recover_with(bk, lid, password))

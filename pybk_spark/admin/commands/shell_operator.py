@@ -4,16 +4,26 @@ BookKeeper's shell that act on the autorecovery switches (metadata/audit_control
 on logs, or on one bookie."""
 from __future__ import annotations
 
+import argparse
 import os
 import socket
 import time
 
+from typing import Iterable, Mapping
+
 from pybk_spark import errors
-from pybk_spark.admin import shell_common
-from pybk_spark.metadata import audit_control as ctl
-from pybk_spark.admin import liveness
+from pybk_spark.admin.operations import liveness
+from pybk_spark.admin.commands import shell_common
 from pybk_spark.admin.report import table
-from pybk_spark.admin.shell_recovery import client
+from pybk_spark.admin.commands.shell_recovery import client
+from pybk_spark.ledger.placement import PlacementPolicy, Registration
+from pybk_spark.logs.log import delete_log_metadata, read_log
+from pybk_spark.logs.positions import drop_all
+from pybk_spark.logs.truncation import apply_retention, set_log_retention, truncate_log
+from pybk_spark.metadata import audit_control as ctl
+from pybk_spark.protocol.log_metadata import SEGMENT_CLOSED
+from pybk_spark.protocol.log_retention import retention_of
+from pybk_spark.transport.tls import ClientTls
 
 
 def _who() -> str:
@@ -21,7 +31,7 @@ def _who() -> str:
 
 
 # -- autorecovery switches -----------------------------------------------------------------
-def _triggeraudit_args(p):
+def _triggeraudit_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wait", action="store_true",
                    help="when a registered bookie does not answer, first wait (at most its "
                         "lease's time left + 5 s) until its registration lapses, so the "
@@ -31,8 +41,7 @@ def _triggeraudit_args(p):
                    f"answer (default {liveness.PROBE_TIMEOUT_S:g})")
 
 
-def _triggeraudit(args) -> int:
-    from pybk_spark.transport.tls import ClientTls
+def _triggeraudit(args: argparse.Namespace) -> int:
     conf = shell_common.client_conf(args)
     tls = ClientTls.from_conf(conf) if conf is not None else None
     store = shell_common.open_store_from(args)
@@ -71,7 +80,7 @@ def _triggeraudit(args) -> int:
     return 0
 
 
-def _delay_args(p):
+def _delay_args(p: argparse.ArgumentParser) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--get", action="store_true", help="print the stored delay (default)")
     g.add_argument("--set", type=float, metavar="SECONDS",
@@ -80,7 +89,7 @@ def _delay_args(p):
                    help="remove the stored delay (autorecovery --delay applies again)")
 
 
-def _lostbookierecoverydelay(args) -> int:
+def _lostbookierecoverydelay(args: argparse.Namespace) -> int:
     store = shell_common.open_store_from(args)
     try:
         if args.set is not None:
@@ -98,14 +107,14 @@ def _lostbookierecoverydelay(args) -> int:
     return 0
 
 
-def _ctl_args(p):
+def _ctl_args(p: argparse.ArgumentParser) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--enable", action="store_true", help="let autorecovery audit and repair")
     g.add_argument("--disable", action="store_true",
                    help="autorecovery keeps running but does nothing until enabled")
 
 
-def _autorecoveryctl(args) -> int:
+def _autorecoveryctl(args: argparse.Namespace) -> int:
     store = shell_common.open_store_from(args)
     try:
         if args.enable or args.disable:
@@ -126,21 +135,18 @@ def _autorecoveryctl(args) -> int:
 
 
 # -- logs ------------------------------------------------------------------------------------------
-def _deletelog_args(p):
+def _deletelog_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", metavar="NAME")
     p.add_argument("--force", action="store_true",
                    help="delete even while a writer holds the log (its next append fails)")
 
 
-def _deletelog(args) -> int:
+def _deletelog(args: argparse.Namespace) -> int:
     """The log's key goes first (CAS on the version read), then its ledgers
     and its registered positions: a crash in between leaves ledgers no log
     names, never a log naming deleted ledgers; positions left behind carry
     the deleted log's uid, which a log created later under the name does
     not have (protocol/positions.py)."""
-    from pybk_spark.logs.log import delete_log_metadata, read_log
-    from pybk_spark.logs.positions import drop_all
-    from pybk_spark.protocol.log_metadata import SEGMENT_CLOSED
     with client(args) as bk:
         md, version = read_log(bk.metadata_store, args.name)
         open_ids = [s.ledger_id for s in md.segments if s.state != SEGMENT_CLOSED]
@@ -170,14 +176,13 @@ def _deletelog(args) -> int:
     return 0
 
 
-def _truncatelog_args(p):
+def _truncatelog_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", metavar="NAME")
     p.add_argument("--before", type=int, required=True, metavar="LEDGER",
                    help="drop every (closed) segment before this ledger of the log")
 
 
-def _truncatelog(args) -> int:
-    from pybk_spark.logs.truncation import truncate_log
+def _truncatelog(args: argparse.Namespace) -> int:
     with client(args) as bk:
         dropped = truncate_log(bk, args.name, args.before)
     shell_common.emit(args, {"log": args.name, "deleted_ledgers": dropped},
@@ -186,7 +191,7 @@ def _truncatelog(args) -> int:
     return 0
 
 
-def _logretention_args(p):
+def _logretention_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", metavar="NAME")
     p.add_argument("--ms", type=int, metavar="MS",
                    help="retention.ms: drop closed segments whose last entry is older (-1: no limit)")
@@ -197,10 +202,7 @@ def _logretention_args(p):
                    help="drop what has expired now (writers apply it when they roll or commit)")
 
 
-def _logretention(args) -> int:
-    from pybk_spark.logs.log import read_log
-    from pybk_spark.logs.truncation import apply_retention, set_log_retention
-    from pybk_spark.protocol.log_retention import retention_of
+def _logretention(args: argparse.Namespace) -> int:
     dropped: list[int] = []
     with client(args) as bk:
         if args.ms is not None or args.nbytes is not None:
@@ -220,28 +222,31 @@ def _logretention(args) -> int:
 
 
 # -- bookiesanity ------------------------------------------------------------------------------
-def _sanity_args(p):
+def _sanity_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bookie", required=True, metavar="ID", help="the bookie to test")
     p.add_argument("--entries", "-n", type=int, default=10)
 
 
-class _OnlyBookie:
+class _OnlyBookie(PlacementPolicy):
     """Placement seam: every new ensemble is the one bookie under test."""
 
-    def __init__(self, bookie: str):
+    def __init__(self, bookie: str) -> None:
+        super().__init__()
         self.bookie = bookie
 
-    def new_ensemble(self, n, bookies, exclude=()):
+    def new_ensemble(self, n: int, bookies: Mapping[str, Registration],
+                     exclude: Iterable[str] = ()) -> tuple[str, ...]:
         if self.bookie not in bookies:
             raise errors.NotEnoughBookies(f"bookie {self.bookie!r} is not registered writable "
                                           "(pybk listbookies --all)")
         return (self.bookie,)
 
-    def replace(self, ensemble, slot, bookies, exclude=()):
+    def replace(self, ensemble: tuple[str, ...], slot: int, bookies: Mapping[str, Registration],
+                exclude: Iterable[str] = ()) -> str:
         raise errors.NotEnoughBookies(f"bookie {self.bookie!r} failed a write")
 
 
-def _bookiesanity(args) -> int:
+def _bookiesanity(args: argparse.Namespace) -> int:
     """BookKeeper's bookiesanity: a ledger of ensemble 1 on the bookie, written,
     read back, deleted."""
     if args.entries < 1:
@@ -279,7 +284,7 @@ def _bookiesanity(args) -> int:
 
 
 # -- updatecookie ------------------------------------------------------------------------------
-def _updatecookie(args) -> int:
+def _updatecookie(args: argparse.Namespace) -> int:
     shell_common.emit(args, {"command": "bookie-server updatecookie"},
                       "updatecookie runs on the bookie's host, with the bookie stopped, against its "
                       "data dir:\n  bookie-server updatecookie --conf BOOKIE.CONF [--advertised-address "

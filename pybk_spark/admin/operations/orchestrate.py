@@ -12,18 +12,27 @@ each returns one summary row.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional, Union
 
-from pybk_spark.admin import damage_repair
-from pybk_spark.admin import entry_sets as es
-from pybk_spark.admin import recover as rec
-from pybk_spark.admin import rereplicate as rr
+import numpy as np
+
+from pybk_spark.admin.decisions import audit
+from pybk_spark.admin.operations import damage_repair
+from pybk_spark.admin.decisions import entry_sets as es
+from pybk_spark.admin.operations import recover as rec
+from pybk_spark.admin.operations import rereplicate as rr
 from pybk_spark.admin.report import Progress, table
+from pybk_spark.ledger.client import BookKeeper
+from pybk_spark.ledger.port import LedgerClient
 
 Mapper = Callable[..., list]      # (task, items, label, one_per_task=True) -> results
+# what a task opens its client from: the metadata URI, or it and the driver's
+# client settings (``client_target``)
+ClientTarget = Union[str, tuple[str, Optional[dict[str, Any]]]]
 
 
 DEFAULT_PARALLEL = 4     # work items at once in this process (shell --parallel, autorecovery)
@@ -36,11 +45,12 @@ def local_mapper(progress: bool = True, parallel: int = 1) -> Mapper:
     if parallel < 1:
         raise ValueError(f"parallel must be >= 1, not {parallel}")
 
-    def mapper(task, items, label, one_per_task=True):
+    def mapper(task: Callable[[Any], Any], items: Iterable[Any], label: str,
+               one_per_task: bool = True) -> list:
         items = list(items)
         with Progress(label, len(items), enabled=progress) as p:
             if parallel == 1 or len(items) <= 1:
-                out = []
+                out: list = []
                 for item in items:
                     out.append(task(item))
                     p.step(_row_label(out[-1]))
@@ -54,44 +64,42 @@ def local_mapper(progress: bool = True, parallel: int = 1) -> Mapper:
     return mapper
 
 
-def _row_label(row) -> str:
+def _row_label(row: object) -> str:
     if isinstance(row, dict):
         return f"ledger {row.get('ledger')}: {row.get('outcome', '')}"
     return ""
 
 
 # -- picklable tasks -------------------------------------------------------------------------------
-def client_target(bk, metadata_uri: str):
+def client_target(bk: LedgerClient, metadata_uri: str) -> ClientTarget:
     """What a task needs to open its own client like ``bk``: the metadata URI
     and the driver's client settings (TLS files, ``operator``), so executors
     reach TLS bookies as the same identity (the file paths must exist on
     every executor)."""
-    import dataclasses
     return (metadata_uri, dataclasses.asdict(bk.conf))
 
 
-def _client(target):
-    from pybk_spark.ledger.client import BookKeeper
+def _client(target: ClientTarget) -> BookKeeper:
     uri, conf = target if isinstance(target, tuple) else (target, None)
     return BookKeeper(uri, conf=conf, background=False)
 
 
-def recover_task(metadata_uri, password: Optional[bytes], ledger_id: int) -> dict:
+def recover_task(metadata_uri: ClientTarget, password: Optional[bytes], ledger_id: int) -> dict:
     with _client(metadata_uri) as bk:
         return rec.recover_with(bk, ledger_id, password)
 
 
-def copy_task(metadata_uri, password: Optional[bytes], work) -> dict:
+def copy_task(metadata_uri: ClientTarget, password: Optional[bytes],
+              work: audit.FragmentWork) -> dict:
     with _client(metadata_uri) as bk:
         return rr.copy_fragment(bk, work, password)
 
 
-def verify_task(metadata_uri, password: Optional[bytes], ledger_id: int) -> dict:
+def verify_task(metadata_uri: ClientTarget, password: Optional[bytes], ledger_id: int) -> dict:
     """One ledger's replicas check: ``under`` (what is still missing) and
     ``copied`` (ids filled in on live bookies that lacked them)."""
-    import numpy as np
     with _client(metadata_uri) as bk:
-        copied: list = []
+        copied: list[np.ndarray] = []
         under = rr.verify_ledger(bk, ledger_id, password, repair=True, copied=copied)
     n = int(sum(len(ids) for ids in copied))
     return {"ledger": ledger_id, "outcome": "under-replicated" if under else "ok",
@@ -100,7 +108,7 @@ def verify_task(metadata_uri, password: Optional[bytes], ledger_id: int) -> dict
 
 
 # -- recover ----------------------------------------------------------------------------------------
-def run_recover(bk, metadata_uri: str, mapper: Mapper, *, log: str | None = None,
+def run_recover(bk: LedgerClient, metadata_uri: str, mapper: Mapper, *, log: str | None = None,
                 ledgers: Optional[Iterable[int]] = None, min_idle_s: float = 0.0,
                 force: bool = False, password: Optional[bytes] = None) -> tuple[dict, str, int]:
     """(json report, human text, exit status)."""
@@ -113,7 +121,7 @@ def run_recover(bk, metadata_uri: str, mapper: Mapper, *, log: str | None = None
 
 
 # -- rereplicate --------------------------------------------------------------------------------------
-def run_rereplicate(bk, metadata_uri: str, mapper: Mapper, *, bookies: Iterable[str] = (),
+def run_rereplicate(bk: LedgerClient, metadata_uri: str, mapper: Mapper, *, bookies: Iterable[str] = (),
                     delay_s: float = 0.0, grace_s: float = 30.0, verify: bool = False,
                     password: Optional[bytes] = None,
                     clock: Callable[[], float] = time.monotonic) -> tuple[dict, str, int]:

@@ -60,9 +60,13 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from pybk_spark import errors
+from pybk_spark.admin.operations import orchestrate as orch
+from pybk_spark.admin.operations import rereplicate as rr
+from pybk_spark.ledger.port import LedgerClient
+from pybk_spark.logs.log import list_logs, read_log
+from pybk_spark.logs.truncation import retain
 from pybk_spark.metadata import audit_control as ctl
-from pybk_spark.admin import orchestrate as orch
-from pybk_spark.admin import rereplicate as rr
+from pybk_spark.metadata.store import Lease
 
 LEADER_KEY = ctl.LEADER_KEY
 LEADER, STANDBY, UNKNOWN = "leader", "standby", "unknown"
@@ -84,10 +88,10 @@ class AutoRecoveryConfig:
 
 
 class AutoRecovery:
-    def __init__(self, bk, metadata_uri: str, conf: AutoRecoveryConfig, *,
-                 mapper=None, identity: str | None = None,
+    def __init__(self, bk: LedgerClient, metadata_uri: str, conf: AutoRecoveryConfig, *,
+                 mapper: orch.Mapper | None = None, identity: str | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 wall_clock: Callable[[], float] = time.time):
+                 wall_clock: Callable[[], float] = time.time) -> None:
         self.bk = bk
         self.wall_clock = wall_clock
         self.uri = metadata_uri
@@ -95,7 +99,7 @@ class AutoRecovery:
         self.mapper = mapper or orch.local_mapper(progress=False, parallel=conf.parallel)
         self.identity = identity or f"{socket.gethostname()}:{os.getpid()}"
         self.clock = clock
-        self._lease = None
+        self._lease: Optional[Lease] = None
         self._rounds = 0
         self._trigger_seen: Optional[int] = None
 
@@ -200,8 +204,6 @@ class AutoRecovery:
 
     def _apply_retention(self) -> tuple[int, int]:
         """(ledgers dropped, logs that failed) over every log with limits."""
-        from pybk_spark.logs.log import list_logs, read_log
-        from pybk_spark.logs.truncation import retain
         store = self.bk.metadata_store
         dropped = failed = 0
         for name in list_logs(store):

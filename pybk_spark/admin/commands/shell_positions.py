@@ -5,24 +5,26 @@ committed positions (kind ``sink``, with their last batch id and sink id;
 informational); an operator drops the position of a query that is gone."""
 from __future__ import annotations
 
+import argparse
 import time
 
-from pybk_spark.admin import shell_common
+from pybk_spark.admin.commands import shell_common
 from pybk_spark.admin.report import table
 from pybk_spark.logs.positions import drop, list_positions
+from pybk_spark.protocol.positions import RegisteredPosition
 
 
-def _row(p, now: float) -> dict:
+def _row(p: RegisteredPosition, now: float) -> dict:
     return {"log": p.log, "name": p.name, "index": p.index, "entry": p.entry, "kind": p.kind,
             "updated_at": p.updated_at, "batch_id": p.batch_id, "detail": p.detail,
             "age_s": round(now - p.updated_at, 1) if p.updated_at else None}
 
 
-def _positions_args(p):
+def _positions_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("log", nargs="?", help="only this log's positions")
 
 
-def _positions(args) -> int:
+def _positions(args: argparse.Namespace) -> int:
     store = shell_common.open_store_from(args)
     try:
         found = list_positions(store, args.log)
@@ -36,12 +38,12 @@ def _positions(args) -> int:
     return 0
 
 
-def _drop_args(p):
+def _drop_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("log", help="the log")
     p.add_argument("name", help="the position's name (pybk positions LOG lists them)")
 
 
-def _drop(args) -> int:
+def _drop(args: argparse.Namespace) -> int:
     store = shell_common.open_store_from(args)
     try:
         gone = drop(store, args.log, args.name)

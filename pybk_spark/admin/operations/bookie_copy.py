@@ -3,7 +3,7 @@ entries from surviving replicas (wire ``PullEntries``, bookie_server/serving/pul
 
 Theory of operation
 -------------------
-``copy_fragment`` (admin/rereplicate.py) calls :func:`pull_fragment` first.
+``copy_fragment`` (admin/operations/rereplicate.py) calls :func:`pull_fragment` first.
 The ids the lost slot must hold (``entry_sets.slot_entries``) are asked of
 the replacement bookie, one surviving source at a time, in the order the
 client path reads them (the lost bookie itself first when it is still
@@ -26,13 +26,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from pybk_spark.ledger.port import LedgerClient
 from pybk_spark import errors
-from pybk_spark.admin import audit, entry_sets as es
+from pybk_spark.admin.decisions import audit
+from pybk_spark.admin.decisions import entry_sets as es
 from pybk_spark.transport.base import PullSource
 from pybk_spark.transport.grpc_bookie import registration_of
 
 
-def pull_fragment(bk, w: audit.FragmentWork, write_quorum: int, key: bytes, digest_type: str,
+def pull_fragment(bk: LedgerClient, w: audit.FragmentWork, write_quorum: int, key: bytes, digest_type: str,
                   lost_registered: bool, timeout: float) -> tuple[int, int]:
     """(entries, bytes) copied to ``w.replacement`` by pulls; raises a BKError
     if the pull path cannot finish (the caller falls back to the client)."""

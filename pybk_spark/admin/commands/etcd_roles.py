@@ -33,11 +33,16 @@ Theory of operation:
 """
 from __future__ import annotations
 
+import argparse
+
 from typing import Iterable, Mapping
 
 from pybk_spark import errors
-from pybk_spark.admin import shell_common
+from pybk_spark.admin.commands import shell_common
 from pybk_spark.metadata import keys
+from pybk_spark.metadata.etcd_store import EtcdMetadataStore
+from pybk_spark.metadata.security import EtcdSecurity
+from pybk_spark.metadata.store import MetadataStore
 
 OPERATOR, BOOKIE, CLIENT = "pybk-operator", "pybk-bookie", "pybk-client"
 PREFIX = True
@@ -79,13 +84,16 @@ def layout(bookie_ids: Iterable[str] = ()) -> dict[str, list[tuple[str, str, boo
     return out
 
 
-def apply(store, *, roles: Mapping[str, list[tuple[str, str, bool]]],
+def apply(store: MetadataStore, *, roles: Mapping[str, list[tuple[str, str, bool]]],
           users: Mapping[str, tuple[str, str | None]] = {}, root_password: str | None = None,
           enable: bool = False) -> dict:
     """Create/grant ``roles``; ``users`` maps user -> (role, password or None
     to keep an existing user's password); ``root_password`` creates the
     ``root`` user when missing; ``enable`` turns etcd auth on, last.
-    Returns what was done.  ``store`` is an EtcdMetadataStore."""
+    Returns what was done; ``IncorrectParameter`` for a store that is not
+    etcd."""
+    if not isinstance(store, EtcdMetadataStore):
+        raise errors.IncorrectParameter("etcd-roles needs an etcd:// metadata URI")
     done: dict[str, list[str]] = {"roles": [], "users": [], "enabled": []}
     existing_roles = set(store.auth_request("RoleList").roles)
     existing_users = set(store.auth_request("UserList").users)
@@ -124,11 +132,10 @@ def apply(store, *, roles: Mapping[str, list[tuple[str, str, bool]]],
 
 # -- pybk etcd-roles -----------------------------------------------------------------------
 def _read_password(path: str, what: str) -> str:
-    from pybk_spark.metadata.security import EtcdSecurity
     return EtcdSecurity(etcd_user=what, etcd_password_file=path).password()
 
 
-def _args(p) -> None:
+def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--apply", action="store_true",
                    help="create the roles (and users) in etcd; without it, print the layout")
     p.add_argument("--per-bookie", action="append", default=[], metavar="BOOKIE_ID",
@@ -142,7 +149,7 @@ def _args(p) -> None:
                    help="password of the root user to create before enabling auth")
 
 
-def _run(args) -> int:
+def _run(args: argparse.Namespace) -> int:
     roles = layout(args.per_bookie)
     rows = [{"role": r, "permission": perm, "key": f"/<scope>/{key}" + ("*" if pre else "")}
             for r, grants in roles.items() for perm, key, pre in grants]
@@ -150,11 +157,8 @@ def _run(args) -> int:
         shell_common.emit(args, rows, "\n".join(f"{r['role']:<24} {r['permission']:<10} {r['key']}"
                                                 for r in rows))
         return 0
-    from pybk_spark.metadata.etcd_store import EtcdMetadataStore
     store = shell_common.open_store_from(args)
     try:
-        if not isinstance(store, EtcdMetadataStore):
-            raise errors.IncorrectParameter("etcd-roles needs an etcd:// metadata URI")
         users = {name: (role, _read_password(path, name)) for name, role, path in args.user}
         root = (_read_password(args.root_password_file, "root")
                 if args.root_password_file else None)

@@ -1,18 +1,26 @@
 """The log commands ``pybk listlogs | logmetadata | readlog``."""
 from __future__ import annotations
 
+import argparse
 import json
+from typing import Callable, Optional
+
+import pyarrow as pa
 
 from pybk_spark import errors
-from pybk_spark.admin import shell_common
+from pybk_spark.admin.commands import shell_common
 from pybk_spark.admin.report import HEX_HINT, preview, table
-from pybk_spark.admin.shell_recovery import client, password_arg, password_of
+from pybk_spark.admin.commands.shell_recovery import client, password_arg, password_of
+from pybk_spark.logs.log import list_logs, read_log
+from pybk_spark.logs.log_reader import LogReader, Start, records_of
+from pybk_spark.metadata.store import MetadataStore
+from pybk_spark.protocol.log_metadata import LogMetadata
+from pybk_spark.protocol.log_retention import retention_of
 
 
 # -- logs ------------------------------------------------------------------------------------------
-def _retention_text(md) -> str:
+def _retention_text(md: LogMetadata) -> str:
     """A log's retention limits for a table cell: ``-`` when it has none."""
-    from pybk_spark.protocol.log_retention import retention_of
     try:
         limits = retention_of(md)
     except errors.IncorrectParameter as exc:
@@ -22,8 +30,7 @@ def _retention_text(md) -> str:
     return " ".join(parts) or "-"
 
 
-def _listlogs(args) -> int:
-    from pybk_spark.logs.log import list_logs, read_log
+def _listlogs(args: argparse.Namespace) -> int:
     store = shell_common.open_store_from(args)
     try:
         rows = []
@@ -43,12 +50,11 @@ def _listlogs(args) -> int:
     return 0
 
 
-def _log_name_args(p):
+def _log_name_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", metavar="NAME")
 
 
-def _logmetadata(args) -> int:
-    from pybk_spark.logs.log import read_log
+def _logmetadata(args: argparse.Namespace) -> int:
     store = shell_common.open_store_from(args)
     try:
         md, version = read_log(store, args.name)
@@ -66,7 +72,7 @@ def _logmetadata(args) -> int:
     return 0
 
 
-def _readlog_args(p):
+def _readlog_args(p: argparse.ArgumentParser) -> None:
     _log_name_args(p)
     p.add_argument("--from", dest="start", default="earliest", metavar="POS",
                    help="earliest (default), latest, or LEDGER:ENTRY")
@@ -80,7 +86,7 @@ def _readlog_args(p):
                                       "(repeatable)")
 
 
-def _parse_position(text: str):
+def _parse_position(text: str) -> Start:
     if text in ("earliest", "latest"):
         return text
     try:
@@ -91,14 +97,13 @@ def _parse_position(text: str):
                                         "LEDGER:ENTRY") from None
 
 
-def _dataframe_decoder(store, name: str):
+def _dataframe_decoder(store: MetadataStore,
+                       name: str) -> Optional[Callable[[bytes], list[dict]]]:
     """For a DataFrame log (its metadata records an Arrow schema): a function
     payload -> list of row dicts; None for a log of raw payloads."""
-    from pybk_spark.logs.log import read_log
     md, _ = read_log(store, name)
     if not md.schema:
         return None
-    import pyarrow as pa
 
     def decode(payload: bytes) -> list[dict]:
         try:
@@ -112,14 +117,13 @@ def _row_text(row: dict) -> str:
     return " ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in row.items())
 
 
-def _readlog(args) -> int:
-    from pybk_spark.logs.log_reader import LogReader, records_of
+def _readlog(args: argparse.Namespace) -> int:
     start = _parse_position(args.start)
     limit = args.max if args.max > 0 else None
     as_json = getattr(args, "json", False)
     count = 0
     binary = False
-    records = []
+    records: list[dict] = []
     with client(args) as bk:
         decode = _dataframe_decoder(bk.metadata_store, args.name)
         reader = LogReader(bk, args.name, start, password=password_of(args) or b"",

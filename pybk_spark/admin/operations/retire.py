@@ -22,9 +22,10 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from pybk_spark.ledger.port import LedgerClient
 from pybk_spark import errors
-from pybk_spark.admin import audit
-from pybk_spark.admin.rereplicate import registered_bookies
+from pybk_spark.admin.decisions import audit
+from pybk_spark.admin.operations.rereplicate import registered_bookies
 from pybk_spark.metadata import keys
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.protocol.bookie_instances import instances_key
@@ -52,7 +53,7 @@ def ledgers_text(ids: list[int], limit: int = SHOWN_LEDGERS) -> str:
     return shown + (f" and {len(ids) - limit} more" if len(ids) > limit else "")
 
 
-def _metadata(bk) -> list[lm.LedgerMetadata]:
+def _metadata(bk: LedgerClient) -> list[lm.LedgerMetadata]:
     out = []
     for lid in bk.list_ledgers():
         try:
@@ -62,7 +63,7 @@ def _metadata(bk) -> list[lm.LedgerMetadata]:
     return out
 
 
-def refusal(bk, bookie_id: str) -> str:
+def refusal(bk: LedgerClient, bookie_id: str) -> str:
     """Why the id cannot be retired now ("" when it can)."""
     if bookie_id in registered_bookies(bk.metadata_store):
         return (f"bookie {bookie_id} is still registered: stop it first (its data may "
@@ -76,7 +77,7 @@ def refusal(bk, bookie_id: str) -> str:
     return ""
 
 
-def retire(bk, bookie_id: str, max_attempts: int = 20) -> list[str]:
+def retire(bk: LedgerClient, bookie_id: str, max_attempts: int = 20) -> list[str]:
     """Delete every record of a bookie id whose data is safe; the keys
     deleted.  ``IllegalOp`` (naming the ledgers, or the registration) when
     it is not safe."""

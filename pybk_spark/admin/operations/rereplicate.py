@@ -16,7 +16,7 @@ Driver (``run_audit``, pure decisions in ``admin.audit``):
   3. A replacement per work item from the placement policy, outside the
      fragment's ensemble and every lost bookie.
 Task (``copy_fragment``, one per work item; a Spark task or in-process):
-  4'. Bookie to bookie first (admin/bookie_copy.py): the replacement pulls
+  4'. Bookie to bookie first (admin/operations/bookie_copy.py): the replacement pulls
      the ids from the same replicas, in the same order, as stored Arrow
      rows, checks digests and journals them (``PullEntries``); no entry
      passes through this client.  If the pull path cannot finish (an older
@@ -40,19 +40,21 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pybk_spark.ledger.port import LedgerClient
 from pybk_spark import errors
-from pybk_spark.admin import audit, entry_sets as es
-from pybk_spark.admin.bookie_copy import pull_fragment
-from pybk_spark.admin.recover import access_key, recover_with
-from pybk_spark.admin.replica_reads import read_ids
+from pybk_spark.admin.decisions import audit
+from pybk_spark.admin.decisions import entry_sets as es
+from pybk_spark.admin.operations.bookie_copy import pull_fragment
+from pybk_spark.admin.operations.recover import access_key, recover_with
+from pybk_spark.admin.operations.replica_reads import read_ids
 from pybk_spark.wire.digest import Digester
-from pybk_spark.metadata.store import ledger_key
+from pybk_spark.metadata.store import MetadataStore, ledger_key
 from pybk_spark.ledger.placement import writable_bookies
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.protocol import read_decisions as rd
@@ -66,14 +68,14 @@ VERIFY_COLUMNS = ["ledger", "fragment", "bookie", "missing", "entries"]
 
 
 # -- registry / marks -------------------------------------------------------------------------
-def registered_bookies(store) -> set[str]:
+def registered_bookies(store: MetadataStore) -> set[str]:
     out = set()
     for mode in ("writable", "readonly"):
         out |= {k.rsplit("/", 1)[1] for k, _ in store.list_prefix(keys.bookies_prefix(mode))}
     return out
 
 
-def read_marks(store, prefix: str) -> dict[str, tuple[float, int]]:
+def read_marks(store: MetadataStore, prefix: str) -> dict[str, tuple[float, int]]:
     """bookie -> (time, version) recorded under ``prefix``."""
     out = {}
     for key, v in store.list_prefix(prefix):
@@ -85,7 +87,7 @@ def read_marks(store, prefix: str) -> dict[str, tuple[float, int]]:
     return out
 
 
-def mark_decommissioned(store, bookie_id: str, now: float) -> None:
+def mark_decommissioned(store: MetadataStore, bookie_id: str, now: float) -> None:
     try:
         store.put_if_absent(audit.DECOMMISSIONED_PREFIX + bookie_id,
                             json.dumps({"since": now}).encode())
@@ -93,7 +95,7 @@ def mark_decommissioned(store, bookie_id: str, now: float) -> None:
         pass  # already marked
 
 
-def clear_decommissioned(store, bookie_id: str) -> None:
+def clear_decommissioned(store: MetadataStore, bookie_id: str) -> None:
     store.delete(audit.DECOMMISSIONED_PREFIX + bookie_id)
 
 
@@ -109,7 +111,7 @@ class AuditResult:
     ledgers: int = 0
 
 
-def run_audit(bk, *, delay_s: float = 0.0, grace_s: float = 30.0, named: Iterable[str] = (),
+def run_audit(bk: LedgerClient, *, delay_s: float = 0.0, grace_s: float = 30.0, named: Iterable[str] = (),
               now: float | None = None, mark: bool = True, plan: bool = True) -> AuditResult:
     store = bk.metadata_store
     now = time.time() if now is None else now
@@ -155,7 +157,7 @@ def run_audit(bk, *, delay_s: float = 0.0, grace_s: float = 30.0, named: Iterabl
         candidates = {b: reg for b, reg in writable_bookies(store).items() if b not in res.lost}
         why_not = _not_candidates(store, res, decom, now)
 
-        def choose(ens, slot, ex):
+        def choose(ens: tuple[str, ...], slot: int, ex: set[str]) -> str:
             try:
                 return bk.placement.replace(ens, slot, candidates, ex)
             except errors.NotEnoughBookies as exc:
@@ -174,7 +176,7 @@ def run_audit(bk, *, delay_s: float = 0.0, grace_s: float = 30.0, named: Iterabl
     return res
 
 
-def _not_candidates(store, res: AuditResult, decom: dict, now: float) -> dict[str, str]:
+def _not_candidates(store: MetadataStore, res: AuditResult, decom: dict, now: float) -> dict[str, str]:
     """Every known bookie that cannot take a replacement -> why (named in a
     NotEnoughBookies, so an operator sees what would fix it)."""
     readonly = {keys.last_part(k) for k, _ in store.list_prefix(keys.bookies_prefix("readonly"))}
@@ -215,7 +217,7 @@ def failed_ledgers_text(failed: list[dict], limit: int = 5) -> str:
 
 
 # -- copy one fragment -------------------------------------------------------------------------
-def copy_fragment(bk, w: audit.FragmentWork, password: Optional[bytes] = None, *,
+def copy_fragment(bk: LedgerClient, w: audit.FragmentWork, password: Optional[bytes] = None, *,
                   batch_entries: int = 5000, batch_bytes: int = 8 << 20,
                   clock: Callable[[], float] = time.monotonic, pull: bool = True,
                   pull_timeout_s: float = 600.0) -> dict:
@@ -271,7 +273,7 @@ def _fragment_still_has(md: lm.LedgerMetadata, w: audit.FragmentWork) -> bool:
     return False
 
 
-def _gather(bk, md: lm.LedgerMetadata, w: audit.FragmentWork, key: bytes,
+def _gather(bk: LedgerClient, md: lm.LedgerMetadata, w: audit.FragmentWork, key: bytes,
             digester: Digester, wanted: Optional[np.ndarray] = None) -> pa.Table:
     """Entries of ``w.slot`` (or just ``wanted``) read from surviving replicas."""
     E, Qw = len(w.ensemble), md.write_quorum
@@ -306,7 +308,7 @@ def _gather(bk, md: lm.LedgerMetadata, w: audit.FragmentWork, key: bytes,
     return table.sort_by("entry_id").combine_chunks()
 
 
-def _write(bk, w: audit.FragmentWork, key: bytes, rows: pa.Table, batch_entries: int,
+def _write(bk: LedgerClient, w: audit.FragmentWork, key: bytes, rows: pa.Table, batch_entries: int,
            batch_bytes: int) -> None:
     if rows.num_rows == 0:
         return
@@ -319,7 +321,7 @@ def _write(bk, w: audit.FragmentWork, key: bytes, rows: pa.Table, batch_entries:
         f.result()            # raises the typed error of a failed add
 
 
-def _chunks(rows: pa.Table, max_entries: int, max_bytes: int):
+def _chunks(rows: pa.Table, max_entries: int, max_bytes: int) -> Iterator[pa.RecordBatch]:
     batch = one_batch(rows) if rows.num_rows else None
     if batch is None:
         return
@@ -336,9 +338,9 @@ def _chunks(rows: pa.Table, max_entries: int, max_bytes: int):
 
 
 # -- verify ------------------------------------------------------------------------------------------
-def verify_ledger(bk, ledger_id: int, password: Optional[bytes] = None, *,
-                  repair: bool = False, bookies: Optional[set] = None,
-                  copied: Optional[list] = None) -> list[dict]:
+def verify_ledger(bk: LedgerClient, ledger_id: int, password: Optional[bytes] = None, *,
+                  repair: bool = False, bookies: Optional[set[str]] = None,
+                  copied: Optional[list[np.ndarray]] = None) -> list[dict]:
     """Under-replicated (fragment, bookie) rows of one ledger; [] if healthy.
 
     With ``repair``, copies a live bookie lacks (an entry acknowledged at Qa
@@ -353,13 +355,13 @@ def verify_ledger(bk, ledger_id: int, password: Optional[bytes] = None, *,
         return []
     key, digester = access_key(bk, md, password, check=False)
     conf = bk.conf
-    out = []
+    out: list[dict] = []
     only = bookies
-    for first, last, bookies in md.fragments():
+    for first, last, ensemble in md.fragments():
         if last == -1:
             continue            # still being written: checked once closed
-        E, Qw = len(bookies), md.write_quorum
-        for slot, b in enumerate(bookies):
+        E, Qw = len(ensemble), md.write_quorum
+        for slot, b in enumerate(ensemble):
             if only is not None and b not in only:
                 continue
             want = es.slot_entries(first, last, E, Qw, slot)
@@ -369,7 +371,7 @@ def verify_ledger(bk, ledger_id: int, password: Optional[bytes] = None, *,
             missing = np.setdiff1d(want, got.present_ids())
             if len(missing) and repair and not got.unreachable:
                 before = missing
-                missing = _fill_in(bk, md, first, last, bookies, slot, missing, key, digester)
+                missing = _fill_in(bk, md, first, last, ensemble, slot, missing, key, digester)
                 if copied is not None and len(before) > len(missing):
                     copied.append(np.setdiff1d(before, missing))
             if len(missing):
@@ -379,7 +381,8 @@ def verify_ledger(bk, ledger_id: int, password: Optional[bytes] = None, *,
     return out
 
 
-def _fill_in(bk, md: lm.LedgerMetadata, first: int, last: int, bookies, slot: int,
+def _fill_in(bk: LedgerClient, md: lm.LedgerMetadata, first: int, last: int,
+             bookies: Sequence[str], slot: int,
              missing: np.ndarray, key: bytes, digester: Digester) -> np.ndarray:
     """Recovery-add ``missing`` to the live bookie at ``slot``; what is still missing."""
     w = audit.FragmentWork(md.ledger_id, first, last, tuple(bookies), slot,
@@ -393,7 +396,7 @@ def _fill_in(bk, md: lm.LedgerMetadata, first: int, last: int, bookies, slot: in
 
 
 # -- in-process driver ----------------------------------------------------------------------------
-def fence_open_ledgers(bk, ids: Iterable[int], password: Optional[bytes] = None) -> list[dict]:
+def fence_open_ledgers(bk: LedgerClient, ids: Iterable[int], password: Optional[bytes] = None) -> list[dict]:
     return [recover_with(bk, lid, password) for lid in ids]
 
 

@@ -12,20 +12,33 @@ so stdout holds the report alone: exactly one JSON document with ``--json``.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import threading
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+
+from pybk_spark import errors
+from pybk_spark.admin.jobs.job_output import separate_stderr
+from pybk_spark.ledger.client import BookKeeper
+from pybk_spark.ledger.port import LedgerClient
+
+if TYPE_CHECKING:
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+# a job's work on the driver: (client, mapper) -> (report, text, exit status)
+JobBody = Callable[[LedgerClient, "SparkMapper"], tuple[dict, str, int]]
 
 
 class SparkMapper:
-    def __init__(self, app_name: str, progress: bool = True, verbose: bool = False):
+    def __init__(self, app_name: str, progress: bool = True, verbose: bool = False) -> None:
         self.app_name = app_name
         self.progress = progress
         self.verbose = verbose
-        self._spark = None
+        self._spark: Optional[SparkSession] = None
 
     @property
-    def spark(self):
+    def spark(self) -> SparkSession:
         if self._spark is None:
             self._spark = job_session(self.app_name, self.verbose)
         return self._spark
@@ -35,7 +48,7 @@ class SparkMapper:
         (the MB/s figure) exclude Spark start-up."""
         self.spark.sparkContext.parallelize([0], 1).map(lambda x: x).collect()
 
-    def __call__(self, task: Callable, items: list, label: str,
+    def __call__(self, task: Callable[[Any], Any], items: Sequence[Any], label: str,
                  one_per_task: bool = True) -> list:
         """One Spark task per item, or (``one_per_task=False``, for many small
         items such as per-ledger verification) items grouped into about
@@ -62,7 +75,7 @@ class SparkMapper:
                   flush=True)
 
     @staticmethod
-    def _watch(sc, label: str, total: int, stop: threading.Event) -> None:
+    def _watch(sc: SparkContext, label: str, total: int, stop: threading.Event) -> None:
         last: Optional[int] = None
         while not stop.wait(1.0):
             try:
@@ -84,16 +97,16 @@ class SparkMapper:
             self._spark = None
 
 
-def job_session(app_name: str, verbose: bool = False):
+def job_session(app_name: str, verbose: bool = False) -> SparkSession:
     """The SparkSession of a job: Spark logs at WARN unless ``verbose``."""
-    from pyspark.sql import SparkSession
+    from pyspark.sql import SparkSession   # why: pyspark is imported only by a run that has work
     builder = SparkSession.builder.appName(app_name)
     if not verbose:
         builder = builder.config("spark.log.level", "WARN")
     return builder.getOrCreate()
 
 
-def run_job(prog: str, app_name: str, metadata_uri: str, as_json: bool, body,
+def run_job(prog: str, app_name: str, metadata_uri: str, as_json: bool, body: JobBody,
             verbose: bool = False, client_conf: str | None = None) -> int:
     """The shared driver of the spark-submit jobs: a SparkMapper and a client,
     ``body(bk, mapper) -> (report, text, status)``, typed errors -> exit 2,
@@ -101,12 +114,6 @@ def run_job(prog: str, app_name: str, metadata_uri: str, as_json: bool, body,
     prints: ``{"error", "code", "message", "outcome_known"}``), the job's status as exit code.
     ``client_conf``: a client.conf path (TLS files, ``operator = true``); the
     tasks open their clients with the same settings."""
-    import json
-
-    from pybk_spark import errors
-    from pybk_spark.admin.job_output import separate_stderr
-    from pybk_spark.ledger.client import BookKeeper
-
     separate_stderr(as_json)
     mapper = SparkMapper(app_name, verbose=verbose)
     try:
@@ -127,7 +134,7 @@ def run_job(prog: str, app_name: str, metadata_uri: str, as_json: bool, body,
 
 
 def job_arguments(prog: str, doc: str, add_own: Callable[[argparse.ArgumentParser], None],
-                  argv=None) -> argparse.Namespace:
+                  argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """The command line of a spark-submit job: ``--metadata-uri`` and
     ``--client-conf``, the job's own options (``add_own``), then
     ``--password``, ``--json`` and ``--verbose``; ``args.password`` as bytes

@@ -3,7 +3,7 @@ registry ``register`` fills, the global flags (``--json``, ``--metadata-uri``,
 ``--client-conf``) and output (``emit``).
 
 ``pybk_spark.commands.cli`` builds the parser from the registry; the
-``pybk_spark.admin.shell_*`` modules register their subcommands here when
+``pybk_spark.admin.commands.shell_*`` modules register their subcommands here when
 imported, and import nothing from the cli.
 """
 from __future__ import annotations
@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from pybk_spark import errors
+from pybk_spark.config import ClientConfig, load_client_conf
+from pybk_spark.metadata import open_store
+from pybk_spark.metadata.store import MetadataStore
 
 
 READS_ONLY = "Reads only."
@@ -42,7 +45,8 @@ class Command:
 COMMANDS: list[Command] = []
 
 
-def register(name: str, help: str, add_arguments, run, *, writes: str | None) -> None:
+def register(name: str, help: str, add_arguments: Callable[[argparse.ArgumentParser], None],
+             run: Callable[[argparse.Namespace], int], *, writes: str | None) -> None:
     """Add (or replace) a subcommand; ``writes``: what it changes (None: it only reads)."""
     COMMANDS[:] = [c for c in COMMANDS if c.name != name]
     COMMANDS.append(Command(name, help, add_arguments, run, writes))
@@ -54,7 +58,7 @@ def add_global_flags(parser: argparse.ArgumentParser, *, top_level: bool) -> Non
     parser (before the command) with their defaults, and on every
     subcommand's parser (after it) without one, so that a flag given before
     the command is not overwritten by the subcommand's default."""
-    def default(value):
+    def default(value: Any) -> Any:
         return value if top_level else argparse.SUPPRESS
     group = parser.add_argument_group(
         "global options" if top_level else "global options (also accepted before the command)")
@@ -71,12 +75,11 @@ def add_global_flags(parser: argparse.ArgumentParser, *, top_level: bool) -> Non
 # -- helpers for subcommands --------------------------------------------------------
 
 
-def client_conf(args: argparse.Namespace):
+def client_conf(args: argparse.Namespace) -> ClientConfig | None:
     """The client settings of ``--client-conf`` (None: the defaults)."""
     path = getattr(args, "client_conf", None)
     if not path:
         return None
-    from pybk_spark.config import load_client_conf
     try:
         return load_client_conf(path)
     except OSError as exc:
@@ -91,8 +94,7 @@ def require_metadata_uri(args: argparse.Namespace) -> str:
     return args.metadata_uri
 
 
-def open_store_from(args: argparse.Namespace):
-    from pybk_spark.metadata import open_store
+def open_store_from(args: argparse.Namespace) -> MetadataStore:
     return open_store(require_metadata_uri(args))
 
 

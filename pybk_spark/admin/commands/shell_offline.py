@@ -9,16 +9,17 @@ the newest journal file meanwhile.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
 
 from pybk_spark import errors
-from pybk_spark.admin import shell_common
+from pybk_spark.admin.commands import shell_common
 from pybk_spark.admin.report import table
 
 
-def _data_dir_arg(p):
+def _data_dir_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", required=True, metavar="DIR",
                    help="the bookie's data_dir (as in its bookie.conf)")
 
@@ -45,7 +46,7 @@ def _bookie_tool(*argv: str) -> dict:
 
 
 # -- lastmark ------------------------------------------------------------------------------------
-def _lastmark(args) -> int:
+def _lastmark(args: argparse.Namespace) -> int:
     data = _bookie_tool("lastmark", "--data-dir", args.data_dir)
     if not data["checkpoint"]:
         shell_common.emit(args, data, f"{args.data_dir}: no checkpoint yet (replay starts at the first "
@@ -58,7 +59,7 @@ def _lastmark(args) -> int:
 
 
 # -- readjournal ---------------------------------------------------------------------------------
-def _readjournal_args(p):
+def _readjournal_args(p: argparse.ArgumentParser) -> None:
     _data_dir_arg(p)
     p.add_argument("--file", metavar="SEQ", help="only this journal file (hex sequence number "
                    "or file name, as listed in DATA_DIR/journal)")
@@ -66,7 +67,7 @@ def _readjournal_args(p):
     p.add_argument("--max", type=int, default=0, metavar="N", help="stop after N records")
 
 
-def _readjournal(args) -> int:
+def _readjournal(args: argparse.Namespace) -> int:
     argv = ["readjournal", "--data-dir", args.data_dir, "--max", str(args.max)]
     if args.file is not None:
         argv += ["--file", args.file]

@@ -19,6 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional
 
+from pybk_spark.metadata.store import MetadataStore
 from pybk_spark import errors
 from pybk_spark.metadata import keys
 from pybk_spark.transport.grpc_bookie import BookieClient
@@ -49,7 +50,7 @@ def probe(registration: dict, tls: Optional[ClientTls] = None,
     return ""
 
 
-def registrations(store) -> dict[str, dict]:
+def registrations(store: MetadataStore) -> dict[str, dict]:
     """bookie id -> its registration (with ``mode``), writable and read-only."""
     out: dict[str, dict] = {}
     for mode in keys.BOOKIE_MODES:
@@ -64,7 +65,8 @@ def registrations(store) -> dict[str, dict]:
     return out
 
 
-def suspects(store, tls=None, timeout: float = PROBE_TIMEOUT_S) -> tuple[int, list[dict]]:
+def suspects(store: MetadataStore, tls: Optional[ClientTls] = None,
+             timeout: float = PROBE_TIMEOUT_S) -> tuple[int, list[dict]]:
     """(bookies probed, [{bookie, address, error, lease_lapses_in_s}] of those
     registered but not answering), by bookie id."""
     regs = registrations(store)
@@ -72,7 +74,7 @@ def suspects(store, tls=None, timeout: float = PROBE_TIMEOUT_S) -> tuple[int, li
         failed = dict(zip(regs, pool.map(
             lambda reg: probe(reg, tls, timeout) if reg.get("address") else "no address registered",
             regs.values())))
-    out = []
+    out: list[dict] = []
     for bookie, why in sorted(failed.items()):
         if not why:
             continue
@@ -82,7 +84,8 @@ def suspects(store, tls=None, timeout: float = PROBE_TIMEOUT_S) -> tuple[int, li
     return len(regs), out
 
 
-def wait_lapsed(store, found: list[dict], *, clock: Callable[[], float] = time.monotonic,
+def wait_lapsed(store: MetadataStore, found: list[dict], *,
+                clock: Callable[[], float] = time.monotonic,
                 sleep: Callable[[float], None] = time.sleep,
                 slack_s: float = 5.0) -> Optional[list[str]]:
     """Wait until every suspect's registration is gone (its lease lapsed);

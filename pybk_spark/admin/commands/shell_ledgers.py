@@ -1,16 +1,23 @@
 """``pybk listledgers | ledgermetadata | readledger | deleteledger | simpletest``."""
 from __future__ import annotations
 
+import argparse
 import json
 import time
 
+import numpy as np
+
 from pybk_spark import errors
-from pybk_spark.admin import shell_common
+from pybk_spark.admin.commands import shell_common
+from pybk_spark.admin.operations.recover import ledger_password
+from pybk_spark.admin.operations.replica_reads import read_ids
 from pybk_spark.admin.report import HEX_HINT, Progress, preview, table
-from pybk_spark.admin.shell_recovery import client, password_arg, password_of
+from pybk_spark.admin.commands.shell_recovery import client, password_arg, password_of
+from pybk_spark.ledger.port import LedgerClient
+from pybk_spark.protocol import ledger_metadata as lm
 
 
-def _ledger_row(md) -> dict:
+def _ledger_row(md: lm.LedgerMetadata) -> dict:
     return {"ledger": md.ledger_id, "state": md.state,
             "last_entry": md.last_entry_id if md.is_closed else None,
             "length": md.length if md.is_closed else None,
@@ -19,16 +26,16 @@ def _ledger_row(md) -> dict:
             "custom": dict(md.custom)}
 
 
-def _md_dict(md) -> dict:
+def _md_dict(md: lm.LedgerMetadata) -> dict:
     return json.loads(md.to_json())
 
 
 # -- listledgers ---------------------------------------------------------------------------------
-def _listledgers_args(p):
+def _listledgers_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bookie", help="only ledgers with a fragment on this bookie")
 
 
-def _listledgers(args) -> int:
+def _listledgers(args: argparse.Namespace) -> int:
     with client(args) as bk:
         rows = []
         for lid in bk.list_ledgers():
@@ -45,11 +52,11 @@ def _listledgers(args) -> int:
 
 
 # -- ledgermetadata ------------------------------------------------------------------------------
-def _ledger_id_arg(p):
+def _ledger_id_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("ledger_id", type=int, metavar="ID")
 
 
-def _ledgermetadata(args) -> int:
+def _ledgermetadata(args: argparse.Namespace) -> int:
     with client(args) as bk:
         md = bk.get_ledger_metadata(args.ledger_id)
         alive = bk.is_writer_alive(args.ledger_id)
@@ -66,7 +73,7 @@ def _ledgermetadata(args) -> int:
 
 
 # -- readledger ------------------------------------------------------------------------------------
-def _readledger_args(p):
+def _readledger_args(p: argparse.ArgumentParser) -> None:
     _ledger_id_arg(p)
     p.add_argument("--first", type=int, default=0, metavar="N", help="first entry (default 0)")
     p.add_argument("--last", type=int, default=None, metavar="M",
@@ -88,8 +95,7 @@ def _entry_row(entry_id: int, payload: bytes, as_hex: bool) -> dict:
     return {"entry": entry_id, "size": len(payload), "payload": text, "binary": binary}
 
 
-def _readledger(args) -> int:
-    from pybk_spark.admin.recover import ledger_password
+def _readledger(args: argparse.Namespace) -> int:
     with client(args) as bk:
         md = bk.get_ledger_metadata(args.ledger_id)
         pw = ledger_password(md, password_of(args))
@@ -97,7 +103,7 @@ def _readledger(args) -> int:
             return _readledger_bookie(args, bk, md, pw)
         rh = bk.open_ledger(args.ledger_id, password=pw, recovery=args.force_recovery)
         last = rh.last_add_confirmed if args.last is None else args.last
-        rows: list = []
+        rows: list[dict] = []
         if last >= args.first:
             total = last - args.first + 1
             with Progress("read", total, enabled=not getattr(args, "json", False)
@@ -120,13 +126,10 @@ def _readledger(args) -> int:
     return 0
 
 
-def _readledger_bookie(args, bk, md, pw: bytes) -> int:
+def _readledger_bookie(args: argparse.Namespace, bk: LedgerClient, md: lm.LedgerMetadata,
+                       pw: bytes) -> int:
     """One bookie's copy: sparse reads of ``--first..--last`` from that bookie
     alone (no quorum, no digest check across replicas)."""
-    import numpy as np
-
-    from pybk_spark.admin.replica_reads import read_ids
-    from pybk_spark.protocol import ledger_metadata as lm
     if args.bookie not in md.all_bookies():
         raise errors.IncorrectParameter(f"bookie {args.bookie!r} holds no fragment of ledger "
                                         f"{md.ledger_id} (its bookies: "
@@ -164,7 +167,7 @@ def _readledger_bookie(args, bk, md, pw: bytes) -> int:
 
 
 # -- deleteledger --------------------------------------------------------------------------------
-def _deleteledger(args) -> int:
+def _deleteledger(args: argparse.Namespace) -> int:
     with client(args) as bk:
         bk.delete_ledger(args.ledger_id)
     shell_common.emit(args, {"deleted": args.ledger_id}, f"deleted ledger {args.ledger_id}")
@@ -172,7 +175,7 @@ def _deleteledger(args) -> int:
 
 
 # -- simpletest ------------------------------------------------------------------------------------
-def _simpletest_args(p):
+def _simpletest_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ensemble", "-e", type=int, default=3)
     p.add_argument("--write-quorum", "-w", type=int, default=2)
     p.add_argument("--ack-quorum", "-a", type=int, default=2)
@@ -181,7 +184,7 @@ def _simpletest_args(p):
     p.add_argument("--keep", action="store_true", help="do not delete the test ledger")
 
 
-def _simpletest(args) -> int:
+def _simpletest(args: argparse.Namespace) -> int:
     if args.entries < 1 or args.entry_size < 0:
         raise errors.IncorrectParameter("--entries must be >= 1 and --entry-size >= 0")
     t0 = time.monotonic()

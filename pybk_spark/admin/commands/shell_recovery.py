@@ -2,15 +2,26 @@
 from __future__ import annotations
 
 import argparse
+import json
+import signal
+import threading
 import time
+from typing import Optional
 
 from pybk_spark import errors
-from pybk_spark.admin import shell_common
-from pybk_spark.admin import audit, damage_repair
-from pybk_spark.admin import orchestrate as orch
-from pybk_spark.admin import rereplicate as rr
+from pybk_spark.admin.decisions import audit
+from pybk_spark.admin.operations import damage_repair
+from pybk_spark.admin.operations import retire
+from pybk_spark.admin.commands import shell_common
+from pybk_spark.admin.operations import orchestrate as orch
+from pybk_spark.admin.operations import rereplicate as rr
+from pybk_spark.admin.operations.autorecovery import AutoRecovery, AutoRecoveryConfig
 from pybk_spark.admin.report import table
+from pybk_spark.ledger.client import BookKeeper
+from pybk_spark.ledger.port import LedgerClient
 from pybk_spark.metadata import keys
+from pybk_spark.metadata.store import MetadataStore
+from pybk_spark.protocol import ledger_metadata as lm
 
 
 def password_arg(p: argparse.ArgumentParser) -> None:
@@ -35,22 +46,21 @@ def _at_least_one(text: str) -> int:
     return n
 
 
-def password_of(args) -> bytes | None:
+def password_of(args: argparse.Namespace) -> bytes | None:
     return None if args.password is None else args.password.encode()
 
 
-def client(args):
-    from pybk_spark.ledger.client import BookKeeper
+def client(args: argparse.Namespace) -> BookKeeper:
     return BookKeeper(shell_common.require_metadata_uri(args), conf=shell_common.client_conf(args),
                       background=False)
 
 
-def _progress(args) -> bool:
+def _progress(args: argparse.Namespace) -> bool:
     return not getattr(args, "json", False)
 
 
 # -- recover -----------------------------------------------------------------------------------
-def _recover_args(p):
+def _recover_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log", help="only the ledgers of this log")
     p.add_argument("--ledger", type=int, action="append", default=None, metavar="ID",
                    help="only this ledger (repeatable)")
@@ -62,7 +72,7 @@ def _recover_args(p):
     parallel_arg(p)
 
 
-def _recover(args) -> int:
+def _recover(args: argparse.Namespace) -> int:
     with client(args) as bk:
         report, text, status = orch.run_recover(
             bk, args.metadata_uri, orch.local_mapper(_progress(args), args.parallel),
@@ -73,7 +83,7 @@ def _recover(args) -> int:
 
 
 # -- rereplicate ---------------------------------------------------------------------------------
-def _lost_bookie_timing_args(p):
+def _lost_bookie_timing_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--delay", type=float, default=0.0, metavar="SECONDS",
                    help="lostBookieRecoveryDelay: a bookie unregistered this long is lost")
     p.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
@@ -81,7 +91,7 @@ def _lost_bookie_timing_args(p):
                         "ledger whose last fragment has a lost bookie")
 
 
-def rereplicate_arguments(p):
+def rereplicate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bookie", action="append", default=[], metavar="ID",
                    help="treat this bookie as lost (repeatable)")
     p.add_argument("--verify", action="store_true",
@@ -92,7 +102,7 @@ def rereplicate_arguments(p):
     parallel_arg(p)
 
 
-def _rereplicate(args) -> int:
+def _rereplicate(args: argparse.Namespace) -> int:
     with client(args) as bk:
         report, text, status = orch.run_rereplicate(
             bk, args.metadata_uri, orch.local_mapper(_progress(args), args.parallel),
@@ -104,7 +114,7 @@ def _rereplicate(args) -> int:
 
 
 # -- decommission -----------------------------------------------------------------------------
-def _decommission_args(p):
+def _decommission_args(p: argparse.ArgumentParser) -> None:
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("bookie_id", nargs="?", metavar="BOOKIE_ID", help="bookie to decommission")
     g.add_argument("--bookie", metavar="ID", help="the same, as an option")
@@ -119,7 +129,7 @@ def _decommission_args(p):
     parallel_arg(p)
 
 
-def _known_ids(store) -> set[str]:
+def _known_ids(store: MetadataStore) -> set[str]:
     """Ids any record names: registrations, cookies, the auditor's marks,
     instances records and damage markers (what a retire removes)."""
     out = set(rr.registered_bookies(store))
@@ -129,8 +139,7 @@ def _known_ids(store) -> set[str]:
     return out
 
 
-def _decommission(args) -> int:
-    from pybk_spark.admin import retire
+def _decommission(args: argparse.Namespace) -> int:
     bookie = args.bookie_id or args.bookie
     with client(args) as bk:
         store = bk.metadata_store
@@ -177,7 +186,7 @@ def _retired_text(bookie: str, deleted: list[str]) -> str:
             f"{', '.join(deleted) or 'nothing (no record left)'}")
 
 
-def _metadata_of(bk, lid):
+def _metadata_of(bk: LedgerClient, lid: int) -> Optional[lm.LedgerMetadata]:
     try:
         return bk.get_ledger_metadata(lid)
     except errors.NoSuchLedger:
@@ -185,12 +194,12 @@ def _metadata_of(bk, lid):
 
 
 # -- listunderreplicated ------------------------------------------------------------------------
-def _lur_args(p):
+def _lur_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--delay", type=float, default=0.0, metavar="SECONDS",
                    help="count a bookie as lost only after this long unregistered")
 
 
-def _listunderreplicated(args) -> int:
+def _listunderreplicated(args: argparse.Namespace) -> int:
     with client(args) as bk:
         # read-only: no marks written; with --delay 0 every unregistered known bookie counts
         named = _unregistered(bk) if args.delay <= 0 else []
@@ -220,7 +229,7 @@ def _listunderreplicated(args) -> int:
     return 0
 
 
-def _ledgers_holding(bk, bookies: set) -> dict[str, list[int]]:
+def _ledgers_holding(bk: LedgerClient, bookies: set[str]) -> dict[str, list[int]]:
     """bookie -> ids of the ledgers with it in an ensemble (only ``bookies``)."""
     out: dict[str, list[int]] = {b: [] for b in bookies}
     if not bookies:
@@ -235,7 +244,7 @@ def _ledgers_holding(bk, bookies: set) -> dict[str, list[int]]:
     return out
 
 
-def _unregistered(bk) -> list[str]:
+def _unregistered(bk: LedgerClient) -> list[str]:
     store = bk.metadata_store
     reg = rr.registered_bookies(store)
     known = audit.known_bookies([k.rsplit("/", 1)[1] for k, _ in store.list_prefix(keys.COOKIES_PREFIX)],
@@ -270,7 +279,7 @@ shell_common.register("listunderreplicated", "fragments with a replica on a lost
 
 
 # -- autorecovery ------------------------------------------------------------------------------
-def _autorecovery_args(p):
+def _autorecovery_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--interval", type=float, default=60.0, metavar="SECONDS",
                    help="time between audit rounds (default 60)")
     _lost_bookie_timing_args(p)
@@ -289,12 +298,7 @@ def _autorecovery_args(p):
     parallel_arg(p)
 
 
-def _autorecovery(args) -> int:
-    import json
-    import signal
-    import threading
-
-    from pybk_spark.admin.autorecovery import AutoRecovery, AutoRecoveryConfig
+def _autorecovery(args: argparse.Namespace) -> int:
 
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set())
