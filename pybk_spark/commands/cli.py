@@ -43,6 +43,7 @@ from pybk_spark.admin import shell_operator  # noqa: F401
 from pybk_spark.admin import shell_offline  # noqa: F401
 from pybk_spark.admin import etcd_roles  # noqa: F401
 from pybk_spark.admin import shell_positions  # noqa: F401
+from pybk_spark.admin import shell_offload  # noqa: F401
 
 
 # -- standalone ------------------------------------------------------------------------
