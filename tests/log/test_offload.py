@@ -255,3 +255,21 @@ def test_dataframe_log_keeps_its_columns_plus_position_columns(bk, tmp_path):
     assert rows(after) == rows(before)
     times = [arrow_codec.entry_time(p) for _, p, _ in after]
     assert times == [arrow_codec.entry_time(p) for _, p, _ in before]
+
+
+def test_a_reader_in_the_middle_of_an_offload_and_deletion_carries_on(bk, tmp_path):
+    name = unique("middle")
+    write_raw_log(bk, name, n=80, per_ledger=20)
+    before = records(bk, name)
+    reader = LogReader(bk, name, max_batch_entries=7)
+    try:
+        index, _, batch = reader.read_batch(timeout_s=0)      # inside the first ledger
+        got = [(r.position, r.payload, r.append_time_us) for r in records_of(index, batch)]
+        offload.offload_log(bk, name, str(tmp_path), NOW)       # ledgers deleted under it
+        md, _ = read_log(bk.metadata_store, name)
+        with pytest.raises(errors.NoSuchLedger):
+            bk.get_ledger_metadata(md.ledger_ids[0])
+        got += [(r.position, r.payload, r.append_time_us) for r in reader.read_available()]
+    finally:
+        reader.close()
+    assert got == before
