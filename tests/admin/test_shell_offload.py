@@ -55,3 +55,15 @@ def test_the_conf_file_holds_the_defaults_and_comments_every_key(tmp_path):
     bad.write_text("grace = 3\n")
     with pytest.raises(Exception, match="did you mean 'grace_s'"):
         load_offload_conf(str(bad))
+
+
+def test_deletelog_deletes_the_offloaded_files_too(uri, cluster_bk, tmp_path):
+    log = f"offdel-{uuid.uuid4().hex[:8]}"
+    with LogWriter(cluster_bk, log, roll_policy=RollPolicy(max_entries=5)).open() as w:
+        for k in range(4):
+            w.append_batch([b"d%d" % (k * 5 + i) for i in range(5)])
+    assert pybk("offload", log, "--location", tmp_path, "--metadata-uri", uri).rc == 0
+    assert list(tmp_path.rglob("*.parquet"))
+    res = pybk("deletelog", log, "--json", "--metadata-uri", uri)
+    assert res.rc == 0, res.err
+    assert res.json()["offloaded_files_left"] == [] and not list(tmp_path.rglob("*.parquet"))
