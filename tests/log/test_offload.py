@@ -273,3 +273,21 @@ def test_a_reader_in_the_middle_of_an_offload_and_deletion_carries_on(bk, tmp_pa
     finally:
         reader.close()
     assert got == before
+
+
+def test_a_uri_location_and_retention_deleting_offloaded_files(bk, tmp_path):
+    from pybk_spark.logs.truncation import apply_retention, set_log_retention
+    name = unique("uri")
+    write_raw_log(bk, name, n=80, per_ledger=20)
+    before = records(bk, name)
+    location = f"file://{tmp_path}"                   # through pyarrow.fs.FileSystem.from_uri
+    report = offload.offload_log(bk, name, location, NOW)
+    md, _ = read_log(bk.metadata_store, name)
+    assert report.offloaded == md.ledger_ids[:2]
+    assert md.segments[0].offload.location == location
+    assert records(bk, name) == before
+    assert len(parquet_files(tmp_path, md)) == 2
+    set_log_retention(bk.metadata_store, name, nbytes=1)
+    dropped = apply_retention(bk, name, lambda: 0.0)
+    assert dropped[:2] == md.ledger_ids[:2]
+    assert parquet_files(tmp_path, md) == []
