@@ -146,6 +146,7 @@ class LogReader:
             except errors.NoSuchLedger:
                 # deleted after its offload committed (the log now names its
                 # files) or truncated away (LogTruncated above)
+                self._drop_handle(ledger_id)
                 self._refresh()
                 now = self._segment - self._md.truncated_ledgers
                 if 0 <= now < len(self._md.segments) and self._md.segments[now].offload is None:
