@@ -10,6 +10,7 @@ import pytest
 from pybk_spark.logs import offload, offload_files
 from pybk_spark.logs.log import LogWriter, RollPolicy, read_log
 from pybk_spark.protocol.offload import OffloadPolicy
+from pybk_spark.spark.history import read_log as read_log_frame
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
@@ -52,6 +53,14 @@ def test_raw_and_dataframe_logs_read_the_same_after_offload(spark, metadata_uri,
     multi = read(spark, metadata_uri, logs=frame, includeMetadata="true").toArrow()
     assert sorted(zip(*(multi.column(c).to_pylist() for c in
                         ("id", "twice", "_ledger_id", "_entry_id", "_timestamp")))) == frame_before
+
+    one = read_log_frame(spark, frame, metadata_uri, include_metadata=True).toArrow()
+    assert sorted(zip(*(one.column(c).to_pylist() for c in
+                        ("id", "twice", "_ledger_id", "_entry_id", "_timestamp")))) == frame_before
+    assert read_log_frame(spark, frame, metadata_uri).columns == ["id", "twice"]
+    whole = read_log_frame(spark, raw, metadata_uri).toArrow()
+    assert sorted(zip(*(whole.column(c).to_pylist()
+                        for c in ("ledger_id", "entry_id", "payload", "timestamp")))) == raw_before
 
     md, _ = read_log(bk.metadata_store, frame)
     history = spark.read.parquet(os.path.join(tmp_path, offload_files.dataset_dir(md)))
