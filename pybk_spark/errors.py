@@ -278,6 +278,16 @@ class SchemaMismatch(BKError):
     code = -14
 
 
+# -- tiered storage ----------------------------------------------------------------------
+class OffloadStoreError(BKError):
+    """The offload location (a filesystem or object store) failed or is unreachable."""
+    code = -12
+
+
+class OffloadCorrupt(BadDigest):
+    """An offloaded file differs from its record (size, checksum, rows or entry digests)."""
+
+
 def close_matches(word: str, candidates: Iterable[str], n: int = 3) -> list[str]:
     """The ``candidates`` closest to ``word`` (compared case-insensitively,
     difflib's ratio >= 0.6), best first, each in its own spelling: the

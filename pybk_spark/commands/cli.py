@@ -49,6 +49,7 @@ from pybk_spark.admin.commands import shell_operator  # noqa: F401
 from pybk_spark.admin.commands import shell_offline  # noqa: F401
 from pybk_spark.admin.commands import etcd_roles  # noqa: F401
 from pybk_spark.admin.commands import shell_positions  # noqa: F401
+from pybk_spark.admin.commands import shell_offload  # noqa: F401
 
 
 # -- standalone ------------------------------------------------------------------------

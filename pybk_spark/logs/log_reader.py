@@ -18,6 +18,11 @@ For the segment under the cursor:
 So the sequence a reader yields is always a prefix of the log's final
 sequence: no gap, no duplicate, in log order.
 
+A segment offloaded to Parquet files (``Segment.offload``, logs/offload.py)
+is read from its files, with the same positions, and needs no bookie; a
+ledger found deleted is re-checked against the log, whose record then
+names its files.
+
 Entries of ledgers a log writer tagged ``time-prefixed-v1`` lose their 8-byte
 append-time header here (protocol/append_time.py): batches carry it as a
 ``timestamp`` column (null for entries of older ledgers), records as
@@ -34,6 +39,7 @@ from pybk_spark import errors
 from pybk_spark.ledger.port import LedgerClient
 from pybk_spark.ledger.read_handle import ReadHandle
 from pybk_spark.logs.log import read_log
+from pybk_spark.logs.offload_reads import OffloadedSegments
 from pybk_spark.metadata.store import ledger_key, log_key
 from pybk_spark.protocol import append_time
 from pybk_spark.protocol.ledger_metadata import CLOSED, LedgerMetadata
@@ -62,6 +68,7 @@ class LogReader:
         self._poll_timeout = poll_timeout_s
         self._max_batch = max_batch_entries
         self._handles: dict[int, ReadHandle] = {}
+        self._offloaded = OffloadedSegments()
         self._md, self._md_version = read_log(bk.metadata_store, name)
         self._segment, self._next = self._resolve_start(start)
         self._closed = False
@@ -139,8 +146,28 @@ class LogReader:
             if segment.state == SEGMENT_CLOSED and segment.entry_count == 0:
                 self._segment, self._next = self._segment + 1, 0   # empty: nothing to open
                 continue
-            rh = self._handle(ledger_id)
-            meta = self._bk.get_ledger_metadata(ledger_id)
+            if segment.offload is not None:      # its files (logs/offload_reads.py)
+                batch = self._offloaded.read(segment, self._next, self._max_batch)
+                if batch is not None and batch.num_rows:
+                    self._next += batch.num_rows
+                    return self._segment, ledger_id, batch
+                self._offloaded.forget()
+                self._segment, self._next = self._segment + 1, 0
+                if rel + 1 >= len(self._md.segments):
+                    self._refresh()
+                continue
+            try:
+                rh = self._handle(ledger_id)
+                meta = self._bk.get_ledger_metadata(ledger_id)
+            except errors.NoSuchLedger:
+                # deleted after its offload committed (the log now names its
+                # files) or truncated away (LogTruncated above)
+                self._drop_handle(ledger_id)
+                self._refresh()
+                now = self._segment - self._md.truncated_ledgers
+                if 0 <= now < len(self._md.segments) and self._md.segments[now].offload is None:
+                    raise
+                continue
             last = meta.last_entry_id if meta.state == CLOSED else rh.read_last_add_confirmed()
             if self._next <= last:
                 upto = min(last, self._next + self._max_batch - 1)

@@ -5,7 +5,8 @@ protocol/log_retention.py).
 Theory of operation
 -------------------
 Both are one CAS of the log's list that re-decides on every conflict, then
-the deletion of the ledgers that CAS dropped, never before (a reader of the
+the deletion of the ledgers that CAS dropped, and of the files of those
+that were offloaded (logs/offload.py), never before (a reader of the
 old list may still find them): ``_drop_segments``.  Neither passes a
 registered read position (a streaming query's committed cursor,
 protocol/positions.py), unless an operator forces a truncation.  Retention
@@ -23,10 +24,12 @@ from pybk_spark.ledger.port import LedgerClient
 from pybk_spark.logs.log import read_log, update_log
 from pybk_spark.logs.positions import list_positions
 from pybk_spark.metadata.store import MetadataStore
+from pybk_spark.logs.offload_files import delete_record_files
 from pybk_spark.protocol import log_metadata as logmd
 from pybk_spark.protocol import log_retention
 from pybk_spark.protocol.log_metadata import LogMetadata
 from pybk_spark.protocol.positions import blockers
+from pybk_spark.protocol.offload_record import SegmentOffload
 
 _log = logging.getLogger("pybk_spark.logs")
 
@@ -60,10 +63,12 @@ def _drop_segments(bk: LedgerClient, name: str,
     custom metadata ``log`` says which log made them), as ``truncatelog``
     always could; ``pybk deleteledger`` removes them."""
     dropped: list[int] = []
+    records: list[SegmentOffload] = []
 
     def apply(m: LogMetadata) -> LogMetadata:
         new, ids = transform(m)
         dropped[:] = ids
+        records[:] = [s.offload for s in m.segments if s.ledger_id in ids and s.offload]
         return new
     update_log(bk.metadata_store, name, apply)
     for ledger_id in dropped:
@@ -71,6 +76,11 @@ def _drop_segments(bk: LedgerClient, name: str,
             bk.delete_ledger(ledger_id)
         except errors.NoSuchLedger:
             pass
+    for record in records:             # offloaded segments: their files too
+        try:
+            delete_record_files(record)
+        except errors.BKError as exc:  # named by no record now: the next offload run's orphans
+            _log.warning("event=offloaded_files_not_deleted log=%s error=%r", name, exc)
     return dropped
 
 

@@ -50,9 +50,10 @@ is the chunks' segments then the tail's.  Every transform above still maps
 the whole list to the whole list; ``plan_chunks`` then lays the new list
 out: the old chunks that are still its prefix, unchanged, are kept; chunks
 truncated away are dropped, and what a truncation leaves of the first one
-is sealed anew; a chunk that changed otherwise (an overwrite) is dropped
-with every later one, and their segments go back to the tail; a tail longer
-than ``SEAL_AFTER`` seals its oldest ``CHUNK_SEGMENTS`` segments into a new
+is sealed anew, and so is a chunk whose segments changed in place (an
+offload record added, protocol/offload.py); a chunk that changed otherwise
+(an overwrite) is dropped with every later one, and their segments go back
+to the tail; a tail longer than ``SEAL_AFTER`` seals its oldest ``CHUNK_SEGMENTS`` segments into a new
 chunk while they are all closed, at most ``MAX_SEALS_PER_CHANGE`` a change.
 The adapter writes new chunks and the head in one transaction on the head's
 version, so a reader never sees a head naming a chunk that is not there,
@@ -69,6 +70,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 from pybk_spark import errors
+from pybk_spark.protocol.offload_record import SegmentOffload
 
 SEGMENT_OPEN = "open"
 SEGMENT_CLOSED = "closed"
@@ -98,6 +100,7 @@ class Segment:
     rows: int = -1                 # rows in the segment (Arrow-table logs), if known
     first_time_us: int = -1        # append time of its first / last entry (protocol/append_time.py)
     last_time_us: int = -1
+    offload: Optional[SegmentOffload] = None   # its Parquet copy (protocol/offload.py)
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"ledger_id": self.ledger_id, "state": self.state,
@@ -105,6 +108,8 @@ class Segment:
                             "start_offset": self.start_offset, "rows": self.rows}
         if self.first_time_us >= 0 or self.last_time_us >= 0:
             d.update(first_time_us=self.first_time_us, last_time_us=self.last_time_us)
+        if self.offload is not None:
+            d["offload"] = self.offload.to_dict()
         return d
 
     @classmethod
@@ -112,7 +117,8 @@ class Segment:
         return cls(int(d["ledger_id"]), d.get("state", SEGMENT_OPEN),
                    int(d.get("entry_count", -1)), int(d.get("byte_count", -1)),
                    int(d.get("start_offset", -1)), int(d.get("rows", -1)),
-                   int(d.get("first_time_us", -1)), int(d.get("last_time_us", -1)))
+                   int(d.get("first_time_us", -1)), int(d.get("last_time_us", -1)),
+                   None if d.get("offload") is None else SegmentOffload.from_dict(d["offload"]))
 
 
 @dataclass(frozen=True)
@@ -371,6 +377,11 @@ def plan_chunks(segments: Sequence[Segment],
             i += len(segs)
             continue
         dropped.append(ref)
+        mine = segments[i:i + len(segs)]
+        if not changed and [s.ledger_id for s in mine] == [s.ledger_id for s in segs]:
+            out.append(mine)                      # changed in place (an offload): sealed anew
+            i += len(segs)
+            continue
         if changed or out:
             changed = True                        # this one and every later one: re-laid
             continue

@@ -105,8 +105,8 @@ class BookKeeperMultiLogReader(DataSourceReader):
 
     @our_line_first
     def partitions(self) -> list[InputPartition]:
-        from pybk_spark.spark.reader import (LedgerSlicePartition, PlanningClient, plan,
-                                             resolve_ledgers)
+        from pybk_spark.spark import offloaded
+        from pybk_spark.spark.reader import PlanningClient, plan, resolve_ledgers
         bk = PlanningClient(self.opts.metadata_uri, self.opts.client_conf)
         try:
             names = log_names(bk.metadata_store, self.opts)
@@ -115,15 +115,17 @@ class BookKeeperMultiLogReader(DataSourceReader):
                     "a log's schema changed between load() and planning; load() again",
                     logs=names)
             tagged: list = []
+            records = {}
             for name in names:
                 one = self._one(name)
                 tagged.extend((name, s) for s in plan(bk, one, resolve_ledgers(bk, one)))
+                records[name] = offloaded.records_of(bk, name)
         finally:
             bk.close()
         out: list[InputPartition] = []
         for name, s in tagged:      # minPartitions over all logs' slices
             for piece in split_to_min([s], _share(s, tagged, self.opts.min_partitions)):
-                out.append(LogSlicePartition(name, LedgerSlicePartition.of(piece)))
+                out.append(LogSlicePartition(name, offloaded.partition_of(piece, records[name])))
         return out
 
     @our_line_first

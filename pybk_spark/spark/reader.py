@@ -56,6 +56,7 @@ from pybk_spark.spark.client_cache import close_handle, drop_client, open_handle
 from pybk_spark.spark.options import ReadOptions
 from pybk_spark.spark.planning import LedgerView, Slice, plan_slices, split_to_min
 from pybk_spark.protocol.ledger_metadata import password_for
+from pybk_spark.protocol.offload_record import SegmentOffload
 from pybk_spark.spark.read_ahead import read_ahead
 from pybk_spark.logs.log_reader import with_append_time
 from pybk_spark.wire.entries import one_batch
@@ -87,6 +88,7 @@ class LedgerSlicePartition(InputPartition):
     def __init__(self, ledger_id: int, first: int, last: int, bookies: tuple[str, ...]):
         super().__init__((ledger_id, first, last))
         self.ledger_id, self.first, self.last, self.bookies = ledger_id, first, last, tuple(bookies)
+        self.offload: Optional[SegmentOffload] = None    # set: read from files (offloaded.py)
 
     @classmethod
     def of(cls, s: Slice) -> "LedgerSlicePartition":
@@ -247,9 +249,12 @@ def resolve_ledgers(bk, opts: ReadOptions) -> tuple[int, ...]:
 
 def plan(bk, opts: ReadOptions, ledger_ids) -> list[Slice]:
     """Slices to read: every readable entry the options select."""
+    from pybk_spark.spark import offloaded
+    records = offloaded.records_of(bk, opts.log)
     views, kept = [], []
     for lid in ledger_ids:
-        view = _view_or_data_loss(bk, lid, opts)
+        view = offloaded.view_of(lid, records[lid]) if lid in records \
+            else _view_or_data_loss(bk, lid, opts)
         if view is not None:
             views.append(view)
             kept.append(lid)
@@ -319,9 +324,13 @@ def read_partition(partition: LedgerSlicePartition, opts: ReadOptions,
     current one (read_ahead.py)."""
     uri = opts.metadata_uri
     try:
-        yield from read_ahead(decode_slice(read_slice(worker_client(uri, opts.client_conf),
-                                                      partition, opts),
-                                           table_schema, opts.include_metadata),
+        record = getattr(partition, "offload", None)
+        if record is not None:
+            from pybk_spark.spark import offloaded
+            raw = offloaded.read_slice(partition, record, opts.read_batch_entries)
+        else:
+            raw = read_slice(worker_client(uri, opts.client_conf), partition, opts)
+        yield from read_ahead(decode_slice(raw, table_schema, opts.include_metadata),
                               opts.read_ahead_batches)
     except errors.NoSuchLedger as exc:
         # deleted after planning: data loss unless nothing of it was planned to be read
@@ -357,7 +366,10 @@ class BookKeeperBatchReader(DataSourceReader):
         bk = PlanningClient(self.opts.metadata_uri, self.opts.client_conf)
         try:
             ledger_ids = resolve_ledgers(bk, self.opts)
-            return [LedgerSlicePartition.of(s) for s in plan(bk, self.opts, ledger_ids)]
+            from pybk_spark.spark import offloaded
+            slices = plan(bk, self.opts, ledger_ids)
+            records = offloaded.records_of(bk, self.opts.log) if slices else {}
+            return [offloaded.partition_of(s, records) for s in slices]
         finally:
             bk.close()
 

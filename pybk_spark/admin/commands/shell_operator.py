@@ -18,10 +18,11 @@ from pybk_spark.admin.report import table
 from pybk_spark.admin.commands.shell_recovery import client
 from pybk_spark.ledger.placement import PlacementPolicy, Registration
 from pybk_spark.logs.log import delete_log_metadata, read_log
+from pybk_spark.logs.offload_files import delete_record_files
 from pybk_spark.logs.positions import drop_all
 from pybk_spark.logs.truncation import apply_retention, set_log_retention, truncate_log
 from pybk_spark.metadata import audit_control as ctl
-from pybk_spark.protocol.log_metadata import SEGMENT_CLOSED
+from pybk_spark.protocol.log_metadata import SEGMENT_CLOSED, LogMetadata
 from pybk_spark.protocol.log_retention import retention_of
 from pybk_spark.transport.tls import ClientTls
 
@@ -168,12 +169,28 @@ def _deletelog(args: argparse.Namespace) -> int:
             except errors.NoSuchLedger:
                 pass
         positions = [p.name for p in drop_all(bk.metadata_store, args.name, md.uid)]
+        files_left = _delete_offloaded_files(md)
     shell_common.emit(args, {"log": args.name, "deleted_ledgers": deleted, "forced": bool(live),
-                             "uid": md.uid, "dropped_positions": positions},
+                             "uid": md.uid, "dropped_positions": positions,
+                             "offloaded_files_left": files_left},
                       f"deleted log {args.name} (uid {md.uid or 'none'}) and its "
                       f"{len(deleted)} ledgers and {len(positions)} registered positions"
                       + (f" (writer of ledger {live[-1]} was alive)" if live else ""))
     return 0
+
+
+def _delete_offloaded_files(md: LogMetadata) -> list[str]:
+    """Delete the files of the log's offloaded segments (logs/offload.py);
+    the errors of those that could not be deleted (no record names them any
+    more: remove them by hand)."""
+    left = []
+    for s in md.segments:
+        if s.offload is not None:
+            try:
+                delete_record_files(s.offload)
+            except errors.BKError as exc:
+                left.append(str(exc))
+    return left
 
 
 def _truncatelog_args(p: argparse.ArgumentParser) -> None:
@@ -307,7 +324,8 @@ shell_common.register("autorecoveryctl", "show autorecovery status; --enable / -
                       writes="only with --enable or --disable: the switch in audit/config (CAS)")
 shell_common.register("deletelog", "delete a log and its ledgers (refused while a writer is active "
                       "unless --force)", _deletelog_args, _deletelog,
-                      writes="deletes the log's metadata (CAS), then its ledgers")
+                      writes="deletes the log's metadata (CAS), then its ledgers and its "
+                             "offloaded files")
 shell_common.register("truncatelog", "drop a log's closed segments before a ledger and delete them",
                       _truncatelog_args, _truncatelog,
                       writes="the log's metadata without the dropped segments (CAS); deletes "
