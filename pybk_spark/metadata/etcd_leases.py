@@ -34,11 +34,8 @@ class EtcdLease(Lease):
 
     def __init__(self, leases: EtcdLeases, lease_id: int, ttl: int,
                  keepalive: bool, on_lost: Callable[[EtcdLease], None] | None) -> None:
+        super().__init__(lease_id, ttl, on_lost)
         self._leases = leases
-        self.id = lease_id
-        self.ttl = ttl
-        self.lost = threading.Event()
-        self._on_lost = on_lost
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         if keepalive:
@@ -52,15 +49,6 @@ class EtcdLease(Lease):
         if ttl <= 0:
             self._mark_lost()
             raise errors.MetadataError("lease expired", lease=self.id)
-
-    def _mark_lost(self) -> None:
-        if not self.lost.is_set():
-            self.lost.set()
-            if self._on_lost is not None:
-                try:
-                    self._on_lost(self)
-                except Exception:  # noqa: BLE001 - a callback bug must not kill the refresher
-                    pass
 
     def _keepalive_loop(self) -> None:
         period = keepalive_period(self.ttl)

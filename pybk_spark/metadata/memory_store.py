@@ -46,11 +46,8 @@ class _Shared:
 
 class MemoryLease(Lease):
     def __init__(self, shared: _Shared, lease_id: int, ttl: int, on_lost=None):
+        super().__init__(lease_id, ttl, on_lost)
         self._shared = shared
-        self.lost = threading.Event()
-        self._on_lost = on_lost
-        self.id = lease_id
-        self.ttl = ttl
         self.deadline = shared.clock() + ttl
         self.revoked = False
         self._stop = threading.Event()
@@ -65,15 +62,6 @@ class MemoryLease(Lease):
             if self.revoked or self.id not in self._shared.leases:
                 raise errors.MetadataError("lease expired or revoked", lease=self.id)
             self.deadline = self._shared.clock() + self.ttl
-
-    def _mark_lost(self) -> None:
-        if not self.lost.is_set():
-            self.lost.set()
-            if self._on_lost is not None:
-                try:
-                    self._on_lost(self)
-                except Exception:  # noqa: BLE001 - a callback bug must not kill the refresher
-                    pass
 
     def start_keepalive(self, interval: float | None = None) -> None:
         """Refresh from a daemon thread (real-time) until revoke()."""

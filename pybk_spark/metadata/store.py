@@ -37,8 +37,9 @@ Key layout under the scope prefix ``/<scope>/``:
 from __future__ import annotations
 
 import abc
+import threading
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Optional, TypeVar
+from typing import Any, Callable, Iterable, Mapping, Optional, TypeVar
 
 from pybk_spark import errors
 from pybk_spark.metadata.scope import require_bookies
@@ -71,10 +72,26 @@ def keepalive_period(ttl: float) -> float:
 
 
 class Lease(abc.ABC):
-    """A TTL lease; keys put under it vanish when it expires or is revoked."""
+    """A TTL lease; keys put under it vanish when it expires or is revoked.
 
-    id: int
-    ttl: int
+    ``lost`` is set, and ``on_lost(lease)`` called once, when the store finds
+    the lease gone while the holder still wanted it."""
+
+    def __init__(self, lease_id: int, ttl: int,
+                 on_lost: Callable[[Any], None] | None = None) -> None:
+        self.id = lease_id
+        self.ttl = ttl
+        self.lost = threading.Event()
+        self._on_lost = on_lost
+
+    def _mark_lost(self) -> None:
+        if not self.lost.is_set():
+            self.lost.set()
+            if self._on_lost is not None:
+                try:
+                    self._on_lost(self)
+                except Exception:  # noqa: BLE001 - a callback bug must not kill the refresher
+                    pass
 
     @abc.abstractmethod
     def refresh(self) -> None: ...
