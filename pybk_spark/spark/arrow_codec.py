@@ -43,7 +43,10 @@ from __future__ import annotations
 import base64
 from typing import Iterator, Optional
 
+import numpy as np
 import pyarrow as pa
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+from pyspark.sql.types import StructType
 
 from pybk_spark import errors
 from pybk_spark.protocol.append_time import IPC_KEY as IPC_TIME_KEY
@@ -79,22 +82,19 @@ def canonical_schema(schema: pa.Schema) -> pa.Schema:
     return pa.schema([_nullable_field(f) for f in schema])
 
 
-def spark_to_canonical(spark_schema) -> pa.Schema:
-    from pyspark.sql.pandas.types import to_arrow_schema
+def spark_to_canonical(spark_schema: StructType) -> pa.Schema:
     return canonical_schema(to_arrow_schema(spark_schema, timezone="UTC"))
 
 
-def canonical_to_spark(schema: pa.Schema):
-    from pyspark.sql.pandas.types import from_arrow_schema
+def canonical_to_spark(schema: pa.Schema) -> StructType:
     return from_arrow_schema(schema, prefer_timestamp_ntz=True)
 
 
-def refuse_unstorable(spark_schema) -> None:
+def refuse_unstorable(spark_schema: StructType) -> None:
     """IncorrectParameter naming the first column whose type would not read
     back as written (a variant reads back as its struct of binaries, an
     interval of hours as one of days to seconds...) or that Arrow cannot
     carry at all: the sink refuses it before anything is written."""
-    from pyspark.sql.types import StructType
     for field in spark_schema.fields:
         wrote = field.dataType.simpleString()
         try:
@@ -276,7 +276,6 @@ def decode_batch(raw: pa.RecordBatch, schema: pa.Schema, *, include_metadata: bo
         return None
     table = pa.Table.from_batches(parts, schema=schema).combine_chunks()
     if include_metadata:
-        import numpy as np
         reps = np.asarray(counts, dtype=np.int64)
         ledger = np.repeat(raw.column("ledger_id").to_numpy(zero_copy_only=False).astype(np.int64), reps)
         entry = np.repeat(raw.column("entry_id").to_numpy(zero_copy_only=False).astype(np.int64), reps)

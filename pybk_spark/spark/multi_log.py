@@ -24,9 +24,13 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from pybk_spark import errors
+from pybk_spark.logs.log import list_logs, read_log
+from pybk_spark.metadata.store import MetadataStore
 from pybk_spark.spark import data_loss
 from pybk_spark.spark.options import ReadOptions
-from pybk_spark.spark.planning import split_to_min
+from pybk_spark.spark.planning import Slice, split_to_min
+from pybk_spark.spark.reader import (LedgerSlicePartition, PlanningClient, plan, read_partition,
+                                     resolve_ledgers)
 
 LOG_COLUMN = "_log"
 LOG_FIELD = pa.field(LOG_COLUMN, pa.string())
@@ -36,10 +40,9 @@ def is_multi(opts: ReadOptions) -> bool:
     return bool(opts.logs) or opts.log_pattern is not None
 
 
-def log_names(store, opts: ReadOptions) -> list[str]:
+def log_names(store: MetadataStore, opts: ReadOptions) -> list[str]:
     """The logs to read, in name order (``logs``: as given, each must exist;
     with ``failOnDataLoss=false`` a missing one is skipped with a warning)."""
-    from pybk_spark.logs.log import list_logs, read_log
     if opts.logs:
         out = []
         for name in opts.logs:
@@ -56,13 +59,12 @@ def log_names(store, opts: ReadOptions) -> list[str]:
     return sorted(n for n in list_logs(store) if pattern.fullmatch(n))
 
 
-def common_schema(store, names: list[str]) -> Optional[str]:
+def common_schema(store: MetadataStore, names: list[str]) -> Optional[str]:
     """The schema all ``names`` record (None: raw logs); SchemaMismatch otherwise."""
-    from pybk_spark.logs.log import read_log
     schemas = {name: read_log(store, name)[0].schema for name in names}
     distinct = set(schemas.values())
     if len(distinct) > 1:
-        groups: dict = {}
+        groups: dict[Optional[str], list[str]] = {}
         for name, text in schemas.items():
             groups.setdefault(text, []).append(name)
         raise errors.SchemaMismatch(
@@ -89,7 +91,7 @@ def add_log_column(batch: pa.RecordBatch, log: str) -> pa.RecordBatch:
 class LogSlicePartition(InputPartition):
     """A slice of one of the logs read (reader.LedgerSlicePartition + its log)."""
 
-    def __init__(self, log: str, part):
+    def __init__(self, log: str, part: LedgerSlicePartition):
         super().__init__((log, part.ledger_id, part.first, part.last))
         self.log, self.part = log, part
 
@@ -103,8 +105,6 @@ class BookKeeperMultiLogReader(DataSourceReader):
                                    min_partitions=None)
 
     def partitions(self) -> list[InputPartition]:
-        from pybk_spark.spark.reader import (LedgerSlicePartition, PlanningClient, plan,
-                                             resolve_ledgers)
         bk = PlanningClient(self.opts.metadata_uri, self.opts.client_conf)
         try:
             names = log_names(bk.metadata_store, self.opts)
@@ -112,7 +112,7 @@ class BookKeeperMultiLogReader(DataSourceReader):
                 raise errors.SchemaMismatch(
                     "a log's schema changed between load() and planning; load() again",
                     logs=names)
-            tagged: list = []
+            tagged: list[tuple[str, Slice]] = []
             for name in names:
                 one = self._one(name)
                 tagged.extend((name, s) for s in plan(bk, one, resolve_ledgers(bk, one)))
@@ -130,12 +130,12 @@ class BookKeeperMultiLogReader(DataSourceReader):
         return self._read(partition)
 
     def _read(self, partition: LogSlicePartition) -> Iterator[pa.RecordBatch]:
-        from pybk_spark.spark.reader import read_partition
         for batch in read_partition(partition.part, self._one(partition.log), self.table_schema):
             yield add_log_column(batch, partition.log)
 
 
-def _share(s, tagged, min_partitions: Optional[int]) -> Optional[int]:
+def _share(s: Slice, tagged: list[tuple[str, Slice]], min_partitions: Optional[int]
+           ) -> Optional[int]:
     """This slice's share of ``minPartitions`` (split_to_min on one slice)."""
     if not min_partitions or len(tagged) >= min_partitions:
         return None

@@ -44,6 +44,8 @@ from __future__ import annotations
 import json
 from typing import Iterable, Mapping, Optional
 
+from pyspark.sql.types import StructField, StructType
+
 from pybk_spark.spark import option_names as names
 
 METADATA_KEY = "pybk.tableOptions"
@@ -55,12 +57,11 @@ def is_table_creation(options: Mapping[str, str]) -> bool:
     return any(str(k).lower().startswith(names.TABLE_PREFIX) for k in options)
 
 
-def with_table_options(schema, options: Mapping[str, str]):
+def with_table_options(schema: StructType, options: Mapping[str, str]) -> StructType:
     """``schema`` (a StructType) with the table's options in its first field's
     metadata; unchanged when ``options`` are not a table's."""
     if not is_table_creation(options) or not schema.fields:
         return schema
-    from pyspark.sql.types import StructField, StructType
     kept = {str(k): str(v) for k, v in names.fold_table_options(options).items()
             if str(k).lower() not in NOT_RECORDED}
     first = schema.fields[0]
