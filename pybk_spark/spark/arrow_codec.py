@@ -233,7 +233,7 @@ def encode_entries(batch: pa.RecordBatch, max_rows: int, max_bytes: int,
         yield from _fit(batch.slice(offset, step), max_bytes)
 
 
-def _open_entry(payload) -> tuple[list, Optional[int]]:
+def _open_entry(payload: bytes | pa.Buffer) -> tuple[list[pa.RecordBatch], Optional[int]]:
     """One entry -> (its record batches, its append time in µs or None)."""
     try:
         reader = pa.ipc.open_stream(payload if isinstance(payload, pa.Buffer)
@@ -245,12 +245,12 @@ def _open_entry(payload) -> tuple[list, Optional[int]]:
     return batches, (int(stamp) if stamp is not None else None)
 
 
-def entry_time(payload) -> Optional[int]:
+def entry_time(payload: bytes | pa.Buffer) -> Optional[int]:
     """The append time (µs) a DataFrame entry records, None if none."""
     return _open_entry(payload)[1]
 
 
-def decode_entry(payload, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+def decode_entry(payload: bytes | pa.Buffer, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     """One entry (bytes or pa.Buffer) -> its record batch(es) conformed to ``schema``."""
     for batch in _open_entry(payload)[0]:
         yield conform(batch, schema)

@@ -55,6 +55,8 @@ def log_names(store: MetadataStore, opts: ReadOptions) -> list[str]:
                 data_loss.report(False, "a log named in option 'logs' does not exist",
                                  log=name)
         return out
+    if opts.log_pattern is None:               # not a read of several logs
+        return []
     pattern = re.compile(opts.log_pattern)
     return sorted(n for n in list_logs(store) if pattern.fullmatch(n))
 

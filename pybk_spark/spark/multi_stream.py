@@ -85,9 +85,10 @@ class BookKeeperMultiLogStreamReader(BookKeeperStreamReader):
         """The logs of the query now that the stream can read (name -> metadata)."""
         store = self._client().metadata_store
         opts = self.opts.read
+        names: list[str] = []
         if opts.logs:
             names = list(opts.logs)
-        else:
+        elif opts.log_pattern is not None:
             pattern = re.compile(opts.log_pattern)
             names = sorted(n for n in list_logs(store) if pattern.fullmatch(n))
         out = {}

@@ -355,7 +355,7 @@ def parse_stream_options(options: Mapping[str, str]) -> StreamOptions:
         try:
             parsed = json.loads(stripped)
             ok = isinstance(parsed, dict) and all(
-                isinstance(parsed.get(k), int) and parsed.get(k) >= 0 for k in ("index", "entry"))
+                isinstance(parsed.get(k), int) and parsed[k] >= 0 for k in ("index", "entry"))
         except ValueError:
             ok = False
         if not ok:

@@ -267,7 +267,7 @@ def ledger_view(bk: LedgerClient, ledger_id: int, opts: ReadOptions) -> LedgerVi
         return LedgerView(ledger_id, tuple(md.fragments()), md.last_entry_id)
     handle = open_handle(bk, ledger_id, recovery=opts.recovery, passwords=opts.passwords)
     try:
-        readable_last = None if opts.recovery else handle.last_add_confirmed
+        lac = handle.last_add_confirmed          # the prefix, unless recovery closes the ledger
     finally:
         close_handle(handle)
     md = bk.get_ledger_metadata(ledger_id)      # after the LAC / after recovery closed it
@@ -278,6 +278,8 @@ def ledger_view(bk: LedgerClient, ledger_id: int, opts: ReadOptions) -> LedgerVi
         readable_last = md.last_entry_id
     elif md.state == CLOSED_STATE:
         readable_last = md.last_entry_id        # closed meanwhile: still a prefix >= LAC
+    else:
+        readable_last = lac
     return LedgerView(ledger_id, tuple(md.fragments()), int(readable_last))
 
 

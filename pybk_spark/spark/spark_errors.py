@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 from pybk_spark import errors
 
@@ -47,7 +47,7 @@ def our_line_first(fn: F) -> F:
     """Wrap a method Spark calls on the driver: a BKError it raises reaches
     the user as its one line, right after Spark's error class."""
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         except errors.BKError:

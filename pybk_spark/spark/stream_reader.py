@@ -196,7 +196,14 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return self._bk
 
     def _log(self) -> LogMetadata:
-        return read_log(self._client().metadata_store, self.opts.read.log)[0]
+        return read_log(self._client().metadata_store, self._log_name)[0]
+
+    @property
+    def _log_name(self) -> str:
+        """Option 'log' (parse_stream_options requires it of a one-log stream)."""
+        if self.opts.read.log is None:
+            raise errors.IncorrectParameter("the streaming bookkeeper source needs option 'log'")
+        return self.opts.read.log
 
     def _extents(self, md: LogMetadata, start: Offset, read_lac: bool = True) -> list[Extent]:
         return measure(self._client(), md, start.index, self.opts.read.passwords,
@@ -334,10 +341,10 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         """Spark committed every batch up to ``end``: record the query's
         position (CAS, forward only) so that truncation keeps what it needs."""
         offset = self._in(end)
-        if self._name is None or not self._still_there(self.opts.read.log, end):
+        if self._name is None or not self._still_there(self._log_name, end):
             return
         record(self._client().metadata_store, RegisteredPosition(
-            self.opts.read.log, self._name, offset.index, offset.entry, "stream",
+            self._log_name, self._name, offset.index, offset.entry, "stream",
             self._wall_clock(), uid=uid_of(end)))
 
     def _still_there(self, name: str, offset: dict[str, Any]) -> bool:

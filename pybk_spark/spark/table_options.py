@@ -70,7 +70,7 @@ def with_table_options(schema: StructType, options: Mapping[str, str]) -> Struct
                       + list(schema.fields[1:]))
 
 
-def recorded_options(schema) -> Optional[dict]:
+def recorded_options(schema: Optional[StructType]) -> Optional[dict[str, str]]:
     """The options a table recorded in ``schema`` (None: not a table's schema)."""
     if schema is None or not getattr(schema, "fields", None):
         return None
@@ -78,7 +78,7 @@ def recorded_options(schema) -> Optional[dict]:
     return json.loads(text) if text else None
 
 
-def merged_options(options: Mapping[str, str], schema,
+def merged_options(options: Mapping[str, str], schema: Optional[StructType],
                    valid: Iterable[str] = ()) -> Mapping[str, str]:
     """The options to use: a table's recorded ones that apply (names in
     ``valid``; all if empty) under the query's own (``WITH (...)``), or

@@ -51,7 +51,7 @@ class TimeBounds:
         return set(self.starts_ms) | set(self.ends_ms)
 
 
-def _ms(name: str, value) -> int:
+def _ms(name: str, value: object) -> int:
     text = str(value).strip() if not isinstance(value, bool) else ""
     try:
         ms = int(text)

@@ -200,7 +200,7 @@ def write_task(opts: WriteOptions, job: str, schema_text: str,
                 payloads.append(payload)
                 queued += len(payload)
                 nbytes, entries, rows = nbytes + len(payload), entries + 1, rows + n
-        if payloads:
+        if payloads and handle is not None:
             _send(handle, payloads, inflight)
         for fut in inflight:
             fut.result()
@@ -351,8 +351,12 @@ class BookKeeperStreamWriter(DataSourceStreamArrowWriter):
 
     def __init__(self, opts: WriteOptions, schema_text: str, base_schema: Optional[str] = None,
                  wall_clock: Callable[[], float] = time.time) -> None:
+        if opts.sink_id is None:         # parse_write_options(streaming=True) always sets it
+            raise errors.IncorrectParameter(
+                "the bookkeeper sink needs option 'checkpointLocation' (or 'sinkId')")
         self.opts, self.schema_text, self.base_schema = opts, schema_text, base_schema
-        self.job = pending.sink_job(opts.sink_id)
+        self.sink_id: str = opts.sink_id
+        self.job = pending.sink_job(self.sink_id)
         self._wall_clock = wall_clock             # the sink position's updated_at
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> LedgerCommitMessage:
@@ -361,9 +365,9 @@ class BookKeeperStreamWriter(DataSourceStreamArrowWriter):
     def commit(self, messages: List[Optional[WriterCommitMessage]], batchId: int) -> None:
         with new_client(self.opts.metadata_uri, self.opts.client_conf) as bk:
             md = commit_job(bk, self.opts, self.job, self.schema_text, messages,
-                            sink=(self.opts.sink_id, int(batchId)), base_schema=self.base_schema)
+                            sink=(self.sink_id, int(batchId)), base_schema=self.base_schema)
             now = self._wall_clock()
-            _record_sink_position(bk, md, messages, self.job, self.opts.sink_id, int(batchId), now)
+            _record_sink_position(bk, md, messages, self.job, self.sink_id, int(batchId), now)
             retain(bk, self.opts.log, lambda: now, md, retry="at the next commit")
 
     def abort(self, messages: List[Optional[WriterCommitMessage]], batchId: int) -> None:
