@@ -47,7 +47,6 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from concurrent.futures import Future
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, List, Optional, Sequence
 
 import pyarrow as pa
@@ -70,6 +69,8 @@ from pybk_spark.spark.client_cache import drop_client, new_client, worker_client
 from pybk_spark.spark.write_options import WriteOptions
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     from pybk_spark.ledger.ledger_handle import LedgerHandle
     from pybk_spark.ledger.port import LedgerClient
 
