@@ -34,7 +34,7 @@ import time
 import weakref
 from concurrent.futures import Executor, ThreadPoolExecutor
 from types import TracebackType
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, Self, Sequence
 
 from pybk_spark import errors
 from pybk_spark.config import ClientConfig, ClientConfLike, as_config
@@ -261,7 +261,7 @@ class BookKeeper:
         if self._own_store:
             self.metadata_store.close()
 
-    def __enter__(self) -> BookKeeper:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

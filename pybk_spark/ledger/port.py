@@ -10,13 +10,15 @@ simulation's and the tests' clients are ``BookKeeper`` instances too.
 * ``metadata_store``: the CAS port; ``conf``: the client settings;
   ``rng``: the client's injected randomness (log uids, password claims).
 * ``context``: the ``ClientContext`` that handles and recovery run on.
+* a context manager: ``with`` closes it.
 * ``transports`` / ``placement``: the bookie connections and the ensemble
   policy; an operator command may replace the placement for one run.
 """
 from __future__ import annotations
 
 import random
-from typing import Mapping, Protocol, Sequence
+from types import TracebackType
+from typing import Mapping, Protocol, Self, Sequence
 
 from pybk_spark.config import ClientConfig
 from pybk_spark.ledger.context import ClientContext
@@ -32,7 +34,9 @@ class LedgerClient(Protocol):
     conf: ClientConfig
     metadata_store: MetadataStore
     rng: random.Random
-    context: ClientContext
+
+    @property
+    def context(self) -> ClientContext: ...
 
     @property
     def transports(self) -> TransportPool: ...
@@ -65,3 +69,8 @@ class LedgerClient(Protocol):
     def is_writer_alive(self, ledger_id: int) -> bool: ...
 
     def close(self) -> None: ...
+
+    def __enter__(self) -> Self: ...
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None: ...

@@ -43,7 +43,10 @@ from __future__ import annotations
 import base64
 from typing import Iterator, Optional
 
+import numpy as np
 import pyarrow as pa
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+from pyspark.sql.types import StructType
 
 from pybk_spark import errors
 from pybk_spark.protocol.append_time import IPC_KEY as IPC_TIME_KEY
@@ -79,22 +82,19 @@ def canonical_schema(schema: pa.Schema) -> pa.Schema:
     return pa.schema([_nullable_field(f) for f in schema])
 
 
-def spark_to_canonical(spark_schema) -> pa.Schema:
-    from pyspark.sql.pandas.types import to_arrow_schema
+def spark_to_canonical(spark_schema: StructType) -> pa.Schema:
     return canonical_schema(to_arrow_schema(spark_schema, timezone="UTC"))
 
 
-def canonical_to_spark(schema: pa.Schema):
-    from pyspark.sql.pandas.types import from_arrow_schema
+def canonical_to_spark(schema: pa.Schema) -> StructType:
     return from_arrow_schema(schema, prefer_timestamp_ntz=True)
 
 
-def refuse_unstorable(spark_schema) -> None:
+def refuse_unstorable(spark_schema: StructType) -> None:
     """IncorrectParameter naming the first column whose type would not read
     back as written (a variant reads back as its struct of binaries, an
     interval of hours as one of days to seconds...) or that Arrow cannot
     carry at all: the sink refuses it before anything is written."""
-    from pyspark.sql.types import StructType
     for field in spark_schema.fields:
         wrote = field.dataType.simpleString()
         try:
@@ -233,7 +233,7 @@ def encode_entries(batch: pa.RecordBatch, max_rows: int, max_bytes: int,
         yield from _fit(batch.slice(offset, step), max_bytes)
 
 
-def _open_entry(payload) -> tuple[list, Optional[int]]:
+def _open_entry(payload: bytes | pa.Buffer) -> tuple[list[pa.RecordBatch], Optional[int]]:
     """One entry -> (its record batches, its append time in µs or None)."""
     try:
         reader = pa.ipc.open_stream(payload if isinstance(payload, pa.Buffer)
@@ -245,12 +245,12 @@ def _open_entry(payload) -> tuple[list, Optional[int]]:
     return batches, (int(stamp) if stamp is not None else None)
 
 
-def entry_time(payload) -> Optional[int]:
+def entry_time(payload: bytes | pa.Buffer) -> Optional[int]:
     """The append time (µs) a DataFrame entry records, None if none."""
     return _open_entry(payload)[1]
 
 
-def decode_entry(payload, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+def decode_entry(payload: bytes | pa.Buffer, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     """One entry (bytes or pa.Buffer) -> its record batch(es) conformed to ``schema``."""
     for batch in _open_entry(payload)[0]:
         yield conform(batch, schema)
@@ -276,7 +276,6 @@ def decode_batch(raw: pa.RecordBatch, schema: pa.Schema, *, include_metadata: bo
         return None
     table = pa.Table.from_batches(parts, schema=schema).combine_chunks()
     if include_metadata:
-        import numpy as np
         reps = np.asarray(counts, dtype=np.int64)
         ledger = np.repeat(raw.column("ledger_id").to_numpy(zero_copy_only=False).astype(np.int64), reps)
         entry = np.repeat(raw.column("entry_id").to_numpy(zero_copy_only=False).astype(np.int64), reps)

@@ -6,23 +6,48 @@ held on them; each Python worker keeps one lazily opened client per
 freezes its long-lived objects out of the garbage collector once (Spark
 collects after every task).  The batch reader, the writer and the stream
 reader share it; ``open_handle``/``close_handle`` open and close one ledger
-on such a client.
+on such a client, ``catch_up_lac`` brings an open handle's LAC up to what
+the driver planned.
+
+:func:`new_client` is the one place the data source builds a ``BookKeeper``:
+the module Spark imports to register and plan the source
+(``pyspark_bookkeeper`` -> datasource.py) does not import the ledger client,
+gRPC or the etcd client; the first task or planning step that needs a client
+does.
 """
 from __future__ import annotations
 
 import atexit
-from typing import Any, Sequence
+import gc
+import random
+from typing import TYPE_CHECKING, Optional, Sequence
+
+from pybk_spark.spark.client_options import ClientSettings, client_conf
+
+if TYPE_CHECKING:
+    from pybk_spark.ledger.port import LedgerClient
+    from pybk_spark.ledger.read_handle import ReadHandle
+    from pybk_spark.metadata.store import MetadataStore
+
+LAC_CATCH_UP_TIMEOUT_S = 30.0
+
+_CLIENTS: dict[tuple[str, ClientSettings], LedgerClient] = {}
 
 
-_CLIENTS: dict[tuple, Any] = {}
+def new_client(uri: str, conf: ClientSettings = (), *, store: Optional[MetadataStore] = None,
+               rng: Optional[random.Random] = None) -> LedgerClient:
+    """A new ``BookKeeper`` for (uri, ``bk.*`` settings); ``store``: one the
+    caller opened already (and closes)."""
+    # why: gRPC, etcd and the ledger client cost a Spark worker's start-up; registering needs none
+    from pybk_spark.ledger.client import BookKeeper
+    return BookKeeper(uri, conf=client_conf(conf), store=store, rng=rng)
 
 
-def worker_client(uri: str, conf: tuple = ()):
+def worker_client(uri: str, conf: ClientSettings = ()) -> LedgerClient:
     """The worker's client for (uri, ``bk.*`` settings)."""
     bk = _CLIENTS.get((uri, conf))
     if bk is None:
-        from pybk_spark.ledger.client import BookKeeper
-        bk = BookKeeper(uri, conf=dict(conf) or None)
+        bk = new_client(uri, conf)
         _CLIENTS[(uri, conf)] = bk
         freeze_long_lived_objects()
     return bk
@@ -44,13 +69,12 @@ def freeze_long_lived_objects() -> None:
     frozen with them."""
     if _FROZEN[0]:
         return
-    import gc
     gc.collect()
     gc.freeze()
     _FROZEN[0] = True
 
 
-def drop_client(uri: str, conf: tuple = ()) -> None:
+def drop_client(uri: str, conf: ClientSettings = ()) -> None:
     bk = _CLIENTS.pop((uri, conf), None)
     if bk is not None:
         try:
@@ -65,7 +89,8 @@ def _close_clients() -> None:
         drop_client(uri, conf)
 
 
-def open_handle(bk, ledger_id: int, *, recovery: bool, passwords: Sequence[bytes]):
+def open_handle(bk: LedgerClient, ledger_id: int, *, recovery: bool,
+                passwords: Sequence[bytes]) -> ReadHandle:
     """Open with the first of ``passwords`` the ledger's metadata accepts."""
     password, *others = passwords or (b"",)
     if others:
@@ -76,7 +101,15 @@ def open_handle(bk, ledger_id: int, *, recovery: bool, passwords: Sequence[bytes
     return bk.open_ledger(ledger_id, recovery=recovery)
 
 
-def close_handle(handle) -> None:
-    close = getattr(handle, "close", None)
-    if close is not None:
-        close()
+def close_handle(handle: ReadHandle) -> None:
+    handle.close()
+
+
+def catch_up_lac(handle: ReadHandle, planned_last: int) -> None:
+    """The driver saw LAC >= planned_last, but this open's covering quorum may
+    have answered a lower one (LACs differ per bookie).  Some bookie holds the
+    higher LAC, so a long poll for it returns at once; if it does not come the
+    read fails with NoSuchEntry and Spark retries the task."""
+    if handle.is_closed or handle.last_add_confirmed >= planned_last:
+        return
+    handle.wait_for_lac(planned_last - 1, LAC_CATCH_UP_TIMEOUT_S)

@@ -28,7 +28,7 @@ HINT = ("set option failOnDataLoss=false to skip what is gone and go on "
 
 
 def report(fail: bool, message: str, kind: type[errors.LogTruncated] = errors.LogTruncated,
-           **context) -> None:
+           **context: object) -> None:
     """Raise ``kind`` (``LogTruncated`` or a subclass) when ``fail``;
     otherwise warn and return (skip)."""
     if fail:

@@ -18,32 +18,37 @@ planning and reading live in ``pybk_spark.spark.reader``.  See docs/spark.md.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Mapping, NoReturn, Optional
 
 from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStreamReader,
                                     DataSourceStreamWriter, DataSourceWriter)
 from pyspark.sql.types import StructType
 
 from pybk_spark import errors
+from pybk_spark.logs.log import read_log
+from pybk_spark.metadata import open_store
 from pybk_spark.spark import arrow_codec
-from pybk_spark.spark.options import (parse_load_options, parse_read_options,
-                                      parse_stream_options)
-from pybk_spark.spark.write_options import parse_write_options
+from pybk_spark.spark import option_names as names
 from pybk_spark.spark.multi_log import (BookKeeperMultiLogReader, common_schema, is_multi,
                                         log_names, with_log_column)
-from pybk_spark.spark.reader import (BookKeeperBatchReader, check_schema,
-                                     note_filters_not_pushed, output_spark_schema)
-from pybk_spark.spark import option_names as names
+from pybk_spark.spark.multi_stream import BookKeeperMultiLogStreamReader
+from pybk_spark.spark.options import (ReadOptions, parse_load_options, parse_read_options,
+                                      parse_stream_options)
+from pybk_spark.spark.reader import (BookKeeperBatchReader, PlanningClient, check_schema,
+                                     note_filters_not_pushed, output_arrow_schema,
+                                     output_spark_schema)
 from pybk_spark.spark.spark_errors import our_line_first
+from pybk_spark.spark.stream_reader import BookKeeperStreamReader
 from pybk_spark.spark.table_options import merged_options, with_table_options
+from pybk_spark.spark.write_options import parse_write_options
+from pybk_spark.spark.writer import (BookKeeperBatchWriter, BookKeeperStreamWriter,
+                                     prepare_log_evolving)
 
 
 def _table_schema(uri: str, log: Optional[str]) -> Optional[str]:
     """The DataFrame schema recorded in log metadata (None: raw ledgers/log)."""
     if log is None:
         return None
-    from pybk_spark.logs.log import read_log
-    from pybk_spark.metadata import open_store
     store = open_store(uri)
     try:
         return read_log(store, log)[0].schema
@@ -51,11 +56,8 @@ def _table_schema(uri: str, log: Optional[str]) -> Optional[str]:
         store.close()
 
 
-def _multi_schema(opts) -> tuple[Optional[str], StructType]:
+def _multi_schema(opts: ReadOptions) -> tuple[Optional[str], StructType]:
     """(the logs' common recorded schema, the output schema with ``_log``)."""
-    from pybk_spark.metadata import open_store
-    from pybk_spark.spark import arrow_codec
-    from pybk_spark.spark.reader import output_arrow_schema
     store = open_store(opts.metadata_uri)
     try:
         table_schema = common_schema(store, log_names(store, opts))
@@ -85,7 +87,7 @@ class BookKeeperDataSource(DataSource):
                                          opts.include_metadata)
         return with_table_options(schema, self.options)   # CREATE TABLE: table_options.py
 
-    def _options(self, schema: StructType, valid: tuple[str, ...]):
+    def _options(self, schema: StructType, valid: tuple[str, ...]) -> Mapping[str, str]:
         """The options, with a SQL table's recorded ones that apply to the
         read (table_options.py); never for writes (a writer's schema may be
         another table's)."""
@@ -106,8 +108,6 @@ class BookKeeperDataSource(DataSource):
     # -- batch write -----------------------------------------------------------------------
     @our_line_first
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        from pybk_spark.spark.writer import BookKeeperBatchWriter, prepare_log_evolving
-        from pybk_spark.spark.reader import PlanningClient
         opts = parse_write_options(self.options)     # schema: the DataFrame's, not a table's
         arrow_codec.refuse_unstorable(schema)
         with PlanningClient(opts.metadata_uri, opts.client_conf) as bk:      # metadata only
@@ -128,10 +128,8 @@ class BookKeeperDataSource(DataSource):
             return RefusedStreamReader(exc)
 
     def _stream_reader(self, schema: StructType) -> DataSourceStreamReader:
-        from pybk_spark.spark.stream_reader import BookKeeperStreamReader
         opts = parse_stream_options(self._options(schema, names.STREAM_READ))
         if is_multi(opts.read):
-            from pybk_spark.spark.multi_stream import BookKeeperMultiLogStreamReader
             table_schema, expected = _multi_schema(opts.read)
             check_schema(schema, expected)
             return BookKeeperMultiLogStreamReader(opts, table_schema)
@@ -141,8 +139,6 @@ class BookKeeperDataSource(DataSource):
 
     @our_line_first
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        from pybk_spark.spark.writer import BookKeeperStreamWriter, prepare_log_evolving
-        from pybk_spark.spark.reader import PlanningClient
         if overwrite:
             raise errors.IncorrectParameter(
                 "the bookkeeper sink supports outputMode('append') only")
@@ -156,11 +152,11 @@ class BookKeeperDataSource(DataSource):
 class RefusedStreamReader(DataSourceStreamReader):
     """A stream the source refused: every call raises the refusal."""
 
-    def __init__(self, refusal: errors.BKError):
+    def __init__(self, refusal: errors.BKError) -> None:
         self.refusal = refusal
 
     @our_line_first
-    def _refuse(self, *args, **kwargs):
+    def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise self.refusal
 
     initialOffset = latestOffset = partitions = read = commit = _refuse

@@ -16,13 +16,16 @@ import os
 import posixpath
 from typing import Any
 
+from pyspark.sql import DataFrame, SparkSession
+
 from pybk_spark.logs import log as logs
 from pybk_spark.metadata import open_store
+from pybk_spark.protocol.log_metadata import LogMetadata
 
 _META = ("_ledger_id", "_entry_id", "_timestamp")
 
 
-def file_uris(md) -> list[str]:
+def file_uris(md: LogMetadata) -> list[str]:
     """The Spark paths of the files of the log's offloaded segments, in log order."""
     out = []
     for s in md.segments:
@@ -34,8 +37,8 @@ def file_uris(md) -> list[str]:
     return out
 
 
-def read_log(spark, name: str, metadata_uri: str, *, include_metadata: bool = False,
-             **options: Any):
+def read_log(spark: SparkSession, name: str, metadata_uri: str, *,
+             include_metadata: bool = False, **options: Any) -> DataFrame:
     """The log ``name`` as one DataFrame (see the module docstring).  A raw
     log has the columns ``ledger_id, entry_id, payload, timestamp``; a
     DataFrame log its own, plus ``_ledger_id, _entry_id, _timestamp`` with

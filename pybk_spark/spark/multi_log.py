@@ -24,9 +24,14 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from pybk_spark import errors
+from pybk_spark.logs.log import list_logs, read_log
+from pybk_spark.metadata.store import MetadataStore
 from pybk_spark.spark import data_loss
 from pybk_spark.spark.options import ReadOptions
-from pybk_spark.spark.planning import split_to_min
+from pybk_spark.spark import offloaded
+from pybk_spark.spark.planning import Slice, split_to_min
+from pybk_spark.spark.reader import (LedgerSlicePartition, PlanningClient, partition_of, plan,
+                                     read_partition, resolve_ledgers)
 from pybk_spark.spark.spark_errors import our_line_first
 
 LOG_COLUMN = "_log"
@@ -37,10 +42,9 @@ def is_multi(opts: ReadOptions) -> bool:
     return bool(opts.logs) or opts.log_pattern is not None
 
 
-def log_names(store, opts: ReadOptions) -> list[str]:
+def log_names(store: MetadataStore, opts: ReadOptions) -> list[str]:
     """The logs to read, in name order (``logs``: as given, each must exist;
     with ``failOnDataLoss=false`` a missing one is skipped with a warning)."""
-    from pybk_spark.logs.log import list_logs, read_log
     if opts.logs:
         out = []
         for name in opts.logs:
@@ -53,17 +57,18 @@ def log_names(store, opts: ReadOptions) -> list[str]:
                 data_loss.report(False, "a log named in option 'logs' does not exist",
                                  log=name)
         return out
+    if opts.log_pattern is None:               # not a read of several logs
+        return []
     pattern = re.compile(opts.log_pattern)
     return sorted(n for n in list_logs(store) if pattern.fullmatch(n))
 
 
-def common_schema(store, names: list[str]) -> Optional[str]:
+def common_schema(store: MetadataStore, names: list[str]) -> Optional[str]:
     """The schema all ``names`` record (None: raw logs); SchemaMismatch otherwise."""
-    from pybk_spark.logs.log import read_log
     schemas = {name: read_log(store, name)[0].schema for name in names}
     distinct = set(schemas.values())
     if len(distinct) > 1:
-        groups: dict = {}
+        groups: dict[Optional[str], list[str]] = {}
         for name, text in schemas.items():
             groups.setdefault(text, []).append(name)
         raise errors.SchemaMismatch(
@@ -90,7 +95,7 @@ def add_log_column(batch: pa.RecordBatch, log: str) -> pa.RecordBatch:
 class LogSlicePartition(InputPartition):
     """A slice of one of the logs read (reader.LedgerSlicePartition + its log)."""
 
-    def __init__(self, log: str, part):
+    def __init__(self, log: str, part: LedgerSlicePartition):
         super().__init__((log, part.ledger_id, part.first, part.last))
         self.log, self.part = log, part
 
@@ -105,8 +110,6 @@ class BookKeeperMultiLogReader(DataSourceReader):
 
     @our_line_first
     def partitions(self) -> list[InputPartition]:
-        from pybk_spark.spark import offloaded
-        from pybk_spark.spark.reader import PlanningClient, plan, resolve_ledgers
         bk = PlanningClient(self.opts.metadata_uri, self.opts.client_conf)
         try:
             names = log_names(bk.metadata_store, self.opts)
@@ -114,7 +117,7 @@ class BookKeeperMultiLogReader(DataSourceReader):
                 raise errors.SchemaMismatch(
                     "a log's schema changed between load() and planning; load() again",
                     logs=names)
-            tagged: list = []
+            tagged: list[tuple[str, Slice]] = []
             records = {}
             for name in names:
                 one = self._one(name)
@@ -125,7 +128,7 @@ class BookKeeperMultiLogReader(DataSourceReader):
         out: list[InputPartition] = []
         for name, s in tagged:      # minPartitions over all logs' slices
             for piece in split_to_min([s], _share(s, tagged, self.opts.min_partitions)):
-                out.append(LogSlicePartition(name, offloaded.partition_of(piece, records[name])))
+                out.append(LogSlicePartition(name, partition_of(piece, records[name])))
         return out
 
     @our_line_first
@@ -135,12 +138,12 @@ class BookKeeperMultiLogReader(DataSourceReader):
         return self._read(partition)
 
     def _read(self, partition: LogSlicePartition) -> Iterator[pa.RecordBatch]:
-        from pybk_spark.spark.reader import read_partition
         for batch in read_partition(partition.part, self._one(partition.log), self.table_schema):
             yield add_log_column(batch, partition.log)
 
 
-def _share(s, tagged, min_partitions: Optional[int]) -> Optional[int]:
+def _share(s: Slice, tagged: list[tuple[str, Slice]], min_partitions: Optional[int]
+           ) -> Optional[int]:
     """This slice's share of ``minPartitions`` (split_to_min on one slice)."""
     if not min_partitions or len(tagged) >= min_partitions:
         return None

@@ -59,7 +59,7 @@ def to_dict(offsets: Mapping[str, Offset],
                        for name in sorted(offsets)}}
 
 
-def uids(d) -> dict[str, Optional[str]]:
+def uids(d: Any) -> dict[str, Optional[str]]:
     """The uid recorded for each log of an offset dict (None: not recorded)."""
     logs = d.get(LOGS_KEY) if isinstance(d, dict) else None
     return {str(n): uid_of(o) for n, o in logs.items()} if isinstance(logs, dict) else {}
@@ -73,7 +73,7 @@ def recreated_logs(recorded: Mapping[str, Optional[str]],
                   if n in recorded and recreated(recorded[n], uid))
 
 
-def parse(d) -> dict[str, Offset]:
+def parse(d: Any) -> dict[str, Offset]:
     """The per-log map of an offset dict (IncorrectParameter otherwise)."""
     if not isinstance(d, dict) or not isinstance(d.get(LOGS_KEY), dict):
         if isinstance(d, dict) and "index" in d:

@@ -38,19 +38,24 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from typing import Any, Iterator, Optional
+from typing import Iterator, Optional
 
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit
 
 from pybk_spark import errors
+from pybk_spark.logs.log import list_logs, read_log
+from pybk_spark.logs.positions import record
 from pybk_spark.protocol import log_identity
 from pybk_spark.protocol.log_metadata import LogMetadata
+from pybk_spark.protocol.positions import RegisteredPosition
 from pybk_spark.spark import arrow_codec, data_loss
 from pybk_spark.spark import multi_offsets as mo
 from pybk_spark.spark.multi_log import LogSlicePartition, _share, add_log_column
-from pybk_spark.spark.planning import split_to_min
+from pybk_spark.spark.options import ReadOptions
+from pybk_spark.spark.planning import Slice, split_to_min
+from pybk_spark.spark.reader import LedgerSlicePartition, read_partition
 from pybk_spark.spark.stream_offsets import (Offset, advance, count, delay_batch, lag,
                                              with_uid)
 from pybk_spark.spark.stream_reader import (BookKeeperStreamReader, _average_entry_bytes,
@@ -79,12 +84,12 @@ class BookKeeperMultiLogStreamReader(BookKeeperStreamReader):
     # -- the logs -------------------------------------------------------------------------------
     def _listed(self) -> dict[str, LogMetadata]:
         """The logs of the query now that the stream can read (name -> metadata)."""
-        from pybk_spark.logs.log import list_logs, read_log
         store = self._client().metadata_store
         opts = self.opts.read
+        names: list[str] = []
         if opts.logs:
             names = list(opts.logs)
-        else:
+        elif opts.log_pattern is not None:
             pattern = re.compile(opts.log_pattern)
             names = sorted(n for n in list_logs(store) if pattern.fullmatch(n))
         out = {}
@@ -197,12 +202,10 @@ class BookKeeperMultiLogStreamReader(BookKeeperStreamReader):
 
     @our_line_first
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
-        from pybk_spark.logs.log import read_log
-        from pybk_spark.spark.reader import LedgerSlicePartition
         bk = self._client()
         starts, finishes = self._in_map(start), self._in_map(end)
         start_uids, end_uids = mo.uids(start), mo.uids(end)
-        tagged: list[tuple[str, Any]] = []
+        tagged: list[tuple[str, Slice]] = []
         for name in sorted(finishes):
             try:
                 md = read_log(bk.metadata_store, name)[0]
@@ -232,8 +235,6 @@ class BookKeeperMultiLogStreamReader(BookKeeperStreamReader):
         offsets = self._in_map(end)
         if self._name is None:
             return
-        from pybk_spark.logs.positions import record
-        from pybk_spark.protocol.positions import RegisteredPosition
         store = self._client().metadata_store
         recorded = mo.uids(end)
         for name, offset in sorted(offsets.items()):
@@ -246,13 +247,12 @@ class BookKeeperMultiLogStreamReader(BookKeeperStreamReader):
     # -- executors ------------------------------------------------------------------------------
     @our_line_first
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        from pybk_spark.spark.reader import read_partition
         if not isinstance(partition, LogSlicePartition):
             return
         one = self._one(partition.log)
         for batch in read_partition(partition.part, one, self.table_schema):
             yield add_log_column(batch, partition.log)
 
-    def _one(self, name: str):
+    def _one(self, name: str) -> ReadOptions:
         return dataclasses.replace(self.opts.read, log=name, logs=(), log_pattern=None,
                                    min_partitions=None)

@@ -10,13 +10,14 @@ from typing import Iterator
 
 import pyarrow as pa
 
+from pybk_spark.ledger.port import LedgerClient
 from pybk_spark.logs import offload_files
 from pybk_spark.logs.log import read_log
 from pybk_spark.protocol.offload_record import SegmentOffload
-from pybk_spark.spark.planning import LedgerView, Slice
+from pybk_spark.spark.planning import LedgerView
 
 
-def records_of(bk, log: str | None) -> dict[int, SegmentOffload]:
+def records_of(bk: LedgerClient, log: str | None) -> dict[int, SegmentOffload]:
     """Ledger id -> offload record of each offloaded segment of ``log``."""
     if log is None:
         return {}
@@ -31,19 +32,9 @@ def view_of(ledger_id: int, record: SegmentOffload) -> LedgerView:
                       record.last_entry)
 
 
-def partition_of(s: Slice, records: dict[int, SegmentOffload]):
-    """The slice's partition; an offloaded segment's carries its record
-    (``offload``), which sends the executor to the files."""
-    from pybk_spark.spark.reader import LedgerSlicePartition
-    part = LedgerSlicePartition.of(s)
-    part.offload = records.get(s.ledger_id)
-    return part
-
-
-def read_slice(part, record: SegmentOffload, max_entries: int) -> Iterator[pa.RecordBatch]:
-    """The slice's entries (``ledger_id, entry_id, payload, timestamp``)."""
-    from pybk_spark.spark.reader import to_raw_batch
-    table = offload_files.as_entries(offload_files.read_segment(record), part.ledger_id)
-    table = table.slice(part.first - record.first_entry, part.last - part.first + 1)
-    for batch in table.to_batches(max_chunksize=max(1, max_entries)):
-        yield to_raw_batch(batch)
+def read_slice(ledger_id: int, first: int, last: int, record: SegmentOffload,
+               max_entries: int) -> Iterator[pa.RecordBatch]:
+    """Entries ``first..last`` of the segment, as the ledger's entry batches."""
+    table = offload_files.as_entries(offload_files.read_segment(record), ledger_id)
+    table = table.slice(first - record.first_entry, last - first + 1)
+    yield from table.to_batches(max_chunksize=max(1, max_entries))

@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Iterable, Mapping
 
 from pybk_spark import errors
-from pybk_spark.spark.tls_options import KNOWN_TLS_OPTIONS   # tls.caFile ... operator
+from pybk_spark.spark.client_options import CLIENT_PREFIX, KNOWN_TLS_OPTIONS
 
 # -- the catalogue: documented spelling -------------------------------------------------------
 COMMON_READ = (
@@ -78,14 +78,14 @@ TABLE_PROPERTIES = ("provider", "location", "comment", "owner", "external",
                     "is_managed_location", "collation")
 
 
-def fold_table_options(options: Mapping[str, str]) -> dict:
+def fold_table_options(options: Mapping[str, str]) -> dict[str, str]:
     """Options of a SQL table (``CREATE TABLE t USING bookkeeper OPTIONS
     (...)``): Spark hands each one over twice, as ``k`` and as ``option.k``
     (its table-property spelling), with its own table properties
     (``provider``, ...).  Fold ``option.k`` into ``k``; drop the properties
     (only then: a read that is not a table keeps its options as given)."""
     table = any(str(k).lower().startswith(TABLE_PREFIX) for k in options)
-    out: dict = {}
+    out: dict[str, str] = {}
     for key, value in options.items():
         if table and str(key).lower() in TABLE_PROPERTIES:
             continue
@@ -94,9 +94,6 @@ def fold_table_options(options: Mapping[str, str]) -> dict:
         else:
             out[key] = value
     return out
-
-
-CLIENT_PREFIX = "bk."        # bk.<client.conf key>: client settings (options.client_settings)
 
 
 def applies(name: str, allowed: set[str]) -> bool:
@@ -110,7 +107,7 @@ def check_names(options: Mapping[str, str], valid: tuple[str, ...], operation: s
     """Refuse any option name not in ``valid``; ``operation`` ('batch reads',
     'stream reads', 'batch writes', 'stream writes', 'reads') is named in the
     message.  ``bk.*`` names are client settings, valid everywhere (their keys
-    are checked by ``options.client_settings``)."""
+    are checked by ``client_options.client_settings``)."""
     allowed = {n.lower() for n in valid}
     for key in options:
         if applies(key, allowed):

@@ -3,9 +3,12 @@
 Theory of operation
 -------------------
 Spark hands a data source a case-insensitive ``str -> str`` map.  This module
-turns it into a frozen :class:`ReadOptions` value (writes: write_options.py), or raises
-``errors.IncorrectParameter`` naming the option and what was expected, before
-any I/O happens (rule 4: bad input gets a clear typed error).
+turns it into a frozen :class:`ReadOptions` / :class:`StreamOptions` value
+(writes: write_options.py), or raises ``errors.IncorrectParameter`` naming
+the option and what was expected, before any I/O happens.  Which names each
+operation takes is option_names.py; the values are read with
+option_values.py's parsers; ``bk.*`` and the TLS options become client
+settings in client_options.py; append-time bounds are time_options.py.
 
 Offsets follow Spark's Kafka connector:
   * ``startingOffsets`` is inclusive, ``endingOffsets`` is exclusive;
@@ -25,14 +28,18 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
 from pybk_spark import errors
-from pybk_spark.spark.stream_offsets import UID_KEY
-from pybk_spark.spark.tls_options import parse_client_options
 from pybk_spark.spark import option_names as names
-from pybk_spark.spark.time_options import TimeBounds, ledger_integers, parse_time_bounds
+from pybk_spark.spark.client_options import ClientSettings, client_overrides
+from pybk_spark.spark.multi_offsets import parse_starting
+from pybk_spark.spark.option_values import (ledger_integers, option, parse_bool, parse_duration,
+                                            parse_positive_int)
+from pybk_spark.spark.stream_offsets import UID_KEY
+from pybk_spark.spark.time_options import TimeBounds, parse_time_bounds
 
 EARLIEST = -2
 LATEST = -1
@@ -64,7 +71,7 @@ class ReadOptions:
     include_metadata: bool = False          # DataFrame logs: add _ledger_id, _entry_id
     fail_on_data_loss: bool = True          # truncated position / deleted ledger: LogTruncated
     min_partitions: Optional[int] = None    # split slices until there are at least this many
-    client_conf: tuple[tuple[str, str], ...] = ()   # ClientConfig overrides: bk.* + tls.*
+    client_conf: ClientSettings = ()        # ClientConfig overrides: bk.* + tls.*
     logs: tuple[str, ...] = ()              # several logs (multi_log.py)
     log_pattern: Optional[str] = None       # regex over log names (multi_log.py)
     times: TimeBounds = TimeBounds()        # start / end by append time (time_options.py)
@@ -97,87 +104,6 @@ def parse_extra_passwords(value: Optional[str]) -> tuple[bytes, ...]:
     return tuple(p.encode() for p in got)
 
 
-def option(options: Mapping[str, str], name: str) -> Optional[str]:
-    """Case-insensitive lookup (Spark passes a CaseInsensitiveDict; plain dicts
-    from tests and jobs are accepted too)."""
-    if name in options:
-        return options[name]
-    lowered = name.lower()
-    for key, value in options.items():
-        if key.lower() == lowered:
-            return value
-    return None
-
-
-def client_settings(options: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    """``bk.<key>`` options -> sorted ``(key, value)`` ClientConfig overrides,
-    each key and value checked now (conf/client.conf documents the keys)."""
-    from pybk_spark.config import ClientConfig
-    out = {}
-    for key, value in options.items():
-        lowered = str(key).lower()
-        if not lowered.startswith(names.CLIENT_PREFIX):
-            continue
-        out[lowered[len(names.CLIENT_PREFIX):]] = str(value).strip()
-    valid = sorted(f for f in ClientConfig.__dataclass_fields__)
-    for key, value in out.items():
-        try:
-            ClientConfig().with_overrides({key: value})
-        except errors.IncorrectParameter:
-            if key not in valid:
-                close = errors.close_matches(key, valid, n=2)
-                hint = f"; did you mean {' or '.join(repr('bk.' + c) for c in close)}?" \
-                    if close else "; valid keys: " + ", ".join(valid)
-                raise errors.IncorrectParameter(
-                    f"option 'bk.{key}': unknown client setting{hint} "
-                    "(conf/client.conf documents them)") from None
-            raise errors.IncorrectParameter(
-                f"option 'bk.{key}': bad value {value!r} (conf/client.conf documents "
-                "the setting)") from None
-    return tuple(sorted(out.items()))
-
-
-def client_overrides(options: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    """Every ClientConfig override the options carry: ``bk.<key>`` and the
-    TLS / operator options (spark/tls_options.py).  One setting given both
-    ways with different values is refused, naming both options."""
-    merged = dict(client_settings(options))
-    for key, value in parse_client_options(options):
-        if key in merged and merged[key] != value:
-            raise errors.IncorrectParameter(
-                f"options 'bk.{key}' and its TLS option give different values "
-                f"({merged[key]!r} and {value!r}); set one")
-        merged[key] = value
-    return tuple(sorted(merged.items()))
-
-
-BOOLEAN_SPELLINGS = ("true", "false")     # case-insensitive, as Spark's own options
-
-
-def parse_bool(name: str, text: Optional[str], default: bool) -> bool:
-    """A boolean option: ``true`` or ``false``, case-insensitively (docs/spark.md)."""
-    if text is None:
-        return default
-    value = str(text).strip().lower()
-    if value in BOOLEAN_SPELLINGS:
-        return value == "true"
-    raise errors.IncorrectParameter(f"option {name!r} must be true or false "
-                                    f"(case-insensitive), not {text!r}")
-
-
-def parse_positive_int(name: str, text: Optional[str], default: int, minimum: int = 1) -> int:
-    kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-    if text is None:
-        return default
-    try:
-        value = int(str(text).strip())
-    except ValueError:
-        raise errors.IncorrectParameter(f"option {name!r} must be {kind}, got {text!r}") from None
-    if value < minimum:
-        raise errors.IncorrectParameter(f"option {name!r} must be {kind}, got {text!r}")
-    return value
-
-
 def parse_ledgers(text: str) -> tuple[int, ...]:
     ids = []
     for part in str(text).split(","):
@@ -206,7 +132,6 @@ def _parse_logs(text: str) -> tuple[str, ...]:
 
 
 def _parse_pattern(text: str) -> str:
-    import re
     try:
         re.compile(str(text))
     except re.error as exc:
@@ -408,27 +333,6 @@ class StreamOptions:
     max_trigger_delay_s: float = DEFAULT_MAX_TRIGGER_DELAY_S
 
 
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def parse_duration(name: str, text: Optional[str], default: float) -> float:
-    """``15m``, ``10s``, ``500ms``, ``1h``, ``1d``; a bare number is milliseconds
-    (as Spark's Kafka source reads ``maxTriggerDelay``).  -> seconds."""
-    if text is None:
-        return default
-    raw = str(text).strip().lower()
-    number = raw.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = raw[len(number):].strip() or "ms"
-    try:
-        value = float(number.strip())
-    except ValueError:
-        value = -1.0
-    if unit not in _DURATION_UNITS or value < 0:
-        raise errors.IncorrectParameter(
-            f"option {name!r} must be a duration such as '15m', '30s' or '500ms', got {text!r}")
-    return value * _DURATION_UNITS[unit]
-
-
 def parse_stream_options(options: Mapping[str, str]) -> StreamOptions:
     options = names.fold_table_options(options)
     names.check_names(options, names.STREAM_READ, "stream reads")
@@ -445,14 +349,13 @@ def parse_stream_options(options: Mapping[str, str]) -> StreamOptions:
     if stripped.lower() in ("earliest", "latest"):
         starting = stripped.lower()
     elif multi:
-        from pybk_spark.spark.multi_offsets import parse_starting
         parse_starting(stripped)          # {"<log>": {"index": I, "entry": E}}
         starting = stripped
     else:
         try:
             parsed = json.loads(stripped)
             ok = isinstance(parsed, dict) and all(
-                isinstance(parsed.get(k), int) and parsed.get(k) >= 0 for k in ("index", "entry"))
+                isinstance(parsed.get(k), int) and parsed[k] >= 0 for k in ("index", "entry"))
         except ValueError:
             ok = False
         if not ok:

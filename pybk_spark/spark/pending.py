@@ -24,9 +24,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from pybk_spark import errors
+from pybk_spark.metadata.store import MetadataStore
+
+if TYPE_CHECKING:
+    from pybk_spark.ledger.port import LedgerClient
 
 PREFIX = "spark/pending/"
 
@@ -43,14 +47,14 @@ def pending_key(log: str, job: str, partition: int, attempt: int, ledger_id: int
     return f"{job_prefix(log, job)}{partition}-{attempt}-{ledger_id}"
 
 
-def record(store, log: str, job: str, partition: int, attempt: int, ledger_id: int) -> str:
+def record(store: MetadataStore, log: str, job: str, partition: int, attempt: int, ledger_id: int) -> str:
     key = pending_key(log, job, partition, attempt, ledger_id)
     store.put_if_absent(key, json.dumps({"ledger_id": ledger_id, "partition": partition,
                                          "attempt": attempt}).encode())
     return key
 
 
-def pending_ledgers(store, log: str, job: str) -> dict[str, int]:
+def pending_ledgers(store: MetadataStore, log: str, job: str) -> dict[str, int]:
     """key -> ledger id of every pending attempt of the job."""
     out = {}
     for key, _ in store.list_prefix(job_prefix(log, job)):
@@ -61,7 +65,7 @@ def pending_ledgers(store, log: str, job: str) -> dict[str, int]:
     return out
 
 
-def delete_ledgers(bk, ledger_ids: Iterable[int]) -> None:
+def delete_ledgers(bk: LedgerClient, ledger_ids: Iterable[int]) -> None:
     for ledger_id in ledger_ids:
         try:
             bk.delete_ledger(ledger_id)
@@ -69,7 +73,8 @@ def delete_ledgers(bk, ledger_ids: Iterable[int]) -> None:
             pass
 
 
-def clean_job(bk, log: str, job: str, in_log: Iterable[int], extra: Iterable[int] = ()) -> list[int]:
+def clean_job(bk: LedgerClient, log: str, job: str, in_log: Iterable[int],
+              extra: Iterable[int] = ()) -> list[int]:
     """Delete the job's pending ledgers not in ``in_log`` (plus ``extra`` ids
     not in it), then its pending keys.  Returns the deleted ledger ids."""
     keep = set(in_log)

@@ -84,7 +84,7 @@ def _produce(source: Iterator[T], handoff: queue.Queue, stop: threading.Event) -
                 pass
 
 
-def _put(handoff: queue.Queue, item, stop: threading.Event) -> bool:
+def _put(handoff: queue.Queue[object], item: object, stop: threading.Event) -> bool:
     while not stop.is_set():
         try:
             handoff.put(item, timeout=_POLL_S)

@@ -43,24 +43,41 @@ from __future__ import annotations
 import functools
 import logging
 import random
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Optional, Self, Sequence
 
 import pyarrow as pa
+import pyspark
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import BinaryType, LongType, StructField, StructType, TimestampType
 
 from pybk_spark import errors
+from pybk_spark.config import ClientConfig, as_config
+from pybk_spark.logs.log import read_log
+from pybk_spark.logs.log_reader import with_append_time
+from pybk_spark.metadata import open_store
+from pybk_spark.metadata.store import MetadataStore, read_ledger_metadata
+from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.protocol import log_identity
-from pybk_spark.spark import arrow_codec, data_loss
-from pybk_spark.spark.client_cache import close_handle, drop_client, open_handle, worker_client
+from pybk_spark.protocol.ledger_metadata import password_for
+from pybk_spark.spark import arrow_codec, data_loss, time_seek
+from pybk_spark.spark.client_cache import (catch_up_lac, close_handle, drop_client, new_client,
+                                           open_handle, worker_client)
+from pybk_spark.spark.client_options import ClientSettings, client_conf
 from pybk_spark.spark.options import ReadOptions
 from pybk_spark.spark.planning import LedgerView, Slice, plan_slices, split_to_min
-from pybk_spark.protocol.ledger_metadata import password_for
 from pybk_spark.protocol.offload_record import SegmentOffload
+from pybk_spark.spark import offloaded
 from pybk_spark.spark.read_ahead import read_ahead
-from pybk_spark.logs.log_reader import with_append_time
 from pybk_spark.wire.entries import one_batch
 from pybk_spark.spark.spark_errors import our_line_first
+
+if TYPE_CHECKING:
+    from pybk_spark.ledger.context import ClientContext
+    from pybk_spark.ledger.ledger_handle import LedgerHandle
+    from pybk_spark.ledger.placement import PlacementPolicy
+    from pybk_spark.ledger.port import LedgerClient
+    from pybk_spark.ledger.read_handle import ReadHandle
+    from pybk_spark.transport.base import TransportPool
 
 RAW_SCHEMA = StructType([
     StructField("ledger_id", LongType(), True),
@@ -79,7 +96,6 @@ RAW_ARROW_SCHEMA = pa.schema([
 LOG = logging.getLogger("pybk_spark.spark")
 
 CLOSED_STATE = "CLOSED"
-LAC_CATCH_UP_TIMEOUT_S = 30.0
 
 
 class LedgerSlicePartition(InputPartition):
@@ -127,11 +143,10 @@ def check_schema(schema: StructType, expected: StructType = RAW_SCHEMA) -> None:
             f"got {schema.simpleString()}")
 
 
-def table_schema_of(bk, opts: ReadOptions) -> Optional[str]:
+def table_schema_of(bk: LedgerClient, opts: ReadOptions) -> Optional[str]:
     """The recorded DataFrame schema of option 'log' (None: raw ledgers)."""
     if opts.log is None:
         return None
-    from pybk_spark.logs.log import read_log
     return read_log(bk.metadata_store, opts.log)[0].schema
 
 
@@ -148,7 +163,7 @@ def output_spark_schema(table_schema: Optional[str], include_metadata: bool) -> 
     return arrow_codec.canonical_to_spark(output_arrow_schema(table_schema, include_metadata))
 
 
-def decode_slice(raw_batches: Iterator[pa.RecordBatch], table_schema: Optional[str],
+def decode_slice(raw_batches: Iterable[pa.RecordBatch], table_schema: Optional[str],
                  include_metadata: bool) -> Iterator[pa.RecordBatch]:
     """Raw entry batches -> the declared output batches (no per-row Python)."""
     if table_schema is None:
@@ -164,30 +179,74 @@ def decode_slice(raw_batches: Iterator[pa.RecordBatch], table_schema: Optional[s
 
 # -- driver side: planning ---------------------------------------------------------------------
 class PlanningClient:
-    """What planning needs of a client: metadata reads, and ``open_ledger``
-    for ledgers that are not closed (LAC read / recovery).  Spark runs each
-    planning step in a fresh Python worker, so the full client (bookie
-    transports, ledger handles, their imports) is built only when an open
-    ledger needs it; planning a closed log touches etcd only.  ``rng``: the
-    randomness of both (a new log's uid, placement), as ``BookKeeper``'s."""
+    """A ``LedgerClient`` for planning: metadata reads, and the full client
+    (bookie transports, ledger handles, their imports) built only when a
+    ledger that is not closed must be opened (LAC read / recovery) or
+    anything else beyond metadata is asked for.  Spark runs each planning
+    step in a fresh Python worker, so planning a closed log touches etcd
+    only.  ``rng``: the randomness of both (a new log's uid, placement), as
+    ``BookKeeper``'s."""
 
-    def __init__(self, uri: str, conf: tuple = (), rng: Optional[random.Random] = None):
-        from pybk_spark.metadata import open_store
-        self.uri, self.conf = uri, conf
+    def __init__(self, uri: str, conf: ClientSettings = (),
+                 rng: Optional[random.Random] = None):
+        self.uri, self.settings = uri, conf
+        self.conf: ClientConfig = as_config(client_conf(conf))
         self.rng = rng or random.Random()
-        self.metadata_store = open_store(uri)
-        self._bk: Any = None
+        self.metadata_store: MetadataStore = open_store(uri)
+        self._bk: Optional[LedgerClient] = None
 
-    def get_ledger_metadata(self, ledger_id: int):
-        from pybk_spark.metadata.store import read_ledger_metadata
+    def _client(self) -> LedgerClient:
+        if self._bk is None:
+            self._bk = new_client(self.uri, self.settings, store=self.metadata_store, rng=self.rng)
+        return self._bk
+
+    def get_ledger_metadata(self, ledger_id: int) -> lm.LedgerMetadata:
         return read_ledger_metadata(self.metadata_store, ledger_id)
 
-    def open_ledger(self, ledger_id: int, **kwargs):
-        if self._bk is None:
-            from pybk_spark.ledger.client import BookKeeper
-            self._bk = BookKeeper(self.uri, store=self.metadata_store,
-                                  conf=dict(self.conf) or None, rng=self.rng)
-        return self._bk.open_ledger(ledger_id, **kwargs)
+    def open_ledger(self, ledger_id: int, password: bytes = b"", recovery: bool = True, *,
+                    other_passwords: Sequence[bytes] = ()) -> ReadHandle:
+        return self._client().open_ledger(ledger_id, password, recovery,
+                                          other_passwords=other_passwords)
+
+    # -- beyond metadata: the full client --------------------------------------------------
+    @property
+    def context(self) -> ClientContext:
+        return self._client().context
+
+    @property
+    def transports(self) -> TransportPool:
+        return self._client().transports
+
+    @property
+    def placement(self) -> PlacementPolicy:
+        return self._client().placement
+
+    @placement.setter
+    def placement(self, policy: PlacementPolicy) -> None:
+        self._client().placement = policy
+
+    def create_ledger(self, ensemble: int = 3, write_quorum: int = 2, ack_quorum: int = 2,
+                      digest: str = "crc32c", password: bytes = b"",
+                      custom_metadata: Mapping[str, str] | None = None,
+                      ledger_id: int | None = None) -> LedgerHandle:
+        return self._client().create_ledger(ensemble, write_quorum, ack_quorum, digest, password,
+                                            custom_metadata, ledger_id)
+
+    def reserve_ledger_id(self) -> int:
+        return self._client().reserve_ledger_id()
+
+    def list_ledgers(self) -> list[int]:
+        return self._client().list_ledgers()
+
+    def delete_ledger(self, ledger_id: int) -> None:
+        self._client().delete_ledger(ledger_id)
+
+    def set_custom_metadata(self, ledger_id: int,
+                            custom: Mapping[str, str]) -> lm.LedgerMetadata:
+        return self._client().set_custom_metadata(ledger_id, custom)
+
+    def is_writer_alive(self, ledger_id: int) -> bool:
+        return self._client().is_writer_alive(ledger_id)
 
     def close(self) -> None:
         try:
@@ -196,14 +255,14 @@ class PlanningClient:
         finally:
             self.metadata_store.close()
 
-    def __enter__(self) -> "PlanningClient":
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def ledger_view(bk, ledger_id: int, opts: ReadOptions) -> LedgerView:
+def ledger_view(bk: LedgerClient, ledger_id: int, opts: ReadOptions) -> LedgerView:
     """Fix the readable prefix of one ledger (see module docstring).  A wrong
     password fails here, on the driver, before any task is planned."""
     md = bk.get_ledger_metadata(ledger_id)
@@ -212,7 +271,7 @@ def ledger_view(bk, ledger_id: int, opts: ReadOptions) -> LedgerView:
         return LedgerView(ledger_id, tuple(md.fragments()), md.last_entry_id)
     handle = open_handle(bk, ledger_id, recovery=opts.recovery, passwords=opts.passwords)
     try:
-        readable_last = None if opts.recovery else handle.last_add_confirmed
+        lac = handle.last_add_confirmed          # the prefix, unless recovery closes the ledger
     finally:
         close_handle(handle)
     md = bk.get_ledger_metadata(ledger_id)      # after the LAC / after recovery closed it
@@ -223,15 +282,16 @@ def ledger_view(bk, ledger_id: int, opts: ReadOptions) -> LedgerView:
         readable_last = md.last_entry_id
     elif md.state == CLOSED_STATE:
         readable_last = md.last_entry_id        # closed meanwhile: still a prefix >= LAC
+    else:
+        readable_last = lac
     return LedgerView(ledger_id, tuple(md.fragments()), int(readable_last))
 
 
-def resolve_ledgers(bk, opts: ReadOptions) -> tuple[int, ...]:
+def resolve_ledgers(bk: LedgerClient, opts: ReadOptions) -> tuple[int, ...]:
     """The ledgers to read: option 'ledgers', or the segments of option 'log'
     (raw logs, whose entries are plain payloads) in log order."""
     if opts.log is None:
         return opts.ledgers
-    from pybk_spark.logs.log import read_log
     md, _ = read_log(bk.metadata_store, opts.log)
     ids = tuple(md.ledger_ids)
     if log_identity.recreated(opts.offsets_uid, md.uid):
@@ -247,25 +307,32 @@ def resolve_ledgers(bk, opts: ReadOptions) -> tuple[int, ...]:
     return ids
 
 
-def plan(bk, opts: ReadOptions, ledger_ids) -> list[Slice]:
+def partition_of(s: Slice, records: dict[int, SegmentOffload]) -> LedgerSlicePartition:
+    """The slice's partition; an offloaded segment's carries its record
+    (``offload``), which sends the executor to the files."""
+    part = LedgerSlicePartition.of(s)
+    part.offload = records.get(s.ledger_id)
+    return part
+
+
+def plan(bk: LedgerClient, opts: ReadOptions, ledger_ids: Iterable[int]) -> list[Slice]:
     """Slices to read: every readable entry the options select."""
-    from pybk_spark.spark import offloaded
     records = offloaded.records_of(bk, opts.log)
-    views, kept = [], []
+    views: list[LedgerView] = []
+    kept: list[int] = []
     for lid in ledger_ids:
         view = offloaded.view_of(lid, records[lid]) if lid in records \
             else _view_or_data_loss(bk, lid, opts)
         if view is not None:
             views.append(view)
             kept.append(lid)
-    from pybk_spark.spark import time_seek
     starts, ends = time_seek.resolve(bk, opts, views, [opts.start_for(lid) for lid in kept],
                                      [opts.end_for(lid) for lid in kept])   # times -> entries
     slices = plan_slices(views, starts, ends, opts.max_entries_per_partition)
     return split_to_min(slices, opts.min_partitions)
 
 
-def _view_or_data_loss(bk, ledger_id: int, opts: ReadOptions) -> Optional[LedgerView]:
+def _view_or_data_loss(bk: LedgerClient, ledger_id: int, opts: ReadOptions) -> Optional[LedgerView]:
     """A ledger a log lists but that was deleted is data loss (data_loss.py);
     a ledger named by option 'ledgers' that does not exist stays NoSuchLedger
     unless failOnDataLoss=false (then it is skipped)."""
@@ -280,17 +347,8 @@ def _view_or_data_loss(bk, ledger_id: int, opts: ReadOptions) -> Optional[Ledger
 
 
 # -- executor side: reading ----------------------------------------------------------------------
-def catch_up_lac(handle, planned_last: int) -> None:
-    """The driver saw LAC >= planned_last, but this open's covering quorum may
-    have answered a lower one (LACs differ per bookie).  Some bookie holds the
-    higher LAC, so a long poll for it returns at once; if it does not come the
-    read fails with NoSuchEntry and Spark retries the task."""
-    if handle.is_closed or handle.last_add_confirmed >= planned_last:
-        return
-    handle.wait_for_lac(planned_last - 1, LAC_CATCH_UP_TIMEOUT_S)
-
-
-def read_slice(bk, part: LedgerSlicePartition, opts: ReadOptions) -> Iterator[pa.RecordBatch]:
+def read_slice(bk: LedgerClient, part: LedgerSlicePartition, opts: ReadOptions
+               ) -> Iterator[pa.RecordBatch]:
     handle = open_handle(bk, part.ledger_id, recovery=False, passwords=opts.passwords)
     try:
         catch_up_lac(handle, part.last)
@@ -325,9 +383,11 @@ def read_partition(partition: LedgerSlicePartition, opts: ReadOptions,
     uri = opts.metadata_uri
     try:
         record = getattr(partition, "offload", None)
+        raw: Iterator[Any]
         if record is not None:
-            from pybk_spark.spark import offloaded
-            raw = offloaded.read_slice(partition, record, opts.read_batch_entries)
+            raw = (to_raw_batch(b) for b in offloaded.read_slice(
+                partition.ledger_id, partition.first, partition.last, record,
+                opts.read_batch_entries))
         else:
             raw = read_slice(worker_client(uri, opts.client_conf), partition, opts)
         yield from read_ahead(decode_slice(raw, table_schema, opts.include_metadata),
@@ -347,7 +407,6 @@ def read_partition(partition: LedgerSlicePartition, opts: ReadOptions,
 @functools.cache
 def note_filters_not_pushed() -> None:
     """Once per process: the batch readers leave every filter to Spark."""
-    import pyspark
     LOG.info("bookkeeper source (pyspark %s): filters are not pushed down, because PySpark "
              "keeps a pushed-down read plan on the data source that every query over the "
              "same DataFrame shares; Spark applies every filter after the read "
@@ -366,10 +425,9 @@ class BookKeeperBatchReader(DataSourceReader):
         bk = PlanningClient(self.opts.metadata_uri, self.opts.client_conf)
         try:
             ledger_ids = resolve_ledgers(bk, self.opts)
-            from pybk_spark.spark import offloaded
             slices = plan(bk, self.opts, ledger_ids)
             records = offloaded.records_of(bk, self.opts.log) if slices else {}
-            return [offloaded.partition_of(s, records) for s in slices]
+            return [partition_of(s, records) for s in slices]
         finally:
             bk.close()
 

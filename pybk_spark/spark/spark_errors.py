@@ -33,7 +33,7 @@ import functools
 import os
 import sys
 from collections.abc import Iterator
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 from pybk_spark import errors
 
@@ -73,7 +73,7 @@ def our_line_first(fn: F) -> F:
     raises while Spark iterates its batches) reaches the user as its one
     line, right after Spark's error class."""
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             result = fn(*args, **kwargs)
         except errors.BKError:

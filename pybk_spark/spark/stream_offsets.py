@@ -43,7 +43,7 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from pybk_spark import errors
 
@@ -57,7 +57,7 @@ class Offset:
         return {"index": self.index, "entry": self.entry}
 
     @classmethod
-    def from_dict(cls, d) -> "Offset":
+    def from_dict(cls, d: Any) -> "Offset":
         try:
             index, entry = int(d["index"]), int(d["entry"])
         except (KeyError, TypeError, ValueError):
@@ -70,7 +70,7 @@ class Offset:
 UID_KEY = "uid"
 
 
-def uid_of(d) -> Optional[str]:
+def uid_of(d: Any) -> Optional[str]:
     """The uid of the log an offset dict was taken in (None: not recorded)."""
     uid = d.get(UID_KEY) if isinstance(d, dict) else None
     return None if uid is None else str(uid)
@@ -165,7 +165,8 @@ def delay_batch(available: int, min_entries: Optional[int], since_last_s: float,
                 max_delay_s: float) -> bool:
     """True: hold the batch back (fewer than ``min_entries`` available and the
     last batch is more recent than ``max_delay_s``)."""
-    return bool(min_entries) and available < min_entries and since_last_s < max_delay_s
+    return min_entries is not None and 0 < min_entries and available < min_entries \
+        and since_last_s < max_delay_s
 
 
 def ranges(start: Offset, end: Offset, extents: Sequence[Extent]) -> list[tuple[int, int, int]]:

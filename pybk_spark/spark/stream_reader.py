@@ -44,7 +44,7 @@ import json
 import logging
 import time
 import uuid
-from typing import Callable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -53,21 +53,30 @@ from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadM
                                               SupportsTriggerAvailableNow)
 
 from pybk_spark import errors
+from pybk_spark.logs.log import read_log
+from pybk_spark.logs.positions import record
 from pybk_spark.protocol import log_identity
-from pybk_spark.spark import data_loss
 from pybk_spark.protocol.ledger_metadata import password_for
 from pybk_spark.protocol.log_metadata import SEGMENT_CLOSED, LogMetadata
-from pybk_spark.spark.options import LATEST, StreamOptions
-from pybk_spark.spark.planning import LedgerView, plan_ledger, split_to_min
+from pybk_spark.protocol.positions import RegisteredPosition
+from pybk_spark.spark import data_loss
+from pybk_spark.spark.client_cache import close_handle, new_client, open_handle
+from pybk_spark.spark.options import LATEST, ReadOptions, StreamOptions
+from pybk_spark.spark.planning import LedgerView, Slice, plan_ledger, split_to_min
+from pybk_spark.spark.reader import LedgerSlicePartition, read_partition
 from pybk_spark.spark.stream_offsets import (Extent, Offset, advance, count, delay_batch, lag,
                                              ranges, uid_of, with_uid)
 from pybk_spark.spark.spark_errors import our_line_first
+from pybk_spark.spark.time_seek import LogTimes, entry_at_or_after
+
+if TYPE_CHECKING:
+    from pybk_spark.ledger.port import LedgerClient
 
 CLOSED_STATE = "CLOSED"
 _log = logging.getLogger("pybk_spark.spark")
 
 
-def other_log(md: LogMetadata, offset: dict, fail_on_data_loss: bool) -> bool:
+def other_log(md: LogMetadata, offset: dict[str, Any], fail_on_data_loss: bool) -> bool:
     """True: ``offset`` was taken in another log of ``md``'s name, one
     deleted since (data loss: ``LogRecreated`` unless failOnDataLoss=false,
     which warns)."""
@@ -83,7 +92,7 @@ def other_log(md: LogMetadata, offset: dict, fail_on_data_loss: bool) -> bool:
     return False
 
 
-def measure(bk, md: LogMetadata, from_index: int, passwords: Sequence[bytes], *,
+def measure(bk: LedgerClient, md: LogMetadata, from_index: int, passwords: Sequence[bytes], *,
             read_lac: bool = True, fail_on_data_loss: bool = True) -> list[Extent]:
     """Extents of the log's segments from ``from_index`` up to the first open one.
     A listed ledger that was deleted is data loss (data_loss.py): with
@@ -91,7 +100,6 @@ def measure(bk, md: LogMetadata, from_index: int, passwords: Sequence[bytes], *,
     if from_index < md.truncated_ledgers:
         raise errors.LogTruncated("stream position was truncated away", log=md.name,
                                   index=from_index, first_index=md.truncated_ledgers)
-    from pybk_spark.spark.client_cache import close_handle, open_handle
     out = []
     for i, seg in enumerate(md.segments):
         index = md.truncated_ledgers + i
@@ -122,6 +130,23 @@ def measure(bk, md: LogMetadata, from_index: int, passwords: Sequence[bytes], *,
     return out
 
 
+def stream_start(bk: LedgerClient, md: LogMetadata, t_ms: int, passwords: Sequence[bytes],
+                 fail_on_data_loss: bool) -> Offset:
+    """A stream's first position for ``startingTimestamp``: the first entry, in
+    log order, appended at or after ``t_ms`` among the segments readable now;
+    the log's current end when there is none (later entries are newer;
+    time_seek.py)."""
+    earliest = Offset(md.truncated_ledgers, 0)
+    extents = measure(bk, md, earliest.index, passwords, fail_on_data_loss=fail_on_data_loss)
+    log = LogTimes.of(md)
+    for ext in extents:
+        view = LedgerView(ext.ledger_id, (), ext.end - 1)
+        entry = entry_at_or_after(bk, view, t_ms, log, passwords)
+        if entry < ext.end:
+            return Offset(ext.index, entry)
+    return advance(earliest, extents)
+
+
 def _average_entry_bytes(md: LogMetadata) -> Optional[float]:
     """Average payload bytes per entry over the log's closed segments (None:
     none has a recorded size); what the open tail's entries are costed at."""
@@ -133,11 +158,11 @@ def _average_entry_bytes(md: LogMetadata) -> Optional[float]:
     return nbytes / entries if entries else None
 
 
-def plan_range(bk, md: LogMetadata, begin: Offset, finish: Offset, extents: list[Extent],
-               opts) -> list:
+def plan_range(bk: LedgerClient, md: LogMetadata, begin: Offset, finish: Offset,
+               extents: list[Extent], opts: ReadOptions) -> list[Slice]:
     """Fragment slices of the log's entries in [begin, finish); each ledger's
     password is checked against its metadata here (the driver, not tasks)."""
-    slices = []
+    slices: list[Slice] = []
     for ledger_id, first, last in ranges(begin, finish, extents):
         try:
             meta = bk.get_ledger_metadata(ledger_id)
@@ -159,23 +184,27 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self.opts = opts
         self.table_schema = table_schema
         self._target: Optional[Offset] = None          # Trigger.AvailableNow end
-        self._bk = None                                # driver-side client, created lazily
+        self._bk: Optional[LedgerClient] = None        # driver-side client, created lazily
         self._clock, self._wall_clock, self._new_name = clock, wall_clock, new_name
         self._name: Optional[str] = None               # registered position name
         self._last_batch_at = clock()                  # maxTriggerDelay counts from here
-        self._report: Optional[dict] = None            # reportLatestOffset (progress)
+        self._report: Optional[dict[str, Any]] = None            # reportLatestOffset (progress)
 
     # -- driver ------------------------------------------------------------------------------
-    def _client(self):
+    def _client(self) -> LedgerClient:
         if self._bk is None:
-            from pybk_spark.ledger.client import BookKeeper
-            self._bk = BookKeeper(self.opts.read.metadata_uri,
-                                  conf=dict(self.opts.read.client_conf) or None)
+            self._bk = new_client(self.opts.read.metadata_uri, self.opts.read.client_conf)
         return self._bk
 
     def _log(self) -> LogMetadata:
-        from pybk_spark.logs.log import read_log
-        return read_log(self._client().metadata_store, self.opts.read.log)[0]
+        return read_log(self._client().metadata_store, self._log_name)[0]
+
+    @property
+    def _log_name(self) -> str:
+        """Option 'log' (parse_stream_options requires it of a one-log stream)."""
+        if self.opts.read.log is None:
+            raise errors.IncorrectParameter("the streaming bookkeeper source needs option 'log'")
+        return self.opts.read.log
 
     def _extents(self, md: LogMetadata, start: Offset, read_lac: bool = True) -> list[Extent]:
         return measure(self._client(), md, start.index, self.opts.read.passwords,
@@ -195,13 +224,13 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                          index=start.index, entry=start.entry, first_index=first.index)
         return first
 
-    def _out(self, offset: Offset, uid: Optional[str]) -> dict:
+    def _out(self, offset: Offset, uid: Optional[str]) -> dict[str, Any]:
         d = with_uid(offset.to_dict(), uid)
         if self._name is not None:
             d["stream"] = self._name
         return d
 
-    def _resume(self, md: LogMetadata, offset: dict) -> Offset:
+    def _resume(self, md: LogMetadata, offset: dict[str, Any]) -> Offset:
         """Where to read ``md`` from, given an offset: the offset itself
         (clamped to what truncation left), or the log's first entry when the
         offset was taken in a log since deleted (data loss, ``other_log``)."""
@@ -210,19 +239,18 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             return Offset(md.truncated_ledgers, 0)
         return self._clamp(md, start)
 
-    def _in(self, offset: dict) -> Offset:
+    def _in(self, offset: dict[str, Any]) -> Offset:
         name = offset.get("stream") if isinstance(offset, dict) else None
         if name is not None and self._name is None:
             self._name = str(name)
         return Offset.from_dict(offset)
 
     @our_line_first
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> dict[str, Any]:
         md = self._log()
         self._name = self._new_name()
         earliest = Offset(md.truncated_ledgers, 0)
         if self.opts.read.times.start_ms is not None:          # startingTimestamp
-            from pybk_spark.spark.time_seek import stream_start
             return self._out(stream_start(self._client(), md, self.opts.read.times.start_ms,
                                           self.opts.read.passwords,
                                           self.opts.read.fail_on_data_loss), md.uid)
@@ -270,7 +298,7 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._target = self._end(md, Offset(md.truncated_ledgers, 0), None)
 
     @our_line_first
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         md = self._log()
         begin = self._resume(md, start)
         extents = self._extents(md, begin)
@@ -293,7 +321,7 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                             bytesBehindLatest=behind_bytes)
         return self._out(end, md.uid)
 
-    def reportLatestOffset(self) -> Optional[dict]:
+    def reportLatestOffset(self) -> Optional[dict[str, Any]]:
         """The log's latest offset, for the query progress (``latestOffset``),
         with how far the planned batch's end is behind it: PySpark gives a
         Python source no ``metrics`` of its own (Kafka's
@@ -301,8 +329,7 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return self._report
 
     @our_line_first
-    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
-        from pybk_spark.spark.reader import LedgerSlicePartition
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         bk = self._client()
         md = self._log()
         if other_log(md, end, self.opts.read.fail_on_data_loss):
@@ -316,23 +343,20 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 for s in split_to_min(slices, self.opts.read.min_partitions)]
 
     @our_line_first
-    def commit(self, end: dict) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         """Spark committed every batch up to ``end``: record the query's
         position (CAS, forward only) so that truncation keeps what it needs."""
         offset = self._in(end)
-        if self._name is None or not self._still_there(self.opts.read.log, end):
+        if self._name is None or not self._still_there(self._log_name, end):
             return
-        from pybk_spark.logs.positions import record
-        from pybk_spark.protocol.positions import RegisteredPosition
         record(self._client().metadata_store, RegisteredPosition(
-            self.opts.read.log, self._name, offset.index, offset.entry, "stream",
+            self._log_name, self._name, offset.index, offset.entry, "stream",
             self._wall_clock(), uid=uid_of(end)))
 
-    def _still_there(self, name: str, offset: dict) -> bool:
+    def _still_there(self, name: str, offset: dict[str, Any]) -> bool:
         """False: the log ``offset`` was taken in is gone (deleted, perhaps
         created again): its position would only be left behind.  A restarted
         query commits its last checkpointed offset again, which may be one."""
-        from pybk_spark.logs.log import read_log
         try:
             md = read_log(self._client().metadata_store, name)[0]
         except errors.LogNotFound:
@@ -344,7 +368,7 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             self._bk.close()
             self._bk = None
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_bk"] = None                            # never pickle a client
         return state
@@ -352,7 +376,6 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     # -- executors ------------------------------------------------------------------------------
     @our_line_first
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        from pybk_spark.spark.reader import LedgerSlicePartition, read_partition
         if not isinstance(partition, LedgerSlicePartition):
             return
         yield from read_partition(partition, self.opts.read, self.table_schema)

@@ -44,6 +44,8 @@ from __future__ import annotations
 import json
 from typing import Iterable, Mapping, Optional
 
+from pyspark.sql.types import StructField, StructType
+
 from pybk_spark.spark import option_names as names
 
 METADATA_KEY = "pybk.tableOptions"
@@ -55,12 +57,11 @@ def is_table_creation(options: Mapping[str, str]) -> bool:
     return any(str(k).lower().startswith(names.TABLE_PREFIX) for k in options)
 
 
-def with_table_options(schema, options: Mapping[str, str]):
+def with_table_options(schema: StructType, options: Mapping[str, str]) -> StructType:
     """``schema`` (a StructType) with the table's options in its first field's
     metadata; unchanged when ``options`` are not a table's."""
     if not is_table_creation(options) or not schema.fields:
         return schema
-    from pyspark.sql.types import StructField, StructType
     kept = {str(k): str(v) for k, v in names.fold_table_options(options).items()
             if str(k).lower() not in NOT_RECORDED}
     first = schema.fields[0]
@@ -69,7 +70,7 @@ def with_table_options(schema, options: Mapping[str, str]):
                       + list(schema.fields[1:]))
 
 
-def recorded_options(schema) -> Optional[dict]:
+def recorded_options(schema: Optional[StructType]) -> Optional[dict[str, str]]:
     """The options a table recorded in ``schema`` (None: not a table's schema)."""
     if schema is None or not getattr(schema, "fields", None):
         return None
@@ -77,7 +78,7 @@ def recorded_options(schema) -> Optional[dict]:
     return json.loads(text) if text else None
 
 
-def merged_options(options: Mapping[str, str], schema,
+def merged_options(options: Mapping[str, str], schema: Optional[StructType],
                    valid: Iterable[str] = ()) -> Mapping[str, str]:
     """The options to use: a table's recorded ones that apply (names in
     ``valid``; all if empty) under the query's own (``WITH (...)``), or

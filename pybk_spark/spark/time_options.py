@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 from pybk_spark import errors
+from pybk_spark.spark.option_values import ledger_integers
 
 START_NAMES = ("startingTimestamp", "startingOffsetsByTimestamp")
 END_NAMES = ("endingTimestamp", "endingOffsetsByTimestamp")
@@ -50,7 +51,7 @@ class TimeBounds:
         return set(self.starts_ms) | set(self.ends_ms)
 
 
-def _ms(name: str, value) -> int:
+def _ms(name: str, value: object) -> int:
     text = str(value).strip() if not isinstance(value, bool) else ""
     try:
         ms = int(text)
@@ -72,23 +73,6 @@ def _by_ledger(name: str, text: str) -> dict[int, int]:
         raise errors.IncorrectParameter(
             f"option {name!r} must be JSON {{\"<ledgerId>\": msSinceEpoch, ...}}, got {text!r}")
     return {ledger_id: _ms(name, value) for ledger_id, value in ledger_integers(name, parsed, "time")}
-
-
-def ledger_integers(name: str, parsed: dict, what: str) -> Iterator[tuple[int, int]]:
-    """The ``(ledger id, integer)`` items of option ``name``'s JSON object
-    ``{"<ledgerId>": int, ...}`` (by-ledger offsets and times), one at a time;
-    a key that is not a ledger id, or a value that is not an integer, is refused
-    naming ``what`` the value is."""
-    for key, value in parsed.items():
-        try:
-            ledger_id = int(key)
-        except ValueError:
-            raise errors.IncorrectParameter(
-                f"option {name!r}: key {key!r} is not a ledger id") from None
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise errors.IncorrectParameter(
-                f"option {name!r}: {what} for ledger {ledger_id} must be an integer, got {value!r}")
-        yield ledger_id, value
 
 
 def parse_time_bounds(get: Callable[[str], Optional[str]], *, multi: bool) -> TimeBounds:

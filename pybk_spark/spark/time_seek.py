@@ -20,38 +20,44 @@ The start becomes that ledger's first entry, the end its exclusive end, as
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
+from pybk_spark.logs.log import read_log
 from pybk_spark.protocol import append_time as at
+from pybk_spark.protocol.log_metadata import LogMetadata
+from pybk_spark.spark import arrow_codec
+from pybk_spark.spark.client_cache import catch_up_lac, close_handle, open_handle
+from pybk_spark.spark.options import ReadOptions
 from pybk_spark.spark.planning import LedgerView
 
+if TYPE_CHECKING:
+    from pybk_spark.ledger.port import LedgerClient
 
-class _Log:
-    """What the search needs to know about the log being read."""
+
+class LogTimes:
+    """What the search needs to know about the log being read: each
+    segment's recorded (first, last) append time, and whether its entries
+    are DataFrame rows."""
 
     def __init__(self, times: dict[int, tuple[int, int]], dataframe: bool):
         self.times, self.dataframe = times, dataframe
 
     @classmethod
-    def of(cls, md) -> "_Log":
+    def of(cls, md: LogMetadata) -> LogTimes:
         return cls({s.ledger_id: (s.first_time_us, s.last_time_us) for s in md.segments},
                    md.schema is not None)
 
     @classmethod
-    def read(cls, bk, log: Optional[str]) -> "_Log":
+    def read(cls, bk: LedgerClient, log: Optional[str]) -> LogTimes:
         if log is None:
             return cls({}, False)                # option 'ledgers': raw ledgers
-        from pybk_spark.logs.log import read_log
         return cls.of(read_log(bk.metadata_store, log)[0])
 
 
-def entry_at_or_after(bk, view: LedgerView, t_ms: int, log: _Log,
+def entry_at_or_after(bk: LedgerClient, view: LedgerView, t_ms: int, log: LogTimes,
                       passwords: Sequence[bytes]) -> int:
     """The first entry of ``view`` appended at or after ``t_ms`` (readable
     last + 1 when there is none)."""
-    from pybk_spark.spark import arrow_codec
-    from pybk_spark.spark.client_cache import close_handle, open_handle
-    from pybk_spark.spark.reader import catch_up_lac
     t_us, none = t_ms * 1000, view.readable_last + 1
     first_us, last_us = log.times.get(view.ledger_id, (at.UNKNOWN, at.UNKNOWN))
     side = at.segment_side(first_us, last_us, t_us)
@@ -74,14 +80,14 @@ def entry_at_or_after(bk, view: LedgerView, t_ms: int, log: _Log,
         close_handle(handle)
 
 
-def resolve(bk, opts, views: list[LedgerView], starts: list[int], ends: list[int]
-            ) -> tuple[list[int], list[int]]:
+def resolve(bk: LedgerClient, opts: ReadOptions, views: list[LedgerView], starts: list[int],
+            ends: list[int]) -> tuple[list[int], list[int]]:
     """``starts`` / ``ends`` (per view, as planning takes them) with the
     read's time bounds applied."""
     bounds = opts.times
     if bounds.is_empty:
         return starts, ends
-    log = _Log.read(bk, opts.log)
+    log = LogTimes.read(bk, opts.log)
     starts, ends = list(starts), list(ends)
     for i, view in enumerate(views):
         t = bounds.start_for(view.ledger_id)
@@ -91,20 +97,3 @@ def resolve(bk, opts, views: list[LedgerView], starts: list[int], ends: list[int
         if t is not None:
             ends[i] = entry_at_or_after(bk, view, t, log, opts.passwords)
     return starts, ends
-
-
-def stream_start(bk, md, t_ms: int, passwords: Sequence[bytes], fail_on_data_loss: bool):
-    """A stream's first position for ``startingTimestamp``: the first entry, in
-    log order, appended at or after ``t_ms`` among the segments readable now;
-    the log's current end when there is none (later entries are newer)."""
-    from pybk_spark.spark.stream_offsets import Offset, advance
-    from pybk_spark.spark.stream_reader import measure
-    earliest = Offset(md.truncated_ledgers, 0)
-    extents = measure(bk, md, earliest.index, passwords, fail_on_data_loss=fail_on_data_loss)
-    log = _Log.of(md)
-    for ext in extents:
-        view = LedgerView(ext.ledger_id, (), ext.end - 1)
-        entry = entry_at_or_after(bk, view, t_ms, log, passwords)
-        if entry < ext.end:
-            return Offset(ext.index, entry)
-    return advance(earliest, extents)

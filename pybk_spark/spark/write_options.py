@@ -12,8 +12,9 @@ from typing import Mapping, Optional
 
 from pybk_spark import errors
 from pybk_spark.spark import option_names as names
-from pybk_spark.spark.options import (client_overrides, metadata_service_uri, option, parse_bool,
-                                      parse_positive_int)
+from pybk_spark.spark.client_options import ClientSettings, client_overrides
+from pybk_spark.spark.option_values import option, parse_bool, parse_positive_int
+from pybk_spark.spark.options import metadata_service_uri
 
 DEFAULT_MAX_ROWS_PER_ENTRY = 10_000
 DEFAULT_MAX_BYTES_PER_ENTRY = 1 << 20
@@ -31,7 +32,7 @@ class WriteOptions:
     max_bytes_per_entry: int = DEFAULT_MAX_BYTES_PER_ENTRY
     password: bytes = b""
     sink_id: Optional[str] = None            # streaming sink identity (exactly-once key)
-    client_conf: tuple[tuple[str, str], ...] = ()   # ClientConfig overrides: bk.* + tls.*
+    client_conf: ClientSettings = ()        # ClientConfig overrides: bk.* + tls.*
     merge_schema: bool = False               # allow adding nullable columns at the end
 
 

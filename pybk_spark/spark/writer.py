@@ -47,23 +47,33 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Callable, Iterator, List, Optional
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, List, Optional, Sequence
 
 import pyarrow as pa
+from pyspark import TaskContext
 from pyspark.sql.datasource import (DataSourceArrowWriter, DataSourceStreamArrowWriter,
                                     WriterCommitMessage)
+from pyspark.sql.types import StructType
 
 from pybk_spark import errors
 from pybk_spark.logs.log import (claim_log_password, drop_created_log, find_log,
                                  open_or_create_log, update_log)
-from pybk_spark.metadata.scope import require_bookies
+from pybk_spark.logs.positions import record_sink
 from pybk_spark.logs.truncation import retain
+from pybk_spark.metadata.scope import require_bookies
 from pybk_spark.protocol import append_time
 from pybk_spark.protocol import log_metadata as logmd
 from pybk_spark.protocol.ledger_metadata import key_check
 from pybk_spark.spark import arrow_codec, pending
+from pybk_spark.spark.client_cache import drop_client, new_client, worker_client
 from pybk_spark.spark.write_options import WriteOptions
 from pybk_spark.spark.spark_errors import our_line_first
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
+
+    from pybk_spark.ledger.ledger_handle import LedgerHandle
+    from pybk_spark.ledger.port import LedgerClient
 
 _log = logging.getLogger("pybk_spark.spark")
 
@@ -83,14 +93,15 @@ class LedgerCommitMessage(WriterCommitMessage):
 
 
 # -- driver: schema check -------------------------------------------------------------------
-def prepare_log(bk, opts: WriteOptions, spark_schema, overwrite: bool) -> str:
+def prepare_log(bk: LedgerClient, opts: WriteOptions, spark_schema: StructType,
+                overwrite: bool) -> str:
     """Create the log if needed and check the schema; returns the encoded
     schema to record (the log's own string when compatible)."""
     return prepare_log_evolving(bk, opts, spark_schema, overwrite)[0]
 
 
-def prepare_log_evolving(bk, opts: WriteOptions, spark_schema, overwrite: bool
-                         ) -> tuple[str, Optional[str]]:
+def prepare_log_evolving(bk: LedgerClient, opts: WriteOptions, spark_schema: StructType,
+                         overwrite: bool) -> tuple[str, Optional[str]]:
     """``prepare_log`` with ``mergeSchema``: -> (schema to record, the recorded
     schema it extends, or None when unchanged)."""
     schema = arrow_codec.spark_to_canonical(spark_schema)
@@ -103,7 +114,7 @@ def prepare_log_evolving(bk, opts: WriteOptions, spark_schema, overwrite: bool
     return _prepare_log(bk, opts, schema, overwrite), None
 
 
-def _recorded_log(bk, opts: WriteOptions) -> logmd.LogMetadata:
+def _recorded_log(bk: LedgerClient, opts: WriteOptions) -> logmd.LogMetadata:
     """The log as recorded, its password claimed (``Unauthorized`` for
     another), or a new log's metadata when there is none: the commit creates
     it (``commit_job``), so a write that fails leaves no log.  Writing a new
@@ -116,7 +127,8 @@ def _recorded_log(bk, opts: WriteOptions) -> logmd.LogMetadata:
     return claim_log_password(store, opts.log, opts.password, bk.rng)[0]
 
 
-def _prepare_log(bk, opts: WriteOptions, schema, overwrite: bool) -> str:
+def _prepare_log(bk: LedgerClient, opts: WriteOptions, schema: pa.Schema, overwrite: bool
+                 ) -> str:
     md = _recorded_log(bk, opts)
     if overwrite:
         return arrow_codec.encode_schema(schema)
@@ -141,7 +153,6 @@ def _prepare_log(bk, opts: WriteOptions, schema, overwrite: bool) -> str:
 
 # -- task ---------------------------------------------------------------------------------------
 def _task_ids() -> tuple[int, int]:
-    from pyspark import TaskContext
     ctx = TaskContext.get()
     if ctx is None:                    # called outside Spark (unit tests)
         return 0, 0
@@ -149,22 +160,22 @@ def _task_ids() -> tuple[int, int]:
 
 
 def write_task(opts: WriteOptions, job: str, schema_text: str,
-               batches: Iterator[pa.RecordBatch],
-               wall_clock=time.time) -> LedgerCommitMessage:
-    from pybk_spark.spark.client_cache import drop_client, worker_client
+               batches: Iterable[pa.RecordBatch],
+               wall_clock: Callable[[], float] = time.time) -> LedgerCommitMessage:
     partition, attempt = _task_ids()
     schema = arrow_codec.decode_schema(schema_text)
     bk = worker_client(opts.metadata_uri, opts.client_conf)
-    handle, key = None, None
+    handle: Optional[LedgerHandle] = None
+    key: Optional[str] = None
     entries = nbytes = rows = 0
     first_us = last_us = -1
     try:
-        inflight: list = []
+        inflight: list[Future[list[int]]] = []
         # Spark hands over ~1 MB Arrow batches; entries from several of them
         # go out as one add request (one journal record per bookie), because
         # a bookie's cost is per request as much as per byte.
         coalesce_bytes = bk.conf.add_batch_bytes
-        payloads: list = []
+        payloads: list[bytes] = []
         queued = 0
         for batch in batches:
             if batch.num_rows == 0:
@@ -191,7 +202,7 @@ def write_task(opts: WriteOptions, job: str, schema_text: str,
                 payloads.append(payload)
                 queued += len(payload)
                 nbytes, entries, rows = nbytes + len(payload), entries + 1, rows + n
-        if payloads:
+        if payloads and handle is not None:
             _send(handle, payloads, inflight)
         for fut in inflight:
             fut.result()
@@ -206,7 +217,7 @@ def write_task(opts: WriteOptions, job: str, schema_text: str,
                                first_us, last_us)
 
 
-def _check_entry_size(handle, opts: WriteOptions, partition: int, size: int, rows: int) -> None:
+def _check_entry_size(handle: LedgerHandle, opts: WriteOptions, partition: int, size: int, rows: int) -> None:
     """An entry the ledger cannot take fails the task before it is sent (the
     job then aborts: nothing is appended to the log)."""
     limit = handle.limits.max_entry_bytes
@@ -220,13 +231,13 @@ def _check_entry_size(handle, opts: WriteOptions, partition: int, size: int, row
             f"or raise those limits", log=opts.log)
 
 
-def _send(handle, payloads: list, inflight: list) -> None:
+def _send(handle: LedgerHandle, payloads: list[bytes], inflight: list[Future[list[int]]]) -> None:
     inflight.extend(handle.add_entries_async(payloads))
     while len(inflight) > MAX_INFLIGHT_ADD_CHUNKS:
         inflight.pop(0).result()
 
 
-def _abandon(bk, handle, key) -> None:
+def _abandon(bk: LedgerClient, handle: Optional[LedgerHandle], key: Optional[str]) -> None:
     """Best effort: the driver's cleanup covers whatever this misses."""
     if handle is None:
         return
@@ -243,24 +254,27 @@ def _abandon(bk, handle, key) -> None:
 
 
 # -- driver: commit / abort ---------------------------------------------------------------------
-def committed_ledgers(messages) -> list[tuple[int, int, int, int]]:
+def committed_ledgers(messages: Sequence[Optional[WriterCommitMessage]]
+                      ) -> list[tuple[int, int, int, int]]:
     good = sorted((m for m in messages if isinstance(m, LedgerCommitMessage) and m.ledger_id >= 0),
                   key=lambda m: m.partition)
     return [(m.ledger_id, m.entries, m.bytes, m.rows) for m in good]
 
 
-def committed_times(messages) -> dict[int, tuple[int, int]]:
+def committed_times(messages: Optional[Sequence[Optional[WriterCommitMessage]]]
+                    ) -> dict[int, tuple[int, int]]:
     """ledger id -> (first, last) append time (µs) its task stamped."""
     return {m.ledger_id: (getattr(m, "first_time_us", -1), getattr(m, "last_time_us", -1))
             for m in messages or () if isinstance(m, LedgerCommitMessage) and m.ledger_id >= 0}
 
 
-def message_ledger_ids(messages) -> list[int]:
+def message_ledger_ids(messages: Optional[Sequence[Optional[WriterCommitMessage]]]) -> list[int]:
     return [m.ledger_id for m in messages or ()
             if isinstance(m, LedgerCommitMessage) and m.ledger_id >= 0]
 
 
-def commit_job(bk, opts: WriteOptions, job: str, schema_text: str, messages, *,
+def commit_job(bk: LedgerClient, opts: WriteOptions, job: str, schema_text: str,
+               messages: Sequence[Optional[WriterCommitMessage]], *,
                overwrite: bool = False, sink: Optional[tuple[str, int]] = None,
                base_schema: Optional[str] = None) -> logmd.LogMetadata:
     ledgers = committed_ledgers(messages)
@@ -289,21 +303,17 @@ def commit_job(bk, opts: WriteOptions, job: str, schema_text: str, messages, *,
     return md
 
 
-def abort_job(bk, opts: WriteOptions, job: str, messages) -> list[int]:
+def abort_job(bk: LedgerClient, opts: WriteOptions, job: str,
+              messages: Optional[Sequence[Optional[WriterCommitMessage]]]) -> list[int]:
     md = find_log(bk.metadata_store, opts.log)
     in_log = md.ledger_ids if md is not None else []
     return pending.clean_job(bk, opts.log, job, in_log, extra=message_ledger_ids(messages))
 
 
-def _driver_client(uri: str, conf: tuple = ()):
-    from pybk_spark.ledger.client import BookKeeper
-    return BookKeeper(uri, conf=dict(conf) or None)
-
-
 class BookKeeperBatchWriter(DataSourceArrowWriter):
     def __init__(self, opts: WriteOptions, schema_text: str, overwrite: bool,
                  job: Optional[str] = None, base_schema: Optional[str] = None,
-                 wall_clock: Callable[[], float] = time.time):
+                 wall_clock: Callable[[], float] = time.time) -> None:
         self.opts, self.schema_text, self.overwrite = opts, schema_text, overwrite
         self.base_schema = base_schema          # mergeSchema: the recorded schema it extends
         self.job = job or uuid.uuid4().hex
@@ -315,23 +325,23 @@ class BookKeeperBatchWriter(DataSourceArrowWriter):
 
     @our_line_first
     def commit(self, messages: List[Optional[WriterCommitMessage]]) -> None:
-        with _driver_client(self.opts.metadata_uri, self.opts.client_conf) as bk:
+        with new_client(self.opts.metadata_uri, self.opts.client_conf) as bk:
             md = commit_job(bk, self.opts, self.job, self.schema_text, messages,
                             overwrite=self.overwrite, base_schema=self.base_schema)
             retain(bk, self.opts.log, self._wall_clock, md, retry="at the next commit")
 
     @our_line_first
     def abort(self, messages: List[Optional[WriterCommitMessage]]) -> None:
-        with _driver_client(self.opts.metadata_uri, self.opts.client_conf) as bk:
+        with new_client(self.opts.metadata_uri, self.opts.client_conf) as bk:
             abort_job(bk, self.opts, self.job, messages)
 
 
-def _record_sink_position(bk, md, messages, name: str, sink_id: str, batch_id: int,
-                          now: float) -> None:
+def _record_sink_position(bk: LedgerClient, md: logmd.LogMetadata,
+                          messages: Sequence[Optional[WriterCommitMessage]], name: str,
+                          sink_id: str, batch_id: int, now: float) -> None:
     """The sink's committed position (``pybk positions``; informational, it
     never holds back truncation).  The batch is committed already: a failure
     here is a warning, never a failed batch."""
-    from pybk_spark.logs.positions import record_sink
     try:
         record_sink(bk.metadata_store, md, message_ledger_ids(messages), name, sink_id,
                     batch_id, now)
@@ -345,9 +355,13 @@ class BookKeeperStreamWriter(DataSourceStreamArrowWriter):
     """Exactly-once sink: (sink id, batchId) is recorded in the commit CAS."""
 
     def __init__(self, opts: WriteOptions, schema_text: str, base_schema: Optional[str] = None,
-                 wall_clock: Callable[[], float] = time.time):
+                 wall_clock: Callable[[], float] = time.time) -> None:
+        if opts.sink_id is None:         # parse_write_options(streaming=True) always sets it
+            raise errors.IncorrectParameter(
+                "the bookkeeper sink needs option 'checkpointLocation' (or 'sinkId')")
         self.opts, self.schema_text, self.base_schema = opts, schema_text, base_schema
-        self.job = pending.sink_job(opts.sink_id)
+        self.sink_id: str = opts.sink_id
+        self.job = pending.sink_job(self.sink_id)
         self._wall_clock = wall_clock             # the sink position's updated_at
 
     @our_line_first
@@ -356,14 +370,14 @@ class BookKeeperStreamWriter(DataSourceStreamArrowWriter):
 
     @our_line_first
     def commit(self, messages: List[Optional[WriterCommitMessage]], batchId: int) -> None:
-        with _driver_client(self.opts.metadata_uri, self.opts.client_conf) as bk:
+        with new_client(self.opts.metadata_uri, self.opts.client_conf) as bk:
             md = commit_job(bk, self.opts, self.job, self.schema_text, messages,
-                            sink=(self.opts.sink_id, int(batchId)), base_schema=self.base_schema)
+                            sink=(self.sink_id, int(batchId)), base_schema=self.base_schema)
             now = self._wall_clock()
-            _record_sink_position(bk, md, messages, self.job, self.opts.sink_id, int(batchId), now)
+            _record_sink_position(bk, md, messages, self.job, self.sink_id, int(batchId), now)
             retain(bk, self.opts.log, lambda: now, md, retry="at the next commit")
 
     @our_line_first
     def abort(self, messages: List[Optional[WriterCommitMessage]], batchId: int) -> None:
-        with _driver_client(self.opts.metadata_uri, self.opts.client_conf) as bk:
+        with new_client(self.opts.metadata_uri, self.opts.client_conf) as bk:
             abort_job(bk, self.opts, self.job, messages)

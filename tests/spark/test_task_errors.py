@@ -13,7 +13,7 @@ import time
 import pytest
 from pyspark.sql import functions as F
 
-from pybk_spark.logs.log import LogWriter
+from pybk_spark.logs.log_writer import LogWriter
 
 from .test_stream import log_name, stream
 from .test_write import read, write

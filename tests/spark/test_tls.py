@@ -1,13 +1,13 @@
 """The data source over TLS: a DataFrame written into a log and read back
 on a cluster whose bookies require client certificates, with the TLS files
-given as Spark options (spark/tls_options.py); without them the bookies
+given as Spark options (spark/client_options.py); without them the bookies
 refuse the tasks with a typed error naming the option to set."""
 import uuid
 
 import pytest
 
 from pybk_spark import errors
-from pybk_spark.spark.tls_options import client_conf, parse_client_options
+from pybk_spark.spark.client_options import client_conf, parse_client_options
 
 pytestmark = pytest.mark.spark
 
