@@ -55,6 +55,7 @@ from pybk_spark.config import ClientConfig, as_config
 from pybk_spark.logs.log import read_log
 from pybk_spark.logs.log_reader import with_append_time
 from pybk_spark.metadata import open_store
+from pybk_spark.metadata.security import EtcdSecurity
 from pybk_spark.metadata.store import MetadataStore, read_ledger_metadata
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.protocol import log_identity
@@ -192,7 +193,8 @@ class PlanningClient:
         self.uri, self.settings = uri, conf
         self.conf: ClientConfig = as_config(client_conf(conf))
         self.rng = rng or random.Random()
-        self.metadata_store: MetadataStore = open_store(uri)
+        # the etcd settings given as bk.* options, as BookKeeper takes them
+        self.metadata_store: MetadataStore = open_store(uri, EtcdSecurity.from_config(self.conf))
         self._bk: Optional[LedgerClient] = None
 
     def _client(self) -> LedgerClient:

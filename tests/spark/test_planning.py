@@ -180,3 +180,18 @@ def test_split_to_min_is_proportional_gap_free_and_keeps_order():
     assert split_to_min(slices, 2) == slices and split_to_min(slices, None) == slices
     tiny = [Slice(3, 0, 2, B1)]
     assert split_to_min(tiny, 8) == [Slice(3, e, e, B1) for e in range(3)]   # one per entry at most
+
+
+def test_planning_reaches_etcd_with_the_etcd_settings_given_as_bk_options(tmp_path):
+    """``bk.etcd_*`` options reach the planner's metadata store, as they reach
+    the executors' clients (opening the store does not connect yet)."""
+    from pybk_spark.spark.reader import PlanningClient
+    secret = tmp_path / "pw"
+    secret.write_text("s3cret\n")
+    pc = PlanningClient("etcd://127.0.0.1:1/pybk",
+                        (("etcd_password_file", str(secret)), ("etcd_user", "alice")))
+    try:
+        assert pc.metadata_store.security.etcd_user == "alice"
+        assert pc.metadata_store.security.etcd_password_file == str(secret)
+    finally:
+        pc.close()
