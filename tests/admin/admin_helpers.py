@@ -38,12 +38,13 @@ def wait_until(predicate, timeout: float = 60.0, what: str = "condition"):
 
 
 def spark_submit(job: str, *args, timeout: float = 300.0) -> Result:
+    """spark-submit as an operator runs it: no log-level flag of our own (the
+    job keeps Spark at WARN itself)."""
     from pybk_spark.commands.demo import _kill_group, spark_env, spark_submit_path
     cmd = [spark_submit_path(), "--master", "local[2]",
            "--conf", "spark.ui.enabled=false",
            "--conf", "spark.driver.host=127.0.0.1",
            "--conf", "spark.driver.bindAddress=127.0.0.1",
-           "--conf", "spark.log.level=WARN",
            str(ROOT / "jobs" / job), *[str(a) for a in args]]
     proc = subprocess.Popen(cmd, env=spark_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True,
@@ -63,3 +64,13 @@ def spark_submit(job: str, *args, timeout: float = 300.0) -> Result:
 def registered(store, bookie_id: str) -> bool:
     return any(store.get(f"bookies/{m}/{bookie_id}") is not None
                for m in ("writable", "readonly"))
+
+
+def one_json_document(res: Result) -> dict:
+    """A ``--json`` job's report: the whole of stdout is one JSON document,
+    and Spark logs at WARN (the 3 INFO lines that precede its conf at most)."""
+    report = json.loads(res.out)
+    assert isinstance(report, dict), res.out
+    info = [line for line in res.err.splitlines() if " INFO " in line]
+    assert len(info) <= 3, info
+    return report

@@ -1,14 +1,12 @@
 """spark-submit jobs keep stdout parsable: ``--json`` prints exactly one JSON
 document, progress goes to stderr, Spark logs at WARN by default."""
-import json
 import os
-import subprocess
 
 import pytest
 
 from pybk_spark.admin.jobs import job_output
 
-from admin_helpers import ROOT
+from admin_helpers import one_json_document, spark_submit
 
 
 def _fake_parent(tmp_path, target_fd: int) -> str:
@@ -59,36 +57,12 @@ def test_without_a_usable_parent_stderr_json_silences_it(tmp_path):
             os.close(f)
 
 
-def _submit(job: str, *args) -> subprocess.CompletedProcess:
-    """spark-submit as an operator runs it: no log-level flag of our own."""
-    from pybk_spark.commands.demo import spark_env, spark_submit_path
-    cmd = [spark_submit_path(), "--master", "local[2]", "--conf", "spark.ui.enabled=false",
-           "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
-           str(ROOT / "jobs" / job), *args]
-    return subprocess.run(cmd, env=spark_env(), capture_output=True, text=True, timeout=600,
-                          cwd="/tmp")
-
-
 @pytest.mark.spark
-def test_jobs_print_one_json_document_under_spark_submit(cluster):
-    from pybk_spark.ledger.client import BookKeeper
-    uri = cluster.metadata_uri
-    with BookKeeper(uri) as bk:
-        for _ in range(2):
-            lh = bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2)
-            lh.add_entries([b"x"] * 10)
-            lh.close()
-    for job, args in (("rereplicate.py", ("--verify",)), ("recover_ledgers.py", ())):
-        res = _submit(job, "--metadata-uri", uri, "--json", *args)
-        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-        report = json.loads(res.stdout)              # the whole of stdout, nothing else
-        assert isinstance(report, dict), res.stdout
-        info = [line for line in res.stderr.splitlines() if " INFO " in line]
-        assert len(info) <= 3, info                  # Spark at WARN (3 lines precede its conf)
-        if job == "rereplicate.py":
-            assert report["under_replicated"] == []
-            assert "tasks done" in res.stderr, res.stderr[-2000:]
-
-    bad = _submit("rereplicate.py", "--metadata-uri", "http://nowhere/pybk", "--json")
-    assert bad.returncode == 2, bad.stdout + bad.stderr[-2000:]
-    assert json.loads(bad.stdout)["error"] == "IncorrectParameter", bad.stdout
+def test_a_job_refused_under_spark_submit_prints_one_json_error():
+    """A job's one JSON document under spark-submit, here for a refused
+    setting (exit 2); the jobs' reports are checked the same way where they
+    run (tests/admin/test_rereplicate.py and test_recover.py,
+    ``one_json_document``)."""
+    bad = spark_submit("rereplicate.py", "--metadata-uri", "http://nowhere/pybk", "--json")
+    assert bad.rc == 2, bad.out + bad.err[-2000:]
+    assert one_json_document(bad)["error"] == "IncorrectParameter", bad.out

@@ -11,7 +11,7 @@ import pytest
 from pybk_spark import errors
 from pybk_spark.cluster import procs
 
-from admin_helpers import pybk, spark_submit, wait_until
+from admin_helpers import one_json_document, pybk, spark_submit, wait_until
 
 WRITER = Path(__file__).with_name("dead_writer.py")
 
@@ -62,7 +62,7 @@ def test_dead_writer_recovered_by_spark_job_then_noop(cluster, bk):
 
     res = spark_submit("recover_ledgers.py", "--metadata-uri", uri, "--ledger", ledger, "--json")
     assert res.rc == 0, res.err[-3000:]
-    report = __import__("json").loads(res.out.strip().splitlines()[-1])
+    report = one_json_document(res)
     row = [r for r in report["ledgers"] if r["ledger"] == ledger][0]
     assert row["outcome"] == "recovered" and row["last_entry"] >= acked
     _check_recovered(bk, ledger, acked)

@@ -1,13 +1,12 @@
 """Re-replication on a private 4-bookie cluster (destructive: a bookie is
 SIGKILLed and its data dir wiped).  The job is run once through
 spark-submit; decommission runs in-process."""
-import json
 import shutil
 
 
 from pybk_spark.admin.operations import rereplicate as rr
 
-from admin_helpers import pybk, registered, spark_submit, wait_until
+from admin_helpers import one_json_document, pybk, registered, spark_submit, wait_until
 
 
 def _payloads(tag, n, size=200):
@@ -60,7 +59,8 @@ def test_lost_bookie_rereplicated_by_spark_job(own_cluster, bk):
 
     res = spark_submit("rereplicate.py", "--metadata-uri", uri, "--verify", "--json")
     assert res.rc == 0, res.out[-3000:] + res.err[-3000:]
-    report = json.loads(res.out.strip().splitlines()[-1])
+    report = one_json_document(res)
+    assert "tasks done" in res.err, res.err[-2000:]
     assert report["under_replicated"] == []
     assert [f["ledger"] for f in report["fenced"]] == [l3.ledger_id]
     assert {c["outcome"] for c in report["copies"]} == {"replicated"}
