@@ -226,5 +226,7 @@ def read_ledger_metadata(store: "MetadataStore", ledger_id: int) -> LedgerMetada
     v = store.get(ledger_key(ledger_id))
     if v is None:
         require_bookies(store)            # EmptyScope: the wrong scope, not the id
-        raise errors.NoSuchLedger(ledger_id=ledger_id)
+        raise errors.NoSuchLedger(
+            f"no ledger {ledger_id} in this metadata scope: it was never created here, or "
+            "it was deleted (`pybk listledgers` lists the scope's ledgers)", ledger_id=ledger_id)
     return LedgerMetadata.from_json(v.value)
