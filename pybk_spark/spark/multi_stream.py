@@ -198,11 +198,12 @@ class BookKeeperMultiLogStreamReader(BookKeeperStreamReader):
     @our_line_first
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         from pybk_spark.logs.log import read_log
-        from pybk_spark.spark.reader import LedgerSlicePartition
+        from pybk_spark.spark import offloaded
         bk = self._client()
         starts, finishes = self._in_map(start), self._in_map(end)
         start_uids, end_uids = mo.uids(start), mo.uids(end)
         tagged: list[tuple[str, Any]] = []
+        records: dict[str, dict] = {}
         for name in sorted(finishes):
             try:
                 md = read_log(bk.metadata_store, name)[0]
@@ -220,10 +221,11 @@ class BookKeeperMultiLogStreamReader(BookKeeperStreamReader):
             extents = self._extents(md, begin, read_lac=False)
             tagged.extend((name, s) for s in plan_range(bk, md, begin, finishes[name],
                                                         extents, self.opts.read))
+            records[name] = offloaded.records_in(md)
         out: list[InputPartition] = []
         for name, s in tagged:          # minPartitions over all logs' slices
             for piece in split_to_min([s], _share(s, tagged, self.opts.read.min_partitions)):
-                out.append(LogSlicePartition(name, LedgerSlicePartition.of(piece)))
+                out.append(LogSlicePartition(name, offloaded.partition_of(piece, records[name])))
         return out
 
     @our_line_first

@@ -324,12 +324,14 @@ def read_partition(partition: LedgerSlicePartition, opts: ReadOptions,
     current one (read_ahead.py)."""
     uri = opts.metadata_uri
     try:
+        from pybk_spark.spark import offloaded
         record = getattr(partition, "offload", None)
         if record is not None:
-            from pybk_spark.spark import offloaded
             raw = offloaded.read_slice(partition, record, opts.read_batch_entries)
         else:
-            raw = read_slice(worker_client(uri, opts.client_conf), partition, opts)
+            bk = worker_client(uri, opts.client_conf)
+            raw = offloaded.ledger_then_files(read_slice(bk, partition, opts), partition,
+                                              opts.log, bk, opts.read_batch_entries)
         yield from read_ahead(decode_slice(raw, table_schema, opts.include_metadata),
                               opts.read_ahead_batches)
     except errors.NoSuchLedger as exc:

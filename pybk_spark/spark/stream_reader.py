@@ -25,6 +25,9 @@ Python process per query):
     metadata here, so a wrong one fails the query on the driver.
 Executors read slices exactly like the batch reader (entries up to the planned
 last one, which is <= the LAC seen by the driver) and decode DataFrame entries.
+An offloaded segment is planned and read from its files with the same
+offsets (spark/offloaded.py), so a query that lags past the offload's grace
+period reads on without a gap or a duplicate.
 ``commit(end)`` deletes nothing (the log is shared); it records the query's
 position in etcd (``positions/<log>/<name>``, protocol/positions.py), which
 truncation will not pass.  The name is minted by ``initialOffset`` and rides
@@ -85,8 +88,9 @@ def other_log(md: LogMetadata, offset: dict, fail_on_data_loss: bool) -> bool:
 
 def measure(bk, md: LogMetadata, from_index: int, passwords: Sequence[bytes], *,
             read_lac: bool = True, fail_on_data_loss: bool = True) -> list[Extent]:
-    """Extents of the log's segments from ``from_index`` up to the first open one.
-    A listed ledger that was deleted is data loss (data_loss.py): with
+    """Extents of the log's segments from ``from_index`` up to the first open one
+    (an offloaded segment is closed, measured from the log's metadata).  A
+    listed ledger that was deleted is data loss (data_loss.py): with
     ``fail_on_data_loss=False`` it counts as a closed, empty segment."""
     if from_index < md.truncated_ledgers:
         raise errors.LogTruncated("stream position was truncated away", log=md.name,
@@ -136,9 +140,17 @@ def _average_entry_bytes(md: LogMetadata) -> Optional[float]:
 def plan_range(bk, md: LogMetadata, begin: Offset, finish: Offset, extents: list[Extent],
                opts) -> list:
     """Fragment slices of the log's entries in [begin, finish); each ledger's
-    password is checked against its metadata here (the driver, not tasks)."""
+    password is checked against its metadata here (the driver, not tasks).
+    An offloaded segment is planned from its record (spark/offloaded.py):
+    the same entry ids, read from its files, its ledger not needed."""
+    from pybk_spark.spark import offloaded
+    records = offloaded.records_in(md)
     slices = []
     for ledger_id, first, last in ranges(begin, finish, extents):
+        if ledger_id in records:
+            slices.extend(plan_ledger(offloaded.view_of(ledger_id, records[ledger_id]), first,
+                                      last + 1, opts.max_entries_per_partition))
+            continue
         try:
             meta = bk.get_ledger_metadata(ledger_id)
         except errors.NoSuchLedger:
@@ -302,7 +314,6 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     @our_line_first
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
-        from pybk_spark.spark.reader import LedgerSlicePartition
         bk = self._client()
         md = self._log()
         if other_log(md, end, self.opts.read.fail_on_data_loss):
@@ -312,7 +323,9 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             return []
         extents = self._extents(md, begin, read_lac=False)
         slices = plan_range(bk, md, begin, finish, extents, self.opts.read)
-        return [LedgerSlicePartition.of(s)
+        from pybk_spark.spark import offloaded
+        records = offloaded.records_in(md)
+        return [offloaded.partition_of(s, records)
                 for s in split_to_min(slices, self.opts.read.min_partitions)]
 
     @our_line_first
