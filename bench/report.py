@@ -33,6 +33,10 @@ TARGETS = {
     "rereplication_vs_disk": (">=", 0.5, "(8) re-replication copy MB/s / disk sequential, overwriting allocated blocks"),
     "rereplication_vs_copy_floor": (">=", 0.5, "(8) re-replication copy MB/s / the bare copy between two "
                                     "processes, as many at once (bench/copy_floor.py)"),
+    "offload_vs_disk": (">=", 0.1, "(11) offload to Parquet (read, write, read back, check every "
+                        "entry, commit) MB/s / disk sequential, overwriting allocated blocks"),
+    "spark_offloaded_scan_vs_parquet": (">=", 0.9, "(11) Spark full scan of offloaded history "
+                                        "(bookkeeper source) / spark.read.parquet of the same files"),
 }
 
 
@@ -164,6 +168,14 @@ def markdown(r: dict) -> str:
                  f"(fresh file, sustained {_f(_get(f, '2_bookie_ingest', 'disk_sustained_mb_per_s_mean'))}"
                  " MB/s) |")
     lines += scaling_rows(f.get("9_scaling"))
+    ob = f.get("11_offload") or {}
+    lines.append(f"| 11 | offload of {_f(ob.get('entries'))} x 1 KiB entries, {_f(ob.get('segments'))} "
+                 f"segments, to Parquet on the bench disk | {_f(ob.get('mb_per_s'), 1)} MB/s "
+                 f"({_f(ob.get('entries_per_s'))} entries/s) | disk sequential, overwriting "
+                 f"{_f(_get(f, '2_bookie_ingest', 'disk_overwrite_mb_per_s_mean'))} MB/s |")
+    lines.append(f"| 11 | Spark full scan of the offloaded history | "
+                 f"{_f(_get(ob, 'offloaded_scan', 'median_s'), 2, ' s')} | spark.read.parquet of the "
+                 f"same files {_f(_get(ob, 'parquet_scan', 'median_s'), 2, ' s')} |")
     errs = r.get("errors") or {}
     if errs:
         lines += ["", "Errors during the run:", ""] + [f"- {k}: {v}" for k, v in errs.items()]

@@ -9,6 +9,8 @@ once the journal's page-cache window is full), the Redis peer (bench.redis_peer,
 bench.redis_sweep), then on one LocalCluster (etcd + 3 bookie-server
 processes): (3) client append throughput and the batch-size sweep, (4) sync
 add latency, (5) catch-up read of the ledger (3) wrote, (6) Spark vs Parquet,
+(11) offload to Parquet and a Spark scan of the offloaded history
+(bench.offload_bench; numbered after the others, run here, on the cluster),
 (7) recovery, (8) re-replication (adds a 4th bookie and kills one, so last);
 then, once that cluster is gone, (9) scaling (bench.scaling): batched appends
 and reads with 3, 5 and 7 bookies, each on its own test host (network
@@ -55,7 +57,8 @@ RATIO_KEYS = ("append_vs_redis_pipelined_1c", "append_vs_redis_50c", "sync_add_p
               "spark_read_vs_parquet", "entry_cpu_7_vs_3_bookies", "tls_append_vs_plain",
               "tls_catchup_vs_plain", "sync_add_cpu_ms", "spark_read_vs_python_floor",
               "spark_count_vs_python_floor", "rereplication_vs_disk", "sync_add_cpu_vs_python_floor",
-              "spark_write_vs_python_floor", "rereplication_vs_copy_floor")
+              "spark_write_vs_python_floor", "rereplication_vs_copy_floor", "offload_vs_disk",
+              "spark_offloaded_scan_vs_parquet")
 
 
 def _log(msg: str) -> None:
@@ -172,8 +175,8 @@ def compute_ratios(f: dict, errors: dict) -> tuple[dict, dict]:
 
 def run(quick: bool, data_dir: str | None) -> dict:
     from bench import (bookie_ingest, catchup, client_append, copy_floor, disk_writers, machine,
-                       recovery_bench, redis_peer, redis_sweep, rereplication, sync_floor,
-                       tls_cost)
+                       offload_bench, recovery_bench, redis_peer, redis_sweep, rereplication,
+                       sync_floor, tls_cost)
     started = dt.datetime.now().astimezone().isoformat(timespec="seconds")
     t_start = time.perf_counter()
     base = data_dir or tempfile.gettempdir()
@@ -204,6 +207,7 @@ def run(quick: bool, data_dir: str | None) -> dict:
     _project_sync(r.figures)
     ratios, missing = compute_ratios(r.figures, r.errors)
     tls_cost.add_ratios(ratios, missing, r.figures, r.errors)
+    offload_bench.add_ratios(ratios, missing, r.figures, r.errors)
     return {"mode": "quick" if quick else "full",
             "command": "make bench QUICK=1" if quick else "make bench",
             "started_at": started, "duration_s": time.perf_counter() - t_start,
@@ -252,6 +256,8 @@ def _cluster_figures(r: Run, quick: bool, work: str, redis_sw, client_append, ca
         if writer[0] is not None:
             writer[0][0].close()
         r.step("6_spark", lambda: _spark(uri, quick, work))
+        from bench import offload_bench
+        r.step("11_offload", lambda: offload_bench.measure(uri, quick, work))
         r.step("7_recovery", lambda: recovery_bench.measure(uri, quick))
         r.step("8_rereplication", lambda: rereplication.measure(cluster, quick))
 

@@ -49,13 +49,14 @@ from pybk_spark.logs.log import list_logs, read_log
 from pybk_spark.logs.positions import record
 from pybk_spark.protocol import log_identity
 from pybk_spark.protocol.log_metadata import LogMetadata
+from pybk_spark.protocol.offload_record import SegmentOffload
 from pybk_spark.protocol.positions import RegisteredPosition
-from pybk_spark.spark import arrow_codec, data_loss
+from pybk_spark.spark import arrow_codec, data_loss, offloaded
 from pybk_spark.spark import multi_offsets as mo
 from pybk_spark.spark.multi_log import LogSlicePartition, _share, add_log_column
 from pybk_spark.spark.options import ReadOptions
 from pybk_spark.spark.planning import Slice, split_to_min
-from pybk_spark.spark.reader import LedgerSlicePartition, read_partition
+from pybk_spark.spark.reader import partition_of, read_partition
 from pybk_spark.spark.stream_offsets import (Offset, advance, count, delay_batch, lag,
                                              with_uid)
 from pybk_spark.spark.stream_reader import (BookKeeperStreamReader, _average_entry_bytes,
@@ -206,6 +207,7 @@ class BookKeeperMultiLogStreamReader(BookKeeperStreamReader):
         starts, finishes = self._in_map(start), self._in_map(end)
         start_uids, end_uids = mo.uids(start), mo.uids(end)
         tagged: list[tuple[str, Slice]] = []
+        records: dict[str, dict[int, SegmentOffload]] = {}
         for name in sorted(finishes):
             try:
                 md = read_log(bk.metadata_store, name)[0]
@@ -223,10 +225,11 @@ class BookKeeperMultiLogStreamReader(BookKeeperStreamReader):
             extents = self._extents(md, begin, read_lac=False)
             tagged.extend((name, s) for s in plan_range(bk, md, begin, finishes[name],
                                                         extents, self.opts.read))
+            records[name] = offloaded.records_in(md)
         out: list[InputPartition] = []
         for name, s in tagged:          # minPartitions over all logs' slices
             for piece in split_to_min([s], _share(s, tagged, self.opts.read.min_partitions)):
-                out.append(LogSlicePartition(name, LedgerSlicePartition.of(piece)))
+                out.append(LogSlicePartition(name, partition_of(piece, records[name])))
         return out
 
     @our_line_first

@@ -309,6 +309,27 @@ def resolve_ledgers(bk: LedgerClient, opts: ReadOptions) -> tuple[int, ...]:
     return ids
 
 
+def _ledger_then_files(from_ledger: Iterator[Any], part: LedgerSlicePartition,
+                       log: Optional[str], bk: LedgerClient,
+                       max_entries: int) -> Iterator[Any]:
+    """The slice read from its ledger (raw batches, entry ids in column 1);
+    when the ledger turns out deleted and the log's metadata now has the
+    segment's offload record, the rest of the slice from its files: no entry
+    twice, none missed.  Without a record, ``NoSuchLedger`` goes on."""
+    next_entry = part.first
+    try:
+        for batch in from_ledger:
+            if batch.num_rows:
+                next_entry = batch.column(1)[-1].as_py() + 1
+            yield batch
+    except errors.NoSuchLedger:
+        record = offloaded.records_of(bk, log).get(part.ledger_id) if log is not None else None
+        if record is None:
+            raise
+        yield from (to_raw_batch(b) for b in offloaded.read_slice(
+            part.ledger_id, next_entry, part.last, record, max_entries))
+
+
 def partition_of(s: Slice, records: dict[int, SegmentOffload]) -> LedgerSlicePartition:
     """The slice's partition; an offloaded segment's carries its record
     (``offload``), which sends the executor to the files."""
@@ -391,7 +412,9 @@ def read_partition(partition: LedgerSlicePartition, opts: ReadOptions,
                 partition.ledger_id, partition.first, partition.last, record,
                 opts.read_batch_entries))
         else:
-            raw = read_slice(worker_client(uri, opts.client_conf), partition, opts)
+            bk = worker_client(uri, opts.client_conf)
+            raw = _ledger_then_files(read_slice(bk, partition, opts), partition, opts.log, bk,
+                                     opts.read_batch_entries)
         yield from read_ahead(decode_slice(raw, table_schema, opts.include_metadata),
                               opts.read_ahead_batches)
     except errors.NoSuchLedger as exc:

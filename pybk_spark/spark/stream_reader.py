@@ -25,6 +25,9 @@ Python process per query):
     metadata here, so a wrong one fails the query on the driver.
 Executors read slices exactly like the batch reader (entries up to the planned
 last one, which is <= the LAC seen by the driver) and decode DataFrame entries.
+An offloaded segment is planned and read from its files with the same
+offsets (spark/offloaded.py), so a query that lags past the offload's grace
+period reads on without a gap or a duplicate.
 ``commit(end)`` deletes nothing (the log is shared); it records the query's
 position in etcd (``positions/<log>/<name>``, protocol/positions.py), which
 truncation will not pass.  The name is minted by ``initialOffset`` and rides
@@ -59,11 +62,11 @@ from pybk_spark.protocol import log_identity
 from pybk_spark.protocol.ledger_metadata import password_for
 from pybk_spark.protocol.log_metadata import SEGMENT_CLOSED, LogMetadata
 from pybk_spark.protocol.positions import RegisteredPosition
-from pybk_spark.spark import data_loss
+from pybk_spark.spark import data_loss, offloaded
 from pybk_spark.spark.client_cache import close_handle, new_client, open_handle
 from pybk_spark.spark.options import LATEST, ReadOptions, StreamOptions
 from pybk_spark.spark.planning import LedgerView, Slice, plan_ledger, split_to_min
-from pybk_spark.spark.reader import LedgerSlicePartition, read_partition
+from pybk_spark.spark.reader import LedgerSlicePartition, partition_of, read_partition
 from pybk_spark.spark.stream_offsets import (Extent, Offset, advance, count, delay_batch, lag,
                                              ranges, uid_of, with_uid)
 from pybk_spark.spark.spark_errors import our_line_first
@@ -94,8 +97,9 @@ def other_log(md: LogMetadata, offset: dict[str, Any], fail_on_data_loss: bool) 
 
 def measure(bk: LedgerClient, md: LogMetadata, from_index: int, passwords: Sequence[bytes], *,
             read_lac: bool = True, fail_on_data_loss: bool = True) -> list[Extent]:
-    """Extents of the log's segments from ``from_index`` up to the first open one.
-    A listed ledger that was deleted is data loss (data_loss.py): with
+    """Extents of the log's segments from ``from_index`` up to the first open one
+    (an offloaded segment is closed, measured from the log's metadata).  A
+    listed ledger that was deleted is data loss (data_loss.py): with
     ``fail_on_data_loss=False`` it counts as a closed, empty segment."""
     if from_index < md.truncated_ledgers:
         raise errors.LogTruncated("stream position was truncated away", log=md.name,
@@ -161,9 +165,16 @@ def _average_entry_bytes(md: LogMetadata) -> Optional[float]:
 def plan_range(bk: LedgerClient, md: LogMetadata, begin: Offset, finish: Offset,
                extents: list[Extent], opts: ReadOptions) -> list[Slice]:
     """Fragment slices of the log's entries in [begin, finish); each ledger's
-    password is checked against its metadata here (the driver, not tasks)."""
+    password is checked against its metadata here (the driver, not tasks).
+    An offloaded segment is planned from its record (spark/offloaded.py):
+    the same entry ids, read from its files, its ledger not needed."""
+    records = offloaded.records_in(md)
     slices: list[Slice] = []
     for ledger_id, first, last in ranges(begin, finish, extents):
+        if ledger_id in records:
+            slices.extend(plan_ledger(offloaded.view_of(ledger_id, records[ledger_id]), first,
+                                      last + 1, opts.max_entries_per_partition))
+            continue
         try:
             meta = bk.get_ledger_metadata(ledger_id)
         except errors.NoSuchLedger:
@@ -339,7 +350,8 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             return []
         extents = self._extents(md, begin, read_lac=False)
         slices = plan_range(bk, md, begin, finish, extents, self.opts.read)
-        return [LedgerSlicePartition.of(s)
+        records = offloaded.records_in(md)
+        return [partition_of(s, records)
                 for s in split_to_min(slices, self.opts.read.min_partitions)]
 
     @our_line_first

@@ -85,6 +85,50 @@ def test_a_round_applies_log_retention_to_idle_logs(own_cluster, bk):
     assert md.ledger_ids == before[-1:] and not set(before[:-1]) & set(bk.list_ledgers())
 
 
+def test_a_round_applies_the_offload_policy_and_counts_it(own_cluster, bk, tmp_path):
+    """With offload settings, each round offloads what the policy picks from
+    every log and, once the grace period is over, deletes the ledgers; the
+    row and the Prometheus metrics count it, failures too."""
+    from pybk_spark.logs.log import read_log
+    from pybk_spark.logs.log_writer import LogWriter, RollPolicy
+    from pybk_spark.logs.offload_conf import load_offload_conf
+    with LogWriter(bk, "auto-offloaded", roll_policy=RollPolicy(max_entries=10)).open() as w:
+        for k in range(4):
+            w.append_batch([b"e%03d" % (k * 10 + i) for i in range(10)])
+    settings = load_offload_conf(location=str(tmp_path / "off"), grace_s=3600)
+    auto = AutoRecovery(bk, own_cluster.metadata_uri, AutoRecoveryConfig(offload=settings),
+                        identity="off", wall_clock=lambda: 5_000.0)
+    sample = auto.offload_metrics.registry.get_sample_value
+    try:
+        row = auto.run_round()
+        assert (row["offload_segments"], row["offload_ledgers_deleted"]) == (2, 0)
+        assert row["offload_bytes"] > 0 and row["offload_failed"] == 0
+        md = read_log(bk.metadata_store, "auto-offloaded")[0]
+        offloaded = [s.ledger_id for s in md.segments if s.offload is not None]
+        assert offloaded == list(md.ledger_ids[:2])
+        assert set(offloaded) <= set(bk.list_ledgers())           # within the grace period
+        auto.wall_clock = lambda: 5_000.0 + 3_600
+        row = auto.run_round()
+        assert (row["offload_segments"], row["offload_ledgers_deleted"]) == (0, 2)
+        assert not set(offloaded) & set(bk.list_ledgers())
+        assert sample("pybk_offload_segments_total") == 2
+        assert sample("pybk_offload_bytes_total") == row["offload_bytes"] + sum(
+            s.offload.size for s in md.segments if s.offload is not None)
+        assert sample("pybk_offload_ledgers_deleted_total") == 2
+        assert sample("pybk_offload_last_run_timestamp_seconds") == 8_600.0
+        with LogWriter(bk, "auto-unwritable", roll_policy=RollPolicy(max_entries=1)).open() as w:
+            for payload in (b"a", b"b", b"c"):
+                w.append_batch([payload])
+        blocker = tmp_path / "a-file"
+        blocker.write_bytes(b"")
+        auto.conf.offload = load_offload_conf(location=str(blocker / "off"))
+        row = auto.run_round()                  # a location that cannot be written
+        assert row["offload_failed"] >= 1 and row["status"] == 0
+        assert sample("pybk_offload_failures_total") == row["offload_failed"]
+    finally:
+        auto.resign()
+
+
 def test_leadership_outlives_an_etcd_outage_shorter_than_its_lease(own_cluster, bk):
     """etcd answers nothing for a while (SIGSTOP: every RPC hangs until its
     timeout), less than the leader's lease ttl.  The leader skips that

@@ -19,6 +19,7 @@ from pybk_spark.admin.operations.autorecovery import AutoRecovery, AutoRecoveryC
 from pybk_spark.admin.report import table
 from pybk_spark.ledger.client import BookKeeper
 from pybk_spark.ledger.port import LedgerClient
+from pybk_spark.logs.offload_conf import load_offload_conf
 from pybk_spark.metadata import keys
 from pybk_spark.metadata.store import MetadataStore
 from pybk_spark.protocol import ledger_metadata as lm
@@ -294,6 +295,11 @@ def _autorecovery_args(p: argparse.ArgumentParser) -> None:
                    help="lease TTL of the leadership key audit/leader")
     p.add_argument("--rounds", type=int, default=None, metavar="N",
                    help="stop after N rounds (default: until SIGTERM / Ctrl-C)")
+    p.add_argument("--offload-conf", metavar="FILE",
+                   help="offload settings (conf/offload.conf): each round also applies the "
+                        "offload policy to every log (default: no offload)")
+    p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help="serve the daemon's Prometheus metrics (offload) on this port")
     password_arg(p)
     parallel_arg(p)
 
@@ -307,7 +313,9 @@ def _autorecovery(args: argparse.Namespace) -> int:
                               grace_s=args.grace, leader_ttl_s=args.leader_ttl,
                               recover_abandoned=args.recover_abandoned,
                               recover_idle_s=args.recover_idle, verify_every=args.verify_every,
-                              password=password_of(args), parallel=args.parallel)
+                              password=password_of(args), parallel=args.parallel,
+                              offload=(load_offload_conf(args.offload_conf)
+                                       if args.offload_conf else None))
     worst = [0]
 
     def emit(row: dict) -> None:
@@ -339,14 +347,21 @@ def _autorecovery(args: argparse.Namespace) -> int:
                      if row.get("retention_dropped_ledgers") else "")
                   + (f" retention_failed={row['retention_failed']}"
                      if row.get("retention_failed") else "")
+                  + (f" offloaded={row['offload_segments']} ({row['offload_bytes']} bytes)"
+                     f" offload_deleted={row['offload_ledgers_deleted']}"
+                     f" offload_failed={row['offload_failed']}"
+                     if "offload_segments" in row else "")
                   + f" ({row['seconds']}s)"
                   + (f"; not repaired: {rr.failed_ledgers_text(row['failed_ledgers'])}"
                      if row.get("failed_ledgers") else ""), flush=True)
 
     try:
         with client(args) as bk:
-            AutoRecovery(bk, args.metadata_uri, conf).run_forever(stop.wait, emit,
-                                                                  rounds=args.rounds)
+            auto = AutoRecovery(bk, args.metadata_uri, conf)
+            if args.metrics_port is not None:
+                from prometheus_client import start_http_server
+                start_http_server(args.metrics_port, registry=auto.offload_metrics.registry)
+            auto.run_forever(stop.wait, emit, rounds=args.rounds)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -358,7 +373,8 @@ shell_common.register("autorecovery", "periodic auditor + re-replication daemon 
                       writes="the leadership key audit/leader (under a lease); each round, as "
                              "rereplicate (and with --verify-every as its --verify), with "
                              "--recover-abandoned as recover; logs' expired segments (retention) "
-                             "and their ledgers are deleted")
+                             "and their ledgers are deleted; with --offload-conf, logs' segments "
+                             "are offloaded and their ledgers deleted after the grace period")
 
 
 def _reasons(by_reason: dict | None) -> str:

@@ -42,6 +42,14 @@ one loop does both, and any number of copies may run for availability:
   for a topic; here each log is one CAS that re-decides, then the ledger
   deletion (``logs/truncation.py``).  A log that fails is counted in
   the row (``retention_failed``) and retried next round.
+* Offload (admin/operations/auto_offload.py): with offload settings
+  (``offload``, ``pybk autorecovery --offload-conf``), every enabled round
+  also applies the offload policy to every log, after retention: the
+  segments it picks go to Parquet files at the settings' location, and the
+  ledgers whose grace period is over leave the bookies.  The row counts
+  them (``offload_segments``, ``offload_bytes``,
+  ``offload_ledgers_deleted``, ``offload_failed``), and so do the
+  Prometheus metrics in ``offload_metrics``.
 * A failed round is logged and retried next round; the loop never dies of a
   metadata or bookie error.  ``stop`` (SIGTERM/SIGINT) ends it between rounds
   and releases the leadership.
@@ -61,9 +69,11 @@ from typing import Callable, Optional
 
 from pybk_spark import errors
 from pybk_spark.admin.operations import orchestrate as orch
+from pybk_spark.admin.operations.auto_offload import OffloadMetrics, apply_offload
 from pybk_spark.admin.operations import rereplicate as rr
 from pybk_spark.ledger.port import LedgerClient
 from pybk_spark.logs.log import list_logs, read_log
+from pybk_spark.logs.offload_conf import OffloadSettings
 from pybk_spark.logs.truncation import retain
 from pybk_spark.metadata import audit_control as ctl
 from pybk_spark.metadata.store import Lease
@@ -85,6 +95,7 @@ class AutoRecoveryConfig:
     password: Optional[bytes] = None
     trigger_poll_s: float = 1.0    # how often a waiting leader looks at audit/trigger
     parallel: int = orch.DEFAULT_PARALLEL   # fragments copied (ledgers recovered) at once
+    offload: Optional[OffloadSettings] = None   # set: each round applies the offload policy
 
 
 class AutoRecovery:
@@ -102,6 +113,7 @@ class AutoRecovery:
         self._lease: Optional[Lease] = None
         self._rounds = 0
         self._trigger_seen: Optional[int] = None
+        self.offload_metrics = OffloadMetrics()
 
     # -- leadership -------------------------------------------------------------------
     def is_leader(self) -> bool:
@@ -189,6 +201,10 @@ class AutoRecovery:
                 out["under_replicated"] = len(report["under_replicated"])
                 out["verify_entries_copied"] = report["entries_copied"]["verify"]
             out["retention_dropped_ledgers"], out["retention_failed"] = self._apply_retention()
+            if self.conf.offload is not None:
+                out.update(apply_offload(self.bk, self.conf.offload, self.offload_metrics,
+                                         password=self.conf.password,
+                                         wall_clock=self.wall_clock))
             if self.conf.recover_abandoned:
                 rec_report, _t, rec_status = orch.run_recover(
                     self.bk, self.uri, self.mapper, min_idle_s=self.conf.recover_idle_s,
