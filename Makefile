@@ -31,7 +31,7 @@ demo-cluster: venv
 
 # lint and install-check run first so pytest's summary stays the last line CI reads
 test: venv bench-peers fault-tools lint install-check
-	$(VPY) -m pytest -q tests $(PYTEST_ARGS)
+	$(VPY) -m pytest -q -m "not long" tests $(PYTEST_ARGS)
 
 # Tests on separate test hosts (network namespaces; docs/testing.md).  Where
 # namespaces cannot be made they FAIL here, naming what is missing, instead of
@@ -52,7 +52,7 @@ install-check:
 	$(PY) tests/install/check.py
 
 test-fast: venv
-	$(VPY) -m pytest -q -m "not slow" tests $(PYTEST_ARGS)
+	$(VPY) -m pytest -q -m "not slow and not long" tests $(PYTEST_ARGS)
 
 proto: venv
 	$(VPY) -m pybk_spark.wire.build
@@ -85,6 +85,7 @@ chaos: venv fault-tools
 	$(VPY) -m tests.chaos.runner --duration $(or $(DURATION),120) $(if $(SEED),--seed $(SEED),) \
 	  $(if $(FAULTS),--faults $(FAULTS),) $(if $(TOPOLOGY),--topology $(TOPOLOGY),) $(if $(JSON),--json $(JSON),) \
 	  $(if $(SPARK),--spark,) $(CHAOS_ARGS)
+	$(VPY) -m pytest -q -m long tests $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -130,11 +130,13 @@ def test_partition_nemesis_catches_unfenced_recovery(tmp_path):
     assert summary["faults"].get("partition", 0) > 0
 
 
+@pytest.mark.long
 def test_link_nemesis_catches_reused_ids_after_timeout(tmp_path):
     _need_hosts()
     _caught(tmp_path, REUSE_SEEDS, REUSE_LINK, worker_args=REUSE, **REUSE_RUN)
 
 
+@pytest.mark.long
 def test_reused_ids_are_invisible_without_link_faults(tmp_path):
     _need_hosts()
     summary, lines = _run(tmp_path, REUSE_SECONDS, REUSE_SEEDS[0], REUSE_CONTROL,

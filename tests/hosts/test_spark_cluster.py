@@ -117,6 +117,7 @@ def test_batch_and_streaming_with_shared_checkpoint(spark_hosts):
     assert (checkpoint / "commits").is_dir()
 
 
+@pytest.mark.long
 def test_recover_ledgers_job(spark_hosts):
     cluster, spark = spark_hosts
     bk = BookKeeper(cluster.metadata_uri)
@@ -182,6 +183,7 @@ def test_spark_connect_reads_and_writes_bookkeeper(spark_hosts):
         spark.stop_connect()            # it holds every worker core while it runs
 
 
+@pytest.mark.long
 def test_rereplicate_job_after_a_bookie_is_lost(spark_hosts):
     cluster, spark = spark_hosts
     bk = BookKeeper(cluster.metadata_uri)
