@@ -139,6 +139,17 @@ class Ref:
         return self._batch if self._batch is not None else self.entry
 
 
+def _decode_lone(refs: list[Ref]) -> dict[int, pa.RecordBatch]:
+    """``id(ref)`` -> its one-row batch, for the lone adds held as received
+    among ``refs``: decoded together, a few us each instead of one batch
+    build (~35 us) per entry."""
+    lone = [r for r in refs if r.entry is not None]
+    if not lone:
+        return {}
+    decoded = records_to_batch([r.entry for r in lone])
+    return {id(r): decoded.slice(i, 1) for i, r in enumerate(lone)}
+
+
 @dataclass
 class FlushSnapshot:
     by_ledger: dict[int, list[int]]      # ledger -> memory ref ids
@@ -288,6 +299,10 @@ class EntryStore:
             if len(take_rows) == 0:
                 return empty_batch(), limited
         self.files.will_need(ref_objs, max_bytes)
+        lone = _decode_lone(ref_objs)
+        for ref_id, ref in by_id.items():
+            if id(ref) in lone:
+                by_id[ref_id] = Ref(ref.ledger, lone[id(ref)])
         if len(take_rows) <= SLICE_READ_MAX_ROWS:
             # few (large) entries: zero-copy row slices, copied once by combine_chunks below
             parts = [self.files.batch_of(by_id[ref]).slice(row, 1)
@@ -316,7 +331,9 @@ class EntryStore:
         if not located:
             return _EMPTY, False
         self.files.will_need([ref for ref, _, _ in located], max_bytes)
-        slices = [self.files.batch_of(ref_id_ref).slice(row, n) for ref_id_ref, row, n in located]
+        lone = _decode_lone([ref for ref, _, _ in located])
+        slices = [lone[id(ref)] if id(ref) in lone else self.files.batch_of(ref).slice(row, n)
+                  for ref, row, n in located]
         table = pa.Table.from_batches(slices, schema=ENTRY_SCHEMA)
         got = table.num_rows
         limited = got >= max_entries and got < last - first + 1
