@@ -77,11 +77,11 @@ from bookie_server.bookie_requests import RequestHandlers
 from bookie_server.config import BookieConfig, MiB
 from bookie_server.storage.entry_store import EntryStore
 from bookie_server.journal.journal import LEDGER, LEDGER_LAC, Journal, Position, RecordType, Submission
-from bookie_server.journal.records import AddRecord, DeleteRecord, LacRecord
+from bookie_server.journal.records import AddRecord, DeleteRecord, EntryRecord, LacRecord
 from bookie_server.ledger_table import LedgerTable
 from bookie_server.serving.metrics import BookieMetrics
 from pybk_spark import errors
-from pybk_spark.wire.entries import batch_from_bytes
+from pybk_spark.wire.entries import batch_from_bytes, parse_entry_record
 
 log = logging.getLogger("bookie.core")
 
@@ -140,6 +140,7 @@ class Bookie:
                                         self.admission, self.lost, self.mode, self._stop)
         # the request API, bound once (no extra call on the add path)
         self.add_async = self.requests.add_async
+        self.add_entry_async = self.requests.add_entry_async
         self.add = self.requests.add
         self.fence = self.requests.fence
         self.write_lac = self.requests.write_lac
@@ -197,7 +198,11 @@ class Bookie:
                 rec = sub.payload
                 if rec is None:
                     continue
-                if isinstance(rec, AddRecord):  # ADD_BATCH is the submission's last record
+                if isinstance(rec, EntryRecord):    # ADD_ENTRY: likewise the last record
+                    self.store.add_entry(rec.ledger_id, rec.entry_id, rec.record)
+                    self.states[rec.ledger_id] = ls.apply_entries(
+                        self.ledgers.get(rec.ledger_id), rec.lac, rec.entry_id)
+                elif isinstance(rec, AddRecord):  # ADD_BATCH is the submission's last record
                     self._apply_batch(rec.ledger_id, rec.batch, rec.raw,
                                       sub.locations[-1] if sub.locations else None)
                 elif isinstance(rec, DeleteRecord):
@@ -236,6 +241,15 @@ class Bookie:
             ledger_id = batch.column(0)[0].as_py()
             self._apply_batch(ledger_id, batch, body, location)
             return ledger_id, batch.column(1)[batch.num_rows - 1].as_py()
+        if rtype == RecordType.ADD_ENTRY:
+            try:
+                ledger_id, entry_id, lac, _length, _start = parse_entry_record(body)
+            except errors.BadRequest as exc:
+                log.error("event=replay_bad_entry error=%r", exc)
+                return None, None
+            self.store.add_entry(ledger_id, entry_id, body)
+            self.states[ledger_id] = ls.apply_entries(self.ledgers.get(ledger_id), lac, entry_id)
+            return ledger_id, entry_id
         if rtype == RecordType.PAD:             # alignment filler (journal/direct_write.py)
             return None, None
         (ledger_id,) = LEDGER.unpack_from(body)

@@ -19,17 +19,18 @@ from typing import Optional
 import pyarrow as pa
 
 from pybk_spark.protocol import ledger_state as ls
-from pybk_spark.wire.add_validation import validate_batch
+from pybk_spark.wire.add_validation import validate_batch, validate_entry
 from bookie_server.bookie_mode import BookieMode
 from bookie_server.config import BookieConfig
-from bookie_server.journal.journal import Journal
+from bookie_server.journal.journal import Body, Journal
 from bookie_server.journal.journal_format import LEDGER, LEDGER_LAC, RecordType
-from bookie_server.journal.records import AddRecord, LacRecord
+from bookie_server.journal.records import AddRecord, EntryRecord, LacRecord
 from bookie_server.ledger_table import LedgerTable
 from bookie_server.serving.admission import AddAdmission
 from bookie_server.storage.damage import LostSet
 from bookie_server.storage.entry_store import EntryStore
 from pybk_spark import errors
+from pybk_spark.wire.entries import Record
 from pybk_spark.wire.results import LacResult, ReadResult
 
 
@@ -48,8 +49,8 @@ class RequestHandlers:
         self.mode = mode
         self._stop = stop
 
-    def _key_records(self, plan: ls.Plan, ledger_id: int, key: bytes) -> list[tuple[int, bytes]]:
-        recs: list[tuple[int, bytes]] = []
+    def _key_records(self, plan: ls.Plan, ledger_id: int, key: bytes) -> list[tuple[int, Body]]:
+        recs: list[tuple[int, Body]] = []
         if plan.record_key:
             recs.append((RecordType.MASTER_KEY, LEDGER.pack(ledger_id) + bytes(key)))
         if plan.record_fence:
@@ -73,6 +74,30 @@ class RequestHandlers:
         fut.add_done_callback(lambda _f: release())
         self.journal.lead()      # an idle journal: write + sync on this thread
         return fut, first, last
+
+    def add_entry_async(self, record: Record, master_key: bytes, recovery: bool = False,
+                        keyless: bool = False) -> tuple[Future, int, int]:
+        """A lone add as its entry record (wire/entries.py), journaled and
+        cached as received: the same checks, admission and decision as
+        ``add_async``.  Returns (future, ledger id, entry id)."""
+        ledger_id, entry_id, lac = validate_entry(record, self.cfg)
+        self.mode.check_storage()
+        release = self.admission.admit(len(record))
+        try:
+            with self.cond:
+                plan = ls.decide_add(self.ledgers.get(ledger_id), master_key, recovery=recovery,
+                                     read_only=self.mode.read_only, keyless=keyless)
+                records = self._key_records(plan, ledger_id, master_key)
+                records.append((RecordType.ADD_ENTRY, record))
+                self.states[ledger_id] = plan.state
+                fut = self.journal.submit(records, EntryRecord(ledger_id, entry_id, lac, record),
+                                          lead=True)
+        except BaseException:
+            release()
+            raise
+        fut.add_done_callback(lambda _f: release())
+        self.journal.lead()
+        return fut, ledger_id, entry_id
 
     def _submit_add(self, ledger_id: int, master_key: bytes, data: bytes,
                     batch: pa.RecordBatch, recovery: bool, keyless: bool = False) -> Future:

@@ -25,6 +25,7 @@ import pyarrow as pa
 from bookie_server.journal.journal_format import LEDGER, LEDGER_LAC, RecordType, file_name, list_files
 from bookie_server.journal.journal_replay import scan_file
 from pybk_spark import errors
+from pybk_spark.wire.entries import parse_entry_record
 
 CHECKPOINT = "checkpoint.json"       # bookie_server/checkpoint_file.py
 COMMANDS = ("lastmark", "readjournal")
@@ -82,6 +83,15 @@ def _describe(rtype: int, body: bytes) -> dict[str, Any]:
             ids = batch.column(1)
             row.update(ledger=batch.column(0)[0].as_py(), first_entry=ids[0].as_py(),
                        last_entry=ids[batch.num_rows - 1].as_py(), entries=batch.num_rows)
+        return row
+    if rtype == RecordType.ADD_ENTRY:
+        try:
+            ledger, entry, lac, _length, _start = parse_entry_record(body)
+        except errors.BadRequest as exc:
+            row["detail"] = f"undecodable entry: {exc}"
+            return row
+        row.update(ledger=ledger, first_entry=entry, last_entry=entry, entries=1,
+                   detail=f"lac={lac}")
         return row
     if rtype == RecordType.PAD:         # alignment filler (journal/direct_write.py), no ledger
         return row

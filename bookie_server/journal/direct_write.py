@@ -57,6 +57,7 @@ import mmap
 import os
 from typing import Any, Callable
 
+from bookie_server.journal.journal_crc import Body
 from bookie_server.journal.journal_format import HEADER, MIN_BODY, RecordType, frame
 
 log = logging.getLogger("bookie.journal")
@@ -73,7 +74,7 @@ def pad_before(offset: int) -> int:
     return gap + ALIGN if 0 < gap < PAD_MIN else gap
 
 
-def pad_frame(nbytes: int) -> list[bytes]:
+def pad_frame(nbytes: int) -> list[Body]:
     """A PAD record of exactly ``nbytes`` (>= PAD_MIN) bytes, framed."""
     return frame(RecordType.PAD, bytes(nbytes - HEADER.size))
 

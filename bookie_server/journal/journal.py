@@ -84,7 +84,7 @@ from bookie_server.journal.journal_file import JournalFile
 from bookie_server.journal.records import JournalRecord
 from bookie_server.serving.metrics import BookieMetrics
 from bookie_server.storage import page_cache
-from bookie_server.journal.journal_crc import crc_of  # noqa: F401  (callers import it here)
+from bookie_server.journal.journal_crc import Body, crc_of  # noqa: F401  (callers import it here)
 from bookie_server.journal.journal_format import (HEADER, LEDGER, LEDGER_LAC,  # noqa: F401
                                                   MAX_RECORD, Position, RecordType, file_name,
                                                   frame, list_files)
@@ -95,7 +95,7 @@ log = logging.getLogger("bookie.journal")
 
 @dataclass
 class Submission:
-    records: list[tuple[int, bytes]]
+    records: list[tuple[int, Body]]
     payload: Optional[JournalRecord] = None     # applied once durable (records.py)
     future: Future = field(default_factory=Future)
     nbytes: int = 0
@@ -160,7 +160,7 @@ class Journal:
         with self._cv:
             self._started = True
 
-    def submit(self, records: list[tuple[int, bytes]], payload: Optional[JournalRecord] = None, *,
+    def submit(self, records: list[tuple[int, Body]], payload: Optional[JournalRecord] = None, *,
                lead: bool = False) -> Future:
         """Queue records; the future completes with the position after them
         once they are durable.  ``lead=True``: the caller promises to call
@@ -180,7 +180,7 @@ class Journal:
                 self._cv.notify_all()
         return sub.future
 
-    def write(self, records: list[tuple[int, bytes]],
+    def write(self, records: list[tuple[int, Body]],
               payload: Optional[JournalRecord] = None) -> Future:
         """``submit`` + ``lead``, for a caller that holds no lock of its own."""
         fut = self.submit(records, payload, lead=True)

@@ -24,6 +24,7 @@ import os
 from typing import TYPE_CHECKING, Callable
 
 from bookie_server.journal.direct_write import DirectWriter, pad_before
+from bookie_server.journal.journal_crc import Body
 from bookie_server.journal.journal_format import HEADER, Position, file_name, frame, list_files
 
 if TYPE_CHECKING:       # journal.py imports this module
@@ -86,7 +87,7 @@ class JournalFile:
         written (PAD records included).  Raises what the write raised."""
         direct = self.direct.wants(sum(sub.nbytes for sub in group))
         lead_pad = pad_before(self.offset) if direct else 0
-        pieces: list[bytes] = []
+        pieces: list[Body] = []
         at = self.offset + lead_pad
         for sub in group:
             sub.locations = []

@@ -13,7 +13,7 @@ import os
 import struct
 from dataclasses import dataclass
 
-from bookie_server.journal.journal_crc import crc_of
+from bookie_server.journal.journal_crc import Body, crc_of
 
 HEADER = struct.Struct("<IIB")
 MAX_RECORD = 1 << 31
@@ -27,13 +27,14 @@ class RecordType(enum.IntEnum):
     EXPLICIT_LAC = 4    # body: ledger u64 + lac i64
     LEDGER_DELETED = 5  # body: ledger u64 (written by GC)
     PAD = 6             # body: zeros, filling to an aligned offset (direct_write.py); applies nothing
+    ADD_ENTRY = 7       # body: one entry record as received (wire/entries.py, ENTRY_RECORD)
 
 
 LEDGER = struct.Struct("<Q")
 LEDGER_LAC = struct.Struct("<Qq")
 
 
-def frame(rtype: int, body: bytes) -> list[bytes]:
+def frame(rtype: int, body: Body) -> list[Body]:
     return [HEADER.pack(len(body), crc_of(rtype, body), rtype), body]
 
 

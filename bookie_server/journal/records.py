@@ -3,7 +3,8 @@
 A submission (``journal.Journal.submit``) carries the framed records it
 writes (``journal_format``: the file format) and one of these values, which
 the bookie applies on the journal thread after the group's fdatasync
-(``Bookie._on_durable``): an add's batch goes into the entry store, a GC
+(``Bookie._on_durable``): an add's batch (or a lone add's entry record)
+goes into the entry store, a GC
 delete drops the ledger, an explicit LAC advances the ledger's LAC.  A
 submission without one (keys, fences) applies nothing beyond the in-memory
 decision already taken.
@@ -19,6 +20,8 @@ from typing import Union
 
 import pyarrow as pa
 
+from pybk_spark.wire.entries import Record
+
 
 @dataclass(slots=True)
 class AddRecord:
@@ -27,6 +30,15 @@ class AddRecord:
     ledger_id: int
     batch: pa.RecordBatch
     raw: bytes
+
+
+@dataclass(slots=True)
+class EntryRecord:
+    """An ADD_ENTRY record (a lone add): the entry record as received."""
+    ledger_id: int
+    entry_id: int
+    lac: int
+    record: Record
 
 
 @dataclass(slots=True)
@@ -42,4 +54,4 @@ class LacRecord:
     lac: int
 
 
-JournalRecord = Union[AddRecord, DeleteRecord, LacRecord]
+JournalRecord = Union[AddRecord, EntryRecord, DeleteRecord, LacRecord]

@@ -232,14 +232,21 @@ class AddLaneServer:
                 body = read_frame(stream, self.limit)
                 if body is None:
                     return
-                req = parse_add_request(body)
+                if lane_frames.is_entry_frame(body):      # a lone add, as its writer framed it
+                    req = None
+                    request_id, recovery, key, record = lane_frames.parse_entry_frame(body)
+                else:
+                    req = parse_add_request(body)
             except ValueError as exc:
                 refuse(f"malformed add lane frame: {exc}")
                 return
             while not slots.acquire(timeout=_SLOT_WAIT_S):
                 if writer.closed or self._stopped.is_set():
                     return
-            self.service.submit_add(req, respond, who)
+            if req is None:
+                self.service.submit_entry(request_id, recovery, key, record, respond, who)
+            else:
+                self.service.submit_add(req, respond, who)
 
     def _serve_reads(self, conn: socket.socket, stream: io.BufferedIOBase,
                      refuse: Callable[[str], None], who: access.Peer) -> None:

@@ -37,7 +37,7 @@ from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import bookie_wire_pb2_grpc as pb_grpc
 from pybk_spark.wire import framing
 from pybk_spark.wire.codes import READ_END_CODES, error_to_code
-from pybk_spark.wire.entries import batch_to_buffer
+from pybk_spark.wire.entries import Record, batch_to_buffer
 
 if TYPE_CHECKING:
     import socket
@@ -67,6 +67,8 @@ class BookieService(pb_grpc.BookieServicer):
         self.bookie_id = bookie_id
         self.m = bookie.metrics
         self._adds_ok = self.m.add_requests.labels("ok")     # bound once: every add counts
+        self._add_entries = self.m.add_entries
+        self._add_bytes = self.m.add_bytes
         self.policy = policy_of(cfg)
 
     def peer(self, context: grpc.ServicerContext) -> access.Peer:
@@ -116,6 +118,40 @@ class BookieService(pb_grpc.BookieServicer):
             self.m.add_latency.observe(time.perf_counter() - t0)
             done(pb.AddResponse(code=pb.OK, ledger_id=req.ledger_id, first_entry_id=first,
                                 last_entry_id=last, request_id=req.request_id))
+
+        fut.add_done_callback(finished)
+
+    def submit_entry(self, request_id: int, recovery: bool, master_key: bytes, record: Record,
+                     done: Callable[[pb.AddResponse], None],
+                     peer: access.Peer = access.ANONYMOUS) -> None:
+        """Submit a lone add as its entry record (a lane entry frame:
+        wire/lane_frames.py); ``done(response)`` is called exactly once, as
+        for ``submit_add``."""
+        t0 = time.perf_counter()
+        try:
+            keyless = self.authorize(peer, "recovery_add" if recovery else "add", master_key)
+            fut, ledger_id, entry_id = self.bookie.add_entry_async(record, master_key, recovery,
+                                                                   keyless)
+        except BaseException as exc:  # noqa: BLE001 - a request never kills the bookie
+            code, msg = _code(exc, "add")
+            self.m.add_requests.labels("error").inc()
+            done(pb.AddResponse(code=code, message=msg, request_id=request_id))
+            return
+
+        def finished(f: futures.Future) -> None:
+            exc = f.exception()
+            if exc is not None:
+                code, msg = _code(exc, "add")
+                self.m.add_requests.labels("error").inc()
+                done(pb.AddResponse(code=code, message=msg, ledger_id=ledger_id,
+                                    request_id=request_id))
+                return
+            self._adds_ok.inc()
+            self._add_entries.inc()
+            self._add_bytes.inc(len(record))
+            self.m.add_latency.observe(time.perf_counter() - t0)
+            done(pb.AddResponse(code=pb.OK, ledger_id=ledger_id, first_entry_id=entry_id,
+                                last_entry_id=entry_id, request_id=request_id))
 
         fut.add_done_callback(finished)
 

@@ -59,7 +59,7 @@ def compact(store: EntryStore, min_live_ratio: float, journal_below_seq: int = 0
     in_victims = set(victims)
     ids, refs = store.refs_snapshot()     # walked without the lock: a ref dropped
     moving = [(rid, ref) for rid, ref in zip(ids, refs)     # meanwhile is not switched
-              if ref.batch is None and ref.segment in in_victims]
+              if not ref.in_memory and ref.segment in in_victims]
     if not moving:
         return 0
     fh = store.files.open_for_append()

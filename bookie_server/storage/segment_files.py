@@ -100,7 +100,7 @@ class SegmentFiles:
         Only advice."""
         with self.io_lock:
             for ref in refs:
-                if ref.batch is not None or ref.segment < 0:
+                if ref.in_memory or ref.segment < 0:
                     continue
                 if budget <= 0:
                     return

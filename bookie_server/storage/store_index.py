@@ -107,7 +107,7 @@ def _rows(store: EntryStore, wanted: list[tuple[int, Optional[list[int]]]]) -> p
         loc = []
         for rid in uniq.tolist():
             r = store.refs.get(rid)
-            loc.append((r.segment, r.offset, r.length) if r is not None and r.batch is None
+            loc.append((r.segment, r.offset, r.length) if r is not None and not r.in_memory
                        else (-1, 0, 0))                  # in memory: replay restores it
         where = np.array(loc, np.int64)[inverse]
         on_disk = where[:, 0] >= 0

@@ -50,7 +50,7 @@ from pybk_spark.protocol import batch_cuts
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.ledger.read_handle import ReadHandle
 from pybk_spark.ledger.recovery_op import recover
-from pybk_spark.wire.entries import Entry, cumulative_lengths, make_batch
+from pybk_spark.wire.entries import Entry, cumulative_lengths, entry_record_head, make_batch
 
 log = logging.getLogger("pybk_spark.ledger")
 
@@ -240,6 +240,9 @@ class LedgerHandle:
         if self._closed:
             fut.set_exception(errors.LedgerClosed("ledger handle is closed", ledger_id=self.ledger_id))
             return
+        if single:
+            self._send_lone(payloads[0], fut)
+            return
         with self._submit_lock:
             nbytes = sum(map(len, payloads))
             try:
@@ -257,6 +260,21 @@ class LedgerHandle:
             result: Callable[[], int | list[int]] = (
                 (lambda: first) if single else (lambda: list(range(first, last + 1))))
             self._writer.submit(batch, Waiter(last, fut, result), nbytes=nbytes)
+
+    def _send_lone(self, payload: bytes, fut: Future[Any]) -> None:
+        """A sync add: the entry travels as the record this writer frames
+        (wire/entries.py), no batch built unless a resend needs one."""
+        with self._submit_lock:
+            try:
+                entry_id, lac, base = self._writer.assign(1, len(payload))
+            except errors.BKError as exc:
+                fut.set_exception(exc)
+                return
+            length = base + len(payload)
+            digest = self._digester.one(self.ledger_id, entry_id, lac, length, payload)
+            head = entry_record_head(self.ledger_id, entry_id, lac, length, digest)
+            self._writer.submit_entry(entry_id, head, payload,
+                                      Waiter(entry_id, fut, lambda: entry_id))
 
     # -- explicit LAC --------------------------------------------------------------------
     def tick(self, now: float) -> None:

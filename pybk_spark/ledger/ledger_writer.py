@@ -40,7 +40,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Union
 
 import numpy as np
 import pyarrow as pa
@@ -53,7 +53,10 @@ from pybk_spark.protocol import add_admission as admission
 from pybk_spark.protocol.distribution import holds
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.protocol.pending_adds import EnsembleChange, PendingAdds, Resend
-from pybk_spark.wire.entries import batch_to_buffer
+from pybk_spark.wire.entries import batch_to_buffer, records_to_batch
+
+
+Ids = Union[np.ndarray, range]     # the ids of one request: a lone add's is a range
 
 
 @dataclass
@@ -67,8 +70,24 @@ class Waiter:
 class _Chunk:
     first: int
     last: int
-    batch: pa.RecordBatch
+    batch: pa.RecordBatch | None     # None: a lone add, held as ``lone``
     nbytes: int = 0
+    lone: _Lone | None = None
+
+    def rows(self) -> pa.RecordBatch:
+        """The chunk's entries as a batch (a lone add's decoded for a resend)."""
+        if self.batch is None:
+            assert self.lone is not None
+            self.batch = records_to_batch([self.lone.head + self.lone.payload])
+        return self.batch
+
+
+@dataclass(slots=True)
+class _Lone:
+    """A lone add as its entry record (wire/entries.py): the head the
+    writer framed, then the payload."""
+    head: bytes
+    payload: bytes
 
 
 class LedgerWriter:
@@ -143,6 +162,34 @@ class LedgerWriter:
             return
         self._send(batch, ensemble, bad, wait=True)
 
+    def submit_entry(self, entry_id: int, head: bytes, payload: bytes, waiter: Waiter) -> None:
+        """Send a lone add (its id assigned) as its entry record: ``head``
+        (wire/entries.py, ``entry_record_head``) then ``payload``."""
+        lone = _Lone(head, payload)
+        with self._lock:
+            if self._error is not None:
+                err = self._error
+            else:
+                err = None
+                self._chunks.append(_Chunk(entry_id, entry_id, None, len(payload), lone))
+                self._waiters.append(waiter)
+                ensemble = self.core.ensemble
+                bad = self.core.unavailable_slots
+                self.last_activity = self.ctx.clock()
+        if err is not None:
+            waiter.future.set_exception(err)
+            return
+        E, Qw = len(ensemble), self.md.write_quorum
+        ids = range(entry_id, entry_id + 1)
+        one = np.array([entry_id])
+        for slot, bookie in enumerate(ensemble):
+            if slot in bad or (Qw != E and not holds(one, E, Qw, slot)[0]):
+                continue
+            try:
+                self._send_one(slot, bookie, lone, ids, True)
+            except errors.BKError as exc:
+                self._on_failed(slot, bookie, exc)
+
     def wait_idle(self) -> None:
         """Block until every submitted entry is released or failed."""
         with self._lock:
@@ -205,7 +252,7 @@ class LedgerWriter:
                 # already assigned never strand behind it
                 self._on_failed(slot, bookie, exc)
 
-    def _send_one(self, slot: int, bookie: str, data: pa.Buffer, ids: np.ndarray,
+    def _send_one(self, slot: int, bookie: str, data: pa.Buffer | _Lone, ids: Ids,
                   wait: bool, overload: tuple[float, int] | None = None) -> None:
         """``overload``: (time of the first TooManyRequests, retries so far)
         when this is a re-send to an overloaded bookie."""
@@ -216,8 +263,13 @@ class LedgerWriter:
             self._sends += 1
         try:
             transport = self.ctx.transports.get(bookie)
-            fut = transport.add(self.ledger_id, self.master_key, data, recovery=self.recovery,
-                                timeout=self.ctx.conf.add_timeout_s)
+            if isinstance(data, _Lone):
+                fut = transport.add_entry(self.master_key, data.head, data.payload,
+                                          recovery=self.recovery,
+                                          timeout=self.ctx.conf.add_timeout_s)
+            else:
+                fut = transport.add(self.ledger_id, self.master_key, data, recovery=self.recovery,
+                                    timeout=self.ctx.conf.add_timeout_s)
         except BaseException:
             with self._lock:
                 self._sends -= 1
@@ -241,7 +293,7 @@ class LedgerWriter:
                 self._on_failed(slot, bookie, exc)
         fut.add_done_callback(done)
 
-    def _retry_overloaded(self, slot: int, bookie: str, data: pa.Buffer, ids: np.ndarray,
+    def _retry_overloaded(self, slot: int, bookie: str, data: pa.Buffer | _Lone, ids: Ids,
                           overload: tuple[float, int] | None) -> bool:
         """The bookie refused the request as overloaded: send it again later.
         False when it has refused for too long (the caller treats it as a
@@ -281,12 +333,12 @@ class LedgerWriter:
             return False
         return True
 
-    def _on_acked(self, ids: np.ndarray, slot: int, bookie: str) -> None:
+    def _on_acked(self, ids: Ids, slot: int, bookie: str) -> None:
         with self._lock:
             if len(ids) == ids[-1] - ids[0] + 1:       # contiguous (Qw == E)
                 self.core.on_ack_range(int(ids[0]), int(ids[-1]), slot, bookie)
             else:                                      # striped part: gaps
-                self.core.on_ack_ids(ids, slot, bookie)
+                self.core.on_ack_ids(np.asarray(ids), slot, bookie)
             done = self._collect_done()
         self._complete(done)
 
@@ -374,8 +426,9 @@ class LedgerWriter:
                 lo, hi = max(first, ch.first), min(last, ch.last)
                 if lo > hi:
                     continue
-                part = ch.batch if (lo, hi) == (ch.first, ch.last) else \
-                    ch.batch.slice(lo - ch.first, hi - lo + 1)
+                rows = ch.rows()
+                part = rows if (lo, hi) == (ch.first, ch.last) else \
+                    rows.slice(lo - ch.first, hi - lo + 1)
                 self._send(part, ensemble, bad, wait=False, only_slots=slots)
 
     def _cas_change(self, store: MetadataStore, change: EnsembleChange) -> lm.LedgerMetadata:

@@ -37,6 +37,9 @@ def _kill_all() -> None:
         proc.kill()
 
 
+READY_LINE = "bookie-server ready "
+
+
 def _port_open(port: int) -> bool:
     try:
         socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
@@ -60,6 +63,7 @@ class BookieProcess:
         # argv prefix; tests may pass a test-only entry point (faulty_bookie.py)
         self.base_command = list(command or [sys.executable, "-m", "bookie_server"])
         self.proc: Optional[subprocess.Popen] = None
+        self._log_start = 0
         self._channel: Optional[grpc.Channel] = None
         self.client_tls = client_tls     # transport/tls.ClientTls for a TLS bookie's channel
 
@@ -84,6 +88,7 @@ class BookieProcess:
     def start(self, wait: bool = True, timeout: float = 60.0) -> "BookieProcess":
         self.write_conf()
         logf = open(self.log_path, "ab")
+        self._log_start = logf.tell()
         self.proc = procs.spawn(self.command(), stdout=logf, stderr=subprocess.STDOUT,
                                 register_child=False)
         logf.close()
@@ -116,8 +121,9 @@ class BookieProcess:
             # the port first: a channel whose first connect failed waits out its backoff
             if _port_open(self.port):
                 try:
-                    if stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0,
-                                  wait_for_ready=True).status == serving:
+                    if (stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0,
+                                   wait_for_ready=True).status == serving
+                            and self._logged_ready()):     # start-up logged too
                         return
                 except grpc.RpcError:
                     pass
@@ -182,6 +188,15 @@ class BookieProcess:
     def restart(self, timeout: float = 60.0) -> "BookieProcess":
         self.kill()
         return self.start(timeout=timeout)
+
+    def _logged_ready(self) -> bool:
+        """The ready line in what this start wrote to the log."""
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(self._log_start)
+                return READY_LINE.encode() in fh.read()
+        except OSError:
+            return False
 
     def log_tail(self, n: int = 4000) -> str:
         try:

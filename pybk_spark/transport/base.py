@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pybk_spark import errors
+from pybk_spark.wire.entries import batch_to_buffer, parse_entry_record, records_to_batch
 from pybk_spark.wire.results import LacResult, ReadResult
 
 
@@ -69,6 +70,20 @@ class BookieTransport(abc.ABC):
     def add(self, ledger_id: int, master_key: bytes, entries: bytes,
             recovery: bool = False, timeout: float | None = None) -> "Future[tuple[int, int]]":
         """Future of the (first, last) entry ids made durable."""
+
+    def add_entry(self, master_key: bytes, record_head: bytes, payload: bytes,
+                  recovery: bool = False, timeout: float | None = None
+                  ) -> "Future[tuple[int, int]]":
+        """A lone add as its entry record (wire/entries.py: ``record_head``
+        then ``payload``).  Transports that carry it as such override this;
+        here it goes as a one-row batch through ``add``."""
+        record = record_head + payload
+        try:
+            ledger_id = parse_entry_record(record)[0]
+            data = batch_to_buffer(records_to_batch([record]))
+        except errors.BKError as exc:
+            return failed_future(exc)
+        return self.add(ledger_id, master_key, data, recovery, timeout)
 
     @abc.abstractmethod
     def read(self, ledger_id: int, first: int, last: int, *, max_entries: int = 0,

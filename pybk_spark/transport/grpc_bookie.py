@@ -34,7 +34,7 @@ from pybk_spark.transport.base import (BookieTransport, PullResult, TransportPoo
                                        failed_future, settle)
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import bookie_wire_pb2_grpc as pbg
-from pybk_spark.wire import codes, framing
+from pybk_spark.wire import codes, framing, lane_frames
 from pybk_spark.wire.entries import batch_from_bytes
 from pybk_spark.wire.channel_options import bookie_channel_options
 from pybk_spark.wire.results import LacResult, ReadResult
@@ -64,6 +64,7 @@ class BookieClient(BookieTransport):
         self._read_entries = self._channel.unary_unary(
             framing.READ_ENTRIES_METHOD, request_serializer=pb.ReadRequest.SerializeToString,
             response_deserializer=framing.parse_read_response)
+        self._lane_adds = bool(add_lane_address)
         if add_lane_address:
             add_connector = lane_connector(add_lane_address, self.bookie_id, default_timeout,
                                            resolve_add_lane, tls=tls)
@@ -127,6 +128,20 @@ class BookieClient(BookieTransport):
             self._check(resp, ledger_id=ledger_id)
             return resp.first_entry_id, resp.last_entry_id
         return self._adds.submit(head, entries, timeout or self.default_timeout, conv)
+
+    def add_entry(self, master_key, record_head, payload, recovery=False, timeout=None):
+        if not self._lane_adds:          # the AddStream carries batches only
+            return super().add_entry(master_key, record_head, payload, recovery, timeout)
+
+        def frame(request_id: int) -> bytes:
+            parts = lane_frames.entry_frame_parts(request_id, recovery, master_key, record_head,
+                                                  payload)
+            return b"".join(parts)
+
+        def conv(resp):
+            self._check(resp)
+            return resp.first_entry_id, resp.last_entry_id
+        return self._adds.submit_framed(frame, timeout or self.default_timeout, conv)
 
     def expire(self) -> None:
         """Fail adds and lane reads older than their timeout (called by the

@@ -24,8 +24,9 @@ import pyarrow as pa
 from pybk_spark import errors
 from pybk_spark.protocol import ledger_state as ls
 from pybk_spark.transport.base import BookieTransport, TransportPool, failed_future
-from pybk_spark.wire.add_validation import AddBatchLimits, BatchLimits, validate_batch
-from pybk_spark.wire.entries import ENTRY_SCHEMA, empty_batch
+from pybk_spark.wire.add_validation import (AddBatchLimits, BatchLimits, validate_batch,
+                                            validate_entry)
+from pybk_spark.wire.entries import ENTRY_SCHEMA, empty_batch, records_to_batch
 from pybk_spark.wire.results import LacResult, ReadResult
 
 
@@ -77,6 +78,14 @@ class MemoryBookie:
 
     def add(self, lid: int, key: bytes, data: bytes, recovery: bool) -> tuple[int, int]:
         batch = validate_batch(data, lid, self.limits)         # the real bookie's checks
+        return self._add_batch(lid, key, batch, recovery)
+
+    def add_entry(self, key: bytes, record: bytes, recovery: bool) -> tuple[int, int]:
+        """A lone add as its entry record: the real bookie's checks for one."""
+        lid, _entry_id, _lac = validate_entry(record, self.limits)
+        return self._add_batch(lid, key, records_to_batch([record]), recovery)
+
+    def _add_batch(self, lid: int, key: bytes, batch, recovery: bool) -> tuple[int, int]:
         with self.lock:
             led = self.ledgers.get(lid) or _Ledger(lid)
             try:
@@ -171,6 +180,10 @@ class MemoryTransport(BookieTransport):
 
     def add(self, ledger_id, master_key, entries, recovery=False, timeout=None):
         return self._do(lambda b: b.add(ledger_id, master_key, entries, recovery))
+
+    def add_entry(self, master_key, record_head, payload, recovery=False, timeout=None):
+        record = record_head + payload
+        return self._do(lambda b: b.add_entry(master_key, record, recovery))
 
     def read(self, ledger_id, first, last, *, max_entries=0, max_bytes=0, fence=False,
              master_key=b"", timeout=None, sparse=False, stripe=None):

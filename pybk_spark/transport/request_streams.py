@@ -208,9 +208,18 @@ class RequestStreamer:
 
     def submit(self, head: pb.AddRequest, entries, timeout: float, convert: Callable) -> Future:
         """Send ``head`` (an AddRequest without its entries) + ``entries``."""
+        def frame(request_id: int):
+            head.request_id = request_id
+            return self._frame(head, entries)
+        return self.submit_framed(frame, timeout, convert)
+
+    def submit_framed(self, frame: Callable[[int], object], timeout: float,
+                      convert: Callable) -> Future:
+        """Send ``frame(request_id)``: a request the caller frames itself
+        (a lane entry frame, wire/lane_frames.py)."""
         fut: Future = Future()
-        request_id = head.request_id = next(self._ids)
-        req = self._frame(head, entries)
+        request_id = next(self._ids)
+        req = frame(request_id)
         now = self._clock()
         deadline = now + timeout
         stream: PendingRequests | None = None

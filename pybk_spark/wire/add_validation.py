@@ -4,7 +4,8 @@ without a per-entry Python loop.  Pure: no I/O, no bookie state.
 
 The limits are two plain numbers (``BatchLimits``): the real bookie passes
 its ``BookieConfig`` (which has both fields, with these defaults), the
-in-memory bookies an ``AddBatchLimits``.
+in-memory bookies an ``AddBatchLimits``.  A lone add that travels as its
+entry record (``validate_entry``) is held to the same limits and rules.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from pybk_spark import errors
-from pybk_spark.wire.entries import batch_from_bytes
+from pybk_spark.wire.entries import Record, batch_from_bytes, parse_entry_record
 
 MiB = 1024 * 1024
 DEFAULT_MAX_ENTRY_BYTES = 5 * MiB
@@ -68,6 +69,21 @@ def validate_batch(data: bytes, ledger_id: int, cfg: BatchLimits) -> pa.RecordBa
     if biggest > cfg.max_entry_bytes:
         raise errors.TooLarge(f"entry payload of {biggest} bytes > max_entry_bytes {cfg.max_entry_bytes}")
     return batch
+
+
+def validate_entry(record: Record, cfg: BatchLimits) -> tuple[int, int, int]:
+    """Check one add's entry record (a lone add: wire/entries.py, entry
+    records) against the same limits and id rule as ``validate_batch``,
+    with scalars; (ledger id, entry id, LAC)."""
+    if len(record) > cfg.max_batch_bytes:
+        raise errors.TooLarge(f"batch of {len(record)} bytes > max_batch_bytes {cfg.max_batch_bytes}")
+    ledger_id, entry_id, lac, _length, start = parse_entry_record(record)
+    if entry_id < 0:
+        raise errors.BadRequest("entry ids must be >= 0 and strictly ascending")
+    size = len(record) - start
+    if size > cfg.max_entry_bytes:
+        raise errors.TooLarge(f"entry payload of {size} bytes > max_entry_bytes {cfg.max_entry_bytes}")
+    return ledger_id, entry_id, lac
 
 
 _OFFSET_PAIR = struct.Struct("<ii")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any, Sequence, cast
+from typing import Any, Sequence, Union, cast
 
 import numpy as np
 import pyarrow as pa
@@ -175,6 +175,55 @@ def batch_from_bytes(data: Any) -> pa.RecordBatch:
     if table.num_rows == 0:
         return empty_batch()
     return one_batch(table)
+
+
+# One entry as the bytes its writer framed (a lone add: lane entry frames,
+# journal ADD_ENTRY records, the bookie's write cache): ledger id, entry id,
+# LAC, length (little-endian int64), the digest's length (u16), the digest,
+# then the payload.  Decoded into a batch of ENTRY_SCHEMA only when read.
+ENTRY_RECORD = struct.Struct("<qqqqH")
+Record = Union[bytes, memoryview]          # an entry record, or a view of one in a frame
+
+
+def entry_record_head(ledger_id: int, entry_id: int, lac: int, length: int,
+                      digest: bytes) -> bytes:
+    """What precedes the payload in an entry record."""
+    return ENTRY_RECORD.pack(ledger_id, entry_id, lac, length, len(digest)) + digest
+
+
+def parse_entry_record(record: Any) -> tuple[int, int, int, int, int]:
+    """(ledger id, entry id, LAC, length, offset of the payload) of an entry
+    record; BadRequest when it is shorter than its header says."""
+    if len(record) < ENTRY_RECORD.size:
+        raise errors.BadRequest(f"entry record of {len(record)} bytes is shorter than its header")
+    ledger_id, entry_id, lac, length, dlen = ENTRY_RECORD.unpack_from(record)
+    start = ENTRY_RECORD.size + dlen
+    if start > len(record):
+        raise errors.BadRequest("entry record shorter than its digest")
+    return ledger_id, entry_id, lac, length, start
+
+
+def records_to_batch(records: Sequence[Any]) -> pa.RecordBatch:
+    """Entry records (each checked by ``parse_entry_record`` when it was
+    taken in) as one batch of ENTRY_SCHEMA, in the order given."""
+    if len(records) == 1:
+        rec = records[0]
+        ledger_id, entry_id, lac, length, start = parse_entry_record(rec)
+        return _one_row(ledger_id, entry_id, lac, length, bytes(rec[start:]),
+                        bytes(rec[ENTRY_RECORD.size:start]))
+    heads, payloads, digests = [], [], []
+    unpack = ENTRY_RECORD.unpack_from
+    for rec in records:
+        head = unpack(rec)
+        start = ENTRY_RECORD.size + head[4]
+        heads.append(head[:4])
+        digests.append(bytes(rec[ENTRY_RECORD.size:start]))
+        payloads.append(bytes(rec[start:]))
+    cols = np.array(heads, dtype=np.int64).reshape(-1, 4)
+    return pa.RecordBatch.from_arrays([
+        pa.array(cols[:, 0]), pa.array(cols[:, 1]), pa.array(cols[:, 2]),
+        pa.array(payloads, _BINARY), pa.array(digests, _BINARY), pa.array(cols[:, 3]),
+    ], schema=ENTRY_SCHEMA)
 
 
 def to_entries(batch: pa.RecordBatch) -> list[Entry]:

@@ -24,7 +24,14 @@ Connection
 Frames
   Both directions are a sequence of frames: a 4-byte little-endian length n,
   then n bytes of one serialized message.  Client to bookie: ``AddRequest``
-  (pre-framed, wire/framing.py).  Bookie to client: ``AddResponse``.
+  (pre-framed, wire/framing.py), or an *entry frame*: one entry as the
+  bytes its writer framed (:func:`entry_frame_parts`): a zero kind byte
+  (an ``AddRequest`` never starts with one: field number 0 does not
+  exist), flags (1: a recovery add), the request id (u64), the master
+  key's length (u16) and the key, then the entry record
+  (wire/entries.py, ``ENTRY_RECORD``).  The bookie journals and caches that
+  record as received; a lone add pays no protobuf or Arrow object on either
+  side.  Bookie to client: ``AddResponse``.
 Ordering obligations
   * The bookie journals the requests of one connection in the order they
     arrive, which is the order the client sent them.  A writer therefore
@@ -81,6 +88,36 @@ def frame_parts(*parts: Any) -> list[Any]:
     """One frame as a list of buffers (header first), for a gathering send
     that does not copy large parts."""
     return [_LENGTH.pack(sum(len(p) for p in parts)), *parts]
+
+
+ENTRY_KIND = 0
+RECOVERY_FLAG = 1
+_ENTRY_FRAME = struct.Struct("<BBQH")
+
+
+def entry_frame_parts(request_id: int, recovery: bool, master_key: bytes,
+                      record_head: bytes, payload: Any) -> list[Any]:
+    """An entry frame (header first) for a gathering or joined send."""
+    head = _ENTRY_FRAME.pack(ENTRY_KIND, RECOVERY_FLAG if recovery else 0, request_id,
+                             len(master_key)) + master_key + record_head
+    return [_LENGTH.pack(len(head) + len(payload)), head, payload]
+
+
+def is_entry_frame(body: bytes) -> bool:
+    return bool(body) and body[0] == ENTRY_KIND
+
+
+def parse_entry_frame(body: bytes) -> tuple[int, bool, bytes, memoryview]:
+    """(request id, recovery, master key, the entry record as a view of
+    ``body``); ``ValueError`` when the frame is shorter than its header says."""
+    if len(body) < _ENTRY_FRAME.size:
+        raise ValueError(f"entry frame of {len(body)} bytes is shorter than its header")
+    _kind, flags, request_id, key_len = _ENTRY_FRAME.unpack_from(body)
+    start = _ENTRY_FRAME.size + key_len
+    if start > len(body):
+        raise ValueError("entry frame shorter than its master key")
+    view = memoryview(body)
+    return request_id, bool(flags & RECOVERY_FLAG), body[_ENTRY_FRAME.size:start], view[start:]
 
 
 def hello(bookie_id: str, magic: bytes = MAGIC) -> bytes:

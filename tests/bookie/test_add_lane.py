@@ -9,8 +9,8 @@ import socket
 
 import pytest
 
-from pybk_spark.testing.bookie_process import entries_bytes, free_port
-from pybk_spark.wire.entries import batch_from_bytes
+from pybk_spark.testing.bookie_process import entries_bytes, free_port, payload_for
+from pybk_spark.wire.entries import batch_from_bytes, entry_record_head, to_entries
 from pybk_spark.wire.frame_socket import read_frame, read_frame_into
 from pybk_spark.wire import lane_frames
 from pybk_spark.wire import bookie_wire_pb2 as pb
@@ -230,3 +230,48 @@ def test_connections_over_the_cap_are_refused_at_accept(bookies):
             sock.close()
     assert "event=add_lane_full" in open(bp.log_path).read()
     assert _serving(bp)
+
+
+# -- entry frames (a lone add as the record its writer framed) ------------------------------
+def _entry(ledger, entry_id, request_id, key=KEY, size=100, lac=-1, recovery=False) -> bytes:
+    payload = bytes([entry_id % 251]) * size
+    head = entry_record_head(ledger, entry_id, lac, size * (entry_id + 1), b"dgst")
+    return b"".join(lane_frames.entry_frame_parts(request_id, recovery, key, head, payload))
+
+
+def test_entry_frames_answer_like_add_requests_and_survive_a_restart(bookie):
+    with _connect(bookie) as sock:
+        sock.sendall(_entry(30, 0, 1) + _entry(30, 1, 2, lac=0) + _request(30, [2], 3)
+                     + _entry(30, 3, 4, key=b"wrong") + _entry(30, 3, 5, size=8192)
+                     + _entry(30, -1, 6) + _entry(30, 1, 7))
+        got = {a.request_id: a for a in _answers(sock, 7)}
+    assert [(got[i].code, got[i].first_entry_id, got[i].last_entry_id) for i in (1, 2, 3)] == [
+        (pb.OK, 0, 0), (pb.OK, 1, 1), (pb.OK, 2, 2)]
+    assert got[4].code == pb.UNAUTHORIZED
+    assert got[5].code == pb.TOO_LARGE
+    assert got[6].code == pb.BAD_REQUEST
+    assert got[7].code == pb.OK                 # a duplicate: the first copy is kept
+
+    def stored():
+        r = bookie.stub().ReadEntries(pb.ReadRequest(ledger_id=30, first_entry_id=0,
+                                                     last_entry_id=9), timeout=60)
+        assert (r.code, r.lac) == (pb.OK, 0)
+        return to_entries(batch_from_bytes(r.entries))
+    before = stored()
+    assert [(e.entry_id, e.payload, e.length) for e in before] == [
+        (0, b"\0" * 100, 100), (1, b"\1" * 100, 200), (2, payload_for(30, 2, 100), 100)]
+    bookie.kill()                                # no checkpoint: the journal is replayed
+    bookie.start()
+    assert stored() == before
+
+
+def test_a_torn_entry_frame_closes_the_connection(bookie):
+    with _connect(bookie) as sock:
+        sock.sendall(lane_frames.frame(b"\0\0\1"))
+        with sock.makefile("rb") as stream:
+            answers = []
+            while (body := read_frame(stream, 1 << 20)) is not None:
+                answers.append(pb.AddResponse.FromString(body))
+    assert [(a.request_id, a.code) for a in answers] == [
+        (lane_frames.CONNECTION_REQUEST_ID, pb.BAD_REQUEST)]
+    assert _serving(bookie)

@@ -15,6 +15,7 @@ from bookie_server.config import BookieConfig
 from bookie_server.storage import store_index
 from pybk_spark import errors
 from pybk_spark.testing.bookie_process import entries_bytes
+from pybk_spark.wire.entries import entry_record_head
 
 LEDGERS = st.integers(1, 3)
 
@@ -55,17 +56,21 @@ class BookieVsModel(RuleBasedStateMachine):
         known = self.keys.get(ledger)
         return known is None or known == key
 
-    @rule(ledger=LEDGERS, start=st.integers(0, 40), count=st.integers(1, 12),
+    @rule(ledger=LEDGERS, start=st.integers(0, 40), count=st.one_of(st.just(1), st.integers(1, 12)),
           stride=st.sampled_from([1, 1, 2, 3]), recovery=st.booleans(),
-          bad_key=st.booleans(), lac=st.integers(-1, 40))
-    def add(self, ledger, start, count, stride, recovery, bad_key, lac):
+          bad_key=st.booleans(), lac=st.integers(-1, 40), lone=st.booleans())
+    def add(self, ledger, start, count, stride, recovery, bad_key, lac, lone=False):
         key = BAD if bad_key else GOOD
         ids = list(range(start, start + count * stride, stride))
         self.version += 1
         payloads = [f"{ledger}:{e}:v{self.version}".encode() for e in ids]
         data = entries_bytes(ledger, ids, lac=lac, payloads=payloads)
         try:
-            self.bookie.add(ledger, key, data, recovery=recovery)
+            if lone and count == 1:     # as an entry record (a lane entry frame)
+                record = entry_record_head(ledger, ids[0], lac, len(payloads[0]), b"d")
+                self.bookie.add_entry_async(record + payloads[0], key, recovery)[0].result()
+            else:
+                self.bookie.add(ledger, key, data, recovery=recovery)
             outcome = "ok"
         except errors.Unauthorized:
             outcome = "unauthorized"

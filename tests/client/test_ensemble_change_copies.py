@@ -50,3 +50,26 @@ def test_the_replacement_holds_every_entry_of_its_fragment(four_bookies):
             assert short == [], (round_, md.ensembles, short)
             rh = bk.open_ledger(lh.ledger_id, recovery=False)
             assert [e.payload for e in rh.read(2500, 4999)] == second
+
+
+def test_lone_adds_keep_their_copies_through_an_ensemble_change(four_bookies):
+    """Sync adds travel as entry records (wire/entries.py); the ones a dead
+    bookie never answered are re-sent to its replacement as a batch decoded
+    from those records, with the writer's digests, LACs and lengths."""
+    four_bookies.heal()
+    with BookKeeper(four_bookies.metadata_uri) as bk:
+        lh = bk.create_ledger(3, 3, 2)
+        data = _payloads("lone", 40)
+        ids = [lh.add_entry(p) for p in data[:20]]
+        dead = lh.metadata.current_ensemble[1]
+        four_bookies.kill_bookie(dead)
+        ids += [lh.add_entry(p) for p in data[20:]]
+        lh.close()
+        assert ids == list(range(40))
+        md = bk.get_ledger_metadata(lh.ledger_id)
+        assert len(md.ensembles) == 2 and md.length == 300 * 40, md
+        assert [u for u in rr.verify_ledger(bk, lh.ledger_id) if u["bookie"] != dead] == []
+        rh = bk.open_ledger(lh.ledger_id, recovery=False)
+        got = rh.read(0, 39)
+        assert [e.payload for e in got] == data
+        assert [e.length for e in got] == [300 * (i + 1) for i in range(40)]
