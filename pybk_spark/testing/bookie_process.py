@@ -16,11 +16,14 @@ import time
 from typing import Optional
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pybk_spark.cluster import procs
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import bookie_wire_pb2_grpc as pb_grpc
 from pybk_spark.wire.channel_options import bookie_channel_options
+from pybk_spark.wire.entries import (batch_from_bytes, batch_to_bytes, cumulative_lengths,
+                                     make_batch)
 
 _LIVE: set["BookieProcess"] = set()
 
@@ -110,7 +113,6 @@ class BookieProcess:
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
     def wait_ready(self, timeout: float = 60.0) -> None:
-        from grpc_health.v1 import health_pb2, health_pb2_grpc
         deadline = time.monotonic() + timeout
         stub = health_pb2_grpc.HealthStub(self.channel())
         serving = health_pb2.HealthCheckResponse.SERVING
@@ -222,7 +224,6 @@ def payload_for(ledger_id: int, entry_id: int, size: int = 100) -> bytes:
 
 def entries_bytes(ledger_id: int, entry_ids, lac: int = -1, size: int = 100,
                   payloads=None) -> bytes:
-    from pybk_spark.wire.entries import batch_to_bytes, cumulative_lengths, make_batch
     ids = list(entry_ids)
     if payloads is None:
         payloads = [payload_for(ledger_id, e, size) for e in ids]
@@ -234,7 +235,6 @@ def entries_bytes(ledger_id: int, entry_ids, lac: int = -1, size: int = 100,
 
 def read_all(stub, ledger_id: int, first: int, last: int) -> dict[int, bytes]:
     """Read [first, last] following LIMIT continuations; {entry_id: payload}."""
-    from pybk_spark.wire.entries import batch_from_bytes
     out: dict[int, bytes] = {}
     nxt = first
     while nxt <= last:

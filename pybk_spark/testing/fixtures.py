@@ -28,6 +28,7 @@ def private_cluster(directory: Any, **kwargs: Any) -> Iterator[Any]:
     """The body of a fixture that owns a ``LocalCluster`` (``yield from`` it):
     started in ``directory`` with ``kwargs``, stopped afterwards, also when
     its start failed half-way."""
+    # why: a cluster imports grpc and etcd; the other helpers need neither
     from pybk_spark.cluster.local import LocalCluster
     local = LocalCluster(directory, **kwargs)
     try:

@@ -21,7 +21,7 @@ OUTPUTS = ("bookie_wire_pb2.py", "bookie_wire_pb2.pyi", "bookie_wire_pb2_grpc.py
 
 
 def generate(out_root: Path) -> None:
-    from grpc_tools import protoc
+    from grpc_tools import protoc  # why: grpc-tools is a dev dependency, needed only here
 
     rc = protoc.main([
         "grpc_tools.protoc", f"-I{ROOT}",

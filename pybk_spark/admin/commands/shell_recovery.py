@@ -8,6 +8,8 @@ import threading
 import time
 from typing import Optional
 
+from prometheus_client import start_http_server
+
 from pybk_spark import errors
 from pybk_spark.admin.decisions import audit
 from pybk_spark.admin.operations import damage_repair
@@ -359,7 +361,6 @@ def _autorecovery(args: argparse.Namespace) -> int:
         with client(args) as bk:
             auto = AutoRecovery(bk, args.metadata_uri, conf)
             if args.metrics_port is not None:
-                from prometheus_client import start_http_server
                 start_http_server(args.metrics_port, registry=auto.offload_metrics.registry)
             auto.run_forever(stop.wait, emit, rounds=args.rounds)
     finally:
