@@ -27,7 +27,10 @@ _TYPE_CRC = {t: google_crc32c.value(bytes((t,))) for t in range(256)}
 
 
 def crc_of_google(rtype: int, body: Body) -> int:
-    return google_crc32c.extend(_TYPE_CRC[rtype], body)
+    # google_crc32c takes bytes only (not a memoryview, even a read-only one,
+    # nor a bytearray): a record received into a buffer is copied for it
+    data = body if type(body) is bytes else bytes(body)
+    return google_crc32c.extend(_TYPE_CRC[rtype], data)
 
 
 def crc_of_fast(rtype: int, body: Body) -> int:

@@ -459,6 +459,19 @@ def test_both_journal_crc_implementations_give_the_same_values():
             assert journal.crc_of_fast(rtype, memoryview(body)) == want
 
 
+def test_the_google_crc_takes_every_body_a_record_can_have():
+    """Without the fastcrc extra, records received into buffers (a lone add's
+    frame: a writable memoryview) are summed by google_crc32c, which takes
+    bytes only; each kind of body gives the value of its bytes."""
+    import pyarrow as pa
+    from bookie_server.journal import journal_crc as journal
+    body = bytes(range(256)) * 5
+    want = journal.crc_of_google(3, body)
+    for kind in (bytearray(body), memoryview(bytearray(body)), memoryview(body),
+                 memoryview(body).toreadonly(), pa.py_buffer(body)):
+        assert journal.crc_of_google(3, kind) == want, type(kind)
+
+
 def test_sparse_reads_of_many_rows_slice_contiguous_runs_and_take_gapped_ones(tmp_path):
     """A sparse read of more than SLICE_READ_MAX_ROWS rows: a run of rows of
     one stored batch that is contiguous is answered as a slice, a gapped one
