@@ -11,7 +11,7 @@ licence is LGPL-2.1-or-later.
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Optional, Union
+from typing import Optional, Union, cast
 
 import google_crc32c
 
@@ -27,11 +27,14 @@ _TYPE_CRC = {t: google_crc32c.value(bytes((t,))) for t in range(256)}
 
 
 def crc_of_google(rtype: int, body: Body) -> int:
-    return google_crc32c.extend(_TYPE_CRC[rtype], body)
+    crc: int = google_crc32c.extend(_TYPE_CRC[rtype], body)
+    return crc
 
 
 def crc_of_fast(rtype: int, body: Body) -> int:
-    return _fast_crc.crc32c(body, value=_TYPE_CRC[rtype])  # type: ignore[union-attr]
+    # only chosen as ``crc_of`` when the package imported
+    crc: int = cast(ModuleType, _fast_crc).crc32c(body, value=_TYPE_CRC[rtype])
+    return crc
 
 
 FAST_AVAILABLE = _fast_crc is not None
