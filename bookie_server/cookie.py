@@ -135,7 +135,8 @@ def read_local(data_dir: str) -> Optional[dict[str, Any]]:
     if not os.path.exists(path):
         return None
     with open(path, encoding="utf-8") as fh:
-        return json.load(fh)
+        cookie: dict[str, Any] = json.load(fh)
+    return cookie
 
 
 def write_local(data_dir: str, cookie: dict[str, Any]) -> None:
