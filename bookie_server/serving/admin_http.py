@@ -89,9 +89,9 @@ class AdminApi:
         self.clock = clock
         self.bookie: Any = None
         self.bookie_id = ""
-        self.store: Any = None
-        self.gc: Any = None
-        self.readiness: Any = None
+        self.store: Optional[MetadataStore] = None
+        self.gc: Optional[GarbageCollector] = None
+        self.readiness: Optional[Readiness] = None
         self.disk_full: Callable[[], bool] = lambda: False
         self._routes = {
             ("GET", "bookie/state"): self._state,

@@ -282,7 +282,7 @@ class Registrar:
         while not self._stop.wait(keepalive_period(self.ttl)):
             self.refresh_once()
 
-    def _registered(self) -> tuple:
+    def _registered(self) -> tuple[Any, bool, Optional[int]]:
         return self._lease, self.read_only, self._version
 
     def refresh_once(self) -> None:
