@@ -165,7 +165,7 @@ class GarbageCollector:
             self._status["forced_pending"] = True
         self._wake.set()
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         with self._lock:
             return {**self._status, "last_deleted": list(self._status["last_deleted"]),
                     "interval_s": self.interval}

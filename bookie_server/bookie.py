@@ -63,7 +63,7 @@ import os
 import shutil
 import threading
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import pyarrow as pa
 
@@ -76,7 +76,9 @@ from bookie_server.bookie_mode import BookieMode
 from bookie_server.bookie_requests import RequestHandlers
 from bookie_server.config import BookieConfig, MiB
 from bookie_server.storage.entry_store import EntryStore
-from bookie_server.journal.journal import LEDGER, LEDGER_LAC, Journal, Position, RecordType, Submission
+from bookie_server.journal.journal import Journal, Submission
+from bookie_server.journal.journal_format import LEDGER, LEDGER_LAC, Position, RecordType
+from bookie_server.journal.journal_crc import Body
 from bookie_server.journal.records import AddRecord, DeleteRecord, EntryRecord, LacRecord
 from bookie_server.ledger_table import LedgerTable
 from bookie_server.serving.metrics import BookieMetrics
@@ -90,7 +92,7 @@ class Bookie:
     def __init__(self, cfg: BookieConfig, *, metrics: Optional[BookieMetrics] = None,
                  clock: Callable[[], float] = time.monotonic,
                  fsync: Callable[[int], None] = os.fdatasync,
-                 pwritev: Callable[[int, list, int], int] = os.pwritev,
+                 pwritev: Callable[[int, list[Body], int], int] = os.pwritev,
                  store_fsync: Callable[[int], None] = os.fsync) -> None:
         # fsync / pwritev / store_fsync: the journal's and the entry store's
         # syscalls, injected like the clock (fault tests); production passes none
@@ -126,7 +128,7 @@ class Bookie:
         # what the last checkpoint named; None: the next one writes the whole index
         self._index_files: Optional[checkpoint_file.IndexFiles] = None
         # (P, states, lost) persisted last
-        self._last_written: Optional[tuple[Position, list[dict], dict]] = None
+        self._last_written: Optional[tuple[Position, list[dict[str, Any]], dict[str, Any]]] = None
         self._flush_wanted = threading.Event()
         self._stop = threading.Event()
         self._flusher: Optional[threading.Thread] = None
@@ -393,7 +395,7 @@ class Bookie:
             self.metrics.checkpoints.inc()
             return position
 
-    def _write_checkpoint(self, position: Position, states: list[dict]) -> None:
+    def _write_checkpoint(self, position: Position, states: list[dict[str, Any]]) -> None:
         """Persist the index change since the last checkpoint (folded into a
         new whole index from the files when checkpoint_file.wants_base says
         so, with no lock of the store held) with P and the states; nothing

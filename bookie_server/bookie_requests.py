@@ -22,8 +22,9 @@ from pybk_spark.protocol import ledger_state as ls
 from pybk_spark.wire.add_validation import validate_batch, validate_entry
 from bookie_server.bookie_mode import BookieMode
 from bookie_server.config import BookieConfig
-from bookie_server.journal.journal import Body, Journal
-from bookie_server.journal.journal_format import LEDGER, LEDGER_LAC, RecordType
+from bookie_server.journal.journal import Journal
+from bookie_server.journal.journal_crc import Body
+from bookie_server.journal.journal_format import LEDGER, LEDGER_LAC, Position, RecordType
 from bookie_server.journal.records import AddRecord, EntryRecord, LacRecord
 from bookie_server.ledger_table import LedgerTable
 from bookie_server.serving.admission import AddAdmission
@@ -58,7 +59,7 @@ class RequestHandlers:
         return recs
 
     def add_async(self, ledger_id: int, master_key: bytes, data: bytes,
-                  recovery: bool = False, keyless: bool = False) -> tuple[Future, int, int]:
+                  recovery: bool = False, keyless: bool = False) -> tuple[Future[Position], int, int]:
         """Returns (future completing when durable+visible, first id, last id).
         ``keyless``: an operator's recovery add without the master key
         (protocol/access.py)."""
@@ -76,7 +77,7 @@ class RequestHandlers:
         return fut, first, last
 
     def add_entry_async(self, record: Record, master_key: bytes, recovery: bool = False,
-                        keyless: bool = False) -> tuple[Future, int, int]:
+                        keyless: bool = False) -> tuple[Future[Position], int, int]:
         """A lone add as its entry record (wire/entries.py), journaled and
         cached as received: the same checks, admission and decision as
         ``add_async``.  Returns (future, ledger id, entry id)."""
@@ -100,7 +101,7 @@ class RequestHandlers:
         return fut, ledger_id, entry_id
 
     def _submit_add(self, ledger_id: int, master_key: bytes, data: bytes,
-                    batch: pa.RecordBatch, recovery: bool, keyless: bool = False) -> Future:
+                    batch: pa.RecordBatch, recovery: bool, keyless: bool = False) -> Future[Position]:
         with self.cond:
             plan = ls.decide_add(self.ledgers.get(ledger_id), master_key, recovery=recovery,
                                  read_only=self.mode.read_only, keyless=keyless)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import pyarrow as pa
 
@@ -52,7 +52,7 @@ class IndexFiles:
     short."""
     base: str
     base_rows: int
-    deltas: tuple[dict, ...] = field(default=())
+    deltas: tuple[dict[str, Any], ...] = field(default=())
 
     def delta_rows(self) -> int:
         return sum(int(d["rows"]) for d in self.deltas)
@@ -61,7 +61,7 @@ class IndexFiles:
         return {self.base, *(d["file"] for d in self.deltas)}
 
     @classmethod
-    def of(cls, doc: dict) -> "IndexFiles":
+    def of(cls, doc: dict[str, Any]) -> "IndexFiles":
         """The files a loaded checkpoint document names."""
         deltas = tuple(doc.get("index_deltas", ()))
         return cls(doc["index"], int(doc.get("index_rows", -1)), deltas)
@@ -81,8 +81,8 @@ def wants_base(files: Optional[IndexFiles], delta_rows: int) -> bool:
 
 
 def write(data_dir: str, generation: int, position: Position, files: Optional[IndexFiles],
-          delta: IndexDelta, states: list[dict],
-          lost: dict, fsync: Callable[[int], None]) -> IndexFiles:
+          delta: IndexDelta, states: list[dict[str, Any]],
+          lost: dict[str, Any], fsync: Callable[[int], None]) -> IndexFiles:
     """Persist checkpoint ``generation`` at journal ``position`` (seq, offset)
     and return the index files it names.  ``delta`` is the change since the
     checkpoint that named ``files`` (None: there was none, so ``delta``
@@ -141,7 +141,7 @@ def read_index(data_dir: str, files: IndexFiles) -> pa.Table:
                  for d in files.deltas])
 
 
-def read(data_dir: str) -> Optional[tuple[dict, pa.Table]]:
+def read(data_dir: str) -> Optional[tuple[dict[str, Any], pa.Table]]:
     """(the checkpoint document, its run index: the base with every delta
     applied in order); None before the first."""
     path = os.path.join(data_dir, CHECKPOINT)

@@ -47,7 +47,7 @@ import os
 import shutil
 import time
 import uuid
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from pybk_spark import errors
 from pybk_spark.metadata import keys
@@ -69,7 +69,7 @@ def cookie_key(bookie_id: str) -> str:
     return keys.cookie_key(bookie_id)
 
 
-def decide(bookie_id: str, local: Optional[dict], remote: Optional[dict],
+def decide(bookie_id: str, local: Optional[dict[str, Any]], remote: Optional[dict[str, Any]],
            data_dir_has_data: bool, standalone: bool) -> str:
     if local is not None and local.get("bookie_id") != bookie_id:
         raise errors.InvalidCookie(f"data dir belongs to bookie {local.get('bookie_id')!r}, "
@@ -98,7 +98,7 @@ def decide(bookie_id: str, local: Optional[dict], remote: Optional[dict],
     return _format_ok(local)
 
 
-def _format_ok(local: dict) -> str:
+def _format_ok(local: dict[str, Any]) -> str:
     """The data dir is this bookie's: OK if its entries are in the format it reads."""
     if local.get("entry_format", 1) < ENTRY_FORMAT:
         raise errors.InvalidCookie(
@@ -122,7 +122,7 @@ def decide_address(bookie_id: str, recorded: Optional[str], current: str,
 
 
 def new_cookie(bookie_id: str, rng_uuid: Callable[[], uuid.UUID] = uuid.uuid4,
-               address: str = "") -> dict:
+               address: str = "") -> dict[str, Any]:
     cookie = {"bookie_id": bookie_id, "instance_id": str(rng_uuid()), "version": 1,
               "entry_format": ENTRY_FORMAT}
     if address:
@@ -130,15 +130,16 @@ def new_cookie(bookie_id: str, rng_uuid: Callable[[], uuid.UUID] = uuid.uuid4,
     return cookie
 
 
-def read_local(data_dir: str) -> Optional[dict]:
+def read_local(data_dir: str) -> Optional[dict[str, Any]]:
     path = os.path.join(data_dir, LOCAL_NAME)
     if not os.path.exists(path):
         return None
     with open(path, encoding="utf-8") as fh:
-        return json.load(fh)
+        cookie: dict[str, Any] = json.load(fh)
+    return cookie
 
 
-def write_local(data_dir: str, cookie: dict) -> None:
+def write_local(data_dir: str, cookie: dict[str, Any]) -> None:
     os.makedirs(data_dir, exist_ok=True)
     tmp = os.path.join(data_dir, LOCAL_NAME + ".tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
@@ -155,14 +156,14 @@ def has_data(data_dir: str) -> bool:
 
 
 def _read_remote(store: Optional[MetadataStore], bookie_id: str
-                 ) -> tuple[Optional[dict], Optional[int]]:
+                 ) -> tuple[Optional[dict[str, Any]], Optional[int]]:
     got = store.get(cookie_key(bookie_id)) if store is not None else None
     return (json.loads(got.value), got.version) if got is not None else (None, None)
 
 
 def check_or_create(data_dir: str, bookie_id: str, store: Optional[MetadataStore] = None,
                     address: str = "",
-                    update_hint: str = "", clock: Callable[[], float] = time.time) -> dict:
+                    update_hint: str = "", clock: Callable[[], float] = time.time) -> dict[str, Any]:
     """Verify identity (and the advertised ``address``); create the cookies
     on first start (recording the new instance, ``record_instance``).
     Raises InvalidCookie."""
@@ -190,8 +191,8 @@ def check_or_create(data_dir: str, bookie_id: str, store: Optional[MetadataStore
     return cookie
 
 
-def _write_address(data_dir: str, bookie_id: str, store: Optional[MetadataStore], local: dict,
-                   remote: Optional[dict], version: Optional[int], address: str) -> None:
+def _write_address(data_dir: str, bookie_id: str, store: Optional[MetadataStore], local: dict[str, Any],
+                   remote: Optional[dict[str, Any]], version: Optional[int], address: str) -> None:
     """Both copies now say ``address``: etcd first (by CAS), then the disk."""
     if remote is not None and store is not None and version is not None:
         try:

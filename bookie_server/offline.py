@@ -23,7 +23,7 @@ from typing import Any
 import pyarrow as pa
 
 from bookie_server.journal.journal_format import LEDGER, LEDGER_LAC, RecordType, file_name, list_files
-from bookie_server.journal.journal_replay import scan_file
+from bookie_server.journal.journal_replay import Damage, scan_file
 from pybk_spark import errors
 from pybk_spark.wire.entries import parse_entry_record
 
@@ -39,11 +39,11 @@ def _journal_dir(data_dir: str) -> str:
     return path
 
 
-def read_mark(data_dir: str) -> dict | None:
+def read_mark(data_dir: str) -> dict[str, Any] | None:
     path = os.path.join(data_dir, CHECKPOINT)
     try:
         with open(path, encoding="utf-8") as fh:
-            doc: dict = json.load(fh)
+            doc: dict[str, Any] = json.load(fh)
             return doc
     except FileNotFoundError:
         return None
@@ -126,8 +126,8 @@ def read_journal(data_dir: str, only_file: str | None = None, ledger: int | None
     jdir = _journal_dir(data_dir)
     mark = read_mark(data_dir)
     mark_at = (int(mark["journal_seq"]), int(mark["journal_offset"])) if mark else (0, 0)
-    rows: list = []
-    damage: list = []
+    rows: list[dict[str, Any]] = []
+    damage: list[Damage] = []
     quiet = logging.getLogger("bookie.journal")      # replay's own events say "truncated"
     level, quiet.level = quiet.level, logging.CRITICAL + 1
     try:

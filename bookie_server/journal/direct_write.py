@@ -82,7 +82,7 @@ def pad_frame(nbytes: int) -> list[Body]:
 class DirectWriter:
     """The staging buffer and the ``O_DIRECT`` descriptor of one journal file."""
 
-    def __init__(self, min_bytes: int, write_all: Callable[[int, list, int], int],
+    def __init__(self, min_bytes: int, write_all: Callable[[int, list[Body], int], int],
                  preallocate: Callable[[int], None]):
         self.min_bytes = min_bytes
         self._write_all = write_all          # (fd, pieces, offset) -> bytes written

@@ -97,13 +97,17 @@ log = logging.getLogger("bookie.journal")
 class Submission:
     records: list[tuple[int, Body]]
     payload: Optional[JournalRecord] = None     # applied once durable (records.py)
-    future: Future = field(default_factory=Future)
+    future: Future[Position] = field(default_factory=Future)
     nbytes: int = 0
     enqueued_at: float = 0.0
     # after the write: (file seq, offset of the body) of each record, so a
     # caller can keep pointing at the bytes (journal-resident batches)
     locations: Optional[list[tuple[int, int]]] = None
 
+
+# a written group, for the sync stage: (its submissions, the position after
+# it, the file's descriptor, the bytes written)
+WrittenGroup = tuple[list[Submission], Position, int, int]
 
 _STOP = object()
 
@@ -116,7 +120,7 @@ class Journal:
                  page_cache_keep_bytes: Optional[int] = None, direct_min_bytes: int = 0,
                  clock: Callable[[], float] = time.monotonic,
                  metrics: Optional[BookieMetrics] = None, fsync: Callable[[int], None] = os.fdatasync,
-                 pwritev: Callable[[int, list, int], int] = os.pwritev,
+                 pwritev: Callable[[int, list[Body], int], int] = os.pwritev,
                  on_failure: Optional[Callable[[BaseException], None]] = None):
         self.file = JournalFile(directory, max_file_bytes=max_file_bytes,
                                 prealloc_bytes=prealloc_bytes, headroom_bytes=max_group_bytes * 2,
@@ -161,7 +165,7 @@ class Journal:
             self._started = True
 
     def submit(self, records: list[tuple[int, Body]], payload: Optional[JournalRecord] = None, *,
-               lead: bool = False) -> Future:
+               lead: bool = False) -> Future[Position]:
         """Queue records; the future completes with the position after them
         once they are durable.  ``lead=True``: the caller promises to call
         ``lead()`` right after releasing its own locks (the writer thread is
@@ -181,7 +185,7 @@ class Journal:
         return sub.future
 
     def write(self, records: list[tuple[int, Body]],
-              payload: Optional[JournalRecord] = None) -> Future:
+              payload: Optional[JournalRecord] = None) -> Future[Position]:
         """``submit`` + ``lead``, for a caller that holds no lock of its own."""
         fut = self.submit(records, payload, lead=True)
         self.lead()
@@ -285,7 +289,7 @@ class Journal:
             if not sub.future.done():
                 sub.future.set_exception(errors.BookieIOError(why))
 
-    def _write_group(self, group: list[Submission]) -> Optional[tuple]:
+    def _write_group(self, group: list[Submission]) -> Optional[WrittenGroup]:
         """Write one group at the end of the file; returns what the sync step
         needs, or None if the group failed (its futures are failed)."""
         if self._failed is not None:
@@ -362,7 +366,7 @@ class Journal:
                 if isinstance(item, threading.Event):
                     item.set()
 
-    def _sync_groups(self, groups: list) -> None:
+    def _sync_groups(self, groups: list[WrittenGroup]) -> None:
         subs = [sub for g in groups for sub in g[0]]
         if self._failed is None:
             op = "fdatasync"
@@ -391,7 +395,7 @@ class Journal:
                 return
         self._fail(subs, f"journal failed: {self._failed}")
 
-    def _release_pages(self, groups: list) -> None:   # synced range (one file) -> window
+    def _release_pages(self, groups: list[WrittenGroup]) -> None:   # synced range (one file) -> window
         seq, end = groups[-1][1].seq, groups[-1][1].offset
         window = self.cache_window
         if window is None:
@@ -411,7 +415,7 @@ class Journal:
         self.file.open(self.file.seq + 1)
         self.durable_position = max(self.durable_position, Position(self.file.seq, 0))
 
-    def delete_before(self, position: Position, keep: frozenset = frozenset()) -> list[int]:
+    def delete_before(self, position: Position, keep: frozenset[int] = frozenset()) -> list[int]:
         """Delete journal files whose records all lie before ``position``,
         except those in ``keep`` (files the entry store still reads batches
         from).  Returns the deleted file seqs."""

@@ -11,7 +11,7 @@ licence is LGPL-2.1-or-later.
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Optional, Union
+from typing import Optional, Union, cast
 
 import google_crc32c
 
@@ -30,11 +30,14 @@ def crc_of_google(rtype: int, body: Body) -> int:
     # google_crc32c takes bytes only (not a memoryview, even a read-only one,
     # nor a bytearray): a record received into a buffer is copied for it
     data = body if type(body) is bytes else bytes(body)
-    return google_crc32c.extend(_TYPE_CRC[rtype], data)
+    crc: int = google_crc32c.extend(_TYPE_CRC[rtype], data)
+    return crc
 
 
 def crc_of_fast(rtype: int, body: Body) -> int:
-    return _fast_crc.crc32c(body, value=_TYPE_CRC[rtype])  # type: ignore[union-attr]
+    # only chosen as ``crc_of`` when the package imported
+    crc: int = cast(ModuleType, _fast_crc).crc32c(body, value=_TYPE_CRC[rtype])
+    return crc
 
 
 FAST_AVAILABLE = _fast_crc is not None

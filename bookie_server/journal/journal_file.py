@@ -36,7 +36,7 @@ class JournalFile:
 
     def __init__(self, directory: str, *, max_file_bytes: int, prealloc_bytes: int,
                  headroom_bytes: int, direct_min_bytes: int,
-                 pwritev: Callable[[int, list, int], int]) -> None:
+                 pwritev: Callable[[int, list[Body], int], int]) -> None:
         self.dir = directory
         os.makedirs(directory, exist_ok=True)
         self.max_file_bytes = max_file_bytes
@@ -102,7 +102,7 @@ class JournalFile:
         self.offset += total
         return total
 
-    def write_all(self, fd: int, pieces: list, start: int) -> int:
+    def write_all(self, fd: int, pieces: list[Body], start: int) -> int:
         offset = start
         for i in range(0, len(pieces), 512):  # stay under IOV_MAX
             chunk = pieces[i:i + 512]
@@ -130,7 +130,7 @@ class JournalFile:
                 self.fd = -1
                 self.direct.close()
 
-    def delete_before(self, position: Position, keep: frozenset = frozenset()) -> list[int]:
+    def delete_before(self, position: Position, keep: frozenset[int] = frozenset()) -> list[int]:
         """Delete journal files whose records all lie before ``position``,
         except the current one and those in ``keep``.  Returns the deleted
         file seqs."""

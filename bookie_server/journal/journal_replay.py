@@ -128,14 +128,16 @@ def _zeros_to_end(data: Data, pos: int) -> bool:
 
 def _u32(arr: np.ndarray, idx: np.ndarray) -> np.ndarray:
     """Little-endian u32 at each offset of ``idx`` (unaligned), as int64."""
-    return (arr[idx].astype(np.int64) | (arr[idx + 1].astype(np.int64) << 8)
-            | (arr[idx + 2].astype(np.int64) << 16) | (arr[idx + 3].astype(np.int64) << 24))
+    out: np.ndarray = (arr[idx].astype(np.int64) | (arr[idx + 1].astype(np.int64) << 8)
+                       | (arr[idx + 2].astype(np.int64) << 16)
+                       | (arr[idx + 3].astype(np.int64) << 24))
+    return out
 
 
 def _plausible_next(arr: np.ndarray, at: np.ndarray, size: int) -> np.ndarray:
     """Vectorised: is there, at each offset, the end of the file, a zero
     header, or a header with a valid type and a fitting length?"""
-    ok = at == size
+    ok: np.ndarray = at == size
     inside = np.flatnonzero(at + HEADER.size <= size)
     idx = at[inside]
     if len(idx):
@@ -181,7 +183,8 @@ def find_next_frame(data: Data, start: int, *, window: int = 4 << 20) -> Optiona
     limit = size if found is None else found
     budget = UNCHAINED_CRC_BUDGET
     for part in unchained:
-        for pos, length in part.T.tolist():
+        rows: list[list[int]] = part.T.tolist()     # (offset, body length) per candidate
+        for pos, length in rows:
             if pos >= limit:
                 return found
             if pos + HEADER.size + length > limit or length > budget:

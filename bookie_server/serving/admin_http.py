@@ -89,9 +89,9 @@ class AdminApi:
         self.clock = clock
         self.bookie: Any = None
         self.bookie_id = ""
-        self.store: Any = None
-        self.gc: Any = None
-        self.readiness: Any = None
+        self.store: Optional[MetadataStore] = None
+        self.gc: Optional[GarbageCollector] = None
+        self.readiness: Optional[Readiness] = None
         self.disk_full: Callable[[], bool] = lambda: False
         self._routes = {
             ("GET", "bookie/state"): self._state,
@@ -135,7 +135,7 @@ class AdminApi:
         return True
 
     def handle(self, method: str, path: str, body: bytes, peer: str,
-               identity: access.Peer = access.ANONYMOUS) -> tuple[int, dict]:
+               identity: access.Peer = access.ANONYMOUS) -> tuple[int, dict[str, Any]]:
         try:
             if self.auth is not None:
                 refusal = access.admin_refusal(self.auth, identity, mutating=method != "GET")
@@ -168,9 +168,9 @@ class AdminApi:
             return 400, {"error": type(exc).__name__, "message": str(exc)}
 
     # -- bookie ---------------------------------------------------------------------------
-    def _state(self, _body: dict) -> dict:
+    def _state(self, _body: dict[str, Any]) -> dict[str, Any]:
         b = self.bookie
-        st: dict = self.readiness.state() if self.readiness is not None else {}
+        st: dict[str, Any] = self.readiness.state() if self.readiness is not None else {}
         why = None
         if b.read_only:
             why = ("storage failed" if b.io_error is not None else
@@ -179,36 +179,36 @@ class AdminApi:
                 "registered": bool(st.get("registered", False)), "read_only": b.read_only,
                 "read_only_reason": why, "stopping": bool(st.get("stopping", False))}
 
-    def _readonly_get(self, _body: dict) -> dict:
+    def _readonly_get(self, _body: dict[str, Any]) -> dict[str, Any]:
         return {"read_only": self.bookie.read_only, "admin_read_only": self.bookie.admin_read_only}
 
-    def _readonly_put(self, body: dict) -> dict:
+    def _readonly_put(self, body: dict[str, Any]) -> dict[str, Any]:
         value = _field(body, "read_only", bool)
         self.bookie.set_admin_read_only(value, disk_full=self.disk_full())
         log.warning("event=admin_read_only value=%s", value)
         return self._readonly_get({})
 
-    def _gc_put(self, _body: dict) -> dict:
+    def _gc_put(self, _body: dict[str, Any]) -> dict[str, Any]:
         if self.gc is None:
             raise HttpError(503, "standalone", "no ledger GC: the bookie runs without a "
                             "metadata store (metadata_uri)")
         self.gc.trigger()
         return {"triggered": True}
 
-    def _gc_status(self) -> dict:
+    def _gc_status(self) -> dict[str, Any]:
         if self.gc is None:
             raise HttpError(503, "standalone", "no ledger GC: the bookie runs without a "
                             "metadata store (metadata_uri)")
         return self.gc.status()
 
-    def _gc_get(self, _body: dict) -> dict:
+    def _gc_get(self, _body: dict[str, Any]) -> dict[str, Any]:
         st = self._gc_status()
         return {"is_in_force_gc": bool(st["running"] or st["forced_pending"])}
 
-    def _gc_details(self, _body: dict) -> dict:
+    def _gc_details(self, _body: dict[str, Any]) -> dict[str, Any]:
         return self._gc_status()
 
-    def _info(self, _body: dict) -> dict:
+    def _info(self, _body: dict[str, Any]) -> dict[str, Any]:
         b = self.bookie
         free, total = b.disk_usage()
         applied = b.applied_position
@@ -230,10 +230,10 @@ class AdminApi:
                             "(metadata_uri is empty)")
         return self.store
 
-    def _ar_status(self, _body: dict) -> dict:
+    def _ar_status(self, _body: dict[str, Any]) -> dict[str, Any]:
         return ctl.status(self._need_store())
 
-    def _cluster_info(self, _body: dict) -> dict:
+    def _cluster_info(self, _body: dict[str, Any]) -> dict[str, Any]:
         """BookKeeper's ClusterInfoService, from the registry, cookies and audit keys."""
         store = self._need_store()
         writable = {k.rsplit("/", 1)[1] for k, _ in store.list_prefix(keys.bookies_prefix("writable"))}
@@ -248,20 +248,20 @@ class AdminApi:
                 "unavailable_bookies": sorted(known - writable - readonly),
                 "damaged_bookies": damaged}
 
-    def _ar_status_put(self, body: dict) -> dict:
+    def _ar_status_put(self, body: dict[str, Any]) -> dict[str, Any]:
         store = self._need_store()
         ctl.set_enabled(store, _field(body, "enabled", bool))
         return ctl.status(store)
 
-    def _ar_trigger(self, _body: dict) -> dict:
+    def _ar_trigger(self, _body: dict[str, Any]) -> dict[str, Any]:
         version = ctl.trigger(self._need_store(), self.clock(), f"bookie {self.bookie_id}")
         return {"triggered": True, "version": version}
 
-    def _ar_delay_get(self, _body: dict) -> dict:
+    def _ar_delay_get(self, _body: dict[str, Any]) -> dict[str, Any]:
         conf = ctl.read_config(self._need_store())
         return {"delay_seconds": conf["lost_bookie_recovery_delay_s"]}
 
-    def _ar_delay_put(self, body: dict) -> dict:
+    def _ar_delay_put(self, body: dict[str, Any]) -> dict[str, Any]:
         if "delay_seconds" not in body:
             raise HttpError(400, "bad_request", 'body must be {"delay_seconds": number | null}')
         value = body["delay_seconds"]
@@ -284,7 +284,7 @@ def _peer_of(handler: BaseHTTPRequestHandler) -> access.Peer:
         return access.ANONYMOUS
 
 
-def _body(raw: bytes) -> dict:
+def _body(raw: bytes) -> dict[str, Any]:
     try:
         doc = json.loads(raw or b"{}")
     except ValueError:
@@ -294,14 +294,14 @@ def _body(raw: bytes) -> dict:
     return doc
 
 
-def _field(body: dict, name: str, kind: type[T]) -> T:
+def _field(body: dict[str, Any], name: str, kind: type[T]) -> T:
     value = body.get(name)
     if not isinstance(value, kind):
         raise HttpError(400, "bad_request", f'body must be {{"{name}": {kind.__name__}}}')
     return value
 
 
-def _checkpoint_of(bookie: Bookie) -> Optional[dict]:
+def _checkpoint_of(bookie: Bookie) -> Optional[dict[str, Any]]:
     try:
         with open(os.path.join(bookie.data_dir, CHECKPOINT), encoding="utf-8") as fh:
             doc = json.load(fh)

@@ -65,7 +65,7 @@ class Readiness:
         self._listeners.append(listener)
         listener(self)
 
-    def state(self) -> dict:
+    def state(self) -> dict[str, Any]:
         with self._lock:
             return dict(self._state)
 
@@ -128,7 +128,7 @@ def serve_http(port: int, addr: str, registry: CollectorRegistry, readiness: Opt
             if admin is None or not admin.dispatch(self, "PUT"):
                 self._json(405, {"error": "only GET here (PUT: /api/v1/... admin routes)"})
 
-        def _json(self, code: int, body: dict) -> None:
+        def _json(self, code: int, body: dict[str, Any]) -> None:
             self._send(code, json.dumps(body).encode(), "application/json")
 
         def _send(self, code: int, body: bytes, ctype: str) -> None:

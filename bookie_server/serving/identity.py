@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 if TYPE_CHECKING:
     from bookie_server.config import BookieConfig
@@ -48,7 +48,7 @@ def _resolve(host: str) -> list[str]:
         return []
 
 
-def is_loopback(host: str, resolve: Callable[[str], list] = _resolve) -> bool:
+def is_loopback(host: str, resolve: Callable[[str], list[str]] = _resolve) -> bool:
     """A literal loopback address, or a name that resolves only to loopback."""
     host = host.strip("[]")
     try:
@@ -70,7 +70,7 @@ def metadata_hosts(metadata_uri: str) -> list[str]:
     return [ep.strip().rpartition(":")[0].strip("[]") for ep in where.split(",") if ep.strip()]
 
 
-def metadata_is_remote(metadata_uri: str, resolve: Callable[[str], list] = _resolve) -> bool:
+def metadata_is_remote(metadata_uri: str, resolve: Callable[[str], list[str]] = _resolve) -> bool:
     return any(not is_loopback(h, resolve) for h in metadata_hosts(metadata_uri))
 
 
@@ -78,11 +78,12 @@ def _route_source(host: str) -> str:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_DGRAM) as s:
         s.connect((host, 9))          # UDP connect: picks the route, sends nothing
-        return s.getsockname()[0]
+        source: str = s.getsockname()[0]
+        return source
 
 
 def advertised_host(bind_address: str, advertised_address: str, metadata_uri: str, *,
-                    resolve: Callable[[str], list] = _resolve,
+                    resolve: Callable[[str], list[str]] = _resolve,
                     route_source: Callable[[str], str] = _route_source) -> str:
     """The host part of the address this bookie registers (rules 1-4 above)."""
     if advertised_address:
@@ -100,7 +101,7 @@ def advertised_host(bind_address: str, advertised_address: str, metadata_uri: st
 
 
 def check_advertised(host: str, metadata_uri: str, *,
-                     resolve: Callable[[str], list] = _resolve) -> None:
+                     resolve: Callable[[str], list[str]] = _resolve) -> None:
     """Raise ValueError (one line, naming the setting) for an address other
     hosts could not use."""
     if is_wildcard(host):
@@ -112,13 +113,13 @@ def check_advertised(host: str, metadata_uri: str, *,
                          f"connect to themselves; set {SETTING} to an address they can reach")
 
 
-def effective_host(cfg: BookieConfig, resolve: Optional[Callable[[str], list]] = None,
+def effective_host(cfg: BookieConfig, resolve: Optional[Callable[[str], list[str]]] = None,
                    route_source: Optional[Callable[[str], str]] = None) -> str:
     """``advertised_host`` + ``check_advertised`` for a BookieConfig."""
-    kw: dict = {}
+    kw: dict[str, Any] = {}
     if resolve is not None:
         kw["resolve"] = resolve
-    extra: dict = {"route_source": route_source} if route_source else {}
+    extra: dict[str, Any] = {"route_source": route_source} if route_source else {}
     host = advertised_host(cfg.bind_address, cfg.advertised_address, cfg.metadata_uri, **kw, **extra)
     check_advertised(host, cfg.metadata_uri, **kw)
     return host

@@ -101,7 +101,7 @@ class AddLaneServer:
         self._listener = listener if listener is not None else bind_listener(cfg)
         self.port = self._listener.getsockname()[1]
         self._lock = threading.Lock()
-        self._connections: set = set()              # plain or TLS sockets
+        self._connections: set[socket.socket | TlsSocket] = set()     # plain or TLS sockets
         self._stopped = threading.Event()
         self._acceptor = threading.Thread(target=self._accept_loop, name="add-lane-accept",
                                           daemon=True)

@@ -82,7 +82,7 @@ class PeerReader:
 
     def _call(self, req: Any, timeout: float, convert: Callable[[Any], ReadResult],
               ctx: dict[str, Any]) -> "Future[ReadResult]":
-        out: Future = Future()
+        out: Future[ReadResult] = Future()
         try:
             gfut = self._read_entries.future(req, timeout=timeout)
         except (grpc.RpcError, ValueError) as exc:      # ValueError: channel closed
@@ -112,7 +112,7 @@ class PeerReader:
         self._channel.close()
 
 
-def _settle(fut: Future, result: Any = None, exc: BaseException | None = None) -> None:
+def _settle(fut: Future[ReadResult], result: Any = None, exc: BaseException | None = None) -> None:
     """Complete ``fut`` unless the pull already cancelled it."""
     try:
         if exc is not None:

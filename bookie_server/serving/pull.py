@@ -51,6 +51,7 @@ from pybk_spark.wire.entries import batch_to_buffer
 
 if TYPE_CHECKING:
     from bookie_server.bookie import Bookie
+    from bookie_server.journal.journal_format import Position
     from bookie_server.serving.peer_client import PeerReader
     from pybk_spark.wire.results import ReadResult
 
@@ -93,7 +94,8 @@ class _Adds:
 
     def __init__(self, bookie: Bookie, ledger_id: int, key: bytes, keyless: bool) -> None:
         self.bookie, self.ledger_id, self.key, self.keyless = bookie, ledger_id, key, keyless
-        self.inflight: deque = deque()      # (future, ids, payload bytes)
+        # (future, ids, payload bytes)
+        self.inflight: deque[tuple[cf.Future[Position], np.ndarray, int]] = deque()
         self.entries = self.bytes = 0
         self.copied: list[np.ndarray] = []
 
@@ -138,7 +140,7 @@ def pull(bookie: Bookie, peer: PeerReader, ledger_id: int, key: bytes, wanted: n
     max_entries = min(COPY_BATCH_ENTRIES, cfg.max_read_entries)
     max_bytes = min(COPY_BATCH_BYTES, cfg.max_read_bytes)
     window = min(window or DEFAULT_WINDOW, MAX_WINDOW)      # a request cannot ask for more
-    win: SparseReadWindow = SparseReadWindow(wanted, max_entries, window)
+    win: SparseReadWindow[cf.Future[ReadResult]] = SparseReadWindow(wanted, max_entries, window)
     problem = ""
 
     def send(a: int, b: int) -> cf.Future[ReadResult]:

@@ -87,7 +87,7 @@ def registration_key(bookie_id: str, read_only: bool) -> str:
     return keys.bookie_key("readonly" if read_only else "writable", bookie_id)
 
 
-def decide_claim(existing: Optional[dict], me: dict) -> str:
+def decide_claim(existing: Optional[dict[str, Any]], me: dict[str, Any]) -> str:
     """What to do about ``existing`` (a live registration value, or None)
     when the process described by ``me`` (its ``owner`` dict) wants the id."""
     if existing is None:
@@ -104,7 +104,7 @@ def decide_claim(existing: Optional[dict], me: dict) -> str:
     return REFUSE
 
 
-def _loads(raw: bytes) -> dict:
+def _loads(raw: bytes) -> dict[str, Any]:
     try:
         value = json.loads(raw)
     except ValueError:
@@ -112,7 +112,7 @@ def _loads(raw: bytes) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def describe_owner(existing: dict) -> str:
+def describe_owner(existing: dict[str, Any]) -> str:
     owner = existing.get("owner") if isinstance(existing.get("owner"), dict) else {}
     if not owner:
         return f"a bookie at {existing.get('address', '?')} (owner not recorded)"
@@ -122,8 +122,8 @@ def describe_owner(existing: dict) -> str:
 
 class Registrar:
     def __init__(self, store: MetadataStore, bookie_id: str, address: str, rack: str, metrics_port: int,
-                 ttl: int = 5, add_lane_address: str = "", *, owner: Optional[dict] = None,
-                 limits: Optional[dict] = None, tls: bool = False,
+                 ttl: int = 5, add_lane_address: str = "", *, owner: Optional[dict[str, Any]] = None,
+                 limits: Optional[dict[str, Any]] = None, tls: bool = False,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.store = store
@@ -146,7 +146,7 @@ class Registrar:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
-    def value_dict(self) -> dict:
+    def value_dict(self) -> dict[str, Any]:
         """The registration value; a dict so fields can be added freely."""
         return {"bookie_id": self.bookie_id, "address": self.address,
                 "rack": self.rack, "metrics_port": self.metrics_port,
@@ -195,7 +195,7 @@ class Registrar:
                 raise self._in_use(key, value, waited=self.wait_s)
             self.sleep(0.2)
 
-    def _in_use(self, key: str, value: dict, waited: float = 0.0) -> errors.BookieIdInUse:
+    def _in_use(self, key: str, value: dict[str, Any], waited: float = 0.0) -> errors.BookieIdInUse:
         after = f" (still there after waiting {waited:.0f}s)" if waited else ""
         return errors.BookieIdInUse(
             f"bookie id {self.bookie_id!r} is registered by a live bookie: "
@@ -282,7 +282,7 @@ class Registrar:
         while not self._stop.wait(keepalive_period(self.ttl)):
             self.refresh_once()
 
-    def _registered(self) -> tuple:
+    def _registered(self) -> tuple[Any, bool, Optional[int]]:
         return self._lease, self.read_only, self._version
 
     def refresh_once(self) -> None:

@@ -21,7 +21,7 @@ import queue
 import threading
 import time
 from concurrent import futures
-from typing import TYPE_CHECKING, Callable, Iterator, Optional, Union
+from typing import TYPE_CHECKING, Callable, Iterator, Optional, Union, cast
 
 import grpc
 
@@ -42,6 +42,9 @@ from pybk_spark.wire.entries import Record, batch_to_buffer
 if TYPE_CHECKING:
     import socket
 
+    import pyarrow as pa
+
+    from bookie_server.journal.journal_format import Position
     from bookie_server.serving.tls import ServerTls
 
 # an add as the request deserializer hands it over (pybk_spark/wire/framing.py)
@@ -60,7 +63,8 @@ def _code(exc: BaseException, op: str) -> tuple[int, str]:
     return code, msg
 
 
-class BookieService(pb_grpc.BookieServicer):
+# the generated servicer module has no type information (pyproject.toml: follow_imports = skip)
+class BookieService(pb_grpc.BookieServicer):  # type: ignore[misc]
     def __init__(self, bookie: Bookie, cfg: BookieConfig, bookie_id: str):
         self.bookie = bookie
         self.cfg = cfg
@@ -104,7 +108,7 @@ class BookieService(pb_grpc.BookieServicer):
             return
         nbytes = len(req.entries)
 
-        def finished(f: futures.Future) -> None:
+        def finished(f: futures.Future[Position]) -> None:
             exc = f.exception()
             if exc is not None:
                 code, msg = _code(exc, "add")
@@ -138,7 +142,7 @@ class BookieService(pb_grpc.BookieServicer):
             done(pb.AddResponse(code=code, message=msg, request_id=request_id))
             return
 
-        def finished(f: futures.Future) -> None:
+        def finished(f: futures.Future[Position]) -> None:
             exc = f.exception()
             if exc is not None:
                 code, msg = _code(exc, "add")
@@ -175,7 +179,7 @@ class BookieService(pb_grpc.BookieServicer):
         stream for good to a reader thread that receives and submits, while
         this thread sends the answers as their groups become durable.
         Answers leave in completion order, each carrying its request_id."""
-        out: "queue.SimpleQueue" = queue.SimpleQueue()
+        out: queue.SimpleQueue[object] = queue.SimpleQueue()     # answers, then _DONE
         slots = threading.BoundedSemaphore(max(1, self.cfg.max_inflight_per_stream))
 
         def respond(resp: pb.AddResponse) -> None:
@@ -188,7 +192,8 @@ class BookieService(pb_grpc.BookieServicer):
                 slots.acquire()
                 self.submit_add(req, respond, peer)
                 try:
-                    yield out.get_nowait()
+                    # only answers so far: _DONE comes from the pipelined reader
+                    yield cast(pb.AddResponse, out.get_nowait())
                 except queue.Empty:          # not durable yet: go pipelined
                     yield from self._pipelined_answers(request_iterator, context, out, slots,
                                                        respond, peer)
@@ -198,7 +203,7 @@ class BookieService(pb_grpc.BookieServicer):
                 log.debug("event=add_stream_error error=%r", exc)
 
     def _pipelined_answers(self, request_iterator: Iterator[AddMessage], context: grpc.ServicerContext,
-                           out: queue.SimpleQueue, slots: threading.BoundedSemaphore,
+                           out: queue.SimpleQueue[object], slots: threading.BoundedSemaphore,
                            respond: Callable[[pb.AddResponse], None], peer: access.Peer
                            ) -> Iterator[pb.AddResponse]:
         """The rest of an AddStream with one add already outstanding."""
@@ -230,7 +235,7 @@ class BookieService(pb_grpc.BookieServicer):
                 continue
             with lock:
                 pending[0] -= 1
-            yield item
+            yield cast(pb.AddResponse, item)     # everything else put is an answer
 
     # -- reads ----------------------------------------------------------------------------
     def ReadEntries(self, request: pb.ReadRequest, context: grpc.ServicerContext) -> Union[pb.ReadResponse, bytes]:
@@ -240,7 +245,8 @@ class BookieService(pb_grpc.BookieServicer):
         # pre-framed: see pybk_spark/wire/framing.py
         return framing.with_payload(head, batch_to_buffer(batch))
 
-    def read_answer(self, request: pb.ReadRequest, peer: access.Peer = access.ANONYMOUS) -> tuple:
+    def read_answer(self, request: pb.ReadRequest, peer: access.Peer = access.ANONYMOUS
+                    ) -> tuple[pb.ReadResponse, Optional[pa.RecordBatch]]:
         """(ReadResponse without its entries, the entries as a record batch or
         None): the answer to a read, for gRPC's ``ReadEntries`` and for a
         read lane connection, which encodes the batch itself."""

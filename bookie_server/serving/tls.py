@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import ssl
 import threading
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import grpc
 
@@ -190,7 +190,7 @@ def grpc_peer(context: grpc.ServicerContext) -> access.Peer:
     return access.Peer(frozenset(names))
 
 
-def cert_peer(cert: Optional[dict]) -> access.Peer:
+def cert_peer(cert: Optional[dict[str, Any]]) -> access.Peer:
     """Identities from ``SSLSocket.getpeercert()`` (empty when none was verified)."""
     if not cert:
         return access.ANONYMOUS

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Callable, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -107,12 +107,12 @@ class LostSet:
                       "cannot be named; the auditor checks every ledger on this bookie")
         self.add(ranges, unattributed)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         with self._lock:
             return {"ranges": [list(r) for r in self._ranges], "unattributed": self.unattributed}
 
     @staticmethod
-    def from_json(doc: Optional[dict]) -> "LostSet":
+    def from_json(doc: Optional[dict[str, Any]]) -> "LostSet":
         doc = doc or {}
         return LostSet([tuple(r) for r in doc.get("ranges", [])],
                        bool(doc.get("unattributed", False)))
@@ -159,10 +159,10 @@ class ReplayTracker:
     def __init__(self, max_entry: Callable[[int], int], ledgers: Callable[[], Iterable[int]]):
         self._max_entry = max_entry
         self._ledgers = ledgers
-        self.damages: list = []
+        self.damages: list[Damage] = []
         self._seen: set[int] = set()                  # ledgers replayed so far
-        self._points: list[tuple[dict, set]] = []     # (ledger -> max id at damage, ledgers before)
-        self._after_max: list[dict] = []              # per damage: ledger -> max id replayed after
+        self._points: list[tuple[dict[int, int], set[int]]] = []   # (ledger -> max id at damage, ledgers before)
+        self._after_max: list[dict[int, int]] = []            # per damage: ledger -> max id replayed after
 
     def on_damage(self, damage: Damage) -> None:
         self.damages.append(damage)
@@ -180,7 +180,7 @@ class ReplayTracker:
     def ranges(self, gaps: Callable[[int, int, int], list[tuple[int, int]]]
                ) -> list[tuple[int, int, int]]:
         """``gaps(ledger, lo, hi)``: the not-stored ranges of [lo, hi]."""
-        out: list = []
+        out: list[tuple[int, int, int]] = []
         for (snap, before), after in zip(self._points, self._after_max):
             for lid in before | set(after):
                 lo = snap.get(lid, -1) + 1

@@ -90,7 +90,8 @@ def cached_bytes(batch: pa.RecordBatch) -> int:
     """Memory a cached batch holds, for the write cache's accounting: its
     buffers' sizes (``nbytes`` walks the buffers' ranges and costs ~10 us,
     as much as the rest of a one-entry add's indexing)."""
-    return batch.get_total_buffer_size()
+    size: int = batch.get_total_buffer_size()
+    return size
 
 
 def _within_bytes(table: pa.Table, max_bytes: int, limited: bool) -> tuple[pa.RecordBatch, bool]:
@@ -150,10 +151,15 @@ def _decode_lone(refs: list[Ref]) -> dict[int, pa.RecordBatch]:
     return {id(r): decoded.slice(i, 1) for i, r in enumerate(lone)}
 
 
+# one run of a flush written to a segment (or located in the journal):
+# (its new Ref, the run starts, ends and rows it holds)
+WrittenRun = tuple[Ref, np.ndarray, np.ndarray, np.ndarray]
+
+
 @dataclass
 class FlushSnapshot:
     by_ledger: dict[int, list[int]]      # ledger -> memory ref ids
-    results: Optional[dict[int, list]] = None     # ledger -> (new Ref, starts, ends, rows, old refs)
+    results: Optional[dict[int, list[WrittenRun]]] = None     # ledger -> its written runs
 
 
 class EntryStore:
@@ -349,7 +355,7 @@ class EntryStore:
     def write_snapshot(self, snap: FlushSnapshot) -> None:
         """Append the snapshot to segments; fsync.  No lock held.  Big batches
         are written as received; small ones are merged per ledger."""
-        results: dict[int, list] = {}
+        results: dict[int, list[WrittenRun]] = {}
         snap.results = results
         touched: set[int] = set()
         fh = None
@@ -483,7 +489,7 @@ class EntryStore:
             return [s for s, live in self.segment_live.items()
                     if live <= 0 and s != self.files.current and not is_journal_segment(s)]
 
-    def journal_seqs_in_use(self) -> frozenset:
+    def journal_seqs_in_use(self) -> frozenset[int]:
         """Journal files that flushed refs read from (the journal keeps them)."""
         with self.lock:
             return frozenset(s - JOURNAL_SEGMENT_BASE for s, live in self.segment_live.items()

@@ -91,7 +91,7 @@ class SegmentFiles:
         return self.map(seg, offset + length).read_at(length, offset)
 
     # -- reads of stored batches -----------------------------------------------------
-    def will_need(self, refs: list, budget: int) -> None:
+    def will_need(self, refs: list[Ref], budget: int) -> None:
         """Ask the kernel to start reading the stored batches of this read
         that are not in memory, all at once (posix_fadvise WILLNEED), up to
         the read's byte budget: a read from disk then waits for one round of
