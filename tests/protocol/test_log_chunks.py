@@ -59,10 +59,21 @@ def test_an_overwrite_drops_every_chunk():
     assert [s.ledger_id for s in plan.tail] == [9000, 9001, 9002]
 
 
-def test_a_changed_segment_inside_a_chunk_relays_it_and_every_later_one():
+def test_a_segment_changed_in_place_reseals_its_chunk_and_keeps_the_later_ones():
+    """An offload record added to a sealed segment: the same ledgers, so only
+    that chunk is sealed anew."""
     a, b = segs(1, 1000), segs(1001, 1000)
     old = [(ref("a", a), a), (ref("b", b), b)]
     changed = a[:10] + (Segment(11, logmd.SEGMENT_CLOSED, 99, 100, 100, 1),) + a[11:] + b
+    plan = logmd.plan_chunks(changed, old)
+    assert plan.dropped == (ref("a", a),) and plan.tail == ()
+    assert plan.chunks == (changed[:1000], ref("b", b))
+
+
+def test_a_chunk_whose_ledgers_changed_relays_it_and_every_later_one():
+    a, b = segs(1, 1000), segs(1001, 1000)
+    old = [(ref("a", a), a), (ref("b", b), b)]
+    changed = a[:10] + (Segment(5000, logmd.SEGMENT_CLOSED, 99, 100, 100, 1),) + a[11:] + b
     plan = logmd.plan_chunks(changed, old)
     assert plan.dropped == (ref("a", a), ref("b", b)) and plan.tail == changed
     assert plan.chunks == ()
