@@ -40,8 +40,9 @@ test-hosts: venv fault-tools
 	$(VPY) -m pybk_spark.cluster.hosts --check
 	PYBK_REQUIRE_HOSTS=1 $(VPY) -m pytest -q tests/hosts $(PYTEST_ARGS)
 
-# ruff (style, bugbear, broad excepts) and mypy (strict for protocol/ and
-# wire/); the settings are in pyproject.toml
+# ruff (style, bugbear, broad excepts) and mypy (strict for protocol/, wire/,
+# ledger/ and bookie_server/; Optional tracked everywhere); the settings are in
+# pyproject.toml
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VPY) -m mypy
