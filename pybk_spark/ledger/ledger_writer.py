@@ -140,6 +140,19 @@ class LedgerWriter:
             self._assigned_length += nbytes
             return first, self.core.lac, base
 
+    def _pend(self, chunk: _Chunk, waiter: Waiter) -> tuple[tuple[str, ...], set[int]] | None:
+        """Record ``chunk`` as in flight: the ensemble and unavailable slots to
+        send it to, or None (the waiter failed) once the writer has failed."""
+        with self._lock:
+            if self._error is None:
+                self._chunks.append(chunk)
+                self._waiters.append(waiter)
+                self.last_activity = self.ctx.clock()
+                return self.core.ensemble, self.core.unavailable_slots
+            err = self._error
+        waiter.future.set_exception(err)
+        return None
+
     def submit(self, batch: pa.RecordBatch, waiter: Waiter, nbytes: int | None = None) -> None:
         """Send the entries of ``batch`` (ids already assigned, contiguous);
         ``nbytes``: total payload bytes, if the caller knows it."""
@@ -147,38 +160,18 @@ class LedgerWriter:
         last = first + batch.num_rows - 1
         if nbytes is None:
             nbytes = batch.column("payload").total_values_length
-        with self._lock:
-            if self._error is not None:
-                err = self._error
-            else:
-                err = None
-                self._chunks.append(_Chunk(first, last, batch, nbytes))
-                self._waiters.append(waiter)
-                ensemble = self.core.ensemble
-                bad = self.core.unavailable_slots
-                self.last_activity = self.ctx.clock()
-        if err is not None:
-            waiter.future.set_exception(err)
-            return
-        self._send(batch, ensemble, bad, wait=True)
+        pending = self._pend(_Chunk(first, last, batch, nbytes), waiter)
+        if pending is not None:
+            self._send(batch, *pending, wait=True)
 
     def submit_entry(self, entry_id: int, head: bytes, payload: bytes, waiter: Waiter) -> None:
         """Send a lone add (its id assigned) as its entry record: ``head``
         (wire/entries.py, ``entry_record_head``) then ``payload``."""
         lone = _Lone(head, payload)
-        with self._lock:
-            if self._error is not None:
-                err = self._error
-            else:
-                err = None
-                self._chunks.append(_Chunk(entry_id, entry_id, None, len(payload), lone))
-                self._waiters.append(waiter)
-                ensemble = self.core.ensemble
-                bad = self.core.unavailable_slots
-                self.last_activity = self.ctx.clock()
-        if err is not None:
-            waiter.future.set_exception(err)
+        pending = self._pend(_Chunk(entry_id, entry_id, None, len(payload), lone), waiter)
+        if pending is None:
             return
+        ensemble, bad = pending
         E, Qw = len(ensemble), self.md.write_quorum
         ids = range(entry_id, entry_id + 1)
         one = np.array([entry_id])
