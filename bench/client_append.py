@@ -139,7 +139,7 @@ def batch_sweep(uri: str, quick: bool) -> dict:
 def sync_latency(uri: str, quick: bool, pids: dict | None = None) -> dict:
     """Single-entry synchronous add_entry latency (E=3 Qw=3 Qa=2, one in flight);
     with ``pids``, the CPU each process kind spent per add over the same window."""
-    n = 100 if quick else 2_000
+    n = 100 if quick else 5_000
     data = payloads(n)
     with BookKeeper(uri) as bk:
         lh = bk.create_ledger(3, 3, 2)

@@ -58,7 +58,8 @@ RATIO_KEYS = ("append_vs_redis_pipelined_1c", "append_vs_redis_50c", "sync_add_p
               "tls_catchup_vs_plain", "sync_add_cpu_ms", "spark_read_vs_python_floor",
               "spark_count_vs_python_floor", "rereplication_vs_disk", "sync_add_cpu_vs_python_floor",
               "spark_write_vs_python_floor", "rereplication_vs_copy_floor", "offload_vs_disk",
-              "spark_offloaded_scan_vs_parquet")
+              "spark_offloaded_scan_vs_parquet", "sync_add_p50_vs_python_floor",
+              "sync_add_p999_vs_python_floor", "append_async_vs_redis_pipelined_1c")
 
 
 def _log(msg: str) -> None:
@@ -133,6 +134,14 @@ def compute_ratios(f: dict, errors: dict) -> tuple[dict, dict]:
         "sync_add_cpu_vs_python_floor": _ratio(
             _g(f, "4_sync_latency", "cpu", "cpu_s_per_m_entries", "total"),
             _g(f, "4_sync_floor", "cpu_us_per_add", "total")),
+        # latency against the floor's own, measured in the same run: lower is better
+        "sync_add_p50_vs_python_floor": _ratio(_g(f, "4_sync_latency", "p50_ms"),
+                                               _g(f, "4_sync_floor", "p50_ms")),
+        "sync_add_p999_vs_python_floor": _ratio(_g(f, "4_sync_latency", "p999_ms"),
+                                                _g(f, "4_sync_floor", "p999_ms")),
+        "append_async_vs_redis_pipelined_1c": _ratio(
+            _g(f, "3_append", "async_E3Qw3Qa2", "entries_per_s"),
+            red.get("redis_pipelined_1c_entries_per_s")),
         "rereplication_vs_disk": _ratio(_g(f, "8_rereplication", "copy_mb_per_s"),
                                         _g(f, "2_bookie_ingest", "disk_overwrite_mb_per_s_mean")),
         # ours / the bare copy between two processes at the same concurrency (bench/copy_floor.py)
@@ -149,6 +158,9 @@ def compute_ratios(f: dict, errors: dict) -> tuple[dict, dict]:
              "entry_cpu_7_vs_3_bookies": ("9_scaling",),
              "sync_add_cpu_ms": ("4_sync_latency",),
              "sync_add_cpu_vs_python_floor": ("4_sync_latency", "4_sync_floor"),
+             "sync_add_p50_vs_python_floor": ("4_sync_latency", "4_sync_floor"),
+             "sync_add_p999_vs_python_floor": ("4_sync_latency", "4_sync_floor"),
+             "append_async_vs_redis_pipelined_1c": ("3_append", "peers_redis"),
              "spark_read_vs_python_floor": ("6_spark",),
              "spark_write_vs_python_floor": ("6_spark",),
              "spark_count_vs_python_floor": ("6_spark",),
@@ -193,7 +205,7 @@ def run(quick: bool, data_dir: str | None) -> dict:
             if three is not None:
                 r.figures["1_disk"]["seq_3_writers"] = three
         r.step("peers_redis", lambda: redis_peer.measure(quick))
-        r.step("4_sync_floor", lambda: sync_floor.measure(200 if quick else 2000))
+        r.step("4_sync_floor", lambda: sync_floor.measure(200 if quick else 5000))
         r.step("8_copy_floor", lambda: copy_floor.measure(work, (32 << 20) if quick else (1 << 30)))
         redis_sw = r.step("sweep_redis", lambda: redis_sweep.measure(quick))
         r.figures.pop("sweep_redis", None)

@@ -102,6 +102,7 @@ def measure(n: int = 2000, entry_bytes: int = 1024, replicas: int = 3, acks: int
     return {"adds": n, "entries_per_s": n / elapsed,
             "p50_ms": float(np.percentile(lat, 50) * 1e3),
             "p99_ms": float(np.percentile(lat, 99) * 1e3),
+            "p999_ms": float(np.percentile(lat, 99.9) * 1e3),
             "cpu_us_per_add": {"client": client_us, "bookies": bookies_us,
                                "total": client_us + bookies_us},
             "shape": f"{entry_bytes} B, written to {replicas}, acknowledged after {acks}"}
