@@ -15,6 +15,7 @@ from pybk_spark.logs.log_writer import LogWriter, RollPolicy
 from pybk_spark.logs.log_reader import LogReader, records_of
 from pybk_spark.logs.truncation import truncate_log
 from pybk_spark.protocol import log_metadata as logmd
+from pybk_spark.protocol import offload as decide
 from pybk_spark.protocol.offload import OffloadPolicy
 from pybk_spark.protocol.offload_record import STATE_LEDGER_DELETED, STATE_OFFLOADED
 
@@ -295,3 +296,34 @@ def test_a_uri_location_and_retention_deleting_offloaded_files(bk, tmp_path):
     dropped = apply_retention(bk, name, lambda: 0.0)
     assert dropped[:2] == md.ledger_ids[:2]
     assert parquet_files(tmp_path, md) == []
+
+
+def test_a_logs_own_policy_is_set_by_cas_and_picks_its_segments(bk, tmp_path):
+    name = unique("policy")
+    write_raw_log(bk, name, n=100, per_ledger=20)              # 5 segments
+    md, _ = read_log(bk.metadata_store, name)
+    ids = md.ledger_ids
+    assert offload.set_offload_policy(bk, name, keep_segments=4).keep_segments == 4
+    attempts = []
+
+    def set_keep_3(m):
+        if not attempts:      # another operator's change lands while this one is in flight
+            offload.set_offload_policy(bk, name, min_age_s=1e9)
+        attempts.append(dict(m.properties))
+        return decide.with_log_policy(m, keep_segments=3)
+    md = update_log(bk.metadata_store, name, set_keep_3)
+    assert len(attempts) == 2                                  # the CAS conflicted, re-decided
+    assert offload.offload_status(bk, name)["policy"] == {"keep_segments": 3, "min_age_s": 1e9,
+                                                          "keep_bytes": -1}
+    report = offload.offload_log(bk, name, str(tmp_path), NOW)
+    assert (report.policy, report.offloaded) == ("log", [])   # nothing is a billion s old
+    offload.set_offload_policy(bk, name, min_age_s=0)
+    report = offload.offload_log(bk, name, str(tmp_path), NOW)
+    assert (report.policy, report.offloaded) == ("log", ids[:2])
+    report = offload.offload_log(bk, name, str(tmp_path), NOW, log_policy_first=False)
+    assert (report.policy, report.offloaded) == ("run", ids[2:3])
+    assert offload.set_offload_policy(bk, name, clear=True) is None
+    assert offload.offload_status(bk, name)["policy"] is None
+    assert not any(k.startswith("offload.") for k in read_log(bk.metadata_store, name)[0].properties)
+    with pytest.raises(errors.IncorrectParameter, match="keep_segments 1"):
+        offload.set_offload_policy(bk, name, keep_segments=1)
