@@ -119,11 +119,18 @@ def with_log_policy(md: LogMetadata, *, keep_segments: Optional[int] = None,
     ``IncorrectParameter`` for a rule ``OffloadPolicy`` refuses."""
     props = {k: v for k, v in md.properties.items() if k not in POLICY_PROPERTIES}
     if not clear:
-        base = log_policy(md, OffloadPolicy()) or OffloadPolicy()
-        new = replace(base,
-                      keep_segments=base.keep_segments if keep_segments is None else keep_segments,
-                      min_age_s=base.min_age_s if min_age_s is None else min_age_s,
-                      keep_bytes=base.keep_bytes if keep_bytes is None else keep_bytes)
+        rules = OffloadPolicy()
+
+        def recorded(key: str, kind: type, default: Any) -> Any:
+            # only the rules not given are read: a bad recorded value is fixed by setting it
+            return _rule(md, key, kind) if key in md.properties else default
+        new = OffloadPolicy(
+            keep_segments=recorded(POLICY_KEEP_SEGMENTS, int, rules.keep_segments)
+            if keep_segments is None else keep_segments,
+            min_age_s=recorded(POLICY_MIN_AGE_S, float, rules.min_age_s)
+            if min_age_s is None else min_age_s,
+            keep_bytes=recorded(POLICY_KEEP_BYTES, int, rules.keep_bytes)
+            if keep_bytes is None else keep_bytes)
         props.update({POLICY_KEEP_SEGMENTS: str(new.keep_segments),
                       POLICY_MIN_AGE_S: repr(float(new.min_age_s)),
                       POLICY_KEEP_BYTES: str(new.keep_bytes)})

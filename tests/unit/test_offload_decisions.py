@@ -111,3 +111,8 @@ def test_a_bad_log_policy_is_refused_naming_the_rule():
     bad = replace(log(3), properties={offload.POLICY_MIN_AGE_S: "soon"})
     with pytest.raises(errors.IncorrectParameter, match="'offload.min_age_s' = 'soon'"):
         offload.log_policy(bad, offload.OffloadPolicy())
+    with pytest.raises(errors.IncorrectParameter, match="'offload.min_age_s' = 'soon'"):
+        offload.with_log_policy(bad, keep_segments=3)
+    fixed = offload.with_log_policy(bad, min_age_s=60)
+    assert offload.policy_dict(offload.policy_for(fixed, offload.OffloadPolicy())) == {
+        "keep_segments": 2, "min_age_s": 60.0, "keep_bytes": -1}
