@@ -1,17 +1,24 @@
 """Demo job (spark-submit): write ledgers with the client, read them back with
-the client and with ``spark.read.format("bookkeeper")``, compare, report.
+the client and with ``spark.read.format("bookkeeper")``, compare, report;
+then write a log, offload its older segments to Parquet files and read the
+whole log back as one DataFrame.
 
-    spark-submit jobs/demo.py --metadata-uri etcd://127.0.0.1:PORT/pybk
+    spark-submit jobs/demo.py --metadata-uri etcd://127.0.0.1:PORT/pybk [--offload-location DIR]
 
 Exit status 0 only if every read matches what was written: per ledger the
 entry count, the entry ids 0..n-1, an order-sensitive checksum, and the exact
-rows.  ``make demo`` runs it against a fresh local cluster (pybk_spark.commands.demo).
+rows; for the log, the rows read from the Parquet history plus those read
+from the bookies are exactly the entries appended, in log order.  ``make
+demo`` runs it against a fresh local cluster (pybk_spark.commands.demo),
+with the offload location under the cluster's data directory.
 """
 from __future__ import annotations
 
 import argparse
 import random
+import shutil
 import sys
+import tempfile
 import time
 import zlib
 from typing import TYPE_CHECKING, Iterable
@@ -20,6 +27,8 @@ if TYPE_CHECKING:      # types only: the job imports pybk_spark in main()
     from pybk_spark.ledger.port import LedgerClient
 
 SINGLE_ADDS = 100          # the first entries of each ledger go through add_entry
+LOG_SEGMENTS = 4           # the demo log's segments: the older two are offloaded
+LOG_SEGMENT_ENTRIES = 50
 
 
 def entry_checksum(entry_id: int, payload: bytes) -> int:
@@ -73,6 +82,59 @@ def read_with_client(bk: LedgerClient,
     return out
 
 
+def offload_and_read_log(spark, bk: LedgerClient, metadata_uri: str, location: str,
+                         report: list[str], problems: list[str]) -> None:
+    """A log of ``LOG_SEGMENTS`` closed segments; its older segments offloaded
+    to Parquet files at ``location`` and their ledgers deleted; the whole log
+    read back with ``pybk_spark.spark.history.read_log`` (the files through
+    Spark's Parquet reader, the rest through the ``bookkeeper`` source)."""
+    from pybk_spark.logs import offload
+    from pybk_spark.logs.log import read_log as read_log_metadata
+    from pybk_spark.logs.log_writer import LogWriter, RollPolicy
+    from pybk_spark.protocol.offload import OffloadPolicy
+    from pybk_spark.spark.history import read_log
+
+    name = f"demo-log-{random.SystemRandom().getrandbits(32):08x}"
+    payloads = [b"%s entry %d" % (name.encode(), i)
+                for i in range(LOG_SEGMENTS * LOG_SEGMENT_ENTRIES)]
+    t0 = time.perf_counter()
+    with LogWriter(bk, name, roll_policy=RollPolicy(max_entries=LOG_SEGMENT_ENTRIES)).open() as w:
+        for lo in range(0, len(payloads), LOG_SEGMENT_ENTRIES):
+            w.append_batch(payloads[lo:lo + LOG_SEGMENT_ENTRIES])
+    # grace_s=0: the offloaded ledgers leave the bookies now, so the history
+    # can only come from the files
+    done = offload.offload_log(bk, name, location, OffloadPolicy(grace_s=0))
+    md = read_log_metadata(bk.metadata_store, name)[0]
+    t_offload = time.perf_counter() - t0
+    offloaded_rows = sum(s.offload.rows for s in md.segments if s.offload is not None)
+    report.append(f"log     {name}: appended {len(payloads)} entries in {len(md.segments)} "
+                  f"segments; offloaded {len(done.offloaded)} closed segments "
+                  f"({offloaded_rows} entries, {done.bytes} B of Parquet) to {location} and "
+                  f"deleted their {len(done.ledgers_deleted)} ledgers, in {t_offload:.2f} s")
+    if not done.offloaded or done.ledgers_deleted != done.offloaded:
+        problems.append(f"log {name}: offloaded {done.offloaded}, deleted {done.ledgers_deleted}")
+
+    t0 = time.perf_counter()
+    frame = read_log(spark, name, metadata_uri)
+    history_ids = {s.ledger_id for s in md.segments if s.offload is not None}
+    table = frame.toArrow()          # one query: the counts below are of its rows
+    order = {lid: i for i, lid in enumerate(md.ledger_ids)}
+    rows = sorted(zip(table.column("ledger_id").to_pylist(), table.column("entry_id").to_pylist(),
+                      table.column("payload").to_pylist()),
+                  key=lambda r: (order.get(r[0], -1), r[1]))
+    from_files = sum(1 for lid, _, _ in rows if lid in history_ids)
+    from_bookies = len(rows) - from_files
+    same = [p for _, _, p in rows] == payloads
+    report.append(f"log     read_log: {from_files} rows from Parquet + {from_bookies} rows from "
+                  f"bookies = {from_files + from_bookies} (appended {len(payloads)}); in log "
+                  f"order {'identical' if same else 'DIFFERENT'}, in "
+                  f"{time.perf_counter() - t0:.2f} s")
+    if (from_files, from_files + from_bookies) != (offloaded_rows, len(payloads)) or not same:
+        problems.append(f"log {name}: read_log gave {from_files} + {from_bookies} rows, "
+                        f"expected {offloaded_rows} + {len(payloads) - offloaded_rows}"
+                        + ("" if same else ", and other rows"))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--metadata-uri", required=True)
@@ -85,6 +147,9 @@ def main(argv=None) -> int:
     ap.add_argument("--placement-policy", default="random",
                     help="the writing client's placement_policy: random or rack-aware "
                          "(conf/client.conf)")
+    ap.add_argument("--offload-location", metavar="DIR",
+                    help="where the demo log's offloaded segments go (default: a temporary "
+                         "directory, deleted at the end)")
     ap.add_argument("--verbose", action="store_true", help="Spark's INFO log lines too")
     args = ap.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
@@ -171,6 +236,13 @@ def main(argv=None) -> int:
                       f"({len(got)} rows)")
         if got != list(range(10, 20)):
             problems.append(f"offset read of ledger {lid} returned {got}")
+
+        location = args.offload_location or tempfile.mkdtemp(prefix="pybk-demo-offload-")
+        try:
+            offload_and_read_log(spark, bk, args.metadata_uri, location, report, problems)
+        finally:
+            if not args.offload_location:
+                shutil.rmtree(location, ignore_errors=True)
     finally:
         bk.close()
         spark.stop()

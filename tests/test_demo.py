@@ -33,6 +33,13 @@ def test_demo_exits_zero_reports_a_match_and_leaves_no_process(tmp_path):
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     assert "RESULT: OK" in out.stdout
     assert "demo: PASSED" in out.stdout
+    offloaded = re.search(r"appended 200 entries in 4 segments; offloaded 2 closed segments "
+                          r"\(100 entries, \d+ B of Parquet\) to (\S+) and deleted their 2 ledgers",
+                          out.stdout)
+    assert offloaded, out.stdout[-4000:]
+    assert "read_log: 100 rows from Parquet + 100 rows from bookies = 200 (appended 200); " \
+           "in log order identical" in out.stdout
     data_dir = re.search(r"bookies in (\S+)", out.stdout).group(1)
     assert processes_mentioning(data_dir) == []
+    assert offloaded.group(1).startswith(data_dir)
     assert not Path(data_dir).exists()

@@ -3,8 +3,8 @@
     python -m pybk_spark.commands.demo [--bookies 3] [--keep-data] [-- extra args for jobs/demo.py]
 
 Starts etcd and N ``bookie-server`` processes on loopback (free ports, a temp
-dir), runs ``spark-submit jobs/demo.py --metadata-uri URI`` with this
-interpreter as the Spark Python, prints what happened, stops everything even
+dir), runs ``spark-submit jobs/demo.py --metadata-uri URI --offload-location DIR/offload``
+with this interpreter as the Spark Python, prints what happened, stops everything even
 on failure or Ctrl-C, and exits with the job's status.
 """
 from __future__ import annotations
@@ -101,7 +101,8 @@ def main(argv=None) -> int:
             uri = cluster.metadata_uri
             print(f"demo: cluster up in {time.perf_counter() - t0:.1f} s: "
                   f"metadataServiceUri={uri}", flush=True)
-            cmd = submit_command(uri, args.job_args)
+            cmd = submit_command(uri, ["--offload-location", os.path.join(data_dir, "offload"),
+                                       *args.job_args])
             print("demo: " + " ".join(cmd), flush=True)
             t1 = time.perf_counter()
             rc = run_job(cmd, args.timeout)

@@ -21,7 +21,11 @@ sequence: no gap, no duplicate, in log order.
 A segment offloaded to Parquet files (``Segment.offload``, logs/offload.py)
 is read from its files, with the same positions, and needs no bookie; a
 ledger found deleted is re-checked against the log, whose record then
-names its files.
+names its files.  Files that fail their checks (``OffloadCorrupt``) or
+cannot be reached (``OffloadStoreError``) while the segment's ledger is
+still on the bookies (state ``offloaded``, within the grace period) are
+passed over for the ledger, with a warning naming the error; once the
+ledger is deleted the files are the only copy and the error is raised.
 
 Entries of ledgers a log writer tagged ``time-prefixed-v1`` lose their 8-byte
 append-time header here (protocol/append_time.py): batches carry it as a
@@ -30,6 +34,7 @@ append-time header here (protocol/append_time.py): batches carry it as a
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Mapping, Optional, Sequence, Union
 
@@ -44,7 +49,10 @@ from pybk_spark.metadata.store import ledger_key, log_key
 from pybk_spark.protocol import append_time
 from pybk_spark.protocol.ledger_metadata import CLOSED, LedgerMetadata
 from pybk_spark.protocol.log_metadata import SEGMENT_CLOSED, Position
+from pybk_spark.protocol.offload_record import STATE_OFFLOADED
 from pybk_spark.wire.entries import one_batch
+
+_log = logging.getLogger("pybk_spark.logs.log_reader")
 
 # where a reader starts: "earliest", "latest", a Position or (ledger id, entry id)
 Start = Union[str, Position, tuple[int, int]]
@@ -69,6 +77,7 @@ class LogReader:
         self._max_batch = max_batch_entries
         self._handles: dict[int, ReadHandle] = {}
         self._offloaded = OffloadedSegments()
+        self._bad_files: dict[int, errors.BKError] = {}     # ledger id -> why its files failed
         self._md, self._md_version = read_log(bk.metadata_store, name)
         self._segment, self._next = self._resolve_start(start)
         self._closed = False
@@ -146,8 +155,18 @@ class LogReader:
             if segment.state == SEGMENT_CLOSED and segment.entry_count == 0:
                 self._segment, self._next = self._segment + 1, 0   # empty: nothing to open
                 continue
-            if segment.offload is not None:      # its files (logs/offload_reads.py)
-                batch = self._offloaded.read(segment, self._next, self._max_batch)
+            if segment.offload is not None and ledger_id not in self._bad_files:
+                try:                             # its files (logs/offload_reads.py)
+                    batch = self._offloaded.read(segment, self._next, self._max_batch)
+                except (errors.OffloadCorrupt, errors.OffloadStoreError) as exc:
+                    if segment.offload.state != STATE_OFFLOADED:
+                        raise                    # the ledger is gone: the files are all there is
+                    _log.warning("event=offloaded_files_unreadable log=%s ledger=%d error=%s "
+                                 "reading='its ledger, still on the bookies'",
+                                 self.name, ledger_id, exc)
+                    self._bad_files[ledger_id] = exc
+                    self._offloaded.forget()
+                    continue
                 if batch is not None and batch.num_rows:
                     self._next += batch.num_rows
                     return self._segment, ledger_id, batch
@@ -167,6 +186,8 @@ class LogReader:
                 now = self._segment - self._md.truncated_ledgers
                 if 0 <= now < len(self._md.segments) and self._md.segments[now].offload is None:
                     raise
+                if ledger_id in self._bad_files:      # deleted after its files failed
+                    raise self._bad_files[ledger_id] from None
                 continue
             last = meta.last_entry_id if meta.state == CLOSED else rh.read_last_add_confirmed()
             if self._next <= last:

@@ -22,6 +22,10 @@ older than the policy's ``orphan_age_s``, so that another run's files in
 flight are left alone.  ``offload_log`` runs the whole: orphans, then each
 candidate segment, oldest first, then the deletions.
 
+Which segments a run offloads is the log's own policy when its metadata
+records one (``set_offload_policy``; protocol/offload.py ``policy_for``),
+else the run's.
+
 One offloader runs per log at a time (``pybk offload``, ``jobs/offload.py``):
 two at once stay safe (a commit that finds the segment committed changes
 nothing, and publishing skips a committed segment), but do the work twice.
@@ -74,12 +78,14 @@ class OffloadReport:
     ledgers_deleted: list[int] = field(default_factory=list)
     orphans_removed: list[str] = field(default_factory=list)
     skipped: list[int] = field(default_factory=list)         # committed by another run
+    policy: str = "run"          # whose rules picked the segments: "log" or "run"
 
     def to_dict(self) -> dict[str, Any]:
         return {"log": self.log, "location": self.location, "offloaded": self.offloaded,
                 "bytes": self.bytes, "rows": self.rows,
                 "ledgers_deleted": self.ledgers_deleted,
-                "orphans_removed": self.orphans_removed, "skipped": self.skipped}
+                "orphans_removed": self.orphans_removed, "skipped": self.skipped,
+                "policy": self.policy}
 
 
 def _segment(bk: LedgerClient, name: str, ledger_id: int) -> tuple[LogMetadata, Segment]:
@@ -234,15 +240,20 @@ def offload_log(bk: LedgerClient, name: str, location: str, policy: Optional[Off
                 password: bytes = b"", other_passwords: Sequence[bytes] = (),
                 row_group_bytes: int = files.ROW_GROUP_BYTES,
                 wall_clock: Callable[[], float] = time.time,
-                rng: Optional[random.Random] = None) -> OffloadReport:
-    """Clean orphans, offload every segment ``policy`` picks (oldest first;
-    the first failure stops the run, what was committed stays), then delete
-    the ledgers whose grace period is over."""
+                rng: Optional[random.Random] = None,
+                log_policy_first: bool = True) -> OffloadReport:
+    """Clean orphans, offload every segment the log's own policy picks (or
+    ``policy``'s rules when the log records none, or ``log_policy_first`` is
+    False; oldest first; the first failure stops the run, what was committed
+    stays), then delete the ledgers whose grace period is over."""
     policy = policy or OffloadPolicy()
     report = OffloadReport(name, location)
     report.orphans_removed = clean_orphans(bk, name, location, policy.orphan_age_s, wall_clock)
     md = read_log(bk.metadata_store, name)[0]
-    for ledger_id in decide.candidates(md, policy, int(wall_clock() * 1_000_000)):
+    own = decide.log_policy(md, policy) if log_policy_first else None
+    if own is not None:
+        report.policy = "log"
+    for ledger_id in decide.candidates(md, own or policy, int(wall_clock() * 1_000_000)):
         record = offload_segment(bk, name, ledger_id, location, password=password,
                                  other_passwords=other_passwords,
                                  row_group_bytes=row_group_bytes, wall_clock=wall_clock, rng=rng)
@@ -258,11 +269,26 @@ def offload_log(bk: LedgerClient, name: str, location: str, policy: Optional[Off
     return report
 
 
+def set_offload_policy(bk: LedgerClient, name: str, *, keep_segments: Optional[int] = None,
+                       min_age_s: Optional[float] = None, keep_bytes: Optional[int] = None,
+                       clear: bool = False) -> Optional[OffloadPolicy]:
+    """Record the log's own offload policy by CAS (protocol/offload.py
+    ``with_log_policy``: the rules given, the others as recorded); the
+    policy the log now records (None after ``clear``)."""
+    md = update_log(bk.metadata_store, name,
+                    lambda m: decide.with_log_policy(m, keep_segments=keep_segments,
+                                                     min_age_s=min_age_s,
+                                                     keep_bytes=keep_bytes, clear=clear))
+    return decide.log_policy(md, OffloadPolicy())
+
+
 def offload_status(bk: LedgerClient, name: str) -> dict[str, Any]:
-    """What ``pybk offload --status`` shows of one log: the counts and, per
-    offloaded segment, its record."""
+    """What ``pybk offload --status`` shows of one log: the counts, its own
+    policy (None: runs apply theirs) and, per offloaded segment, its record."""
     md = read_log(bk.metadata_store, name)[0]
-    out: dict = {"log": name, **decide.status(md)}
+    own = decide.log_policy(md, OffloadPolicy())
+    out: dict = {"log": name, **decide.status(md),
+                 "policy": None if own is None else decide.policy_dict(own)}
     out["segments_offloaded"] = [
         {"ledger_id": s.ledger_id, "state": s.offload.state, "rows": s.offload.rows,
          "bytes": s.offload.size, "files": [f.path for f in s.offload.files],

@@ -27,12 +27,22 @@ append time; 0: no age rule) or beyond the newest ``keep_bytes`` kept on
 bookies (-1: no size rule), or all of them when neither rule is set; the
 oldest first.
 
+A log may record its own policy, three properties of its metadata
+(``offload.keep_segments``, ``offload.min_age_s``, ``offload.keep_bytes``,
+changed by CAS like everything there: ``with_log_policy`` is the
+transform, re-run on a fresh read after a conflict, so a rule set
+concurrently by another operator is kept unless this change sets it too).
+``policy_for`` is the policy a run applies to the log: the log's rules when
+it records them, the run's own otherwise; the grace period and the orphan
+age are always the run's (they describe the offloader and its location,
+not the log).
+
 Pure: no I/O, no clock (times are given in µs).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Any, Optional
 
 from pybk_spark import errors
 from pybk_spark.protocol.log_metadata import SEGMENT_CLOSED, LogMetadata, Segment
@@ -53,9 +63,84 @@ class OffloadPolicy:
             raise errors.IncorrectParameter(
                 f"offload keep_segments {self.keep_segments}: at least 2 (a new leader "
                 "fences and recovers a log's last two ledgers)")
+        if self.keep_bytes < -1:
+            raise errors.IncorrectParameter(
+                f"offload keep_bytes {self.keep_bytes}: bytes >= 0, or -1 for no size rule")
         if self.min_age_s < 0 or self.grace_s < 0 or self.orphan_age_s < 0:
             raise errors.IncorrectParameter(
                 "offload min_age_s, grace_s and orphan_age_s are seconds >= 0")
+
+
+POLICY_KEEP_SEGMENTS = "offload.keep_segments"
+POLICY_MIN_AGE_S = "offload.min_age_s"
+POLICY_KEEP_BYTES = "offload.keep_bytes"
+POLICY_PROPERTIES = (POLICY_KEEP_SEGMENTS, POLICY_MIN_AGE_S, POLICY_KEEP_BYTES)
+
+
+def _rule(md: LogMetadata, key: str, kind: type) -> Any:
+    raw = md.properties[key]
+    try:
+        return kind(raw)
+    except ValueError:
+        raise errors.IncorrectParameter(
+            f"log {md.name!r} property {key!r} = {raw!r}: expected a {kind.__name__}; "
+            "set it again with `pybk offload LOG --set-policy`", log=md.name,
+            property=key) from None
+
+
+def log_policy(md: LogMetadata, run: OffloadPolicy) -> Optional[OffloadPolicy]:
+    """The policy ``md`` records (with ``run``'s grace period and orphan age),
+    or None when it records none."""
+    if not any(k in md.properties for k in POLICY_PROPERTIES):
+        return None
+    rules = OffloadPolicy()
+    return replace(
+        run,
+        keep_segments=_rule(md, POLICY_KEEP_SEGMENTS, int)
+        if POLICY_KEEP_SEGMENTS in md.properties else rules.keep_segments,
+        min_age_s=_rule(md, POLICY_MIN_AGE_S, float)
+        if POLICY_MIN_AGE_S in md.properties else rules.min_age_s,
+        keep_bytes=_rule(md, POLICY_KEEP_BYTES, int)
+        if POLICY_KEEP_BYTES in md.properties else rules.keep_bytes)
+
+
+def policy_for(md: LogMetadata, run: OffloadPolicy) -> OffloadPolicy:
+    """The policy a run with ``run`` applies to the log ``md``: its own when
+    it records one, else ``run``."""
+    return log_policy(md, run) or run
+
+
+def with_log_policy(md: LogMetadata, *, keep_segments: Optional[int] = None,
+                    min_age_s: Optional[float] = None, keep_bytes: Optional[int] = None,
+                    clear: bool = False) -> LogMetadata:
+    """The CAS transform that records the log's policy: the rules given, the
+    others as the log records them (the defaults when it records none), all
+    three written; ``clear``: the log records none (runs apply their own).
+    ``IncorrectParameter`` for a rule ``OffloadPolicy`` refuses."""
+    props = {k: v for k, v in md.properties.items() if k not in POLICY_PROPERTIES}
+    if not clear:
+        rules = OffloadPolicy()
+
+        def recorded(key: str, kind: type, default: Any) -> Any:
+            # only the rules not given are read: a bad recorded value is fixed by setting it
+            return _rule(md, key, kind) if key in md.properties else default
+        new = OffloadPolicy(
+            keep_segments=recorded(POLICY_KEEP_SEGMENTS, int, rules.keep_segments)
+            if keep_segments is None else keep_segments,
+            min_age_s=recorded(POLICY_MIN_AGE_S, float, rules.min_age_s)
+            if min_age_s is None else min_age_s,
+            keep_bytes=recorded(POLICY_KEEP_BYTES, int, rules.keep_bytes)
+            if keep_bytes is None else keep_bytes)
+        props.update({POLICY_KEEP_SEGMENTS: str(new.keep_segments),
+                      POLICY_MIN_AGE_S: repr(float(new.min_age_s)),
+                      POLICY_KEEP_BYTES: str(new.keep_bytes)})
+    return replace(md, properties=props)
+
+
+def policy_dict(policy: OffloadPolicy) -> dict[str, Any]:
+    """The rules of ``policy`` a log records, as ``--status`` shows them."""
+    return {"keep_segments": policy.keep_segments, "min_age_s": policy.min_age_s,
+            "keep_bytes": policy.keep_bytes}
 
 
 def candidates(md: LogMetadata, policy: OffloadPolicy, now_us: int) -> list[int]:

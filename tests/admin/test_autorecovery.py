@@ -155,3 +155,28 @@ def test_leadership_outlives_an_etcd_outage_shorter_than_its_lease(own_cluster, 
         a.resign()
         b.resign()
         own_cluster.heal()      # bookies whose leases ended while etcd stood still
+
+
+def test_a_round_prefers_a_logs_own_offload_policy(own_cluster, bk, tmp_path):
+    """A log that records its own policy is offloaded by it; the others by
+    the settings' policy (here: nothing is old enough)."""
+    from pybk_spark.logs.log import read_log
+    from pybk_spark.logs.log_writer import LogWriter, RollPolicy
+    from pybk_spark.logs.offload import set_offload_policy
+    from pybk_spark.logs.offload_conf import load_offload_conf
+    for name in ("own-policy", "conf-policy"):
+        with LogWriter(bk, name, roll_policy=RollPolicy(max_entries=5)).open() as w:
+            for k in range(4):
+                w.append_batch([b"e%03d" % (k * 5 + i) for i in range(5)])
+    set_offload_policy(bk, "own-policy", keep_segments=3)
+    settings = load_offload_conf(location=str(tmp_path / "off"), min_age_s=3600, grace_s=3600)
+    auto = AutoRecovery(bk, own_cluster.metadata_uri, AutoRecoveryConfig(offload=settings),
+                        identity="own", wall_clock=lambda: 5_000.0)
+    try:
+        auto.run_round()
+    finally:
+        auto.resign()
+    own = read_log(bk.metadata_store, "own-policy")[0]
+    assert [s.offload is not None for s in own.segments] == [True, False, False, False]
+    conf = read_log(bk.metadata_store, "conf-policy")[0]
+    assert not any(s.offload is not None for s in conf.segments)

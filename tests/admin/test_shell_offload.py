@@ -68,3 +68,27 @@ def test_deletelog_deletes_the_offloaded_files_too(uri, cluster_bk, tmp_path):
     res = pybk("deletelog", log, "--json", "--metadata-uri", uri)
     assert res.rc == 0, res.err
     assert res.json()["offloaded_files_left"] == [] and not list(tmp_path.rglob("*.parquet"))
+
+
+def test_a_logs_own_policy_set_shown_used_and_cleared(uri, cluster_bk, tmp_path):
+    log = f"offpol-{uuid.uuid4().hex[:8]}"
+    with LogWriter(cluster_bk, log, roll_policy=RollPolicy(max_entries=10)).open() as w:
+        for k in range(4):
+            w.append_batch([b"r%d" % (k * 10 + i) for i in range(10)])
+    res = pybk("offload", log, "--set-policy", "--keep-segments", "3", "--json",
+               "--metadata-uri", uri)
+    assert res.rc == 0, res.err
+    assert res.json()["policy"] == {"keep_segments": 3, "min_age_s": 0.0, "keep_bytes": -1}
+    status = pybk("offload", "--status", log, "--metadata-uri", uri)
+    assert status.rc == 0 and "keep_segments=3 min_age_s=0.0 keep_bytes=-1" in status.out
+    res = pybk("offload", log, "--location", tmp_path, "--json", "--metadata-uri", uri)
+    md, _ = read_log(cluster_bk.metadata_store, log)
+    assert (res.json()["policy"], res.json()["offloaded"]) == ("log", md.ledger_ids[:1])
+    res = pybk("offload", log, "--clear-policy", "--metadata-uri", uri)
+    assert res.rc == 0 and f"log {log}: offload policy conf" in res.out
+    res = pybk("offload", log, "--location", tmp_path, "--metadata-uri", uri)
+    assert res.rc == 0 and "offloaded 1 segments" in res.out and "by the conf's rules" in res.out
+    res = pybk("offload", log, "--set-policy", "--metadata-uri", uri)
+    assert res.rc == 1 and "give at least one of --keep-segments" in res.err
+    res = pybk("offload", log, "--set-policy", "--keep-bytes", "-2", "--metadata-uri", uri)
+    assert res.rc == 1 and "keep_bytes -2" in res.err

@@ -37,6 +37,12 @@ snapshots taken during the run, and returns violations:
                 wrote (custom metadata ``spark_job``) are exempt from I1's
                 "written by no invoked operation".
 
+  I11 offload   (with the offloader workload) every offloaded segment's
+                Parquet files read back, checked against their record, and
+                hold exactly its ledger's entries when the ledger is still on
+                the bookies; a segment whose ledger the offload deleted is
+                judged by I1, I3 and I5 from its files (``add_offloaded``).
+
 I9 (availability: an unfaulted bookie stays registered) is judged by
 availability.py on the registry samples the runner takes during the run.
 
@@ -90,6 +96,9 @@ class FinalLedger:
     lacking: dict = field(default_factory=dict)         # id -> bookies of its write set lacking it
     snapshot: Optional[tuple] = None
     foreign: bool = False                 # written by Spark (custom "spark_job"), not a worker
+    offloaded: bool = False               # read from its Parquet files: the ledger is deleted
+    files: Optional[list] = None          # digest per id as its offloaded files hold them (I11)
+    files_error: str = ""
 
 
 @dataclass
@@ -117,6 +126,7 @@ def check(ops: list[dict], final: FinalState, snapshots: Iterable[tuple] = (),
     out += check_readers(ops, final)
     out += check_metadata(snapshots, final)
     out += check_logs(ops, final)
+    out += check_offloaded(final)
     if final.replicas_checked:
         out += check_replicas(final, strict_replicas)
     return out
@@ -337,6 +347,22 @@ def check_logs(ops: list[dict], final: FinalState) -> list[Violation]:
     return out
 
 
+def check_offloaded(final: FinalState) -> list[Violation]:
+    """I11: the files of a segment whose ledger is still there hold its entries."""
+    out = []
+    for lid, fl in sorted(final.ledgers.items()):
+        if fl.offloaded:
+            continue
+        if fl.files_error:
+            out.append(Violation("I11", f"offloaded files unreadable: {fl.files_error}", lid))
+        elif fl.files is not None and fl.digests is not None and fl.files != fl.digests:
+            first = next((e for e, (a, b) in enumerate(zip(fl.files, fl.digests)) if a != b),
+                         min(len(fl.files), len(fl.digests)))
+            out.append(Violation("I11", f"offloaded files hold {len(fl.files)} entries, the "
+                                        f"ledger {len(fl.digests)}; first difference", lid, first))
+    return out
+
+
 def check_replicas(final: FinalState, strict: bool = True) -> list[Violation]:
     """< Qa replicas is always a violation (the durability floor); < Qw only
     when ``strict`` ("every entry has Qw replicas")."""
@@ -544,6 +570,41 @@ def collect_final_state(bk, *, probe_k: int = 5, count_replicas: bool = False,
     if ledger_ids is None:
         _read_logs(store, final)
     return final
+
+
+def add_offloaded(bk, final: FinalState) -> int:
+    """Every log's offloaded segments read from their files (checked against
+    their records): a segment whose ledger is gone enters ``final`` from its
+    files (``offloaded``), one whose ledger is there gets ``files`` (I11).
+    The number of segments read."""
+    from pybk_spark.logs import offload_files
+    from pybk_spark.logs.log import list_logs, read_log
+    n = 0
+    for name in list_logs(bk.metadata_store):
+        try:
+            md = read_log(bk.metadata_store, name)[0]
+        except errors.LogNotFound:
+            continue
+        for s in md.segments:
+            if s.offload is None:
+                continue
+            n += 1
+            digests, error = None, ""
+            try:
+                table = offload_files.read_segment(s.offload)
+                rows = sorted(zip(table.column("entry_id").to_pylist(),
+                                  table.column("payload").to_pylist()))
+                digests = [digest(p) for _e, p in rows]
+            except Exception as exc:  # noqa: BLE001 - judged by I1 / I11
+                error = repr(exc)
+            fl = final.ledgers.get(s.ledger_id)
+            if fl is None:
+                final.ledgers[s.ledger_id] = FinalLedger(
+                    s.ledger_id, lm.CLOSED, s.entry_count - 1, ack_quorum=1, write_quorum=1,
+                    digests=digests, read_error=error, offloaded=True)
+            else:
+                fl.files, fl.files_error = digests, error
+    return n
 
 
 def _read_logs(store, final: FinalState) -> None:

@@ -62,7 +62,8 @@ class Workers:
     def spawn(self, kind: str, log: str | None = None) -> str:
         with self._lock:
             base = {"ledger-writer": "lw", "log-writer": f"log{log}", "tail-reader": "tail",
-                    "recoverer": "rec", "autorecovery": "ar", "spark-stream": "spark"}[kind]
+                    "recoverer": "rec", "autorecovery": "ar", "spark-stream": "spark",
+                    "offloader": "off"}[kind]
             n = self._n[base]
             self._n[base] += 1
             name = f"{base}-{n}"
@@ -92,7 +93,7 @@ class Workers:
     def kill_random_writer(self, rng) -> str | None:
         with self._lock:
             cands = sorted(n for n, p in self.procs.items() if p.poll() is None
-                           and self.kind_of[n] in ("ledger-writer", "log-writer"))
+                           and self.kind_of[n] in ("ledger-writer", "log-writer", "offloader"))
         if not cands:
             return None
         name = rng.choice(cands)
@@ -112,20 +113,22 @@ class Workers:
         return self.spawn("log-writer", rng.choice(logs))
 
     def supervise(self) -> None:
-        """Keep one writer per log and the ledger-writer count (successors)."""
+        """Keep one writer per log and the ledger-writer and offloader counts
+        (successors)."""
         if time.time() > self.until - 3:
             return
         with self._lock:
             dead_leaders = [log for log, n in self.leader.items() if self.procs[n].poll() is not None]
-            lw_dead = [n for n, k in self.kind_of.items() if k == "ledger-writer"
+            lw_dead = [n for n, k in self.kind_of.items() if k in ("ledger-writer", "offloader")
                        and self.procs[n].poll() is not None and not n.endswith("+")]
         for log in dead_leaders:
             self.spawn("log-writer", log)
         for n in lw_dead:
             with self._lock:
-                self.kind_of[n + "+"] = self.kind_of.pop(n)   # mark replaced
+                kind = self.kind_of.pop(n)
+                self.kind_of[n + "+"] = kind                   # mark replaced
                 self.procs[n + "+"] = self.procs.pop(n)
-            self.spawn("ledger-writer")
+            self.spawn(kind)
 
     def wait_all(self, grace: float, skip: tuple = ()) -> list[str]:
         """Wait for every worker (but those of the kinds in ``skip``) to stop
@@ -197,7 +200,7 @@ def _registry_store(uri: str, opened: list):
 
 def run(duration: float, seed: int, *, workdir: str | None = None, bookies: int = 5,
         ledger_writers: int = 2, logs: int = 2, tail_readers: int = 1, recoverers: int = 1,
-        autorecoverers: int = 0, spark: bool = False,
+        autorecoverers: int = 0, spark: bool = False, offloaders: int = 0,
         nemesis: bool = True, rereplicate: bool = True, strict_replicas: bool = True,
         worker_env: dict | None = None, kinds: list | None = None, topology: str = "auto",
         etcd_members: int = 3, worker_args: dict | None = None, out=print) -> dict:
@@ -234,6 +237,10 @@ def run(duration: float, seed: int, *, workdir: str | None = None, bookies: int 
             workers.spawn("recoverer")
         for _ in range(autorecoverers):
             workers.spawn("autorecovery")
+        if offloaders:
+            workers.worker_args["offloader"] = ["--offload-location", str(base / "offload")]
+        for _ in range(offloaders):
+            workers.spawn("offloader")
         spark_files = None
         if spark and logs:
             spark_files = (base / "spark" / "catchup", base / "spark" / "result.json")
@@ -272,6 +279,9 @@ def run(duration: float, seed: int, *, workdir: str | None = None, bookies: int 
         bk = BookKeeper(cluster.metadata_uri, background=False)
         try:
             final = chk.collect_final_state(bk, log=out)
+            if offloaders:
+                out(f"chaos: read {chk.add_offloaded(bk, final)} offloaded segments "
+                    "back from their files")
             sink = _spark_catch_up(workers, spark_files, out) if spark_files else None
             if sink is not None:       # the sink ledgers written since: read them too
                 chk.extend_final_state(bk, final, log=out)
@@ -378,7 +388,7 @@ def _rereplicate_phase(cluster, bk, final, rng, out) -> str | None:
         f"copies={len(copies)} entries={s.get('entries')} failed={len(failed)}"
         + (f" {rr.failure_reasons(copies)}; first: {failed[0]}" if failed else ""))
     for lid, fl in list(final.ledgers.items()):
-        if fl.state != lm.CLOSED:
+        if fl.state != lm.CLOSED or fl.offloaded:     # offloaded: the ledger left the bookies
             continue
         try:
             md = bk.get_ledger_metadata(lid)
@@ -449,6 +459,10 @@ def main(argv=None) -> int:
     p.add_argument("--logs", type=int, default=2)
     p.add_argument("--autorecoverers", type=int, default=0,
                    help="autorecovery daemons (workers.py autorecovery), each on its own host")
+    p.add_argument("--offloaders", type=int, default=0,
+                   help="offload workers (workers.py offloader): every log's closed segments "
+                        "to Parquet and their ledgers deleted while the run goes on; I11 "
+                        "checks the files (one is the supported setup)")
     p.add_argument("--tail-readers", type=int, default=1)
     p.add_argument("--recoverers", type=int, default=1)
     p.add_argument("--spark", action="store_true",
@@ -480,6 +494,7 @@ def main(argv=None) -> int:
         summary = run(a.duration, seed, workdir=a.workdir, bookies=a.bookies,
                       ledger_writers=a.ledger_writers, logs=a.logs, nemesis=not a.no_nemesis,
                       autorecoverers=a.autorecoverers, spark=a.spark,
+                      offloaders=a.offloaders,
                       tail_readers=a.tail_readers, recoverers=a.recoverers,
                       rereplicate=not a.no_rereplicate, strict_replicas=not a.lenient_replicas,
                       kinds=a.faults.split(",") if a.faults else None, topology=a.topology,

@@ -278,3 +278,21 @@ def test_autorecovery_totals_count_rounds_by_leadership(tmp_path):
     assert (got["rounds"], got["rounds_leader"], got["rounds_unknown"], got["rounds_standby"],
             got["rounds_error"]) == (5, 2, 1, 1, 1)
     assert chk.autorecovery_totals([]) == {}
+
+
+def test_offloaded_files_that_differ_from_their_ledger_are_reported(tmp_path):
+    ops = _ops(tmp_path, _adds(5) + [("v", "append", "ok", {"ledger": 2, "digests": [_d(10 + i)],
+                                                            "entry": i}) for i in range(3)])
+    kept = _ledger(1, 5)
+    kept.files = list(kept.digests)
+    gone = chk.FinalLedger(2, lm.CLOSED, 2, 1, 1, digests=[_d(10 + i) for i in range(3)],
+                           offloaded=True)           # judged from its files alone
+    final = chk.FinalState(ledgers={1: kept, 2: gone})
+    assert chk.check(ops, final) == []
+    kept.files = kept.digests[:2] + [_d(9)] + kept.digests[3:]
+    (v,) = chk.check(ops, final)
+    assert (v.invariant, v.ledger, v.entry) == ("I11", 1, 2)
+    kept.files, kept.files_error = None, "OffloadCorrupt('x.parquet')"
+    assert [v.invariant for v in chk.check(ops, final)] == ["I11"]
+    gone.digests, gone.read_error = None, "OffloadCorrupt('y.parquet')"
+    assert {v.invariant for v in chk.check(ops, final)} == {"I1", "I11"}

@@ -28,6 +28,13 @@ KIND:
                  outlasts the run: it copies fragments, it never fences a
                  live writer (the recoverer does that, recording its
                  decisions).  Each round is one history note.
+  offloader      offloads every log's closed segments to Parquet files at
+                 ``--offload-location`` (logs/offload.py) over and over, with
+                 a short grace period so that ledgers leave the bookies while
+                 readers and writers run; now and then it stops a segment's
+                 offload after one of its steps (stage, verify, publish,
+                 commit) as a killed offloader would, leaving the next run
+                 orphans to clean.  Each run is one history operation.
 Every worker stops by itself at ``--until``; all randomness comes from --seed.
 ``--plant NAME`` plants a test-only client fault (faulty_client.py) into the
 worker's BookKeeper: how the chaos tests check that the checker sees it.
@@ -352,9 +359,62 @@ def autorecovery(uri, hist: History, rng: random.Random, until: float,
         bk.close()
 
 
+# -- offloader --------------------------------------------------------------------------------
+OFFLOAD_GRACE_S = 3.0          # commit -> ledger deletion: readers that planned on it finish
+OFFLOAD_STOP_CHANCE = 0.2      # a run that stops one segment's offload after a step
+OFFLOAD_STEPS = ("stage", "verify", "publish", "commit")
+
+
+def offloader(uri, hist: History, rng: random.Random, until: float, location: str) -> None:
+    from pybk_spark.logs import offload
+    from pybk_spark.logs.log import list_logs, read_log
+    from pybk_spark.protocol import offload as decide
+    # one offloader: its own stopped runs' files are orphans at once
+    policy = decide.OffloadPolicy(keep_segments=2, grace_s=OFFLOAD_GRACE_S, orphan_age_s=0)
+    bk = _bk(uri, hist)
+    try:
+        while time.time() < until:
+            try:
+                names = list_logs(bk.metadata_store)
+            except Exception:  # noqa: BLE001 - etcd restarting
+                names = []
+            for name in names:
+                if time.time() >= until:
+                    break
+                if rng.random() < OFFLOAD_STOP_CHANCE:
+                    step = rng.choice(OFFLOAD_STEPS)
+                    op = hist.invoke("offload_stopped", log=name, step=step)
+                    try:
+                        md = read_log(bk.metadata_store, name)[0]
+                        picks = decide.candidates(md, policy, int(time.time() * 1e6))
+                        if picks:
+                            staged = offload.stage_segment(bk, name, picks[0], location)
+                            if step != "stage":
+                                offload.verify_staged(staged)
+                            if step in ("publish", "commit"):
+                                offload.publish_staged(bk, staged)
+                            if step == "commit":
+                                offload.commit_staged(bk, staged)
+                        hist.ok(op, "offload_stopped", log=name, step=step, segments=picks[:1])
+                    except Exception as exc:  # noqa: BLE001 - faults: the next run carries on
+                        hist.error(op, "offload_stopped", exc, log=name, step=step)
+                    continue
+                op = hist.invoke("offload", log=name)
+                try:
+                    report = offload.offload_log(bk, name, location, policy)
+                    hist.ok(op, "offload", log=name, offloaded=report.offloaded,
+                            deleted=report.ledgers_deleted, orphans=len(report.orphans_removed))
+                except Exception as exc:  # noqa: BLE001 - faults: the next run carries on
+                    hist.error(op, "offload", exc, log=name)
+            time.sleep(rng.uniform(0.5, 2.0))
+    finally:
+        bk.close()
+
+
 # -- entry point ------------------------------------------------------------------------------
 KINDS = {"ledger-writer": ledger_writer, "log-writer": log_writer,
-         "tail-reader": tail_reader, "recoverer": recoverer, "autorecovery": autorecovery}
+         "tail-reader": tail_reader, "recoverer": recoverer, "autorecovery": autorecovery,
+         "offloader": offloader}
 
 
 def main(argv=None) -> int:
@@ -370,6 +430,7 @@ def main(argv=None) -> int:
     p.add_argument("--fence-live", type=float, default=0.03,
                    help="recoverer: chance to recover a ledger whose writer is alive")
     p.add_argument("--lease-ttl", type=int, help="writer_lease_ttl_s of this worker's client")
+    p.add_argument("--offload-location", help="offloader: where the Parquet files go")
     p.add_argument("--add-pause", type=float, default=0.0,
                    help="ledger-writer: seconds to pause after each add (longer-lived ledgers)")
     a = p.parse_args(argv)
@@ -383,6 +444,8 @@ def main(argv=None) -> int:
     try:
         if a.kind == "log-writer":
             log_writer(a.uri, hist, rng, a.until, a.log)
+        elif a.kind == "offloader":
+            offloader(a.uri, hist, rng, a.until, a.offload_location)
         elif a.kind == "recoverer":
             recoverer(a.uri, hist, rng, a.until, p_fence_live=a.fence_live)
         else:

@@ -15,6 +15,7 @@ from pybk_spark.logs.log_writer import LogWriter, RollPolicy
 from pybk_spark.logs.log_reader import LogReader, records_of
 from pybk_spark.logs.truncation import truncate_log
 from pybk_spark.protocol import log_metadata as logmd
+from pybk_spark.protocol import offload as decide
 from pybk_spark.protocol.offload import OffloadPolicy
 from pybk_spark.protocol.offload_record import STATE_LEDGER_DELETED, STATE_OFFLOADED
 
@@ -295,3 +296,81 @@ def test_a_uri_location_and_retention_deleting_offloaded_files(bk, tmp_path):
     dropped = apply_retention(bk, name, lambda: 0.0)
     assert dropped[:2] == md.ledger_ids[:2]
     assert parquet_files(tmp_path, md) == []
+
+
+def test_a_logs_own_policy_is_set_by_cas_and_picks_its_segments(bk, tmp_path):
+    name = unique("policy")
+    write_raw_log(bk, name, n=100, per_ledger=20)              # 5 segments
+    md, _ = read_log(bk.metadata_store, name)
+    ids = md.ledger_ids
+    assert offload.set_offload_policy(bk, name, keep_segments=4).keep_segments == 4
+    attempts = []
+
+    def set_keep_3(m):
+        if not attempts:      # another operator's change lands while this one is in flight
+            offload.set_offload_policy(bk, name, min_age_s=1e9)
+        attempts.append(dict(m.properties))
+        return decide.with_log_policy(m, keep_segments=3)
+    md = update_log(bk.metadata_store, name, set_keep_3)
+    assert len(attempts) == 2                                  # the CAS conflicted, re-decided
+    assert offload.offload_status(bk, name)["policy"] == {"keep_segments": 3, "min_age_s": 1e9,
+                                                          "keep_bytes": -1}
+    report = offload.offload_log(bk, name, str(tmp_path), NOW)
+    assert (report.policy, report.offloaded) == ("log", [])   # nothing is a billion s old
+    offload.set_offload_policy(bk, name, min_age_s=0)
+    report = offload.offload_log(bk, name, str(tmp_path), NOW)
+    assert (report.policy, report.offloaded) == ("log", ids[:2])
+    report = offload.offload_log(bk, name, str(tmp_path), NOW, log_policy_first=False)
+    assert (report.policy, report.offloaded) == ("run", ids[2:3])
+    assert offload.set_offload_policy(bk, name, clear=True) is None
+    assert offload.offload_status(bk, name)["policy"] is None
+    assert not any(k.startswith("offload.") for k in read_log(bk.metadata_store, name)[0].properties)
+    with pytest.raises(errors.IncorrectParameter, match="keep_segments 1"):
+        offload.set_offload_policy(bk, name, keep_segments=1)
+
+
+def test_damaged_or_missing_files_within_the_grace_period_are_read_from_the_ledger(bk, tmp_path):
+    name = unique("fallback")
+    write_raw_log(bk, name, n=80, per_ledger=20)
+    before = records(bk, name)
+    report = offload.offload_log(bk, name, str(tmp_path),
+                                 OffloadPolicy(grace_s=3600, orphan_age_s=0))
+    first, second = report.offloaded
+    md, _ = read_log(bk.metadata_store, name)
+    directory = os.path.join(tmp_path, offload_files.dataset_dir(md))
+    with open(os.path.join(directory, offload_files.final_name(first)), "r+b") as f:
+        f.seek(100)
+        f.write(b"\xff\xfe")
+    os.remove(os.path.join(directory, offload_files.final_name(second)))
+    assert records(bk, name) == before                # both from their ledgers, still on bookies
+    assert offload.delete_offloaded_ledgers(bk, name, 0) == [first, second]
+    with LogReader(bk, name) as reader, pytest.raises(errors.OffloadCorrupt,
+                                                      match=offload_files.final_name(first)):
+        reader.read_available()                       # the files are the only copy now
+
+
+def test_stopped_mid_write_or_between_a_deletion_and_its_record_a_later_run_finishes(bk, tmp_path):
+    name = unique("stop4")
+    write_raw_log(bk, name, n=80, per_ledger=20)
+    before = records(bk, name)
+    location = str(tmp_path)
+    md, _ = read_log(bk.metadata_store, name)
+    first, second = md.ledger_ids[:2]
+    # stopped while writing its temporary file: a truncated file
+    staged = offload.stage_segment(bk, name, first, location)
+    temp = staged.files[0].temp_path                  # absolute on a local location
+    with open(temp, "r+b") as f:
+        f.truncate(os.path.getsize(temp) // 2)
+    # stopped in step 4: the ledger deleted from the bookies, not yet recorded deleted
+    record = offload.offload_segment(bk, name, second, location)
+    bk.delete_ledger(second)
+    md, _ = read_log(bk.metadata_store, name)
+    assert md.segments[1].offload == record and record.state == STATE_OFFLOADED
+    assert records(bk, name) == before                # the first from its ledger, the second from files
+    report = offload.offload_log(bk, name, location, NOW)
+    assert report.offloaded == [first] and sorted(report.ledgers_deleted) == [first, second]
+    assert [os.path.basename(p) for p in report.orphans_removed] == [os.path.basename(temp)]
+    md, _ = read_log(bk.metadata_store, name)
+    assert [s.offload.state for s in md.segments[:2]] == [STATE_LEDGER_DELETED] * 2
+    assert parquet_files(location, md) == [offload_files.final_name(i) for i in (first, second)]
+    assert records(bk, name) == before

@@ -1,7 +1,10 @@
 """Tiered storage on an S3 endpoint (moto's standalone server, a real HTTP
 S3 API on loopback): a log offloaded to ``s3://`` reads back the same, its
-dataset read by DuckDB gives exactly the log's rows, and the store failing
-mid-offload leaves the segment on the bookies with no committed record."""
+dataset read by DuckDB gives exactly the log's rows, the store failing
+mid-offload leaves the segment on the bookies with no committed record, and
+a store down after a commit leaves the segment readable from its ledger
+within the grace period.  (Each failing store call costs pyarrow's S3
+retries, about 6 s.)"""
 import os
 import random
 import socket
@@ -125,3 +128,20 @@ def test_object_store_failing_mid_offload_leaves_the_segment_on_bookies(bk, s3):
     assert all(s.offload is None for s in md.segments)
     assert set(md.ledger_ids) <= set(bk.list_ledgers())
     assert records(bk, name) == before
+
+
+def test_object_store_down_after_a_commit_reads_come_from_the_bookies(bk, s3):
+    proc, _fs, location = s3
+    name = f"s3gone{random.Random().getrandbits(32):08x}"
+    write_raw_log(bk, name)
+    before = records(bk, name)
+    md, _ = read_log(bk.metadata_store, name)
+    first, second = md.ledger_ids[:2]
+    assert offload.offload_segment(bk, name, first, location) is not None   # ledger kept (grace)
+    proc.terminate()
+    proc.wait(timeout=10)
+    with pytest.raises(errors.OffloadStoreError):
+        offload.offload_segment(bk, name, second, location)   # the store fails writing
+    md, _ = read_log(bk.metadata_store, name)
+    assert [s.offload is not None for s in md.segments] == [True] + [False] * (len(md.segments) - 1)
+    assert records(bk, name) == before                 # the first segment from its ledger

@@ -122,3 +122,19 @@ def test_a_slice_planned_on_a_ledger_deleted_before_its_read_comes_from_the_file
     rows = [r for batch in read_partition(planned, opts, None) for r in batch.to_pylist()]
     assert [(r["ledger_id"], r["entry_id"], r["payload"]) for r in rows] == \
         [(first, e, b"p%03d" % e) for e in range(3, 22)]
+
+
+def test_a_damaged_offloaded_file_fails_a_spark_read_naming_it(spark, metadata_uri, bk, tmp_path):
+    name = f"offbad-{uuid.uuid4().hex[:8]}"
+    with LogWriter(bk, name, roll_policy=RollPolicy(max_entries=10)).open() as w:
+        for k in range(3):
+            w.append_batch([b"p%03d" % (k * 10 + i) for i in range(10)])
+    report = offload.offload_log(bk, name, str(tmp_path), NOW)
+    md, _ = read_log(bk.metadata_store, name)
+    bad = offload_files.final_name(report.offloaded[0])
+    with open(os.path.join(tmp_path, offload_files.dataset_dir(md), bad), "r+b") as f:
+        f.seek(100)
+        f.write(b"\xff\xfe")
+    with pytest.raises(Exception, match=f"OffloadCorrupt.*{bad}") as caught:
+        read(spark, metadata_uri, log=name).count()
+    assert "Traceback" not in str(caught.value)

@@ -82,3 +82,37 @@ def test_a_chunk_whose_segments_changed_in_place_is_sealed_anew():
     assert plan.dropped == (ref,)
     assert plan.chunks == (tuple(changed[:logmd.CHUNK_SEGMENTS]),)
     assert plan.tail == tuple(changed[logmd.CHUNK_SEGMENTS:])
+
+
+def test_a_logs_own_policy_is_its_properties_and_wins_over_the_runs():
+    run = offload.OffloadPolicy(keep_segments=2, min_age_s=7, grace_s=0, orphan_age_s=1)
+    md = log(6)
+    assert offload.log_policy(md, run) is None and offload.policy_for(md, run) == run
+    md = offload.with_log_policy(md, keep_segments=4)
+    assert dict(md.properties) == {offload.POLICY_KEEP_SEGMENTS: "4",
+                                   offload.POLICY_MIN_AGE_S: "0.0",
+                                   offload.POLICY_KEEP_BYTES: "-1"}
+    own = offload.policy_for(md, run)
+    assert (own.keep_segments, own.min_age_s, own.keep_bytes, own.grace_s, own.orphan_age_s) == \
+        (4, 0.0, -1, 0, 1)                       # the log's rules, the run's grace and orphan age
+    assert offload.candidates(md, own, 100 * S) == [1, 2]
+    md = offload.with_log_policy(md, keep_bytes=450)         # the other rules stay
+    assert offload.policy_dict(offload.policy_for(md, run)) == {
+        "keep_segments": 4, "min_age_s": 0.0, "keep_bytes": 450}
+    assert offload.candidates(md, offload.policy_for(md, run), 100 * S) == [1]
+    assert offload.log_policy(offload.with_log_policy(md, clear=True), run) is None
+
+
+def test_a_bad_log_policy_is_refused_naming_the_rule():
+    with pytest.raises(errors.IncorrectParameter, match="keep_segments 1: at least 2"):
+        offload.with_log_policy(log(3), keep_segments=1)
+    with pytest.raises(errors.IncorrectParameter, match="keep_bytes -5"):
+        offload.with_log_policy(log(3), keep_bytes=-5)
+    bad = replace(log(3), properties={offload.POLICY_MIN_AGE_S: "soon"})
+    with pytest.raises(errors.IncorrectParameter, match="'offload.min_age_s' = 'soon'"):
+        offload.log_policy(bad, offload.OffloadPolicy())
+    with pytest.raises(errors.IncorrectParameter, match="'offload.min_age_s' = 'soon'"):
+        offload.with_log_policy(bad, keep_segments=3)
+    fixed = offload.with_log_policy(bad, min_age_s=60)
+    assert offload.policy_dict(offload.policy_for(fixed, offload.OffloadPolicy())) == {
+        "keep_segments": 2, "min_age_s": 60.0, "keep_bytes": -1}

@@ -29,9 +29,10 @@ def stage_task(target: ClientTarget, password: Optional[bytes], location: str, r
 
 
 def run_offload(bk: LedgerClient, metadata_uri: str, mapper: Mapper, settings: OffloadSettings,
-                logs: Sequence[str] = (), password: Optional[bytes] = None
-                ) -> tuple[dict[str, Any], str, int]:
-    """(report, text, exit status) of offloading ``logs`` (default: every log)."""
+                logs: Sequence[str] = (), password: Optional[bytes] = None,
+                log_policy_first: bool = True) -> tuple[dict[str, Any], str, int]:
+    """(report, text, exit status) of offloading ``logs`` (default: every log),
+    each by its own policy when it records one and ``log_policy_first``."""
     policy = settings.policy()
     names = list(logs) or list_logs(bk.metadata_store)
     reports = {n: offload.OffloadReport(n, settings.location) for n in names}
@@ -40,7 +41,10 @@ def run_offload(bk: LedgerClient, metadata_uri: str, mapper: Mapper, settings: O
         reports[name].orphans_removed = offload.clean_orphans(
             bk, name, settings.location, policy.orphan_age_s)
         md = read_log(bk.metadata_store, name)[0]
-        items += [(name, i) for i in decide.candidates(md, policy, int(time.time() * 1e6))]
+        own = decide.log_policy(md, policy) if log_policy_first else None
+        if own is not None:
+            reports[name].policy = "log"
+        items += [(name, i) for i in decide.candidates(md, own or policy, int(time.time() * 1e6))]
     staged = mapper(functools.partial(stage_task, client_target(bk, metadata_uri), password,
                                       settings.location, settings.row_group_bytes),
                     items, "offload segments")

@@ -1,5 +1,6 @@
 """The offload policy as part of an autorecovery round: every log's closed
-segments that the configured policy picks go to Parquet files, and the
+segments that its own policy picks (``pybk offload LOG --set-policy``), or
+the configured policy for a log that records none, go to Parquet files, and the
 ledgers whose grace period is over leave the bookies (logs/offload.py does
 each log).  A log that fails is counted, logged and retried next round;
 what it committed before the failure stays.
@@ -42,7 +43,8 @@ class OffloadMetrics:
 def apply_offload(bk: LedgerClient, settings: OffloadSettings, metrics: OffloadMetrics, *,
                   password: Optional[bytes] = None,
                   wall_clock: Callable[[], float] = time.time) -> dict[str, int]:
-    """One offload run over every log; the round's counts."""
+    """One offload run over every log (each by its own policy when it records
+    one, else ``settings``'); the round's counts."""
     out = {"offload_segments": 0, "offload_bytes": 0, "offload_ledgers_deleted": 0,
            "offload_failed": 0}
     policy = settings.policy()
