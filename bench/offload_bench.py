@@ -11,7 +11,17 @@ history beside Spark's own Parquet reader on the same files.
   ``bookkeeper`` source (each offloaded segment from its files, checked
   against its record) against ``spark.read.parquet`` of the same files, a
   full scan each (sum of payload lengths and entry ids), alternating:
-  ``spark_offloaded_scan_vs_parquet`` = Parquet's time / ours.
+  ``spark_offloaded_scan_vs_parquet`` = Parquet's time / ours; and
+  ``pybk_spark.spark.history.read_log`` (the history through Spark's own
+  Parquet reader, the two newest segments through the source) against the
+  same Parquet scan: ``spark_read_log_vs_parquet``.
+* half offloaded: before the second half is offloaded, the log with its
+  older half in Parquet and its newer half on the bookies, scanned whole by
+  ``read_log`` and by the ``bookkeeper`` source (figure row only; its peer
+  is Parquet's scan of all the rows, timed later).
+
+The offload runs in two steps (the older half, then the rest); its MB/s is
+both steps' entries over both steps' seconds.
 """
 from __future__ import annotations
 
@@ -42,24 +52,11 @@ def measure(uri: str, quick: bool, work: str) -> dict:
     from pybk_spark.logs import offload
     from pybk_spark.logs.log import read_log
     from pybk_spark.protocol.offload import OffloadPolicy
-    from pybk_spark.spark.history import file_uris
+    from pybk_spark.spark.history import file_uris, read_log as spark_read_log
     entries = 20_000 if quick else 300_000
+    segments = entries // SEGMENT
     name = f"bench-offload-{int(time.time())}"
     location = os.path.join(work, "offload")
-    with BookKeeper(uri) as bk:
-        _write_log(bk, name, entries)
-        t0 = time.perf_counter()
-        report = offload.offload_log(bk, name, location, OffloadPolicy(grace_s=0, orphan_age_s=0))
-        seconds = time.perf_counter() - t0
-        md = read_log(bk.metadata_store, name)[0]
-    if report.rows != entries:
-        raise RuntimeError(f"offloaded {report.rows} entries, want {entries}")
-    out: dict = {"entries": entries, "payload_bytes": PAYLOAD, "segment_entries": SEGMENT,
-                 "segments": len(report.offloaded), "seconds": seconds,
-                 "entries_per_s": entries / seconds,
-                 "mb_per_s": entries * PAYLOAD / seconds / 1e6,
-                 "file_bytes": report.bytes, "ledgers_deleted": len(report.ledgers_deleted)}
-    paths = file_uris(md)
     spark = spark_bench.spark_session()
     try:
         from pyspark.sql import functions as F
@@ -68,21 +65,52 @@ def measure(uri: str, quick: bool, work: str) -> dict:
             row = df.agg(F.sum(F.length("payload")), F.sum("entry_id"), F.count("*")).collect()[0]
             return int(row[2])
 
+        def check(got: int, want: int, what: str) -> None:
+            if got != want:
+                raise RuntimeError(f"{what} saw {got} entries, want {want}")
+
         def ours() -> None:
-            got = scan(spark.read.format("bookkeeper").option("metadataServiceUri", uri)
-                       .option("log", name).load())
-            if got != entries + 2:
-                raise RuntimeError(f"offloaded scan saw {got} entries, want {entries + 2}")
+            check(scan(spark.read.format("bookkeeper").option("metadataServiceUri", uri)
+                       .option("log", name).load()), entries + 2, "the bookkeeper source")
+
+        def history() -> None:
+            check(scan(spark_read_log(spark, name, uri)), entries + 2, "read_log")
+
+        with BookKeeper(uri) as bk:
+            _write_log(bk, name, entries)
+            t0 = time.perf_counter()
+            older = offload.offload_log(bk, name, location, OffloadPolicy(
+                keep_segments=segments - segments // 2 + 2, grace_s=0, orphan_age_s=0))
+            seconds = time.perf_counter() - t0
+            out: dict = {"half_offloaded": dict(zip(("read_log", "bookkeeper_source"),
+                                                    spark_bench._timed_group(
+                                                        (history, ours), 1, 1 if quick else 3)))}
+            t0 = time.perf_counter()
+            rest = offload.offload_log(bk, name, location,
+                                       OffloadPolicy(grace_s=0, orphan_age_s=0))
+            seconds += time.perf_counter() - t0
+            md = read_log(bk.metadata_store, name)[0]
+        rows = older.rows + rest.rows
+        if rows != entries:
+            raise RuntimeError(f"offloaded {rows} entries, want {entries}")
+        out.update({"entries": entries, "payload_bytes": PAYLOAD, "segment_entries": SEGMENT,
+                    "half_offloaded_entries": older.rows,
+                    "segments": len(older.offloaded) + len(rest.offloaded), "seconds": seconds,
+                    "entries_per_s": entries / seconds,
+                    "mb_per_s": entries * PAYLOAD / seconds / 1e6,
+                    "file_bytes": older.bytes + rest.bytes,
+                    "ledgers_deleted": len(older.ledgers_deleted) + len(rest.ledgers_deleted)})
+        paths = file_uris(md)
 
         def parquet() -> None:
-            got = scan(spark.read.parquet(*paths))
-            if got != entries:
-                raise RuntimeError(f"Parquet scan saw {got} entries, want {entries}")
-        out["parquet_scan"], out["offloaded_scan"] = spark_bench._timed_group(
-            (parquet, ours), 1, 1 if quick else 3)
+            check(scan(spark.read.parquet(*paths)), entries, "the Parquet scan")
+        out["parquet_scan"], out["offloaded_scan"], out["read_log_scan"] = \
+            spark_bench._timed_group((parquet, ours, history), 1, 1 if quick else 3)
     finally:
         spark.stop()
-    out["scan_vs_parquet"] = out["parquet_scan"]["median_s"] / out["offloaded_scan"]["median_s"]
+    parquet_s = out["parquet_scan"]["median_s"]
+    out["scan_vs_parquet"] = parquet_s / out["offloaded_scan"]["median_s"]
+    out["read_log_vs_parquet"] = parquet_s / out["read_log_scan"]["median_s"]
     return out
 
 
@@ -92,8 +120,10 @@ def add_ratios(ratios: dict, missing: dict, figures: dict, errors: dict) -> None
     disk = (figures.get("2_bookie_ingest") or {}).get("disk_overwrite_mb_per_s_mean")
     ratios["offload_vs_disk"] = f["mb_per_s"] / disk if f.get("mb_per_s") and disk else None
     ratios["spark_offloaded_scan_vs_parquet"] = f.get("scan_vs_parquet")
+    ratios["spark_read_log_vs_parquet"] = f.get("read_log_vs_parquet")
     for key, needs in (("offload_vs_disk", ("11_offload", "2_bookie_ingest")),
-                       ("spark_offloaded_scan_vs_parquet", ("11_offload",))):
+                       ("spark_offloaded_scan_vs_parquet", ("11_offload",)),
+                       ("spark_read_log_vs_parquet", ("11_offload",))):
         if ratios[key] is None:
             missing[key] = "; ".join(f"{n}: {errors[n]}" for n in needs if n in errors) \
                 or "component missing"

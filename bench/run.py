@@ -58,7 +58,8 @@ RATIO_KEYS = ("append_vs_redis_pipelined_1c", "append_vs_redis_50c", "sync_add_p
               "tls_catchup_vs_plain", "sync_add_cpu_ms", "spark_read_vs_python_floor",
               "spark_count_vs_python_floor", "rereplication_vs_disk", "sync_add_cpu_vs_python_floor",
               "spark_write_vs_python_floor", "rereplication_vs_copy_floor", "offload_vs_disk",
-              "spark_offloaded_scan_vs_parquet", "sync_add_p50_vs_python_floor",
+              "spark_offloaded_scan_vs_parquet", "spark_read_log_vs_parquet",
+              "sync_add_p50_vs_python_floor",
               "sync_add_p999_vs_python_floor", "append_async_vs_redis_pipelined_1c")
 
 
