@@ -37,6 +37,7 @@ changes need OPEN) and recovery adds (``recovery=True``, need IN_RECOVERY).
 """
 from __future__ import annotations
 
+import functools
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -53,6 +54,7 @@ from pybk_spark.protocol import add_admission as admission
 from pybk_spark.protocol.distribution import holds
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.protocol.pending_adds import EnsembleChange, PendingAdds, Resend
+from pybk_spark.transport.base import LoneEntry
 from pybk_spark.wire.entries import batch_to_buffer, records_to_batch
 
 
@@ -72,7 +74,7 @@ class _Chunk:
     last: int
     batch: pa.RecordBatch | None     # None: a lone add, held as ``lone``
     nbytes: int = 0
-    lone: _Lone | None = None
+    lone: LoneEntry | None = None
 
     def rows(self) -> pa.RecordBatch:
         """The chunk's entries as a batch (a lone add's decoded for a resend)."""
@@ -80,14 +82,6 @@ class _Chunk:
             assert self.lone is not None
             self.batch = records_to_batch([self.lone.head + self.lone.payload])
         return self.batch
-
-
-@dataclass(slots=True)
-class _Lone:
-    """A lone add as its entry record (wire/entries.py): the head the
-    writer framed, then the payload."""
-    head: bytes
-    payload: bytes
 
 
 class LedgerWriter:
@@ -107,7 +101,13 @@ class LedgerWriter:
         self._error: errors.BKError | None = None
         self._failed_bookies: set[str] = set()
         self._last_bookie_error: BaseException | None = None
-        self._inflight = threading.BoundedSemaphore(max(1, ctx.conf.max_inflight_adds))
+        # requests to bookies a caller waited for (``max_inflight_adds``
+        # bounds them; resends and retries do not wait): a count under
+        # ``_lock``, not a semaphore, so a lone add pays no lock of its own
+        self._max_inflight = max(1, ctx.conf.max_inflight_adds)
+        self._inflight = 0
+        self._inflight_waiters = 0
+        self._inflight_free = threading.Condition(self._lock)
         self._sends = 0                         # requests to bookies not yet answered
         self._sends_done = threading.Condition(self._lock)
         self._on_metadata = on_metadata
@@ -166,22 +166,77 @@ class LedgerWriter:
 
     def submit_entry(self, entry_id: int, head: bytes, payload: bytes, waiter: Waiter) -> None:
         """Send a lone add (its id assigned) as its entry record: ``head``
-        (wire/entries.py, ``entry_record_head``) then ``payload``."""
-        lone = _Lone(head, payload)
-        pending = self._pend(_Chunk(entry_id, entry_id, None, len(payload), lone), waiter)
-        if pending is None:
+        (wire/entries.py, ``entry_record_head``) then ``payload``.  Each
+        bookie's answer comes back through ``_lone_answered``, called by
+        the transport (no future per bookie)."""
+        lone = LoneEntry(self.master_key, head, payload, self.recovery)
+        chunk = _Chunk(entry_id, entry_id, None, len(payload), lone)
+        with self._lock:
+            err = self._error
+            if err is None:
+                self._chunks.append(chunk)
+                self._waiters.append(waiter)
+                self.last_activity = self.ctx.clock()
+                core = self.core
+                ensemble, E, Qw = core.ensemble, len(core.ensemble), self.md.write_quorum
+                bad = core.unavailable_slots
+                slots = [s for s in (range(E) if Qw == E else core.write_set(entry_id))
+                         if s not in bad]
+                self._wait_inflight(len(slots))
+                self._sends += len(slots)
+        if err is not None:
+            waiter.future.set_exception(err)
             return
-        ensemble, bad = pending
-        E, Qw = len(ensemble), self.md.write_quorum
-        ids = range(entry_id, entry_id + 1)
-        one = np.array([entry_id])
-        for slot, bookie in enumerate(ensemble):
-            if slot in bad or (Qw != E and not holds(one, E, Qw, slot)[0]):
-                continue
+        timeout = self.ctx.conf.add_timeout_s
+        transports = self.ctx.transports
+        for slot in slots:
+            bookie = ensemble[slot]
+            deliver = functools.partial(self._lone_answered, slot, bookie, lone, entry_id)
             try:
-                self._send_one(slot, bookie, lone, ids, True)
+                transports.get(bookie).send_entry(lone, timeout, deliver)
             except errors.BKError as exc:
-                self._on_failed(slot, bookie, exc)
+                # not even sent (e.g. the bookie's address lookup while etcd
+                # is down): a failure of that bookie like any other
+                deliver(None, exc)
+
+    def _wait_inflight(self, count: int) -> None:
+        """Take ``count`` in-flight requests (lock held); waits while the
+        bound is reached and earlier requests are still out."""
+        while self._inflight and self._inflight + count > self._max_inflight:
+            self._inflight_waiters += 1
+            try:
+                self._inflight_free.wait()
+            finally:
+                self._inflight_waiters -= 1
+        self._inflight += count
+
+    def _answered(self, waited: bool) -> None:
+        """One request to a bookie answered (lock held)."""
+        if waited:
+            self._inflight -= 1
+            if self._inflight_waiters:
+                self._inflight_free.notify_all()
+        self._sends -= 1
+        if not self._sends:
+            self._sends_done.notify_all()
+
+    def _lone_answered(self, slot: int, bookie: str, lone: LoneEntry, entry_id: int,
+                       _result: Any, exc: BaseException | None) -> None:
+        if exc is None:
+            with self._lock:
+                self._answered(True)
+                self.core.on_ack_range(entry_id, entry_id, slot, bookie)
+                done = self._collect_done() if self._waiters and \
+                    self._waiters[0].last <= self.core.lac else None
+            if done:
+                self._complete(done)
+            return
+        with self._lock:
+            self._answered(True)
+        if not (admission.classify_add_failure(exc) == admission.OVERLOAD
+                and self._retry_overloaded(slot, bookie, lone,
+                                           range(entry_id, entry_id + 1), None)):
+            self._on_failed(slot, bookie, exc)
 
     def wait_idle(self) -> None:
         """Block until every submitted entry is released or failed."""
@@ -245,18 +300,17 @@ class LedgerWriter:
                 # already assigned never strand behind it
                 self._on_failed(slot, bookie, exc)
 
-    def _send_one(self, slot: int, bookie: str, data: pa.Buffer | _Lone, ids: Ids,
+    def _send_one(self, slot: int, bookie: str, data: pa.Buffer | LoneEntry, ids: Ids,
                   wait: bool, overload: tuple[float, int] | None = None) -> None:
         """``overload``: (time of the first TooManyRequests, retries so far)
         when this is a re-send to an overloaded bookie."""
-        if wait:
-            self._inflight.acquire()
-        released_sem = [not wait]
         with self._lock:
+            if wait:
+                self._wait_inflight(1)
             self._sends += 1
         try:
             transport = self.ctx.transports.get(bookie)
-            if isinstance(data, _Lone):
+            if isinstance(data, LoneEntry):
                 fut = transport.add_entry(self.master_key, data.head, data.payload,
                                           recovery=self.recovery,
                                           timeout=self.ctx.conf.add_timeout_s)
@@ -265,19 +319,12 @@ class LedgerWriter:
                                     timeout=self.ctx.conf.add_timeout_s)
         except BaseException:
             with self._lock:
-                self._sends -= 1
-                self._sends_done.notify_all()
-            if not released_sem[0]:
-                self._inflight.release()
+                self._answered(wait)
             raise
 
         def done(f: Future[tuple[int, int]]) -> None:
-            if not released_sem[0]:
-                released_sem[0] = True
-                self._inflight.release()
             with self._lock:
-                self._sends -= 1
-                self._sends_done.notify_all()
+                self._answered(wait)
             exc = f.exception()
             if exc is None:
                 self._on_acked(ids, slot, bookie)
@@ -286,7 +333,7 @@ class LedgerWriter:
                 self._on_failed(slot, bookie, exc)
         fut.add_done_callback(done)
 
-    def _retry_overloaded(self, slot: int, bookie: str, data: pa.Buffer | _Lone, ids: Ids,
+    def _retry_overloaded(self, slot: int, bookie: str, data: pa.Buffer | LoneEntry, ids: Ids,
                           overload: tuple[float, int] | None) -> bool:
         """The bookie refused the request as overloaded: send it again later.
         False when it has refused for too long (the caller treats it as a

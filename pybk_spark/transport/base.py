@@ -2,13 +2,20 @@
 
 Every call returns a ``concurrent.futures.Future``; a failed future holds a
 ``pybk_spark.errors.BKError`` (a timeout is ``Timeout``: outcome unknown).
+The one exception is ``send_entry``, a writer's lone add: it calls back
+``deliver(result, error)`` instead, because a future per bookie per add
+(a condition, a lock and a callback list each) is most of what a lone add
+costs the client; a transport that has only futures gets the default,
+which adapts one.
 ``TransportPool`` maps bookie ids to transports (resolving addresses lazily).
 """
 from __future__ import annotations
 
 import abc
+import functools
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
+from typing import Any, Callable, Optional
 import numpy as np
 
 from pybk_spark import errors
@@ -31,22 +38,59 @@ class PullSource:
     lane_address: str = ""    # read lane; "" = gRPC reads
 
 
-def settle(fut: Future, convert, resp, **context) -> None:
-    """Complete ``fut`` with ``convert(resp)``: a typed error it raises fails
-    ``fut``, anything else raised is a malformed answer (``BadRequest``).  A
-    future the caller already cancelled is left alone."""
+# called once with (result, None) or (None, the typed error)
+Deliver = Callable[[Any, Optional[BaseException]], None]
+
+
+def outcome(convert, resp, **context) -> tuple[Any, Optional[errors.BKError]]:
+    """(``convert(resp)``, None), or (None, the error): a typed error it
+    raises, anything else raised is a malformed answer (``BadRequest``)."""
     try:
-        result = convert(resp)
+        return convert(resp), None
     except errors.BKError as exc:
-        fail(fut, exc)
-        return
+        return None, exc
     except Exception as exc:  # noqa: BLE001 - malformed answer
-        fail(fut, errors.BadRequest(f"bad bookie response: {exc}", **context))
-        return
-    try:
-        fut.set_result(result)
-    except InvalidStateError:
-        pass
+        return None, errors.BadRequest(f"bad bookie response: {exc}", **context)
+
+
+def settle(fut: Future, convert, resp, **context) -> None:
+    """Complete ``fut`` with ``convert(resp)`` (see :func:`outcome`).  A
+    future the caller already cancelled is left alone."""
+    deliver_to(fut)(*outcome(convert, resp, **context))
+
+
+def deliver_to(fut: Future) -> Deliver:
+    """A ``Deliver`` that completes ``fut`` (left alone once cancelled)."""
+    def deliver(result: Any, exc: Optional[BaseException]) -> None:
+        try:
+            if exc is None:
+                fut.set_result(result)
+            else:
+                fut.set_exception(exc)
+        except InvalidStateError:
+            pass
+    return deliver
+
+
+def _deliver_outcome(deliver: Deliver, fut: Future) -> None:
+    exc = fut.exception()
+    deliver(None if exc is not None else fut.result(), exc)
+
+
+class LoneEntry:
+    """A writer's lone add, sent to each bookie of its write set: the entry
+    record (wire/entries.py: ``head`` then ``payload``) and how to add it.
+    ``framed`` is for the transport: what it built from the entry for the
+    first bookie, reused for the others (a lane frame and its request id)."""
+
+    __slots__ = ("master_key", "head", "payload", "recovery", "framed")
+
+    def __init__(self, master_key: bytes, head: bytes, payload: bytes, recovery: bool):
+        self.master_key = master_key
+        self.head = head
+        self.payload = payload
+        self.recovery = recovery
+        self.framed: Any = None
 
 
 def fail(fut: Future, exc: BaseException) -> None:
@@ -84,6 +128,14 @@ class BookieTransport(abc.ABC):
         except errors.BKError as exc:
             return failed_future(exc)
         return self.add(ledger_id, master_key, data, recovery, timeout)
+
+    def send_entry(self, entry: LoneEntry, timeout: float | None, deliver: Deliver) -> None:
+        """``add_entry`` with a callback: ``deliver((first, last), None)``
+        or ``deliver(None, error)``, once, from whichever thread settles the
+        add (this one when it fails before it is sent)."""
+        fut = self.add_entry(entry.master_key, entry.head, entry.payload, entry.recovery,
+                             timeout)
+        fut.add_done_callback(functools.partial(_deliver_outcome, deliver))
 
     @abc.abstractmethod
     def read(self, ledger_id: int, first: int, last: int, *, max_entries: int = 0,

@@ -29,9 +29,10 @@ from pybk_spark import errors
 from pybk_spark.metadata.store import MetadataStore
 from pybk_spark.transport.lane_client import (frame_add, frame_read, lane_connector,
                                            read_lane_connector)
-from pybk_spark.transport.request_streams import PendingRequests, RequestStreamer, stream_connector
-from pybk_spark.transport.base import (BookieTransport, PullResult, TransportPool, fail,
-                                       failed_future, settle)
+from pybk_spark.transport.request_streams import (PendingRequests, RequestStreamer,
+                                                 next_request_id, stream_connector)
+from pybk_spark.transport.base import (BookieTransport, Deliver, LoneEntry, PullResult,
+                                       TransportPool, deliver_to, fail, failed_future, settle)
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import bookie_wire_pb2_grpc as pbg
 from pybk_spark.wire import codes, framing, lane_frames
@@ -132,16 +133,27 @@ class BookieClient(BookieTransport):
     def add_entry(self, master_key, record_head, payload, recovery=False, timeout=None):
         if not self._lane_adds:          # the AddStream carries batches only
             return super().add_entry(master_key, record_head, payload, recovery, timeout)
+        fut: Future = Future()
+        self.send_entry(LoneEntry(master_key, record_head, payload, recovery), timeout,
+                        deliver_to(fut))
+        return fut
 
-        def frame(request_id: int) -> bytes:
-            parts = lane_frames.entry_frame_parts(request_id, recovery, master_key, record_head,
-                                                  payload)
-            return b"".join(parts)
+    def send_entry(self, entry: LoneEntry, timeout, deliver: Deliver) -> None:
+        if not self._lane_adds:          # the AddStream carries batches only
+            super().send_entry(entry, timeout, deliver)
+            return
+        framed = entry.framed
+        if framed is None:               # first bookie of the write set: frame it once
+            request_id = next_request_id()
+            framed = entry.framed = (request_id, b"".join(lane_frames.entry_frame_parts(
+                request_id, entry.recovery, entry.master_key, entry.head, entry.payload)))
+        self._adds.send_framed(framed[0], framed[1], timeout or self.default_timeout,
+                               self._entry_acked, deliver)
 
-        def conv(resp):
+    def _entry_acked(self, resp) -> tuple[int, int]:
+        if resp.code != pb.OK:
             self._check(resp)
-            return resp.first_entry_id, resp.last_entry_id
-        return self._adds.submit_framed(frame, timeout or self.default_timeout, conv)
+        return resp.first_entry_id, resp.last_entry_id
 
     def expire(self) -> None:
         """Fail adds and lane reads older than their timeout (called by the

@@ -11,8 +11,11 @@ Requests carry a ``request_id`` the bookie echoes, so answers are matched by id
 * ``submit`` enqueues the request; gRPC's own thread drains the queue into the
   stream, in submission order, so a bookie journals a writer's chunks in the
   order they were sent.
-* One reader thread per stream completes futures as answers arrive.  It runs
-  the callers' callbacks, exactly like a unary future's callback thread.
+* One reader thread per stream settles requests as answers arrive: each
+  request carries a ``deliver(result, error)`` callback the reader thread
+  calls (``submit`` / ``submit_framed`` wrap a future in one; a writer's
+  lone adds pass their own, ``send_framed``, so no future is made per
+  bookie per add).
 * When the stream ends or breaks (bookie died, channel closed) every
   unanswered add fails with the translated transport error: its outcome is
   UNKNOWN.  The next ``submit`` opens a fresh stream.
@@ -38,11 +41,15 @@ from typing import Callable
 import grpc
 
 from pybk_spark import errors
-from pybk_spark.transport.base import settle
+from pybk_spark.transport.base import Deliver, deliver_to, outcome
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import codes, framing
 
 _CLOSE = object()
+# request ids are unique per connection; one counter for all of them lets a
+# request sent to several bookies carry the same id (framed once)
+_request_ids = itertools.count(1)
+next_request_id: Callable[[], int] = _request_ids.__next__
 
 
 def add_stream_opener(channel) -> Callable:
@@ -61,7 +68,8 @@ class PendingRequests:
     def __init__(self, bookie_id: str, now: float):
         self.bookie_id = bookie_id
         self.last_used = now
-        self.pending: dict[int, tuple[Future, float, Callable]] = {}
+        # request_id -> (deadline, convert, deliver)
+        self.pending: dict[int, tuple[float, Callable, Deliver]] = {}
         self.lock = threading.Lock()
         self.broken: errors.BKError | None = None
         self.timed_out = False
@@ -72,8 +80,9 @@ class PendingRequests:
             item = self.pending.pop(resp.request_id, None)
         if item is None:
             return
-        fut, _deadline, convert = item
-        settle(fut, convert, resp, bookie=self.bookie_id)
+        _deadline, convert, deliver = item
+        result, exc = outcome(convert, resp, bookie=self.bookie_id)
+        deliver(result, exc)
 
     def ended(self, err: errors.BKError) -> None:
         """The connection is over: fail every unanswered add (a timeout
@@ -87,20 +96,19 @@ class PendingRequests:
             self.broken = self.broken or err
             items, self.pending = list(self.pending.values()), {}
         self._after_break()
-        for fut, _deadline, _convert in items:
-            if not fut.done():
-                fut.set_exception(err)
+        for _deadline, _convert, deliver in items:
+            deliver(None, err)
 
     def _after_break(self) -> None:
         pass
 
-    def add(self, request_id: int, req, fut: Future, deadline: float, convert: Callable,
+    def add(self, request_id: int, req, deadline: float, convert: Callable, deliver: Deliver,
             now: float) -> bool:
         """False if the connection is already broken (caller opens a new one)."""
         with self.lock:
             if self.broken is not None:
                 return False
-            self.pending[request_id] = (fut, deadline, convert)
+            self.pending[request_id] = (deadline, convert, deliver)
             self.last_used = now
         if self._send(req):
             return True
@@ -116,7 +124,7 @@ class PendingRequests:
 
     def expire(self, now: float, idle_close_s: float) -> None:
         with self.lock:
-            late = any(deadline <= now for _f, deadline, _c in self.pending.values())
+            late = any(item[0] <= now for item in self.pending.values())
             idle = (not self.pending and self.broken is None
                     and now - self.last_used >= idle_close_s)
             if idle:
@@ -201,7 +209,6 @@ class RequestStreamer:
         self._idle_close_s = idle_close_s
         self._bookie_id = bookie_id
         self._clock = clock
-        self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._stream: PendingRequests | None = None
         self._closed = False
@@ -215,35 +222,44 @@ class RequestStreamer:
 
     def submit_framed(self, frame: Callable[[int], object], timeout: float,
                       convert: Callable) -> Future:
-        """Send ``frame(request_id)``: a request the caller frames itself
-        (a lane entry frame, wire/lane_frames.py)."""
+        """Send ``frame(request_id)``: a request the caller frames itself."""
         fut: Future = Future()
-        request_id = next(self._ids)
-        req = frame(request_id)
+        request_id = next_request_id()
+        self.send_framed(request_id, frame(request_id), timeout, convert, deliver_to(fut))
+        return fut
+
+    def send_framed(self, request_id: int, req, timeout: float, convert: Callable,
+                    deliver: Deliver) -> None:
+        """Send ``req``, framed with ``request_id`` (from ``next_request_id``;
+        the same request to several bookies may share one), and call
+        ``deliver(convert(answer), None)`` or ``deliver(None, error)`` once:
+        from the connection's reader thread, or from this thread when it
+        could not be sent."""
         now = self._clock()
         deadline = now + timeout
-        stream: PendingRequests | None = None
+        stream = self._stream
+        if stream is not None and stream.broken is None and not self._closed \
+                and stream.add(request_id, req, deadline, convert, deliver, now):
+            return
         for _attempt in range(2):
             with self._lock:
                 if self._closed:
-                    fut.set_exception(errors.BookieUnavailable("client closed",
-                                                               bookie=self._bookie_id))
-                    return fut
+                    deliver(None, errors.BookieUnavailable("client closed",
+                                                           bookie=self._bookie_id))
+                    return
                 stream = self._stream
                 if stream is None or stream.broken is not None:
                     try:
                         stream = self._stream = self._connect(now)
                     except errors.BKError as exc:  # channel closed, bookie refused
-                        fut.set_exception(exc)
-                        return fut
-            if stream.add(request_id, req, fut, deadline, convert, now):
-                return fut
+                        deliver(None, exc)
+                        return
+            if stream.add(request_id, req, deadline, convert, deliver, now):
+                return
         broken = stream.broken if stream is not None else None
         cls = errors.TlsError if isinstance(broken, errors.TlsError) \
             else errors.BookieUnavailable
-        fut.set_exception(cls(f"add stream keeps breaking: {broken}",
-                              bookie=self._bookie_id))
-        return fut
+        deliver(None, cls(f"add stream keeps breaking: {broken}", bookie=self._bookie_id))
 
     @property
     def connection(self) -> PendingRequests | None:

@@ -30,7 +30,7 @@ Limits: a task must not park while holding a plain ``threading.Lock`` or
 ``RLock`` that another task wants (all tasks share one OS thread: a second
 ``acquire`` of a Lock would hang, of an RLock would succeed).  The client
 parks only in conditions it releases, except for the in-flight add
-semaphore (acquired under the handle's submit lock), so the simulation
+bound (waited for under the handle's submit lock), so the simulation
 configures ``max_inflight_adds`` high enough never to block.
 """
 from __future__ import annotations
