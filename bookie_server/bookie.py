@@ -142,6 +142,7 @@ class Bookie:
                                         self.admission, self.lost, self.mode, self._stop)
         # the request API, bound once (no extra call on the add path)
         self.add_async = self.requests.add_async
+        self.add_entry = self.requests.add_entry
         self.add_entry_async = self.requests.add_entry_async
         self.add = self.requests.add
         self.fence = self.requests.fence
