@@ -196,7 +196,7 @@ class Bookie:
 
     # -- durable application (journal thread and replay) ---------------------------------
     def _on_durable(self, group: list[Submission], position: Position) -> None:
-        with self.cond:
+        with self.ledgers.lock:         # cond's lock (ledger_table.py)
             for sub in group:
                 rec = sub.payload
                 if rec is None:

@@ -42,6 +42,7 @@ class RequestHandlers:
         self.cfg = cfg
         self.ledgers = ledgers
         self.cond = ledgers.cond
+        self.lock = ledgers.lock         # cond's lock, for the add path (ledger_table.py)
         self.states = ledgers.states
         self.store = store
         self.journal = journal
@@ -93,7 +94,7 @@ class RequestHandlers:
         admission.enter(nbytes)
         fut: Optional[Future[Position]] = None
         try:
-            with self.cond:
+            with self.lock:
                 plan = ls.decide_add(self.ledgers.get(ledger_id), master_key, recovery=recovery,
                                      read_only=self.mode.read_only, keyless=keyless)
                 records = self._key_records(plan, ledger_id, master_key)

@@ -148,7 +148,8 @@ class Journal:
         self.metrics = metrics
         self._fsync = fsync                  # injected like the clock (fault tests)
         self._on_failure = on_failure        # called once, on the failing journal thread
-        self._cv = threading.Condition(threading.Lock())   # guards the fields below
+        self._lock = threading.Lock()        # guards the fields below; _cv's own lock,
+        self._cv = threading.Condition(self._lock)   # entered directly where nothing waits
         self._pending: "collections.deque[Submission]" = collections.deque()
         self._stopping = False               # close() asked the writer thread to finish
         self._closed = False                 # no more submissions
@@ -206,7 +207,7 @@ class Journal:
         nbytes = 0
         for _, body in records:
             nbytes += HEADER.size + len(body)
-        with self._cv:
+        with self._lock:
             if self._failed is not None:
                 raise errors.BookieIOError(f"journal failed: {self._failed}")
             if self._closed:
@@ -259,7 +260,7 @@ class Journal:
                 self._sync_groups([written])
                 self._maybe_roll()
         finally:
-            with self._cv:
+            with self._lock:
                 self._leader = False
                 if self._pending or self._stopping:   # only the writer thread waits on it
                     self._cv.notify_all()
@@ -416,7 +417,7 @@ class Journal:
                     item.set()
 
     def _sync_groups(self, groups: list[WrittenGroup]) -> None:
-        subs = [sub for g in groups for sub in g[0]]
+        subs = groups[0][0] if len(groups) == 1 else [sub for g in groups for sub in g[0]]
         if self._failed is None:
             op = "fdatasync"
             try:
@@ -426,7 +427,8 @@ class Journal:
                 op = "apply"
                 if self.metrics is not None:
                     self.metrics.journal_fsync(time.perf_counter() - t0, len(subs),
-                                               sum(g[3] for g in groups))
+                                               groups[0][3] if len(groups) == 1
+                                               else sum(g[3] for g in groups))
                 for group, position, _, _ in groups:
                     self.durable_position = position
                     self._on_durable(group, position)
