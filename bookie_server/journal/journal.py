@@ -221,10 +221,10 @@ class Journal:
         """Write, fdatasync and apply a ``claim``ed submission on this thread
         (the leader path with nothing to hand over); the position after it
         once durable, ``BookieIOError`` when it is not."""
-        self._lead_group([sub])
-        if sub.error is not None:
-            raise errors.BookieIOError(sub.error)
-        return self.durable_position
+        position = self._lead_group([sub])
+        if position is None or sub.error is not None:
+            raise errors.BookieIOError(sub.error or f"journal failed: {self._failed}")
+        return position
 
     def write(self, records: list[tuple[int, Body]],
               payload: Optional[JournalRecord] = None) -> Future[Position]:
@@ -251,14 +251,17 @@ class Journal:
             group = self._take_locked()
         self._lead_group(group)
 
-    def _lead_group(self, group: list[Submission]) -> None:
+    def _lead_group(self, group: list[Submission]) -> Optional[Position]:
         """The leader's turn (``_leader`` is set): write, sync and apply one
-        group on this thread, then give the file back."""
+        group on this thread, then give the file back.  The position after
+        the group, None when it failed."""
         try:
             written = self._write_group(group)
             if written is not None:
                 self._sync_groups([written])
                 self._maybe_roll()
+                return written[1]
+            return None
         finally:
             with self._lock:
                 self._leader = False

@@ -49,8 +49,9 @@ class HotMetrics(Collector):
 
     def __init__(self) -> None:
         self._local = threading.local()
-        self._lock = threading.Lock()             # guards the list of lists only
-        self._cells: list[list[float]] = []
+        self._lock = threading.Lock()             # guards the two fields below
+        self._cells: list[tuple[threading.Thread, list[float]]] = []   # live threads' lists
+        self._retired: list[float] = [0] * _CELLS    # what threads that ended counted
 
     def cells(self) -> list[float]:
         """This thread's list (created on its first update)."""
@@ -59,8 +60,22 @@ class HotMetrics(Collector):
         except AttributeError:
             cells = self._local.cells = [0] * _CELLS
             with self._lock:
-                self._cells.append(cells)
+                self._retire_locked()
+                self._cells.append((threading.current_thread(), cells))
         return cells
+
+    def _retire_locked(self) -> None:
+        """Fold the lists of threads that ended into ``_retired`` (a thread
+        per connection: their lists must not pile up)."""
+        if all(t.is_alive() for t, _ in self._cells):
+            return
+        live = []
+        for thread, cells in self._cells:
+            if thread.is_alive():
+                live.append((thread, cells))
+            else:
+                self._retired = [a + b for a, b in zip(self._retired, cells)]
+        self._cells = live
 
     def add_ok(self, entries: int, nbytes: int, seconds: float) -> None:
         c = self.cells()
@@ -84,8 +99,9 @@ class HotMetrics(Collector):
 
     def _totals(self) -> list[float]:
         with self._lock:
-            lists = list(self._cells)
-        return [float(sum(col)) for col in zip(*lists)] if lists else [0.0] * _CELLS
+            self._retire_locked()
+            lists = [self._retired, *(cells for _, cells in self._cells)]
+        return [float(sum(col)) for col in zip(*lists)]
 
     def collect(self) -> Iterator[Metric]:
         t = self._totals()
