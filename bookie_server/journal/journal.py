@@ -456,8 +456,10 @@ class Journal:
         if window is None:
             return
         try:
-            ranges = window.synced(seq, end - sum(g[3] for g in groups), end)
-            page_cache.drop(self.dir, ranges, file_name, seq, groups[-1][2])
+            nbytes = groups[0][3] if len(groups) == 1 else sum(g[3] for g in groups)
+            ranges = window.synced(seq, end - nbytes, end)
+            if ranges:                 # most groups only extend the window
+                page_cache.drop(self.dir, ranges, file_name, seq, groups[-1][2])
         except Exception:  # noqa: BLE001 - advice must never fail the journal
             log.exception("event=journal_page_cache_error")
 

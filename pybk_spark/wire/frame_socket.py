@@ -58,7 +58,7 @@ def read_frame(reader: io.BufferedIOBase, limit: int) -> Optional[bytes]:
     if not header:
         return None
     size = lane_frames.frame_length(header, limit)
-    body = reader.read(size) if size else b""
+    body = reader.read(size)
     if len(body) != size:
         raise ValueError(f"connection ended inside a frame ({len(body)} of {size} bytes)")
     return body
