@@ -142,6 +142,7 @@ class Bookie:
                                         self.admission, self.lost, self.mode, self._stop)
         # the request API, bound once (no extra call on the add path)
         self.add_async = self.requests.add_async
+        self.add_entry = self.requests.add_entry
         self.add_entry_async = self.requests.add_entry_async
         self.add = self.requests.add
         self.fence = self.requests.fence
@@ -195,7 +196,7 @@ class Bookie:
 
     # -- durable application (journal thread and replay) ---------------------------------
     def _on_durable(self, group: list[Submission], position: Position) -> None:
-        with self.cond:
+        with self.ledgers.lock:         # cond's lock (ledger_table.py)
             for sub in group:
                 rec = sub.payload
                 if rec is None:

@@ -42,6 +42,7 @@ class RequestHandlers:
         self.cfg = cfg
         self.ledgers = ledgers
         self.cond = ledgers.cond
+        self.lock = ledgers.lock         # cond's lock, for the add path (ledger_table.py)
         self.states = ledgers.states
         self.store = store
         self.journal = journal
@@ -76,28 +77,53 @@ class RequestHandlers:
         self.journal.lead()      # an idle journal: write + sync on this thread
         return fut, first, last
 
-    def add_entry_async(self, record: Record, master_key: bytes, recovery: bool = False,
-                        keyless: bool = False) -> tuple[Future[Position], int, int]:
+    def add_entry(self, record: Record, master_key: bytes, recovery: bool = False,
+                  keyless: bool = False) -> tuple[Optional[Future[Position]], int, int]:
         """A lone add as its entry record (wire/entries.py), journaled and
         cached as received: the same checks, admission and decision as
-        ``add_async``.  Returns (future, ledger id, entry id)."""
+        ``add_async``.  Returns (None, ledger id, entry id) when the add is
+        durable and applied already: an idle journal let this thread lead it
+        (``Journal.claim`` / ``lead_now``: no future, no callback); otherwise
+        (future, ledger id, entry id), the add queued behind the journal's
+        work.  ``BookieIOError`` when the inline write or sync fails."""
         ledger_id, entry_id, lac = validate_entry(record, self.cfg)
-        self.mode.check_storage()
-        release = self.admission.admit(len(record))
+        if self.mode.io_error is not None:
+            self.mode.check_storage()
+        nbytes = len(record)
+        admission = self.admission
+        admission.enter(nbytes)
+        fut: Optional[Future[Position]] = None
         try:
-            with self.cond:
+            with self.lock:
                 plan = ls.decide_add(self.ledgers.get(ledger_id), master_key, recovery=recovery,
                                      read_only=self.mode.read_only, keyless=keyless)
                 records = self._key_records(plan, ledger_id, master_key)
                 records.append((RecordType.ADD_ENTRY, record))
                 self.states[ledger_id] = plan.state
-                fut = self.journal.submit(records, EntryRecord(ledger_id, entry_id, lac, record),
-                                          lead=True)
+                payload = EntryRecord(ledger_id, entry_id, lac, record)
+                sub = self.journal.claim(records, payload)
+                if sub is None:
+                    fut = self.journal.submit(records, payload, lead=True)
+            if sub is not None:
+                self.journal.lead_now(sub)
         except BaseException:
-            release()
+            admission.leave(nbytes)
             raise
-        fut.add_done_callback(lambda _f: release())
+        if fut is None:
+            admission.leave(nbytes)
+            return None, ledger_id, entry_id
+        fut.add_done_callback(lambda _f: admission.leave(nbytes))
         self.journal.lead()
+        return fut, ledger_id, entry_id
+
+    def add_entry_async(self, record: Record, master_key: bytes, recovery: bool = False,
+                        keyless: bool = False) -> tuple[Future[Position], int, int]:
+        """``add_entry`` with a future either way: (future completing when
+        durable+visible, ledger id, entry id)."""
+        fut, ledger_id, entry_id = self.add_entry(record, master_key, recovery, keyless)
+        if fut is None:
+            fut = Future()
+            fut.set_result(self.journal.durable_position)
         return fut, ledger_id, entry_id
 
     def _submit_add(self, ledger_id: int, master_key: bytes, data: bytes,

@@ -38,6 +38,14 @@ Ordering obligations:
     writes while the file is being rolled.
     Large submissions (> ``lead_max_bytes``) and anything arriving while busy
     go through the pipeline, which groups them.
+    A lone add that finds the journal idle does not even queue: ``claim``
+    (under the submitter's lock, where ``submit`` would have queued it) makes
+    it the next group and its submitter the leader, and ``lead_now`` (after
+    that lock) writes, syncs and applies it with no future: the submitter
+    answers from the return value.  Both leader paths and the pipeline run
+    the same write, sync and poison steps (``_write_group``,
+    ``_sync_groups``), so a failure fails an inline submission exactly as it
+    fails a queued one.
   * A group of at least ``direct_min_bytes`` is written with ``O_DIRECT``
     (direct_write.py): PAD records align it, no byte already written is
     rewritten, and it is acknowledged after the same fdatasync as any group.
@@ -77,7 +85,7 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from bookie_server.journal.journal_file import JournalFile
@@ -93,16 +101,18 @@ from pybk_spark import errors
 log = logging.getLogger("bookie.journal")
 
 
-@dataclass
+@dataclass(slots=True)
 class Submission:
     records: list[tuple[int, Body]]
     payload: Optional[JournalRecord] = None     # applied once durable (records.py)
-    future: Future[Position] = field(default_factory=Future)
+    # completed once durable; None for a submission its submitter leads
+    # inline (``lead_now``), which learns the outcome from ``error``
+    future: Optional[Future[Position]] = None
     nbytes: int = 0
-    enqueued_at: float = 0.0
     # after the write: (file seq, offset of the body) of each record, so a
     # caller can keep pointing at the bytes (journal-resident batches)
     locations: Optional[list[tuple[int, int]]] = None
+    error: Optional[str] = None                 # why it failed (a ``lead_now`` submission)
 
 
 # a written group, for the sync stage: (its submissions, the position after
@@ -138,7 +148,8 @@ class Journal:
         self.metrics = metrics
         self._fsync = fsync                  # injected like the clock (fault tests)
         self._on_failure = on_failure        # called once, on the failing journal thread
-        self._cv = threading.Condition(threading.Lock())   # guards the fields below
+        self._lock = threading.Lock()        # guards the fields below; _cv's own lock,
+        self._cv = threading.Condition(self._lock)   # entered directly where nothing waits
         self._pending: "collections.deque[Submission]" = collections.deque()
         self._stopping = False               # close() asked the writer thread to finish
         self._closed = False                 # no more submissions
@@ -170,19 +181,50 @@ class Journal:
         once they are durable.  ``lead=True``: the caller promises to call
         ``lead()`` right after releasing its own locks (the writer thread is
         then not woken for this submission unless the caller cannot lead)."""
-        sub = Submission(records, payload, nbytes=sum(HEADER.size + len(b) for _, b in records),
-                         enqueued_at=self.clock())
+        future: Future[Position] = Future()
+        sub = Submission(records, payload, future, sum(HEADER.size + len(b) for _, b in records))
         with self._cv:
             if self._failed is not None:
-                sub.future.set_exception(errors.BookieIOError(f"journal failed: {self._failed}"))
-                return sub.future
+                future.set_exception(errors.BookieIOError(f"journal failed: {self._failed}"))
+                return future
             if self._closed:
-                sub.future.set_exception(errors.BookieIOError("journal closed"))
-                return sub.future
+                future.set_exception(errors.BookieIOError("journal closed"))
+                return future
             self._pending.append(sub)
             if not (lead and sub.nbytes <= self.lead_max_bytes and self._can_lead_locked()):
                 self._cv.notify_all()
-        return sub.future
+        return future
+
+    def claim(self, records: list[tuple[int, Body]], payload: Optional[JournalRecord] = None
+              ) -> Optional[Submission]:
+        """Take the leader role for one small submission when the journal is
+        idle (nothing queued, no group in the pipeline, no other leader): the
+        submission is then the next group, in the place of the journal order
+        where a ``submit`` would have queued it, and the caller must pass it
+        to ``lead_now`` right after releasing its own locks.  None when the
+        journal is busy or the submission is large: ``submit`` it instead.
+        ``BookieIOError`` once the journal has failed or closed."""
+        nbytes = 0
+        for _, body in records:
+            nbytes += HEADER.size + len(body)
+        with self._lock:
+            if self._failed is not None:
+                raise errors.BookieIOError(f"journal failed: {self._failed}")
+            if self._closed:
+                raise errors.BookieIOError("journal closed")
+            if self._pending or nbytes > self.lead_max_bytes or not self._can_lead_locked():
+                return None
+            self._leader = True
+        return Submission(records, payload, None, nbytes)
+
+    def lead_now(self, sub: Submission) -> Position:
+        """Write, fdatasync and apply a ``claim``ed submission on this thread
+        (the leader path with nothing to hand over); the position after it
+        once durable, ``BookieIOError`` when it is not."""
+        position = self._lead_group([sub])
+        if position is None or sub.error is not None:
+            raise errors.BookieIOError(sub.error or f"journal failed: {self._failed}")
+        return position
 
     def write(self, records: list[tuple[int, Body]],
               payload: Optional[JournalRecord] = None) -> Future[Position]:
@@ -207,13 +249,21 @@ class Journal:
                 return
             self._leader = True
             group = self._take_locked()
+        self._lead_group(group)
+
+    def _lead_group(self, group: list[Submission]) -> Optional[Position]:
+        """The leader's turn (``_leader`` is set): write, sync and apply one
+        group on this thread, then give the file back.  The position after
+        the group, None when it failed."""
         try:
             written = self._write_group(group)
             if written is not None:
                 self._sync_groups([written])
                 self._maybe_roll()
+                return written[1]
+            return None
         finally:
-            with self._cv:
+            with self._lock:
                 self._leader = False
                 if self._pending or self._stopping:   # only the writer thread waits on it
                     self._cv.notify_all()
@@ -286,7 +336,10 @@ class Journal:
 
     def _fail(self, group: list[Submission], why: str) -> None:
         for sub in group:
-            if not sub.future.done():
+            if sub.future is None:
+                if sub.error is None:
+                    sub.error = why
+            elif not sub.future.done():
                 sub.future.set_exception(errors.BookieIOError(why))
 
     def _write_group(self, group: list[Submission]) -> Optional[WrittenGroup]:
@@ -367,7 +420,7 @@ class Journal:
                     item.set()
 
     def _sync_groups(self, groups: list[WrittenGroup]) -> None:
-        subs = [sub for g in groups for sub in g[0]]
+        subs = groups[0][0] if len(groups) == 1 else [sub for g in groups for sub in g[0]]
         if self._failed is None:
             op = "fdatasync"
             try:
@@ -377,13 +430,15 @@ class Journal:
                 op = "apply"
                 if self.metrics is not None:
                     self.metrics.journal_fsync(time.perf_counter() - t0, len(subs),
-                                               sum(g[3] for g in groups))
+                                               groups[0][3] if len(groups) == 1
+                                               else sum(g[3] for g in groups))
                 for group, position, _, _ in groups:
                     self.durable_position = position
                     self._on_durable(group, position)
                     for sub in group:
-                        if not sub.future.done():
-                            sub.future.set_result(position)
+                        fut = sub.future
+                        if fut is not None and not fut.done():
+                            fut.set_result(position)
             except BaseException as exc:  # noqa: BLE001 - poison and fail
                 # the fdatasync (or applying after it) failed: these groups and
                 # every later one - written behind them into the same file,
@@ -401,8 +456,10 @@ class Journal:
         if window is None:
             return
         try:
-            ranges = window.synced(seq, end - sum(g[3] for g in groups), end)
-            page_cache.drop(self.dir, ranges, file_name, seq, groups[-1][2])
+            nbytes = groups[0][3] if len(groups) == 1 else sum(g[3] for g in groups)
+            ranges = window.synced(seq, end - nbytes, end)
+            if ranges:                 # most groups only extend the window
+                page_cache.drop(self.dir, ranges, file_name, seq, groups[-1][2])
         except Exception:  # noqa: BLE001 - advice must never fail the journal
             log.exception("event=journal_page_cache_error")
 

@@ -85,7 +85,8 @@ class JournalFile:
     def write_group(self, group: list[Submission]) -> int:
         """Frame and write ``group``'s records at the end; returns the bytes
         written (PAD records included).  Raises what the write raised."""
-        direct = self.direct.wants(sum(sub.nbytes for sub in group))
+        direct = self.direct.wants(group[0].nbytes if len(group) == 1
+                                   else sum(sub.nbytes for sub in group))
         lead_pad = pad_before(self.offset) if direct else 0
         pieces: list[Body] = []
         at = self.offset + lead_pad
@@ -105,8 +106,8 @@ class JournalFile:
     def write_all(self, fd: int, pieces: list[Body], start: int) -> int:
         offset = start
         for i in range(0, len(pieces), 512):  # stay under IOV_MAX
-            chunk = pieces[i:i + 512]
-            size = sum(len(p) for p in chunk)
+            chunk = pieces if len(pieces) <= 512 else pieces[i:i + 512]
+            size = sum(map(len, chunk))
             written = self._pwritev(fd, chunk, offset)
             if written < size:  # rare short write: finish with plain pwrite
                 rest = memoryview(b"".join(chunk))

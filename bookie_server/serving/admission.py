@@ -9,8 +9,10 @@ connections) or ``max_add_memory_bytes`` (bytes of the adds in progress plus
 the store's write cache).  Nothing of a refused add is journaled or stored:
 the client retries it after a backoff (docs/protocol.md).  The caller calls
 the returned ``release`` exactly once when the add is answered (durable or
-failed).  A refusal for memory also asks for a checkpoint (``on_full``), which
-drains the write cache.  0 disables a bound.  The count and the check are one
+failed); a caller that answers on its own thread pairs ``enter(nbytes)`` and
+``leave(nbytes)`` around the add instead, with no closure.  A refusal for
+memory also asks for a checkpoint (``on_full``), which drains the write
+cache.  0 disables a bound.  The count and the check are one
 step under one lock, so concurrent connections cannot overshoot the bounds.
 """
 from __future__ import annotations
@@ -35,6 +37,11 @@ class AddAdmission:
         self.bytes = 0              # their request bytes
 
     def admit(self, nbytes: int) -> Callable[[], None]:
+        self.enter(nbytes)
+        return lambda: self.leave(nbytes)
+
+    def enter(self, nbytes: int) -> None:
+        """Count one add of ``nbytes`` in (``TooManyRequests`` past a bound)."""
         with self._lock:
             count, held = self.adds, self.bytes
             over_count = bool(self.max_adds) and count >= self.max_adds
@@ -42,7 +49,7 @@ class AddAdmission:
             over_bytes = bool(self.max_bytes) and used + nbytes > self.max_bytes
             if not (over_count or over_bytes):
                 self.adds, self.bytes = count + 1, held + nbytes
-                return lambda: self._release(nbytes)
+                return
         self._on_refused()
         if over_count:
             raise errors.TooManyRequests(
@@ -53,7 +60,8 @@ class AddAdmission:
             f"bookie overloaded: {used} bytes of adds in progress and in the write cache "
             f"(max_add_memory_bytes {self.max_bytes})")
 
-    def _release(self, nbytes: int) -> None:
+    def leave(self, nbytes: int) -> None:
+        """Count an add ``enter`` counted in out again (answered)."""
         with self._lock:
             self.adds -= 1
             self.bytes -= nbytes

@@ -19,6 +19,9 @@ which is what makes the journal order of one connection its send order.
 * At most ``max_inflight_per_stream`` adds of a connection are unanswered;
   the connection thread waits for a slot before reading on, so a fast
   client is held back by TCP, not buffered without bound.
+* An entry frame that succeeds is answered with a compact entry answer
+  (wire/lane_frames.py), built without protobuf; errors and AddRequest
+  answers are ``AddResponse`` messages.
 * A frame over the bookie's message limit or a request that does not parse
   gets an answer with request_id 0 and the BAD_REQUEST code, then the
   connection is closed: after a framing error nothing later on it can be
@@ -47,6 +50,7 @@ which is what makes the journal order of one connection its send order.
 from __future__ import annotations
 
 import logging
+import queue
 import socket
 import ssl
 import io
@@ -72,6 +76,11 @@ if TYPE_CHECKING:
     from bookie_server.serving.tls import ServerTls
 
 log = logging.getLogger("bookie.add_lane")
+
+# a connection's free add slots, one token each: taking and giving one back
+# are single C calls, where a semaphore's acquire and release are Python
+# code around a condition variable, and every add does both
+Slots = queue.SimpleQueue[None]
 
 _MAX_UNREAD_ANSWER_BYTES = 16 << 20
 _SLOT_WAIT_S = 1.0
@@ -170,7 +179,9 @@ class AddLaneServer:
                 return
             conn, who = cast(socket.socket, done[0]), done[1]    # TlsSocket: a socket's duck type
         writer = FrameWriter(configure(conn), "add-lane-answers", _MAX_UNREAD_ANSWER_BYTES)
-        slots = threading.BoundedSemaphore(self.max_inflight)
+        slots: Slots = queue.SimpleQueue()
+        for _ in range(self.max_inflight):
+            slots.put(None)
         answer_cls: type[pb.AddResponse] | type[pb.ReadResponse] = pb.AddResponse
 
         def refuse(message: str) -> None:
@@ -221,32 +232,46 @@ class AddLaneServer:
             self._finish(conn, writer, slots)
 
     def _serve_adds(self, stream: io.BufferedIOBase, writer: FrameWriter,
-                    slots: threading.BoundedSemaphore, refuse: Callable[[str], None],
+                    slots: Slots, refuse: Callable[[str], None],
                     who: access.Peer) -> None:
-        def respond(resp: pb.AddResponse) -> None:
-            slots.release()
-            writer.send(lane_frames.frame(resp.SerializeToString()))
+        send, release, take = writer.send, slots.put, slots.get
+        submit_entry, is_entry = self.service.submit_entry, lane_frames.is_entry_frame
+        parse_entry, stopped = lane_frames.parse_entry_frame, self._stopped.is_set
 
-        while not self._stopped.is_set():
+        def respond(answer: bytes) -> None:
+            release(None)
+            send(answer)
+
+        def respond_add(resp: pb.AddResponse) -> None:
+            respond(lane_frames.frame(resp.SerializeToString()))
+
+        while not stopped():
             try:
                 body = read_frame(stream, self.limit)
                 if body is None:
                     return
-                if lane_frames.is_entry_frame(body):      # a lone add, as its writer framed it
+                if is_entry(body):      # a lone add, as its writer framed it
                     req = None
-                    request_id, recovery, key, record = lane_frames.parse_entry_frame(body)
+                    request_id, recovery, key, record = parse_entry(body)
                 else:
                     req = parse_add_request(body)
             except ValueError as exc:
                 refuse(f"malformed add lane frame: {exc}")
                 return
-            while not slots.acquire(timeout=_SLOT_WAIT_S):
-                if writer.closed or self._stopped.is_set():
-                    return
+            while True:
+                try:
+                    take(True, _SLOT_WAIT_S)
+                    break
+                except queue.Empty:
+                    if writer.closed or stopped():
+                        return
             if req is None:
-                self.service.submit_entry(request_id, recovery, key, record, respond, who)
+                answer = submit_entry(request_id, recovery, key, record, respond, who)
+                if answer is not None:          # answered on this thread: the slot is free again
+                    release(None)
+                    send(answer)
             else:
-                self.service.submit_add(req, respond, who)
+                self.service.submit_add(req, respond_add, who)
 
     def _serve_reads(self, conn: socket.socket, stream: io.BufferedIOBase,
                      refuse: Callable[[str], None], who: access.Peer) -> None:
@@ -272,13 +297,16 @@ class AddLaneServer:
                 prefix = framing.payload_prefix(head, sum(len(p) for p in ipc))
                 send_parts(conn, lane_frames.frame_parts(*prefix, *ipc))
 
-    def _finish(self, conn: socket.socket, writer: FrameWriter,
-                slots: threading.BoundedSemaphore) -> None:
+    def _finish(self, conn: socket.socket, writer: FrameWriter, slots: Slots) -> None:
         """The client stopped sending (or broke off): answer the adds already
         submitted, at most ``_DRAIN_S`` long, then close."""
         deadline = time.monotonic() + _DRAIN_S
         for _ in range(self.max_inflight):
-            if writer.closed or not slots.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            if writer.closed:
+                break
+            try:
+                slots.get(True, max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
                 break
         writer.flush(max(0.0, deadline - time.monotonic()))
         writer.close()

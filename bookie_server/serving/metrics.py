@@ -1,9 +1,23 @@
-"""Prometheus metrics of one bookie (own registry, so tests can host several)."""
+"""Prometheus metrics of one bookie (own registry, so tests can host several).
+
+The metrics every add and every journal group update (``HotMetrics``) are
+plain numbers in one list per thread, exported by a collector at scrape
+time: a ``prometheus_client`` Counter or Histogram takes a lock and runs
+several Python steps per update, and an add made them several times.  Each
+thread writes only its own list, so no update needs a lock; a scrape sums
+the lists.  Names, labels, buckets and meanings are those of the Counter and
+Histogram they stand for.
+"""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Optional
+import threading
+from bisect import bisect_left
+from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from bookie_server.serving.health import serve_http
 
@@ -14,27 +28,117 @@ if TYPE_CHECKING:
     from bookie_server.serving.admin_http import AdminApi
     from bookie_server.serving.health import Readiness
 
+_le_label: Callable[[float], str] = floatToGoString    # a bucket bound as prometheus_client writes it
+
 _LAT = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+_GROUP = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+_GROUP_BYTES = (1e3, 1e4, 1e5, 5e5, 1e6, 4e6, 16e6, 64e6)
+
+# a thread's list (HotMetrics): counters, then each histogram's buckets
+# (one per bound, then +Inf; not cumulative) followed by its sum
+_ADDS_OK, _ADDS_ERROR, _ENTRIES, _BYTES = range(4)
+_ADD_LAT = 4
+_FSYNC = _ADD_LAT + len(_LAT) + 2
+_GROUP_N = _FSYNC + len(_LAT) + 2
+_GROUP_B = _GROUP_N + len(_GROUP) + 2
+_CELLS = _GROUP_B + len(_GROUP_BYTES) + 2
+
+
+class HotMetrics(Collector):
+    """The add path's counters and histograms as per-thread lists."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._lock = threading.Lock()             # guards the two fields below
+        self._cells: list[tuple[threading.Thread, list[float]]] = []   # live threads' lists
+        self._retired: list[float] = [0] * _CELLS    # what threads that ended counted
+
+    def cells(self) -> list[float]:
+        """This thread's list (created on its first update)."""
+        try:
+            cells: list[float] = self._local.cells
+        except AttributeError:
+            cells = self._local.cells = [0] * _CELLS
+            with self._lock:
+                self._retire_locked()
+                self._cells.append((threading.current_thread(), cells))
+        return cells
+
+    def _retire_locked(self) -> None:
+        """Fold the lists of threads that ended into ``_retired`` (a thread
+        per connection: their lists must not pile up)."""
+        if all(t.is_alive() for t, _ in self._cells):
+            return
+        live = []
+        for thread, cells in self._cells:
+            if thread.is_alive():
+                live.append((thread, cells))
+            else:
+                self._retired = [a + b for a, b in zip(self._retired, cells)]
+        self._cells = live
+
+    def add_ok(self, entries: int, nbytes: int, seconds: float) -> None:
+        c = self.cells()
+        c[_ADDS_OK] += 1
+        c[_ENTRIES] += entries
+        c[_BYTES] += nbytes
+        c[_ADD_LAT + bisect_left(_LAT, seconds)] += 1
+        c[_ADD_LAT + len(_LAT) + 1] += seconds
+
+    def add_error(self) -> None:
+        self.cells()[_ADDS_ERROR] += 1
+
+    def journal_fsync(self, seconds: float, group_len: int, nbytes: int) -> None:
+        c = self.cells()
+        c[_FSYNC + bisect_left(_LAT, seconds)] += 1
+        c[_FSYNC + len(_LAT) + 1] += seconds
+        c[_GROUP_N + bisect_left(_GROUP, group_len)] += 1
+        c[_GROUP_N + len(_GROUP) + 1] += group_len
+        c[_GROUP_B + bisect_left(_GROUP_BYTES, nbytes)] += 1
+        c[_GROUP_B + len(_GROUP_BYTES) + 1] += nbytes
+
+    def _totals(self) -> list[float]:
+        with self._lock:
+            self._retire_locked()
+            lists = [self._retired, *(cells for _, cells in self._cells)]
+        return [float(sum(col)) for col in zip(*lists)]
+
+    def collect(self) -> Iterator[Metric]:
+        t = self._totals()
+        adds = CounterMetricFamily("bookie_add_requests", "add requests", labels=["outcome"])
+        adds.add_metric(["ok"], t[_ADDS_OK])
+        adds.add_metric(["error"], t[_ADDS_ERROR])
+        yield adds
+        yield CounterMetricFamily("bookie_add_entries", "entries acknowledged", t[_ENTRIES])
+        yield CounterMetricFamily("bookie_add_bytes", "Arrow bytes acknowledged", t[_BYTES])
+        yield _histogram("bookie_add_latency_seconds", "add request latency", _LAT, t, _ADD_LAT)
+        yield _histogram("bookie_journal_fdatasync_seconds", "journal fdatasync", _LAT, t, _FSYNC)
+        yield _histogram("bookie_journal_group_requests", "submissions per group commit",
+                         _GROUP, t, _GROUP_N)
+        yield _histogram("bookie_journal_group_bytes", "bytes per group commit",
+                         _GROUP_BYTES, t, _GROUP_B)
+
+
+def _histogram(name: str, doc: str, bounds: tuple[float, ...], totals: list[float],
+               at: int) -> HistogramMetricFamily:
+    buckets, seen = [], 0.0
+    for i, bound in enumerate((*bounds, float("inf"))):
+        seen += totals[at + i]
+        buckets.append((_le_label(bound), seen))
+    return HistogramMetricFamily(name, doc, buckets=buckets,
+                                 sum_value=totals[at + len(bounds) + 1])
 
 
 class BookieMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        self.add_requests = Counter("bookie_add_requests", "add requests", ["outcome"], registry=r)
-        self.add_entries = Counter("bookie_add_entries", "entries acknowledged", registry=r)
-        self.add_bytes = Counter("bookie_add_bytes", "Arrow bytes acknowledged", registry=r)
-        self.add_latency = Histogram("bookie_add_latency_seconds", "add request latency",
-                                     buckets=_LAT, registry=r)
+        self.hot = HotMetrics()      # adds and journal groups: see the module docstring
+        r.register(self.hot)
+        self.journal_fsync = self.hot.journal_fsync
         self.read_requests = Counter("bookie_read_requests", "read requests", ["outcome"], registry=r)
         self.read_entries = Counter("bookie_read_entries", "entries returned", registry=r)
         self.read_latency = Histogram("bookie_read_latency_seconds", "read latency",
                                       buckets=_LAT, registry=r)
-        self.fsync_latency = Histogram("bookie_journal_fdatasync_seconds", "journal fdatasync",
-                                       buckets=_LAT, registry=r)
-        self.group_size = Histogram("bookie_journal_group_requests", "submissions per group commit",
-                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r)
-        self.group_bytes = Histogram("bookie_journal_group_bytes", "bytes per group commit",
-                                     buckets=(1e3, 1e4, 1e5, 5e5, 1e6, 4e6, 16e6, 64e6), registry=r)
         self.queue_depth = Gauge("bookie_journal_queue_depth", "journal queue depth", registry=r)
         self.disk_usage = Gauge("bookie_disk_usage_ratio", "used/total of the data disk", registry=r)
         self.read_only = Gauge("bookie_read_only", "1 when read-only", registry=r)
@@ -63,11 +167,6 @@ class BookieMetrics:
                                    registry=r)
         self.scrub_damaged = Counter("bookie_scrub_damaged_batches",
                                      "stored batches the scrubber found damaged", registry=r)
-
-    def journal_fsync(self, seconds: float, group_len: int, nbytes: int) -> None:
-        self.fsync_latency.observe(seconds)
-        self.group_size.observe(group_len)
-        self.group_bytes.observe(nbytes)
 
     def bind_gauges(self, queue_depth: Callable[[], float], write_cache: Callable[[], float],
                     journal_live: Callable[[], float] = lambda: 0,

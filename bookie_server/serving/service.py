@@ -35,7 +35,7 @@ from pybk_spark import errors
 from pybk_spark.protocol import access
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import bookie_wire_pb2_grpc as pb_grpc
-from pybk_spark.wire import framing
+from pybk_spark.wire import framing, lane_frames
 from pybk_spark.wire.codes import READ_END_CODES, error_to_code
 from pybk_spark.wire.entries import Record, batch_to_buffer
 
@@ -70,9 +70,7 @@ class BookieService(pb_grpc.BookieServicer):  # type: ignore[misc]
         self.cfg = cfg
         self.bookie_id = bookie_id
         self.m = bookie.metrics
-        self._adds_ok = self.m.add_requests.labels("ok")     # bound once: every add counts
-        self._add_entries = self.m.add_entries
-        self._add_bytes = self.m.add_bytes
+        self._hot = self.m.hot          # the add path's metrics (serving/metrics.py)
         self.policy = policy_of(cfg)
 
     def peer(self, context: grpc.ServicerContext) -> access.Peer:
@@ -92,7 +90,7 @@ class BookieService(pb_grpc.BookieServicer):  # type: ignore[misc]
         """Submit one add; ``done(response)`` is called exactly once."""
         t0 = time.perf_counter()
         if isinstance(req, framing.Malformed):     # an AddStream message that did not parse
-            self.m.add_requests.labels("error").inc()
+            self._hot.add_error()
             done(pb.AddResponse(code=pb.BAD_REQUEST, message=req.error))
             return
         try:
@@ -102,7 +100,7 @@ class BookieService(pb_grpc.BookieServicer):  # type: ignore[misc]
                                                      req.entries, req.recovery, keyless)
         except BaseException as exc:  # noqa: BLE001 - a request never kills the bookie
             code, msg = _code(exc, "add")
-            self.m.add_requests.labels("error").inc()
+            self._hot.add_error()
             done(pb.AddResponse(code=code, message=msg, ledger_id=req.ledger_id,
                                 request_id=req.request_id))
             return
@@ -112,52 +110,53 @@ class BookieService(pb_grpc.BookieServicer):  # type: ignore[misc]
             exc = f.exception()
             if exc is not None:
                 code, msg = _code(exc, "add")
-                self.m.add_requests.labels("error").inc()
+                self._hot.add_error()
                 done(pb.AddResponse(code=code, message=msg, ledger_id=req.ledger_id,
                                     request_id=req.request_id))
                 return
-            self._adds_ok.inc()
-            self.m.add_entries.inc(last - first + 1)
-            self.m.add_bytes.inc(nbytes)
-            self.m.add_latency.observe(time.perf_counter() - t0)
+            self._hot.add_ok(last - first + 1, nbytes, time.perf_counter() - t0)
             done(pb.AddResponse(code=pb.OK, ledger_id=req.ledger_id, first_entry_id=first,
                                 last_entry_id=last, request_id=req.request_id))
 
         fut.add_done_callback(finished)
 
     def submit_entry(self, request_id: int, recovery: bool, master_key: bytes, record: Record,
-                     done: Callable[[pb.AddResponse], None],
-                     peer: access.Peer = access.ANONYMOUS) -> None:
+                     done: Callable[[bytes], None],
+                     peer: access.Peer = access.ANONYMOUS) -> Optional[bytes]:
         """Submit a lone add as its entry record (a lane entry frame:
-        wire/lane_frames.py); ``done(response)`` is called exactly once, as
-        for ``submit_add``."""
+        wire/lane_frames.py).  Returns the framed answer when the add is
+        answered already (made durable on this thread, or refused); otherwise
+        None, and ``done(framed answer)`` is called exactly once, later.  An
+        OK answer is an entry answer (``lane_frames.entry_answer``), an error
+        an ``AddResponse``."""
         t0 = time.perf_counter()
         try:
-            keyless = self.authorize(peer, "recovery_add" if recovery else "add", master_key)
-            fut, ledger_id, entry_id = self.bookie.add_entry_async(record, master_key, recovery,
-                                                                   keyless)
+            keyless = self.policy.tls and self.authorize(
+                peer, "recovery_add" if recovery else "add", master_key)
+            fut, ledger_id, entry_id = self.bookie.add_entry(record, master_key, recovery,
+                                                             keyless)
         except BaseException as exc:  # noqa: BLE001 - a request never kills the bookie
-            code, msg = _code(exc, "add")
-            self.m.add_requests.labels("error").inc()
-            done(pb.AddResponse(code=code, message=msg, request_id=request_id))
-            return
+            return self._entry_refused(exc, request_id)
+        if fut is None:
+            self._hot.add_ok(1, len(record), time.perf_counter() - t0)
+            return lane_frames.entry_answer(request_id, ledger_id, entry_id)
 
         def finished(f: futures.Future[Position]) -> None:
             exc = f.exception()
             if exc is not None:
-                code, msg = _code(exc, "add")
-                self.m.add_requests.labels("error").inc()
-                done(pb.AddResponse(code=code, message=msg, ledger_id=ledger_id,
-                                    request_id=request_id))
+                done(self._entry_refused(exc, request_id, ledger_id))
                 return
-            self._adds_ok.inc()
-            self._add_entries.inc()
-            self._add_bytes.inc(len(record))
-            self.m.add_latency.observe(time.perf_counter() - t0)
-            done(pb.AddResponse(code=pb.OK, ledger_id=ledger_id, first_entry_id=entry_id,
-                                last_entry_id=entry_id, request_id=request_id))
+            self._hot.add_ok(1, len(record), time.perf_counter() - t0)
+            done(lane_frames.entry_answer(request_id, ledger_id, entry_id))
 
         fut.add_done_callback(finished)
+        return None
+
+    def _entry_refused(self, exc: BaseException, request_id: int, ledger_id: int = 0) -> bytes:
+        code, msg = _code(exc, "add")
+        self._hot.add_error()
+        return lane_frames.frame(pb.AddResponse(code=code, message=msg, ledger_id=ledger_id,
+                                                request_id=request_id).SerializeToString())
 
     def AddEntries(self, request: AddMessage, context: grpc.ServicerContext) -> pb.AddResponse:
         box: "queue.Queue[pb.AddResponse]" = queue.Queue(1)

@@ -240,13 +240,12 @@ class EntryStore:
             idx = self.ledgers.get(ledger_id)
             if idx is None:
                 idx = self.ledgers[ledger_id] = LedgerIndex()
-            ids = np.array([entry_id], np.int64)
-            if entry_id <= idx.max_entry and idx.contains(ids)[0]:
+            if entry_id <= idx.max_entry and idx.contains(np.array([entry_id], np.int64))[0]:
                 return 0                       # the first copy is kept
             ref = Ref(ledger_id, entry=record)
             ref.cached = len(record)
             ref_id = self._new_ref(ref)
-            idx.add_runs(ids, ids, np.array([ref_id], np.int64), np.zeros(1, np.int64))
+            idx.add_entry(entry_id, ref_id)
             self.mem_refs.setdefault(ledger_id, []).append(ref_id)
             self.write_cache_bytes += ref.cached
             return 1

@@ -37,6 +37,10 @@ class LedgerIndex:
         empty = np.empty(0, np.int64)
         self.starts = self.ends = self.refs = self.rows = empty
         self._pending: list[tuple[np.ndarray, ...]] = []
+        # lone entries added since the last settle, as ints: (entry id, ref id)
+        # pairs become arrays only when the index is next read
+        self._lone_ids: list[int] = []
+        self._lone_refs: list[int] = []
         self.max_entry = -1
         self.count = 0
 
@@ -53,7 +57,20 @@ class LedgerIndex:
         self.max_entry = max(self.max_entry, int(ends.max()))
         self.count += int((ends - starts + 1).sum())
 
+    def add_entry(self, entry_id: int, ref_id: int) -> None:
+        """One entry, row 0 of ``ref_id`` (a lone add): no array until read."""
+        self._lone_ids.append(entry_id)
+        self._lone_refs.append(ref_id)
+        if entry_id > self.max_entry:
+            self.max_entry = entry_id
+        self.count += 1
+
     def _settle(self) -> None:
+        if self._lone_ids:
+            ids = np.array(self._lone_ids, np.int64)
+            self._pending.append((ids, ids, np.array(self._lone_refs, np.int64),
+                                  np.zeros(len(ids), np.int64)))
+            self._lone_ids, self._lone_refs = [], []
         if not self._pending:
             return
         parts = [(self.starts, self.ends, self.refs, self.rows)] + self._pending

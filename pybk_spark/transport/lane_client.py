@@ -114,9 +114,10 @@ class LaneConnection(PendingRequests):
         self.ended(err)
 
     def _receive(self, stream):
-        """The next answer, or None at the end of the stream."""
+        """The next answer (an entry answer or an ``AddResponse``), or None
+        at the end of the stream."""
         body = read_frame(stream, _MAX_ANSWER_BYTES)
-        return None if body is None else pb.AddResponse.FromString(body)
+        return None if body is None else lane_frames.parse_add_answer(body)
 
     def _send(self, req) -> bool:
         return self.writer.send(req)

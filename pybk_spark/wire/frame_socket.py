@@ -58,7 +58,7 @@ def read_frame(reader: io.BufferedIOBase, limit: int) -> Optional[bytes]:
     if not header:
         return None
     size = lane_frames.frame_length(header, limit)
-    body = reader.read(size) if size else b""
+    body = reader.read(size)
     if len(body) != size:
         raise ValueError(f"connection ended inside a frame ({len(body)} of {size} bytes)")
     return body
@@ -104,7 +104,8 @@ class FrameWriter:
         self._name = name
         self._max_backlog = max_backlog_bytes
         self.error: Optional[BaseException] = None
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()    # _cond's own lock: send enters it directly (C)
+        self._cond = threading.Condition(self._lock)
         self._queue: "collections.deque[memoryview]" = collections.deque()
         self._queued_bytes = 0
         self._sending = False          # the helper thread holds a frame outside the lock
@@ -117,7 +118,7 @@ class FrameWriter:
 
     def send(self, data: bytes | memoryview) -> bool:
         """Send or queue one frame; False if the connection is already closed."""
-        with self._cond:
+        with self._lock:
             if self._closed:
                 return False
             if not self._queue and not self._sending:

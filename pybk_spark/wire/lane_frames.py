@@ -31,7 +31,12 @@ Frames
   key's length (u16) and the key, then the entry record
   (wire/entries.py, ``ENTRY_RECORD``).  The bookie journals and caches that
   record as received; a lone add pays no protobuf or Arrow object on either
-  side.  Bookie to client: ``AddResponse``.
+  side.  Bookie to client: ``AddResponse``, or, for an entry frame that
+  succeeded, an *entry answer* (:func:`entry_answer`): a zero kind byte
+  (which no ``AddResponse`` starts with, as above), the request id (u64),
+  the ledger id and the entry id (i64 each); its code is OK and it
+  acknowledges that one entry (:class:`EntryAnswer`).  A failed entry frame
+  is answered with an ``AddResponse`` carrying the error code.
 Ordering obligations
   * The bookie journals the requests of one connection in the order they
     arrive, which is the order the client sent them.  A writer therefore
@@ -69,6 +74,8 @@ from __future__ import annotations
 
 import struct
 from typing import Any
+
+from pybk_spark.wire import bookie_wire_pb2 as pb
 
 MAGIC = b"PBKLANE1"
 READ_MAGIC = b"PBKREAD1"
@@ -118,6 +125,48 @@ def parse_entry_frame(body: bytes) -> tuple[int, bool, bytes, memoryview]:
         raise ValueError("entry frame shorter than its master key")
     view = memoryview(body)
     return request_id, bool(flags & RECOVERY_FLAG), body[_ENTRY_FRAME.size:start], view[start:]
+
+
+_ENTRY_ANSWER_BODY = struct.Struct("<BQqq")
+_ENTRY_ANSWER = struct.Struct("<I" + _ENTRY_ANSWER_BODY.format[1:])   # framed: header first
+ENTRY_ANSWER_BYTES = _ENTRY_ANSWER_BODY.size
+
+
+def entry_answer(request_id: int, ledger_id: int, entry_id: int) -> bytes:
+    """The framed OK answer to an entry frame: ``entry_id`` of ``ledger_id``
+    is durable on the bookie."""
+    return _ENTRY_ANSWER.pack(ENTRY_ANSWER_BYTES, ENTRY_KIND, request_id, ledger_id, entry_id)
+
+
+class EntryAnswer:
+    """An entry answer, with the fields of the ``AddResponse`` it stands
+    for (``code`` OK, no message, the one entry as the acknowledged range)."""
+    __slots__ = ("request_id", "ledger_id", "first_entry_id", "last_entry_id")
+    code = pb.OK
+    message = ""
+
+    def __init__(self, request_id: int, ledger_id: int, entry_id: int) -> None:
+        self.request_id = request_id
+        self.ledger_id = ledger_id
+        self.first_entry_id = self.last_entry_id = entry_id
+
+
+def parse_entry_answer(body: bytes) -> EntryAnswer:
+    """An entry answer's body (``is_entry_frame`` is true of it);
+    ``ValueError`` when it is not one's size."""
+    if len(body) != ENTRY_ANSWER_BYTES:
+        raise ValueError(f"entry answer of {len(body)} bytes, not {ENTRY_ANSWER_BYTES}")
+    _kind, request_id, ledger_id, entry_id = _ENTRY_ANSWER_BODY.unpack(body)
+    return EntryAnswer(request_id, ledger_id, entry_id)
+
+
+def parse_add_answer(body: bytes) -> Any:
+    """An add connection's answer: an :class:`EntryAnswer` or an
+    ``AddResponse`` (both with the fields a client reads); ``ValueError`` or
+    protobuf's ``DecodeError`` when it is neither."""
+    if is_entry_frame(body):
+        return parse_entry_answer(body)
+    return pb.AddResponse.FromString(body)
 
 
 def hello(bookie_id: str, magic: bytes = MAGIC) -> bytes:

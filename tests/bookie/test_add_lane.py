@@ -41,7 +41,7 @@ def _request(ledger, ids, request_id, key=KEY, **kw) -> bytes:
 
 def _answers(sock, n):
     with sock.makefile("rb") as stream:
-        return [pb.AddResponse.FromString(read_frame(stream, 1 << 20)) for _ in range(n)]
+        return [lane_frames.parse_add_answer(read_frame(stream, 1 << 20)) for _ in range(n)]
 
 
 def _serving(bp) -> bool:
@@ -81,7 +81,7 @@ def test_a_connection_meant_for_another_bookie_is_refused(bookie):
         with sock.makefile("rb") as stream:
             answers = []
             while (body := read_frame(stream, 1 << 20)) is not None:
-                answers.append(pb.AddResponse.FromString(body))
+                answers.append(lane_frames.parse_add_answer(body))
     assert [(a.request_id, a.code) for a in answers] == [
         (lane_frames.CONNECTION_REQUEST_ID, pb.BAD_REQUEST)]
     assert "not 127.0.0.1:1" in answers[0].message
@@ -104,7 +104,7 @@ def test_bad_frames_get_a_connection_answer_then_a_close(bookie, bad):
         with sock.makefile("rb") as stream:
             answers = []
             while (body := read_frame(stream, 1 << 20)) is not None:
-                answers.append(pb.AddResponse.FromString(body))
+                answers.append(lane_frames.parse_add_answer(body))
     assert (answers[0].request_id, answers[0].code) == (1, pb.OK)   # earlier adds answered
     assert [(a.request_id, a.code) for a in answers[1:]] == [
         (lane_frames.CONNECTION_REQUEST_ID, pb.BAD_REQUEST)]
@@ -247,6 +247,10 @@ def test_entry_frames_answer_like_add_requests_and_survive_a_restart(bookie):
         got = {a.request_id: a for a in _answers(sock, 7)}
     assert [(got[i].code, got[i].first_entry_id, got[i].last_entry_id) for i in (1, 2, 3)] == [
         (pb.OK, 0, 0), (pb.OK, 1, 1), (pb.OK, 2, 2)]
+    # an entry frame's OK answer is the compact entry answer; an AddRequest's is an AddResponse
+    assert [type(got[i]) for i in (1, 2, 3, 4)] == [lane_frames.EntryAnswer] * 2 + [
+        pb.AddResponse] * 2
+    assert (got[2].ledger_id, got[2].message) == (30, "")
     assert got[4].code == pb.UNAUTHORIZED
     assert got[5].code == pb.TOO_LARGE
     assert got[6].code == pb.BAD_REQUEST
@@ -271,7 +275,7 @@ def test_a_torn_entry_frame_closes_the_connection(bookie):
         with sock.makefile("rb") as stream:
             answers = []
             while (body := read_frame(stream, 1 << 20)) is not None:
-                answers.append(pb.AddResponse.FromString(body))
+                answers.append(lane_frames.parse_add_answer(body))
     assert [(a.request_id, a.code) for a in answers] == [
         (lane_frames.CONNECTION_REQUEST_ID, pb.BAD_REQUEST)]
     assert _serving(bookie)

@@ -198,7 +198,10 @@ def _send_and_drain(bp: BookieProcess, parts: list, answer_cls) -> list:
                     break                     # closed mid-answer after a reset
                 if body is None:
                     break
-                answers.append(answer_cls.FromString(framing.split_payload(body)[0]))
+                if answer_cls is pb.AddResponse:      # an entry answer or an AddResponse
+                    answers.append(lane_frames.parse_add_answer(body))
+                else:
+                    answers.append(answer_cls.FromString(framing.split_payload(body)[0]))
     return answers
 
 
@@ -206,7 +209,7 @@ def _lane_round_trip(valid: Valid) -> None:
     e, payload, req = valid.request()
     with _lane(valid.bp) as sock, sock.makefile("rb") as stream:
         sock.sendall(lane_frames.frame(req))
-        ans = pb.AddResponse.FromString(read_frame(stream, LIMIT))
+        ans = lane_frames.parse_add_answer(read_frame(stream, LIMIT))
     assert (ans.code, ans.first_entry_id, ans.last_entry_id) == (pb.OK, e, e), ans
     valid.ack(e, payload)
     with _lane(valid.bp, lane_frames.READ_MAGIC) as sock, sock.makefile("rb") as stream:

@@ -19,6 +19,7 @@ from bookie_server.journal.journal import Journal, Position, RecordType
 from bookie_server.journal.journal_replay import replay
 from pybk_spark import errors
 from pybk_spark.testing.bookie_process import entries_bytes
+from pybk_spark.wire.entries import entry_record_head
 
 KEY = b"k"
 
@@ -153,6 +154,37 @@ def test_failed_fdatasync_refuses_everything_that_needs_the_journal(tmp_path):
         b.add(7, KEY, entries_bytes(7, [5], lac=3))
     finally:
         b.close()
+
+
+def _lone(ledger: int, entry_id: int, lac: int) -> bytes:
+    return entry_record_head(ledger, entry_id, lac, 8, b"d") + b"x" * 8
+
+
+def test_a_lone_add_led_inline_fails_and_poisons_like_a_queued_one(tmp_path, caplog):
+    """A lone add on an idle journal is written and synced on the caller's
+    thread with no future (Journal.claim / lead_now).  Its fdatasync
+    failing fails that add (never acknowledged, never applied), poisons the
+    journal once, releases its admission and refuses every later add."""
+    fsync = FailingFsync()
+    cfg = BookieConfig(data_dir=str(tmp_path), flush_interval_s=3600)
+    b = Bookie(cfg, fsync=fsync).open()
+    try:
+        fut, ledger_id, entry_id = b.add_entry(_lone(8, 0, -1), KEY)
+        assert (fut, ledger_id, entry_id) == (None, 8, 0), "an idle journal: led inline"
+        fsync.fail.set()
+        with caplog.at_level("ERROR", logger="bookie.journal"):
+            with pytest.raises(errors.BookieIOError, match="injected EIO"):
+                b.add_entry(_lone(8, 1, 0), KEY)
+        assert b.admission.adds == 0 and b.admission.bytes == 0
+        assert b.io_error and "EIO" in b.io_error
+        with pytest.raises(errors.ReadOnly):
+            b.add_entry(_lone(8, 2, 0), KEY)
+        assert b.read(8, 0, 10).batch.column("entry_id").to_pylist() == [0]
+        lines = [r.getMessage() for r in caplog.records if "event=journal_failed" in r.getMessage()]
+        assert len(lines) == 1 and "op=fdatasync errno=EIO" in lines[0]
+    finally:
+        b.close()
+    assert fsync.calls_after_failure == 1
 
 
 def test_failed_checkpoint_fsync_pins_read_only_and_keeps_the_old_checkpoint(tmp_path, caplog):

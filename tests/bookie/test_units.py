@@ -4,6 +4,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import threading
+from concurrent.futures import Future
 
 import numpy as np
 import pyarrow as pa
@@ -12,6 +14,7 @@ import pytest
 from bookie_server import cookie
 from pybk_spark.protocol import ledger_state as ls
 from bookie_server.background import gc_candidates, next_read_only
+from bookie_server.serving.metrics import BookieMetrics
 from pybk_spark.wire.add_validation import max_value_length
 from bookie_server.config import BookieConfig, load_config, parse_conf_text
 from bookie_server.storage.run_index import runs_of
@@ -159,7 +162,6 @@ def test_journal_group_commit_and_replay(tmp_path, drop_page_cache):
 
 
 def test_journal_leader_writes_on_the_callers_thread_when_idle(tmp_path):
-    import threading
     where = []
     j = Journal(str(tmp_path), lead_max_bytes=1024)
     j.start(lambda group, pos: where.append(threading.current_thread().name))
@@ -172,10 +174,10 @@ def test_journal_leader_writes_on_the_callers_thread_when_idle(tmp_path):
 
 
 def test_journal_leader_and_pipeline_keep_submission_order(tmp_path):
-    """Leaders and the writer thread take turns; whatever the interleaving,
+    """Leaders (queued or claimed inline) and the writer thread take turns;
+    whatever the interleaving,
     each thread's records are durable in the order it submitted them, and
     the on_durable order is the file order."""
-    import threading
     rec = _Recorder()
     durable = []
     j = Journal(str(tmp_path), metrics=rec, lead_max_bytes=64, prealloc_bytes=0,
@@ -187,8 +189,14 @@ def test_journal_leader_and_pipeline_keep_submission_order(tmp_path):
         futs = []
         for i in range(per_thread):
             body = bytes([t]) + i.to_bytes(4, "little") + (b"." * (100 if i % 7 == 0 else 3))
-            futs.append(j.write([(RecordType.ADD_BATCH, body)]) if i % 3 else
-                        j.submit([(RecordType.ADD_BATCH, body)]))
+            recs: list = [(RecordType.ADD_BATCH, body)]
+            sub = j.claim(recs) if i % 5 == 0 else None    # inline, when the journal is idle
+            if sub is not None:
+                done: Future = Future()
+                done.set_result(j.lead_now(sub))
+                futs.append(done)
+            else:
+                futs.append(j.write(recs) if i % 3 else j.submit(recs))
         positions = [f.result(30) for f in futs]
         assert positions == sorted(positions)
 
@@ -232,7 +240,6 @@ def test_journal_submissions_fail_after_close(tmp_path):
 def test_fence_linearizes_with_concurrent_adds(tmp_path):
     """Whatever the interleaving: every plain add acknowledged at any time is
     already readable when the fence returns (so recovery cannot miss it)."""
-    import threading
 
     from bookie_server.bookie import Bookie
     from pybk_spark.testing.bookie_process import entries_bytes
@@ -292,7 +299,6 @@ def test_failed_fdatasync_turns_the_bookie_read_only_until_restart(tmp_path):
     keeps what was acknowledged readable, and cannot be undone by the disk
     checker; a restart replays the journal and the bookie is writable again."""
     import errno
-    import threading
 
     from bookie_server.bookie import Bookie
     from pybk_spark.testing.bookie_process import entries_bytes
@@ -503,3 +509,36 @@ def test_sparse_reads_of_many_rows_slice_contiguous_runs_and_take_gapped_ones(tm
             b.checkpoint()
     finally:
         b.close()
+
+
+def test_add_metrics_of_every_thread_are_exported_under_their_names():
+    """The add path's counters and histograms are per-thread numbers summed
+    at scrape time, under the names, labels and buckets of before; the
+    numbers of threads that ended stay counted."""
+    from prometheus_client import generate_latest
+    m = BookieMetrics()
+
+    def adds() -> None:
+        m.hot.add_ok(3, 300, 0.0003)
+        m.hot.add_error()
+        m.journal_fsync(0.001, 2, 1500)
+    for _ in range(3):
+        t = threading.Thread(target=adds)
+        t.start()
+        t.join()
+    adds()
+    text = generate_latest(m.registry).decode()
+    for line in ('bookie_add_requests_total{outcome="ok"} 4.0',
+                 'bookie_add_requests_total{outcome="error"} 4.0',
+                 "bookie_add_entries_total 12.0", "bookie_add_bytes_total 1200.0",
+                 'bookie_add_latency_seconds_bucket{le="0.0002"} 0.0',
+                 'bookie_add_latency_seconds_bucket{le="0.0005"} 4.0',
+                 'bookie_add_latency_seconds_bucket{le="+Inf"} 4.0',
+                 "bookie_add_latency_seconds_count 4.0",
+                 'bookie_journal_fdatasync_seconds_bucket{le="0.001"} 4.0',
+                 'bookie_journal_group_requests_bucket{le="1.0"} 0.0',
+                 'bookie_journal_group_requests_bucket{le="2.0"} 4.0',
+                 "bookie_journal_group_requests_sum 8.0",
+                 'bookie_journal_group_bytes_bucket{le="10000.0"} 4.0'):
+        assert line in text.splitlines(), line
+    assert len(m.hot._cells) <= 1, "the lists of threads that ended are folded"
