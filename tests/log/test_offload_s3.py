@@ -110,12 +110,16 @@ def test_offload_to_s3_reads_back_and_duckdb_reads_the_log_rows(bk, s3, tmp_path
     assert [(lid, eid, bytes(p)) for lid, eid, p, _ts in got] == expected
 
 
+def _a_written_log(bk, prefix: str):
+    """A fresh raw log of a few segments: (its name, its records, its metadata)."""
+    name = f"{prefix}{random.Random().getrandbits(32):08x}"
+    write_raw_log(bk, name)
+    return name, records(bk, name), read_log(bk.metadata_store, name)[0]
+
+
 def test_object_store_failing_mid_offload_leaves_the_segment_on_bookies(bk, s3):
     proc, _fs, location = s3
-    name = f"s3down{random.Random().getrandbits(32):08x}"
-    write_raw_log(bk, name)
-    before = records(bk, name)
-    md, _ = read_log(bk.metadata_store, name)
+    name, before, md = _a_written_log(bk, "s3down")
     first = md.ledger_ids[0]
     staged = offload.stage_segment(bk, name, first, location)    # written, not yet checked
     proc.terminate()
@@ -132,10 +136,7 @@ def test_object_store_failing_mid_offload_leaves_the_segment_on_bookies(bk, s3):
 
 def test_object_store_down_after_a_commit_reads_come_from_the_bookies(bk, s3):
     proc, _fs, location = s3
-    name = f"s3gone{random.Random().getrandbits(32):08x}"
-    write_raw_log(bk, name)
-    before = records(bk, name)
-    md, _ = read_log(bk.metadata_store, name)
+    name, before, md = _a_written_log(bk, "s3gone")
     first, second = md.ledger_ids[:2]
     assert offload.offload_segment(bk, name, first, location) is not None   # ledger kept (grace)
     proc.terminate()
