@@ -116,6 +116,7 @@ def test_a_round_applies_the_offload_policy_and_counts_it(own_cluster, bk, tmp_p
             s.offload.size for s in md.segments if s.offload is not None)
         assert sample("pybk_offload_ledgers_deleted_total") == 2
         assert sample("pybk_offload_last_run_timestamp_seconds") == 8_600.0
+        assert sample("pybk_offload_lag_segments") == row["offload_lag_segments"] == 0
         with LogWriter(bk, "auto-unwritable", roll_policy=RollPolicy(max_entries=1)).open() as w:
             for payload in (b"a", b"b", b"c"):
                 w.append_batch([payload])
@@ -125,6 +126,7 @@ def test_a_round_applies_the_offload_policy_and_counts_it(own_cluster, bk, tmp_p
         row = auto.run_round()                  # a location that cannot be written
         assert row["offload_failed"] >= 1 and row["status"] == 0
         assert sample("pybk_offload_failures_total") == row["offload_failed"]
+        assert sample("pybk_offload_lag_segments") == row["offload_lag_segments"] >= 1
     finally:
         auto.resign()
 

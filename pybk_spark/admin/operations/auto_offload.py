@@ -7,7 +7,11 @@ what it committed before the failure stays.
 
 ``OffloadMetrics`` counts it for Prometheus (its own registry, served by
 ``pybk autorecovery --metrics-port``): segments and bytes offloaded,
-ledgers deleted, failed logs, and the wall-clock time of the last run.
+ledgers deleted, failed logs, the wall-clock time of the last run, and the
+lag: after each run, the segments the policies pick that are still only on
+bookies (a failing log's, or those a run could not finish) and the age of
+the oldest one's last entry.  A lag that grows from round to round is an
+offloader that cannot keep up or keeps failing.
 """
 from __future__ import annotations
 
@@ -19,9 +23,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from pybk_spark import errors
 from pybk_spark.ledger.port import LedgerClient
-from pybk_spark.logs.log import list_logs
+from pybk_spark.logs.log import list_logs, read_log
 from pybk_spark.logs.offload import offload_log
 from pybk_spark.logs.offload_conf import OffloadSettings
+from pybk_spark.protocol.offload import OffloadPolicy, candidates, policy_for, segment_of
 
 _log = logging.getLogger("pybk_spark.autorecovery")
 
@@ -38,6 +43,12 @@ class OffloadMetrics:
                                 registry=r)
         self.last_run = Gauge("pybk_offload_last_run_timestamp_seconds",
                               "wall-clock time the last offload run ended", registry=r)
+        self.lag_segments = Gauge("pybk_offload_lag_segments",
+                                  "segments the policies pick that are still only on "
+                                  "bookies after the last run", registry=r)
+        self.lag_seconds = Gauge("pybk_offload_lag_seconds",
+                                 "age of the oldest such segment's last entry after the "
+                                 "last run (0 when none)", registry=r)
 
 
 def apply_offload(bk: LedgerClient, settings: OffloadSettings, metrics: OffloadMetrics, *,
@@ -48,6 +59,7 @@ def apply_offload(bk: LedgerClient, settings: OffloadSettings, metrics: OffloadM
     out = {"offload_segments": 0, "offload_bytes": 0, "offload_ledgers_deleted": 0,
            "offload_failed": 0}
     policy = settings.policy()
+    lag_segments, oldest_us = 0, None
     for name in list_logs(bk.metadata_store):
         try:
             report = offload_log(bk, name, settings.location, policy, password=password or b"",
@@ -58,12 +70,35 @@ def apply_offload(bk: LedgerClient, settings: OffloadSettings, metrics: OffloadM
             metrics.failures.inc()
             _log.warning("event=offload_failed log=%s location=%s error=%r "
                          "retry='in the next round'", name, settings.location, exc)
-            continue
-        out["offload_segments"] += len(report.offloaded)
-        out["offload_bytes"] += report.bytes
-        out["offload_ledgers_deleted"] += len(report.ledgers_deleted)
-        metrics.segments.inc(len(report.offloaded))
-        metrics.bytes.inc(report.bytes)
-        metrics.ledgers_deleted.inc(len(report.ledgers_deleted))
-    metrics.last_run.set(wall_clock())
+        else:
+            out["offload_segments"] += len(report.offloaded)
+            out["offload_bytes"] += report.bytes
+            out["offload_ledgers_deleted"] += len(report.ledgers_deleted)
+            metrics.segments.inc(len(report.offloaded))
+            metrics.bytes.inc(report.bytes)
+            metrics.ledgers_deleted.inc(len(report.ledgers_deleted))
+        left, oldest = _lag(bk, name, policy, wall_clock)
+        lag_segments += left
+        if oldest is not None and (oldest_us is None or oldest < oldest_us):
+            oldest_us = oldest
+    now = wall_clock()
+    metrics.last_run.set(now)
+    metrics.lag_segments.set(lag_segments)
+    metrics.lag_seconds.set(0.0 if oldest_us is None else max(0.0, now - oldest_us / 1e6))
+    out["offload_lag_segments"] = lag_segments
     return out
+
+
+def _lag(bk: LedgerClient, name: str, policy: OffloadPolicy,
+         wall_clock: Callable[[], float]) -> tuple[int, Optional[int]]:
+    """(segments of the log its policy picks now, the oldest one's last
+    entry time in microseconds); (0, None) when the log is gone or its
+    metadata cannot be read (the run's own failure is counted already)."""
+    try:
+        md = read_log(bk.metadata_store, name)[0]
+        picked = candidates(md, policy_for(md, policy), int(wall_clock() * 1e6))
+    except errors.BKError:
+        return 0, None
+    times = [seg.last_time_us for seg in (segment_of(md, lid) for lid in picked)
+             if seg is not None and seg.last_time_us >= 0]
+    return len(picked), (min(times) if times else None)
