@@ -181,3 +181,36 @@ def test_a_peer_that_does_not_admit_the_bookies_certificate_means_a_client_copy(
         with BookKeeper(uri, conf=certs.client_conf(WRITER)) as bk:
             rh = bk.open_ledger(lh.ledger_id, password=b"pw", recovery=False)
             assert [e.payload for e in rh.read(0, 299)] == _payloads("x", 300)
+
+
+def test_an_operator_daemon_offloads_logs_of_two_passwords_without_them(tls_cluster, tmp_path):
+    """The autorecovery daemon's offload, given no password: as a writer
+    identity it cannot open the ledgers (each log is counted as failed);
+    as an operator it learns each ledger's key from its bookies and
+    offloads logs written under different passwords and digests."""
+    from pybk_spark.admin.operations.auto_offload import OffloadMetrics, apply_offload
+    from pybk_spark.cluster.certs import OPERATOR, WRITER
+    from pybk_spark.ledger.client import BookKeeper
+    from pybk_spark.logs.log import read_log
+    from pybk_spark.logs.log_writer import LogWriter, RollPolicy
+    from pybk_spark.logs.offload_conf import load_offload_conf
+    cluster, certs, _root = tls_cluster
+    uri = cluster.metadata_uri
+    logs = {"tls-offload-e": b"echo", "tls-offload-f": b"foxtrot"}
+    settings = load_offload_conf(location=str(tmp_path / "off"), grace_s=3600)
+    with BookKeeper(uri, conf=certs.client_conf(WRITER)) as bk:
+        for name, pw in logs.items():
+            with LogWriter(bk, name, password=pw,
+                           roll_policy=RollPolicy(max_entries=10)).open() as w:
+                for k in range(3):
+                    w.append_batch(_payloads(f"{name}-{k}", 10))
+        row = apply_offload(bk, settings, OffloadMetrics())
+        assert row["offload_failed"] >= len(logs) and row["offload_segments"] == 0, row
+    with BookKeeper(uri, conf={**certs.client_conf(OPERATOR), "operator": True}) as op:
+        row = apply_offload(op, settings, OffloadMetrics())
+        assert row["offload_failed"] == 0 and row["offload_segments"] == len(logs), row
+        for name in logs:
+            md = read_log(op.metadata_store, name)[0]
+            offloaded = [s for s in md.segments if s.offload is not None]
+            assert [s.ledger_id for s in offloaded] == list(md.ledger_ids[:1]), name
+            assert offloaded[0].offload.rows == 10

@@ -3,7 +3,11 @@ segments that its own policy picks (``pybk offload LOG --set-policy``), or
 the configured policy for a log that records none, go to Parquet files, and the
 ledgers whose grace period is over leave the bookies (logs/offload.py does
 each log).  A log that fails is counted, logged and retried next round;
-what it committed before the failure stays.
+what it committed before the failure stays.  A daemon given no password
+that runs as an operator (``operator = true``, an identity in the bookies'
+``tls_operator_identities``) learns the key of each ledger it offloads from
+the ledger's bookies (recover.py, ``learn_key``), so logs written under
+different passwords are offloaded alike.
 
 ``OffloadMetrics`` counts it for Prometheus (its own registry, served by
 ``pybk autorecovery --metrics-port``): segments and bytes offloaded,
@@ -22,10 +26,12 @@ from typing import Callable, Optional
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from pybk_spark import errors
+from pybk_spark.admin.operations.recover import learn_key
 from pybk_spark.ledger.port import LedgerClient
 from pybk_spark.logs.log import list_logs, read_log
 from pybk_spark.logs.offload import offload_log
 from pybk_spark.logs.offload_conf import OffloadSettings
+from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.protocol.offload import OffloadPolicy, candidates, policy_for, segment_of
 
 _log = logging.getLogger("pybk_spark.autorecovery")
@@ -62,7 +68,10 @@ def apply_offload(bk: LedgerClient, settings: OffloadSettings, metrics: OffloadM
     lag_segments, oldest_us = 0, None
     for name in list_logs(bk.metadata_store):
         try:
-            report = offload_log(bk, name, settings.location, policy, password=password or b"",
+            keys = [password] if password is not None else _learned_keys(bk, name, policy,
+                                                                         wall_clock)
+            report = offload_log(bk, name, settings.location, policy,
+                                 password=keys[0] if keys else b"", other_passwords=keys[1:],
                                  row_group_bytes=settings.row_group_bytes,
                                  wall_clock=wall_clock)
         except errors.BKError as exc:
@@ -87,6 +96,24 @@ def apply_offload(bk: LedgerClient, settings: OffloadSettings, metrics: OffloadM
     metrics.lag_seconds.set(0.0 if oldest_us is None else max(0.0, now - oldest_us / 1e6))
     out["offload_lag_segments"] = lag_segments
     return out
+
+
+def _learned_keys(bk: LedgerClient, name: str, policy: OffloadPolicy,
+                  wall_clock: Callable[[], float]) -> list[bytes]:
+    """An operator's keys for the ledgers of ``name`` its policy picks, as
+    their bookies recorded them (none for a client that is no operator)."""
+    if not getattr(bk.conf, "operator", False):
+        return []
+    md = read_log(bk.metadata_store, name)[0]
+    keys: list[bytes] = []
+    for ledger_id in candidates(md, policy_for(md, policy), int(wall_clock() * 1e6)):
+        try:
+            key = learn_key(bk, bk.get_ledger_metadata(ledger_id))
+        except errors.NoSuchLedger:
+            continue
+        if key and key not in keys:
+            keys.append(lm.MasterKey(key))
+    return keys
 
 
 def _lag(bk: LedgerClient, name: str, policy: OffloadPolicy,
