@@ -10,7 +10,11 @@ find the first entry appended at or after that time
   2. otherwise (the time falls inside, or the times are unknown: the open
      tail, a segment closed by recovery) the ledger is searched by a binary
      search over its readable prefix, one single-entry read per step
-     (O(log n) entries, never the whole ledger).
+     (O(log n) entries, never the whole ledger);
+  3. a segment offloaded to Parquet files (logs/offload.py) is searched in
+     its files instead, whose ledger may be gone: the first row whose
+     ``timestamp`` (``_timestamp`` for a DataFrame log) is at or after the
+     time gives the entry.
 A ledger whose entries carry no time (written before append times were
 recorded, or with the ledger API) counts as older than any time, without
 being read: a start time skips it, an end time keeps all of it.
@@ -22,9 +26,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional, Sequence
 
+import numpy as np
+import pyarrow as pa
+
+from pybk_spark.logs import offload_files
 from pybk_spark.logs.log import read_log
 from pybk_spark.protocol import append_time as at
 from pybk_spark.protocol.log_metadata import LogMetadata
+from pybk_spark.protocol.offload_record import SegmentOffload
 from pybk_spark.spark import arrow_codec
 from pybk_spark.spark.client_cache import catch_up_lac, close_handle, open_handle
 from pybk_spark.spark.options import ReadOptions
@@ -36,16 +45,19 @@ if TYPE_CHECKING:
 
 class LogTimes:
     """What the search needs to know about the log being read: each
-    segment's recorded (first, last) append time, and whether its entries
-    are DataFrame rows."""
+    segment's recorded (first, last) append time, whether its entries are
+    DataFrame rows, and the offload records of its offloaded segments."""
 
-    def __init__(self, times: dict[int, tuple[int, int]], dataframe: bool):
+    def __init__(self, times: dict[int, tuple[int, int]], dataframe: bool,
+                 offloaded: Optional[dict[int, SegmentOffload]] = None):
         self.times, self.dataframe = times, dataframe
+        self.offloaded = offloaded or {}
 
     @classmethod
     def of(cls, md: LogMetadata) -> LogTimes:
         return cls({s.ledger_id: (s.first_time_us, s.last_time_us) for s in md.segments},
-                   md.schema is not None)
+                   md.schema is not None,
+                   {s.ledger_id: s.offload for s in md.segments if s.offload is not None})
 
     @classmethod
     def read(cls, bk: LedgerClient, log: Optional[str]) -> LogTimes:
@@ -65,6 +77,9 @@ def entry_at_or_after(bk: LedgerClient, view: LedgerView, t_ms: int, log: LogTim
         return none
     if side == at.AT_START:
         return 0
+    record = log.offloaded.get(view.ledger_id)
+    if record is not None:
+        return _in_files(record, t_us, none)
     prefixed = at.is_time_prefixed(bk.get_ledger_metadata(view.ledger_id).custom)
     if not prefixed and not log.dataframe:
         return none                         # no times: older than any time
@@ -78,6 +93,19 @@ def entry_at_or_after(bk: LedgerClient, view: LedgerView, t_ms: int, log: LogTim
         return at.first_at_or_after(0, view.readable_last, t_us, time_of)
     finally:
         close_handle(handle)
+
+
+def _in_files(record: SegmentOffload, t_us: int, none: int) -> int:
+    """The first entry of an offloaded segment appended at or after ``t_us``
+    (``none`` when there is none; rows without a time are older than any)."""
+    table = offload_files.read_segment(record)
+    time_col = "timestamp" if "timestamp" in table.schema.names else "_timestamp"
+    times = table.column(time_col).cast(pa.int64()).fill_null(-1).to_numpy()
+    at_or_after = np.flatnonzero(times >= t_us)
+    if not len(at_or_after):
+        return none
+    entry_ids = table.column(offload_files.entry_column(table))
+    return int(entry_ids[int(at_or_after[0])].as_py())
 
 
 def resolve(bk: LedgerClient, opts: ReadOptions, views: list[LedgerView], starts: list[int],

@@ -98,6 +98,28 @@ def test_raw_log_time_column_search_and_stream_start(spark, metadata_uri, bk, tm
     assert sorted(r[2] for _, rows in batches for r in rows) == [b"e7", b"e8", b"e9"]
 
 
+def test_times_inside_offloaded_segments_are_found_in_their_files(spark, metadata_uri, bk,
+                                                                   tmp_path):
+    """The two older segments offloaded and their ledgers deleted: a start or
+    end time that falls inside one is found in its Parquet files."""
+    from pybk_spark.logs.offload import offload_log
+    from pybk_spark.protocol.offload import OffloadPolicy
+    log = log_name("time-offloaded")
+    clock = iter(range(1000, 1014))
+    with LogWriter(bk, log, roll_policy=RollPolicy(max_entries=4),
+                   wall_clock=lambda: float(next(clock))).open() as w:
+        for i in range(14):
+            w.append(b"e%d" % i)
+    report = offload_log(bk, log, str(tmp_path / "off"), OffloadPolicy(grace_s=0, orphan_age_s=0))
+    l0, l1, l2, l3 = read_log(bk.metadata_store, log)[0].ledger_ids
+    assert report.ledgers_deleted == [l0, l1]
+    assert planned(metadata_uri, log=log, startingTimestamp="1005500") == {
+        l1: (2, 3), l2: (0, 3), l3: (0, 1)}
+    assert planned(metadata_uri, log=log, endingTimestamp="1002500") == {l0: (0, 2)}
+    rows = read(spark, metadata_uri, log, startingTimestamp="1005500").collect()
+    assert sorted(r.payload for r in rows) == sorted(b"e%d" % i for i in range(6, 14))
+
+
 def test_old_entries_without_time_read_with_null_timestamp(spark, metadata_uri, bk):
     """Ledgers written with the ledger API (as every ledger before append times
     were recorded): null timestamp; a start time skips them, an end time keeps them."""
