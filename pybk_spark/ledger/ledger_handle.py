@@ -38,11 +38,12 @@ import threading
 from concurrent.futures import Future
 from operator import itemgetter
 from types import TracebackType
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 from pybk_spark import errors
 from pybk_spark.ledger.context import ClientContext
 from pybk_spark.wire.digest import Digester
+from pybk_spark.ledger import sync_result
 from pybk_spark.ledger.ledger_writer import LedgerWriter, Waiter
 from pybk_spark.metadata.store import Lease, ledger_key
 from pybk_spark.protocol import add_admission as admission
@@ -114,9 +115,10 @@ class LedgerHandle:
     def add_entry(self, payload: bytes) -> int:
         payload = bytes(payload)
         self._check_size(payload)
-        fut: Future[int] = Future()
+        fut = sync_result.new_sync_result()
         self._submit_chunk([payload], fut, single=True)
-        return fut.result()
+        result: int = fut.result()
+        return result
 
     def add_entry_async(self, payload: bytes) -> "Future[int]":
         """Pipelined add.  Calls are coalesced into batches (one Arrow batch and
@@ -230,12 +232,12 @@ class LedgerHandle:
         self._submit_chunk(chunk, fut, single=False)
         return fut
 
-    def _submit_chunk(self, payloads: list[bytes], fut: Future[Any], *, single: bool) -> None:
+    def _submit_chunk(self, payloads: list[bytes], fut: sync_result.Completion, *, single: bool) -> None:
         with self._submit_lock:
             self._send_queued_locked()          # earlier async adds keep their place
             self._assign_and_send(payloads, fut, single=single)
 
-    def _assign_and_send(self, payloads: list[bytes], fut: Future[Any], *, single: bool) -> None:
+    def _assign_and_send(self, payloads: list[bytes], fut: sync_result.Completion, *, single: bool) -> None:
         """``fut`` gets the entry id (``single``) or the list of ids."""
         if self._closed:
             fut.set_exception(errors.LedgerClosed("ledger handle is closed", ledger_id=self.ledger_id))
@@ -261,7 +263,7 @@ class LedgerHandle:
                 (lambda: first) if single else (lambda: list(range(first, last + 1))))
             self._writer.submit(batch, Waiter(last, fut, result), nbytes=nbytes)
 
-    def _send_lone(self, payload: bytes, fut: Future[Any]) -> None:
+    def _send_lone(self, payload: bytes, fut: sync_result.Completion) -> None:
         """A sync add: the entry travels as the record this writer frames
         (wire/entries.py), no batch built unless a resend needs one."""
         with self._submit_lock:
