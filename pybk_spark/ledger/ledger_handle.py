@@ -38,11 +38,12 @@ import threading
 from concurrent.futures import Future
 from operator import itemgetter
 from types import TracebackType
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 from pybk_spark import errors
 from pybk_spark.ledger.context import ClientContext
 from pybk_spark.wire.digest import Digester
+from pybk_spark.ledger import sync_result
 from pybk_spark.ledger.ledger_writer import LedgerWriter, Waiter
 from pybk_spark.metadata.store import Lease, ledger_key
 from pybk_spark.protocol import add_admission as admission
@@ -114,9 +115,15 @@ class LedgerHandle:
     def add_entry(self, payload: bytes) -> int:
         payload = bytes(payload)
         self._check_size(payload)
-        fut: Future[int] = Future()
-        self._submit_chunk([payload], fut, single=True)
-        return fut.result()
+        fut = sync_result.new_sync_result()
+        with self._submit_lock:
+            if self._queued:                # earlier async adds keep their place
+                self._send_queued_locked()
+            if self._closed:
+                raise errors.LedgerClosed("ledger handle is closed", ledger_id=self.ledger_id)
+            self._send_lone(payload, fut)
+        result: int = fut.result()
+        return result
 
     def add_entry_async(self, payload: bytes) -> "Future[int]":
         """Pipelined add.  Calls are coalesced into batches (one Arrow batch and
@@ -189,7 +196,7 @@ class LedgerHandle:
                 return
             chunk_fut: Future[list[int]] = Future()
             try:
-                self._assign_and_send([p for p, _ in items], chunk_fut, single=False)
+                self._assign_and_send([p for p, _ in items], chunk_fut)
             except BaseException as exc:  # noqa: BLE001 - e.g. a bookie address lookup
                 # while etcd is unreachable: these adds' outcome is unknown, and
                 # they must fail rather than strand in a background task
@@ -227,21 +234,18 @@ class LedgerHandle:
 
     def _chunk_future(self, chunk: list[bytes]) -> Future[list[int]]:
         fut: Future[list[int]] = Future()
-        self._submit_chunk(chunk, fut, single=False)
+        self._submit_chunk(chunk, fut)
         return fut
 
-    def _submit_chunk(self, payloads: list[bytes], fut: Future[Any], *, single: bool) -> None:
+    def _submit_chunk(self, payloads: list[bytes], fut: Future[list[int]]) -> None:
         with self._submit_lock:
             self._send_queued_locked()          # earlier async adds keep their place
-            self._assign_and_send(payloads, fut, single=single)
+            self._assign_and_send(payloads, fut)
 
-    def _assign_and_send(self, payloads: list[bytes], fut: Future[Any], *, single: bool) -> None:
-        """``fut`` gets the entry id (``single``) or the list of ids."""
+    def _assign_and_send(self, payloads: list[bytes], fut: Future[list[int]]) -> None:
+        """``fut`` gets the list of ids."""
         if self._closed:
             fut.set_exception(errors.LedgerClosed("ledger handle is closed", ledger_id=self.ledger_id))
-            return
-        if single:
-            self._send_lone(payloads[0], fut)
             return
         with self._submit_lock:
             nbytes = sum(map(len, payloads))
@@ -257,24 +261,23 @@ class LedgerHandle:
             digests = self._digester.compute(self.ledger_id, ids, lacs, lengths, payloads)
             batch = make_batch(self.ledger_id, ids, lacs, lengths, payloads, digests)
             last = first + n - 1
-            result: Callable[[], int | list[int]] = (
-                (lambda: first) if single else (lambda: list(range(first, last + 1))))
-            self._writer.submit(batch, Waiter(last, fut, result), nbytes=nbytes)
+            self._writer.submit(batch, Waiter(last, fut, lambda: list(range(first, last + 1))),
+                                nbytes=nbytes)
 
-    def _send_lone(self, payload: bytes, fut: Future[Any]) -> None:
-        """A sync add: the entry travels as the record this writer frames
-        (wire/entries.py), no batch built unless a resend needs one."""
-        with self._submit_lock:
-            try:
-                entry_id, lac, base = self._writer.assign(1, len(payload))
-            except errors.BKError as exc:
-                fut.set_exception(exc)
-                return
-            length = base + len(payload)
-            digest = self._digester.one(self.ledger_id, entry_id, lac, length, payload)
-            head = entry_record_head(self.ledger_id, entry_id, lac, length, digest)
-            self._writer.submit_entry(entry_id, head, payload,
-                                      Waiter(entry_id, fut, lambda: entry_id))
+    def _send_lone(self, payload: bytes, fut: sync_result.Completion) -> None:
+        """A sync add (caller holds ``_submit_lock``): the entry travels as
+        the record this writer frames (wire/entries.py), no batch built
+        unless a resend needs one."""
+        try:
+            entry_id, lac, base = self._writer.assign(1, len(payload))
+        except errors.BKError as exc:
+            fut.set_exception(exc)
+            return
+        length = base + len(payload)
+        digest = self._digester.one(self.ledger_id, entry_id, lac, length, payload)
+        head = entry_record_head(self.ledger_id, entry_id, lac, length, digest)
+        self._writer.submit_entry(entry_id, head, payload,
+                                  Waiter(entry_id, fut, lambda: entry_id))
 
     # -- explicit LAC --------------------------------------------------------------------
     def tick(self, now: float) -> None:

@@ -50,6 +50,7 @@ from pybk_spark import errors
 from pybk_spark.ledger.context import ClientContext
 from pybk_spark.metadata.store import MetadataStore, ledger_key
 from pybk_spark.ledger.placement import writable_bookies
+from pybk_spark.ledger.sync_result import Completion
 from pybk_spark.protocol import add_admission as admission
 from pybk_spark.protocol.distribution import holds
 from pybk_spark.protocol import ledger_metadata as lm
@@ -64,7 +65,7 @@ Ids = Union[np.ndarray, range]     # the ids of one request: a lone add's is a r
 @dataclass
 class Waiter:
     last: int
-    future: Future[Any]
+    future: Completion
     result: Callable[[], Any]
 
 

@@ -28,7 +28,9 @@ Ordering obligations:
 Representation: pending entries are kept per assigned run (``_Run``: first id
 plus an ``(n, E)`` boolean ack matrix), so assigning, acking and releasing a
 1000-entry chunk are a handful of vectorised numpy steps, not 1000 Python
-objects.  An ack marks only slots of the entry's own write set.
+objects; a run of one id keeps its acks as an integer bit mask, so a
+synchronous add costs a few integer operations.  An ack marks only slots of
+the entry's own write set.
 """
 from __future__ import annotations
 
@@ -76,17 +78,18 @@ class Resend:
 
 class _Run:
     """Consecutive ids [first, first + n) assigned together; ``acks[i, s]`` is
-    True once slot s (of entry first+i's write set) acked it."""
+    True once slot s (of entry first+i's write set) acked it.  A run of one
+    id (a synchronous add) keeps its acks as the bits of ``mask`` instead
+    (``acks`` None): plain integer steps, no arrays, on the hot path."""
 
-    __slots__ = ("first", "acks")
+    __slots__ = ("first", "last", "acks", "mask")
 
     def __init__(self, first: int, count: int, ensemble_size: int):
         self.first = first
-        self.acks = np.zeros((count, ensemble_size), dtype=bool)
-
-    @property
-    def last(self) -> int:
-        return self.first + len(self.acks) - 1
+        self.last = first + count - 1
+        self.acks: np.ndarray | None = (None if count == 1 else
+                                        np.zeros((count, ensemble_size), dtype=bool))
+        self.mask = 0
 
 
 class PendingAdds:
@@ -168,7 +171,11 @@ class PendingAdds:
             a, b = max(lo, run.first), min(last, run.last)
             if a > b:
                 continue
-            if a == b:          # one id (a synchronous add): no arrays
+            if run.acks is None:        # a run of one id (a synchronous add)
+                if slot in self.write_set(a):
+                    run.mask |= 1 << slot
+                continue
+            if a == b:
                 if slot in self.write_set(a):
                     run.acks[a - run.first, slot] = True
                 continue
@@ -185,7 +192,10 @@ class PendingAdds:
         for run in self._runs:
             lo, hi = np.searchsorted(ids, [run.first, run.last + 1])
             if lo < hi:
-                run.acks[ids[lo:hi] - run.first, slot] = True
+                if run.acks is None:
+                    run.mask |= 1 << slot
+                else:
+                    run.acks[ids[lo:hi] - run.first, slot] = True
         return self._release()
 
     def on_failure(self, slot: int, bookie: str) -> EnsembleChange | None:
@@ -241,8 +251,12 @@ class PendingAdds:
     def _decide(self, slots: set[int]) -> EnsembleChange:
         boundary = self.lac + 1
         cols = sorted(slots)
+        forget = ~sum(1 << c for c in cols)
         for run in self._runs:
-            run.acks[:, cols] = False
+            if run.acks is None:
+                run.mask &= forget
+            else:
+                run.acks[:, cols] = False
         self.change = EnsembleChange(boundary, tuple(cols), self.ensemble)
         return self.change
 
@@ -255,8 +269,14 @@ class PendingAdds:
             run = runs[0]
             if not run.first <= self.lac + 1 <= run.last:
                 break                       # lac+1 was never assigned (after abort)
+            if run.acks is None:                 # a run of one id (a synchronous add)
+                if run.mask.bit_count() < self.ack_quorum:
+                    break
+                self.lac = run.last
+                runs.popleft()
+                continue
             offset = self.lac + 1 - run.first
-            if offset == len(run.acks) - 1:      # one id left (a synchronous add)
+            if offset == len(run.acks) - 1:      # one id left
                 if np.count_nonzero(run.acks[offset]) < self.ack_quorum:
                     break
                 self.lac = run.last

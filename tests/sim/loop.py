@@ -18,7 +18,10 @@ park the task and resume it from the heap when notified, when a future
 completes, or when the timeout passes in simulated time.  ``cf.wait`` and
 ``as_completed`` hand finished futures out in the caller's order (the
 stdlib iterates a set of futures, whose order depends on memory addresses),
-so a seed replays the same schedule exactly.  The client's executor and
+so a seed replays the same schedule exactly.  A sync ``add_entry`` waits on
+a plain ``Lock`` (pybk_spark/ledger/sync_result.py), which no task could
+park in: the loop makes it wait on a ``Future`` instead
+(``sync_result.new_sync_result``), whose ``result`` parks in a condition.  The client's executor and
 ``call_later`` are injected (``SimExecutor``, ``loop.call_later``) and start
 tasks, each after a small seeded delay.
 
@@ -43,6 +46,8 @@ import threading
 from concurrent.futures import Future
 
 from greenlet import GreenletExit, getcurrent, greenlet
+
+from pybk_spark.ledger import sync_result
 
 _ACTIVE: "SimLoop | None" = None
 _orig_wait = threading.Condition.wait
@@ -370,6 +375,8 @@ def patched_primitives():
     behave as the originals outside a running ``SimLoop``)."""
     saved = (threading.Condition.wait, threading.Condition.notify,
              threading.Condition.notify_all, cf.wait, cf.as_completed)
+    saved_sync_result = sync_result.new_sync_result
+    sync_result.new_sync_result = Future
     threading.Condition.wait = _patched_wait
     threading.Condition.notify = _patched_notify
     threading.Condition.notify_all = _patched_notify_all
@@ -380,3 +387,4 @@ def patched_primitives():
     finally:
         (threading.Condition.wait, threading.Condition.notify,
          threading.Condition.notify_all, cf.wait, cf.as_completed) = saved
+        sync_result.new_sync_result = saved_sync_result
