@@ -30,8 +30,10 @@ Ordering obligations:
     idempotent, never an error).
   * ``flush`` = ``flush_begin`` (snapshot the write cache under the lock) ->
     ``write_snapshot`` (one concatenated, id-sorted batch per ledger appended
-    to the current segment, fsync'd; no lock held) -> ``flush_commit``
-    (swap the ledger's memory runs for segment runs under the lock).  Readers
+    to the current segment, fsync'd; the lock held only to look up a slice
+    of refs, see ``flush_slices``) -> ``flush_commit`` (swap the ledger's
+    memory runs for segment runs under the lock, then drop the flushed refs
+    a slice at a time).  Readers
     and duplicate checks see the memory runs until the swap.  A write or
     fsync that fails in ``write_snapshot`` propagates and ``flush_commit`` is
     not run: the memory runs stay (reads go on), and the caller (the bookie's
@@ -69,7 +71,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bookie_server.storage import lone_batches
+from bookie_server.storage import flush_slices
 from bookie_server.storage.run_index import LedgerIndex, runs_of
 from bookie_server.storage.segment_files import (JOURNAL_SEGMENT_BASE, SegmentFiles,
                                                  is_journal_segment, journal_segment)
@@ -354,7 +356,7 @@ class EntryStore:
 
     def write_snapshot(self, snap: FlushSnapshot) -> None:
         """Append the snapshot to segments; fsync.  No lock held but for a
-        slice of refs at a time (``lone_batches``: the threads serving adds
+        slice of refs at a time (``flush_slices``: the threads serving adds
         take the GIL and the lock between slices).  Big batches are written
         as received; small ones are merged per ledger."""
         results: dict[int, list[WrittenRun]] = {}
@@ -383,7 +385,7 @@ class EntryStore:
                                     r_starts, r_ends, r_rows))
                 results[ledger_id] = written
                 snap.cached[ledger_id] = (idx, cached)
-                lone_batches.pause()
+                flush_slices.pause()
             if fh is not None:
                 fh.flush()
                 self.fsync(fh.fileno())
@@ -410,7 +412,7 @@ class EntryStore:
         out: list[tuple[bytes | pa.Buffer, np.ndarray, np.ndarray, np.ndarray]] = []
         small: list[pa.RecordBatch] = []
         cached = 0
-        for ids_slice in lone_batches.in_slices(np.unique(refs).tolist()):
+        for ids_slice in flush_slices.in_slices(np.unique(refs).tolist()):
             with self.lock:
                 objs = list(map(self.refs.get, ids_slice))
             entries = []
@@ -430,7 +432,7 @@ class EntryStore:
                 elif o.batch is not None:
                     small.append(o.batch)
             if entries:
-                small.append(lone_batches.decode(entries))
+                small.append(flush_slices.decode(entries))
         if small:      # whole batches (every row is indexed): one, sorted by entry id
             table = pa.Table.from_batches(small, schema=ENTRY_SCHEMA)
             ids = table.column(1).to_numpy()
@@ -473,11 +475,11 @@ class EntryStore:
                         nbytes += counted[1]
             self.write_cache_bytes -= nbytes
         for ref_ids in snap.by_ledger.values():
-            for ids_slice in lone_batches.in_slices(ref_ids):
+            for ids_slice in flush_slices.in_slices(ref_ids):
                 with self.lock:
                     gone = list(map(self.refs.pop, ids_slice, itertools.repeat(None)))
                 del gone
-            lone_batches.pause()
+            flush_slices.pause()
 
     def flush(self) -> None:
         snap = self.flush_begin()

@@ -1,4 +1,4 @@
-"""Lone adds' entry records into batches, for a checkpoint, a slice at a time.
+"""The flush in slices: lone adds' records into batches, pauses between slices.
 
 A checkpoint runs in the bookie's flusher thread beside the threads that
 serve adds.  While it runs Python bytecode it holds the GIL, and a thread
