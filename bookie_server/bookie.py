@@ -67,7 +67,7 @@ from typing import Any, Callable, Optional
 
 import pyarrow as pa
 
-from bookie_server.storage import compaction, damage, store_index
+from bookie_server.storage import compaction, damage, flush_slices, store_index
 from bookie_server.journal import journal_replay
 from bookie_server.serving.admission import AddAdmission
 from pybk_spark.protocol import ledger_state as ls
@@ -370,7 +370,9 @@ class Bookie:
                 position = self._applied
                 snap = self.store.flush_begin()
                 frozen = list(self.states.values())     # immutable states: copy the list only
-            states = [s.to_json() for s in frozen]       # ~3.6 us each: not under the add lock
+            states: list[dict[str, Any]] = []    # ~3.6 us each: not under the add lock,
+            for part in flush_slices.in_slices(frozen):      # nor in one GIL stretch
+                states += [s.to_json() for s in part]
             try:
                 if snap.by_ledger:
                     self.store.write_snapshot(snap)

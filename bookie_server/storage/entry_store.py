@@ -30,8 +30,10 @@ Ordering obligations:
     idempotent, never an error).
   * ``flush`` = ``flush_begin`` (snapshot the write cache under the lock) ->
     ``write_snapshot`` (one concatenated, id-sorted batch per ledger appended
-    to the current segment, fsync'd; no lock held) -> ``flush_commit``
-    (swap the ledger's memory runs for segment runs under the lock).  Readers
+    to the current segment, fsync'd; the lock held only to look up a slice
+    of refs, see ``flush_slices``) -> ``flush_commit`` (swap the ledger's
+    memory runs for segment runs under the lock, then drop the flushed refs
+    a slice at a time).  Readers
     and duplicate checks see the memory runs until the swap.  A write or
     fsync that fails in ``write_snapshot`` propagates and ``flush_commit`` is
     not run: the memory runs stay (reads go on), and the caller (the bookie's
@@ -58,21 +60,22 @@ index, the write cache, reads and the flush.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import os
 import threading
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from bookie_server.storage import flush_slices
 from bookie_server.storage.run_index import LedgerIndex, runs_of
 from bookie_server.storage.segment_files import (JOURNAL_SEGMENT_BASE, SegmentFiles,
                                                  is_journal_segment, journal_segment)
-from pybk_spark.wire.entries import (ENTRY_SCHEMA, batch_to_bytes, empty_batch, one_batch,
+from pybk_spark.wire.entries import (ENTRY_SCHEMA, batch_to_buffer, empty_batch, one_batch,
                                      Record, records_to_batch)
 
 log = logging.getLogger("bookie.store")
@@ -82,8 +85,6 @@ RAW_MIN_ROWS = 128     # batches with this many rows, or of this many bytes, are
 RAW_MIN_BYTES = 64 << 10   # written to segments as received (no re-encoding)
 
 SLICE_READ_MAX_ROWS = 256  # sparse reads of up to this many rows gather row slices (one copy)
-_FREE_CHUNK = 256          # write-cache batches freed per bytecode (GIL held through each),
-_FREE_PAUSE_S = 0.0001     # then the GIL is left to the add threads for this long
 
 
 def cached_bytes(batch: pa.RecordBatch) -> int:
@@ -160,6 +161,8 @@ WrittenRun = tuple[Ref, np.ndarray, np.ndarray, np.ndarray]
 class FlushSnapshot:
     by_ledger: dict[int, list[int]]      # ledger -> memory ref ids
     results: Optional[dict[int, list[WrittenRun]]] = None     # ledger -> its written runs
+    # ledger -> (its index when written, the write-cache bytes of its refs)
+    cached: dict[int, tuple[LedgerIndex, int]] = field(default_factory=dict)
 
 
 class EntryStore:
@@ -352,49 +355,20 @@ class EntryStore:
             return snap
 
     def write_snapshot(self, snap: FlushSnapshot) -> None:
-        """Append the snapshot to segments; fsync.  No lock held.  Big batches
-        are written as received; small ones are merged per ledger."""
+        """Append the snapshot to segments; fsync.  No lock held but for a
+        slice of refs at a time (``flush_slices``: the threads serving adds
+        take the GIL and the lock between slices).  Big batches are written
+        as received; small ones are merged per ledger."""
         results: dict[int, list[WrittenRun]] = {}
         snap.results = results
         touched: set[int] = set()
         fh = None
         try:
             for ledger_id, ref_ids in snap.by_ledger.items():
-                with self.lock:
-                    idx = self.ledgers.get(ledger_id)
-                    if idx is None:     # dropped by GC meanwhile
-                        continue
-                    starts, ends, refs, rows = idx.table_parts()
-                    sel = np.isin(refs, ref_ids)
-                    starts, ends, refs, rows = starts[sel], ends[sel], refs[sel], rows[sel]
-                    objs = {int(r): self.refs[int(r)] for r in np.unique(refs)}
-                out = []
-                written = []
-                # journal-resident batches: nothing to write, point at the journal
-                for rid, o in objs.items():
-                    if o.segment >= 0:
-                        m = refs == rid
-                        written.append((Ref(ledger_id, None, o.segment, o.offset, o.length),
-                                        starts[m], ends[m], rows[m]))
-                # big batches: their received IPC bytes go to the segment unchanged
-                raw_ids = [r for r, o in objs.items() if o.raw is not None]
-                for rid in raw_ids:
-                    m = refs == rid
-                    out.append((objs[rid].raw or b"", starts[m], ends[m], rows[m]))
-                # small batches: one consolidated, id-sorted batch per ledger
-                small = [o.batch for r, o in objs.items()
-                         if o.raw is None and o.segment < 0 and o.entry is None]
-                entries = [o.entry for r, o in objs.items() if o.entry is not None]
-                if entries:          # lone adds: decoded together, once
-                    small.append(records_to_batch(entries))
-                if small:      # whole batches (every row is indexed), sorted by entry id
-                    table = pa.Table.from_batches(small, schema=ENTRY_SCHEMA)
-                    ids = table.column(1).to_numpy()
-                    if len(ids) > 1 and not (ids[1:] > ids[:-1]).all():   # adds came in order,
-                        table = table.take(pc.sort_indices(table.column(1)))   # as a rule
-                        ids = table.column(1).to_numpy()
-                    batch = one_batch(table)
-                    out.append((batch_to_bytes(batch), *runs_of(ids)))
+                got = self._snapshot_runs(ledger_id, ref_ids)
+                if got is None:     # dropped by GC meanwhile
+                    continue
+                idx, written, out, cached = got
                 for data, r_starts, r_ends, r_rows in out:
                     if (fh is None or self.segment_size.get(self.files.current, 0)
                             >= self.segment_max_bytes):
@@ -410,6 +384,8 @@ class EntryStore:
                     written.append((Ref(ledger_id, None, self.files.current, offset, len(data)),
                                     r_starts, r_ends, r_rows))
                 results[ledger_id] = written
+                snap.cached[ledger_id] = (idx, cached)
+                flush_slices.pause()
             if fh is not None:
                 fh.flush()
                 self.fsync(fh.fileno())
@@ -419,22 +395,69 @@ class EntryStore:
         if touched:
             self.files.fsync_dir()
 
+    def _snapshot_runs(self, ledger_id: int, ref_ids: list[int]) -> Optional[tuple[
+            LedgerIndex, list[WrittenRun], list[tuple[bytes | pa.Buffer, np.ndarray, np.ndarray, np.ndarray]],
+            int]]:
+        """One ledger's part of a flush: (its index, the runs that need no
+        write, the (bytes, starts, ends, rows) to write, the write-cache
+        bytes its refs count); None once the ledger is gone."""
+        with self.lock:
+            idx = self.ledgers.get(ledger_id)
+            if idx is None:
+                return None
+            starts, ends, refs, rows = idx.table_parts()   # arrays replaced, never changed
+        sel = np.isin(refs, np.array(ref_ids, np.int64))
+        starts, ends, refs, rows = starts[sel], ends[sel], refs[sel], rows[sel]
+        written: list[WrittenRun] = []
+        out: list[tuple[bytes | pa.Buffer, np.ndarray, np.ndarray, np.ndarray]] = []
+        small: list[pa.RecordBatch] = []
+        cached = 0
+        for ids_slice in flush_slices.in_slices(np.unique(refs).tolist()):
+            with self.lock:
+                objs = list(map(self.refs.get, ids_slice))
+            entries = []
+            for rid, o in zip(ids_slice, objs):
+                if o is None:       # the ledger was dropped meanwhile
+                    return None
+                cached += o.cached
+                if o.entry is not None:         # a lone add
+                    entries.append(o.entry)
+                elif o.segment >= 0:    # journal-resident: nothing to write, point at the journal
+                    m = refs == rid
+                    written.append((Ref(ledger_id, None, o.segment, o.offset, o.length),
+                                    starts[m], ends[m], rows[m]))
+                elif o.raw is not None:     # big: its received IPC bytes go as they are
+                    m = refs == rid
+                    out.append((o.raw, starts[m], ends[m], rows[m]))
+                elif o.batch is not None:
+                    small.append(o.batch)
+            if entries:
+                small.append(flush_slices.decode(entries))
+        if small:      # whole batches (every row is indexed): one, sorted by entry id
+            table = pa.Table.from_batches(small, schema=ENTRY_SCHEMA)
+            ids = table.column(1).to_numpy()
+            if len(ids) > 1 and not (ids[1:] > ids[:-1]).all():   # adds came in order,
+                table = table.take(pc.sort_indices(table.column(1)))   # as a rule
+                ids = table.column(1).to_numpy()
+            batch = one_batch(table)
+            out.append((batch_to_buffer(batch), *runs_of(ids)))   # written, not copied
+        return idx, written, out, cached
+
     def flush_commit(self, snap: FlushSnapshot) -> None:
-        """Swap the snapshot's memory runs for its segment runs.  The batches
-        leave the write cache under the lock and are freed after it, so adds
-        and reads wait only for the swap.  Freeing costs ~3.5 us a batch with
-        the GIL held, 20 ms for the 6,000 one-entry batches of a checkpoint
-        of lone adds: a chunk at a time (one ``del`` is one bytecode, which
-        the GIL cannot leave), with a pause after each, so the threads
-        serving adds take the GIL at once instead of after the interpreter's
-        5 ms switch interval, once per hand-off of every add."""
-        freed: list[object] = []
+        """Swap the snapshot's memory runs for its segment runs, under the
+        lock (numpy work and a few new refs per ledger: readers and duplicate
+        checks switch at once).  The flushed refs then leave ``refs`` a slice
+        at a time, each slice popped under the lock and freed outside it
+        (freeing a lone add's ref and record costs the GIL a few hundred ns;
+        a checkpoint frees thousands), with a pause between slices.  No
+        index names them any more, and the write cache no longer counts
+        them: what sees them meanwhile (``refs_snapshot``) skips memory refs."""
+        olds = {l: np.array(r, np.int64) for l, r in snap.by_ledger.items()}
         nbytes = 0
         with self.lock:
-            for ledger_id, ref_ids in snap.by_ledger.items():
+            for ledger_id, old in olds.items():
                 written = (snap.results or {}).get(ledger_id) or []
                 idx = self.ledgers.get(ledger_id)
-                old = np.array(ref_ids, np.int64)
                 if idx is not None:
                     idx.remove_refs(old)
                     for new_ref, starts, ends, rows in written:
@@ -447,16 +470,16 @@ class EntryStore:
                             self.segment_size[new_ref.segment] = max(
                                 self.segment_size.get(new_ref.segment, 0),
                                 new_ref.offset + new_ref.length)
-                for r in ref_ids:
-                    ref = self.refs.pop(r, None)
-                    if ref is not None and ref.in_memory:
-                        freed.append(ref.held)
-                        nbytes += ref.cached
+                    counted = snap.cached.get(ledger_id)
+                    if counted is not None and counted[0] is idx:   # not dropped (that uncounts)
+                        nbytes += counted[1]
             self.write_cache_bytes -= nbytes
-        while freed:
-            del freed[-_FREE_CHUNK:]
-            if freed:
-                time.sleep(_FREE_PAUSE_S)
+        for ref_ids in snap.by_ledger.values():
+            for ids_slice in flush_slices.in_slices(ref_ids):
+                with self.lock:
+                    gone = list(map(self.refs.pop, ids_slice, itertools.repeat(None)))
+                del gone
+            flush_slices.pause()
 
     def flush(self) -> None:
         snap = self.flush_begin()

@@ -9,6 +9,8 @@ vectorised over runs or ids; ``locate`` steps once per run, never per entry.
 """
 from __future__ import annotations
 
+from array import array
+
 import numpy as np
 
 _ZERO_ROW = np.zeros(1, np.int64)
@@ -37,10 +39,11 @@ class LedgerIndex:
         empty = np.empty(0, np.int64)
         self.starts = self.ends = self.refs = self.rows = empty
         self._pending: list[tuple[np.ndarray, ...]] = []
-        # lone entries added since the last settle, as ints: (entry id, ref id)
-        # pairs become arrays only when the index is next read
-        self._lone_ids: list[int] = []
-        self._lone_refs: list[int] = []
+        # lone entries added since the last settle: (entry id, ref id) pairs
+        # appended to C arrays, numpy arrays (no copy) only when the index is
+        # next read (a checkpoint reads thousands at once, under the store lock)
+        self._lone_ids = array("q")
+        self._lone_refs = array("q")
         self.max_entry = -1
         self.count = 0
 
@@ -67,10 +70,10 @@ class LedgerIndex:
 
     def _settle(self) -> None:
         if self._lone_ids:
-            ids = np.array(self._lone_ids, np.int64)
-            self._pending.append((ids, ids, np.array(self._lone_refs, np.int64),
+            ids = np.frombuffer(self._lone_ids, np.int64)
+            self._pending.append((ids, ids, np.frombuffer(self._lone_refs, np.int64),
                                   np.zeros(len(ids), np.int64)))
-            self._lone_ids, self._lone_refs = [], []
+            self._lone_ids, self._lone_refs = array("q"), array("q")
         if not self._pending:
             return
         parts = [(self.starts, self.ends, self.refs, self.rows)] + self._pending
