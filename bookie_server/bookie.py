@@ -214,7 +214,8 @@ class Bookie:
                     self.states[rec.ledger_id] = ls.apply_explicit_lac(
                         self.ledgers.get(rec.ledger_id), rec.lac)
             self._applied = position
-            self.cond.notify_all()
+            if self.ledgers.waiters:
+                self.cond.notify_all()
         if self.store.write_cache_bytes > self.cfg.write_cache_max_bytes:
             self._flush_wanted.set()
 

@@ -97,8 +97,11 @@ class RequestHandlers:
             with self.lock:
                 plan = ls.decide_add(self.ledgers.get(ledger_id), master_key, recovery=recovery,
                                      read_only=self.mode.read_only, keyless=keyless)
-                records = self._key_records(plan, ledger_id, master_key)
-                records.append((RecordType.ADD_ENTRY, record))
+                if plan.record_key or plan.record_fence:
+                    records = self._key_records(plan, ledger_id, master_key)
+                    records.append((RecordType.ADD_ENTRY, record))
+                else:           # every add of a ledger after its first
+                    records = [(RecordType.ADD_ENTRY, record)]
                 self.states[ledger_id] = plan.state
                 payload = EntryRecord(ledger_id, entry_id, lac, record)
                 sub = self.journal.claim(records, payload)
@@ -191,8 +194,12 @@ class RequestHandlers:
         if wait_for_lac_above >= -1 and timeout_s > 0:
             timeout_s = min(timeout_s, self.cfg.long_poll_max_timeout_ms / 1000.0)
             with self.cond:
-                self.cond.wait_for(lambda: self.ledgers.get(ledger_id).lac > wait_for_lac_above
-                                   or self._stop.is_set(), timeout_s)
+                self.ledgers.waiters += 1
+                try:
+                    self.cond.wait_for(lambda: self.ledgers.get(ledger_id).lac > wait_for_lac_above
+                                       or self._stop.is_set(), timeout_s)
+                finally:
+                    self.ledgers.waiters -= 1
         with self.cond:
             if not self.ledgers.known(ledger_id):
                 self._unknown_ledger(ledger_id)

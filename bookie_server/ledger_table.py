@@ -22,6 +22,9 @@ class LedgerTable:
         self.lock = threading.RLock()
         self.cond = threading.Condition(self.lock)
         self.states: dict[int, ls.LedgerState] = {}
+        # threads waiting on ``cond`` (long polls), counted under ``lock``:
+        # with none, making an add durable skips notify_all (Python code)
+        self.waiters = 0
         self._store = store
 
     def get(self, ledger_id: int) -> ls.LedgerState:

@@ -360,11 +360,12 @@ class Journal:
     def _maybe_roll(self) -> None:
         if self._failed is not None:    # a failed journal neither rolls nor grows
             return
+        f = self.file
         try:
-            if self.file.full:
+            if f.offset >= f.max_file_bytes:      # the file is full
                 self._roll()
-            elif self.file.prealloc_bytes:
-                self.file.preallocate()
+            elif f.prealloc_bytes:
+                f.preallocate()
         except OSError as exc:      # e.g. ENOSPC creating the next file: later adds fail
             self._poison(exc, "roll", self.file.seq)
 

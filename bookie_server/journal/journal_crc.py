@@ -11,7 +11,7 @@ licence is LGPL-2.1-or-later.
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Optional, Union, cast
+from typing import Callable, Optional, Union
 
 import google_crc32c
 
@@ -34,9 +34,13 @@ def crc_of_google(rtype: int, body: Body) -> int:
     return crc
 
 
+if _fast_crc is not None:      # bound once: every journal record passes here
+    _fast_crc32c: Callable[..., int] = _fast_crc.crc32c
+
+
 def crc_of_fast(rtype: int, body: Body) -> int:
     # only chosen as ``crc_of`` when the package imported
-    crc: int = cast(ModuleType, _fast_crc).crc32c(body, value=_TYPE_CRC[rtype])
+    crc: int = _fast_crc32c(body, value=_TYPE_CRC[rtype])
     return crc
 
 

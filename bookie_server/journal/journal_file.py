@@ -50,10 +50,6 @@ class JournalFile:
         self.offset = 0
         self._allocated = 0
 
-    @property
-    def full(self) -> bool:
-        return self.offset >= self.max_file_bytes
-
     def open_after_existing(self) -> None:
         files = list_files(self.dir)
         self.open((files[-1] + 1) if files else 1)
