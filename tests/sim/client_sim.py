@@ -436,6 +436,10 @@ class _OutOfOrderAcks(PendingAdds):
         if self.change is None:
             best = self.lac
             for run in self._runs:
+                if run.acks is None:          # a run of one id: its acks are bits
+                    if run.mask.bit_count() >= self.ack_quorum:
+                        best = max(best, run.first)
+                    continue
                 done = np.flatnonzero(run.acks.sum(axis=1) >= self.ack_quorum)
                 if len(done):
                     best = max(best, run.first + int(done[-1]))
