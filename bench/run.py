@@ -42,6 +42,7 @@ import datetime as dt
 import json
 import math
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -186,6 +187,30 @@ def compute_ratios(f: dict, errors: dict) -> tuple[dict, dict]:
     return ratios, missing
 
 
+# the most a full run holds on disk at once, measured (``du`` of its work
+# directory, sampled every second): figure 3's ledgers on three bookies,
+# their journals, and the scaling figure's clusters
+PEAK_BYTES = {False: 12 << 30, True: 1 << 30}
+# bookies turn read-only at this share of their disk (bookie_server/config.py:
+# ``disk_usage_threshold``); a run that crosses it loses its later figures
+BOOKIE_READ_ONLY_AT = 0.95
+
+
+def disk_shortfall(path: str, quick: bool) -> str:
+    """Why the disk under ``path`` cannot hold a run ("" when it can): the
+    run's peak must fit with the disk still below the bookies' read-only
+    share."""
+    usage = shutil.disk_usage(path)
+    need = PEAK_BYTES[quick]
+    allowed = int(usage.total * BOOKIE_READ_ONLY_AT) - usage.used
+    if need <= allowed:
+        return ""
+    return (f"{path} has {usage.free / 2**30:.1f} GiB free ({usage.used / usage.total:.0%} used); "
+            f"a {'quick' if quick else 'full'} run holds up to {need / 2**30:.0f} GiB and the "
+            f"bookies turn read-only at {BOOKIE_READ_ONLY_AT:.0%} of the disk: free space there "
+            "or pass --data-dir on a larger disk")
+
+
 def run(quick: bool, data_dir: str | None) -> dict:
     from bench import (bookie_ingest, catchup, client_append, copy_floor, disk_writers, machine,
                        offload_bench, recovery_bench, redis_peer, redis_sweep, rereplication,
@@ -310,6 +335,10 @@ def main(argv=None) -> int:
     p.add_argument("--data-dir", help="where the cluster and probes write (default: $TMPDIR)")
     p.add_argument("--no-docs", action="store_true", help="do not touch docs/performance.md")
     a = p.parse_args(argv)
+    short = disk_shortfall(a.data_dir or tempfile.gettempdir(), a.quick)
+    if short:
+        print(f"bench: {short}", file=sys.stderr)
+        return 2
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")

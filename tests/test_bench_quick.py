@@ -101,3 +101,16 @@ def test_scaling_ensembles_spread_round_robin():
     assert all(len(set(e)) == 3 for e in got)
     assert {b for e in got for b in e} == set(ids)
     assert ensembles(3, 4, ids[:3]) == [ids[:3]] * 4
+
+
+def test_a_disk_too_full_for_a_run_stops_it_before_it_starts(tmp_path, capsys, monkeypatch):
+    """The bookies turn read-only near a full disk and the run would lose its
+    later figures: the bench refuses in one line that names the way out."""
+    import shutil as _shutil
+
+    from bench import run as bench_run
+    # a run whose peak is the whole disk never fits
+    monkeypatch.setitem(bench_run.PEAK_BYTES, True, _shutil.disk_usage(tmp_path).total)
+    assert bench_run.main(["--quick", "--data-dir", str(tmp_path), "--no-docs"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--data-dir" in err and str(tmp_path) in err
