@@ -35,6 +35,16 @@ def proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def machine_cpu_s() -> float:
+    """CPU-seconds every core has spent busy since boot (``/proc/stat``:
+    user, nice, system, irq, softirq, steal): what a window cost the whole
+    machine, whichever processes spent it."""
+    with open("/proc/stat") as f:
+        fields = f.readline().split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / CLK_TCK
+
+
 def self_cpu_s() -> float:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime

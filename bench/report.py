@@ -154,6 +154,12 @@ def markdown(r: dict) -> str:
                  f"{_f(_get(sp, 'bookkeeper_write', 'median_s'), 2, ' s') if sp.get('bookkeeper_write') else 'null (' + str(sp.get('bookkeeper_write_error')) + ')'} | "
                  f"Parquet {_f(_get(sp, 'parquet_write', 'median_s'), 2, ' s')}; no-op Python sink "
                  f"{_f(_get(sp, 'noop_write', 'median_s'), 2, ' s')} |")
+    if _get(sp, "bookkeeper_write", "cpu_s"):
+        lines.append(f"| 6 | Spark write, CPU-s of a round: machine / bookies+etcd | "
+                     f"{_f(_get(sp, 'bookkeeper_write', 'cpu_s', 'machine'), 2)} / "
+                     f"{_f(_get(sp, 'bookkeeper_write', 'cpu_s', 'cluster'), 2)} | no-op Python sink "
+                     f"{_f(_get(sp, 'noop_write', 'cpu_s', 'machine'), 2)} / "
+                     f"{_f(_get(sp, 'noop_write', 'cpu_s', 'cluster'), 2)} |")
     lines.append(f"| 6 | Spark count | {_f(_get(sp, 'bookkeeper_count', 'median_s'), 2, ' s')} | "
                  f"Parquet {_f(_get(sp, 'parquet_count', 'median_s'), 2, ' s')}; no-op Python source "
                  f"{_f(_get(sp, 'noop_count', 'median_s'), 2, ' s')} |")

@@ -293,18 +293,18 @@ def _cluster_figures(r: Run, quick: bool, work: str, redis_sw, client_append, ca
             r.errors["5_catchup"] = "no ledger: figure 3 failed"
         if writer[0] is not None:
             writer[0][0].close()
-        r.step("6_spark", lambda: _spark(uri, quick, work))
+        r.step("6_spark", lambda: _spark(uri, quick, work, pids))
         from bench import offload_bench
         r.step("11_offload", lambda: offload_bench.measure(uri, quick, work))
         r.step("7_recovery", lambda: recovery_bench.measure(uri, quick))
         r.step("8_rereplication", lambda: rereplication.measure(cluster, quick))
 
 
-def _spark(uri: str, quick: bool, work: str) -> dict:
+def _spark(uri: str, quick: bool, work: str, pids: dict) -> dict:
     from bench import spark_bench
     spark = spark_bench.spark_session()
     try:
-        return spark_bench.measure(spark, uri, quick, work)
+        return spark_bench.measure(spark, uri, quick, work, pids)
     finally:
         spark.stop()
 

@@ -38,6 +38,8 @@ import time
 import numpy as np
 import pyarrow as pa
 
+from bench.cpu import machine_cpu_s, proc_cpu_s
+
 PAYLOAD_BYTES = 100
 
 
@@ -83,20 +85,32 @@ def _timed(fn, reps: int) -> dict:
     return {"median_s": statistics.median(samples), "samples_s": samples}
 
 
-def _timed_group(fns, warmups: int, reps: int) -> list[dict]:
+def _timed_group(fns, warmups: int, reps: int, pids: dict | None = None) -> list[dict]:
     """``warmups`` untimed rounds, then ``reps`` timed rounds of every side in
     the given order, alternating: all sides see the same JIT warm-up and the
-    same drift."""
+    same drift.  With ``pids`` (the cluster's process kind -> pids), each
+    side also gets the median CPU-seconds of a round: the whole machine's
+    (``machine``) and the cluster's (``cluster``: bookies and etcd), so a
+    gap between two sides splits into what the cluster spent and the rest."""
     for _ in range(warmups):
         for fn in fns:
             fn()
     samples: list[list[float]] = [[] for _ in fns]
+    cpu: list[list[tuple[float, float]]] = [[] for _ in fns]
+    cluster = [p for kind in (pids or {}).values() for p in kind]
     for _ in range(reps):
-        for fn, got in zip(fns, samples):
+        for fn, got, used in zip(fns, samples, cpu):
+            m0, c0 = machine_cpu_s(), sum(map(proc_cpu_s, cluster))
             t0 = time.perf_counter()
             fn()
             got.append(time.perf_counter() - t0)
-    return [{"median_s": statistics.median(s), "samples_s": s} for s in samples]
+            used.append((machine_cpu_s() - m0, sum(map(proc_cpu_s, cluster)) - c0))
+    out = [{"median_s": statistics.median(s), "samples_s": s} for s in samples]
+    if pids is not None:
+        for side, used in zip(out, cpu):
+            side["cpu_s"] = {"machine": statistics.median(m for m, _ in used),
+                             "cluster": statistics.median(c for _, c in used)}
+    return out
 
 
 def _scan(df, int_cols):
@@ -123,7 +137,9 @@ def _write_ledgers_with_client(uri: str, table: pa.Table) -> list[int]:
         return [lh.ledger_id]
 
 
-def measure(spark, uri: str, quick: bool, work_dir: str) -> dict:
+def measure(spark, uri: str, quick: bool, work_dir: str, pids: dict | None = None) -> dict:
+    """``pids`` (bench/cpu.py ``cluster_pids``): the writes also carry CPU-s
+    per round, the machine's and the cluster's (``_timed_group``)."""
     rows = 20_000 if quick else 1_000_000
     # median of 7: single Spark queries here vary by 1.5-2x, and with 5 rounds
     # the read verdicts flipped between runs (0.83-0.96, docs/performance.md)
@@ -162,7 +178,7 @@ def measure(spark, uri: str, quick: bool, work_dir: str) -> dict:
         write_bk()
         out["bookkeeper_cold_write_s"] = time.perf_counter() - t0
         out["parquet_write"], out["noop_write"], out["bookkeeper_write"] = _timed_group(
-            (write_parquet, write_noop, write_bk), warmups, reps)
+            (write_parquet, write_noop, write_bk), warmups, reps, pids)
         log_name = names[-1]
         out["bookkeeper_write_available"] = True
     except Exception as exc:   # noqa: BLE001 - any Spark failure is recorded in the figure
