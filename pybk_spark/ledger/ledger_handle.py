@@ -32,11 +32,9 @@ ticker, ``tick()``).
 """
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 from concurrent.futures import Future
-from operator import itemgetter
 from types import TracebackType
 from typing import Callable, Iterable
 
@@ -44,6 +42,7 @@ from pybk_spark import errors
 from pybk_spark.ledger.context import ClientContext
 from pybk_spark.wire.digest import Digester
 from pybk_spark.ledger import sync_result
+from pybk_spark.ledger.add_future import AddFuture, complete_ids, fail_all
 from pybk_spark.ledger.ledger_writer import LedgerWriter, Waiter
 from pybk_spark.metadata.store import Lease, ledger_key
 from pybk_spark.protocol import add_admission as admission
@@ -74,7 +73,8 @@ class LedgerHandle:
         self._submit_lock = threading.RLock()  # ids assigned and sent in order
         # add_entry_async calls made while earlier ones are being sent are
         # coalesced into one Arrow batch per bookie (one RPC, not one per entry)
-        self._queued: list[tuple[bytes, Future[int]]] = []
+        self._queued_payloads: list[bytes] = []
+        self._queued_futures: list[AddFuture] = []
         self._queue_lock = threading.Lock()
         self._drain_scheduled = False
         self._async_inflight = 0
@@ -117,7 +117,7 @@ class LedgerHandle:
         self._check_size(payload)
         fut = sync_result.new_sync_result()
         with self._submit_lock:
-            if self._queued:                # earlier async adds keep their place
+            if self._queued_futures:        # earlier async adds keep their place
                 self._send_queued_locked()
             if self._closed:
                 raise errors.LedgerClosed("ledger handle is closed", ledger_id=self.ledger_id)
@@ -129,16 +129,19 @@ class LedgerHandle:
         """Pipelined add.  Calls are coalesced into batches (one Arrow batch and
         one request per bookie each) with at most ``async_add_window`` batches
         in flight: while they are out, new calls queue up and leave together
-        (Nagle's idea).  Entry ids follow call order."""
-        fut: Future[int] = Future()
-        payload = bytes(payload)
-        try:
-            self._check_size(payload)
-        except errors.TooLarge as exc:
-            fut.set_exception(exc)
+        (Nagle's idea).  Entry ids follow call order.  The future is an
+        ``AddFuture`` (ledger/add_future.py): a ``concurrent.futures.Future``
+        that makes its condition only when someone waits on it pending."""
+        fut = AddFuture()
+        if type(payload) is not bytes:
+            payload = bytes(payload)            # the caller may reuse its buffer
+        if len(payload) > self._writer.limits.max_entry_bytes:
+            fut.set_exception(admission.too_large(len(payload), self._writer.limits,
+                                                  ledger_id=self.ledger_id))
             return fut
         with self._queue_lock:
-            self._queued.append((payload, fut))
+            self._queued_payloads.append(payload)
+            self._queued_futures.append(fut)
             if self._drain_scheduled or self._async_inflight >= self._async_window:
                 return fut
             self._drain_scheduled = True
@@ -155,35 +158,38 @@ class LedgerHandle:
         with self._submit_lock:
             self._send_queued_locked(windowed=True)
 
-    def _take_queued(self, windowed: bool) -> list[tuple[bytes, Future[int]]]:
-        """Pop one batch worth of queued adds.  Clears the drain flag when
-        nothing more may go now (atomically with the check: no add strands,
-        because a finishing batch re-schedules a drain)."""
+    def _take_queued(self, windowed: bool) -> tuple[list[bytes], list[AddFuture]]:
+        """Pop one batch worth of queued adds (payloads, futures).  Clears the
+        drain flag when nothing more may go now (atomically with the check: no
+        add strands, because a finishing batch re-schedules a drain)."""
         with self._queue_lock:
-            if windowed and self._async_inflight >= self._async_window:
+            payloads = self._queued_payloads
+            if not payloads or (windowed and self._async_inflight >= self._async_window):
                 self._drain_scheduled = False
-                return []
-            take = 0
-            if self._queued:
-                conf = self.ctx.conf
-                head = self._queued[:max(1, conf.add_batch_entries)]    # no batch is longer
-                take = batch_cuts.first_batch(list(map(len, map(itemgetter(0), head))),
-                                              conf.add_batch_entries, conf.add_batch_bytes,
-                                              self._writer.limits)
-            items, self._queued = self._queued[:take], self._queued[take:]
-            if not items:
-                self._drain_scheduled = False
-            else:
+                return [], []
+            conf = self.ctx.conf
+            head = payloads[:max(1, conf.add_batch_entries)]    # no batch is longer
+            take = batch_cuts.first_batch(list(map(len, head)), conf.add_batch_entries,
+                                          conf.add_batch_bytes, self._writer.limits)
+            if take == len(payloads):
+                futures = self._queued_futures
+                self._queued_payloads, self._queued_futures = [], []
                 self._async_inflight += 1
-            return items
+                return payloads, futures
+            futures = self._queued_futures[:take]
+            del self._queued_futures[:take]
+            out = payloads[:take]
+            del payloads[:take]
+            self._async_inflight += 1
+            return out, futures
 
-    def _async_batch_done(self, chunk: Future[list[int]], futures: list[Future[int]]) -> None:
+    def _async_batch_done(self) -> None:
+        """A coalesced batch finished: its window slot is free again."""
         with self._queue_lock:
             self._async_inflight -= 1
-            again = bool(self._queued) and not self._drain_scheduled
+            again = bool(self._queued_futures) and not self._drain_scheduled
             if again:
                 self._drain_scheduled = True
-        _fan_out(chunk, futures)
         if again:
             self._schedule_drain()
 
@@ -191,21 +197,18 @@ class LedgerHandle:
         """Caller holds _submit_lock: send queued async adds, in order (all of
         them unless ``windowed``, e.g. before a sync add or close)."""
         while True:
-            items = self._take_queued(windowed)
-            if not items:
+            payloads, futures = self._take_queued(windowed)
+            if not futures:
                 return
-            chunk_fut: Future[list[int]] = Future()
+            batch = _CoalescedBatch(self, futures)
             try:
-                self._assign_and_send([p for p, _ in items], chunk_fut)
+                self._assign_and_send(payloads, batch)
             except BaseException as exc:  # noqa: BLE001 - e.g. a bookie address lookup
                 # while etcd is unreachable: these adds' outcome is unknown, and
                 # they must fail rather than strand in a background task
-                if not chunk_fut.done():
-                    chunk_fut.set_exception(exc if isinstance(exc, errors.BKError) else
-                                            errors.Timeout(f"add not sent: {exc!r}",
-                                                           ledger_id=self.ledger_id))
-            chunk_fut.add_done_callback(
-                functools.partial(self._async_batch_done, futures=[fut for _, fut in items]))
+                batch.set_exception(exc if isinstance(exc, errors.BKError) else
+                                    errors.Timeout(f"add not sent: {exc!r}",
+                                                   ledger_id=self.ledger_id))
 
     def add_entries(self, payloads: Iterable[bytes]) -> list[int]:
         futs = [f for f in self.add_entries_async(payloads)]
@@ -242,8 +245,9 @@ class LedgerHandle:
             self._send_queued_locked()          # earlier async adds keep their place
             self._assign_and_send(payloads, fut)
 
-    def _assign_and_send(self, payloads: list[bytes], fut: Future[list[int]]) -> None:
-        """``fut`` gets the list of ids."""
+    def _assign_and_send(self, payloads: list[bytes],
+                         fut: Future[list[int]] | _CoalescedBatch) -> None:
+        """``fut`` gets the list of ids (a ``_CoalescedBatch``: the first id)."""
         if self._closed:
             fut.set_exception(errors.LedgerClosed("ledger handle is closed", ledger_id=self.ledger_id))
             return
@@ -261,8 +265,9 @@ class LedgerHandle:
             digests = self._digester.compute(self.ledger_id, ids, lacs, lengths, payloads)
             batch = make_batch(self.ledger_id, ids, lacs, lengths, payloads, digests)
             last = first + n - 1
-            self._writer.submit(batch, Waiter(last, fut, lambda: list(range(first, last + 1))),
-                                nbytes=nbytes)
+            result: Callable[[], object] = ((lambda: first) if isinstance(fut, _CoalescedBatch)
+                                            else (lambda: list(range(first, last + 1))))
+            self._writer.submit(batch, Waiter(last, fut, result), nbytes=nbytes)
 
     def _send_lone(self, payload: bytes, fut: sync_result.Completion) -> None:
         """A sync add (caller holds ``_submit_lock``): the entry travels as
@@ -344,12 +349,31 @@ class LedgerHandle:
         self.close()
 
 
-def _fan_out(chunk: Future[list[int]], futures: list[Future[int]]) -> None:
-    """Complete each coalesced add's future from its chunk's outcome."""
-    exc = chunk.exception()
-    if exc is not None:
-        for f in futures:
-            f.set_exception(exc)
-        return
-    for f, entry_id in zip(futures, chunk.result()):
-        f.set_result(entry_id)
+
+class _CoalescedBatch(AddFuture):
+    """What the writer completes for one coalesced batch of ``add_entry_async``
+    calls (with its first id): it completes each call's future first, so a
+    waiter on the batch (``close``, through ``wait_idle``) sees them done.
+    The writer may complete it twice (an abort racing a failed send): the
+    first completion counts."""
+
+    def __init__(self, handle: LedgerHandle, futures: list[AddFuture]) -> None:
+        self._handle = handle
+        self._futures = futures
+        self._claim = threading.Lock()
+
+    def _claimed(self) -> bool:
+        return self._claim.acquire(blocking=False)
+
+    def set_result(self, result: int) -> None:
+        if self._claimed():
+            self._handle._async_batch_done()
+            complete_ids(self._futures, result)
+            super().set_result(result)
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        if self._claimed():
+            assert exception is not None
+            self._handle._async_batch_done()
+            fail_all(self._futures, exception)
+            super().set_exception(exception)
