@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from concurrent.futures import Future
 from types import TracebackType
 from typing import Callable, Iterable
@@ -72,10 +73,11 @@ class LedgerHandle:
         self._lease = lease
         self._submit_lock = threading.RLock()  # ids assigned and sent in order
         # add_entry_async calls made while earlier ones are being sent are
-        # coalesced into one Arrow batch per bookie (one RPC, not one per entry)
-        self._queued_payloads: list[bytes] = []
-        self._queued_futures: list[AddFuture] = []
-        self._queue_lock = threading.Lock()
+        # coalesced into one Arrow batch per bookie (one RPC, not one per
+        # entry).  Callers append without a lock; only a holder of
+        # _submit_lock takes from the left (_take_queued).
+        self._queued: deque[tuple[bytes, AddFuture]] = deque()
+        self._queue_lock = threading.Lock()     # the drain flag and the window count
         self._drain_scheduled = False
         self._async_inflight = 0
         self._async_window = max(1, ctx.conf.async_add_window)
@@ -117,7 +119,7 @@ class LedgerHandle:
         self._check_size(payload)
         fut = sync_result.new_sync_result()
         with self._submit_lock:
-            if self._queued_futures:        # earlier async adds keep their place
+            if self._queued:                # earlier async adds keep their place
                 self._send_queued_locked()
             if self._closed:
                 raise errors.LedgerClosed("ledger handle is closed", ledger_id=self.ledger_id)
@@ -139,14 +141,20 @@ class LedgerHandle:
             fut.set_exception(admission.too_large(len(payload), self._writer.limits,
                                                   ledger_id=self.ledger_id))
             return fut
+        self._queued.append((payload, fut))
+        if not self._drain_scheduled:
+            self._kick()
+        return fut
+
+    def _kick(self) -> None:
+        """Schedule a drain unless one is scheduled or the window is full (a
+        finishing batch then schedules one)."""
         with self._queue_lock:
-            self._queued_payloads.append(payload)
-            self._queued_futures.append(fut)
-            if self._drain_scheduled or self._async_inflight >= self._async_window:
-                return fut
+            if (self._drain_scheduled or not self._queued
+                    or self._async_inflight >= self._async_window):
+                return
             self._drain_scheduled = True
         self._schedule_drain()
-        return fut
 
     def _schedule_drain(self) -> None:
         try:
@@ -160,34 +168,38 @@ class LedgerHandle:
 
     def _take_queued(self, windowed: bool) -> tuple[list[bytes], list[AddFuture]]:
         """Pop one batch worth of queued adds (payloads, futures).  Clears the
-        drain flag when nothing more may go now (atomically with the check: no
-        add strands, because a finishing batch re-schedules a drain)."""
+        drain flag when nothing more may go now.  No add strands: a call
+        appends, then reads the flag, and kicks a drain if it is clear; here
+        the flag is cleared, then the queue read again, so a call that read
+        the flag still set is seen by that read; a call stopped by a full
+        window is sent when a batch finishes (``_async_batch_done``)."""
+        q = self._queued
         with self._queue_lock:
-            payloads = self._queued_payloads
-            if not payloads or (windowed and self._async_inflight >= self._async_window):
+            if windowed and self._async_inflight >= self._async_window:
                 self._drain_scheduled = False
                 return [], []
-            conf = self.ctx.conf
-            head = payloads[:max(1, conf.add_batch_entries)]    # no batch is longer
-            take = batch_cuts.first_batch(list(map(len, head)), conf.add_batch_entries,
-                                          conf.add_batch_bytes, self._writer.limits)
-            if take == len(payloads):
-                futures = self._queued_futures
-                self._queued_payloads, self._queued_futures = [], []
-                self._async_inflight += 1
-                return payloads, futures
-            futures = self._queued_futures[:take]
-            del self._queued_futures[:take]
-            out = payloads[:take]
-            del payloads[:take]
+            if not q:
+                self._drain_scheduled = False
+                if not q:
+                    return [], []
+                self._drain_scheduled = True
             self._async_inflight += 1
-            return out, futures
+        conf = self.ctx.conf
+        pop = q.popleft
+        items = [pop() for _ in range(min(len(q), max(1, conf.add_batch_entries)))]
+        payloads = [p for p, _ in items]
+        take = batch_cuts.first_batch(list(map(len, payloads)), conf.add_batch_entries,
+                                      conf.add_batch_bytes, self._writer.limits)
+        if take < len(items):
+            q.extendleft(reversed(items[take:]))        # back in front, in order
+            del items[take:], payloads[take:]
+        return payloads, [f for _, f in items]
 
     def _async_batch_done(self) -> None:
         """A coalesced batch finished: its window slot is free again."""
         with self._queue_lock:
             self._async_inflight -= 1
-            again = bool(self._queued_futures) and not self._drain_scheduled
+            again = bool(self._queued) and not self._drain_scheduled
             if again:
                 self._drain_scheduled = True
         if again:
