@@ -14,6 +14,14 @@ before it in one core step (each entry carries its cumulative length, as in
 BookKeeper), its digests are computed, and it becomes one Arrow batch sent to every bookie of
 its write sets (``LedgerWriter``).  Futures complete in id order.
 
+``add_entry_async`` returns an ``AddFuture`` (ledger/add_future.py) and
+appends (payload, future) to a deque without a lock; a drain on the
+client's executor takes one batch from its left (``_take_queued``, under
+the submit lock, at most ``async_add_window`` batches in flight), and the
+batch's completion (``_CoalescedBatch``) completes its calls' futures in one
+loop before it counts as done itself, so ``close()`` returns with every
+one of them completed.
+
 ``close()`` waits for outstanding adds, and up to ``add_timeout_s`` for the
 Qw - Qa copies still unanswered (a warning names how many, if any: those
 entries have their Qa copies, the replicas check or autorecovery restores
