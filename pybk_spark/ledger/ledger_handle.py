@@ -14,6 +14,14 @@ before it in one core step (each entry carries its cumulative length, as in
 BookKeeper), its digests are computed, and it becomes one Arrow batch sent to every bookie of
 its write sets (``LedgerWriter``).  Futures complete in id order.
 
+``add_entry_async`` returns an ``AddFuture`` (ledger/add_future.py) and
+appends (payload, future) to a deque without a lock; a drain on the
+client's executor takes one batch from its left (``_take_queued``, under
+the submit lock, at most ``async_add_window`` batches in flight), and the
+batch's completion (``_CoalescedBatch``) completes its calls' futures in one
+loop before it counts as done itself, so ``close()`` returns with every
+one of them completed.
+
 ``close()`` waits for outstanding adds, and up to ``add_timeout_s`` for the
 Qw - Qa copies still unanswered (a warning names how many, if any: those
 entries have their Qa copies, the replicas check or autorecovery restores
@@ -32,11 +40,10 @@ ticker, ``tick()``).
 """
 from __future__ import annotations
 
-import functools
 import logging
 import threading
+from collections import deque
 from concurrent.futures import Future
-from operator import itemgetter
 from types import TracebackType
 from typing import Callable, Iterable
 
@@ -44,6 +51,7 @@ from pybk_spark import errors
 from pybk_spark.ledger.context import ClientContext
 from pybk_spark.wire.digest import Digester
 from pybk_spark.ledger import sync_result
+from pybk_spark.ledger.add_future import AddFuture, complete_ids, fail_all
 from pybk_spark.ledger.ledger_writer import LedgerWriter, Waiter
 from pybk_spark.metadata.store import Lease, ledger_key
 from pybk_spark.protocol import add_admission as admission
@@ -73,9 +81,11 @@ class LedgerHandle:
         self._lease = lease
         self._submit_lock = threading.RLock()  # ids assigned and sent in order
         # add_entry_async calls made while earlier ones are being sent are
-        # coalesced into one Arrow batch per bookie (one RPC, not one per entry)
-        self._queued: list[tuple[bytes, Future[int]]] = []
-        self._queue_lock = threading.Lock()
+        # coalesced into one Arrow batch per bookie (one RPC, not one per
+        # entry).  Callers append without a lock; only a holder of
+        # _submit_lock takes from the left (_take_queued).
+        self._queued: deque[tuple[bytes, AddFuture]] = deque()
+        self._queue_lock = threading.Lock()     # the drain flag and the window count
         self._drain_scheduled = False
         self._async_inflight = 0
         self._async_window = max(1, ctx.conf.async_add_window)
@@ -129,21 +139,30 @@ class LedgerHandle:
         """Pipelined add.  Calls are coalesced into batches (one Arrow batch and
         one request per bookie each) with at most ``async_add_window`` batches
         in flight: while they are out, new calls queue up and leave together
-        (Nagle's idea).  Entry ids follow call order."""
-        fut: Future[int] = Future()
-        payload = bytes(payload)
-        try:
-            self._check_size(payload)
-        except errors.TooLarge as exc:
-            fut.set_exception(exc)
+        (Nagle's idea).  Entry ids follow call order.  The future is an
+        ``AddFuture`` (ledger/add_future.py): a ``concurrent.futures.Future``
+        that makes its condition only when someone waits on it pending."""
+        fut = AddFuture()
+        if type(payload) is not bytes:
+            payload = bytes(payload)            # the caller may reuse its buffer
+        if len(payload) > self._writer.limits.max_entry_bytes:
+            fut.set_exception(admission.too_large(len(payload), self._writer.limits,
+                                                  ledger_id=self.ledger_id))
             return fut
+        self._queued.append((payload, fut))
+        if not self._drain_scheduled:
+            self._kick()
+        return fut
+
+    def _kick(self) -> None:
+        """Schedule a drain unless one is scheduled or the window is full (a
+        finishing batch then schedules one)."""
         with self._queue_lock:
-            self._queued.append((payload, fut))
-            if self._drain_scheduled or self._async_inflight >= self._async_window:
-                return fut
+            if (self._drain_scheduled or not self._queued
+                    or self._async_inflight >= self._async_window):
+                return
             self._drain_scheduled = True
         self._schedule_drain()
-        return fut
 
     def _schedule_drain(self) -> None:
         try:
@@ -155,35 +174,42 @@ class LedgerHandle:
         with self._submit_lock:
             self._send_queued_locked(windowed=True)
 
-    def _take_queued(self, windowed: bool) -> list[tuple[bytes, Future[int]]]:
-        """Pop one batch worth of queued adds.  Clears the drain flag when
-        nothing more may go now (atomically with the check: no add strands,
-        because a finishing batch re-schedules a drain)."""
+    def _take_queued(self, windowed: bool) -> tuple[list[bytes], list[AddFuture]]:
+        """Pop one batch worth of queued adds (payloads, futures).  Clears the
+        drain flag when nothing more may go now.  No add strands: a call
+        appends, then reads the flag, and kicks a drain if it is clear; here
+        the flag is cleared, then the queue read again, so a call that read
+        the flag still set is seen by that read; a call stopped by a full
+        window is sent when a batch finishes (``_async_batch_done``)."""
+        q = self._queued
         with self._queue_lock:
             if windowed and self._async_inflight >= self._async_window:
                 self._drain_scheduled = False
-                return []
-            take = 0
-            if self._queued:
-                conf = self.ctx.conf
-                head = self._queued[:max(1, conf.add_batch_entries)]    # no batch is longer
-                take = batch_cuts.first_batch(list(map(len, map(itemgetter(0), head))),
-                                              conf.add_batch_entries, conf.add_batch_bytes,
-                                              self._writer.limits)
-            items, self._queued = self._queued[:take], self._queued[take:]
-            if not items:
+                return [], []
+            if not q:
                 self._drain_scheduled = False
-            else:
-                self._async_inflight += 1
-            return items
+                if not q:
+                    return [], []
+                self._drain_scheduled = True
+            self._async_inflight += 1
+        conf = self.ctx.conf
+        pop = q.popleft
+        items = [pop() for _ in range(min(len(q), max(1, conf.add_batch_entries)))]
+        payloads = [p for p, _ in items]
+        take = batch_cuts.first_batch(list(map(len, payloads)), conf.add_batch_entries,
+                                      conf.add_batch_bytes, self._writer.limits)
+        if take < len(items):
+            q.extendleft(reversed(items[take:]))        # back in front, in order
+            del items[take:], payloads[take:]
+        return payloads, [f for _, f in items]
 
-    def _async_batch_done(self, chunk: Future[list[int]], futures: list[Future[int]]) -> None:
+    def _async_batch_done(self) -> None:
+        """A coalesced batch finished: its window slot is free again."""
         with self._queue_lock:
             self._async_inflight -= 1
             again = bool(self._queued) and not self._drain_scheduled
             if again:
                 self._drain_scheduled = True
-        _fan_out(chunk, futures)
         if again:
             self._schedule_drain()
 
@@ -191,21 +217,18 @@ class LedgerHandle:
         """Caller holds _submit_lock: send queued async adds, in order (all of
         them unless ``windowed``, e.g. before a sync add or close)."""
         while True:
-            items = self._take_queued(windowed)
-            if not items:
+            payloads, futures = self._take_queued(windowed)
+            if not futures:
                 return
-            chunk_fut: Future[list[int]] = Future()
+            batch = _CoalescedBatch(self, futures)
             try:
-                self._assign_and_send([p for p, _ in items], chunk_fut)
+                self._assign_and_send(payloads, batch)
             except BaseException as exc:  # noqa: BLE001 - e.g. a bookie address lookup
                 # while etcd is unreachable: these adds' outcome is unknown, and
                 # they must fail rather than strand in a background task
-                if not chunk_fut.done():
-                    chunk_fut.set_exception(exc if isinstance(exc, errors.BKError) else
-                                            errors.Timeout(f"add not sent: {exc!r}",
-                                                           ledger_id=self.ledger_id))
-            chunk_fut.add_done_callback(
-                functools.partial(self._async_batch_done, futures=[fut for _, fut in items]))
+                batch.set_exception(exc if isinstance(exc, errors.BKError) else
+                                    errors.Timeout(f"add not sent: {exc!r}",
+                                                   ledger_id=self.ledger_id))
 
     def add_entries(self, payloads: Iterable[bytes]) -> list[int]:
         futs = [f for f in self.add_entries_async(payloads)]
@@ -242,8 +265,9 @@ class LedgerHandle:
             self._send_queued_locked()          # earlier async adds keep their place
             self._assign_and_send(payloads, fut)
 
-    def _assign_and_send(self, payloads: list[bytes], fut: Future[list[int]]) -> None:
-        """``fut`` gets the list of ids."""
+    def _assign_and_send(self, payloads: list[bytes],
+                         fut: Future[list[int]] | _CoalescedBatch) -> None:
+        """``fut`` gets the list of ids (a ``_CoalescedBatch``: the first id)."""
         if self._closed:
             fut.set_exception(errors.LedgerClosed("ledger handle is closed", ledger_id=self.ledger_id))
             return
@@ -261,8 +285,9 @@ class LedgerHandle:
             digests = self._digester.compute(self.ledger_id, ids, lacs, lengths, payloads)
             batch = make_batch(self.ledger_id, ids, lacs, lengths, payloads, digests)
             last = first + n - 1
-            self._writer.submit(batch, Waiter(last, fut, lambda: list(range(first, last + 1))),
-                                nbytes=nbytes)
+            result: Callable[[], object] = ((lambda: first) if isinstance(fut, _CoalescedBatch)
+                                            else (lambda: list(range(first, last + 1))))
+            self._writer.submit(batch, Waiter(last, fut, result), nbytes=nbytes)
 
     def _send_lone(self, payload: bytes, fut: sync_result.Completion) -> None:
         """A sync add (caller holds ``_submit_lock``): the entry travels as
@@ -344,12 +369,31 @@ class LedgerHandle:
         self.close()
 
 
-def _fan_out(chunk: Future[list[int]], futures: list[Future[int]]) -> None:
-    """Complete each coalesced add's future from its chunk's outcome."""
-    exc = chunk.exception()
-    if exc is not None:
-        for f in futures:
-            f.set_exception(exc)
-        return
-    for f, entry_id in zip(futures, chunk.result()):
-        f.set_result(entry_id)
+
+class _CoalescedBatch(AddFuture):
+    """What the writer completes for one coalesced batch of ``add_entry_async``
+    calls (with its first id): it completes each call's future first, so a
+    waiter on the batch (``close``, through ``wait_idle``) sees them done.
+    The writer may complete it twice (an abort racing a failed send): the
+    first completion counts."""
+
+    def __init__(self, handle: LedgerHandle, futures: list[AddFuture]) -> None:
+        self._handle = handle
+        self._futures = futures
+        self._claim = threading.Lock()
+
+    def _claimed(self) -> bool:
+        return self._claim.acquire(blocking=False)
+
+    def set_result(self, result: int) -> None:
+        if self._claimed():
+            self._handle._async_batch_done()
+            complete_ids(self._futures, result)
+            super().set_result(result)
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        if self._claimed():
+            assert exception is not None
+            self._handle._async_batch_done()
+            fail_all(self._futures, exception)
+            super().set_exception(exception)
