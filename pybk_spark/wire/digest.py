@@ -106,7 +106,8 @@ class Digester:
 # CRC-32C of a fixed-length message is affine over GF(2): the CRC of a
 # 32-byte header is the CRC of 32 zero bytes XOR, for each byte position j,
 # a table entry T[j][byte].  So the headers of a whole batch are hashed with
-# 32 numpy gathers instead of a struct.pack and a C call per row; each
+# a numpy gather per byte position that varies within the batch (the rest
+# add one constant) instead of a struct.pack and a C call per row; each
 # payload is then one ``extend`` from its header's CRC, on a numpy slice of
 # the column's data buffer; the stored digests are compared as one array.
 # 5000 x 1 KiB rows: 4-5 ms, against 11-12 ms row by row
