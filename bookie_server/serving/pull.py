@@ -8,8 +8,11 @@ hold and names a surviving peer.  This bookie then, with no client in the
 data path:
 
 1. reads the span of the wanted ids from the peer with sparse reads
-   (``ReadRequest.sparse``: every stored id, gaps skipped; the peer's gRPC
-   ``ReadEntries``, called by serving/peer_client.py), up to
+   (``ReadRequest.sparse``: every stored id, gaps skipped), over the peer's
+   read lane when it registered one and the bookies talk plaintext
+   (serving/peer_lane.py: the entries leave the peer from where they are
+   stored and arrive in one pooled buffer), else its gRPC ``ReadEntries``
+   (serving/peer_client.py), up to
    ``window`` reads in flight, each up to ``COPY_BATCH_ENTRIES`` ids and
    ``COPY_BATCH_BYTES`` bytes; a LIMIT answer resumes after its last row
    (the plan is ``protocol.sparse_reads.SparseReadWindow``, shared with the
@@ -53,6 +56,7 @@ if TYPE_CHECKING:
     from bookie_server.bookie import Bookie
     from bookie_server.journal.journal_format import Position
     from bookie_server.serving.peer_client import PeerReader
+    from bookie_server.serving.peer_lane import LanePeerReader
     from pybk_spark.wire.results import ReadResult
 
 DEFAULT_WINDOW = 4
@@ -127,10 +131,12 @@ class _Adds:
             self._settle_oldest()
 
 
-def pull(bookie: Bookie, peer: PeerReader, ledger_id: int, key: bytes, wanted: np.ndarray, digest_type: str, *,
-         keyless: bool = False, window: int = 0, timeout: float = 30.0) -> PullOutcome:
+def pull(bookie: Bookie, peer: Union[PeerReader, LanePeerReader], ledger_id: int, key: bytes,
+         wanted: np.ndarray, digest_type: str, *, keyless: bool = False, window: int = 0,
+         timeout: float = 30.0) -> PullOutcome:
     """Copy ``wanted`` ids of ``ledger_id`` from ``peer`` (its sparse
-    ``read`` futures: serving/peer_client.py's ``PeerReader``) into
+    ``read`` futures: serving/peer_lane.py's ``LanePeerReader`` or
+    serving/peer_client.py's ``PeerReader``) into
     ``bookie``'s journal; see the module docstring."""
     digester = Digester.with_key(digest_type, key)
     adds = _Adds(bookie, ledger_id, key, keyless)

@@ -106,7 +106,8 @@ class Digester:
 # CRC-32C of a fixed-length message is affine over GF(2): the CRC of a
 # 32-byte header is the CRC of 32 zero bytes XOR, for each byte position j,
 # a table entry T[j][byte].  So the headers of a whole batch are hashed with
-# 32 numpy gathers instead of a struct.pack and a C call per row; each
+# a numpy gather per byte position that varies within the batch (the rest
+# add one constant) instead of a struct.pack and a C call per row; each
 # payload is then one ``extend`` from its header's CRC, on a numpy slice of
 # the column's data buffer; the stored digests are compared as one array.
 # 5000 x 1 KiB rows: 4-5 ms, against 11-12 ms row by row
@@ -139,8 +140,25 @@ def header_crcs(ledger_ids: Any, entry_ids: Any, lacs: Any, lengths: Any) -> np.
         packed[:, j] = col
     octets = packed.view(np.uint8).reshape(n, _HDR.size)
     tables, zero = _header_tables()
-    acc = np.full(n, zero, dtype=np.uint32)
-    for j in range(_HDR.size):
+    # a byte position that holds one value in every row (the ledger id, the
+    # high bytes of ids, LACs and lengths within a batch) adds one table
+    # entry to all rows: only the others are gathered (a 5,000-row batch
+    # then gathers 6-8 positions of 32).  Every value of a column between
+    # its min and max shares their common high bits.
+    same = np.zeros(_HDR.size, dtype=bool)
+    if n:
+        for j, col in enumerate(cols):
+            lo, hi = int(col.min()), int(col.max())
+            if (lo < 0) == (hi < 0):       # same sign: two's complement order holds
+                varying = ((lo ^ hi) & (2 ** 64 - 1)).bit_length()   # low bits that may differ
+                const_bytes = 8 - (varying + 7) // 8
+                same[8 * j:8 * j + const_bytes] = True
+    first = octets[0] if n else np.zeros(_HDR.size, dtype=np.uint8)
+    base = zero
+    for j in np.flatnonzero(same).tolist():
+        base ^= int(tables[j][first[j]])
+    acc = np.full(n, base, dtype=np.uint32)
+    for j in np.flatnonzero(~same).tolist():
         acc ^= tables[j][octets[:, j]]
     return acc
 
@@ -163,6 +181,11 @@ def _verify_crc32c(batch: pa.RecordBatch) -> np.ndarray:
                                                                bounds[1:])),
                       dtype=np.uint32, count=n)
     d_offsets, d_data = _column_bytes(batch.column("digest"))
+    if n and int(d_offsets[-1]) - int(d_offsets[0]) == 4 * n and bool(
+            (np.diff(d_offsets) == 4).all()):      # every digest 4 bytes, back to back
+        stored4 = d_data[int(d_offsets[0]):int(d_offsets[-1])].view(">u4")
+        ok4: np.ndarray = stored4 == got
+        return ok4
     starts = d_offsets[:-1].astype(np.int64)
     four = (d_offsets[1:] - d_offsets[:-1]) == 4      # a digest of another size never matches
     stored = np.zeros(n, dtype=np.uint32)

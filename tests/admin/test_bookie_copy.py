@@ -112,6 +112,35 @@ def test_pull_interrupted_before_the_cas_is_completed_by_the_next_run(own_cluste
     _readable(bk, lid, data)
 
 
+def test_pull_reads_the_source_over_its_lane_or_grpc(own_cluster, bk):
+    """The replacement reads the source over the lane the driver names (its
+    read lane), else over gRPC; both copy every id.  A lane nothing listens
+    on is read from, not skipped: every id comes back not copied, with why."""
+    own_cluster.heal()
+    lid, data = _write(bk, 3000, 3, 2, 2)
+    md = bk.get_ledger_metadata(lid)
+    target = own_cluster.add_bookie()                  # outside the ensemble
+    wait_until(lambda: registered(bk.metadata_store, target), 60, f"{target} registered")
+    source = md.current_ensemble[0]
+    reg = registration_of(bk.metadata_store, source)
+    assert reg.get("add_lane_address"), reg
+    ids = es.slot_entries(0, len(data) - 1, 3, 2, 0)
+    half = len(ids) // 2
+    key, digester = rr.access_key(bk, md, None)
+    pull = bk.transports.get(target).pull
+
+    def pulled(lane, wanted):
+        return pull(lid, key, PullSource(source, reg["address"], lane), wanted,
+                    digester.digest_type, timeout=120).result()
+    over_lane, over_grpc = pulled(reg["add_lane_address"], ids[:half]), pulled("", ids[half:])
+    assert (over_lane.entries, len(over_lane.missing)) == (half, 0), over_lane
+    assert (over_grpc.entries, len(over_grpc.missing)) == (len(ids) - half, 0), over_grpc
+
+    broken = pulled("127.0.0.1:1", ids)
+    assert broken.entries == 0 and list(broken.missing) == list(ids), broken
+    assert "peer read failed: BookieUnavailable" in broken.message, broken.message
+
+
 def test_writer_adding_during_the_pull_is_not_disturbed(own_cluster, bk):
     from pybk_spark.ledger.client import BookKeeper
     own_cluster.heal()

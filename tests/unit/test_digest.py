@@ -68,6 +68,30 @@ def test_header_crcs_match_the_packed_header(rows):
     assert header_crcs(*cols).tolist() == want
 
 
+@given(bases=st.tuples(*[st.integers(-(1 << 63), (1 << 63) - 1 - (1 << 20))] * 4),
+       steps=st.lists(st.tuples(*[st.integers(0, 1 << 20)] * 4), min_size=1, max_size=30))
+@settings(max_examples=80, deadline=None)
+def test_header_crcs_of_columns_in_narrow_ranges(bases, steps):
+    """Rows whose columns share their high bytes (as in any one batch: one
+    ledger, neighbouring ids, LACs and lengths; negative ranges and ranges
+    across zero included) hash as each packed header does."""
+    import google_crc32c
+    rows = [tuple(b + s for b, s in zip(bases, st_)) for st_ in steps]
+    want = [google_crc32c.value(struct.pack(">qqqq", *r)) for r in rows]
+    assert header_crcs(*zip(*rows)).tolist() == want
+
+
+def test_a_digest_of_another_size_never_matches_in_a_large_batch():
+    d = Digester("crc32c")
+    payloads = [bytes([i]) * 10 for i in range(100)]
+    lengths = cumulative_lengths(0, payloads)
+    digests = d.compute(7, range(100), range(-1, 99), lengths, payloads)
+    digests[10] = digests[10] + b"\0"
+    digests[20] = b""
+    batch = make_batch(7, range(100), range(-1, 99), lengths, payloads, digests)
+    assert d.verify_batch(batch).tolist() == [i not in (10, 20) for i in range(100)]
+
+
 def test_a_digest_of_another_size_never_matches():
     d = Digester("crc32c")
     payloads = [b"a", b"bb", b"ccc"]
