@@ -151,7 +151,12 @@ def timed_sync_adds(lh, data: list[bytes]) -> tuple[list[float], float]:
 
 def sync_latency(uri: str, quick: bool, pids: dict | None = None) -> dict:
     """Single-entry synchronous add_entry latency (E=3 Qw=3 Qa=2, one in flight);
-    with ``pids``, the CPU each process kind spent per add over the same window."""
+    with ``pids``, the CPU each process kind spent per add over the same window.
+
+    On a shared machine the CPU per add moves with what other processes run
+    (``cpu.others_cores``), far more than with what figure 3 left on the
+    cluster (docs/performance.md); ``bench.run`` measures the floor, its peer,
+    right before this figure so that the ratio compares one moment."""
     n = 100 if quick else 5_000
     data = payloads(n)
     with BookKeeper(uri) as bk:
