@@ -136,23 +136,35 @@ def batch_sweep(uri: str, quick: bool) -> dict:
     return out
 
 
+def timed_sync_adds(lh, data: list[bytes]) -> tuple[list[float], float]:
+    """``add_entry`` of each payload, one at a time (one in flight): every
+    call's latency and the whole loop's duration, in seconds.  The timed loop
+    of figure 4 and of ``bench.cpu_by_thread``."""
+    lat = []
+    t0 = time.perf_counter()
+    for p in data:
+        s = time.perf_counter()
+        lh.add_entry(p)
+        lat.append(time.perf_counter() - s)
+    return lat, time.perf_counter() - t0
+
+
 def sync_latency(uri: str, quick: bool, pids: dict | None = None) -> dict:
     """Single-entry synchronous add_entry latency (E=3 Qw=3 Qa=2, one in flight);
-    with ``pids``, the CPU each process kind spent per add over the same window."""
+    with ``pids``, the CPU each process kind spent per add over the same window.
+
+    On a shared machine the CPU per add moves with what other processes run
+    (``cpu.others_cores``), far more than with what figure 3 left on the
+    cluster (docs/performance.md); ``bench.run`` measures the floor, its peer,
+    right before this figure so that the ratio compares one moment."""
     n = 100 if quick else 5_000
     data = payloads(n)
     with BookKeeper(uri) as bk:
         lh = bk.create_ledger(3, 3, 2)
         for p in data[:20]:
             lh.add_entry(p)
-        lat = []
         with CpuMeter(pids) as meter:
-            t0 = time.perf_counter()
-            for p in data:
-                s = time.perf_counter()
-                lh.add_entry(p)
-                lat.append(time.perf_counter() - s)
-            elapsed = time.perf_counter() - t0
+            lat, elapsed = timed_sync_adds(lh, data)
         lh.close()
     out = {"entries_per_s": rate(n, elapsed), **latency_summary(lat)}
     if pids is not None:

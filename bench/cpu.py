@@ -8,7 +8,9 @@ A :class:`CpuMeter` reads, around a timed window, the CPU (user + system) of
 * each bookie and etcd process: utime + stime from ``/proc/<pid>/stat``.
 
 and turns the deltas into CPU-seconds per million entries (= microseconds of
-CPU per entry) for each kind, and their sum.  On this shared 2-core machine
+CPU per entry) for each kind, and their sum; ``others_cores`` is what every
+other process on the machine ran meanwhile, in cores (/proc/stat), the load a
+figure was measured under.  On this shared 2-core machine
 a latency figure measures how the processes queue for the CPU as much as the
 protocol; the CPU each entry costs is what carries over to real hosts.
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import os
 import resource
+import time
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 ASSUMED_RTT_MS = 0.1          # one LAN round trip, client <-> bookie (same rack)
@@ -35,19 +38,20 @@ def proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
-def machine_cpu_s() -> float:
-    """CPU-seconds every core has spent busy since boot (``/proc/stat``:
-    user, nice, system, irq, softirq, steal): what a window cost the whole
-    machine, whichever processes spent it."""
-    with open("/proc/stat") as f:
-        fields = f.readline().split()[1:]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
-    return (user + nice + system + irq + softirq + steal) / CLK_TCK
-
-
 def self_cpu_s() -> float:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime
+
+
+def machine_busy_s() -> float:
+    """CPU-seconds the whole machine spent busy (all cores, all processes:
+    /proc/stat, less idle and iowait) since boot; 0 where it cannot be read."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0.0
+    return (sum(ticks) - ticks[3] - ticks[4]) / CLK_TCK
 
 
 def cluster_pids(cluster) -> dict[str, list[int]]:
@@ -64,6 +68,7 @@ class CpuMeter:
         self.pids = pids or {}
         self.start: dict[str, float] = {}
         self.used: dict[str, float] = {}
+        self.others_cores: float | None = None
 
     def _read(self) -> dict[str, float]:
         out = {"client": self_cpu_s()}
@@ -73,11 +78,18 @@ class CpuMeter:
 
     def __enter__(self) -> "CpuMeter":
         self.start = self._read()
+        self._busy0, self._t0 = machine_busy_s(), time.monotonic()
         return self
 
     def __exit__(self, *exc) -> None:
         end = self._read()
         self.used = {k: max(0.0, end[k] - self.start[k]) for k in end}
+        # What the rest of the machine (processes not measured here) ran meanwhile,
+        # in cores: on a shared machine the CPU per entry rises with it.
+        elapsed = time.monotonic() - self._t0
+        if elapsed > 0 and self._busy0 > 0:
+            self.others_cores = max(0.0, machine_busy_s() - self._busy0
+                                    - sum(self.used.values())) / elapsed
 
     def per_m_entries(self, entries: int) -> dict:
         """CPU-seconds per million entries for each kind and in total."""
@@ -90,7 +102,9 @@ class CpuMeter:
     def figure(self, entries: int) -> dict:
         return {"cpu_s": {k: round(v, 4) for k, v in self.used.items()},
                 "processes": {k: len(v) for k, v in self.pids.items()},
-                "cpu_s_per_m_entries": self.per_m_entries(entries)}
+                "cpu_s_per_m_entries": self.per_m_entries(entries),
+                "others_cores": (None if self.others_cores is None
+                                 else round(self.others_cores, 2))}
 
 
 def projected_sync_latency(cpu_per_m: dict, bookies: int, fsync_p50_ms: float | None,

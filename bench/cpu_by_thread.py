@@ -22,9 +22,8 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 
-from bench.client_append import payloads
+from bench.client_append import payloads, timed_sync_adds
 
 TICK = os.sysconf("SC_CLK_TCK")
 Snapshot = dict[str, tuple[int, int, int]]      # thread id -> (utime, stime, voluntary switches)
@@ -86,13 +85,7 @@ def main(adds: int, rounds: int) -> None:
                     lh.add_entry(p)
                 for rnd in range(rounds):
                     before = {k: snapshot(p) for k, p in procs.items()}
-                    lat = []
-                    t0 = time.perf_counter()
-                    for p in data:
-                        s = time.perf_counter()
-                        lh.add_entry(p)
-                        lat.append(time.perf_counter() - s)
-                    elapsed = time.perf_counter() - t0
+                    lat, elapsed = timed_sync_adds(lh, data)
                     after = {k: snapshot(p) for k, p in procs.items()}
                     lat.sort()
                     print(f"round {rnd}: {adds / elapsed:,.0f} adds/s, p50 "

@@ -135,8 +135,10 @@ def markdown(r: dict) -> str:
                      f"CPU per add | {_f(fl.get('p50_ms'), 2)} / {_f(fl.get('p99_ms'), 2)} / {_f(fl.get('p999_ms'), 2)} "
                      f"({_f(fl.get('entries_per_s'))}/s); "
                      f"client {_f(fc.get('client'))} us + bookies (3) {_f(fc.get('bookies'))} us = "
-                     f"{_f(fc.get('total'))} us | ours: "
-                     f"{_f(_get(s, 'cpu', 'cpu_s_per_m_entries', 'total'))} us |")
+                     f"{_f(fc.get('total'))} us; other processes ran {_f(fl.get('others_cores'), 2)} "
+                     f"cores meanwhile | ours: "
+                     f"{_f(_get(s, 'cpu', 'cpu_s_per_m_entries', 'total'))} us, other processes "
+                     f"{_f(_get(s, 'cpu', 'others_cores'), 2)} cores |")
     proj = s.get("projected_host_per_bookie") or {}
     if proj:
         lines.append(f"| 4 | sync add_entry projected to one host per process | {_f(proj.get('ms'), 2)} ms "

@@ -22,11 +22,13 @@ append and catch-up read on a TLS cluster against a plaintext one
 Figures 3-5 also carry each process kind's CPU per entry (bench/cpu.py),
 figure 4 its latency projected to one host per process and, as its CPU peer,
 the floor of a replicated sync add written in Python (bench/sync_floor.py,
-measured right after the Redis peers, before the cluster starts), figure 6 a no-op
+measured on the cluster right before figure 4: on a shared machine the CPU
+per add of both moves with the load of the moment, up to 2x within minutes,
+so a ratio of two figures measured minutes apart measures the load), figure 6 a no-op
 Python data source timed beside ours (bench/noop_source.py), figure 8 the
 bookie-to-bookie and the client path side by side and, as their floor, the
 bare copy between two processes (bench/copy_floor.py, measured right after
-the sync floor).
+the Redis peers).
 
 Outputs: full mode writes bench/results/latest.{json,md,png} and regenerates
 the marked section of docs/performance.md; ``--quick`` (tiny sizes, same code
@@ -231,12 +233,11 @@ def run(quick: bool, data_dir: str | None) -> dict:
             if three is not None:
                 r.figures["1_disk"]["seq_3_writers"] = three
         r.step("peers_redis", lambda: redis_peer.measure(quick))
-        r.step("4_sync_floor", lambda: sync_floor.measure(200 if quick else 5000))
         r.step("8_copy_floor", lambda: copy_floor.measure(work, (32 << 20) if quick else (1 << 30)))
         redis_sw = r.step("sweep_redis", lambda: redis_sweep.measure(quick))
         r.figures.pop("sweep_redis", None)
         _cluster_figures(r, quick, work, redis_sw, client_append, catchup, recovery_bench,
-                         rereplication)
+                         rereplication, sync_floor)
         r.step("9_scaling", lambda: scaling.measure(quick, work))
         r.step("10_tls", lambda: tls_cost.measure(quick, work))
     finally:
@@ -268,7 +269,7 @@ def _project_sync(f: dict) -> None:
 
 
 def _cluster_figures(r: Run, quick: bool, work: str, redis_sw, client_append, catchup,
-                     recovery_bench, rereplication) -> None:
+                     recovery_bench, rereplication, sync_floor) -> None:
     from pybk_spark.cluster.local import LocalCluster
     catchup_entries = 20_000 if quick else 1_000_000
     from bench.cpu import cluster_pids
@@ -284,6 +285,8 @@ def _cluster_figures(r: Run, quick: bool, work: str, redis_sw, client_append, ca
         ours_sw = r.step("sweep_ours", lambda: client_append.batch_sweep(uri, quick))
         r.figures.pop("sweep_ours", None)
         r.figures["sweep"] = {"ours": ours_sw, "redis": redis_sw}
+        # the floor beside figure 4, the cluster idle: the same moment of the machine
+        r.step("4_sync_floor", lambda: sync_floor.measure(200 if quick else 5000))
         r.step("4_sync_latency", lambda: client_append.sync_latency(uri, quick, pids))
         appended = r.figures.get("3_append") or {}
         if "catchup_ledger" in appended:

@@ -38,7 +38,7 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from bench.cpu import machine_cpu_s, proc_cpu_s
+from bench.cpu import machine_busy_s, proc_cpu_s
 
 PAYLOAD_BYTES = 100
 
@@ -100,11 +100,11 @@ def _timed_group(fns, warmups: int, reps: int, pids: dict | None = None) -> list
     cluster = [p for kind in (pids or {}).values() for p in kind]
     for _ in range(reps):
         for fn, got, used in zip(fns, samples, cpu):
-            m0, c0 = machine_cpu_s(), sum(map(proc_cpu_s, cluster))
+            m0, c0 = machine_busy_s(), sum(map(proc_cpu_s, cluster))
             t0 = time.perf_counter()
             fn()
             got.append(time.perf_counter() - t0)
-            used.append((machine_cpu_s() - m0, sum(map(proc_cpu_s, cluster)) - c0))
+            used.append((machine_busy_s() - m0, sum(map(proc_cpu_s, cluster)) - c0))
     out = [{"median_s": statistics.median(s), "samples_s": s} for s in samples]
     if pids is not None:
         for side, used in zip(out, cpu):

@@ -30,7 +30,7 @@ import time
 
 import numpy as np
 
-from bench.cpu import proc_cpu_s, self_cpu_s
+from bench.cpu import machine_busy_s, proc_cpu_s, self_cpu_s
 
 _SERVER = r"""
 import os, socket, sys
@@ -83,12 +83,12 @@ def measure(n: int = 2000, entry_bytes: int = 1024, replicas: int = 3, acks: int
                 _add(socks, poller, frame, acks)
             pids = [p.pid for p in procs]
             lat = np.empty(n)
-            c0, b0 = self_cpu_s(), sum(proc_cpu_s(p) for p in pids)
+            c0, b0, m0 = self_cpu_s(), sum(proc_cpu_s(p) for p in pids), machine_busy_s()
             t0 = time.perf_counter()
             for i in range(n):
                 lat[i] = _add(socks, poller, frame, acks)
             elapsed = time.perf_counter() - t0
-            c1, b1 = self_cpu_s(), sum(proc_cpu_s(p) for p in pids)
+            c1, b1, m1 = self_cpu_s(), sum(proc_cpu_s(p) for p in pids), machine_busy_s()
         finally:
             for s in socks:
                 s.close()
@@ -105,6 +105,8 @@ def measure(n: int = 2000, entry_bytes: int = 1024, replicas: int = 3, acks: int
             "p999_ms": float(np.percentile(lat, 99.9) * 1e3),
             "cpu_us_per_add": {"client": client_us, "bookies": bookies_us,
                                "total": client_us + bookies_us},
+            # every other process on the machine meanwhile, in cores (as bench/cpu.py's)
+            "others_cores": round(max(0.0, (m1 - m0) - (c1 - c0) - (b1 - b0)) / elapsed, 2),
             "shape": f"{entry_bytes} B, written to {replicas}, acknowledged after {acks}"}
 
 

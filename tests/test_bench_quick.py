@@ -46,6 +46,9 @@ def test_bench_quick_writes_every_ratio(tmp_path):
     floor = result["figures"]["8_copy_floor"][str(rr["parallel"])]
     assert floor["mb_per_s"] > 0 and floor["cpu_s_per_gb"]["total"] >= 0
     assert "bare copy between two processes" in (ROOT / "bench" / "results" / "quick.md").read_text()
+    # figure 4 and its floor, measured side by side, each say what else ran meanwhile
+    for cpu in (result["figures"]["4_sync_floor"], result["figures"]["4_sync_latency"]["cpu"]):
+        assert cpu["others_cores"] is None or cpu["others_cores"] >= 0
     # the O_DIRECT disk probe ran, or says why it could not
     direct = result["figures"]["1_disk"]["seq_direct"]
     assert direct["mb_per_s"] or direct["reason"]
