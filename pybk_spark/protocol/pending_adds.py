@@ -194,7 +194,8 @@ class PendingAdds:
         return self._release()
 
     def _ack_one(self, entry_id: int, slot: int) -> list[int]:
-        if entry_id <= self.lac or slot not in self.write_set(entry_id):
+        if entry_id <= self.lac or (self.write_quorum < len(self.ensemble)
+                                    and slot not in self.write_set(entry_id)):
             return []
         for run in self._runs:
             if run.first <= entry_id <= run.last:
