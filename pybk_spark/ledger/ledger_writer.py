@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Collection
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable, Union
@@ -141,15 +142,24 @@ class LedgerWriter:
             self._assigned_length += nbytes
             return first, self.core.lac, base
 
-    def _pend(self, chunk: _Chunk, waiter: Waiter) -> tuple[tuple[str, ...], set[int]] | None:
+    def _pend(self, chunk: _Chunk, waiter: Waiter, lone: bool = False
+              ) -> tuple[tuple[str, ...], Collection[int]] | None:
         """Record ``chunk`` as in flight: the ensemble and unavailable slots to
-        send it to, or None (the waiter failed) once the writer has failed."""
+        send it to, or None (the waiter failed) once the writer has failed.
+        ``lone``: a lone add, whose sends are counted here, under the same
+        lock; the second item is then the slots of its write set it goes to."""
         with self._lock:
             if self._error is None:
                 self._chunks.append(chunk)
                 self._waiters.append(waiter)
                 self.last_activity = self.ctx.clock()
-                return self.core.ensemble, self.core.unavailable_slots
+                core = self.core
+                if not lone:
+                    return core.ensemble, core.unavailable_slots
+                slots = core.target_slots(chunk.first)
+                self._wait_inflight(len(slots))
+                self._sends += len(slots)
+                return core.ensemble, slots
             err = self._error
         waiter.future.set_exception(err)
         return None
@@ -163,7 +173,8 @@ class LedgerWriter:
             nbytes = batch.column("payload").total_values_length
         pending = self._pend(_Chunk(first, last, batch, nbytes), waiter)
         if pending is not None:
-            self._send(batch, *pending, wait=True)
+            ensemble, bad = pending
+            self._send(batch, ensemble, bad, wait=True)
 
     def submit_entry(self, entry_id: int, head: bytes, payload: bytes, waiter: Waiter) -> None:
         """Send a lone add (its id assigned) as its entry record: ``head``
@@ -171,30 +182,19 @@ class LedgerWriter:
         bookie's answer comes back through ``_lone_answered``, called by
         the transport (no future per bookie)."""
         lone = LoneEntry(self.master_key, head, payload, self.recovery)
-        chunk = _Chunk(entry_id, entry_id, None, len(payload), lone)
-        with self._lock:
-            err = self._error
-            if err is None:
-                self._chunks.append(chunk)
-                self._waiters.append(waiter)
-                self.last_activity = self.ctx.clock()
-                core = self.core
-                ensemble, E, Qw = core.ensemble, len(core.ensemble), self.md.write_quorum
-                bad = core.unavailable_slots
-                slots = [s for s in (range(E) if Qw == E else core.write_set(entry_id))
-                         if s not in bad]
-                self._wait_inflight(len(slots))
-                self._sends += len(slots)
-        if err is not None:
-            waiter.future.set_exception(err)
+        pending = self._pend(_Chunk(entry_id, entry_id, None, len(payload), lone), waiter,
+                             lone=True)
+        if pending is None:
             return
+        ensemble, slots = pending
         timeout = self.ctx.conf.add_timeout_s
-        transports = self.ctx.transports
+        get = self.ctx.transports.get
+        answered = self._lone_answered
         for slot in slots:
             bookie = ensemble[slot]
-            deliver = functools.partial(self._lone_answered, slot, bookie, lone, entry_id)
+            deliver = functools.partial(answered, slot, bookie, lone, entry_id)
             try:
-                transports.get(bookie).send_entry(lone, timeout, deliver)
+                get(bookie).send_entry(lone, timeout, deliver)
             except errors.BKError as exc:
                 # not even sent (e.g. the bookie's address lookup while etcd
                 # is down): a failure of that bookie like any other
@@ -269,7 +269,7 @@ class LedgerWriter:
         self._abort(error)
 
     # -- sending ------------------------------------------------------------------------
-    def _send(self, batch: pa.RecordBatch, ensemble: tuple[str, ...], bad: set[int], *,
+    def _send(self, batch: pa.RecordBatch, ensemble: tuple[str, ...], bad: Collection[int], *,
               wait: bool, only_slots: set[int] | None = None) -> None:
         E, Qw = len(ensemble), self.md.write_quorum
         ids = batch.column("entry_id").to_numpy()

@@ -153,6 +153,14 @@ class PendingAdds:
         self.next_entry_id += count
         return first
 
+    def target_slots(self, entry_id: int) -> tuple[int, ...]:
+        """The slots of ``entry_id``'s write set to send it to now (skips
+        slots being replaced): the cached write set itself when none is
+        (hot path: a synchronous add)."""
+        if not self._queued and self.change is None:
+            return self.write_set(entry_id)
+        return tuple(s for s in self.write_set(entry_id) if not self._slot_unavailable(s))
+
     def targets(self, entry_id: int) -> list[Send]:
         """Where to send a freshly assigned entry now (skips slots being replaced)."""
         bad = self.unavailable_slots
@@ -166,6 +174,8 @@ class PendingAdds:
         """A bookie acknowledged every id of [first, last] it holds."""
         if self.ensemble[slot] != bookie or self._slot_unavailable(slot):
             return []
+        if first == last:                # one id (a synchronous add): integer steps only
+            return self._ack_one(first, slot)
         lo = max(first, self.lac + 1)
         for run in self._runs:
             a, b = max(lo, run.first), min(last, run.last)
@@ -181,6 +191,19 @@ class PendingAdds:
                 continue
             ids = np.arange(a, b + 1)
             run.acks[a - run.first:b - run.first + 1, slot] |= self.holds(ids, slot)
+        return self._release()
+
+    def _ack_one(self, entry_id: int, slot: int) -> list[int]:
+        if entry_id <= self.lac or (self.write_quorum < len(self.ensemble)
+                                    and slot not in self.write_set(entry_id)):
+            return []
+        for run in self._runs:
+            if run.first <= entry_id <= run.last:
+                if run.acks is None:
+                    run.mask |= 1 << slot
+                else:
+                    run.acks[entry_id - run.first, slot] = True
+                break
         return self._release()
 
     def on_ack_ids(self, entry_ids: np.ndarray, slot: int, bookie: str) -> list[int]:

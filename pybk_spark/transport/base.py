@@ -47,10 +47,16 @@ def outcome(convert, resp, **context) -> tuple[Any, Optional[errors.BKError]]:
     raises, anything else raised is a malformed answer (``BadRequest``)."""
     try:
         return convert(resp), None
-    except errors.BKError as exc:
-        return None, exc
-    except Exception as exc:  # noqa: BLE001 - malformed answer
-        return None, errors.BadRequest(f"bad bookie response: {exc}", **context)
+    except Exception as exc:  # noqa: BLE001 - a typed error, or a malformed answer
+        return None, answer_error(exc, **context)
+
+
+def answer_error(exc: Exception, **context) -> errors.BKError:
+    """What converting an answer raised, as the error its caller gets: a
+    typed error as is, anything else a malformed answer (``BadRequest``)."""
+    if isinstance(exc, errors.BKError):
+        return exc
+    return errors.BadRequest(f"bad bookie response: {exc}", **context)
 
 
 def settle(fut: Future, convert, resp, **context) -> None:

@@ -40,7 +40,8 @@ from typing import Any, Callable
 
 from pybk_spark import errors
 from pybk_spark.transport.request_streams import PendingRequests
-from pybk_spark.wire.frame_socket import FrameWriter, configure, read_frame, read_frame_into
+from pybk_spark.wire.frame_socket import (FrameWriter, configure, frame_reader, read_frame,
+                                          read_frame_into)
 from pybk_spark.wire import lane_frames
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import codes, framing
@@ -85,6 +86,7 @@ class LaneConnection(PendingRequests):
                 raise codes.translate_tls_error(exc, address, bookie=bookie_id) from None
         self.sock = configure(sock)
         self.writer = FrameWriter(self.sock, f"pybk-lane-send-{bookie_id}", max_backlog_bytes)
+        self._send = self.writer.send  # type: ignore[method-assign,assignment]  # a call less per send
         self.writer.send(lane_frames.hello(bookie_id, self.magic))
         self.reader = threading.Thread(target=self._read,
                                        name=f"pybk-{self.kind}-lane-{bookie_id}", daemon=True)
@@ -93,7 +95,7 @@ class LaneConnection(PendingRequests):
     def _read(self) -> None:
         err: errors.BKError
         try:
-            with self.sock.makefile("rb") as stream:
+            with frame_reader(self.sock) as stream:
                 while True:
                     resp = self._receive(stream)
                     if resp is None:

@@ -41,7 +41,7 @@ from typing import Callable
 import grpc
 
 from pybk_spark import errors
-from pybk_spark.transport.base import Deliver, deliver_to, outcome
+from pybk_spark.transport.base import Deliver, answer_error, deliver_to
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import codes, framing
 
@@ -81,8 +81,12 @@ class PendingRequests:
         if item is None:
             return
         _deadline, convert, deliver = item
-        result, exc = outcome(convert, resp, bookie=self.bookie_id)
-        deliver(result, exc)
+        try:                       # ``outcome``, inline: one call less per answer
+            result = convert(resp)
+        except Exception as exc:  # noqa: BLE001 - a typed error, or a malformed answer
+            deliver(None, answer_error(exc, bookie=self.bookie_id))
+            return
+        deliver(result, None)
 
     def ended(self, err: errors.BKError) -> None:
         """The connection is over: fail every unanswered add (a timeout

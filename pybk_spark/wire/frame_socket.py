@@ -51,6 +51,17 @@ def configure(sock: socket.socket) -> socket.socket:
     return sock
 
 
+def frame_reader(sock: Any) -> Any:
+    """A buffered reader of ``sock`` for ``read_frame``: over a plain
+    socket, a file of its descriptor, whose reads are C all the way
+    (``makefile``'s ``SocketIO`` runs Python code per read); a TLS socket's
+    own ``makefile``.  Only the connection's reader closes the socket,
+    after it stopped reading, so the descriptor outlives every read."""
+    if isinstance(sock, socket.socket):
+        return io.open(sock.fileno(), "rb", buffering=io.DEFAULT_BUFFER_SIZE, closefd=False)
+    return sock.makefile("rb")
+
+
 def read_frame(reader: io.BufferedIOBase, limit: int) -> Optional[bytes]:
     """The next frame's body; ``None`` at a clean end of stream (between
     frames).  ``ValueError`` for an oversized or truncated frame."""

@@ -164,7 +164,7 @@ def parse_add_answer(body: bytes) -> Any:
     """An add connection's answer: an :class:`EntryAnswer` or an
     ``AddResponse`` (both with the fields a client reads); ``ValueError`` or
     protobuf's ``DecodeError`` when it is neither."""
-    if is_entry_frame(body):
+    if body and body[0] == ENTRY_KIND:          # ``is_entry_frame``, inline (hot path)
         return parse_entry_answer(body)
     return pb.AddResponse.FromString(body)
 

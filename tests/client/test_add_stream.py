@@ -11,6 +11,7 @@ bound how long a stopped bookie is waited for.
 from __future__ import annotations
 
 import signal
+import threading
 import time
 
 import pytest
@@ -177,3 +178,53 @@ def test_a_restarted_bookie_is_reached_again_without_invalidating(bk, cluster, a
         except errors.BookieUnavailable:
             assert time.monotonic() < deadline
     assert bk.transports.get(bookie) is t
+
+
+def test_sync_adds_from_many_threads_complete_in_entry_order(bk, add_transport):
+    """Sync callers on several threads share connections and a ledger: every
+    add completes, each caller's ids ascend, the shared ledger's ids are
+    dense."""
+    shared = bk.create_ledger(3, 3, 2)
+    own = [bk.create_ledger(3, 3, 2) for _ in range(2)]
+    got: dict[str, list[int]] = {}
+    failed: list[BaseException] = []
+
+    def run(name: str, lh, n: int) -> None:
+        try:
+            got[name] = [lh.add_entry(b"%s-%d" % (name.encode(), i)) for i in range(n)]
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failed.append(exc)
+    threads = [threading.Thread(target=run, args=(f"shared-{i}", shared, 100)) for i in range(3)]
+    threads += [threading.Thread(target=run, args=(f"own-{i}", lh, 100)) for i, lh in enumerate(own)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not failed and not any(t.is_alive() for t in threads)
+    assert all(ids == sorted(ids) for ids in got.values())
+    assert sorted(i for k, ids in got.items() if k.startswith("shared") for i in ids) == \
+        list(range(300))
+    assert got["own-0"] == got["own-1"] == list(range(100))
+    for lh in (shared, *own):
+        lh.close()
+    assert bk.open_ledger(shared.ledger_id).metadata.last_entry_id == 299
+
+
+def test_a_sync_add_waiting_on_a_stopped_bookie_completes_after_an_ensemble_change(
+        bk, cluster, add_transport):
+    """One bookie of the ensemble stops while a sync add waits on it: the
+    watchdog cuts that connection, the ensemble change resends to the spare
+    bookie, and the add completes all the same."""
+    lh = bk.create_ledger(2, 2, 2)
+    assert lh.add_entry(b"before") == 0
+    victim = lh.metadata.current_ensemble[0]
+    cluster.stop_bookie(victim)
+    try:
+        assert lh.add_entry(b"during") == 1
+    finally:
+        cluster.resume_bookie(victim)
+    assert victim not in lh.metadata.current_ensemble
+    assert lh.add_entry(b"after") == 2
+    lh.close()
+    rh = bk.open_ledger(lh.ledger_id)
+    assert [e.payload for e in rh.read(0, 2)] == [b"before", b"during", b"after"]
