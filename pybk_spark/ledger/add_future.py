@@ -11,7 +11,7 @@ futures are completed before anyone waits on them, so ``AddFuture`` (a
 list only when a caller first needs them (``result`` / ``exception`` on a
 pending future, ``add_done_callback``, ``wait`` / ``as_completed``, which
 reach them through the ``_condition`` property).  A future with nobody
-waiting is completed by three attribute stores (``complete_ids``,
+waiting is completed by three slot stores (``complete_ids``,
 ``fail_all``: a whole batch in one loop).
 
 States: an ``AddFuture`` is ``RUNNING`` from the start (the add is queued
@@ -27,9 +27,9 @@ attribute stores in one order):
   then read ``_cond``; if it is set, take it, hand the future to the
   installed ``wait`` / ``as_completed`` waiters, ``notify_all``, release it,
   then run the callbacks added so far;
-* waiter: publish the condition (``_cond``, after the two lists, by
-  ``dict.setdefault``, which is one step: two late waiters get the same
-  one), take it, read ``_state``, and while it holds the condition either
+* waiter: publish the condition (``_cond``, after the two lists, by slot
+  stores under a module lock: two late waiters get the same one), take it,
+  read ``_state``, and while it holds the condition either
   sees ``FINISHED`` or registers itself (``Condition.wait``, a
   ``wait`` / ``as_completed`` waiter, a callback).
 
@@ -56,32 +56,35 @@ from concurrent.futures._base import FINISHED, RUNNING
 from typing import Any, Callable, Sequence
 
 log = logging.getLogger("concurrent.futures")
+_MAKING = threading.Lock()         # makes a late waiter's condition
 
 
 class AddFuture(Future[int]):
     """A ``concurrent.futures.Future`` of an entry id (module doc)."""
 
-    # class defaults: an instance stores only what differs (its state, its
-    # outcome, and the condition and lists once a late waiter makes them)
-    _state = RUNNING
-    _result: int | None = None
-    _exception: BaseException | None = None
-    _cond: threading.Condition | None = None
-    _waiters: Any = ()
-    _done_callbacks: Any = ()
+    # slots, not the instance dict: a completer's attribute stores and a late
+    # waiter's must land in one place (on CPython 3.11 a completer storing
+    # ``_state`` into an instance whose dict a waiter had just grown dropped
+    # the waiter's ``_cond``, and the waiter slept on)
+    __slots__ = ("_state", "_result", "_exception", "_cond", "_waiters", "_done_callbacks")
 
-    def __init__(self) -> None:     # noqa: D107 - nothing made until needed
-        pass
+    def __init__(self) -> None:     # noqa: D107 - the condition is made when needed
+        self._state = RUNNING
+        self._result: int | None = None
+        self._exception: BaseException | None = None
+        self._cond: threading.Condition | None = None
 
     @property
     def _condition(self) -> threading.Condition:  # type: ignore[override]
         """The condition, made (with the waiter and callback lists) on first use."""
         cond = self._cond
         if cond is None:
-            d = self.__dict__
-            d.setdefault("_waiters", [])
-            d.setdefault("_done_callbacks", [])
-            cond = d.setdefault("_cond", threading.Condition())
+            with _MAKING:               # two late waiters get the same one
+                cond = self._cond
+                if cond is None:
+                    self._waiters: list[Any] = []   # concurrent.futures wait() waiters
+                    self._done_callbacks: list[Callable[[Future[int]], object]] = []
+                    cond = self._cond = threading.Condition()
         return cond
 
     # -- the Future interface ----------------------------------------------------------

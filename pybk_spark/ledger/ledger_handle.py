@@ -145,8 +145,9 @@ class LedgerHandle:
         fut = AddFuture()
         if type(payload) is not bytes:
             payload = bytes(payload)            # the caller may reuse its buffer
-        if len(payload) > self._writer.limits.max_entry_bytes:
-            fut.set_exception(admission.too_large(len(payload), self._writer.limits,
+        limits = self._writer.limits
+        if not limits.entry_fits(len(payload)):       # the rule's one home
+            fut.set_exception(admission.too_large(len(payload), limits,
                                                   ledger_id=self.ledger_id))
             return fut
         self._queued.append((payload, fut))
@@ -378,6 +379,7 @@ class _CoalescedBatch(AddFuture):
     first completion counts."""
 
     def __init__(self, handle: LedgerHandle, futures: list[AddFuture]) -> None:
+        super().__init__()
         self._handle = handle
         self._futures = futures
         self._claim = threading.Lock()
