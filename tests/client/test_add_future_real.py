@@ -9,6 +9,7 @@ nothing can be acknowledged then)."""
 from __future__ import annotations
 
 import concurrent.futures as cf
+import signal
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -155,21 +156,24 @@ def test_fenced_writer_fails_every_pending_future(cluster):
 
 
 def test_a_waiter_on_each_of_many_pipelined_adds_wakes(cluster):
-    """Tens of thousands of pipelined adds, each waited on as it completes
-    (a waiter often arriving as the batch's completer runs): every waiter
-    wakes.  The waits run in a thread so that a waiter left asleep on a
-    completed add fails this test instead of hanging it."""
+    """Tens of thousands of pipelined adds, each waited on in turn (a waiter
+    often arriving as its batch's completer runs), over four clients: every
+    waiter wakes.  An alarm turns a waiter left asleep on a completed add
+    into a failure instead of a hung test."""
+    def stalled(_signum, _frame):
+        raise AssertionError("a waiter slept on a completed add")
+    previous = signal.signal(signal.SIGALRM, stalled)
     payload = b"x" * 1024
-    for round_ in range(3):
-        with _bk(cluster, async_add_window=2 << round_) as bk:
-            lh = bk.create_ledger(3, 3, 2)
-            futs = [lh.add_entry_async(payload) for _ in range(30_000)]
-            got: list[int] = []
-            waiter = threading.Thread(target=lambda: got.extend(f.result() for f in futs),
-                                      daemon=True)
-            waiter.start()
-            waiter.join(300)
-            assert not waiter.is_alive(), \
-                f"a waiter slept on after {len(got)} of {len(futs)} adds (round {round_})"
-            assert got == list(range(30_000))
-            lh.close()
+    try:
+        for window in (2, 4, 8, 16):
+            with _bk(cluster, async_add_window=window) as bk:
+                lh = bk.create_ledger(3, 3, 2)
+                futs = [lh.add_entry_async(payload) for _ in range(30_000)]
+                signal.alarm(300)
+                got = [f.result() for f in futs]
+                signal.alarm(0)
+                assert got == list(range(30_000))
+                lh.close()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
