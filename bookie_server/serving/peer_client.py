@@ -49,6 +49,22 @@ def peer_credentials(cfg: Any, tls_on: bool) -> grpc.ChannelCredentials | None:
                            if cfg.tls_cert_file else None))
 
 
+def read_request(bookie_id: str, ledger_id: int, first: int, last: int, *, max_entries: int,
+                 max_bytes: int, sparse: bool) -> tuple[pb.ReadRequest, dict[str, Any]]:
+    """A pull's read of a peer, and the context its errors name."""
+    req = pb.ReadRequest(ledger_id=ledger_id, first_entry_id=first, last_entry_id=last,
+                         max_entries=max_entries, max_bytes=max_bytes, sparse=sparse)
+    return req, {"bookie": bookie_id, "ledger_id": ledger_id, "entry_id": first}
+
+
+def read_result(resp: Any, ctx: dict[str, Any]) -> ReadResult:
+    """A peer's parsed read answer as a ``ReadResult``; a refused read
+    raises its wire code's typed error."""
+    codes.raise_for_code(resp.code, resp.message, **ctx)
+    return ReadResult(batch_from_bytes(resp.entries), codes.READ_END_NAMES.get(resp.end, "MISSING"),
+                      resp.lac, resp.fenced, resp.entries)
+
+
 class PeerReader:
     """Sparse reads of one peer bookie, each a future of a ``ReadResult``
     (the shape pull.py's read window drives)."""
@@ -69,16 +85,10 @@ class PeerReader:
     def read(self, ledger_id: int, first: int, last: int, *, max_entries: int = 0,
              max_bytes: int = 0, timeout: float | None = None,
              sparse: bool = False) -> "Future[ReadResult]":
-        req = pb.ReadRequest(ledger_id=ledger_id, first_entry_id=first, last_entry_id=last,
-                             max_entries=max_entries, max_bytes=max_bytes, sparse=sparse)
-        ctx = {"bookie": self.bookie_id, "ledger_id": ledger_id, "entry_id": first}
-
-        def convert(resp: Any) -> ReadResult:
-            codes.raise_for_code(resp.code, resp.message, **ctx)
-            return ReadResult(batch_from_bytes(resp.entries),
-                              codes.READ_END_NAMES.get(resp.end, "MISSING"), resp.lac,
-                              resp.fenced, resp.entries)
-        return self._call(req, timeout or self.default_timeout, convert, ctx)
+        req, ctx = read_request(self.bookie_id, ledger_id, first, last, max_entries=max_entries,
+                                max_bytes=max_bytes, sparse=sparse)
+        return self._call(req, timeout or self.default_timeout,
+                          lambda resp: read_result(resp, ctx), ctx)
 
     def _call(self, req: Any, timeout: float, convert: Callable[[Any], ReadResult],
               ctx: dict[str, Any]) -> "Future[ReadResult]":

@@ -28,9 +28,9 @@ from typing import Any, Optional, cast
 from pybk_spark import errors
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import codes, framing, lane_frames
-from pybk_spark.wire.entries import batch_from_bytes
 from pybk_spark.wire.frame_socket import configure, read_frame_into, send_parts
 from pybk_spark.wire.results import ReadResult
+from bookie_server.serving.peer_client import read_request, read_result
 
 _CONNECT_TIMEOUT_S = 5.0
 
@@ -70,9 +70,8 @@ class LanePeerReader:
     def read(self, ledger_id: int, first: int, last: int, *, max_entries: int = 0,
              max_bytes: int = 0, timeout: float | None = None,
              sparse: bool = False) -> "Future[ReadResult]":
-        req = pb.ReadRequest(ledger_id=ledger_id, first_entry_id=first, last_entry_id=last,
-                             max_entries=max_entries, max_bytes=max_bytes, sparse=sparse)
-        ctx = {"bookie": self.bookie_id, "ledger_id": ledger_id, "entry_id": first}
+        req, ctx = read_request(self.bookie_id, ledger_id, first, last, max_entries=max_entries,
+                                max_bytes=max_bytes, sparse=sparse)
         return self._pool.submit(self._read, req, timeout or self.default_timeout, ctx)
 
     def _read(self, req: pb.ReadRequest, timeout: float, ctx: dict[str, Any]) -> ReadResult:
@@ -95,10 +94,7 @@ class LanePeerReader:
         except Exception as exc:  # noqa: BLE001 - broad: a malformed answer
             self._drop(conn)
             raise errors.BadRequest(f"bad bookie response: {exc}", **ctx) from None
-        codes.raise_for_code(resp.code, resp.message, **ctx)
-        return ReadResult(batch_from_bytes(resp.entries),
-                          codes.READ_END_NAMES.get(resp.end, "MISSING"), resp.lac,
-                          resp.fenced, resp.entries)
+        return read_result(resp, ctx)
 
     def _drop(self, conn: Optional[_Connection]) -> None:
         """After a failure nothing later on a connection can be trusted."""
