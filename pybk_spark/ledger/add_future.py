@@ -64,8 +64,8 @@ class AddFuture(Future[int]):
 
     # slots, not the instance dict: a completer's attribute stores and a late
     # waiter's must land in one place (on CPython 3.11 a completer storing
-    # ``_state`` into an instance whose dict a waiter had just grown dropped
-    # the waiter's ``_cond``, and the waiter slept on)
+    # ``_state`` into an instance whose dict a waiter has just grown can drop
+    # the waiter's ``_cond``, leaving the waiter asleep on a completed add)
     __slots__ = ("_state", "_result", "_exception", "_cond", "_waiters", "_done_callbacks")
 
     def __init__(self) -> None:     # noqa: D107 - the condition is made when needed
