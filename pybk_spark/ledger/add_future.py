@@ -19,29 +19,29 @@ and will be sent; it cannot be taken back, so ``cancel()`` is False, as for
 an executor job that has started) and ``FINISHED`` once completed.  It has
 one completer, the handle's writer, which completes it once.
 
-The handshake between the completer and a late waiter relies on the GIL
-(CPython runs one bytecode at a time, so every thread sees the others'
-attribute stores in one order):
+The completer and a late waiter meet at one module lock, ``_MAKING``,
+which makes every condition:
 
-* completer: store ``_result`` / ``_exception``, then ``_state = FINISHED``,
-  then read ``_cond``; if it is set, take it, hand the future to the
-  installed ``wait`` / ``as_completed`` waiters, ``notify_all``, release it,
-  then run the callbacks added so far;
-* waiter: publish the condition (``_cond``, after the two lists, by slot
-  stores under a module lock: two late waiters get the same one), take it,
-  read ``_state``, and while it holds the condition either
-  sees ``FINISHED`` or registers itself (``Condition.wait``, a
-  ``wait`` / ``as_completed`` waiter, a callback).
+* completer (``complete_ids`` / ``fail_all``, once per batch): under
+  ``_MAKING``, a future with no condition is finished by storing its
+  outcome and ``_state = FINISHED``; a future with one is finished after
+  ``_MAKING`` is released, under its condition, as ``Future`` does: outcome
+  and state stored, the ``wait`` / ``as_completed`` waiters handed the
+  future, ``notify_all``, then the callbacks added so far are run;
+* waiter (``result`` / ``exception`` on a pending future,
+  ``add_done_callback``, ``wait`` / ``as_completed``): makes the condition
+  and the two lists under ``_MAKING`` (two late waiters get the same one),
+  takes the condition, reads ``_state``, and while it holds the condition
+  either sees ``FINISHED`` or registers itself.
 
-If the completer read no condition, its ``_state`` store came before the
-waiter published one, so the waiter reads ``FINISHED`` and does not wait
-(and runs its callback itself).  If it read one, it takes it after storing
-``_state``: a waiter that read ``RUNNING`` held the condition from that read
-until it was registered, so the completer's ``notify_all`` (or its waiter
-loop, or its callback loop) finds it.  Each callback therefore runs exactly
-once: by the completer if it was added before the completer took the
-condition, by ``add_done_callback`` itself otherwise.  A finished future is
-never waited on (``result`` reads ``_state`` first).
+A future finished without a condition was finished before any condition
+existed, so a waiter that makes one reads ``FINISHED`` and neither waits
+nor is handed the future later; a future with a condition changes state
+only under it, so a waiter holding it sees the state and its registration
+change together (``as_completed`` never gets a future twice, ``wait``
+never counts one twice).  Each callback runs exactly once: by the
+completer if it was added before the completer took the condition, by
+``add_done_callback`` itself otherwise.
 
 The deterministic simulation (tests/sim/loop.py) parks a task only inside
 ``Condition.wait``: a late waiter here waits in one, so the simulation runs
@@ -131,16 +131,10 @@ class AddFuture(Future[int]):
             log.exception("exception calling callback for %r", self)
 
     def set_result(self, result: int) -> None:
-        self._result = result
-        self._state = FINISHED
-        if self._cond is not None:
-            self._wake()
+        _complete((self,), result, None)
 
     def set_exception(self, exception: BaseException | None) -> None:
-        self._exception = exception
-        self._state = FINISHED
-        if self._cond is not None:
-            self._wake()
+        _complete((self,), None, exception)
 
     # -- the late-waiter side ----------------------------------------------------------
     def _wait(self, timeout: float | None) -> None:
@@ -151,13 +145,16 @@ class AddFuture(Future[int]):
             if self._state is not FINISHED:
                 raise TimeoutError()
 
-    def _wake(self) -> None:
-        """Completed with a condition made: wake its waiters, run its callbacks."""
+    def _finish_waited(self, result: int | None, exc: BaseException | None) -> None:
+        """Complete a future a waiter made a condition for: as ``Future``
+        does, under that condition, so a ``wait`` / ``as_completed`` that
+        holds it sees the state and its waiter list change together."""
         cond = self._condition
-        failed = self._exception is not None
         with cond:
+            self._result, self._exception = result, exc
+            self._state = FINISHED
             for waiter in self._waiters:
-                if failed:
+                if exc is not None:
                     waiter.add_exception(self)
                 else:
                     waiter.add_result(self)
@@ -169,19 +166,29 @@ class AddFuture(Future[int]):
                 log.exception("exception calling callback for %r", self)
 
 
+def _complete(futures: Sequence[AddFuture], first: int | None, exc: BaseException | None) -> None:
+    """Complete each of ``futures``: with id ``first + k``, or with ``exc``.
+    Under the lock that makes conditions, a future with none is finished by
+    slot stores alone (a waiter coming later sees it finished); one with a
+    condition is finished under it, after that lock is released."""
+    waited: list[tuple[AddFuture, int | None]] = []
+    with _MAKING:
+        for k, f in enumerate(futures):
+            result = None if first is None else first + k
+            if f._cond is None:
+                f._result, f._exception = result, exc
+                f._state = FINISHED
+            else:
+                waited.append((f, result))
+    for f, result in waited:
+        f._finish_waited(result, exc)
+
+
 def complete_ids(futures: Sequence[AddFuture], first: int) -> None:
     """Complete ``futures[k]`` with entry id ``first + k``."""
-    for f, entry_id in zip(futures, range(first, first + len(futures))):
-        f._result = entry_id
-        f._state = FINISHED
-        if f._cond is not None:
-            f._wake()
+    _complete(futures, first, None)
 
 
 def fail_all(futures: Sequence[AddFuture], exc: BaseException) -> None:
     """Complete every one of ``futures`` with ``exc``."""
-    for f in futures:
-        f._exception = exc
-        f._state = FINISHED
-        if f._cond is not None:
-            f._wake()
+    _complete(futures, None, exc)
