@@ -163,9 +163,7 @@ class PendingAdds:
 
     def targets(self, entry_id: int) -> list[Send]:
         """Where to send a freshly assigned entry now (skips slots being replaced)."""
-        bad = self.unavailable_slots
-        return [Send(entry_id, s, self.ensemble[s]) for s in self.write_set(entry_id)
-                if s not in bad]
+        return [Send(entry_id, s, self.ensemble[s]) for s in self.target_slots(entry_id)]
 
     def on_ack(self, entry_id: int, slot: int, bookie: str) -> list[int]:
         return self.on_ack_range(entry_id, entry_id, slot, bookie)
