@@ -169,7 +169,7 @@ class ReadLaneConnection(LaneConnection):
         self.max_answer_bytes = max_answer_bytes
         super().__init__(address, bookie_id, now, connect_timeout, max_backlog_bytes, tls)
 
-    def _serve(self, stream) -> None:
+    def _serve(self, stream):
         while True:
             body = read_frame_into(stream, self.max_answer_bytes)
             if body is None:
