@@ -11,7 +11,8 @@ matches answers, expires late adds and closes idle connections):
   (``FrameWriter``: never blocking on a bookie that stopped reading), so the
   bookie receives a writer's requests in the order they were submitted.
 * One reader thread per connection completes the futures, in the order the
-  answers arrive, and runs the callers' callbacks.
+  answers arrive, and runs the callers' callbacks.  An entry answer (a lone
+  add's OK) is settled in its loop with one dict pop and one call.
 * When the connection ends or breaks, every unanswered add fails with an
   unknown-outcome error (``Timeout`` if the watchdog cut it for a late add).
   An answer with request_id 0 is the bookie refusing the connection's input
