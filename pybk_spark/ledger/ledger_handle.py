@@ -117,14 +117,12 @@ class LedgerHandle:
         return self._writer.limits
 
     # -- adds ---------------------------------------------------------------------------
-    def _check_size(self, payload: bytes) -> None:
-        lim = self._writer.limits
-        if not lim.entry_fits(len(payload)):
-            raise admission.too_large(len(payload), lim, ledger_id=self.ledger_id)
-
     def add_entry(self, payload: bytes) -> int:
-        payload = bytes(payload)
-        self._check_size(payload)
+        if type(payload) is not bytes:
+            payload = bytes(payload)            # the caller may reuse its buffer
+        limits = self._writer.limits
+        if not limits.entry_fits(len(payload)):       # the rule's one home
+            raise admission.too_large(len(payload), limits, ledger_id=self.ledger_id)
         fut = sync_result.new_sync_result()
         with self._submit_lock:
             if self._queued:                # earlier async adds keep their place

@@ -112,6 +112,7 @@ class LedgerWriter:
         self._inflight_free = threading.Condition(self._lock)
         self._sends = 0                         # requests to bookies not yet answered
         self._sends_done = threading.Condition(self._lock)
+        self._sends_waiters = 0                 # ``wait_all_sent`` callers: notified at 0
         self._on_metadata = on_metadata
         self.length = 0                 # payload bytes of the released entries
         self._assigned_length = 0       # ... of every assigned entry (ids are assigned in order)
@@ -157,8 +158,12 @@ class LedgerWriter:
                 if not lone:
                     return core.ensemble, core.unavailable_slots
                 slots = core.target_slots(chunk.first)
-                self._wait_inflight(len(slots))
-                self._sends += len(slots)
+                count = len(slots)
+                if self._inflight and self._inflight + count > self._max_inflight:
+                    self._wait_inflight(count)
+                else:                           # ``_wait_inflight`` with nothing to wait for
+                    self._inflight += count
+                self._sends += count
                 return core.ensemble, slots
             err = self._error
         waiter.future.set_exception(err)
@@ -218,7 +223,7 @@ class LedgerWriter:
             if self._inflight_waiters:
                 self._inflight_free.notify_all()
         self._sends -= 1
-        if not self._sends:
+        if not self._sends and self._sends_waiters:
             self._sends_done.notify_all()
 
     def _lone_answered(self, slot: int, bookie: str, lone: LoneEntry, entry_id: int,
@@ -226,9 +231,10 @@ class LedgerWriter:
         if exc is None:
             with self._lock:
                 self._answered(True)
-                self.core.on_ack_range(entry_id, entry_id, slot, bookie)
-                done = self._collect_done() if self._waiters and \
-                    self._waiters[0].last <= self.core.lac else None
+                core = self.core
+                core.ack_lone(entry_id, slot, bookie)
+                waiters = self._waiters
+                done = self._collect_done() if waiters and waiters[0].last <= core.lac else None
             if done:
                 self._complete(done)
             return
@@ -255,7 +261,11 @@ class LedgerWriter:
         has all Qw copies, not just the Qa that released its entries.  The
         requests still unanswered (0: all were)."""
         with self._lock:
-            self._sends_done.wait_for(lambda: self._sends == 0, timeout)
+            self._sends_waiters += 1
+            try:
+                self._sends_done.wait_for(lambda: self._sends == 0, timeout)
+            finally:
+                self._sends_waiters -= 1
             return self._sends
 
     @property

@@ -191,6 +191,29 @@ class PendingAdds:
             run.acks[a - run.first:b - run.first + 1, slot] |= self.holds(ids, slot)
         return self._release()
 
+    def ack_lone(self, entry_id: int, slot: int, bookie: str) -> None:
+        """``on_ack`` for the answer to a lone add, returning nothing (read
+        ``lac``): when the entry is the oldest pending one, a run of its
+        own, and no change is pending, its ack is a bit set and a count;
+        otherwise ``on_ack`` decides."""
+        if entry_id <= self.lac:         # a straggler's answer (Qw > Qa): nothing to do
+            return
+        runs = self._runs
+        if runs:
+            run = runs[0]
+            if (run.first == entry_id and run.acks is None and self.change is None
+                    and not self._queued and self.ensemble[slot] == bookie
+                    and (self.write_quorum == len(self.ensemble)
+                         or slot in self.write_set(entry_id))):
+                run.mask |= 1 << slot
+                if run.mask.bit_count() >= self.ack_quorum and self.lac + 1 == entry_id:
+                    self.lac = entry_id
+                    runs.popleft()
+                    if runs:
+                        self._release()
+                return
+        self.on_ack_range(entry_id, entry_id, slot, bookie)
+
     def _ack_one(self, entry_id: int, slot: int) -> list[int]:
         if entry_id <= self.lac or (self.write_quorum < len(self.ensemble)
                                     and slot not in self.write_set(entry_id)):

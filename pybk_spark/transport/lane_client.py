@@ -11,7 +11,8 @@ matches answers, expires late adds and closes idle connections):
   (``FrameWriter``: never blocking on a bookie that stopped reading), so the
   bookie receives a writer's requests in the order they were submitted.
 * One reader thread per connection completes the futures, in the order the
-  answers arrive, and runs the callers' callbacks.
+  answers arrive, and runs the callers' callbacks.  An entry answer (a lone
+  add's OK) is settled in its loop with one dict pop and one call.
 * When the connection ends or breaks, every unanswered add fails with an
   unknown-outcome error (``Timeout`` if the watchdog cut it for a late add).
   An answer with request_id 0 is the bookie refusing the connection's input
@@ -96,16 +97,8 @@ class LaneConnection(PendingRequests):
         err: errors.BKError
         try:
             with frame_reader(self.sock) as stream:
-                while True:
-                    resp = self._receive(stream)
-                    if resp is None:
-                        raise EOFError(f"{self.kind} lane closed by the bookie")
-                    if resp.request_id == lane_frames.CONNECTION_REQUEST_ID and resp.code != pb.OK:
-                        # earlier adds may be journaled: their outcome stays unknown
-                        raise ConnectionAbortedError(
-                            "bookie refused this connection's input: "
-                            f"{codes.error_for_code(resp.code, resp.message)!r}")
-                    self.answer(resp)
+                self._serve(stream)
+            raise EOFError(f"{self.kind} lane closed by the bookie")
         except Exception as exc:  # noqa: BLE001 - end of stream, socket error, bad frame
             err = codes.translate_socket_error(self.writer.error or exc, bookie=self.bookie_id)
         self.writer.close()
@@ -115,11 +108,37 @@ class LaneConnection(PendingRequests):
             pass
         self.ended(err)
 
-    def _receive(self, stream):
-        """The next answer (an entry answer or an ``AddResponse``), or None
-        at the end of the stream."""
-        body = read_frame(stream, _MAX_ANSWER_BYTES)
-        return None if body is None else lane_frames.parse_add_answer(body)
+    def _serve(self, stream) -> None:
+        """Settle answers until the end of the stream.  An entry answer is
+        OK and acknowledges its one entry by definition, so its add gets
+        (entry id, entry id), the result an entry frame's ``convert`` makes
+        of an OK answer, with no answer object and no ``convert`` call: one
+        of these per bookie per lone add."""
+        lock = self.lock
+        ids = lane_frames.entry_answer_ids
+        entry_kind = lane_frames.ENTRY_KIND
+        while True:
+            body = read_frame(stream, _MAX_ANSWER_BYTES)
+            if body is None:
+                return
+            if body and body[0] == entry_kind:
+                request_id, entry_id = ids(body)
+                with lock:
+                    item = self.pending.pop(request_id, None)
+                if item is not None:
+                    item[2]((entry_id, entry_id), None)
+                continue
+            self._settle(pb.AddResponse.FromString(body))
+
+    def _settle(self, resp) -> None:
+        """Complete what ``resp`` answers; an error about the connection
+        itself ends it."""
+        if resp.request_id == lane_frames.CONNECTION_REQUEST_ID and resp.code != pb.OK:
+            # earlier adds may be journaled: their outcome stays unknown
+            raise ConnectionAbortedError(
+                "bookie refused this connection's input: "
+                f"{codes.error_for_code(resp.code, resp.message)!r}")
+        self.answer(resp)
 
     def _send(self, req) -> bool:
         return self.writer.send(req)
@@ -151,9 +170,12 @@ class ReadLaneConnection(LaneConnection):
         self.max_answer_bytes = max_answer_bytes
         super().__init__(address, bookie_id, now, connect_timeout, max_backlog_bytes, tls)
 
-    def _receive(self, stream):
-        body = read_frame_into(stream, self.max_answer_bytes)
-        return None if body is None else framing.parse_read_response(body)
+    def _serve(self, stream):
+        while True:
+            body = read_frame_into(stream, self.max_answer_bytes)
+            if body is None:
+                return
+            self._settle(framing.parse_read_response(body))
 
 
 def read_lane_connector(address: str, bookie_id: str, connect_timeout: float,

@@ -160,6 +160,16 @@ def parse_entry_answer(body: bytes) -> EntryAnswer:
     return EntryAnswer(request_id, ledger_id, entry_id)
 
 
+def entry_answer_ids(body: bytes) -> tuple[int, int]:
+    """(request id, entry id) of an entry answer's body, with no object
+    made (a client's reader thread, once per bookie per lone add);
+    ``ValueError`` when it is not one's size."""
+    if len(body) != ENTRY_ANSWER_BYTES:
+        raise ValueError(f"entry answer of {len(body)} bytes, not {ENTRY_ANSWER_BYTES}")
+    _kind, request_id, _ledger_id, entry_id = _ENTRY_ANSWER_BODY.unpack(body)
+    return request_id, entry_id
+
+
 def parse_add_answer(body: bytes) -> Any:
     """An add connection's answer: an :class:`EntryAnswer` or an
     ``AddResponse`` (both with the fields a client reads); ``ValueError`` or

@@ -183,3 +183,39 @@ def test_resend_ranges_match_per_entry_resends(E, data):
     got = {(int(e), r.slot) for r in resends for e in r.entry_ids()}
     assert got == want
     assert all(r.bookie == new[r.slot] for r in resends)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_lone_acks_match_on_ack(data):
+    """``ack_lone`` (a lone add's answer) moves the LAC exactly as
+    ``on_ack`` does, through runs of one id and of many, failures, pending
+    changes and their commits, stale bookies and answers below the LAC."""
+    E = data.draw(st.integers(1, 5))
+    Qw = data.draw(st.integers(1, E))
+    Qa = data.draw(st.integers(1, Qw))
+    ens = tuple(f"b{i}" for i in range(E))
+    a, b = PendingAdds(Qw, Qa, ens), PendingAdds(Qw, Qa, ens)
+    fresh = iter(f"n{i}" for i in range(100))
+    for _ in range(data.draw(st.integers(1, 60))):
+        op = data.draw(st.sampled_from(["assign", "ack", "ack", "ack", "stale", "fail", "commit"]))
+        if op == "assign":
+            count = data.draw(st.sampled_from([1, 1, 1, 3]))
+            assert a.assign_run(count) == b.assign_run(count)
+        elif op in ("ack", "stale") and a.next_entry_id:
+            e = data.draw(st.integers(0, a.next_entry_id - 1))
+            slot = data.draw(st.integers(0, E - 1))
+            bookie = a.ensemble[slot] if op == "ack" else "gone"
+            a.on_ack(e, slot, bookie)
+            b.ack_lone(e, slot, bookie)
+        elif op == "fail":
+            slot = data.draw(st.integers(0, E - 1))
+            assert a.on_failure(slot, a.ensemble[slot]) == b.on_failure(slot, b.ensemble[slot])
+        elif op == "commit" and a.change is not None:
+            new = list(a.ensemble)
+            for s in a.change.slots:
+                new[s] = next(fresh)
+            ra, _, na = a.commit_change(tuple(new))
+            rb, _, nb = b.commit_change(tuple(new))
+            assert (ra, na) == (rb, nb)
+        assert (a.lac, a.pending) == (b.lac, b.pending)
