@@ -45,7 +45,7 @@ import threading
 from collections import deque
 from concurrent.futures import Future
 from types import TracebackType
-from typing import Callable, Iterable
+from typing import Callable, Iterable, TypeVar
 
 from pybk_spark import errors
 from pybk_spark.ledger.context import ClientContext
@@ -62,6 +62,7 @@ from pybk_spark.ledger.recovery_op import recover
 from pybk_spark.wire.entries import Entry, entry_record_head
 
 log = logging.getLogger("pybk_spark.ledger")
+_F = TypeVar("_F", bound=AddFuture)
 
 
 class LedgerHandle:
@@ -145,7 +146,15 @@ class LedgerHandle:
         that makes its condition only when someone waits on it pending."""
         if type(payload) is not bytes:
             payload = bytes(payload)            # the caller may reuse its buffer
-        fut = AddFuture(payload)
+        return self.enqueue_add(AddFuture(payload))
+
+    def enqueue_add(self, fut: _F) -> _F:
+        """Queue the pipelined add ``fut`` holds (an ``AddFuture`` made with
+        its payload, as ``bytes``), as ``add_entry_async`` does: for a layer
+        above that hands its callers its own ``AddFuture`` subclass (a log
+        writer's presents a position), with no second future or callback
+        per add.  Returns ``fut``."""
+        payload: bytes = fut._payload           # type: ignore[assignment]
         limits = self._writer.limits
         if not limits.entry_fits(len(payload)):       # the rule's one home
             fut.set_exception(admission.too_large(len(payload), limits,
