@@ -11,8 +11,14 @@ futures are completed before anyone waits on them, so ``AddFuture`` (a
 list only when a caller first needs them (``result`` / ``exception`` on a
 pending future, ``add_done_callback``, ``wait`` / ``as_completed``, which
 reach them through the ``_condition`` property).  A future with nobody
-waiting is completed by three slot stores (``complete_ids``,
+waiting is completed by four slot stores (``complete_ids``,
 ``fail_all``: a whole batch in one loop).
+
+While its add is queued the future also holds the add's payload
+(``_payload``, dropped when it completes), so the handle's queue holds one
+object per call: the future is the one object a call leaves for the
+cyclic garbage collector, whose young collections, and the full ones they
+lead to, come at a rate set by such objects.
 
 States: an ``AddFuture`` is ``RUNNING`` from the start (the add is queued
 and will be sent; it cannot be taken back, so ``cancel()`` is False, as for
@@ -66,9 +72,11 @@ class AddFuture(Future[int]):
     # waiter's must land in one place (on CPython 3.11 a completer storing
     # ``_state`` into an instance whose dict a waiter has just grown can drop
     # the waiter's ``_cond``, leaving the waiter asleep on a completed add)
-    __slots__ = ("_state", "_result", "_exception", "_cond", "_waiters", "_done_callbacks")
+    __slots__ = ("_state", "_result", "_exception", "_cond", "_waiters", "_done_callbacks",
+                 "_payload")
 
-    def __init__(self) -> None:     # noqa: D107 - the condition is made when needed
+    def __init__(self, payload: bytes | None = None) -> None:  # noqa: D107 - the condition is made when needed
+        self._payload = payload     # the queued add's payload, until it completes
         self._state = RUNNING
         self._result: int | None = None
         self._exception: BaseException | None = None
@@ -175,6 +183,7 @@ def _complete(futures: Sequence[AddFuture], first: int | None, exc: BaseExceptio
     with _MAKING:
         for k, f in enumerate(futures):
             result = None if first is None else first + k
+            f._payload = None
             if f._cond is None:
                 f._result, f._exception = result, exc
                 f._state = FINISHED

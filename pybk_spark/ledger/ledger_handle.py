@@ -14,8 +14,8 @@ before it in one core step (each entry carries its cumulative length, as in
 BookKeeper), its digests are computed, and it becomes one Arrow batch sent to every bookie of
 its write sets (``LedgerWriter``).  Futures complete in id order.
 
-``add_entry_async`` returns an ``AddFuture`` (ledger/add_future.py) and
-appends (payload, future) to a deque without a lock; a drain on the
+``add_entry_async`` returns an ``AddFuture`` (ledger/add_future.py) holding
+its payload and appends it to a deque without a lock; a drain on the
 client's executor takes one batch from its left (``_take_queued``, under
 the submit lock, at most ``async_add_window`` batches in flight), and the
 batch's completion (``_CoalescedBatch``) completes its calls' futures in one
@@ -45,7 +45,7 @@ import threading
 from collections import deque
 from concurrent.futures import Future
 from types import TracebackType
-from typing import Callable, Iterable
+from typing import Callable, Iterable, TypeVar
 
 from pybk_spark import errors
 from pybk_spark.ledger.context import ClientContext
@@ -59,9 +59,10 @@ from pybk_spark.protocol import batch_cuts
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.ledger.read_handle import ReadHandle
 from pybk_spark.ledger.recovery_op import recover
-from pybk_spark.wire.entries import Entry, cumulative_lengths, entry_record_head, make_batch
+from pybk_spark.wire.entries import Entry, entry_record_head
 
 log = logging.getLogger("pybk_spark.ledger")
+_F = TypeVar("_F", bound=AddFuture)
 
 
 class LedgerHandle:
@@ -82,9 +83,10 @@ class LedgerHandle:
         self._submit_lock = threading.RLock()  # ids assigned and sent in order
         # add_entry_async calls made while earlier ones are being sent are
         # coalesced into one Arrow batch per bookie (one RPC, not one per
-        # entry).  Callers append without a lock; only a holder of
-        # _submit_lock takes from the left (_take_queued).
-        self._queued: deque[tuple[bytes, AddFuture]] = deque()
+        # entry).  Callers append their futures (each holding its payload)
+        # without a lock; only a holder of _submit_lock takes from the left
+        # (_take_queued).
+        self._queued: deque[AddFuture] = deque()
         self._queue_lock = threading.Lock()     # the drain flag and the window count
         self._drain_scheduled = False
         self._async_inflight = 0
@@ -140,15 +142,23 @@ class LedgerHandle:
         (Nagle's idea).  Entry ids follow call order.  The future is an
         ``AddFuture`` (ledger/add_future.py): a ``concurrent.futures.Future``
         that makes its condition only when someone waits on it pending."""
-        fut = AddFuture()
         if type(payload) is not bytes:
             payload = bytes(payload)            # the caller may reuse its buffer
+        return self.enqueue_add(AddFuture(payload))
+
+    def enqueue_add(self, fut: _F) -> _F:
+        """Queue the pipelined add ``fut`` holds (an ``AddFuture`` made with
+        its payload, as ``bytes``), as ``add_entry_async`` does: for a layer
+        above that hands its callers its own ``AddFuture`` subclass (a log
+        writer's presents a position), with no second future or callback
+        per add.  Returns ``fut``."""
+        payload: bytes = fut._payload           # type: ignore[assignment]
         limits = self._writer.limits
         if not limits.entry_fits(len(payload)):       # the rule's one home
             fut.set_exception(admission.too_large(len(payload), limits,
                                                   ledger_id=self.ledger_id))
             return fut
-        self._queued.append((payload, fut))
+        self._queued.append(fut)
         if not self._drain_scheduled:
             self._kick()
         return fut
@@ -193,14 +203,14 @@ class LedgerHandle:
             self._async_inflight += 1
         conf = self.ctx.conf
         pop = q.popleft
-        items = [pop() for _ in range(min(len(q), max(1, conf.add_batch_entries)))]
-        payloads = [p for p, _ in items]
+        futures = [pop() for _ in range(min(len(q), max(1, conf.add_batch_entries)))]
+        payloads: list[bytes] = [f._payload for f in futures]   # type: ignore[misc]
         take = batch_cuts.first_batch(list(map(len, payloads)), conf.add_batch_entries,
                                       conf.add_batch_bytes, self._writer.limits)
-        if take < len(items):
-            q.extendleft(reversed(items[take:]))        # back in front, in order
-            del items[take:], payloads[take:]
-        return payloads, [f for _, f in items]
+        if take < len(futures):
+            q.extendleft(reversed(futures[take:]))      # back in front, in order
+            del futures[take:], payloads[take:]
+        return payloads, futures
 
     def _async_batch_done(self) -> None:
         """A coalesced batch finished: its window slot is free again."""
@@ -277,13 +287,8 @@ class LedgerHandle:
             except errors.BKError as exc:
                 fut.set_exception(exc)
                 return
-            n = len(payloads)
-            ids = range(first, first + n)
-            lacs = [lac] * n
-            lengths = cumulative_lengths(base, payloads)
-            digests = self._digester.compute(self.ledger_id, ids, lacs, lengths, payloads)
-            batch = make_batch(self.ledger_id, ids, lacs, lengths, payloads, digests)
-            last = first + n - 1
+            batch = self._digester.run_batch(self.ledger_id, first, lac, base, payloads)
+            last = first + len(payloads) - 1
             result: Callable[[], object] = ((lambda: first) if isinstance(fut, _CoalescedBatch)
                                             else (lambda: list(range(first, last + 1))))
             self._writer.submit(batch, Waiter(last, fut, result), nbytes=nbytes)

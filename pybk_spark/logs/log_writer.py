@@ -43,9 +43,10 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional, cast
 
 from pybk_spark import errors
+from pybk_spark.ledger.add_future import AddFuture
 from pybk_spark.ledger.ledger_handle import LedgerHandle
 from pybk_spark.ledger.port import LedgerClient
 from pybk_spark.logs.log import claim_log_password, drop_created_log, find_log, read_log, update_log
@@ -188,10 +189,17 @@ class LogWriter:
             raise errors.IllegalOp("log writer not open (call open())")
         return self._handle
 
+    def _fenced(self, handle: LedgerHandle) -> bool:
+        """Lost leadership: noted, or ``handle``'s writer fenced (its adds,
+        appends among them, fail with that ``LedgerFenced``)."""
+        if isinstance(handle.error, errors.LedgerFenced):
+            self._lost = True
+        return self._lost
+
     def _check_open(self) -> LedgerHandle:
         """The current ledger's handle, if this writer may still append."""
         handle = self._open_handle()
-        if self._lost:
+        if self._fenced(handle):
             raise errors.LedgerFenced("this writer lost leadership of the log, or stopped "
                                       "after a failed roll: open a new writer", log=self.name)
         return handle
@@ -207,25 +215,17 @@ class LogWriter:
         return now
 
     def append_async(self, payload: bytes) -> "Future[Position]":
+        """A pipelined append: its ``_Appended`` future is the ledger
+        handle's queued add itself (``LedgerHandle.enqueue_add``), completed
+        in bulk with the others, its position made when it is read."""
         with self._lock:
             self._maybe_roll(self._check_open())
             handle, index = self._check_open(), self._index
             head = append_time.header(self._stamp(handle.ledger_id))
-            inner = handle.add_entry_async(head + bytes(payload))
+            fut = handle.enqueue_add(_Appended(head + bytes(payload), index, handle.ledger_id))
             self._entries += 1
             self._bytes += len(payload)
-        outer: Future[Position] = Future()
-
-        def done(f: Future[int]) -> None:
-            try:
-                outer.set_result(self._position(index, handle.ledger_id, f.result()))
-            except errors.LedgerFenced as exc:
-                self._lost = True
-                outer.set_exception(exc)
-            except BaseException as exc:  # noqa: BLE001 - propagate to the caller's future
-                outer.set_exception(exc)
-        inner.add_done_callback(done)
-        return outer
+        return cast("Future[Position]", fut)
 
     def append_batch(self, payloads: Iterable[bytes]) -> list[Position]:
         payloads = list(payloads)
@@ -278,6 +278,7 @@ class LogWriter:
             # writer must not roll again: it stops, and a reopen recovers it
             self._lost = True
             raise
+        self._fenced(previous)                 # its last appends may have been fenced
         self._record_closed(previous)
         self._retain()
         return handle.ledger_id
@@ -305,7 +306,7 @@ class LogWriter:
     def is_leader(self) -> bool:
         """False once another writer has fenced us or taken the tail."""
         handle = self._handle
-        if self._lost or handle is None:
+        if handle is None or self._fenced(handle):
             return False
         try:
             md, _ = read_log(self._bk.metadata_store, self.name)
@@ -332,6 +333,24 @@ class LogWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _Appended(AddFuture):
+    """A pipelined append's future: the handle's ``AddFuture`` of the entry
+    (completed in bulk with its batch, module add_future), whose result is
+    the entry's ``Position`` in the log, made when it is read (a callback
+    per append completing a second future is twice the work at the
+    completer).  Typed ``Future[Position]`` to callers."""
+
+    __slots__ = ("_index", "_ledger_id")
+
+    def __init__(self, payload: bytes, index: int, ledger_id: int) -> None:
+        super().__init__(payload)
+        self._index = index
+        self._ledger_id = ledger_id
+
+    def result(self, timeout: float | None = None) -> Position:  # type: ignore[override]
+        return Position(self._index, self._ledger_id, AddFuture.result(self, timeout))
 
 
 def open_log_writer(bk: LedgerClient, name: str, **options: Any) -> LogWriter:

@@ -15,10 +15,12 @@ system allocator.  ``ARROW_DEFAULT_MEMORY_POOL``, when the operator sets it,
 wins: the process default is then used as it is.  ``use_for_process()``
 makes the pool the process default (bookie-server does, at start: every
 Arrow allocation in a bookie is on the data path); the client library
-only uses it for the big buffers it allocates itself: read answers
-(wire/frame_socket.py) and the payload column of an add batch
-(wire/entries.py ``make_batch``), never changing its host process's
-default (a Spark Python worker runs user code too).
+only uses it for the big buffers Arrow allocates for it: read answers
+(wire/frame_socket.py) and the payload column ``make_batch`` converts
+(wire/entries.py), never changing its host process's default (a Spark
+Python worker runs user code too).  A writer's batches (``run_batch``)
+take their payload column as one joined ``bytes``, a block glibc's malloc
+keeps and reuses in the same way.
 """
 from __future__ import annotations
 

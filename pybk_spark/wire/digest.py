@@ -25,7 +25,8 @@ import pyarrow as pa
 
 from pybk_spark import errors
 from pybk_spark.protocol.ledger_metadata import master_key
-from pybk_spark.wire.entries import binary_buffers, one_batch, payload_views
+from pybk_spark.wire.entries import (binary_buffers, binary_column, make_batch, one_batch,
+                                     payload_views, run_batch, value_ends)
 
 _HDR = struct.Struct(">qqqq")
 _CRC = struct.Struct(">I")
@@ -70,6 +71,36 @@ class Digester:
                     for e, l, n, p in zip(entry_ids, lacs, lengths, payloads)]
         one = self.one
         return [one(ledger_id, e, l, n, p) for e, l, n, p in zip(entry_ids, lacs, lengths, payloads)]
+
+    def run_batch(self, ledger_id: int, first: int, lac: int, base: int,
+                  payloads: Sequence[bytes]) -> pa.RecordBatch:
+        """The batch a writer sends for ``payloads`` given ids ``first`` on,
+        LAC ``lac``, after a ledger length of ``base`` bytes, digests
+        computed.  A crc32c run of ``_BATCH_HASH_MIN_ROWS`` or more hashes
+        its headers as columns (``header_crcs``), each payload with one
+        ``extend``, and keeps the digests as one buffer of big-endian
+        uint32s: per entry, one C call and no objects."""
+        n = len(payloads)
+        ends = value_ends(payloads)
+        lengths = ends + base
+        if n == 1 or self.digest_type != "crc32c" or n < _BATCH_HASH_MIN_ROWS:
+            ids = range(first, first + n)
+            lacs = [lac] * n
+            lens = lengths.tolist()
+            digs = self.compute(ledger_id, ids, lacs, lens, payloads)
+            if n == 1:
+                return make_batch(ledger_id, ids, lacs, lens, payloads, digs)
+            return run_batch(ledger_id, first, lac, lengths, payloads, ends,
+                             binary_column(digs, value_ends(digs)))
+        hdr = header_crcs(np.full(n, ledger_id, dtype=np.int64),
+                          np.arange(first, first + n, dtype=np.int64),
+                          np.full(n, lac, dtype=np.int64), lengths)
+        crcs = np.fromiter(map(google_crc32c.extend, hdr.tolist(), payloads),
+                           dtype=np.uint32, count=n).astype(">u4")
+        offsets = np.arange(0, _CRC.size * (n + 1), _CRC.size, dtype=np.int32)
+        digests = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets),
+                                                         pa.py_buffer(crcs)])
+        return run_batch(ledger_id, first, lac, lengths, payloads, ends, digests)
 
     def verify_batch(self, batch: pa.RecordBatch | pa.Table) -> np.ndarray:
         """Boolean mask: True where the row's digest is correct.  Payloads are

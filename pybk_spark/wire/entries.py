@@ -77,6 +77,41 @@ _Q = struct.Struct("<q").pack
 _OFFSETS = struct.Struct("<ii").pack
 
 
+def value_ends(values: Sequence[Any]) -> np.ndarray:
+    """The end offset of each of ``values`` laid back to back (int64)."""
+    return np.cumsum(np.fromiter(map(len, values), dtype=np.int64, count=len(values)))
+
+
+def binary_column(values: Sequence[Any], ends: np.ndarray) -> pa.Array:
+    """A binary column of ``values`` (``ends``: their ``value_ends``) from
+    its two buffers: the offsets and one join of the values, with no
+    per-value conversion (``pa.array`` of a list of bytes converts each)."""
+    n = len(values)
+    offsets = np.empty(n + 1, dtype=np.int32)
+    offsets[0] = 0
+    offsets[1:] = ends
+    return pa.Array.from_buffers(_BINARY, n, [None, pa.py_buffer(offsets),
+                                               pa.py_buffer(b"".join(values))])
+
+
+def run_batch(ledger_id: int, first: int, lac: int, lengths: np.ndarray,
+              payloads: Sequence[bytes], payload_ends: np.ndarray,
+              digests: pa.Array) -> pa.RecordBatch:
+    """The batch of a run of entries a writer sends: ids ``first`` on, one
+    LAC, ``lengths`` their cumulative ledger lengths, ``payload_ends`` the
+    ``value_ends`` of ``payloads``, ``digests`` their digest column.  The
+    same batch and IPC bytes as ``make_batch`` (tests/unit/test_wire.py)."""
+    n = len(payloads)
+    return pa.RecordBatch.from_arrays([
+        pa.array(np.full(n, ledger_id, dtype=np.int64)),
+        pa.array(np.arange(first, first + n, dtype=np.int64)),
+        pa.array(np.full(n, lac, dtype=np.int64)),
+        binary_column(payloads, payload_ends),
+        digests,
+        pa.array(lengths),
+    ], schema=ENTRY_SCHEMA)
+
+
 def _one_row(ledger_id: int, entry_id: int, lac: int, length: int, payload: bytes,
              digest: bytes) -> pa.RecordBatch:
     """``make_batch`` of one entry (every sync add) from its buffers: 33 us

@@ -1,5 +1,6 @@
 """Logs on a real cluster: leader open with fencing, rolling, truncation and
 tailing readers."""
+import concurrent.futures
 import threading
 import time
 
@@ -10,6 +11,7 @@ from pybk_spark.logs.log import list_logs, read_log
 from pybk_spark.logs.log_writer import LogWriter, RollPolicy
 from pybk_spark.logs.truncation import truncate_log
 from pybk_spark.logs.log_reader import LogReader
+from pybk_spark.protocol.log_metadata import Position
 
 pytestmark = pytest.mark.slow
 
@@ -41,6 +43,34 @@ def test_append_roll_and_read_back_in_order(bk):
     assert [r.payload for r in got] == payloads("a", 60) + payloads("b", 40)
     assert [r.position for r in got] == positions
     assert "events" in list_logs(bk.metadata_store)
+
+
+def test_pipelined_appends_give_positions_through_every_future_interface(bk):
+    """``append_async``'s future is the ledger handle's queued add itself:
+    its result, a done callback, ``as_completed`` and ``wait`` all see the
+    entry's position, across rolls, and an oversized append fails alone."""
+    seen: list = []
+    with LogWriter(bk, "piped", roll_policy=RollPolicy(max_entries=30)).open() as w:
+        futs = []
+        for p in payloads("p", 100):
+            f = w.append_async(p)
+            f.add_done_callback(lambda f: seen.append(f.result()))
+            futs.append(f)
+        too_big = w.append_async(b"x" * (w._open_handle().limits.max_entry_bytes + 1))
+        done, _ = concurrent.futures.wait(futs, timeout=60)
+        assert len(done) == 100
+        positions = [f.result() for f in futs]
+        assert [f.result() for f in concurrent.futures.as_completed(futs, timeout=60)] != []
+        assert isinstance(too_big.exception(timeout=60), errors.TooLarge)
+        positions.append(w.append(b"after"))
+    assert all(isinstance(p, Position) for p in positions)
+    assert positions == sorted(positions) and len(set(positions)) == 101
+    assert sorted(seen) == positions[:100]
+    md, _ = read_log(bk.metadata_store, "piped")
+    assert len(md.segments) >= 3
+    got = read_all(bk, "piped")
+    assert [r.payload for r in got] == payloads("p", 100) + [b"after"]
+    assert [r.position for r in got] == positions
 
 
 def test_leader_duel_exactly_one_writer_wins(bk, fresh_scope):

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from pybk_spark.wire.digest import Digester, header_crcs, payload_views
-from pybk_spark.wire.entries import cumulative_lengths, make_batch
+from pybk_spark.wire.entries import batch_to_bytes, cumulative_lengths, make_batch
 
 
 @pytest.mark.parametrize("digest_type", ["crc32c", "hmac", "none"])
@@ -129,3 +129,25 @@ def test_a_table_of_large_chunks_is_hashed_chunk_by_chunk_without_a_copy():
     batch = make_batch(3, range(n), [-1] * n, lengths, payloads, digests)
     table = pa.Table.from_batches([batch.slice(0, 200), batch.slice(200)])
     assert d.verify_batch(table).tolist() == [i != 250 for i in range(n)]
+
+
+@pytest.mark.parametrize("digest_type", ["crc32c", "hmac", "none"])
+@given(payloads=st.lists(st.binary(max_size=200), min_size=1, max_size=150),
+       first=st.integers(0, 1 << 40), base=st.integers(0, 1 << 40))
+@settings(max_examples=40, deadline=None)
+def test_run_batch_is_the_batch_and_bytes_of_the_row_by_row_path(digest_type, payloads, first,
+                                                                  base):
+    """``run_batch`` builds a writer's batch from column buffers (and a long
+    crc32c run's digests from column header CRCs): the same batch and IPC
+    bytes as digests by ``compute`` and ``make_batch``, on both sides of
+    the row count where the column hashing starts."""
+    d = Digester(digest_type, b"pw")
+    n = len(payloads)
+    ids, lacs = range(first, first + n), [first - 1] * n
+    lengths = cumulative_lengths(base, payloads)
+    want = make_batch(7, ids, lacs, lengths, payloads, d.compute(7, ids, lacs, lengths, payloads))
+    got = d.run_batch(7, first, first - 1, base, payloads)
+    got.validate(full=True)
+    assert got.equals(want)
+    assert batch_to_bytes(got) == batch_to_bytes(want)
+    assert d.verify_batch(got).all()
