@@ -306,14 +306,28 @@ class EntryStore:
             take_rows, ref_of_row = take_rows[mine], ref_of_row[mine]
             if len(take_rows) == 0:
                 return empty_batch(), limited
-        self.files.will_need(ref_objs, max_bytes)
+        if stripe is None:
+            # every stored id of the span (a pull, a replicas check): each
+            # stored batch is read once, whole, around the page cache
+            read_whole = self.files.batch_whole
+        else:
+            self.files.will_need(ref_objs, max_bytes)
+            read_whole = self.files.batch_of
         lone = _decode_lone(ref_objs)
         for ref_id, ref in by_id.items():
             if id(ref) in lone:
                 by_id[ref_id] = Ref(ref.ledger, lone[id(ref)])
+        got: dict[int, pa.RecordBatch] = {}
+
+        def stored(ref_id: int) -> pa.RecordBatch:
+            batch = got.get(ref_id)
+            if batch is None:
+                batch = got[ref_id] = read_whole(by_id[ref_id])
+            return batch
+
         if len(take_rows) <= SLICE_READ_MAX_ROWS:
             # few (large) entries: zero-copy row slices, copied once by combine_chunks below
-            parts = [self.files.batch_of(by_id[ref]).slice(row, 1)
+            parts = [stored(ref).slice(row, 1)
                      for ref, row in zip(ref_of_row.tolist(), take_rows.tolist())]
         else:   # one piece per run of rows in the same stored batch: a zero-copy
             # slice where the run is contiguous (a copy's or a whole fragment's
@@ -324,9 +338,9 @@ class EntryStore:
             gapped = np.add.reduceat(gaps, bounds[:-1]) - gaps[bounds[1:] - 1]
             parts = []
             for a, b, g in zip(bounds[:-1].tolist(), bounds[1:].tolist(), gapped.tolist()):
-                stored = self.files.batch_of(by_id[int(ref_of_row[a])])
-                parts.append(stored.take(pa.array(take_rows[a:b])) if g
-                             else stored.slice(int(take_rows[a]), b - a))
+                rows_of = stored(int(ref_of_row[a]))
+                parts.append(rows_of.take(pa.array(take_rows[a:b])) if g
+                             else rows_of.slice(int(take_rows[a]), b - a))
         table = pa.Table.from_batches(parts, schema=ENTRY_SCHEMA)
         return _within_bytes(table, max_bytes, limited)
 

@@ -44,3 +44,13 @@ def test_nothing_remaining_asks_nobody():
     sources = es.ReplicaSources(3, 2, 0, lost_first=True)
     assert sources.next(np.empty(0, np.int64)) is None
     assert sources.tried == set()
+
+
+def test_ids_left_after_a_pull():
+    from pybk_spark.admin.operations.bookie_copy import _left_after
+    ids = np.arange(0, 20, 2, dtype=np.int64)
+    none = np.empty(0, np.int64)
+    assert _left_after(ids, ids, none).tolist() == []
+    assert _left_after(ids, ids, np.array([4, 8])).tolist() == [4, 8]
+    assert _left_after(ids, ids[::2], none).tolist() == [2, 6, 10, 14, 18]
+    assert _left_after(ids, ids[::2], np.array([0, 12])).tolist() == [0, 2, 6, 10, 12, 14, 18]

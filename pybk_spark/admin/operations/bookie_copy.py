@@ -58,10 +58,22 @@ def pull_fragment(bk: LedgerClient, w: audit.FragmentWork, write_quorum: int, ke
         nbytes += got.bytes
         if got.message:
             notes.append(f"{bookie}: {got.message}")
-        remaining = np.union1d(np.setdiff1d(remaining, ids, assume_unique=True), got.missing)
+        remaining = _left_after(remaining, ids, got.missing)
     if len(remaining):
         raise errors.ReadError(f"no surviving intact replica for entries "
                                f"{es.ranges_text(remaining)}"
                                + (f" ({'; '.join(notes)})" if notes else ""),
                                ledger_id=w.ledger_id)
     return entries, nbytes
+
+
+def _left_after(remaining: np.ndarray, asked: np.ndarray, missing: np.ndarray) -> np.ndarray:
+    """The ids of ``remaining`` still to copy after a pull of ``asked`` (a
+    subset of it) that did not copy ``missing``: the set operations (a sort
+    or hash of every id, ~2 ms per 50,000) only where a pull left some
+    behind or asked a part, which the usual pull (every id, all copied)
+    does not."""
+    if len(asked) == len(remaining):             # asked every id still to copy
+        return np.asarray(missing, dtype=np.int64)
+    left = np.setdiff1d(remaining, asked, assume_unique=True)
+    return np.union1d(left, missing) if len(missing) else left
