@@ -49,6 +49,9 @@ class JournalFile:
         self.seq = 0
         self.offset = 0
         self._allocated = 0
+        # the end at which the file is full or its preallocation runs short:
+        # below it a group's write needs no roll and no preallocation step
+        self.check_at = 0
 
     def open_after_existing(self) -> None:
         files = list_files(self.dir)
@@ -68,19 +71,26 @@ class JournalFile:
             os.close(dfd)
 
     def preallocate(self, need: int = 0) -> None:
-        if self.prealloc_bytes <= 0:
-            return
-        while self._allocated < self.offset + max(need, self._headroom):
-            try:
-                os.posix_fallocate(self.fd, self._allocated, self.prealloc_bytes)
-            except OSError:
-                self.prealloc_bytes = 0
-                return
-            self._allocated += self.prealloc_bytes
+        try:
+            while (self.prealloc_bytes > 0
+                   and self._allocated < self.offset + max(need, self._headroom)):
+                try:
+                    os.posix_fallocate(self.fd, self._allocated, self.prealloc_bytes)
+                except OSError:
+                    self.prealloc_bytes = 0
+                    return
+                self._allocated += self.prealloc_bytes
+        finally:
+            self.check_at = self.max_file_bytes if self.prealloc_bytes <= 0 \
+                else min(self.max_file_bytes, self._allocated - self._headroom)
 
     def write_group(self, group: list[Submission]) -> int:
         """Frame and write ``group``'s records at the end; returns the bytes
         written (PAD records included).  Raises what the write raised."""
+        if len(group) == 1:
+            sub = group[0]
+            if len(sub.records) == 1 and not self.direct.wants(sub.nbytes):
+                return self._write_record(sub)
         direct = self.direct.wants(group[0].nbytes if len(group) == 1
                                    else sum(sub.nbytes for sub in group))
         lead_pad = pad_before(self.offset) if direct else 0
@@ -98,6 +108,19 @@ class JournalFile:
             total = self.write_all(self.fd, pieces, self.offset)
         self.offset += total
         return total
+
+    def _write_record(self, sub: Submission) -> int:
+        """``write_group`` of a group of one record (a lone add): one frame,
+        one ``pwritev``, buffered."""
+        rtype, body = sub.records[0]
+        start = self.offset
+        size = HEADER.size + len(body)
+        pieces = frame(rtype, body)
+        sub.locations = [(self.seq, start + HEADER.size)]
+        if self._pwritev(self.fd, pieces, start) < size:   # rare short write
+            self.write_all(self.fd, pieces, start)          # the same bytes, whole
+        self.offset = start + size
+        return size
 
     def write_all(self, fd: int, pieces: list[Body], start: int) -> int:
         offset = start

@@ -52,6 +52,18 @@ class SyncedWindow:
         self._ranges: "collections.deque[list[int]]" = collections.deque()   # [seq, start, end]
         self.held = 0
 
+    def extend(self, seq: int, start: int, end: int) -> bool:
+        """``synced`` for the common case, without building an answer: the
+        range continues the newest one and nothing falls out of the window.
+        False (nothing recorded) otherwise: call ``synced``."""
+        last = self._ranges[-1] if self._ranges else None
+        if (last is None or last[2] != start or last[0] != seq or end <= start
+                or self.held + (end - start) > self.keep_bytes + self.slack):
+            return False
+        last[2] = end
+        self.held += end - start
+        return True
+
     def synced(self, seq: int, start: int, end: int) -> list[tuple[int, int, int]]:
         """Record that ``[start, end)`` of journal file ``seq`` is durable;
         return the ranges to drop now, as (seq, start, end) with ``start``
