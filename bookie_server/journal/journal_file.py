@@ -87,10 +87,6 @@ class JournalFile:
     def write_group(self, group: list[Submission]) -> int:
         """Frame and write ``group``'s records at the end; returns the bytes
         written (PAD records included).  Raises what the write raised."""
-        if len(group) == 1:
-            sub = group[0]
-            if len(sub.records) == 1 and not self.direct.wants(sub.nbytes):
-                return self._write_record(sub)
         direct = self.direct.wants(group[0].nbytes if len(group) == 1
                                    else sum(sub.nbytes for sub in group))
         lead_pad = pad_before(self.offset) if direct else 0
@@ -108,19 +104,6 @@ class JournalFile:
             total = self.write_all(self.fd, pieces, self.offset)
         self.offset += total
         return total
-
-    def _write_record(self, sub: Submission) -> int:
-        """``write_group`` of a group of one record (a lone add): one frame,
-        one ``pwritev``, buffered."""
-        rtype, body = sub.records[0]
-        start = self.offset
-        size = HEADER.size + len(body)
-        pieces = frame(rtype, body)
-        sub.locations = [(self.seq, start + HEADER.size)]
-        if self._pwritev(self.fd, pieces, start) < size:   # rare short write
-            self.write_all(self.fd, pieces, start)          # the same bytes, whole
-        self.offset = start + size
-        return size
 
     def write_all(self, fd: int, pieces: list[Body], start: int) -> int:
         offset = start
