@@ -43,14 +43,19 @@ Ordering obligations:
     it the next group and its submitter the leader, and ``lead_now`` (after
     that lock) writes, syncs and applies it with no future: the submitter
     answers from the return value.  Both leader paths and the pipeline run
-    the same write, sync and poison steps (``_write_group``,
-    ``_sync_groups``), so a failure fails an inline submission exactly as it
-    fails a queued one.
+    the same write, sync and poison steps (``_write_group``, ``_sync``), so
+    a failure fails an inline submission exactly as it fails a queued one.
+    A leader's group of one goes through them without the lists a batch of
+    groups needs: ``_sync`` takes the group and its position as they are,
+    the page-cache window is extended in place (``SyncedWindow.extend``)
+    and the roll and preallocation check is one comparison
+    (``JournalFile.check_at``).
   * A group of at least ``direct_min_bytes`` is written with ``O_DIRECT``
     (direct_write.py): PAD records align it, no byte already written is
     rewritten, and it is acknowledged after the same fdatasync as any group.
   * ``page_cache_keep_bytes`` (page_cache.py): after the fdatasync and the acks,
-    synced ranges that fell that far behind leave the page cache (advice).
+    synced ranges that fell that far behind leave the page cache (advice,
+    one ``posix_fadvise`` per window slack, not per group).
   * Rolling to a new file waits (barrier) until the sync thread is done with
     the old file descriptor.
   * A write or fdatasync failure poisons the journal for good: after a failed

@@ -16,7 +16,9 @@ with the ranges that have fallen more than ``keep_bytes`` behind the newest
 synced byte.  Those are dropped with ``posix_fadvise(DONTNEED)``
 (``drop``), which is BookKeeper's journalRemoveFromPageCache (which drops
 every range at once: ``keep_bytes = 0`` here).  To keep the system calls few,
-nothing is dropped until ``slack`` bytes beyond the window have built up.
+nothing is dropped until ``slack`` bytes beyond the window have built up;
+until then a range that continues the newest one only extends it
+(``extend``, the journal's per-group step: no list is built).
 
 Ordering obligations:
   * a range is reported only after its fdatasync returned: dropping pages
