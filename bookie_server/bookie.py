@@ -199,12 +199,12 @@ class Bookie:
         with self.ledgers.lock:         # cond's lock (ledger_table.py)
             for sub in group:
                 rec = sub.payload
-                if rec is None:
-                    continue
-                if isinstance(rec, EntryRecord):    # ADD_ENTRY: likewise the last record
+                if type(rec) is EntryRecord:    # ADD_ENTRY (the last record): a lone add, first
                     self.store.add_entry(rec.ledger_id, rec.entry_id, rec.record)
                     self.states[rec.ledger_id] = ls.apply_entries(
                         self.ledgers.get(rec.ledger_id), rec.lac, rec.entry_id)
+                elif rec is None:
+                    continue
                 elif isinstance(rec, AddRecord):  # ADD_BATCH is the submission's last record
                     self._apply_batch(rec.ledger_id, rec.batch, rec.raw,
                                       sub.locations[-1] if sub.locations else None)

@@ -43,14 +43,19 @@ Ordering obligations:
     it the next group and its submitter the leader, and ``lead_now`` (after
     that lock) writes, syncs and applies it with no future: the submitter
     answers from the return value.  Both leader paths and the pipeline run
-    the same write, sync and poison steps (``_write_group``,
-    ``_sync_groups``), so a failure fails an inline submission exactly as it
-    fails a queued one.
+    the same write, sync and poison steps (``_write_group``, ``_sync``), so
+    a failure fails an inline submission exactly as it fails a queued one.
+    A leader's group of one goes through them without the lists a batch of
+    groups needs: ``_sync`` takes the group and its position as they are,
+    the page-cache window is extended in place (``SyncedWindow.extend``)
+    and the roll and preallocation check is one comparison
+    (``JournalFile.check_at``).
   * A group of at least ``direct_min_bytes`` is written with ``O_DIRECT``
     (direct_write.py): PAD records align it, no byte already written is
     rewritten, and it is acknowledged after the same fdatasync as any group.
   * ``page_cache_keep_bytes`` (page_cache.py): after the fdatasync and the acks,
-    synced ranges that fell that far behind leave the page cache (advice).
+    synced ranges that fell that far behind leave the page cache (advice,
+    one ``posix_fadvise`` per window slack, not per group).
   * Rolling to a new file waits (barrier) until the sync thread is done with
     the old file descriptor.
   * A write or fdatasync failure poisons the journal for good: after a failed
@@ -86,7 +91,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from bookie_server.journal.journal_file import JournalFile
 from bookie_server.journal.records import JournalRecord
@@ -204,9 +209,10 @@ class Journal:
         to ``lead_now`` right after releasing its own locks.  None when the
         journal is busy or the submission is large: ``submit`` it instead.
         ``BookieIOError`` once the journal has failed or closed."""
-        nbytes = 0
-        for _, body in records:
-            nbytes += HEADER.size + len(body)
+        if len(records) == 1:                   # every add of a ledger after its first
+            nbytes = HEADER.size + len(records[0][1])
+        else:
+            nbytes = sum(HEADER.size + len(body) for _, body in records)
         with self._lock:
             if self._failed is not None:
                 raise errors.BookieIOError(f"journal failed: {self._failed}")
@@ -257,11 +263,13 @@ class Journal:
         the group, None when it failed."""
         try:
             written = self._write_group(group)
-            if written is not None:
-                self._sync_groups([written])
+            if written is None:
+                return None
+            group, position, fd, nbytes = written
+            self._sync(group, ((group, position),), fd, nbytes)
+            if self.file.offset >= self.file.check_at:
                 self._maybe_roll()
-                return written[1]
-            return None
+            return position
         finally:
             with self._lock:
                 self._leader = False
@@ -358,9 +366,11 @@ class Journal:
         return group, Position(f.seq, f.offset), f.fd, total
 
     def _maybe_roll(self) -> None:
+        f = self.file
+        if f.offset < f.check_at:       # neither full nor near the preallocated end
+            return
         if self._failed is not None:    # a failed journal neither rolls nor grows
             return
-        f = self.file
         try:
             if f.offset >= f.max_file_bytes:      # the file is full
                 self._roll()
@@ -421,19 +431,28 @@ class Journal:
                     item.set()
 
     def _sync_groups(self, groups: list[WrittenGroup]) -> None:
-        subs = groups[0][0] if len(groups) == 1 else [sub for g in groups for sub in g[0]]
+        if len(groups) == 1:
+            group, position, fd, nbytes = groups[0]
+            self._sync(group, ((group, position),), fd, nbytes)
+        else:
+            self._sync([sub for g in groups for sub in g[0]], [(g[0], g[1]) for g in groups],
+                       groups[-1][2], sum(g[3] for g in groups))
+
+    def _sync(self, subs: list[Submission],
+              applies: Sequence[tuple[list[Submission], Position]], fd: int, nbytes: int) -> None:
+        """ONE fdatasync of ``fd`` for ``subs`` (``nbytes`` written), then each
+        group of ``applies`` applied and answered in order at its position;
+        a failure poisons the journal and fails ``subs``."""
         if self._failed is None:
             op = "fdatasync"
             try:
                 t0 = time.perf_counter()
                 if self.sync_data:
-                    self._fsync(groups[-1][2])
+                    self._fsync(fd)
                 op = "apply"
                 if self.metrics is not None:
-                    self.metrics.journal_fsync(time.perf_counter() - t0, len(subs),
-                                               groups[0][3] if len(groups) == 1
-                                               else sum(g[3] for g in groups))
-                for group, position, _, _ in groups:
+                    self.metrics.journal_fsync(time.perf_counter() - t0, len(subs), nbytes)
+                for group, position in applies:
                     self.durable_position = position
                     self._on_durable(group, position)
                     for sub in group:
@@ -444,23 +463,24 @@ class Journal:
                 # the fdatasync (or applying after it) failed: these groups and
                 # every later one - written behind them into the same file,
                 # whose pages may be gone - fail; nothing is fsynced again
-                self._poison(exc, op, groups[-1][1].seq)
+                self._poison(exc, op, applies[-1][1].seq)
             else:
-                if self.cache_window is not None:     # after the acks: only advice
-                    self._release_pages(groups)
+                window = self.cache_window
+                if window is not None:     # after the acks: only advice
+                    end = applies[-1][1]
+                    if not window.extend(end.seq, end.offset - nbytes, end.offset):
+                        self._release_pages(window, end, fd, nbytes)
                 return
         self._fail(subs, f"journal failed: {self._failed}")
 
-    def _release_pages(self, groups: list[WrittenGroup]) -> None:   # synced range (one file) -> window
-        seq, end = groups[-1][1].seq, groups[-1][1].offset
-        window = self.cache_window
-        if window is None:
-            return
+    def _release_pages(self, window: page_cache.SyncedWindow, end: Position, fd: int,
+                       nbytes: int) -> None:
+        """The synced range (one file) that ``window.extend`` did not take: to
+        the window, and the ranges that fell behind it out of the page cache."""
         try:
-            nbytes = groups[0][3] if len(groups) == 1 else sum(g[3] for g in groups)
-            ranges = window.synced(seq, end - nbytes, end)
-            if ranges:                 # most groups only extend the window
-                page_cache.drop(self.dir, ranges, file_name, seq, groups[-1][2])
+            ranges = window.synced(end.seq, end.offset - nbytes, end.offset)
+            if ranges:
+                page_cache.drop(self.dir, ranges, file_name, end.seq, fd)
         except Exception:  # noqa: BLE001 - advice must never fail the journal
             log.exception("event=journal_page_cache_error")
 

@@ -49,6 +49,9 @@ class JournalFile:
         self.seq = 0
         self.offset = 0
         self._allocated = 0
+        # the end at which the file is full or its preallocation runs short:
+        # below it a group's write needs no roll and no preallocation step
+        self.check_at = 0
 
     def open_after_existing(self) -> None:
         files = list_files(self.dir)
@@ -68,15 +71,18 @@ class JournalFile:
             os.close(dfd)
 
     def preallocate(self, need: int = 0) -> None:
-        if self.prealloc_bytes <= 0:
-            return
-        while self._allocated < self.offset + max(need, self._headroom):
-            try:
-                os.posix_fallocate(self.fd, self._allocated, self.prealloc_bytes)
-            except OSError:
-                self.prealloc_bytes = 0
-                return
-            self._allocated += self.prealloc_bytes
+        try:
+            while (self.prealloc_bytes > 0
+                   and self._allocated < self.offset + max(need, self._headroom)):
+                try:
+                    os.posix_fallocate(self.fd, self._allocated, self.prealloc_bytes)
+                except OSError:
+                    self.prealloc_bytes = 0
+                    return
+                self._allocated += self.prealloc_bytes
+        finally:
+            self.check_at = self.max_file_bytes if self.prealloc_bytes <= 0 \
+                else min(self.max_file_bytes, self._allocated - self._headroom)
 
     def write_group(self, group: list[Submission]) -> int:
         """Frame and write ``group``'s records at the end; returns the bytes

@@ -78,7 +78,10 @@ class HotMetrics(Collector):
         self._cells = live
 
     def add_ok(self, entries: int, nbytes: int, seconds: float) -> None:
-        c = self.cells()
+        try:                        # ``cells()`` without its call: once per add
+            c: list[float] = self._local.cells
+        except AttributeError:
+            c = self.cells()
         c[_ADDS_OK] += 1
         c[_ENTRIES] += entries
         c[_BYTES] += nbytes
@@ -89,10 +92,13 @@ class HotMetrics(Collector):
         self.cells()[_ADDS_ERROR] += 1
 
     def journal_fsync(self, seconds: float, group_len: int, nbytes: int) -> None:
-        c = self.cells()
+        try:                        # as in add_ok
+            c: list[float] = self._local.cells
+        except AttributeError:
+            c = self.cells()
         c[_FSYNC + bisect_left(_LAT, seconds)] += 1
         c[_FSYNC + len(_LAT) + 1] += seconds
-        c[_GROUP_N + bisect_left(_GROUP, group_len)] += 1
+        c[_GROUP_N if group_len == 1 else _GROUP_N + bisect_left(_GROUP, group_len)] += 1
         c[_GROUP_N + len(_GROUP) + 1] += group_len
         c[_GROUP_B + bisect_left(_GROUP_BYTES, nbytes)] += 1
         c[_GROUP_B + len(_GROUP_BYTES) + 1] += nbytes

@@ -243,14 +243,19 @@ class EntryStore:
             idx = self.ledgers.get(ledger_id)
             if idx is None:
                 idx = self.ledgers[ledger_id] = LedgerIndex()
-            if entry_id <= idx.max_entry and idx.contains(np.array([entry_id], np.int64))[0]:
+            elif entry_id <= idx.max_entry and idx.contains(np.array([entry_id], np.int64))[0]:
                 return 0                       # the first copy is kept
             ref = Ref(ledger_id, entry=record)
-            ref.cached = len(record)
-            ref_id = self._new_ref(ref)
+            ref.cached = nbytes = len(record)
+            ref_id = self._next_ref            # _new_ref, inline: once per lone add
+            self._next_ref = ref_id + 1
+            self.refs[ref_id] = ref
             idx.add_entry(entry_id, ref_id)
-            self.mem_refs.setdefault(ledger_id, []).append(ref_id)
-            self.write_cache_bytes += ref.cached
+            mem = self.mem_refs.get(ledger_id)
+            if mem is None:
+                mem = self.mem_refs[ledger_id] = []
+            mem.append(ref_id)
+            self.write_cache_bytes += nbytes
             return 1
 
     def _new_ref(self, ref: Ref) -> int:

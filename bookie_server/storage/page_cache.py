@@ -16,7 +16,9 @@ with the ranges that have fallen more than ``keep_bytes`` behind the newest
 synced byte.  Those are dropped with ``posix_fadvise(DONTNEED)``
 (``drop``), which is BookKeeper's journalRemoveFromPageCache (which drops
 every range at once: ``keep_bytes = 0`` here).  To keep the system calls few,
-nothing is dropped until ``slack`` bytes beyond the window have built up.
+nothing is dropped until ``slack`` bytes beyond the window have built up;
+until then a range that continues the newest one only extends it
+(``extend``, the journal's per-group step: no list is built).
 
 Ordering obligations:
   * a range is reported only after its fdatasync returned: dropping pages
@@ -51,6 +53,18 @@ class SyncedWindow:
         self.slack = min(MAX_SLACK, keep_bytes // 8) if slack is None else slack
         self._ranges: "collections.deque[list[int]]" = collections.deque()   # [seq, start, end]
         self.held = 0
+
+    def extend(self, seq: int, start: int, end: int) -> bool:
+        """``synced`` for the common case, without building an answer: the
+        range continues the newest one and nothing falls out of the window.
+        False (nothing recorded) otherwise: call ``synced``."""
+        last = self._ranges[-1] if self._ranges else None
+        if (last is None or last[2] != start or last[0] != seq or end <= start
+                or self.held + (end - start) > self.keep_bytes + self.slack):
+            return False
+        last[2] = end
+        self.held += end - start
+        return True
 
     def synced(self, seq: int, start: int, end: int) -> list[tuple[int, int, int]]:
         """Record that ``[start, end)`` of journal file ``seq`` is durable;

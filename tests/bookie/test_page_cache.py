@@ -52,6 +52,36 @@ def test_a_negative_window_is_refused():
         SyncedWindow(keep_bytes=-1)
 
 
+def test_extend_takes_only_a_continuation_that_drops_nothing():
+    w = SyncedWindow(keep_bytes=4096, slack=1024)
+    assert not w.extend(1, 0, 1000)             # nothing to continue yet
+    assert w.synced(1, 0, 1000) == []
+    assert w.extend(1, 1000, 2000) and w.held == 2000
+    assert not w.extend(1, 2500, 3000)          # a gap
+    assert not w.extend(2, 2000, 3000)          # another file
+    assert not w.extend(1, 2000, 2000)          # empty
+    assert not w.extend(1, 2000, 6000)          # past keep + slack: synced drops
+    assert w.held == 2000
+
+
+@settings(max_examples=300, deadline=None)
+@given(keep=st.integers(0, 5000), slack=st.integers(0, 2000),
+       writes=st.lists(st.tuples(st.booleans(), st.integers(0, 3000)), max_size=40))
+def test_extend_then_synced_answers_as_synced_alone(keep, slack, writes):
+    """The journal's step (``extend``, else ``synced``) drops the same
+    ranges and holds the same bytes as ``synced`` alone."""
+    fast, plain = SyncedWindow(keep, slack), SyncedWindow(keep, slack)
+    seq, offset = 1, 0
+    for new_file, size in writes:
+        if new_file:
+            seq, offset = seq + 1, 0
+        got = [] if fast.extend(seq, offset, offset + size) else fast.synced(seq, offset,
+                                                                            offset + size)
+        assert got == plain.synced(seq, offset, offset + size)
+        assert fast.held == plain.held
+        offset += size
+
+
 @settings(max_examples=300, deadline=None)
 @given(keep=st.integers(0, 5000), slack=st.integers(0, 2000),
        writes=st.lists(st.tuples(st.booleans(), st.integers(0, 3000)), max_size=40))
