@@ -16,6 +16,8 @@ so that a fence submitted before an add is also before it on disk):
   * ``decide_add``: read-only bookie -> ReadOnly (recovery adds are allowed,
     like BookKeeper's high-priority writes); fenced ledger + plain add ->
     LedgerFenced; recovery adds bypass the fence.
+  * ``admit_add``: ``decide_add`` that says "nothing changes" (None)
+    instead of making a ``Plan`` (the lone add's hot path).
   * ``decide_fence``: key check only; fencing twice is a no-op.
 The returned ``Plan`` says which journal records must precede the operation
 (MASTER_KEY when the key is new, FENCE when the ledger was not yet fenced).
@@ -81,6 +83,15 @@ def check_key(state: LedgerState, key: bytes, keyless: bool = False) -> bool:
 
 def decide_add(state: LedgerState, key: bytes, *, recovery: bool, read_only: bool,
                keyless: bool = False) -> Plan:
+    plan = admit_add(state, key, recovery, read_only, keyless)
+    return Plan(state) if plan is None else plan
+
+
+def admit_add(state: LedgerState, key: bytes, recovery: bool, read_only: bool,
+              keyless: bool = False) -> Plan | None:
+    """``decide_add``, with None for the add that changes nothing (no record
+    before it, ``state`` stays, and ``state`` has its key recorded): every
+    add of a ledger after its first, with no ``Plan`` made."""
     if read_only and not recovery:
         raise errors.ReadOnly("bookie is read-only", ledger_id=state.ledger_id)
     new_key = check_key(state, key, keyless)
@@ -88,7 +99,7 @@ def decide_add(state: LedgerState, key: bytes, *, recovery: bool, read_only: boo
         raise errors.LedgerFenced("ledger is fenced", ledger_id=state.ledger_id)
     if new_key:
         return Plan(replace(state, master_key=bytes(key)), record_key=True)
-    return Plan(state)
+    return None if state.master_key is not None else Plan(state)
 
 
 def decide_fence(state: LedgerState, key: bytes, keyless: bool = False) -> Plan:

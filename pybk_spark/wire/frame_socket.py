@@ -24,7 +24,10 @@ on the bookie, a blocked writer would outlive its add timeout.  So:
 
 ``read_frame`` reads one frame from a buffered reader of the socket;
 ``read_frame_into`` reads a large one (a read answer) straight into one new
-buffer.  ``send_parts`` is the blocking gathering send of a bookie's read
+buffer.  ``frame_bodies`` is the bookie's reader: frame bodies as views of
+what each ``recv`` returned (one C call per frame while frames arrive one
+at a time, and no copy), a frame larger than one ``recv`` received into one
+buffer of its size.  ``send_parts`` is the blocking gathering send of a bookie's read
 connection thread, which has nothing else to do while a reader takes an
 answer.
 """
@@ -34,7 +37,7 @@ import collections
 import io
 import socket
 import threading
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import pyarrow as pa
 
@@ -94,6 +97,74 @@ def read_frame_into(reader: io.BufferedIOBase, limit: int) -> Optional[memoryvie
             raise ValueError(f"connection ended inside a frame ({got} of {size} bytes)")
         got += n
     return view
+
+
+# what one ``recv`` asks for: many small frames (a pipelining client) per call
+_RECV_BYTES = 64 << 10
+
+
+def recv_exact(sock: Any, n: int) -> bytes:
+    """Exactly ``n`` bytes, nothing past them (fewer at the end of stream)."""
+    got = b""
+    while len(got) < n:
+        more = sock.recv(n - len(got))
+        if not more:
+            break
+        got += more
+    return got
+
+
+def frame_bodies(sock: Any, limit: int, first_limit: int) -> Iterator[bytes | memoryview]:
+    """The bodies of the frames arriving on ``sock`` until a clean end of
+    stream (between frames), each a view of the bytes it arrived in (kept
+    alive by the view alone).  The first frame (a hello) is held to
+    ``first_limit``, the rest to ``limit``: ``ValueError`` for a frame over
+    its limit or cut off by the end of the stream; a socket error or timeout
+    propagates."""
+    recv, frame_size = sock.recv, lane_frames.frame_size
+    data = b""
+    view = memoryview(data)
+    pos = 0
+    size = -1          # the current frame's body length, once its header is in
+    bound = first_limit
+    while True:
+        have = len(data) - pos
+        if size < 0 and have >= lane_frames.HEADER_BYTES:
+            size = frame_size(data, pos, bound)
+            bound = limit
+        if 0 <= size <= have - lane_frames.HEADER_BYTES:
+            start = pos + lane_frames.HEADER_BYTES
+            pos = start + size
+            size = -1
+            yield view[start:pos]
+            continue
+        if size > _RECV_BYTES:         # a large frame: straight into one buffer of its size
+            body = _receive_body(sock, view[pos + lane_frames.HEADER_BYTES:], size)
+            data, view, pos, size = b"", memoryview(b""), 0, -1
+            yield body
+            continue
+        more = recv(_RECV_BYTES)
+        if not more:
+            if have:
+                raise ValueError(f"connection ended inside a frame ({have} bytes of it)")
+            return
+        data = bytes(view[pos:]) + more if have else more
+        view, pos = memoryview(data), 0
+
+
+def _receive_body(sock: Any, head: memoryview, size: int) -> memoryview:
+    """A ``size``-byte frame body that starts with ``head``, the rest
+    received from ``sock``, in one buffer of the wire pool (as
+    ``read_frame_into``)."""
+    body = memoryview(pa.allocate_buffer(size, memory_pool=wire_pool()))
+    got = len(head)
+    body[:got] = head
+    while got < size:
+        n = sock.recv_into(body[got:])
+        if not n:
+            raise ValueError(f"connection ended inside a frame ({got} of {size} bytes)")
+        got += n
+    return body
 
 
 def send_parts(sock: socket.socket, parts: list[Any]) -> None:
