@@ -98,6 +98,7 @@ class RequestHandlers:
             with self.lock:
                 plan = ls.admit_add(self.ledgers.get(ledger_id), master_key, recovery,
                                     mode.read_only, keyless)
+                records: list[tuple[int, Body]]
                 if plan is None:        # every add of a ledger after its first
                     records = [(RecordType.ADD_ENTRY, record)]
                 else:

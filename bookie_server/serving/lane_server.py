@@ -287,7 +287,7 @@ class AddLaneServer:
                 body = next(frames, None)
                 if body is None:
                     return
-                req = pb.ReadRequest.FromString(body)
+                req = pb.ReadRequest.FromString(bytes(body))     # a few dozen bytes
             except (ValueError, DecodeError) as exc:
                 refuse(f"malformed read lane frame: {exc}")
                 return
