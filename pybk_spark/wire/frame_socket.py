@@ -121,42 +121,35 @@ def frame_bodies(sock: Any, limit: int, first_limit: int) -> Iterator[bytes | me
     ``first_limit``, the rest to ``limit``: ``ValueError`` for a frame over
     its limit or cut off by the end of the stream; a socket error or timeout
     propagates."""
-    recv, frame_size = sock.recv, lane_frames.frame_size
-    data = b""
-    view = memoryview(data)
-    pos = 0
-    size = -1          # the current frame's body length, once its header is in
+    recv, frame_size, header = sock.recv, lane_frames.frame_size, lane_frames.HEADER_BYTES
     bound = first_limit
+    rest = b""                  # the start of a frame the last recv cut off
     while True:
-        have = len(data) - pos
-        if size < 0 and have >= lane_frames.HEADER_BYTES:
-            size = frame_size(data, pos, bound)
-            bound = limit
-        if 0 <= size <= have - lane_frames.HEADER_BYTES:
-            start = pos + lane_frames.HEADER_BYTES
-            pos = start + size
-            size = -1
-            yield view[start:pos]
-            continue
-        if size > _RECV_BYTES:         # a large frame: straight into one buffer of its size
-            body = _receive_body(sock, view[pos + lane_frames.HEADER_BYTES:], size)
-            data, view, pos, size = b"", memoryview(b""), 0, -1
-            yield body
-            continue
         more = recv(_RECV_BYTES)
         if not more:
-            if have:
-                raise ValueError(f"connection ended inside a frame ({have} bytes of it)")
+            if rest:
+                raise ValueError(f"connection ended inside a frame ({len(rest)} bytes of it)")
             return
-        data = bytes(view[pos:]) + more if have else more
-        view, pos = memoryview(data), 0
+        data = rest + more if rest else more
+        view, pos, end = memoryview(data), 0, len(data)
+        while end - pos >= header:
+            size = frame_size(data, pos, bound)
+            stop = pos + header + size
+            if stop > end:
+                if size > _RECV_BYTES:      # large: straight into one buffer of its size
+                    yield _receive_body(sock, view[pos + header:], size)
+                    bound, pos = limit, end
+                break
+            yield view[pos + header:stop]
+            bound, pos = limit, stop
+        rest = data[pos:] if pos < end else b""
 
 
 def _receive_body(sock: Any, head: memoryview, size: int) -> memoryview:
     """A ``size``-byte frame body that starts with ``head``, the rest
     received from ``sock``, in one buffer of the wire pool (as
     ``read_frame_into``)."""
-    body = memoryview(pa.allocate_buffer(size, memory_pool=wire_pool()))
+    body = memoryview(pa.allocate_buffer(size, memory_pool=wire_pool())).cast("B")
     got = len(head)
     body[:got] = head
     while got < size:
