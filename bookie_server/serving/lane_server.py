@@ -62,7 +62,7 @@ from google.protobuf.message import DecodeError
 from bookie_server.config import BookieConfig
 from bookie_server.serving.tls import cert_peer
 from pybk_spark.protocol import access
-from pybk_spark.wire.frame_socket import (FrameWriter, configure, frame_bodies, recv_exact,
+from pybk_spark.wire.frame_socket import (FrameWriter, configure, frame_bodies, recv_at_least,
                                            send_parts)
 from pybk_spark.wire import framing
 from pybk_spark.wire import lane_frames
@@ -194,7 +194,8 @@ class AddLaneServer:
         try:
             # a silent connection must not hold a thread (the handshake counts)
             conn.settimeout(max(0.001, self.hello_timeout_s - (time.monotonic() - started)))
-            magic = recv_exact(conn, len(lane_frames.MAGIC))
+            received = recv_at_least(conn, len(lane_frames.MAGIC))
+            magic = received[:len(lane_frames.MAGIC)]
             if magic not in lane_frames.MAGICS:
                 self.metrics.lane_refused.inc()
                 log.info("event=add_lane_bad_magic peer=%s", peer)
@@ -203,7 +204,7 @@ class AddLaneServer:
             if reads:
                 answer_cls = pb.ReadResponse
             frames = frame_bodies(conn, _MAX_READ_REQUEST_BYTES if reads else self.limit,
-                                  _MAX_ID_BYTES)
+                                  _MAX_ID_BYTES, received[len(magic):])
             try:
                 wanted = next(frames, None)
             except ValueError as exc:

@@ -103,33 +103,40 @@ def read_frame_into(reader: io.BufferedIOBase, limit: int) -> Optional[memoryvie
 _RECV_BYTES = 64 << 10
 
 
-def recv_exact(sock: Any, n: int) -> bytes:
-    """Exactly ``n`` bytes, nothing past them (fewer at the end of stream)."""
+def recv_at_least(sock: Any, n: int) -> bytes:
+    """At least ``n`` bytes, with whatever else the same ``recv`` calls
+    returned (fewer than ``n`` at the end of stream).  Taking what came
+    (a client sends its magic, hello and first frames at once) spares a
+    peer that is refused a reset for unread bytes."""
     got = b""
     while len(got) < n:
-        more = sock.recv(n - len(got))
+        more = sock.recv(_RECV_BYTES)
         if not more:
             break
         got += more
     return got
 
 
-def frame_bodies(sock: Any, limit: int, first_limit: int) -> Iterator[bytes | memoryview]:
-    """The bodies of the frames arriving on ``sock`` until a clean end of
-    stream (between frames), each a view of the bytes it arrived in (kept
-    alive by the view alone).  The first frame (a hello) is held to
-    ``first_limit``, the rest to ``limit``: ``ValueError`` for a frame over
-    its limit or cut off by the end of the stream; a socket error or timeout
-    propagates."""
+def frame_bodies(sock: Any, limit: int, first_limit: int, received: bytes = b""
+                 ) -> Iterator[bytes | memoryview]:
+    """The bodies of the frames arriving on ``sock`` (after ``received``,
+    bytes of them already read) until a clean end of stream (between
+    frames), each a view of the bytes it arrived in (kept alive by the view
+    alone).  The first frame (a hello) is held to ``first_limit``, the rest
+    to ``limit``: ``ValueError`` for a frame over its limit or cut off by
+    the end of the stream; a socket error or timeout propagates."""
     recv, frame_size, header = sock.recv, lane_frames.frame_size, lane_frames.HEADER_BYTES
     bound = first_limit
     rest = b""                  # the start of a frame the last recv cut off
+    more = received
     while True:
-        more = recv(_RECV_BYTES)
         if not more:
-            if rest:
-                raise ValueError(f"connection ended inside a frame ({len(rest)} bytes of it)")
-            return
+            more = recv(_RECV_BYTES)
+            if not more:
+                if rest:
+                    raise ValueError(
+                        f"connection ended inside a frame ({len(rest)} bytes of it)")
+                return
         data = rest + more if rest else more
         view, pos, end = memoryview(data), 0, len(data)
         while end - pos >= header:
@@ -143,6 +150,7 @@ def frame_bodies(sock: Any, limit: int, first_limit: int) -> Iterator[bytes | me
             yield view[pos + header:stop]
             bound, pos = limit, stop
         rest = data[pos:] if pos < end else b""
+        more = b""
 
 
 def _receive_body(sock: Any, head: memoryview, size: int) -> memoryview:

@@ -63,21 +63,23 @@ def test_frame_length_limits():
         lane_frames.split_address("no-port")
 
 
-def _bodies_of(stream: bytes, cuts, limit=1 << 20, first_limit=1 << 20):
-    """What ``frame_bodies`` reads from ``stream`` sent in pieces at ``cuts``."""
+def _bodies_of(stream: bytes, cuts, limit=1 << 20, first_limit=1 << 20, received=0):
+    """What ``frame_bodies`` reads from ``stream`` sent in pieces at ``cuts``
+    (its first ``received`` bytes handed over as already read)."""
     a, b = socket.socketpair()
     got: list = []
     errors: list = []
 
     def read():
         try:
-            got.extend(bytes(body) for body in frame_bodies(b, limit, first_limit))
+            got.extend(bytes(body) for body in frame_bodies(b, limit, first_limit,
+                                                            stream[:received]))
         except ValueError as exc:
             errors.append(exc)
 
     reader = threading.Thread(target=read)
     reader.start()
-    edges = [0, *cuts, len(stream)]
+    edges = [received, *cuts, len(stream)]
     for lo, hi in zip(edges, edges[1:]):
         a.sendall(stream[lo:hi])
         # the reader takes each piece alone: every cut is a recv boundary
@@ -96,6 +98,8 @@ def test_frame_bodies_are_whole_however_the_bytes_arrive():
     assert _bodies_of(stream, every_byte_of_the_heads) == (bodies, [])
     big = len(stream) - len(bodies[-1])                       # the large frame's body in pieces
     assert _bodies_of(stream, [big - 2, big + 5, big + 70000, big + 150000]) == (bodies, [])
+    for received in (3, 9, 12, big + 9):         # bytes read with the magic: a hello and more
+        assert _bodies_of(stream, [big + 70000], received=received) == (bodies, [])
 
 
 def test_frame_bodies_hold_the_first_frame_and_the_rest_to_their_limits():
