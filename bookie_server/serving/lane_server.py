@@ -7,8 +7,14 @@ A listening socket of its own (``add_lane_port``), one thread per accepted
 connection.  That thread checks the connection's magic and that the client
 means this bookie (the hello frame holds the bookie id it wants; another id
 is refused like a malformed frame, below), then reads frames and hands each
-AddRequest to ``BookieService.submit_add`` in arrival order,
+AddRequest to ``BookieService.submit_add`` (an entry frame to
+``submit_entry``) in arrival order,
 which is what makes the journal order of one connection its send order.
+
+* Frames are read by ``frame_bodies`` (wire/frame_socket.py): each body is
+  a view of the bytes one ``recv`` returned, so a lone add costs one C call
+  to receive and no copy until its record is written; the magic is read
+  with whatever arrived with it, which ``frame_bodies`` starts from.
 
 * Answers are sent by whichever thread completes the add: the connection
   thread itself when the journal's leader path makes the add durable inline
