@@ -87,22 +87,24 @@ class RequestHandlers:
         (future, ledger id, entry id), the add queued behind the journal's
         work.  ``BookieIOError`` when the inline write or sync fails."""
         ledger_id, entry_id, lac = validate_entry(record, self.cfg)
-        if self.mode.io_error is not None:
-            self.mode.check_storage()
+        mode = self.mode
+        if mode.io_error is not None:
+            mode.check_storage()
         nbytes = len(record)
         admission = self.admission
         admission.enter(nbytes)
         fut: Optional[Future[Position]] = None
         try:
             with self.lock:
-                plan = ls.decide_add(self.ledgers.get(ledger_id), master_key, recovery=recovery,
-                                     read_only=self.mode.read_only, keyless=keyless)
-                if plan.record_key or plan.record_fence:
+                plan = ls.admit_add(self.ledgers.get(ledger_id), master_key, recovery,
+                                    mode.read_only, keyless)
+                records: list[tuple[int, Body]]
+                if plan is None:        # every add of a ledger after its first
+                    records = [(RecordType.ADD_ENTRY, record)]
+                else:
                     records = self._key_records(plan, ledger_id, master_key)
                     records.append((RecordType.ADD_ENTRY, record))
-                else:           # every add of a ledger after its first
-                    records = [(RecordType.ADD_ENTRY, record)]
-                self.states[ledger_id] = plan.state
+                    self.states[ledger_id] = plan.state
                 payload = EntryRecord(ledger_id, entry_id, lac, record)
                 sub = self.journal.claim(records, payload)
                 if sub is None:

@@ -43,17 +43,17 @@ class AddAdmission:
     def enter(self, nbytes: int) -> None:
         """Count one add of ``nbytes`` in (``TooManyRequests`` past a bound)."""
         with self._lock:
-            count, held = self.adds, self.bytes
-            over_count = bool(self.max_adds) and count >= self.max_adds
-            used = held + self._cache() if self.max_bytes else 0
-            over_bytes = bool(self.max_bytes) and used + nbytes > self.max_bytes
-            if not (over_count or over_bytes):
-                self.adds, self.bytes = count + 1, held + nbytes
+            adds, held = self.adds, self.bytes
+            if ((not self.max_adds or adds < self.max_adds)
+                    and (not self.max_bytes or held + self._cache() + nbytes <= self.max_bytes)):
+                self.adds, self.bytes = adds + 1, held + nbytes
                 return
+            over_count = bool(self.max_adds) and adds >= self.max_adds
+            used = held + self._cache() if self.max_bytes else 0
         self._on_refused()
         if over_count:
             raise errors.TooManyRequests(
-                f"bookie overloaded: {count} adds in progress (max_adds_in_progress "
+                f"bookie overloaded: {adds} adds in progress (max_adds_in_progress "
                 f"{self.max_adds})")
         self._on_full()
         raise errors.TooManyRequests(

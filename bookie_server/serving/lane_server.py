@@ -7,8 +7,14 @@ A listening socket of its own (``add_lane_port``), one thread per accepted
 connection.  That thread checks the connection's magic and that the client
 means this bookie (the hello frame holds the bookie id it wants; another id
 is refused like a malformed frame, below), then reads frames and hands each
-AddRequest to ``BookieService.submit_add`` in arrival order,
+AddRequest to ``BookieService.submit_add`` (an entry frame to
+``submit_entry``) in arrival order,
 which is what makes the journal order of one connection its send order.
+
+* Frames are read by ``frame_bodies`` (wire/frame_socket.py): each body is
+  a view of the bytes one ``recv`` returned, so a lone add costs one C call
+  to receive and no copy until its record is written; the magic is read
+  with whatever arrived with it, which ``frame_bodies`` starts from.
 
 * Answers are sent by whichever thread completes the add: the connection
   thread itself when the journal's leader path makes the add durable inline
@@ -53,17 +59,17 @@ import logging
 import queue
 import socket
 import ssl
-import io
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, Optional, cast
+from typing import TYPE_CHECKING, Callable, Iterator, Optional, cast
 
 from google.protobuf.message import DecodeError
 
 from bookie_server.config import BookieConfig
 from bookie_server.serving.tls import cert_peer
 from pybk_spark.protocol import access
-from pybk_spark.wire.frame_socket import FrameWriter, configure, read_frame, send_parts
+from pybk_spark.wire.frame_socket import (FrameWriter, configure, frame_bodies, recv_at_least,
+                                           send_parts)
 from pybk_spark.wire import framing
 from pybk_spark.wire import lane_frames
 from pybk_spark.wire import bookie_wire_pb2 as pb
@@ -194,30 +200,33 @@ class AddLaneServer:
         try:
             # a silent connection must not hold a thread (the handshake counts)
             conn.settimeout(max(0.001, self.hello_timeout_s - (time.monotonic() - started)))
-            with conn.makefile("rb") as stream:
-                magic = stream.read(len(lane_frames.MAGIC))
-                if magic not in lane_frames.MAGICS:
-                    self.metrics.lane_refused.inc()
-                    log.info("event=add_lane_bad_magic peer=%s", peer)
-                    return
-                if magic == lane_frames.READ_MAGIC:
-                    answer_cls = pb.ReadResponse
-                try:
-                    wanted = read_frame(stream, _MAX_ID_BYTES)
-                except ValueError as exc:
-                    refuse(f"malformed add lane hello: {exc}")
-                    return
-                if wanted is None:
-                    return
-                if wanted != self.bookie_id:
-                    refuse(f"this is bookie {self.bookie_id.decode(errors='replace')}, "
-                           f"not {wanted.decode(errors='replace')}")
-                    return
-                conn.settimeout(None)
-                if magic == lane_frames.READ_MAGIC:
-                    self._serve_reads(conn, stream, refuse, who)
-                else:
-                    self._serve_adds(stream, writer, slots, refuse, who)
+            received = recv_at_least(conn, len(lane_frames.MAGIC))
+            magic = received[:len(lane_frames.MAGIC)]
+            if magic not in lane_frames.MAGICS:
+                self.metrics.lane_refused.inc()
+                log.info("event=add_lane_bad_magic peer=%s", peer)
+                return
+            reads = magic == lane_frames.READ_MAGIC
+            if reads:
+                answer_cls = pb.ReadResponse
+            frames = frame_bodies(conn, _MAX_READ_REQUEST_BYTES if reads else self.limit,
+                                  _MAX_ID_BYTES, received[len(magic):])
+            try:
+                wanted = next(frames, None)
+            except ValueError as exc:
+                refuse(f"malformed add lane hello: {exc}")
+                return
+            if wanted is None:
+                return
+            if wanted != self.bookie_id:
+                refuse(f"this is bookie {self.bookie_id.decode(errors='replace')}, "
+                       f"not {bytes(wanted).decode(errors='replace')}")
+                return
+            conn.settimeout(None)
+            if reads:
+                self._serve_reads(conn, frames, refuse, who)
+            else:
+                self._serve_adds(frames, writer, slots, refuse, who)
         except TimeoutError:              # only the hello is timed
             self.metrics.lane_refused.inc()
             log.info("event=add_lane_hello_timeout peer=%s", peer)
@@ -231,12 +240,12 @@ class AddLaneServer:
                 log.info("event=add_lane_cut peer=%s reason=%s", peer, writer.error)
             self._finish(conn, writer, slots)
 
-    def _serve_adds(self, stream: io.BufferedIOBase, writer: FrameWriter,
+    def _serve_adds(self, frames: Iterator[bytes | memoryview], writer: FrameWriter,
                     slots: Slots, refuse: Callable[[str], None],
                     who: access.Peer) -> None:
         send, release, take = writer.send, slots.put, slots.get
-        submit_entry, is_entry = self.service.submit_entry, lane_frames.is_entry_frame
-        parse_entry, stopped = lane_frames.parse_entry_frame, self._stopped.is_set
+        submit_entry, parse_entry = self.service.submit_entry, lane_frames.parse_entry_frame
+        stopped, entry_kind = self._stopped.is_set, lane_frames.ENTRY_KIND
 
         def respond(answer: bytes) -> None:
             release(None)
@@ -247,10 +256,10 @@ class AddLaneServer:
 
         while not stopped():
             try:
-                body = read_frame(stream, self.limit)
+                body = next(frames, None)
                 if body is None:
                     return
-                if is_entry(body):      # a lone add, as its writer framed it
+                if body and body[0] == entry_kind:   # ``is_entry_frame``, inline: a lone add
                     req = None
                     request_id, recovery, key, record = parse_entry(body)
                 else:
@@ -273,7 +282,7 @@ class AddLaneServer:
             else:
                 self.service.submit_add(req, respond_add, who)
 
-    def _serve_reads(self, conn: socket.socket, stream: io.BufferedIOBase,
+    def _serve_reads(self, conn: socket.socket, frames: Iterator[bytes | memoryview],
                      refuse: Callable[[str], None], who: access.Peer) -> None:
         """One read at a time, in arrival order; each answer is sent whole
         (blocking: this thread has nothing else to do) before the next
@@ -282,10 +291,10 @@ class AddLaneServer:
         encoded them into."""
         while not self._stopped.is_set():
             try:
-                body = read_frame(stream, _MAX_READ_REQUEST_BYTES)
+                body = next(frames, None)
                 if body is None:
                     return
-                req = pb.ReadRequest.FromString(body)
+                req = pb.ReadRequest.FromString(bytes(body))     # a few dozen bytes
             except (ValueError, DecodeError) as exc:
                 refuse(f"malformed read lane frame: {exc}")
                 return

@@ -24,7 +24,10 @@ on the bookie, a blocked writer would outlive its add timeout.  So:
 
 ``read_frame`` reads one frame from a buffered reader of the socket;
 ``read_frame_into`` reads a large one (a read answer) straight into one new
-buffer.  ``send_parts`` is the blocking gathering send of a bookie's read
+buffer.  ``frame_bodies`` is the bookie's reader: frame bodies as views of
+what each ``recv`` returned (one C call per frame while frames arrive one
+at a time, and no copy), a frame larger than one ``recv`` received into one
+buffer of its size.  ``send_parts`` is the blocking gathering send of a bookie's read
 connection thread, which has nothing else to do while a reader takes an
 answer.
 """
@@ -34,7 +37,7 @@ import collections
 import io
 import socket
 import threading
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import pyarrow as pa
 
@@ -94,6 +97,75 @@ def read_frame_into(reader: io.BufferedIOBase, limit: int) -> Optional[memoryvie
             raise ValueError(f"connection ended inside a frame ({got} of {size} bytes)")
         got += n
     return view
+
+
+# what one ``recv`` asks for: many small frames (a pipelining client) per call
+_RECV_BYTES = 64 << 10
+
+
+def recv_at_least(sock: Any, n: int) -> bytes:
+    """At least ``n`` bytes, with whatever else the same ``recv`` calls
+    returned (fewer than ``n`` at the end of stream).  Taking what came
+    (a client sends its magic, hello and first frames at once) spares a
+    peer that is refused a reset for unread bytes."""
+    got = b""
+    while len(got) < n:
+        more = sock.recv(_RECV_BYTES)
+        if not more:
+            break
+        got += more
+    return got
+
+
+def frame_bodies(sock: Any, limit: int, first_limit: int, received: bytes = b""
+                 ) -> Iterator[bytes | memoryview]:
+    """The bodies of the frames arriving on ``sock`` (after ``received``,
+    bytes of them already read) until a clean end of stream (between
+    frames), each a view of the bytes it arrived in (kept alive by the view
+    alone).  The first frame (a hello) is held to ``first_limit``, the rest
+    to ``limit``: ``ValueError`` for a frame over its limit or cut off by
+    the end of the stream; a socket error or timeout propagates."""
+    recv, frame_size, header = sock.recv, lane_frames.frame_size, lane_frames.HEADER_BYTES
+    bound = first_limit
+    rest = b""                  # the start of a frame the last recv cut off
+    more = received
+    while True:
+        if not more:
+            more = recv(_RECV_BYTES)
+            if not more:
+                if rest:
+                    raise ValueError(
+                        f"connection ended inside a frame ({len(rest)} bytes of it)")
+                return
+        data = rest + more if rest else more
+        view, pos, end = memoryview(data), 0, len(data)
+        while end - pos >= header:
+            size = frame_size(data, pos, bound)
+            stop = pos + header + size
+            if stop > end:
+                if size > _RECV_BYTES:      # large: straight into one buffer of its size
+                    yield _receive_body(sock, view[pos + header:], size)
+                    bound, pos = limit, end
+                break
+            yield view[pos + header:stop]
+            bound, pos = limit, stop
+        rest = data[pos:] if pos < end else b""
+        more = b""
+
+
+def _receive_body(sock: Any, head: memoryview, size: int) -> memoryview:
+    """A ``size``-byte frame body that starts with ``head``, the rest
+    received from ``sock``, in one buffer of the wire pool (as
+    ``read_frame_into``)."""
+    body = memoryview(pa.allocate_buffer(size, memory_pool=wire_pool())).cast("B")
+    got = len(head)
+    body[:got] = head
+    while got < size:
+        n = sock.recv_into(body[got:])
+        if not n:
+            raise ValueError(f"connection ended inside a frame ({got} of {size} bytes)")
+        got += n
+    return body
 
 
 def send_parts(sock: socket.socket, parts: list[Any]) -> None:

@@ -123,7 +123,8 @@ class Framed:
 _EMPTY = pa.py_buffer(b"")
 
 
-def split_payload(data: bytes, field_number: int = ENTRIES_FIELD) -> tuple[bytes, pa.Buffer]:
+def split_payload(data: bytes | memoryview, field_number: int = ENTRIES_FIELD
+                  ) -> tuple[bytes, pa.Buffer]:
     """(the message without field ``field_number``, that field's value as a
     zero-copy view).  Protobuf semantics: unknown fields are kept in the head,
     a field given twice keeps its last value.  Malformed input raises
@@ -161,11 +162,11 @@ def split_payload(data: bytes, field_number: int = ENTRIES_FIELD) -> tuple[bytes
             raise ValueError("field runs past the end of the message")
         kept.append((start, pos))
     if view is None:                       # no payload: the whole message is the head
-        return data, payload
+        return bytes(data), payload
     return b"".join(data[a:b] for a, b in kept), payload
 
 
-def _parse_framed(message_cls: type[Message], data: bytes) -> Framed:
+def _parse_framed(message_cls: type[Message], data: bytes | memoryview) -> Framed:
     head, entries = split_payload(data)
     try:
         msg = message_cls.FromString(head)
@@ -174,7 +175,7 @@ def _parse_framed(message_cls: type[Message], data: bytes) -> Framed:
     return Framed(msg, entries)
 
 
-def parse_add_request(data: bytes) -> Framed:
+def parse_add_request(data: bytes | memoryview) -> Framed:
     """Parse AddRequest wire bytes like ``AddRequest.FromString``, without
     copying the entries (the bookie's request deserializer)."""
     return _parse_framed(pb.AddRequest, data)

@@ -110,11 +110,11 @@ def entry_frame_parts(request_id: int, recovery: bool, master_key: bytes,
     return [_LENGTH.pack(len(head) + len(payload)), head, payload]
 
 
-def is_entry_frame(body: bytes) -> bool:
+def is_entry_frame(body: bytes | memoryview) -> bool:
     return bool(body) and body[0] == ENTRY_KIND
 
 
-def parse_entry_frame(body: bytes) -> tuple[int, bool, bytes, memoryview]:
+def parse_entry_frame(body: bytes | memoryview) -> tuple[int, bool, bytes, memoryview]:
     """(request id, recovery, master key, the entry record as a view of
     ``body``); ``ValueError`` when the frame is shorter than its header says."""
     if len(body) < _ENTRY_FRAME.size:
@@ -123,8 +123,8 @@ def parse_entry_frame(body: bytes) -> tuple[int, bool, bytes, memoryview]:
     start = _ENTRY_FRAME.size + key_len
     if start > len(body):
         raise ValueError("entry frame shorter than its master key")
-    view = memoryview(body)
-    return request_id, bool(flags & RECOVERY_FLAG), body[_ENTRY_FRAME.size:start], view[start:]
+    view = body if type(body) is memoryview else memoryview(body)
+    return request_id, bool(flags & RECOVERY_FLAG), bytes(view[_ENTRY_FRAME.size:start]), view[start:]
 
 
 _ENTRY_ANSWER_BODY = struct.Struct("<BQqq")
@@ -196,6 +196,17 @@ def frame_length(header: bytes, limit: int) -> int:
     if size > limit:
         raise ValueError(f"frame of {size} bytes is over the limit of {limit}")
     return int(size)
+
+
+def frame_size(data: Any, pos: int, limit: int) -> int:
+    """The body length of the frame whose header starts at ``data[pos]``
+    (``HEADER_BYTES`` of it are there); ``ValueError`` when it is over
+    ``limit``."""
+    size: int
+    (size,) = _LENGTH.unpack_from(data, pos)
+    if size > limit:
+        raise ValueError(f"frame of {size} bytes is over the limit of {limit}")
+    return size
 
 
 def split_address(address: str) -> tuple[str, int]:

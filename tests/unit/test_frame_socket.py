@@ -1,5 +1,6 @@
 """FrameWriter over a socketpair: never blocks its caller, keeps frames whole
-and in order, and cuts a peer that stops reading."""
+and in order, and cuts a peer that stops reading.  ``frame_bodies`` (the
+bookie's reader) gives back every frame whole, however the bytes arrive."""
 from __future__ import annotations
 
 import socket
@@ -7,7 +8,7 @@ import threading
 
 import pytest
 
-from pybk_spark.wire.frame_socket import FrameWriter, read_frame
+from pybk_spark.wire.frame_socket import FrameWriter, frame_bodies, read_frame
 from pybk_spark.wire import lane_frames
 
 
@@ -60,6 +61,65 @@ def test_frame_length_limits():
     assert lane_frames.split_address("[::1]:3181") == ("::1", 3181)
     with pytest.raises(ValueError):
         lane_frames.split_address("no-port")
+
+
+def _bodies_of(stream: bytes, cuts, limit=1 << 20, first_limit=1 << 20, received=0):
+    """What ``frame_bodies`` reads from ``stream`` sent in pieces at ``cuts``
+    (its first ``received`` bytes handed over as already read)."""
+    a, b = socket.socketpair()
+    got: list = []
+    errors: list = []
+
+    def read():
+        try:
+            got.extend(bytes(body) for body in frame_bodies(b, limit, first_limit,
+                                                            stream[:received]))
+        except ValueError as exc:
+            errors.append(exc)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    edges = [received, *cuts, len(stream)]
+    for lo, hi in zip(edges, edges[1:]):
+        a.sendall(stream[lo:hi])
+        # the reader takes each piece alone: every cut is a recv boundary
+        threading.Event().wait(0.002)
+    a.close()
+    reader.join(60)
+    b.close()
+    return got, errors
+
+
+def test_frame_bodies_are_whole_however_the_bytes_arrive():
+    bodies = [b"hello", b"", bytes(range(256)) * 3, b"\x00" * 70, b"x" * (200 << 10)]
+    stream = b"".join(lane_frames.frame(x) for x in bodies)
+    assert _bodies_of(stream, []) == (bodies, [])
+    every_byte_of_the_heads = list(range(1, 900))            # cut inside headers and bodies
+    assert _bodies_of(stream, every_byte_of_the_heads) == (bodies, [])
+    big = len(stream) - len(bodies[-1])                       # the large frame's body in pieces
+    assert _bodies_of(stream, [big - 2, big + 5, big + 70000, big + 150000]) == (bodies, [])
+    for received in (3, 9, 12, big + 9):         # bytes read with the magic: a hello and more
+        assert _bodies_of(stream, [big + 70000], received=received) == (bodies, [])
+
+
+def test_frame_bodies_hold_the_first_frame_and_the_rest_to_their_limits():
+    hello, add = lane_frames.frame(b"h" * 10), lane_frames.frame(b"a" * 100)
+    assert _bodies_of(hello + add, [], limit=100, first_limit=10) == ([b"h" * 10, b"a" * 100], [])
+    got, errors = _bodies_of(hello + add, [], limit=99, first_limit=10)
+    assert got == [b"h" * 10] and "over the limit of 99" in str(errors[0])
+    got, errors = _bodies_of(add, [2], limit=100, first_limit=10)   # the header cut in two
+    assert got == [] and "over the limit of 10" in str(errors[0])
+
+
+def test_frame_bodies_end_cleanly_between_frames_and_loudly_inside_one():
+    frame = lane_frames.frame(b"z" * 50)
+    assert _bodies_of(frame, []) == ([b"z" * 50], [])
+    for cut in (2, 30):
+        got, errors = _bodies_of(frame[:cut], [])
+        assert got == [] and "connection ended inside a frame" in str(errors[0])
+    big = lane_frames.frame(b"q" * (100 << 10))
+    got, errors = _bodies_of(big[:70000], [])
+    assert got == [] and "connection ended inside a frame" in str(errors[0])
 
 
 def _pool_in_a_fresh_process(env_value):
