@@ -11,9 +11,11 @@ AddRequest to ``BookieService.submit_add`` (an entry frame to
 ``submit_entry``) in arrival order,
 which is what makes the journal order of one connection its send order.
 
-* Frames are read by ``frame_bodies`` (wire/frame_socket.py): each body is
-  a view of the bytes one ``recv`` returned, so a lone add costs one C call
-  to receive and no copy until its record is written; the magic is read
+* Frames are read by ``frame_bodies`` (wire/frame_socket.py): a lone add
+  that arrives alone is a view of the bytes its ``recv`` returned, so it
+  costs one C call to receive and no copy until its record is written
+  (frames that share a ``recv`` are copied out at their own size: a record
+  held in the write cache keeps only itself alive); the magic is read
   with whatever arrived with it, which ``frame_bodies`` starts from.
 
 * Answers are sent by whichever thread completes the add: the connection

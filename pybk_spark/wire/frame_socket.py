@@ -24,12 +24,13 @@ on the bookie, a blocked writer would outlive its add timeout.  So:
 
 ``read_frame`` reads one frame from a buffered reader of the socket;
 ``read_frame_into`` reads a large one (a read answer) straight into one new
-buffer.  ``frame_bodies`` is the bookie's reader: frame bodies as views of
-what each ``recv`` returned (one C call per frame while frames arrive one
-at a time, and no copy), a frame larger than one ``recv`` received into one
-buffer of its size.  ``send_parts`` is the blocking gathering send of a bookie's read
-connection thread, which has nothing else to do while a reader takes an
-answer.
+buffer.  ``frame_bodies`` is the bookie's reader: one C call per frame while
+frames arrive one at a time, each such body a view of what its ``recv``
+returned (no copy); frames that share a ``recv`` are copied out at their own
+size and a frame cut off by its ``recv`` is received into one buffer of its
+size, so no body keeps a larger receive buffer alive in the write cache.
+``send_parts`` is the blocking gathering send of a bookie's read connection
+thread, which has nothing else to do while a reader takes an answer.
 """
 from __future__ import annotations
 
@@ -121,8 +122,11 @@ def frame_bodies(sock: Any, limit: int, first_limit: int, received: bytes = b""
                  ) -> Iterator[bytes | memoryview]:
     """The bodies of the frames arriving on ``sock`` (after ``received``,
     bytes of them already read) until a clean end of stream (between
-    frames), each a view of the bytes it arrived in (kept alive by the view
-    alone).  The first frame (a hello) is held to ``first_limit``, the rest
+    frames): a frame that one ``recv`` returned alone as a view of it, a
+    frame that shared its ``recv`` as ``bytes`` of its own, a frame cut off
+    by its ``recv`` received into one buffer of its size (so a body never
+    keeps more than itself alive, and a peer sending a frame in many small
+    pieces costs one copy of it, not one per piece).  The first frame (a hello) is held to ``first_limit``, the rest
     to ``limit``: ``ValueError`` for a frame over its limit or cut off by
     the end of the stream; a socket error or timeout propagates."""
     recv, frame_size, header = sock.recv, lane_frames.frame_size, lane_frames.HEADER_BYTES
@@ -142,12 +146,15 @@ def frame_bodies(sock: Any, limit: int, first_limit: int, received: bytes = b""
         while end - pos >= header:
             size = frame_size(data, pos, bound)
             stop = pos + header + size
-            if stop > end:
-                if size > _RECV_BYTES:      # large: straight into one buffer of its size
-                    yield _receive_body(sock, view[pos + header:], size)
-                    bound, pos = limit, end
+            if stop > end:      # cut off: the rest straight into one buffer of its size
+                yield _receive_body(sock, view[pos + header:], size)
+                bound, pos = limit, end
                 break
-            yield view[pos + header:stop]
+            # A view keeps all it points into alive for as long as the bookie
+            # holds the record (the write cache, until a checkpoint): only a
+            # frame that is the whole recv is handed over as a view; a frame
+            # that shares its recv is copied out at its own size.
+            yield view[header:] if pos == 0 and stop == end else data[pos + header:stop]
             bound, pos = limit, stop
         rest = data[pos:] if pos < end else b""
         more = b""

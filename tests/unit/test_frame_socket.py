@@ -122,6 +122,41 @@ def test_frame_bodies_end_cleanly_between_frames_and_loudly_inside_one():
     assert got == [] and "connection ended inside a frame" in str(errors[0])
 
 
+def test_a_frame_body_keeps_no_more_than_itself_alive():
+    """A bookie holds an add's record, a view of its frame body, in the
+    write cache until a checkpoint: a body must not keep the rest of the
+    receive buffer it arrived in (other frames, a cut-off frame's start)
+    alive with it."""
+    small = [bytes([k]) * 100 for k in range(5)]
+    cut = b"c" * 3000                                       # cut off by the first recv
+    stream = b"".join(lane_frames.frame(x) for x in [*small, cut])
+    bodies = _raw_bodies_of(stream, [len(stream) - 1000])
+    assert [bytes(b) for b in bodies] == [*small, cut]
+    for body in bodies:
+        held = len(body.obj) if isinstance(body, memoryview) else len(body)
+        assert held <= len(body) + lane_frames.HEADER_BYTES, (len(body), held)
+    alone = lane_frames.frame(b"a" * 500)                   # one frame, one recv: a view of it
+    (body,) = _raw_bodies_of(alone, [])
+    assert isinstance(body, memoryview) and len(body.obj) == len(alone)
+
+
+def _raw_bodies_of(stream: bytes, cuts):
+    """The bodies ``frame_bodies`` yields, as yielded, for ``stream`` sent
+    in pieces at ``cuts`` (each piece one recv)."""
+    a, b = socket.socketpair()
+    bodies: list = []
+    reader = threading.Thread(target=lambda: bodies.extend(frame_bodies(b, 1 << 20, 1 << 20)))
+    reader.start()
+    edges = [0, *cuts, len(stream)]
+    for lo, hi in zip(edges, edges[1:]):
+        a.sendall(stream[lo:hi])
+        threading.Event().wait(0.01)
+    a.close()
+    reader.join(60)
+    b.close()
+    return bodies
+
+
 def _pool_in_a_fresh_process(env_value):
     import os
     import subprocess
