@@ -91,9 +91,15 @@ def read_frame_into(reader: io.BufferedIOBase, limit: int) -> Optional[memoryvie
     if not header:
         return None
     size = lane_frames.frame_length(header, limit)
-    view, got = memoryview(pa.allocate_buffer(size, memory_pool=wire_pool())), 0
+    return _fill(reader.readinto, memoryview(pa.allocate_buffer(size, memory_pool=wire_pool())),
+                 0, size)
+
+
+def _fill(readinto: Any, view: memoryview, got: int, size: int) -> memoryview:
+    """``view`` (``size`` bytes, the first ``got`` already there) filled
+    by ``readinto`` calls; ``ValueError`` when the stream ends first."""
     while got < size:
-        n = reader.readinto(view[got:])
+        n = readinto(view[got:])
         if not n:
             raise ValueError(f"connection ended inside a frame ({got} of {size} bytes)")
         got += n
@@ -165,14 +171,8 @@ def _receive_body(sock: Any, head: memoryview, size: int) -> memoryview:
     received from ``sock``, in one buffer of the wire pool (as
     ``read_frame_into``)."""
     body = memoryview(pa.allocate_buffer(size, memory_pool=wire_pool())).cast("B")
-    got = len(head)
-    body[:got] = head
-    while got < size:
-        n = sock.recv_into(body[got:])
-        if not n:
-            raise ValueError(f"connection ended inside a frame ({got} of {size} bytes)")
-        got += n
-    return body
+    body[:len(head)] = head
+    return _fill(sock.recv_into, body, len(head), size)
 
 
 def send_parts(sock: socket.socket, parts: list[Any]) -> None:

@@ -65,15 +65,21 @@ def test_frame_length_limits():
 
 def _bodies_of(stream: bytes, cuts, limit=1 << 20, first_limit=1 << 20, received=0):
     """What ``frame_bodies`` reads from ``stream`` sent in pieces at ``cuts``
-    (its first ``received`` bytes handed over as already read)."""
+    (its first ``received`` bytes handed over as already read), as bytes."""
+    got, errors = _raw_bodies_of(stream, cuts, limit, first_limit, received)
+    return [bytes(body) for body in got], errors
+
+
+def _raw_bodies_of(stream: bytes, cuts, limit=1 << 20, first_limit=1 << 20, received=0):
+    """The bodies ``frame_bodies`` yields, as yielded, and the errors it
+    raised (each piece between ``cuts`` one recv)."""
     a, b = socket.socketpair()
     got: list = []
     errors: list = []
 
     def read():
         try:
-            got.extend(bytes(body) for body in frame_bodies(b, limit, first_limit,
-                                                            stream[:received]))
+            got.extend(frame_bodies(b, limit, first_limit, stream[:received]))
         except ValueError as exc:
             errors.append(exc)
 
@@ -130,31 +136,14 @@ def test_a_frame_body_keeps_no_more_than_itself_alive():
     small = [bytes([k]) * 100 for k in range(5)]
     cut = b"c" * 3000                                       # cut off by the first recv
     stream = b"".join(lane_frames.frame(x) for x in [*small, cut])
-    bodies = _raw_bodies_of(stream, [len(stream) - 1000])
+    bodies, _ = _raw_bodies_of(stream, [len(stream) - 1000])
     assert [bytes(b) for b in bodies] == [*small, cut]
     for body in bodies:
         held = len(body.obj) if isinstance(body, memoryview) else len(body)
         assert held <= len(body) + lane_frames.HEADER_BYTES, (len(body), held)
     alone = lane_frames.frame(b"a" * 500)                   # one frame, one recv: a view of it
-    (body,) = _raw_bodies_of(alone, [])
+    (body,), _ = _raw_bodies_of(alone, [])
     assert isinstance(body, memoryview) and len(body.obj) == len(alone)
-
-
-def _raw_bodies_of(stream: bytes, cuts):
-    """The bodies ``frame_bodies`` yields, as yielded, for ``stream`` sent
-    in pieces at ``cuts`` (each piece one recv)."""
-    a, b = socket.socketpair()
-    bodies: list = []
-    reader = threading.Thread(target=lambda: bodies.extend(frame_bodies(b, 1 << 20, 1 << 20)))
-    reader.start()
-    edges = [0, *cuts, len(stream)]
-    for lo, hi in zip(edges, edges[1:]):
-        a.sendall(stream[lo:hi])
-        threading.Event().wait(0.01)
-    a.close()
-    reader.join(60)
-    b.close()
-    return bodies
 
 
 def _pool_in_a_fresh_process(env_value):
