@@ -37,7 +37,10 @@ CPU is the figure that says how the work would spread over N machines
 (docs/performance.md, "(9) Scaling").
 
 Where namespaces cannot be made (not root, no ``ip``, no etcd binary) the
-figure is ``{"available": false, "reason": ...}``.  Bounded: a fixed number
+figure is ``{"available": false, "reason": ...}``.  ``--loopback`` runs the
+same rounds on a ``LocalCluster`` instead (one etcd process; bookies and
+writers on this host's loopback), for a machine without ``ip``; its bookie
+counts are set with ``--bookies``.  Bounded: a fixed number
 of processes and entries, every answer awaited with a deadline; the cluster,
 the writers and their hosts go away on any failure (``HostCluster.close``
 removes the network and everything in it).
@@ -234,49 +237,115 @@ def _round(cluster, writers: Writers, n: int, sz: dict) -> dict:
     ens = ensembles(n, len(writers.procs), bookie_ids)
     setup = writers.call_all([{"cmd": "setup", "ensemble": e, "entries": sz["entries_per_writer"],
                                "warmup": sz["warmup"]} for e in ens])
-    pids = {"writers": writers.pids,
-            "bookies": {b: cluster.bookies[b].proc.pid for b in bookie_ids},
-            "etcd": {m.name: m.pid for m in cluster.etcd.members}}
+    pids = {"writers": writers.pids, **cluster.server_pids(bookie_ids)}
     idle = _idle(pids, sz["idle_s"])
     return {"bookies": n, "ensembles": [s["ensemble"] for s in setup], "idle": idle,
             "append": _phase("append", writers, pids, idle),
             "read": _phase("read", writers, pids, idle)}
 
 
-def _grow(cluster, n: int) -> None:
-    """Add bookie hosts up to ``n`` bookies: launched together, then awaited."""
-    new = [f"bookie-{i + 1}" for i in range(len(cluster.bookies), n)]
-    for bid in new:
-        cluster.add_bookie(bid, wait=False)
-    for bid in new:
-        cluster.wait_registered(bid)
+class _OnHosts:
+    """A ``HostCluster`` as the rounds use it: each bookie on its own host."""
+
+    def __init__(self, cluster):
+        self.cluster = cluster
+        self.network = cluster.network
+        self.metadata_uri = cluster.metadata_uri
+
+    @property
+    def bookie_ids(self) -> list[str]:
+        return self.cluster.bookie_ids
+
+    def server_pids(self, bookie_ids: list[str]) -> dict[str, dict[str, int]]:
+        return {"bookies": {b: self.cluster.bookies[b].proc.pid for b in bookie_ids},
+                "etcd": {m.name: m.pid for m in self.cluster.etcd.members}}
+
+    def grow(self, n: int) -> None:
+        """Add bookie hosts up to ``n`` bookies: launched together, then awaited."""
+        new = [f"bookie-{i + 1}" for i in range(len(self.cluster.bookies), n)]
+        for bid in new:
+            self.cluster.add_bookie(bid, wait=False)
+        for bid in new:
+            self.cluster.wait_registered(bid)
 
 
-def measure(quick: bool, work: str) -> dict:
-    reason = unavailable_reason()
-    if reason:
-        return {"available": False, "reason": reason}
-    from pybk_spark.cluster.host_cluster import HostCluster
+class _ThisHost:
+    """Every writer runs here: a host's command is the argv itself."""
+
+    @staticmethod
+    def command(argv: list[str]) -> list[str]:
+        return argv
+
+
+class _Loopback:
+    """A ``LocalCluster`` as the rounds use it: one etcd process, bookies and
+    writers on this host's loopback."""
+
+    class _Network:
+        @staticmethod
+        def add_host(name: str) -> _ThisHost:
+            return _ThisHost()
+
+    def __init__(self, cluster):
+        self.cluster = cluster
+        self.network = self._Network()
+        self.metadata_uri = cluster.metadata_uri
+
+    @property
+    def bookie_ids(self) -> list[str]:
+        return self.cluster.bookie_ids
+
+    def server_pids(self, bookie_ids: list[str]) -> dict[str, dict[str, int]]:
+        return {"bookies": {b: self.cluster.bookie_pid(b) for b in bookie_ids},
+                "etcd": {"etcd": self.cluster.started_etcd().pid}}
+
+    def grow(self, n: int) -> None:
+        while len(self.cluster.bookie_ids) < n:
+            self.cluster.add_bookie()
+
+
+def _rounds(cluster, sz: dict, counts: tuple[int, ...], data_dir: Path, deadline: float) -> dict:
+    rounds = {}
+    writers = Writers(cluster, sz["writers"], data_dir, deadline)
+    try:
+        for n in counts:
+            cluster.grow(n)
+            rounds[str(n)] = _round(cluster, writers, n, sz)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"scaling figure over its {sz['deadline_s']} s budget "
+                                   f"after {n} bookies")
+    finally:
+        writers.close()
+    return rounds
+
+
+def measure(quick: bool, work: str, *, loopback: bool = False,
+            counts: tuple[int, ...] = BOOKIE_COUNTS, writers: int | None = None) -> dict:
     sz = sizes(quick)
+    if writers is not None:
+        sz["writers"] = writers
     deadline = time.monotonic() + sz["deadline_s"]
     data_dir = Path(work) / "scaling"
-    rounds = {}
-    with HostCluster(data_dir, etcd_members=sz["etcd_members"], num_bookies=BOOKIE_COUNTS[0],
-                     bookie_conf=sz["bookie_conf"], ready_timeout=120.0) as cluster:
-        writers = Writers(cluster, sz["writers"], data_dir, deadline)
-        try:
-            for n in BOOKIE_COUNTS:
-                _grow(cluster, n)
-                rounds[str(n)] = _round(cluster, writers, n, sz)
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"scaling figure over its {sz['deadline_s']} s budget "
-                                       f"after {n} bookies")
-        finally:
-            writers.close()
-    return {"available": True, "writers": sz["writers"], "writer_layout": "one process per host",
+    if loopback:
+        from pybk_spark.cluster.local import LocalCluster
+        data_dir.mkdir(parents=True, exist_ok=True)
+        with LocalCluster(data_dir, num_bookies=counts[0], bookie_conf=sz["bookie_conf"] or None,
+                          ready_timeout=120.0) as local:
+            rounds = _rounds(_Loopback(local), sz, counts, data_dir, deadline)
+        layout, members = "every writer and bookie a process on this host's loopback", 1
+    else:
+        reason = unavailable_reason()
+        if reason:
+            return {"available": False, "reason": reason}
+        from pybk_spark.cluster.host_cluster import HostCluster
+        with HostCluster(data_dir, etcd_members=sz["etcd_members"], num_bookies=counts[0],
+                         bookie_conf=sz["bookie_conf"], ready_timeout=120.0) as cluster:
+            rounds = _rounds(_OnHosts(cluster), sz, counts, data_dir, deadline)
+        layout, members = "one process per host", sz["etcd_members"]
+    return {"available": True, "writers": sz["writers"], "writer_layout": layout,
             "entries_per_writer": sz["entries_per_writer"], "entry_bytes": 1024,
-            "quorum": "E=3 Qw=3 Qa=2", "etcd_members": sz["etcd_members"],
-            "bookie_counts": list(BOOKIE_COUNTS), "rounds": rounds}
+            "quorum": "E=3 Qw=3 Qa=2", "etcd_members": members,
+            "bookie_counts": list(counts), "rounds": rounds}
 
 
 def cpu_ratio(fig: dict | None, phase: str = "append", kind: str = "total") -> float | None:
@@ -292,19 +361,37 @@ def cpu_ratio(fig: dict | None, phase: str = "append", kind: str = "total") -> f
 
 
 def main(argv=None) -> int:
-    """``python -m bench.scaling [--quick] [--data-dir DIR]``: this figure alone,
-    JSON on stdout; with --data-dir the cluster's and writers' logs stay there."""
+    """``python -m bench.scaling [--quick] [--loopback] [--bookies 3,6,9]
+    [--writers W] [--data-dir DIR]``: this figure alone, JSON on stdout; with
+    --data-dir the cluster's and writers' logs stay there."""
     import argparse
     import tempfile
     p = argparse.ArgumentParser(prog="python -m bench.scaling")
     p.add_argument("--quick", action="store_true", help="tiny sizes: checks the harness")
+    p.add_argument("--loopback", action="store_true",
+                   help="a LocalCluster on loopback instead of one host per process")
+    p.add_argument("--bookies", default=",".join(map(str, BOOKIE_COUNTS)),
+                   help="the rounds' bookie counts, ascending, each at least 3 (default: 3,5,7)")
+    p.add_argument("--writers", type=int, help="writer processes (default: 4; 3 quick)")
     p.add_argument("--data-dir", help="keep data and logs here (default: a temporary dir)")
     a = p.parse_args(argv)
+    try:
+        counts = tuple(int(x) for x in a.bookies.split(","))
+    except ValueError:
+        p.error(f"--bookies {a.bookies!r}: give bookie counts like 3,5,7")
+    if not counts or counts[0] < 3 or list(counts) != sorted(set(counts)):
+        p.error(f"--bookies {a.bookies!r}: ascending counts, each at least 3 (E=3)")
+    if a.writers is not None and a.writers < 1:
+        p.error(f"--writers {a.writers}: at least 1")
+    sz_writers = a.writers
+
+    def run(work: str) -> dict:
+        return measure(a.quick, work, loopback=a.loopback, counts=counts, writers=sz_writers)
     if a.data_dir:
-        print(json.dumps(measure(a.quick, a.data_dir), indent=1, default=str))
+        print(json.dumps(run(a.data_dir), indent=1, default=str))
         return 0
     with tempfile.TemporaryDirectory(prefix="pybk-scaling-") as tmp:
-        print(json.dumps(measure(a.quick, tmp), indent=1, default=str))
+        print(json.dumps(run(tmp), indent=1, default=str))
     return 0
 
 

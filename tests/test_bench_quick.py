@@ -117,3 +117,27 @@ def test_a_disk_too_full_for_a_run_stops_it_before_it_starts(tmp_path, capsys, m
     assert bench_run.main(["--quick", "--data-dir", str(tmp_path), "--no-docs"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--data-dir" in err and str(tmp_path) in err
+
+
+def test_scaling_runs_on_loopback_where_hosts_cannot_be_made(tmp_path):
+    """``--loopback`` runs the scaling rounds on a LocalCluster (one etcd, every
+    process on this host): each round reports appends and reads for its
+    bookie count.  Checks the harness, never the figures."""
+    proc = subprocess.run([sys.executable, "-m", "bench.scaling", "--quick", "--loopback",
+                           "--bookies", "3,4", "--writers", "2", "--data-dir", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    fig = json.loads(proc.stdout)
+    assert fig["available"] and fig["bookie_counts"] == [3, 4] and fig["writers"] == 2
+    assert fig["etcd_members"] == 1 and "loopback" in fig["writer_layout"]
+    for n in ("3", "4"):
+        for phase in ("append", "read"):
+            got = fig["rounds"][n][phase]
+            assert got["entries"] == 2 * 10_000 and got["entries_per_s"] > 0
+        assert len(fig["rounds"][n]["append"]["cpu_s_by_process"]["bookies"]) == int(n)
+
+
+def test_scaling_refuses_bookie_counts_it_cannot_run():
+    proc = subprocess.run([sys.executable, "-m", "bench.scaling", "--loopback", "--bookies", "2,5"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "at least 3" in proc.stderr.strip().splitlines()[-1]
