@@ -31,7 +31,7 @@ Ordering obligations:
   * ``flush`` = ``flush_begin`` (snapshot the write cache under the lock) ->
     ``write_snapshot`` (one concatenated, id-sorted batch per ledger appended
     to the current segment, fsync'd; the lock held only to look up a slice
-    of refs, see ``flush_slices``) -> ``flush_commit`` (swap the ledger's
+    of refs, see ``WriteCache.drain``) -> ``flush_commit`` (swap the ledger's
     memory runs for segment runs under the lock, then drop the flushed refs
     a slice at a time).  Readers
     and duplicate checks see the memory runs until the swap.  A write or
@@ -76,8 +76,9 @@ from bookie_server.storage import flush_slices, write_cache
 from bookie_server.storage.run_index import LedgerIndex, runs_of
 from bookie_server.storage.segment_files import (JOURNAL_SEGMENT_BASE, SegmentFiles,
                                                  is_journal_segment, journal_segment)
-from bookie_server.storage.write_cache import Ref, WriteCache, cached_bytes, decode_records
-from pybk_spark.wire.entries import ENTRY_SCHEMA, batch_to_buffer, empty_batch, one_batch, Record
+from bookie_server.storage.write_cache import (Ref, WriteCache, WrittenRun, cached_bytes,
+                                                decode_records)
+from pybk_spark.wire.entries import ENTRY_SCHEMA, empty_batch, one_batch, Record
 
 log = logging.getLogger("bookie.store")
 
@@ -110,9 +111,6 @@ def _run_rows(ref: Ref, mine: np.ndarray, rows: np.ndarray, counts: np.ndarray
     return lo, records or []
 
 
-# one run of a flush written to a segment (or located in the journal):
-# (its new Ref, the run starts, ends and rows it holds)
-WrittenRun = tuple[Ref, np.ndarray, np.ndarray, np.ndarray]
 
 
 @dataclass
@@ -143,7 +141,7 @@ class EntryStore:
         self.raw_min_bytes = RAW_MIN_BYTES
         self.lock = threading.RLock()
         self.ledgers: dict[int, LedgerIndex] = {}
-        self.cache = WriteCache()
+        self.cache = WriteCache(self.lock)
         self.refs = self.cache.refs                    # ref id -> Ref (the same dict)
         self.segment_live = self.files.live            # segment -> live bytes
         self.segment_size = self.files.size            # segment -> bytes
@@ -328,10 +326,13 @@ class EntryStore:
         fh = None
         try:
             for ledger_id, ref_ids in snap.by_ledger.items():
-                got = self._snapshot_runs(ledger_id, ref_ids)
-                if got is None:     # dropped by GC meanwhile
+                with self.lock:     # the index's arrays are replaced, never changed
+                    idx = self.ledgers.get(ledger_id)
+                    parts = idx.table_parts() if idx is not None else None
+                got = self.cache.drain(ledger_id, parts, ref_ids) if parts is not None else None
+                if idx is None or got is None:     # dropped by GC meanwhile
                     continue
-                idx, written, out, cached = got
+                written, out, cached = got
                 for data, r_starts, r_ends, r_rows in out:
                     if (fh is None or self.segment_size.get(self.files.current, 0)
                             >= self.segment_max_bytes):
@@ -357,51 +358,6 @@ class EntryStore:
                 fh.close()
         if touched:
             self.files.fsync_dir()
-
-    def _snapshot_runs(self, ledger_id: int, ref_ids: list[int]) -> Optional[tuple[
-            LedgerIndex, list[WrittenRun], list[tuple[bytes | pa.Buffer, np.ndarray, np.ndarray, np.ndarray]],
-            int]]:
-        """One ledger's part of a flush: (its index, the runs that need no
-        write, the (bytes, starts, ends, rows) to write, the write-cache
-        bytes its refs count); None once the ledger is gone."""
-        with self.lock:
-            idx = self.ledgers.get(ledger_id)
-            if idx is None:
-                return None
-            starts, ends, refs, rows = idx.table_parts()   # arrays replaced, never changed
-        sel = np.isin(refs, np.array(ref_ids, np.int64))
-        starts, ends, refs, rows = starts[sel], ends[sel], refs[sel], rows[sel]
-        written: list[WrittenRun] = []
-        out: list[tuple[bytes | pa.Buffer, np.ndarray, np.ndarray, np.ndarray]] = []
-        small: list[pa.RecordBatch] = []
-        cached = 0
-        for ids_slice in flush_slices.in_slices(np.unique(refs).tolist()):
-            with self.lock:
-                objs = list(map(self.refs.get, ids_slice))
-            for rid, o in zip(ids_slice, objs):
-                if o is None:       # the ledger was dropped meanwhile
-                    return None
-                cached += o.cached
-                if o.entries is not None:       # a run of lone adds (closed: it no longer grows)
-                    small += [flush_slices.decode(part) for part in flush_slices.in_slices(o.entries)]
-                elif o.segment >= 0:    # journal-resident: nothing to write, point at the journal
-                    m = refs == rid
-                    written.append((Ref(ledger_id, None, o.segment, o.offset, o.length),
-                                    starts[m], ends[m], rows[m]))
-                elif o.raw is not None:     # big: its received IPC bytes go as they are
-                    m = refs == rid
-                    out.append((o.raw, starts[m], ends[m], rows[m]))
-                elif o.batch is not None:
-                    small.append(o.batch)
-        if small:      # whole batches (every row is indexed): one, sorted by entry id
-            table = pa.Table.from_batches(small, schema=ENTRY_SCHEMA)
-            ids = table.column(1).to_numpy()
-            if len(ids) > 1 and not (ids[1:] > ids[:-1]).all():   # adds came in order,
-                table = table.take(pc.sort_indices(table.column(1)))   # as a rule
-                ids = table.column(1).to_numpy()
-            batch = one_batch(table)
-            out.append((batch_to_buffer(batch), *runs_of(ids)))   # written, not copied
-        return idx, written, out, cached
 
     def flush_commit(self, snap: FlushSnapshot) -> None:
         """Swap the snapshot's memory runs for its segment runs, under the

@@ -25,13 +25,17 @@ run's list under the store's lock (``Ref.records``), never later.
 from __future__ import annotations
 
 import itertools
+import threading
 from typing import Optional, Sequence
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from bookie_server.storage import flush_slices
-from bookie_server.storage.run_index import LedgerIndex
-from pybk_spark.wire.entries import Record, records_to_batch
+from bookie_server.storage.run_index import LedgerIndex, runs_of
+from pybk_spark.wire.entries import (ENTRY_SCHEMA, Record, batch_to_buffer, one_batch,
+                                     records_to_batch)
 
 
 def cached_bytes(batch: pa.RecordBatch) -> int:
@@ -81,11 +85,20 @@ class Ref:
         return entries[row:row + count] if entries is not None else None
 
 
-class WriteCache:
-    """The ref table and the memory refs of each ledger.  Every method runs
-    under the store's lock but ``release``'s freeing."""
+# one run of a flush written to a segment (or located in the journal):
+# (its new Ref, the run starts, ends and rows it holds)
+WrittenRun = tuple[Ref, np.ndarray, np.ndarray, np.ndarray]
+# what a flush writes: (bytes, the run starts, ends and rows they hold)
+ToWrite = tuple[bytes | pa.Buffer, np.ndarray, np.ndarray, np.ndarray]
 
-    def __init__(self) -> None:
+
+class WriteCache:
+    """The ref table and the memory refs of each ledger.  Every method but
+    ``drain`` runs under the store's lock (``lock``), which ``drain`` takes a
+    slice of refs at a time."""
+
+    def __init__(self, lock: threading.RLock) -> None:
+        self.lock = lock
         self.refs: dict[int, Ref] = {}
         self.by_ledger: dict[int, list[int]] = {}     # ledger -> memory ref ids
         self.nbytes = 0
@@ -138,6 +151,48 @@ class WriteCache:
         self.by_ledger = {}
         self._runs = {}
         return taken
+
+    def drain(self, ledger_id: int, parts: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+              ref_ids: list[int]) -> Optional[tuple[list[WrittenRun], list[ToWrite], int]]:
+        """One ledger's part of a checkpoint, from its index's runs
+        (``parts``) and the memory refs ``take`` gave: (the runs that need
+        no write, what to write, the write-cache bytes its refs count);
+        None once the ledger is gone.  Big batches are written as received,
+        small ones and runs of lone adds merged into one batch."""
+        starts, ends, refs, rows = parts
+        sel = np.isin(refs, np.array(ref_ids, np.int64))
+        starts, ends, refs, rows = starts[sel], ends[sel], refs[sel], rows[sel]
+        written: list[WrittenRun] = []
+        out: list[ToWrite] = []
+        small: list[pa.RecordBatch] = []
+        cached = 0
+        for ids_slice in flush_slices.in_slices(np.unique(refs).tolist()):
+            with self.lock:
+                objs = list(map(self.refs.get, ids_slice))
+            for rid, o in zip(ids_slice, objs):
+                if o is None:       # the ledger was dropped meanwhile
+                    return None
+                cached += o.cached
+                if o.entries is not None:       # a run of lone adds (closed: it no longer grows)
+                    small += [flush_slices.decode(part) for part in flush_slices.in_slices(o.entries)]
+                elif o.segment >= 0:    # journal-resident: nothing to write, point at the journal
+                    m = refs == rid
+                    written.append((Ref(ledger_id, None, o.segment, o.offset, o.length),
+                                    starts[m], ends[m], rows[m]))
+                elif o.raw is not None:     # big: its received IPC bytes go as they are
+                    m = refs == rid
+                    out.append((o.raw, starts[m], ends[m], rows[m]))
+                elif o.batch is not None:
+                    small.append(o.batch)
+        if small:      # whole batches (every row is indexed): one, sorted by entry id
+            table = pa.Table.from_batches(small, schema=ENTRY_SCHEMA)
+            ids = table.column(1).to_numpy()
+            if len(ids) > 1 and not (ids[1:] > ids[:-1]).all():   # adds came in order,
+                table = table.take(pc.sort_indices(table.column(1)))   # as a rule
+                ids = table.column(1).to_numpy()
+            batch = one_batch(table)
+            out.append((batch_to_buffer(batch), *runs_of(ids)))   # written, not copied
+        return written, out, cached
 
     def drop(self, ledger_id: int) -> None:
         """A deleted ledger's memory refs are no longer listed (its refs
