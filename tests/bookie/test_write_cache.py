@@ -86,3 +86,15 @@ def test_records_of_mixed_digest_sizes_decode_alike(tmp_path):
     assert [r[4] for r in before] == [b"d" * (e % 3) for e in range(6)]
     store.flush()
     assert _rows(_read(store, 0, 5)) == before
+
+
+def test_lone_adds_out_of_order_are_read_in_id_order(tmp_path):
+    store = EntryStore(str(tmp_path))
+    order = [3, 1, 2, 0, 4, 7, 5, 6]
+    _add(store, order)
+    want = list(range(8))
+    assert [r[1] for r in _rows(_read(store, 0, 7))] == want
+    assert [r[1] for r in _rows(_read(store, 0, 7, sparse=True))] == want
+    before = _rows(_read(store, 0, 7))
+    store.flush()
+    assert _rows(_read(store, 0, 7)) == before
