@@ -111,8 +111,6 @@ def _run_rows(ref: Ref, mine: np.ndarray, rows: np.ndarray, counts: np.ndarray
     return lo, records or []
 
 
-
-
 @dataclass
 class FlushSnapshot:
     by_ledger: dict[int, list[int]]      # ledger -> memory ref ids
@@ -366,9 +364,9 @@ class EntryStore:
         at a time, each slice popped under the lock and freed outside it (a
         run's records a slice at a time too: freeing a record costs the GIL a
         few hundred ns, a checkpoint frees thousands), with a pause between
-        slices.  No
-        index names them any more, and the write cache no longer counts
-        them: what sees them meanwhile (``refs_snapshot``) skips memory refs."""
+        slices.  No index names them any more, and the write cache no longer
+        counts them: what sees them meanwhile (``refs_snapshot``) skips
+        memory refs."""
         olds = {l: np.array(r, np.int64) for l, r in snap.by_ledger.items()}
         nbytes = 0
         with self.lock:
