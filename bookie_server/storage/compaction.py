@@ -35,7 +35,8 @@ Ordering obligations:
 from __future__ import annotations
 
 
-from bookie_server.storage.entry_store import EntryStore, Ref
+from bookie_server.storage.entry_store import EntryStore
+from bookie_server.storage.write_cache import Ref
 from bookie_server.storage.segment_files import JOURNAL_SEGMENT_BASE, is_journal_segment
 
 

@@ -31,7 +31,7 @@ Ordering obligations:
   * ``flush`` = ``flush_begin`` (snapshot the write cache under the lock) ->
     ``write_snapshot`` (one concatenated, id-sorted batch per ledger appended
     to the current segment, fsync'd; the lock held only to look up a slice
-    of refs, see ``flush_slices``) -> ``flush_commit`` (swap the ledger's
+    of refs, see ``WriteCache.drain``) -> ``flush_commit`` (swap the ledger's
     memory runs for segment runs under the lock, then drop the flushed refs
     a slice at a time).  Readers
     and duplicate checks see the memory runs until the swap.  A write or
@@ -54,13 +54,14 @@ Ordering obligations:
 
 The files themselves (segment and journal files, their sizes and live bytes,
 the current segment, memory maps and the decoded-batch cache) are
-``segment_files.SegmentFiles``, the store's ``files``; this module keeps the
-index, the write cache, reads and the flush.
+``segment_files.SegmentFiles``, the store's ``files``; the ref table and the
+batches still in memory (lone adds in per-ledger runs of records) are
+``write_cache.WriteCache``, the store's ``cache``; this module keeps the
+index, reads and the flush.
 """
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 import os
 import threading
@@ -71,12 +72,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bookie_server.storage import flush_slices
+from bookie_server.storage import flush_slices, write_cache
 from bookie_server.storage.run_index import LedgerIndex, runs_of
 from bookie_server.storage.segment_files import (JOURNAL_SEGMENT_BASE, SegmentFiles,
                                                  is_journal_segment, journal_segment)
-from pybk_spark.wire.entries import (ENTRY_SCHEMA, batch_to_buffer, empty_batch, one_batch,
-                                     Record, records_to_batch)
+from bookie_server.storage.write_cache import (Ref, WriteCache, WrittenRun, cached_bytes,
+                                                decode_records)
+from pybk_spark.wire.entries import ENTRY_SCHEMA, empty_batch, one_batch, Record
 
 log = logging.getLogger("bookie.store")
 
@@ -85,14 +87,6 @@ RAW_MIN_ROWS = 128     # batches with this many rows, or of this many bytes, are
 RAW_MIN_BYTES = 64 << 10   # written to segments as received (no re-encoding)
 
 SLICE_READ_MAX_ROWS = 256  # sparse reads of up to this many rows gather row slices (one copy)
-
-
-def cached_bytes(batch: pa.RecordBatch) -> int:
-    """Memory a cached batch holds, for the write cache's accounting: its
-    buffers' sizes (``nbytes`` walks the buffers' ranges and costs ~10 us,
-    as much as the rest of a one-entry add's indexing)."""
-    size: int = batch.get_total_buffer_size()
-    return size
 
 
 def _within_bytes(table: pa.Table, max_bytes: int, limited: bool) -> tuple[pa.RecordBatch, bool]:
@@ -108,53 +102,13 @@ def _within_bytes(table: pa.Table, max_bytes: int, limited: bool) -> tuple[pa.Re
     return one_batch(table), limited
 
 
-class Ref:
-    """One stored batch: in memory (``batch``, or a lone add's ``entry``
-    record as received, decoded into a batch only when read) or in a
-    segment file; a memory ref with ``segment >= 0`` is *located*: already
-    durable there (journal).  ``cached`` is what a memory ref counts in the
-    write cache's bytes, taken once when it is added (a checkpoint of lone
-    adds frees thousands)."""
-    __slots__ = ("ledger", "_batch", "entry", "segment", "offset", "length", "raw", "cached")
-
-    def __init__(self, ledger: int, batch: Optional[pa.RecordBatch] = None,
-                 segment: int = -1, offset: int = 0, length: int = 0,
-                 raw: Optional[bytes] = None, entry: Optional[Record] = None):
-        self.ledger, self._batch, self.raw, self.entry = ledger, batch, raw, entry
-        self.segment, self.offset, self.length = segment, offset, length
-        self.cached = 0
-
-    @property
-    def in_memory(self) -> bool:
-        return self._batch is not None or self.entry is not None
-
-    @property
-    def batch(self) -> Optional[pa.RecordBatch]:
-        """The batch held in memory (an entry record decoded now), else None."""
-        if self._batch is None and self.entry is not None:
-            return records_to_batch([self.entry])
-        return self._batch
-
-    @property
-    def held(self) -> object:
-        """What a memory ref keeps alive (freed after a checkpoint)."""
-        return self._batch if self._batch is not None else self.entry
-
-
-def _decode_lone(refs: list[Ref]) -> dict[int, pa.RecordBatch]:
-    """``id(ref)`` -> its one-row batch, for the lone adds held as received
-    among ``refs``: decoded together, a few us each instead of one batch
-    build (~35 us) per entry."""
-    lone = [r for r in refs if r.entry is not None]
-    if not lone:
-        return {}
-    decoded = records_to_batch([r.entry for r in lone])
-    return {id(r): decoded.slice(i, 1) for i, r in enumerate(lone)}
-
-
-# one run of a flush written to a segment (or located in the journal):
-# (its new Ref, the run starts, ends and rows it holds)
-WrittenRun = tuple[Ref, np.ndarray, np.ndarray, np.ndarray]
+def _run_rows(ref: Ref, mine: np.ndarray, rows: np.ndarray, counts: np.ndarray
+              ) -> tuple[int, list[Record]]:
+    """(first row, the records from it to the last row read) of a run of
+    lone adds whose pieces ``mine`` selects (under the store's lock)."""
+    lo = int(rows[mine].min())
+    records = ref.records(lo, int((rows[mine] + counts[mine]).max()) - lo)
+    return lo, records or []
 
 
 @dataclass
@@ -185,17 +139,20 @@ class EntryStore:
         self.raw_min_bytes = RAW_MIN_BYTES
         self.lock = threading.RLock()
         self.ledgers: dict[int, LedgerIndex] = {}
-        self.refs: dict[int, Ref] = {}
-        self.mem_refs: dict[int, list[int]] = {}       # ledger -> memory ref ids
+        self.cache = WriteCache(self.lock)
+        self.refs = self.cache.refs                    # ref id -> Ref (the same dict)
         self.segment_live = self.files.live            # segment -> live bytes
         self.segment_size = self.files.size            # segment -> bytes
-        self.write_cache_bytes = 0
-        self._next_ref = 1
         # since the last persisted index: ledgers whose segment runs moved or
         # went (all their runs are persisted again), and the refs a flush
         # added to other ledgers (only those runs are persisted)
         self.index_changed: set[int] = set()
         self.index_appended: dict[int, list[int]] = {}
+
+    @property
+    def write_cache_bytes(self) -> int:
+        """Bytes the write cache holds (not yet in segments)."""
+        return self.cache.nbytes
 
     # -- writes -----------------------------------------------------------------
     def add(self, ledger_id: int, batch: pa.RecordBatch, raw: Optional[bytes] = None,
@@ -228,47 +185,28 @@ class EntryStore:
             else:
                 ref = Ref(ledger_id, batch, raw=raw if as_received else None)
             ref.cached = cached_bytes(batch)
-            ref_id = self._new_ref(ref)
+            ref_id = self.cache.put(ledger_id, ref)
             starts, ends, rows = runs_of(ids)
             refs = np.array([ref_id], np.int64) if len(starts) == 1 else np.full(len(starts), ref_id, np.int64)
             idx.add_runs(starts, ends, refs, rows)
-            self.mem_refs.setdefault(ledger_id, []).append(ref_id)
-            self.write_cache_bytes += ref.cached
             return len(ids)
 
     def add_entry(self, ledger_id: int, entry_id: int, record: Record) -> int:
-        """Index a lone add's entry record (checked), held as received: no
-        batch is built until it is read or flushed.  Returns rows kept."""
+        """Index a lone add's entry record (checked), held as received in
+        its ledger's run (``write_cache``): no batch is built until it is
+        read or flushed.  Returns rows kept."""
         with self.lock:
             idx = self.ledgers.get(ledger_id)
             if idx is None:
                 idx = self.ledgers[ledger_id] = LedgerIndex()
             elif entry_id <= idx.max_entry and idx.contains(np.array([entry_id], np.int64))[0]:
                 return 0                       # the first copy is kept
-            ref = Ref(ledger_id, entry=record)
-            ref.cached = nbytes = len(record)
-            ref_id = self._next_ref            # _new_ref, inline: once per lone add
-            self._next_ref = ref_id + 1
-            self.refs[ref_id] = ref
-            idx.add_entry(entry_id, ref_id)
-            mem = self.mem_refs.get(ledger_id)
-            if mem is None:
-                mem = self.mem_refs[ledger_id] = []
-            mem.append(ref_id)
-            self.write_cache_bytes += nbytes
+            self.cache.put_entry(ledger_id, idx, entry_id, record)
             return 1
-
-    def _new_ref(self, ref: Ref) -> int:
-        ref_id = self._next_ref
-        self._next_ref += 1
-        self.refs[ref_id] = ref
-        return ref_id
 
     def reserve_ref_ids(self, n: int) -> int:
         """Set aside ``n`` ref ids (for refs a loaded index adds); the first."""
-        base = self._next_ref
-        self._next_ref = base + n
-        return base
+        return self.cache.reserve(n)
 
     # -- reads ------------------------------------------------------------------
     def has_ledger(self, ledger_id: int) -> bool:
@@ -295,10 +233,17 @@ class EntryStore:
             if idx is None:
                 return empty_batch(), False
             refs, rows, counts, piece_first = idx.locate_sparse(first, last, max_entries)
-            ref_objs = [self.refs[int(r)] for r in np.unique(refs)]
-            by_id = dict(zip(np.unique(refs).tolist(), ref_objs))
+            by_id = {r: self.refs[r] for r in np.unique(refs).tolist()}
+            # a run of lone adds: the rows read, copied now (freed in slices
+            # once flushed), from its first row read on
+            runs = {r: _run_rows(ref, refs == r, rows, counts) for r, ref in by_id.items()
+                    if ref.entries is not None}
         if len(counts) == 0:
             return empty_batch(), False
+        ref_objs = list(by_id.values())
+        for r, (lo, records) in runs.items():
+            by_id[r] = Ref(by_id[r].ledger, decode_records(records))
+            rows = rows - np.where(refs == r, lo, 0)
         offsets = np.cumsum(counts) - counts
         take_rows = np.repeat(rows - offsets, counts) + np.arange(int(counts.sum()))
         piece_of_row = np.repeat(np.arange(len(counts)), counts)
@@ -318,10 +263,6 @@ class EntryStore:
         else:
             self.files.will_need(ref_objs, max_bytes)
             read_whole = self.files.batch_of
-        lone = _decode_lone(ref_objs)
-        for ref_id, ref in by_id.items():
-            if id(ref) in lone:
-                by_id[ref_id] = Ref(ref.ledger, lone[id(ref)])
         got: dict[int, pa.RecordBatch] = {}
 
         def stored(ref_id: int) -> pa.RecordBatch:
@@ -354,13 +295,14 @@ class EntryStore:
         with self.lock:
             idx = self.ledgers.get(ledger_id)
             pieces = idx.locate(first, last, max_entries) if idx is not None else []
-            located = [(self.refs[r], row, n) for r, row, n in pieces]
+            # a run's records are copied now (write_cache: freed in slices once flushed)
+            located = [(ref, row, n, ref.records(row, n))
+                       for ref, row, n in ((self.refs[r], row, n) for r, row, n in pieces)]
         if not located:
             return _EMPTY, False
-        self.files.will_need([ref for ref, _, _ in located], max_bytes)
-        lone = _decode_lone([ref for ref, _, _ in located])
-        slices = [lone[id(ref)] if id(ref) in lone else self.files.batch_of(ref).slice(row, n)
-                  for ref, row, n in located]
+        self.files.will_need([p[0] for p in located], max_bytes)
+        slices = [self.files.batch_of(ref).slice(row, n) if records is None
+                  else decode_records(records) for ref, row, n, records in located]
         table = pa.Table.from_batches(slices, schema=ENTRY_SCHEMA)
         got = table.num_rows
         limited = got >= max_entries and got < last - first + 1
@@ -369,9 +311,7 @@ class EntryStore:
     # -- flush --------------------------------------------------------------------
     def flush_begin(self) -> FlushSnapshot:
         with self.lock:
-            snap = FlushSnapshot({l: list(r) for l, r in self.mem_refs.items() if r})
-            self.mem_refs = {}
-            return snap
+            return FlushSnapshot(self.cache.take())
 
     def write_snapshot(self, snap: FlushSnapshot) -> None:
         """Append the snapshot to segments; fsync.  No lock held but for a
@@ -384,10 +324,13 @@ class EntryStore:
         fh = None
         try:
             for ledger_id, ref_ids in snap.by_ledger.items():
-                got = self._snapshot_runs(ledger_id, ref_ids)
-                if got is None:     # dropped by GC meanwhile
+                with self.lock:     # the index's arrays are replaced, never changed
+                    idx = self.ledgers.get(ledger_id)
+                    parts = idx.table_parts() if idx is not None else None
+                got = self.cache.drain(ledger_id, parts, ref_ids) if parts is not None else None
+                if idx is None or got is None:     # dropped by GC meanwhile
                     continue
-                idx, written, out, cached = got
+                written, out, cached = got
                 for data, r_starts, r_ends, r_rows in out:
                     if (fh is None or self.segment_size.get(self.files.current, 0)
                             >= self.segment_max_bytes):
@@ -414,63 +357,16 @@ class EntryStore:
         if touched:
             self.files.fsync_dir()
 
-    def _snapshot_runs(self, ledger_id: int, ref_ids: list[int]) -> Optional[tuple[
-            LedgerIndex, list[WrittenRun], list[tuple[bytes | pa.Buffer, np.ndarray, np.ndarray, np.ndarray]],
-            int]]:
-        """One ledger's part of a flush: (its index, the runs that need no
-        write, the (bytes, starts, ends, rows) to write, the write-cache
-        bytes its refs count); None once the ledger is gone."""
-        with self.lock:
-            idx = self.ledgers.get(ledger_id)
-            if idx is None:
-                return None
-            starts, ends, refs, rows = idx.table_parts()   # arrays replaced, never changed
-        sel = np.isin(refs, np.array(ref_ids, np.int64))
-        starts, ends, refs, rows = starts[sel], ends[sel], refs[sel], rows[sel]
-        written: list[WrittenRun] = []
-        out: list[tuple[bytes | pa.Buffer, np.ndarray, np.ndarray, np.ndarray]] = []
-        small: list[pa.RecordBatch] = []
-        cached = 0
-        for ids_slice in flush_slices.in_slices(np.unique(refs).tolist()):
-            with self.lock:
-                objs = list(map(self.refs.get, ids_slice))
-            entries = []
-            for rid, o in zip(ids_slice, objs):
-                if o is None:       # the ledger was dropped meanwhile
-                    return None
-                cached += o.cached
-                if o.entry is not None:         # a lone add
-                    entries.append(o.entry)
-                elif o.segment >= 0:    # journal-resident: nothing to write, point at the journal
-                    m = refs == rid
-                    written.append((Ref(ledger_id, None, o.segment, o.offset, o.length),
-                                    starts[m], ends[m], rows[m]))
-                elif o.raw is not None:     # big: its received IPC bytes go as they are
-                    m = refs == rid
-                    out.append((o.raw, starts[m], ends[m], rows[m]))
-                elif o.batch is not None:
-                    small.append(o.batch)
-            if entries:
-                small.append(flush_slices.decode(entries))
-        if small:      # whole batches (every row is indexed): one, sorted by entry id
-            table = pa.Table.from_batches(small, schema=ENTRY_SCHEMA)
-            ids = table.column(1).to_numpy()
-            if len(ids) > 1 and not (ids[1:] > ids[:-1]).all():   # adds came in order,
-                table = table.take(pc.sort_indices(table.column(1)))   # as a rule
-                ids = table.column(1).to_numpy()
-            batch = one_batch(table)
-            out.append((batch_to_buffer(batch), *runs_of(ids)))   # written, not copied
-        return idx, written, out, cached
-
     def flush_commit(self, snap: FlushSnapshot) -> None:
         """Swap the snapshot's memory runs for its segment runs, under the
         lock (numpy work and a few new refs per ledger: readers and duplicate
         checks switch at once).  The flushed refs then leave ``refs`` a slice
-        at a time, each slice popped under the lock and freed outside it
-        (freeing a lone add's ref and record costs the GIL a few hundred ns;
-        a checkpoint frees thousands), with a pause between slices.  No
-        index names them any more, and the write cache no longer counts
-        them: what sees them meanwhile (``refs_snapshot``) skips memory refs."""
+        at a time, each slice popped under the lock and freed outside it (a
+        run's records a slice at a time too: freeing a record costs the GIL a
+        few hundred ns, a checkpoint frees thousands), with a pause between
+        slices.  No index names them any more, and the write cache no longer
+        counts them: what sees them meanwhile (``refs_snapshot``) skips
+        memory refs."""
         olds = {l: np.array(r, np.int64) for l, r in snap.by_ledger.items()}
         nbytes = 0
         with self.lock:
@@ -480,7 +376,7 @@ class EntryStore:
                 if idx is not None:
                     idx.remove_refs(old)
                     for new_ref, starts, ends, rows in written:
-                        rid = self._new_ref(new_ref)
+                        rid = self.cache.new_ref(new_ref)
                         idx.add_runs(starts, ends, np.full(len(starts), rid, np.int64), rows)
                         self.index_appended.setdefault(ledger_id, []).append(rid)
                         self.segment_live[new_ref.segment] = \
@@ -492,11 +388,12 @@ class EntryStore:
                     counted = snap.cached.get(ledger_id)
                     if counted is not None and counted[0] is idx:   # not dropped (that uncounts)
                         nbytes += counted[1]
-            self.write_cache_bytes -= nbytes
+            self.cache.nbytes -= nbytes
         for ref_ids in snap.by_ledger.values():
             for ids_slice in flush_slices.in_slices(ref_ids):
                 with self.lock:
-                    gone = list(map(self.refs.pop, ids_slice, itertools.repeat(None)))
+                    gone = self.cache.pop_slice(ids_slice)
+                write_cache.release(gone)
                 del gone
             flush_slices.pause()
 
@@ -511,7 +408,7 @@ class EntryStore:
         with self.lock:
             self.index_changed.add(ledger_id)
             idx = self.ledgers.pop(ledger_id, None)
-            self.mem_refs.pop(ledger_id, None)
+            self.cache.drop(ledger_id)
             if idx is None:
                 return
             for r in np.unique(idx.table_parts()[2]):
@@ -519,7 +416,7 @@ class EntryStore:
                 if ref is None:
                     continue
                 if ref.in_memory:
-                    self.write_cache_bytes -= ref.cached
+                    self.cache.nbytes -= ref.cached
                 else:
                     self.segment_live[ref.segment] -= ref.length
 

@@ -39,11 +39,13 @@ class LedgerIndex:
         empty = np.empty(0, np.int64)
         self.starts = self.ends = self.refs = self.rows = empty
         self._pending: list[tuple[np.ndarray, ...]] = []
-        # lone entries added since the last settle: (entry id, ref id) pairs
-        # appended to C arrays, numpy arrays (no copy) only when the index is
-        # next read (a checkpoint reads thousands at once, under the store lock)
-        self._lone_ids = array("q")
+        # runs of lone entries added since the last settle: (start, end, ref,
+        # row) in C arrays, numpy arrays (no copy) only when the index is next
+        # read (a checkpoint reads thousands at once, under the store lock)
+        self._lone_starts = array("q")
+        self._lone_ends = array("q")
         self._lone_refs = array("q")
+        self._lone_rows = array("q")
         self.max_entry = -1
         self.count = 0
 
@@ -60,20 +62,29 @@ class LedgerIndex:
         self.max_entry = max(self.max_entry, int(ends.max()))
         self.count += int((ends - starts + 1).sum())
 
-    def add_entry(self, entry_id: int, ref_id: int) -> None:
-        """One entry, row 0 of ``ref_id`` (a lone add): no array until read."""
-        self._lone_ids.append(entry_id)
-        self._lone_refs.append(ref_id)
+    def add_entry(self, entry_id: int, ref_id: int, row: int) -> None:
+        """One entry, row ``row`` of ``ref_id`` (a lone add): no array until
+        read.  The next id of the last run, in the same ref, extends it: a
+        ref's rows are appended in order, one per entry added here, so the
+        row follows on (a ledger has one growing ref at a time)."""
+        ends = self._lone_ends
+        if ends and ends[-1] == entry_id - 1 and self._lone_refs[-1] == ref_id:
+            ends[-1] = entry_id
+        else:
+            self._lone_starts.append(entry_id)
+            ends.append(entry_id)
+            self._lone_refs.append(ref_id)
+            self._lone_rows.append(row)
         if entry_id > self.max_entry:
             self.max_entry = entry_id
         self.count += 1
 
     def _settle(self) -> None:
-        if self._lone_ids:
-            ids = np.frombuffer(self._lone_ids, np.int64)
-            self._pending.append((ids, ids, np.frombuffer(self._lone_refs, np.int64),
-                                  np.zeros(len(ids), np.int64)))
-            self._lone_ids, self._lone_refs = array("q"), array("q")
+        if self._lone_starts:
+            self._pending.append(tuple(np.frombuffer(a, np.int64) for a in (
+                self._lone_starts, self._lone_ends, self._lone_refs, self._lone_rows)))
+            self._lone_starts, self._lone_ends = array("q"), array("q")
+            self._lone_refs, self._lone_rows = array("q"), array("q")
         if not self._pending:
             return
         parts = [(self.starts, self.ends, self.refs, self.rows)] + self._pending

@@ -56,7 +56,7 @@ from pybk_spark import errors
 from pybk_spark.wire.arrow_memory import wire_pool
 
 if TYPE_CHECKING:
-    from bookie_server.storage.entry_store import Ref
+    from bookie_server.storage.write_cache import Ref
 
 log = logging.getLogger("bookie.store")
 

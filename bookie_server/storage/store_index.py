@@ -40,7 +40,8 @@ from typing import Optional
 import numpy as np
 import pyarrow as pa
 
-from bookie_server.storage.entry_store import EntryStore, Ref
+from bookie_server.storage.entry_store import EntryStore
+from bookie_server.storage.write_cache import Ref
 from bookie_server.storage.segment_files import is_journal_segment
 from bookie_server.storage.run_index import LedgerIndex
 

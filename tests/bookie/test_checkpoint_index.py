@@ -304,7 +304,7 @@ def test_a_flush_stores_small_batches_in_entry_order_and_empties_the_cache(tmp_p
         store.add(7, batch_from_bytes(entries_bytes(7, [e * 2, e * 2 + 1])))
     assert store.write_cache_bytes > 0
     store.flush()
-    assert store.write_cache_bytes == 0 and not store.mem_refs
+    assert store.write_cache_bytes == 0 and not store.cache.by_ledger
     batch, limited = store.read(7, 0, 11, max_entries=100, max_bytes=1 << 20)
     assert not limited and batch.column(1).to_pylist() == list(range(12))
     assert batch.column(3).to_pylist() == [payload_for(7, e) for e in range(12)]

@@ -28,7 +28,7 @@ def _stored(directory: str) -> EntryStore:
         store.add(LEDGER, batch_from_bytes(
             entries_bytes(LEDGER, range(first, min(first + 7, 3000)))))
     store.flush()
-    assert not store.mem_refs
+    assert not store.cache.by_ledger
     return store
 
 
