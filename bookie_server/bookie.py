@@ -76,10 +76,11 @@ from bookie_server.bookie_mode import BookieMode
 from bookie_server.bookie_requests import RequestHandlers
 from bookie_server.config import BookieConfig, MiB
 from bookie_server.storage.entry_store import EntryStore
-from bookie_server.journal.journal import Journal, Submission
+from bookie_server.journal.journal import Journal
 from bookie_server.journal.journal_format import LEDGER, LEDGER_LAC, Position, RecordType
 from bookie_server.journal.journal_crc import Body
-from bookie_server.journal.records import AddRecord, DeleteRecord, EntryRecord, LacRecord
+from bookie_server.journal.records import (AddRecord, DeleteRecord, EntryRecord, LacRecord,
+                                           Submission)
 from bookie_server.ledger_table import LedgerTable
 from bookie_server.serving.metrics import BookieMetrics
 from pybk_spark import errors
@@ -206,8 +207,7 @@ class Bookie:
                 elif rec is None:
                     continue
                 elif isinstance(rec, AddRecord):  # ADD_BATCH is the submission's last record
-                    self._apply_batch(rec.ledger_id, rec.batch, rec.raw,
-                                      sub.locations[-1] if sub.locations else None)
+                    self._apply_batch(rec.ledger_id, rec.batch, rec.raw, (sub.seq, sub.body_at))
                 elif isinstance(rec, DeleteRecord):
                     self._apply_delete(rec.ledger_id)
                 elif isinstance(rec, LacRecord):
