@@ -199,14 +199,15 @@ class Bookie:
     def _on_durable(self, group: list[Submission], position: Position) -> None:
         with self.ledgers.lock:         # cond's lock (ledger_table.py)
             for sub in group:
-                rec = sub.payload
-                if type(rec) is EntryRecord:    # ADD_ENTRY (the last record): a lone add, first
-                    self.store.add_entry(rec.ledger_id, rec.entry_id, rec.record)
-                    self.states[rec.ledger_id] = ls.apply_entries(
-                        self.ledgers.get(rec.ledger_id), rec.lac, rec.entry_id)
-                elif rec is None:
+                if type(sub) is EntryRecord:    # ADD_ENTRY (the last record): a lone add, first
+                    self.store.add_entry(sub.ledger_id, sub.entry_id, sub.record)
+                    self.states[sub.ledger_id] = ls.apply_entries(
+                        self.ledgers.get(sub.ledger_id), sub.lac, sub.entry_id)
                     continue
-                elif isinstance(rec, AddRecord):  # ADD_BATCH is the submission's last record
+                rec = sub.payload
+                if rec is None:
+                    continue
+                if isinstance(rec, AddRecord):  # ADD_BATCH is the submission's last record
                     self._apply_batch(rec.ledger_id, rec.batch, rec.raw, (sub.seq, sub.body_at))
                 elif isinstance(rec, DeleteRecord):
                     self._apply_delete(rec.ledger_id)

@@ -153,8 +153,13 @@ class Journal:
         once they are durable.  ``lead=True``: the caller promises to call
         ``lead()`` right after releasing its own locks (the writer thread is
         then not woken for this submission unless the caller cannot lead)."""
+        return self.enqueue(Submission(records, payload), lead=lead)
+
+    def enqueue(self, sub: Submission, *, lead: bool = False) -> Future[Position]:
+        """``submit`` for a submission made by the caller (a lone add's
+        ``EntryRecord``); it must not be queued or claimed already."""
         future: Future[Position] = Future()
-        sub = Submission(records, payload, future, sum(HEADER.size + len(b) for _, b in records))
+        sub.future = future
         with self._cv:
             if self._failure.error is not None:
                 future.set_exception(errors.BookieIOError(self._failure.why()))
@@ -167,28 +172,23 @@ class Journal:
                 self._cv.notify_all()
         return future
 
-    def claim(self, records: list[tuple[int, Body]], payload: Optional[JournalRecord] = None
-              ) -> Optional[Submission]:
+    def claim(self, sub: Submission) -> bool:
         """Take the leader role for one small submission when the journal is
-        idle (nothing queued, no group in the pipeline, no other leader): the
-        submission is then the next group, in the place of the journal order
-        where a ``submit`` would have queued it, and the caller must pass it
-        to ``lead_now`` right after releasing its own locks.  None when the
-        journal is busy or the submission is large: ``submit`` it instead.
-        ``BookieIOError`` once the journal has failed or closed."""
-        if len(records) == 1:                   # every add of a ledger after its first
-            nbytes = HEADER.size + len(records[0][1])
-        else:
-            nbytes = sum(HEADER.size + len(body) for _, body in records)
+        idle (nothing queued, no group in the pipeline, no other leader):
+        the submission is then the next group, in the place of the journal
+        order where ``enqueue`` would have queued it, and the caller must
+        pass it to ``lead_now`` right after releasing its own locks.  False
+        when the journal is busy or the submission is large: ``enqueue`` it
+        instead.  ``BookieIOError`` once the journal has failed or closed."""
         with self._lock:
             if self._failure.error is not None:
                 raise errors.BookieIOError(self._failure.why())
             if self._closed:
                 raise errors.BookieIOError("journal closed")
-            if self._pending or nbytes > self.lead_max_bytes or not self._can_lead_locked():
-                return None
+            if self._pending or sub.nbytes > self.lead_max_bytes or not self._can_lead_locked():
+                return False
             self._leader = True
-        return Submission(records, payload, None, nbytes)
+        return True
 
     def lead_now(self, sub: Submission) -> Position:
         """Write, fdatasync and apply a ``claim``ed submission on this thread
@@ -234,8 +234,7 @@ class Journal:
                 return None
             group, position, fd, nbytes = written
             self._syncer.sync(group, ((group, position),), fd, nbytes)
-            f = self.file
-            if f.offset >= f.check_at:      # full or near the preallocated end
+            if self.file.offset >= self.file.check_at:    # full or near the preallocated end
                 self._roll_or_grow()
             return position
         finally:
@@ -294,8 +293,7 @@ class Journal:
                     self._pipeline_done(1)
                     continue
                 self._syncer.put(written)
-                f = self.file
-                if f.offset >= f.check_at:      # as in _lead_group
+                if self.file.offset >= self.file.check_at:    # as in _lead_group
                     self._roll_or_grow()
             finally:
                 with self._cv:          # the file is free again: a leader may take it

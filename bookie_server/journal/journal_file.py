@@ -90,9 +90,8 @@ class JournalFile:
         lead_pad = pad_before(self.offset) if direct else 0
         pieces: list[Body] = []
         at = self.offset + lead_pad
-        seq = self.seq
         for sub in group:
-            sub.seq = seq
+            sub.seq = self.seq
             for rtype, body in sub.records:
                 pieces.extend(frame(rtype, body))
                 sub.body_at = at + HEADER.size

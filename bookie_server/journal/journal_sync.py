@@ -126,8 +126,7 @@ class SyncStage:
         """ONE fdatasync of ``fd`` for ``subs`` (``nbytes`` written), then each
         group of ``applies`` applied and answered in order at its position;
         a failure poisons the journal and fails ``subs``."""
-        failure = self.failure
-        if failure.error is None:
+        if self.failure.error is None:
             op = "fdatasync"
             try:
                 t0 = time.perf_counter()
@@ -147,7 +146,7 @@ class SyncStage:
                 # the fdatasync (or applying after it) failed: these groups and
                 # every later one - written behind them into the same file,
                 # whose pages may be gone - fail; nothing is fsynced again
-                failure.poison(exc, op, applies[-1][1].seq)
+                self.failure.poison(exc, op, applies[-1][1].seq)
             else:
                 window = self.cache_window
                 if window is not None:     # after the acks: only advice
@@ -155,7 +154,7 @@ class SyncStage:
                     if not window.extend(end.seq, end.offset - nbytes, end.offset):
                         self._release_pages(window, end, fd, nbytes)
                 return
-        fail(subs, failure.why())
+        fail(subs, self.failure.why())
 
     def _release_pages(self, window: page_cache.SyncedWindow, end: Position, fd: int,
                        nbytes: int) -> None:
