@@ -76,10 +76,11 @@ from bookie_server.bookie_mode import BookieMode
 from bookie_server.bookie_requests import RequestHandlers
 from bookie_server.config import BookieConfig, MiB
 from bookie_server.storage.entry_store import EntryStore
-from bookie_server.journal.journal import Journal, Submission
+from bookie_server.journal.journal import Journal
 from bookie_server.journal.journal_format import LEDGER, LEDGER_LAC, Position, RecordType
 from bookie_server.journal.journal_crc import Body
-from bookie_server.journal.records import AddRecord, DeleteRecord, EntryRecord, LacRecord
+from bookie_server.journal.records import (AddRecord, DeleteRecord, EntryRecord, LacRecord,
+                                           Submission)
 from bookie_server.ledger_table import LedgerTable
 from bookie_server.serving.metrics import BookieMetrics
 from pybk_spark import errors
@@ -198,16 +199,16 @@ class Bookie:
     def _on_durable(self, group: list[Submission], position: Position) -> None:
         with self.ledgers.lock:         # cond's lock (ledger_table.py)
             for sub in group:
-                rec = sub.payload
-                if type(rec) is EntryRecord:    # ADD_ENTRY (the last record): a lone add, first
-                    self.store.add_entry(rec.ledger_id, rec.entry_id, rec.record)
-                    self.states[rec.ledger_id] = ls.apply_entries(
-                        self.ledgers.get(rec.ledger_id), rec.lac, rec.entry_id)
-                elif rec is None:
+                if type(sub) is EntryRecord:    # ADD_ENTRY (the last record): a lone add, first
+                    self.store.add_entry(sub.ledger_id, sub.entry_id, sub.record)
+                    self.states[sub.ledger_id] = ls.apply_entries(
+                        self.ledgers.get(sub.ledger_id), sub.lac, sub.entry_id)
                     continue
-                elif isinstance(rec, AddRecord):  # ADD_BATCH is the submission's last record
-                    self._apply_batch(rec.ledger_id, rec.batch, rec.raw,
-                                      sub.locations[-1] if sub.locations else None)
+                rec = sub.payload
+                if rec is None:
+                    continue
+                if isinstance(rec, AddRecord):  # ADD_BATCH is the submission's last record
+                    self._apply_batch(rec.ledger_id, rec.batch, rec.raw, (sub.seq, sub.body_at))
                 elif isinstance(rec, DeleteRecord):
                     self._apply_delete(rec.ledger_id)
                 elif isinstance(rec, LacRecord):

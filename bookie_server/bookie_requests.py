@@ -105,11 +105,10 @@ class RequestHandlers:
                     records = self._key_records(plan, ledger_id, master_key)
                     records.append((RecordType.ADD_ENTRY, record))
                     self.states[ledger_id] = plan.state
-                payload = EntryRecord(ledger_id, entry_id, lac, record)
-                sub = self.journal.claim(records, payload)
-                if sub is None:
-                    fut = self.journal.submit(records, payload, lead=True)
-            if sub is not None:
+                sub = EntryRecord(records, ledger_id, entry_id, lac, record)
+                if not self.journal.claim(sub):
+                    fut = self.journal.enqueue(sub, lead=True)
+            if fut is None:
                 self.journal.lead_now(sub)
         except BaseException:
             admission.leave(nbytes)

@@ -1,9 +1,12 @@
 """The journal: append-only, CRC-framed, group-committed write-ahead log.
 
-This module carries the group commit: the submission queue, the writer and
-sync stages, the leader fast path and the journal's failure.  The file it
-appends to (opening, preallocation, framing and writing a group, rolling's
-file half, deleting old files) is ``journal_file.py``.
+This module carries the group commit: the submission queue, the writer
+stage, the leader fast path and when to roll.  The sync stage (one
+fdatasync, then apply and answer in order) is ``journal_sync.py``, the
+journal's failure (poison, fail what is unsynced) ``journal_failure.py``,
+the file it appends to (opening, preallocation, framing and writing a
+group, rolling's file half, deleting old files) ``journal_file.py``, what a
+submission carries ``records.py``.
 
 Theory of operation
 -------------------
@@ -17,12 +20,10 @@ Ordering obligations:
   * Two stages, like BookKeeper's journal + force-write threads.  The writer
     thread owns the file: it takes submissions from a FIFO queue, forms groups
     (bounded by ``max_group_wait_s`` and ``max_group_bytes``), writes them in
-    submission order and hands each written group to the sync thread.  The
-    sync thread takes every group written so far, makes them durable with ONE
-    ``os.fdatasync``, and only then runs the ``on_durable`` hook per group (in
-    order) and completes the submitters' futures.  So every acknowledged
-    record is on disk, a record submitted before another is never durable
-    after it, and writing the next groups overlaps the current fdatasync.
+    submission order and hands each written group to the sync stage
+    (``journal_sync.SyncStage``), which makes every group written so far
+    durable with ONE ``os.fdatasync`` and only then applies and answers them
+    in order.
   * Leader fast path (leader/follower group commit).  A submitter that asks
     for it (``submit(..., lead=True)`` then ``lead()``, outside its own locks)
     does the work itself when the journal is idle: no group in the background
@@ -43,29 +44,20 @@ Ordering obligations:
     it the next group and its submitter the leader, and ``lead_now`` (after
     that lock) writes, syncs and applies it with no future: the submitter
     answers from the return value.  Both leader paths and the pipeline run
-    the same write, sync and poison steps (``_write_group``, ``_sync``), so
-    a failure fails an inline submission exactly as it fails a queued one.
-    A leader's group of one goes through them without the lists a batch of
-    groups needs: ``_sync`` takes the group and its position as they are,
-    the page-cache window is extended in place (``SyncedWindow.extend``)
-    and the roll and preallocation check is one comparison
-    (``JournalFile.check_at``).
+    the same write, sync and poison steps (``_write_group``,
+    ``SyncStage.sync``), so a failure fails an inline submission exactly as
+    it fails a queued one.  A leader's group of one goes through them
+    without the lists a batch of groups needs, and the roll and
+    preallocation check is one comparison (``JournalFile.check_at``), made
+    once, by the caller of ``_roll_or_grow``.
   * A group of at least ``direct_min_bytes`` is written with ``O_DIRECT``
     (direct_write.py): PAD records align it, no byte already written is
     rewritten, and it is acknowledged after the same fdatasync as any group.
-  * ``page_cache_keep_bytes`` (page_cache.py): after the fdatasync and the acks,
-    synced ranges that fell that far behind leave the page cache (advice,
-    one ``posix_fadvise`` per window slack, not per group).
-  * Rolling to a new file waits (barrier) until the sync thread is done with
+  * Rolling to a new file waits (barrier) until the sync stage is done with
     the old file descriptor.
-  * A write or fdatasync failure poisons the journal for good: after a failed
-    fdatasync the kernel may have dropped the dirty pages, so a retry that
-    succeeds proves nothing ("fsyncgate").  The failed group is not
-    acknowledged, nor any group written after it (the pipeline may already
-    have written more into the same file: the sync stage fails those), nor
-    any later submission; nothing is fsynced again, not at roll or close.
-    One ``event=journal_failed op= errno= path=`` line, one ``on_failure``
-    call; only a restart (replay) re-establishes durability.
+  * A write or fdatasync failure poisons the journal for good
+    (``journal_failure.py``): the failed group, every group written after it
+    and every later submission fail; nothing is fsynced again.
   * ``fsync`` and ``pwritev`` are the journal's syscalls, injected like the
     clock: tests pass failing or lying ones (fault injection, the chaos
     checker's planted bug); production passes nothing.
@@ -76,55 +68,29 @@ Ordering obligations:
   * Files wholly before a checkpoint are deleted by ``delete_before``, except
     the ones the entry store still reads: big add batches are not copied out
     of the journal, the store indexes them where the journal wrote them
-    (``Submission.locations``, replay positions).  Only tails after the
-    checkpoint position are ever truncated, and every indexed batch lies
+    (``Submission.seq`` / ``body_at``, replay positions).  Only tails after
+    the checkpoint position are ever truncated, and every indexed batch lies
     before it, so truncation never cuts an indexed batch.
 """
 from __future__ import annotations
 
 import collections
-import errno
-import logging
 import os
-import queue
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Optional
 
+from bookie_server.journal.journal_failure import JournalFailure, fail
 from bookie_server.journal.journal_file import JournalFile
-from bookie_server.journal.records import JournalRecord
+from bookie_server.journal.journal_sync import OnDurable, SyncStage, WrittenGroup
+from bookie_server.journal.records import JournalRecord, Submission
 from bookie_server.serving.metrics import BookieMetrics
-from bookie_server.storage import page_cache
 from bookie_server.journal.journal_crc import Body, crc_of  # noqa: F401  (callers import it here)
 from bookie_server.journal.journal_format import (HEADER, LEDGER, LEDGER_LAC,  # noqa: F401
                                                   MAX_RECORD, Position, RecordType, file_name,
                                                   frame, list_files)
 from pybk_spark import errors
-
-log = logging.getLogger("bookie.journal")
-
-
-@dataclass(slots=True)
-class Submission:
-    records: list[tuple[int, Body]]
-    payload: Optional[JournalRecord] = None     # applied once durable (records.py)
-    # completed once durable; None for a submission its submitter leads
-    # inline (``lead_now``), which learns the outcome from ``error``
-    future: Optional[Future[Position]] = None
-    nbytes: int = 0
-    # after the write: (file seq, offset of the body) of each record, so a
-    # caller can keep pointing at the bytes (journal-resident batches)
-    locations: Optional[list[tuple[int, int]]] = None
-    error: Optional[str] = None                 # why it failed (a ``lead_now`` submission)
-
-
-# a written group, for the sync stage: (its submissions, the position after
-# it, the file's descriptor, the bytes written)
-WrittenGroup = tuple[list[Submission], Position, int, int]
-
-_STOP = object()
 
 
 class Journal:
@@ -144,15 +110,13 @@ class Journal:
         self.max_group_wait_s = max_group_wait_s
         self.max_group_bytes = max_group_bytes
         self.flush_when_queue_empty = flush_when_queue_empty
-        self.sync_data = sync_data
-        self.cache_window = None if page_cache_keep_bytes is None or not sync_data \
-            else page_cache.SyncedWindow(page_cache_keep_bytes)
+        self._failure = JournalFailure(self.file.path_of, on_failure)
+        self._syncer = SyncStage(directory, self._failure, sync_data=sync_data, fsync=fsync,
+                                 metrics=metrics, page_cache_keep_bytes=page_cache_keep_bytes)
+        self.cache_window = self._syncer.cache_window
         # the leader path only where a lone submission would not wait for company anyway
         self.lead_max_bytes = lead_max_bytes if flush_when_queue_empty else -1
         self.clock = clock
-        self.metrics = metrics
-        self._fsync = fsync                  # injected like the clock (fault tests)
-        self._on_failure = on_failure        # called once, on the failing journal thread
         self._lock = threading.Lock()        # guards the fields below; _cv's own lock,
         self._cv = threading.Condition(self._lock)   # entered directly where nothing waits
         self._pending: "collections.deque[Submission]" = collections.deque()
@@ -163,18 +127,21 @@ class Journal:
         self._writer_busy = False            # the writer thread owns the file (write, roll)
         self._started = False
         self._thread: Optional[threading.Thread] = None
-        self._failed: Optional[BaseException] = None
-        self.durable_position = Position(0, 0)
-        self._sync_q: "queue.Queue[Any]" = queue.Queue()
-        self._syncer: Optional[threading.Thread] = None
+
+    @property
+    def durable_position(self) -> Position:
+        """The position after the last durable group (or the current file's start)."""
+        return self._syncer.durable_position
+
+    def _file_started(self) -> None:
+        syncer = self._syncer
+        syncer.durable_position = max(syncer.durable_position, Position(self.file.seq, 0))
 
     # -- writing --------------------------------------------------------------
-    def start(self, on_durable: Callable[[list[Submission], Position], None]) -> None:
+    def start(self, on_durable: OnDurable) -> None:
         self.file.open_after_existing()
-        self.durable_position = max(self.durable_position, Position(self.file.seq, 0))
-        self._on_durable = on_durable
-        self._syncer = threading.Thread(target=self._sync_run, name="journal-sync", daemon=True)
-        self._syncer.start()
+        self._file_started()
+        self._syncer.start(on_durable, self._pipeline_done)
         self._thread = threading.Thread(target=self._run, name="journal-writer", daemon=True)
         self._thread.start()
         with self._cv:
@@ -186,11 +153,16 @@ class Journal:
         once they are durable.  ``lead=True``: the caller promises to call
         ``lead()`` right after releasing its own locks (the writer thread is
         then not woken for this submission unless the caller cannot lead)."""
+        return self.enqueue(Submission(records, payload), lead=lead)
+
+    def enqueue(self, sub: Submission, *, lead: bool = False) -> Future[Position]:
+        """``submit`` for a submission made by the caller (a lone add's
+        ``EntryRecord``); it must not be queued or claimed already."""
         future: Future[Position] = Future()
-        sub = Submission(records, payload, future, sum(HEADER.size + len(b) for _, b in records))
+        sub.future = future
         with self._cv:
-            if self._failed is not None:
-                future.set_exception(errors.BookieIOError(f"journal failed: {self._failed}"))
+            if self._failure.error is not None:
+                future.set_exception(errors.BookieIOError(self._failure.why()))
                 return future
             if self._closed:
                 future.set_exception(errors.BookieIOError("journal closed"))
@@ -200,28 +172,23 @@ class Journal:
                 self._cv.notify_all()
         return future
 
-    def claim(self, records: list[tuple[int, Body]], payload: Optional[JournalRecord] = None
-              ) -> Optional[Submission]:
+    def claim(self, sub: Submission) -> bool:
         """Take the leader role for one small submission when the journal is
-        idle (nothing queued, no group in the pipeline, no other leader): the
-        submission is then the next group, in the place of the journal order
-        where a ``submit`` would have queued it, and the caller must pass it
-        to ``lead_now`` right after releasing its own locks.  None when the
-        journal is busy or the submission is large: ``submit`` it instead.
-        ``BookieIOError`` once the journal has failed or closed."""
-        if len(records) == 1:                   # every add of a ledger after its first
-            nbytes = HEADER.size + len(records[0][1])
-        else:
-            nbytes = sum(HEADER.size + len(body) for _, body in records)
+        idle (nothing queued, no group in the pipeline, no other leader):
+        the submission is then the next group, in the place of the journal
+        order where ``enqueue`` would have queued it, and the caller must
+        pass it to ``lead_now`` right after releasing its own locks.  False
+        when the journal is busy or the submission is large: ``enqueue`` it
+        instead.  ``BookieIOError`` once the journal has failed or closed."""
         with self._lock:
-            if self._failed is not None:
-                raise errors.BookieIOError(f"journal failed: {self._failed}")
+            if self._failure.error is not None:
+                raise errors.BookieIOError(self._failure.why())
             if self._closed:
                 raise errors.BookieIOError("journal closed")
-            if self._pending or nbytes > self.lead_max_bytes or not self._can_lead_locked():
-                return None
+            if self._pending or sub.nbytes > self.lead_max_bytes or not self._can_lead_locked():
+                return False
             self._leader = True
-        return Submission(records, payload, None, nbytes)
+        return True
 
     def lead_now(self, sub: Submission) -> Position:
         """Write, fdatasync and apply a ``claim``ed submission on this thread
@@ -229,7 +196,7 @@ class Journal:
         once durable, ``BookieIOError`` when it is not."""
         position = self._lead_group([sub])
         if position is None or sub.error is not None:
-            raise errors.BookieIOError(sub.error or f"journal failed: {self._failed}")
+            raise errors.BookieIOError(sub.error or self._failure.why())
         return position
 
     def write(self, records: list[tuple[int, Body]],
@@ -266,9 +233,9 @@ class Journal:
             if written is None:
                 return None
             group, position, fd, nbytes = written
-            self._sync(group, ((group, position),), fd, nbytes)
-            if self.file.offset >= self.file.check_at:
-                self._maybe_roll()
+            self._syncer.sync(group, ((group, position),), fd, nbytes)
+            if self.file.offset >= self.file.check_at:    # full or near the preallocated end
+                self._roll_or_grow()
             return position
         finally:
             with self._lock:
@@ -325,16 +292,14 @@ class Journal:
                 if written is None:
                     self._pipeline_done(1)
                     continue
-                self._sync_q.put(written)
-                self._maybe_roll()
+                self._syncer.put(written)
+                if self.file.offset >= self.file.check_at:    # as in _lead_group
+                    self._roll_or_grow()
             finally:
                 with self._cv:          # the file is free again: a leader may take it
                     self._writer_busy = False
                     self._cv.notify_all()
-        self._sync_barrier()
-        self._sync_q.put(_STOP)
-        if self._syncer is not None:
-            self._syncer.join()
+        self._syncer.stop()
         self._finish_file()
 
     def _pipeline_done(self, groups: int) -> None:
@@ -342,34 +307,26 @@ class Journal:
             self._pipeline_groups -= groups
             self._cv.notify_all()
 
-    def _fail(self, group: list[Submission], why: str) -> None:
-        for sub in group:
-            if sub.future is None:
-                if sub.error is None:
-                    sub.error = why
-            elif not sub.future.done():
-                sub.future.set_exception(errors.BookieIOError(why))
-
     def _write_group(self, group: list[Submission]) -> Optional[WrittenGroup]:
         """Write one group at the end of the file; returns what the sync step
         needs, or None if the group failed (its futures are failed)."""
-        if self._failed is not None:
-            self._fail(group, f"journal failed: {self._failed}")
+        if self._failure.error is not None:
+            fail(group, self._failure.why())
             return None
         f = self.file
         try:
             total = f.write_group(group)
         except BaseException as exc:  # noqa: BLE001 - poison and fail the group
-            self._poison(exc, "write", f.seq)
-            self._fail(group, f"journal write failed: {exc}")
+            self._failure.poison(exc, "write", f.seq)
+            fail(group, f"journal write failed: {exc}")
             return None
         return group, Position(f.seq, f.offset), f.fd, total
 
-    def _maybe_roll(self) -> None:
+    def _roll_or_grow(self) -> None:
+        """The file is full or near its preallocated end (``check_at``,
+        checked by the caller): roll to the next file or preallocate more."""
         f = self.file
-        if f.offset < f.check_at:       # neither full nor near the preallocated end
-            return
-        if self._failed is not None:    # a failed journal neither rolls nor grows
+        if self._failure.error is not None:    # a failed journal neither rolls nor grows
             return
         try:
             if f.offset >= f.max_file_bytes:      # the file is full
@@ -377,121 +334,21 @@ class Journal:
             elif f.prealloc_bytes:
                 f.preallocate()
         except OSError as exc:      # e.g. ENOSPC creating the next file: later adds fail
-            self._poison(exc, "roll", self.file.seq)
+            self._failure.poison(exc, "roll", self.file.seq)
 
     @property
     def failed(self) -> Optional[BaseException]:
         """The error that poisoned the journal, or None."""
-        return self._failed
-
-    def _poison(self, exc: BaseException, op: str, seq: int) -> None:
-        """Fail the journal for good (never retried; see the docstring)."""
-        if self._failed is None:
-            self._failed = exc
-            code = getattr(exc, "errno", None)
-            log.error("event=journal_failed op=%s errno=%s path=%s error=%r "
-                      "action=read_only_until_restart", op,
-                      errno.errorcode.get(code, code) if code is not None else "-",
-                      self.path_of(seq), exc)
-            if self._on_failure is not None:
-                try:
-                    self._on_failure(exc)
-                except Exception:  # noqa: BLE001 - the journal stays failed regardless
-                    log.exception("event=journal_failure_hook_error")
-
-    def _sync_barrier(self) -> None:
-        """Wait until the sync stage has finished everything handed to it."""
-        done = threading.Event()
-        self._sync_q.put(done)
-        done.wait()
-
-    def _sync_run(self) -> None:
-        """Sync stage (BookKeeper's force-write thread): ONE fdatasync covers
-        every group written so far, then groups are applied and answered in
-        order.  Writing the next groups overlaps with this fdatasync."""
-        while True:
-            items = [self._sync_q.get()]
-            while True:
-                try:
-                    items.append(self._sync_q.get_nowait())
-                except queue.Empty:
-                    break
-            groups = []
-            for item in items + [None]:
-                if isinstance(item, tuple):
-                    groups.append(item)
-                    continue
-                if groups:
-                    self._sync_groups(groups)
-                    self._pipeline_done(len(groups))
-                    groups = []
-                if item is _STOP:
-                    return
-                if isinstance(item, threading.Event):
-                    item.set()
-
-    def _sync_groups(self, groups: list[WrittenGroup]) -> None:
-        if len(groups) == 1:
-            group, position, fd, nbytes = groups[0]
-            self._sync(group, ((group, position),), fd, nbytes)
-        else:
-            self._sync([sub for g in groups for sub in g[0]], [(g[0], g[1]) for g in groups],
-                       groups[-1][2], sum(g[3] for g in groups))
-
-    def _sync(self, subs: list[Submission],
-              applies: Sequence[tuple[list[Submission], Position]], fd: int, nbytes: int) -> None:
-        """ONE fdatasync of ``fd`` for ``subs`` (``nbytes`` written), then each
-        group of ``applies`` applied and answered in order at its position;
-        a failure poisons the journal and fails ``subs``."""
-        if self._failed is None:
-            op = "fdatasync"
-            try:
-                t0 = time.perf_counter()
-                if self.sync_data:
-                    self._fsync(fd)
-                op = "apply"
-                if self.metrics is not None:
-                    self.metrics.journal_fsync(time.perf_counter() - t0, len(subs), nbytes)
-                for group, position in applies:
-                    self.durable_position = position
-                    self._on_durable(group, position)
-                    for sub in group:
-                        fut = sub.future
-                        if fut is not None and not fut.done():
-                            fut.set_result(position)
-            except BaseException as exc:  # noqa: BLE001 - poison and fail
-                # the fdatasync (or applying after it) failed: these groups and
-                # every later one - written behind them into the same file,
-                # whose pages may be gone - fail; nothing is fsynced again
-                self._poison(exc, op, applies[-1][1].seq)
-            else:
-                window = self.cache_window
-                if window is not None:     # after the acks: only advice
-                    end = applies[-1][1]
-                    if not window.extend(end.seq, end.offset - nbytes, end.offset):
-                        self._release_pages(window, end, fd, nbytes)
-                return
-        self._fail(subs, f"journal failed: {self._failed}")
-
-    def _release_pages(self, window: page_cache.SyncedWindow, end: Position, fd: int,
-                       nbytes: int) -> None:
-        """The synced range (one file) that ``window.extend`` did not take: to
-        the window, and the ranges that fell behind it out of the page cache."""
-        try:
-            ranges = window.synced(end.seq, end.offset - nbytes, end.offset)
-            if ranges:
-                page_cache.drop(self.dir, ranges, file_name, end.seq, fd)
-        except Exception:  # noqa: BLE001 - advice must never fail the journal
-            log.exception("event=journal_page_cache_error")
+        return self._failure.error
 
     def _finish_file(self) -> None:
-        self.file.finish(durable=self._failed is None)   # a failed file: no retry
+        self.file.finish(durable=self._failure.error is None)   # a failed file: no retry
 
     def _roll(self) -> None:
-        self._sync_barrier()        # the sync stage must be done with the old fd
+        self._syncer.barrier()      # the sync stage must be done with the old fd
         self._finish_file()
         self.file.open(self.file.seq + 1)
-        self.durable_position = max(self.durable_position, Position(self.file.seq, 0))
+        self._file_started()
 
     def delete_before(self, position: Position, keep: frozenset[int] = frozenset()) -> list[int]:
         """Delete journal files whose records all lie before ``position``,
@@ -513,4 +370,4 @@ class Journal:
             self._thread.join()
         with self._cv:      # never started: fail what was queued
             left, self._pending = list(self._pending), collections.deque()
-        self._fail(left, "journal closed")
+        fail(left, "journal closed")

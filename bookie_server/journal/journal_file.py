@@ -11,24 +11,22 @@ stops preallocation for good) and its directory entry fsynced.  A group's
 records are framed and written with ``pwritev`` at the file's end (a rare
 short write is finished with ``pwrite``); a group of at least
 ``direct_min_bytes`` goes through ``DirectWriter`` (direct_write.py,
-``O_DIRECT`` with PAD records).  Each record's ``(seq, offset of the body)``
-is recorded in its submission's ``locations`` (the entry store indexes big
-batches where the journal wrote them).  Finishing a file truncates the
+``O_DIRECT`` with PAD records).  The file and offset of a submission's last
+record's body go into its ``seq`` and ``body_at`` (the entry store indexes
+big batches where the journal wrote them).  Finishing a file truncates the
 preallocated tail and fsyncs it, unless the journal failed (a failed file is
 left as it is: no retry).  This module does not sync a group or decide when
-to roll: that is ``journal.Journal``'s group commit.
+to roll: that is ``journal.Journal``'s group commit and ``journal_sync``.
 """
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from bookie_server.journal.direct_write import DirectWriter, pad_before
 from bookie_server.journal.journal_crc import Body
 from bookie_server.journal.journal_format import HEADER, Position, file_name, frame, list_files
-
-if TYPE_CHECKING:       # journal.py imports this module
-    from bookie_server.journal.journal import Submission
+from bookie_server.journal.records import Submission
 
 
 class JournalFile:
@@ -93,10 +91,10 @@ class JournalFile:
         pieces: list[Body] = []
         at = self.offset + lead_pad
         for sub in group:
-            sub.locations = []
+            sub.seq = self.seq
             for rtype, body in sub.records:
                 pieces.extend(frame(rtype, body))
-                sub.locations.append((self.seq, at + HEADER.size))
+                sub.body_at = at + HEADER.size
                 at += HEADER.size + len(body)
         if direct:
             total = self.direct.write_group(pieces, self.offset, lead_pad, self.fd)

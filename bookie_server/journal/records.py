@@ -1,25 +1,28 @@
-"""What a journal submission applies once it is durable.
+"""What a journal submission carries: its records, and what it applies once durable.
 
-A submission (``journal.Journal.submit``) carries the framed records it
-writes (``journal_format``: the file format) and one of these values, which
-the bookie applies on the journal thread after the group's fdatasync
-(``Bookie._on_durable``): an add's batch (or a lone add's entry record)
-goes into the entry store, a GC
-delete drops the ledger, an explicit LAC advances the ledger's LAC.  A
-submission without one (keys, fences) applies nothing beyond the in-memory
-decision already taken.
+A ``Submission`` (``journal.Journal.submit`` / ``enqueue`` / ``claim``)
+carries the records it writes (``journal_format``: the file format) and one
+of these values, which the bookie applies on the journal thread after the
+group's fdatasync (``Bookie._on_durable``): an add's batch goes into the
+entry store, a GC delete drops the ledger, an explicit LAC advances the
+ledger's LAC.  A submission without one (keys, fences) applies nothing
+beyond the in-memory decision already taken.  A lone add is an
+``EntryRecord``: the submission itself carries the entry it applies.
 
-These are built once per add, on the add path: slotted dataclasses, not
-frozen ones, whose ``__init__`` costs about three times as much; nothing
-changes them after construction.
+These are built once per add, on the add path: slotted classes, not frozen
+dataclasses, whose ``__init__`` costs about three times as much.  Nothing
+changes a payload after construction.
 """
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Union
+from typing import Optional, Union
 
 import pyarrow as pa
 
+from bookie_server.journal.journal_crc import Body
+from bookie_server.journal.journal_format import HEADER, Position
 from pybk_spark.wire.entries import Record
 
 
@@ -30,15 +33,6 @@ class AddRecord:
     ledger_id: int
     batch: pa.RecordBatch
     raw: bytes
-
-
-@dataclass(slots=True)
-class EntryRecord:
-    """An ADD_ENTRY record (a lone add): the entry record as received."""
-    ledger_id: int
-    entry_id: int
-    lac: int
-    record: Record
 
 
 @dataclass(slots=True)
@@ -54,4 +48,53 @@ class LacRecord:
     lac: int
 
 
-JournalRecord = Union[AddRecord, EntryRecord, DeleteRecord, LacRecord]
+JournalRecord = Union[AddRecord, DeleteRecord, LacRecord]
+
+
+class Submission:
+    """Records the journal writes as one unit, in order, and what they
+    apply once durable (``payload``).  ``future`` completes once they are
+    durable; it is None for a submission its submitter leads inline
+    (``Journal.lead_now``), which learns the outcome from ``error``.  The
+    write sets ``seq`` and ``body_at``: the file and offset of the last
+    record's body, so the store can keep pointing at the bytes
+    (journal-resident batches).
+
+    Hand-written slots: every add makes one, and a slotted dataclass with
+    defaults costs about 1.7 times as much to build."""
+    __slots__ = ("records", "payload", "future", "nbytes", "error", "seq", "body_at")
+    seq: int            # set by the write (JournalFile.write_group), read after it
+    body_at: int
+
+    def __init__(self, records: list[tuple[int, Body]],
+                 payload: Optional[JournalRecord] = None) -> None:
+        self.records = records
+        self.payload = payload
+        self.future: Optional[Future[Position]] = None
+        if len(records) == 1:               # every add of a ledger after its first
+            self.nbytes = HEADER.size + len(records[0][1])
+        else:
+            self.nbytes = sum(HEADER.size + len(body) for _, body in records)
+        self.error: Optional[str] = None     # why it failed (a ``lead_now`` submission)
+
+
+class EntryRecord(Submission):
+    """A lone add, its own submission: its records (an ADD_ENTRY record,
+    after the key records of a ledger's first add) and the entry record as
+    received, which it applies once durable.  One object per lone add
+    where a payload and a submission would be two; its ``__init__`` sets
+    ``Submission``'s fields itself, without a second call."""
+    __slots__ = ("ledger_id", "entry_id", "lac", "record")
+
+    def __init__(self, records: list[tuple[int, Body]], ledger_id: int, entry_id: int,
+                 lac: int, record: Record) -> None:
+        self.records = records
+        self.payload = None
+        self.future = None
+        self.nbytes = HEADER.size + len(record) if len(records) == 1 \
+            else sum(HEADER.size + len(body) for _, body in records)
+        self.error = None
+        self.ledger_id = ledger_id
+        self.entry_id = entry_id
+        self.lac = lac
+        self.record = record

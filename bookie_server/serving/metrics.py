@@ -44,25 +44,33 @@ _GROUP_B = _GROUP_N + len(_GROUP) + 2
 _CELLS = _GROUP_B + len(_GROUP_BYTES) + 2
 
 
+class _ThreadCells(threading.local):
+    """Each thread's list, as ``cells``: ``threading.local`` runs
+    ``__init__`` in a thread on its first access, which makes the list and
+    registers it, so an update reads ``cells`` with no existence check."""
+
+    def __init__(self, hot: HotMetrics) -> None:
+        self.cells: list[float] = [0] * _CELLS
+        hot._register(self.cells)
+
+
 class HotMetrics(Collector):
     """The add path's counters and histograms as per-thread lists."""
 
     def __init__(self) -> None:
-        self._local = threading.local()
         self._lock = threading.Lock()             # guards the two fields below
         self._cells: list[tuple[threading.Thread, list[float]]] = []   # live threads' lists
         self._retired: list[float] = [0] * _CELLS    # what threads that ended counted
+        self._local = _ThreadCells(self)
 
     def cells(self) -> list[float]:
         """This thread's list (created on its first update)."""
-        try:
-            cells: list[float] = self._local.cells
-        except AttributeError:
-            cells = self._local.cells = [0] * _CELLS
-            with self._lock:
-                self._retire_locked()
-                self._cells.append((threading.current_thread(), cells))
-        return cells
+        return self._local.cells
+
+    def _register(self, cells: list[float]) -> None:
+        with self._lock:
+            self._retire_locked()
+            self._cells.append((threading.current_thread(), cells))
 
     def _retire_locked(self) -> None:
         """Fold the lists of threads that ended into ``_retired`` (a thread
@@ -78,10 +86,7 @@ class HotMetrics(Collector):
         self._cells = live
 
     def add_ok(self, entries: int, nbytes: int, seconds: float) -> None:
-        try:                        # ``cells()`` without its call: once per add
-            c: list[float] = self._local.cells
-        except AttributeError:
-            c = self.cells()
+        c = self._local.cells       # ``cells()`` without its call: once per add
         c[_ADDS_OK] += 1
         c[_ENTRIES] += entries
         c[_BYTES] += nbytes
@@ -92,10 +97,7 @@ class HotMetrics(Collector):
         self.cells()[_ADDS_ERROR] += 1
 
     def journal_fsync(self, seconds: float, group_len: int, nbytes: int) -> None:
-        try:                        # as in add_ok
-            c: list[float] = self._local.cells
-        except AttributeError:
-            c = self.cells()
+        c = self._local.cells       # as in add_ok
         c[_FSYNC + bisect_left(_LAT, seconds)] += 1
         c[_FSYNC + len(_LAT) + 1] += seconds
         c[_GROUP_N if group_len == 1 else _GROUP_N + bisect_left(_GROUP, group_len)] += 1

@@ -79,7 +79,8 @@ def test_big_groups_are_written_aligned_on_the_direct_descriptor_and_replay(tmp_
     # every record is where the journal said it wrote it
     data = open(j.path_of(positions[0].seq), "rb").read()
     for sub in durable:
-        (seq, at), = sub.locations
+        at = sub.body_at
+        assert sub.seq == positions[0].seq
         body = sub.records[0][1]
         assert data[at:at + len(body)] == body
     got = list(replay(str(tmp_path), Position(0, 0)))

@@ -20,6 +20,7 @@ from bookie_server.config import BookieConfig, load_config, parse_conf_text
 from bookie_server.storage.run_index import runs_of
 from bookie_server.journal.journal import Journal, Position, RecordType
 from bookie_server.journal.journal_replay import replay
+from bookie_server.journal.records import Submission
 from pybk_spark import errors
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -190,8 +191,8 @@ def test_journal_leader_and_pipeline_keep_submission_order(tmp_path):
         for i in range(per_thread):
             body = bytes([t]) + i.to_bytes(4, "little") + (b"." * (100 if i % 7 == 0 else 3))
             recs: list = [(RecordType.ADD_BATCH, body)]
-            sub = j.claim(recs) if i % 5 == 0 else None    # inline, when the journal is idle
-            if sub is not None:
+            sub = Submission(recs)
+            if i % 5 == 0 and j.claim(sub):     # inline, when the journal is idle
                 done: Future = Future()
                 done.set_result(j.lead_now(sub))
                 futs.append(done)
