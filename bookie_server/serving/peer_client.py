@@ -14,12 +14,13 @@ TLS.  On a TLS bookie the pull is TLS too: this bookie presents its own
 certificate (``tls_cert_file`` / ``tls_key_file``, which must allow client
 authentication, as trustme's and most CA profiles do) and verifies the
 peer's against ``tls_ca_file``.  The files are read per pull, so a
-SIGHUP-reloaded certificate is the one presented.
+SIGHUP-reloaded certificate is the one presented (a reader kept for later
+pulls, serving/peer_pool.py, serves only pulls with the same files).
 """
 from __future__ import annotations
 
 from concurrent.futures import Future, InvalidStateError
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import grpc
 
@@ -32,21 +33,31 @@ from pybk_spark.wire.entries import batch_from_bytes
 from pybk_spark.wire.results import ReadResult
 
 
-def peer_credentials(cfg: Any, tls_on: bool) -> grpc.ChannelCredentials | None:
-    """The credentials this bookie reads a peer with: None on a plaintext
-    bookie; on a TLS one its own certificate, the peer verified against
-    ``tls_ca_file`` (without which it cannot pull: the driver copies
-    through its client instead)."""
+TlsFiles = tuple[bytes, Optional[bytes], Optional[bytes]]   # CA, key, certificate chain
+
+
+def peer_tls_files(cfg: Any, tls_on: bool) -> TlsFiles | None:
+    """The TLS files this bookie reads a peer with, as bytes: None on a
+    plaintext bookie; on a TLS one its own certificate and key and
+    ``tls_ca_file`` to verify the peer (without which it cannot pull: the
+    driver copies through its client instead)."""
     if not tls_on:
         return None
     if not cfg.tls_ca_file:
         raise errors.BadRequest("a pull on a TLS bookie needs tls_ca_file (to verify the "
                                 "peer it reads from): copy through a client")
-    return grpc.ssl_channel_credentials(
-        root_certificates=read_setting_file(cfg.tls_ca_file, "tls_ca_file"),
-        private_key=read_setting_file(cfg.tls_key_file, "tls_key_file") if cfg.tls_key_file else None,
-        certificate_chain=(read_setting_file(cfg.tls_cert_file, "tls_cert_file")
-                           if cfg.tls_cert_file else None))
+    return (read_setting_file(cfg.tls_ca_file, "tls_ca_file"),
+            read_setting_file(cfg.tls_key_file, "tls_key_file") if cfg.tls_key_file else None,
+            read_setting_file(cfg.tls_cert_file, "tls_cert_file") if cfg.tls_cert_file else None)
+
+
+def credentials_of(files: TlsFiles | None) -> grpc.ChannelCredentials | None:
+    """``peer_tls_files``' files as gRPC channel credentials (None: plaintext)."""
+    if files is None:
+        return None
+    ca, key, chain = files
+    return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key,
+                                        certificate_chain=chain)
 
 
 def read_request(bookie_id: str, ledger_id: int, first: int, last: int, *, max_entries: int,

@@ -12,10 +12,15 @@ pull costs the two bookies; docs/performance.md, (8)).
 
 A lane read connection answers one read at a time, in order, so the reads
 a pull keeps in flight (its window) each get a connection and a thread of
-their own: ``read`` hands the request to the next free one.  A connection
-that fails is closed and its read fails with the typed error of
+their own: ``read`` hands the request to the next free one.  The reader
+outlives a pull: serving/peer_pool.py hands it to the next pull of the same
+peer, connections and threads included.  A connection that fails is closed
+and its read fails with the typed error of
 ``wire.codes.translate_socket_error`` (the pull then counts the peer's ids
 not copied); a refused read fails with its wire code's error, like gRPC.
+A kept connection that fails before its answer (other than by a timeout:
+the peer closed it while idle) is replaced, and the read sent once more on
+the new one (reads change nothing on the peer).
 The same ``read`` / ``close`` shape as ``peer_client.PeerReader``.
 """
 from __future__ import annotations
@@ -75,20 +80,26 @@ class LanePeerReader:
         return self._pool.submit(self._read, req, timeout or self.default_timeout, ctx)
 
     def _read(self, req: pb.ReadRequest, timeout: float, ctx: dict[str, Any]) -> ReadResult:
+        frame = lane_frames.frame_parts(req.SerializeToString())
         conn: Optional[_Connection] = getattr(self._local, "conn", None)
-        try:
-            if conn is None:
-                conn = self._local.conn = _Connection(self.address, self.bookie_id, timeout)
-                with self._lock:
-                    self._open.append(conn)
-            conn.sock.settimeout(timeout)
-            send_parts(conn.sock, lane_frames.frame_parts(req.SerializeToString()))
-            body = read_frame_into(conn.stream, self.max_answer_bytes)
-            if body is None:
-                raise EOFError("read lane closed by the peer")
-        except (OSError, ValueError, EOFError) as exc:
-            self._drop(conn)
-            raise codes.translate_socket_error(exc, **ctx) from None
+        if conn is not None:
+            try:
+                body = self._exchange(conn, frame, timeout)
+            except TimeoutError as exc:
+                self._drop(conn)
+                raise codes.translate_socket_error(exc, **ctx) from None
+            except (OSError, ValueError, EOFError):
+                # a kept connection the peer closed while it was idle (a
+                # restart): the read is sent once more on a new one
+                self._drop(conn)
+                conn = None
+        if conn is None:
+            try:
+                conn = self._connect(timeout)
+                body = self._exchange(conn, frame, timeout)
+            except (OSError, ValueError, EOFError) as exc:
+                self._drop(conn)
+                raise codes.translate_socket_error(exc, **ctx) from None
         try:
             resp: Any = framing.parse_read_response(cast(bytes, body))   # parsed in place
         except Exception as exc:  # noqa: BLE001 - broad: a malformed answer
@@ -96,10 +107,28 @@ class LanePeerReader:
             raise errors.BadRequest(f"bad bookie response: {exc}", **ctx) from None
         return read_result(resp, ctx)
 
+    def _connect(self, timeout: float) -> _Connection:
+        conn = self._local.conn = _Connection(self.address, self.bookie_id, timeout)
+        with self._lock:
+            self._open.append(conn)
+        return conn
+
+    def _exchange(self, conn: _Connection, frame: list[Any], timeout: float) -> Any:
+        """Send one read on ``conn`` and receive its whole answer frame."""
+        conn.sock.settimeout(timeout)
+        send_parts(conn.sock, frame)
+        body = read_frame_into(conn.stream, self.max_answer_bytes)
+        if body is None:
+            raise EOFError("read lane closed by the peer")
+        return body
+
     def _drop(self, conn: Optional[_Connection]) -> None:
         """After a failure nothing later on a connection can be trusted."""
         self._local.conn = None
         if conn is not None:
+            with self._lock:
+                if conn in self._open:
+                    self._open.remove(conn)
             conn.close()
 
     def close(self) -> None:

@@ -21,7 +21,7 @@ import queue
 import threading
 import time
 from concurrent import futures
-from typing import TYPE_CHECKING, Callable, Iterator, Optional, Union, cast
+from typing import TYPE_CHECKING, Callable, Hashable, Iterator, Optional, Union, cast
 
 import grpc
 
@@ -30,7 +30,8 @@ from bookie_server.serving.peer_lane import LanePeerReader
 from bookie_server.serving.lane_server import AddLaneServer
 from bookie_server.bookie import Bookie
 from bookie_server.config import BookieConfig
-from bookie_server.serving.peer_client import PeerReader, peer_credentials
+from bookie_server.serving.peer_client import PeerReader, credentials_of, peer_tls_files
+from bookie_server.serving.peer_pool import PeerReaders, Reader
 from bookie_server.serving.tls import grpc_peer, policy_of
 from pybk_spark import errors
 from pybk_spark.protocol import access
@@ -73,6 +74,7 @@ class BookieService(pb_grpc.BookieServicer):  # type: ignore[misc]
         self.m = bookie.metrics
         self._hot = self.m.hot          # the add path's metrics (serving/metrics.py)
         self.policy = policy_of(cfg)
+        self.peers = PeerReaders()      # the readers of peers this bookie pulls from
 
     def peer(self, context: grpc.ServicerContext) -> access.Peer:
         """Who sent a gRPC request (anonymous without TLS: not looked up)."""
@@ -339,18 +341,21 @@ class BookieService(pb_grpc.BookieServicer):  # type: ignore[misc]
             return pb.ListLedgersResponse(code=code, message=msg)
 
     # -- bookie-to-bookie re-replication ---------------------------------------------------
-    def _peer_reader(self, request: pb.PullRequest) -> Union[PeerReader, LanePeerReader]:
-        """The peer's read lane when it registered one and the bookies talk
-        plaintext (serving/peer_lane.py: a third of gRPC's CPU per byte),
-        else its gRPC ``ReadEntries``."""
+    def _peer_reader(self, request: pb.PullRequest) -> tuple[Hashable, Callable[[], Reader]]:
+        """(key, maker) of the reader a pull reads its peer with
+        (serving/peer_pool.py): the peer's read lane when it registered one
+        and the bookies talk plaintext (serving/peer_lane.py: a third of
+        gRPC's CPU per byte), else its gRPC ``ReadEntries``."""
         bookie_id = request.source_bookie_id or request.source_address
+        window = min(request.read_window or pull.DEFAULT_WINDOW, pull.MAX_WINDOW)
+        limit = self.cfg.grpc_message_limit()
         if request.source_lane_address and request.source_bookie_id and not self.policy.tls:
-            return LanePeerReader(request.source_lane_address, bookie_id,
-                                  self.cfg.grpc_message_limit(),
-                                  min(request.read_window or pull.DEFAULT_WINDOW, pull.MAX_WINDOW))
-        return PeerReader(request.source_address, self.cfg.grpc_message_limit(),
-                          bookie_id=bookie_id,
-                          credentials=peer_credentials(self.cfg, self.policy.tls))
+            return (("lane", request.source_lane_address, bookie_id, window),
+                    lambda: LanePeerReader(request.source_lane_address, bookie_id, limit, window))
+        files = peer_tls_files(self.cfg, self.policy.tls)
+        return (("grpc", request.source_address, bookie_id, files),
+                lambda: PeerReader(request.source_address, limit, bookie_id=bookie_id,
+                                   credentials=credentials_of(files)))
 
     def PullEntries(self, request: pb.PullRequest, context: grpc.ServicerContext) -> pb.PullResponse:
         """Copy wanted entries of a ledger from a peer into this bookie
@@ -362,13 +367,10 @@ class BookieService(pb_grpc.BookieServicer):  # type: ignore[misc]
                 raise errors.BadRequest("PullEntries needs source_address")
             keyless = self.authorize(peer, "recovery_add", request.master_key)
             wanted = pull.ids_from_bytes(request.wanted_ids)
-            source = self._peer_reader(request)
-            try:
+            with self.peers.reader(*self._peer_reader(request)) as source:
                 got = pull.pull(self.bookie, source, request.ledger_id, request.master_key,
                                 wanted, request.digest_type or "crc32c", keyless=keyless,
                                 window=request.read_window)
-            finally:
-                source.close()
             log.info("event=pull ledger=%d source=%s entries=%d bytes=%d missing=%d",
                      request.ledger_id, request.source_address, got.entries, got.bytes,
                      len(got.missing))

@@ -1,0 +1,119 @@
+"""The readers a bookie's pulls read their peers with, kept for the next
+pull (bookie_server/serving/peer_pool.py), against a real bookie-server as
+the peer: a kept reader reuses its lane connection, survives a restart of
+the peer, and is closed when it idles too long or the pool closes."""
+from __future__ import annotations
+
+import urllib.request
+
+import pytest
+
+from bookie_server.serving.peer_lane import LanePeerReader
+from bookie_server.serving.peer_pool import PeerReaders
+from pybk_spark.testing.bookie_process import entries_bytes, free_port
+from pybk_spark.testing.waiting import wait_until
+from pybk_spark.wire import bookie_wire_pb2 as pb
+
+pytestmark = pytest.mark.slow
+
+KEY = b"key"
+LEDGER = 5
+
+
+@pytest.fixture
+def peer(bookies):
+    bp = bookies(conf={"metrics_port": free_port(), "add_lane_port": free_port()}).start()
+    got = bp.stub().AddEntries(pb.AddRequest(ledger_id=LEDGER, master_key=KEY,
+                                             entries=entries_bytes(LEDGER, range(10))), timeout=30)
+    assert got.code == pb.OK, got
+    return bp
+
+
+def _lane_connections(bp) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{bp.conf['metrics_port']}/metrics",
+                                  timeout=30).read().decode()
+    (value,) = [float(ln.split()[1]) for ln in text.splitlines()
+                if ln.startswith("bookie_add_lane_connections ")]
+    return value
+
+
+def _maker(bp):
+    address = f"127.0.0.1:{bp.conf['add_lane_port']}"
+    return (("lane", address, bp.bookie_id, 1),
+            lambda: LanePeerReader(address, bp.bookie_id, 16 << 20, window=1))
+
+
+def _ids_read(reader) -> list[int]:
+    res = reader.read(LEDGER, 0, 9, max_entries=100, max_bytes=1 << 20, timeout=30,
+                      sparse=True).result(timeout=60)
+    return res.batch.column("entry_id").to_pylist()
+
+
+def test_a_kept_reader_reuses_its_connection_across_pulls(peer):
+    pool = PeerReaders()
+    try:
+        key, make = _maker(peer)
+        with pool.reader(key, make) as first:
+            assert _ids_read(first) == list(range(10))
+        with pool.reader(key, make) as second:
+            assert second is first
+            assert _ids_read(second) == list(range(10))
+        assert pool.opened == 1 and pool.idle_count() == 1
+        assert _lane_connections(peer) == 1.0
+    finally:
+        pool.close()
+    wait_until(lambda: _lane_connections(peer) == 0.0, "lane connections == 0.0", 30)
+
+
+def test_a_kept_connection_the_peer_closed_is_reopened(peer):
+    pool = PeerReaders()
+    try:
+        key, make = _maker(peer)
+        with pool.reader(key, make) as reader:
+            assert _ids_read(reader) == list(range(10))
+        peer.restart()                           # same ports: the kept connection is dead
+        with pool.reader(key, make) as again:
+            assert again is reader
+            assert _ids_read(again) == list(range(10))
+        assert pool.opened == 1
+    finally:
+        pool.close()
+
+
+def test_an_idle_reader_is_closed_after_idle_close_s(peer):
+    now = [1000.0]
+    pool = PeerReaders(idle_close_s=30.0, clock=lambda: now[0])
+    try:
+        key, make = _maker(peer)
+        with pool.reader(key, make) as reader:
+            assert _ids_read(reader) == list(range(10))
+        now[0] += 29.0
+        pool.expire()
+        assert pool.idle_count() == 1 and _lane_connections(peer) == 1.0
+        now[0] += 1.0
+        pool.expire()
+        assert pool.idle_count() == 0
+        wait_until(lambda: _lane_connections(peer) == 0.0, "lane connections == 0.0", 30)
+        with pool.reader(key, make) as fresh:       # the next pull opens a new one
+            assert fresh is not reader and _ids_read(fresh) == list(range(10))
+        assert pool.opened == 2
+    finally:
+        pool.close()
+
+
+def test_a_pull_that_raises_closes_its_reader_and_pulls_at_once_get_their_own(peer):
+    pool = PeerReaders(max_idle=1)
+    try:
+        key, make = _maker(peer)
+        with pytest.raises(RuntimeError):
+            with pool.reader(key, make) as broken:
+                assert _ids_read(broken) == list(range(10))
+                raise RuntimeError("the pull failed")
+        assert pool.idle_count() == 0
+        with pool.reader(key, make) as a, pool.reader(key, make) as b:
+            assert a is not b and a is not broken
+            assert _ids_read(a) == _ids_read(b) == list(range(10))
+        assert pool.opened == 3 and pool.idle_count() == 1      # max_idle: one kept
+        wait_until(lambda: _lane_connections(peer) == 1.0, "lane connections == 1.0", 30)
+    finally:
+        pool.close()
