@@ -232,7 +232,7 @@ class LedgerWriter:
             with self._lock:
                 self._answered(True)
                 core = self.core
-                core.ack_lone(entry_id, slot, bookie)
+                core.ack_one(entry_id, slot, bookie)
                 waiters = self._waiters
                 done = self._collect_done() if waiters and waiters[0].last <= core.lac else None
             if done:
