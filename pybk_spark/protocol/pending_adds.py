@@ -196,25 +196,22 @@ class PendingAdds:
 
     def ack_one(self, entry_id: int, slot: int, bookie: str) -> None:
         """A bookie acknowledged one id (a lone add's answer; read ``lac``
-        for what it released).  The hot path of a synchronous add: when the
-        id is the next to release and a run of its own, its ack is a bit set
-        and a count, with no list built."""
+        for what it released).  The hot path of a synchronous add: when no
+        change is pending and the id is the oldest pending one, a run of its
+        own, its ack is a bit set and a count, with no list built."""
         if entry_id <= self.lac or self.ensemble[slot] != bookie:
             return                      # a straggler's answer (Qw > Qa), or a stale bookie
-        if (self._queued or self.change is not None) and self._slot_unavailable(slot):
-            return
         if self.write_quorum < len(self.ensemble) and slot not in self.write_set(entry_id):
             return
         runs = self._runs
-        if not runs:
-            return                      # never assigned (after abort)
-        run = runs[0]
-        if run.first == entry_id and run.acks is None:
+        if self.change is not None or self._queued:
+            if self._slot_unavailable(slot):
+                return
+        elif runs and (run := runs[0]).first == entry_id and run.acks is None:
             run.mask |= 1 << slot
-            # only the oldest pending id can move the LAC (every id below it
-            # is released); a run at the front beyond it follows an abort
-            if (self.lac + 1 == entry_id and self.change is None
-                    and run.mask.bit_count() >= self.ack_quorum):
+            # every id below the oldest pending one is released, so only it
+            # can move the LAC (a front run beyond LAC + 1 follows an abort)
+            if run.mask.bit_count() >= self.ack_quorum and self.lac + 1 == entry_id:
                 self.lac = entry_id
                 runs.popleft()
                 if runs:
