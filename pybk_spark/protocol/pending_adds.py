@@ -3,8 +3,11 @@ ensemble-change half of LedgerHandle), with no I/O.
 
 Theory of operation
 -------------------
-Inputs: ``assign`` (new entries), ``on_ack`` / ``on_failure`` (bookie answers),
-``commit_change`` / ``abort`` (outcome of the metadata CAS done by the caller).
+Inputs: ``assign`` (new entries), the acks (``ack_one``: one id, the only
+one-id path, which ``on_ack`` and a one-id ``on_ack_range`` take too;
+``on_ack_range`` / ``on_ack_ids``: a batch's) and ``on_failure`` (bookie
+answers), ``commit_change`` / ``abort`` (outcome of the metadata CAS done by
+the caller).
 Outputs: entry ids released to the application (always ascending, gap-free),
 ``EnsembleChange`` decisions, ``Send`` actions (where a new entry goes) and,
 after a change, ``Resend`` ranges (per replaced slot: the unreleased ids it
