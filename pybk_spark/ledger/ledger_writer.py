@@ -10,14 +10,17 @@ futures (never completing a future while holding the lock).
   by the caller via ``assign``) is split per bookie with vectorised Arrow
   ``take`` and sent as one Add per bookie.  ``Waiter``s are completed in id
   order when the core's LAC passes their last id.
+* ``submit_entry``: a lone add (one id, sent as its entry record); each
+  bookie's answer arrives in ``_lone_answered`` on the transport's reader,
+  which acks it with ``core.ack_one``.
 * A failed add (not fenced) becomes ``core.on_failure``; a decided change runs
-  on the client's executor: pick replacements (placement policy), CAS
-  ``replace_bookies`` through ``store.update`` (which re-reads and re-decides
-  on conflict; a non-OPEN ledger raises LedgerFenced), then
+  on the client's executor (``_run_change``): pick replacements and CAS
+  ``replace_bookies`` (``ensemble_change.replace_by_cas``: re-reads and
+  re-decides on conflict; a non-OPEN ledger raises LedgerFenced), then
   ``core.commit_change`` and the resends it decides (``Resend`` ranges per
   replaced slot: the parts of the held chunks inside each range go to that
-  slot's new bookie, nothing else).  Nothing is released before the CAS
-  succeeded (#1591).
+  slot's new bookie, nothing else: ``ensemble_change.resend_parts``).
+  Nothing is released before the CAS succeeded (#1591).
 * What a bookie's add error means is ``protocol.add_admission.
   classify_add_failure``: a bookie failure starts an ensemble change; an
   overload (``TooManyRequests``) re-sends the same request to the same
@@ -49,15 +52,15 @@ import pyarrow as pa
 
 from pybk_spark import errors
 from pybk_spark.ledger.context import ClientContext
-from pybk_spark.metadata.store import MetadataStore, ledger_key
-from pybk_spark.ledger.placement import writable_bookies
+from pybk_spark.ledger.ensemble_change import (HeldChunk, change_failure, replace_by_cas,
+                                               resend_parts)
 from pybk_spark.ledger.sync_result import Completion
 from pybk_spark.protocol import add_admission as admission
 from pybk_spark.protocol.distribution import holds
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.protocol.pending_adds import EnsembleChange, PendingAdds, Resend
 from pybk_spark.transport.base import LoneEntry
-from pybk_spark.wire.entries import batch_to_buffer, records_to_batch
+from pybk_spark.wire.entries import batch_to_buffer
 
 
 Ids = Union[np.ndarray, range]     # the ids of one request: a lone add's is a range
@@ -68,22 +71,6 @@ class Waiter:
     last: int
     future: Completion
     result: Callable[[], Any]
-
-
-@dataclass
-class _Chunk:
-    first: int
-    last: int
-    batch: pa.RecordBatch | None     # None: a lone add, held as ``lone``
-    nbytes: int = 0
-    lone: LoneEntry | None = None
-
-    def rows(self) -> pa.RecordBatch:
-        """The chunk's entries as a batch (a lone add's decoded for a resend)."""
-        if self.batch is None:
-            assert self.lone is not None
-            self.batch = records_to_batch([self.lone.head + self.lone.payload])
-        return self.batch
 
 
 class LedgerWriter:
@@ -99,7 +86,7 @@ class LedgerWriter:
         self.core = PendingAdds(md.write_quorum, md.ack_quorum, md.current_ensemble, last_released)
         self._lock = threading.Lock()
         self._waiters: list[Waiter] = []
-        self._chunks: list[_Chunk] = []
+        self._chunks: list[HeldChunk] = []
         self._error: errors.BKError | None = None
         self._failed_bookies: set[str] = set()
         self._last_bookie_error: BaseException | None = None
@@ -143,7 +130,7 @@ class LedgerWriter:
             self._assigned_length += nbytes
             return first, self.core.lac, base
 
-    def _pend(self, chunk: _Chunk, waiter: Waiter, lone: bool = False
+    def _pend(self, chunk: HeldChunk, waiter: Waiter, lone: bool = False
               ) -> tuple[tuple[str, ...], Collection[int]] | None:
         """Record ``chunk`` as in flight: the ensemble and unavailable slots to
         send it to, or None (the waiter failed) once the writer has failed.
@@ -176,7 +163,7 @@ class LedgerWriter:
         last = first + batch.num_rows - 1
         if nbytes is None:
             nbytes = batch.column("payload").total_values_length
-        pending = self._pend(_Chunk(first, last, batch, nbytes), waiter)
+        pending = self._pend(HeldChunk(first, last, batch, nbytes), waiter)
         if pending is not None:
             ensemble, bad = pending
             self._send(batch, ensemble, bad, wait=True)
@@ -187,7 +174,7 @@ class LedgerWriter:
         bookie's answer comes back through ``_lone_answered``, called by
         the transport (no future per bookie)."""
         lone = LoneEntry(self.master_key, head, payload, self.recovery)
-        pending = self._pend(_Chunk(entry_id, entry_id, None, len(payload), lone), waiter,
+        pending = self._pend(HeldChunk(entry_id, entry_id, None, len(payload), lone), waiter,
                              lone=True)
         if pending is None:
             return
@@ -232,7 +219,7 @@ class LedgerWriter:
             with self._lock:
                 self._answered(True)
                 core = self.core
-                core.ack_lone(entry_id, slot, bookie)
+                core.ack_one(entry_id, slot, bookie)
                 waiters = self._waiters
                 done = self._collect_done() if waiters and waiters[0].last <= core.lac else None
             if done:
@@ -423,26 +410,13 @@ class LedgerWriter:
 
     # -- ensemble change ------------------------------------------------------------------
     def _run_change(self, change: EnsembleChange | None) -> None:
-        store = self.ctx.metadata_store
         while change is not None:
             try:
-                new_md = self._cas_change(store, change)
-            except errors.NotEnoughBookies as exc:
-                # adds were sent: some bookies may hold them (unknown outcome)
-                last = self._last_bookie_error
-                why = f"; last bookie error: {type(last).__name__}: {last}" if last else ""
-                self._abort(errors.unknown_outcome(errors.NotEnoughBookies(
-                    f"ensemble change failed: {exc}{why}", ledger_id=self.ledger_id)))
-                return
-            except errors.BKError as exc:
-                err = exc if not exc.outcome_known or isinstance(exc, errors.RecoveryRaced) \
-                    else errors.LedgerFenced(f"ensemble change failed: {exc}",
-                                             ledger_id=self.ledger_id)
-                self._abort(err)
-                return
+                new_md, self.limits = replace_by_cas(self.ctx, self.ledger_id, change,
+                                                     self._failed_bookies,
+                                                     recovery=self.recovery)
             except Exception as exc:  # noqa: BLE001 - never leave adds hanging
-                self._abort(errors.LedgerFenced(f"ensemble change failed: {exc!r}",
-                                                ledger_id=self.ledger_id))
+                self._abort(change_failure(exc, self.ledger_id, self._last_bookie_error))
                 return
             with self._lock:
                 if self._error is not None:
@@ -464,64 +438,11 @@ class LedgerWriter:
             self._resend(chunks, resends, ensemble, bad)
             self._complete(done)
 
-    def _resend(self, chunks: list[_Chunk], resends: list[Resend], ensemble: tuple[str, ...],
-                bad: set[int]) -> None:
-        """Send what the core's resends name: for each range, the part of
-        every held chunk inside it, to the slots resending that range (the
-        slot filter in ``_send`` keeps each bookie's own ids)."""
-        by_range: dict[tuple[int, int], set[int]] = {}
-        for r in resends:
-            by_range.setdefault((r.first, r.last), set()).add(r.slot)
-        for (first, last), slots in by_range.items():
-            for ch in chunks:
-                lo, hi = max(first, ch.first), min(last, ch.last)
-                if lo > hi:
-                    continue
-                rows = ch.rows()
-                part = rows if (lo, hi) == (ch.first, ch.last) else \
-                    rows.slice(lo - ch.first, hi - lo + 1)
-                self._send(part, ensemble, bad, wait=False, only_slots=slots)
-
-    def _cas_change(self, store: MetadataStore, change: EnsembleChange) -> lm.LedgerMetadata:
-        policy = self.ctx.placement
-        for _ in range(self.ctx.conf.metadata_retries):
-            bookies = writable_bookies(store)
-            exclude = {b: "failed a request of this ledger" for b in self._failed_bookies}
-            repl: dict[int, str] = {}
-            ens = list(change.ensemble)
-            for slot in change.slots:
-                b = policy.replace(tuple(ens), slot, bookies, exclude={
-                    **exclude, **{r: "replaces another bookie of this change"
-                                  for r in repl.values()}})
-                repl[slot] = b
-            by_writer = not self.recovery
-
-            def transform(raw: bytes) -> bytes:
-                md = lm.LedgerMetadata.from_json(raw)
-                if md.current_ensemble != change.ensemble:
-                    raise _Stale()
-                return lm.replace_bookies(md, change.first_entry, repl, by_writer=by_writer).to_json()  # noqa: B023
-            try:
-                raw, _version = store.update(ledger_key(self.ledger_id), transform)
-            except _Stale:
-                if self.recovery:       # a concurrent recovery: this one starts over
-                    raise errors.RecoveryRaced("ledger ensemble changed by another recovery",
-                                               ledger_id=self.ledger_id) from None
-                raise errors.LedgerFenced("ledger ensemble changed by someone else",
-                                          ledger_id=self.ledger_id) from None
-            except errors.IllegalOp:
-                if by_writer:
-                    raise
-                md = self.ctx.ledger_metadata(self.ledger_id)     # NoSuchLedger if deleted
-                if md.state != lm.IN_RECOVERY:
-                    raise errors.LedgerFenced("ledger no longer in recovery", ledger_id=self.ledger_id) from None
-                continue
-            new_md = lm.LedgerMetadata.from_json(raw)
-            self.limits = admission.limits(
-                self.ctx.conf.max_entry_size_bytes, self.ctx.conf.max_message_bytes,
-                [bookies.get(b, {}) for b in new_md.current_ensemble])
-            return new_md
-        raise errors.MetadataVersion("too many retries of an ensemble change")
+    def _resend(self, chunks: list[HeldChunk], resends: list[Resend],
+                ensemble: tuple[str, ...], bad: set[int]) -> None:
+        """Send what the core's resends name (``resend_parts``)."""
+        for part, slots in resend_parts(chunks, resends):
+            self._send(part, ensemble, bad, wait=False, only_slots=slots)
 
     # -- completion ------------------------------------------------------------------------
     def _collect_done(self) -> list[Waiter]:
@@ -550,7 +471,3 @@ class LedgerWriter:
         for w in waiters:
             if not w.future.done():
                 w.future.set_exception(err)
-
-
-class _Stale(Exception):
-    pass

@@ -3,8 +3,11 @@ ensemble-change half of LedgerHandle), with no I/O.
 
 Theory of operation
 -------------------
-Inputs: ``assign`` (new entries), ``on_ack`` / ``on_failure`` (bookie answers),
-``commit_change`` / ``abort`` (outcome of the metadata CAS done by the caller).
+Inputs: ``assign`` (new entries), the acks (``ack_one``: one id, the only
+one-id path, which ``on_ack`` and a one-id ``on_ack_range`` take too;
+``on_ack_range`` / ``on_ack_ids``: a batch's) and ``on_failure`` (bookie
+answers), ``commit_change`` / ``abort`` (outcome of the metadata CAS done by
+the caller).
 Outputs: entry ids released to the application (always ascending, gap-free),
 ``EnsembleChange`` decisions, ``Send`` actions (where a new entry goes) and,
 after a change, ``Resend`` ranges (per replaced slot: the unreleased ids it
@@ -166,14 +169,17 @@ class PendingAdds:
         return [Send(entry_id, s, self.ensemble[s]) for s in self.target_slots(entry_id)]
 
     def on_ack(self, entry_id: int, slot: int, bookie: str) -> list[int]:
-        return self.on_ack_range(entry_id, entry_id, slot, bookie)
+        """``ack_one``, returning the ids it released."""
+        start = self.lac
+        self.ack_one(entry_id, slot, bookie)
+        return list(range(start + 1, self.lac + 1))
 
     def on_ack_range(self, first: int, last: int, slot: int, bookie: str) -> list[int]:
         """A bookie acknowledged every id of [first, last] it holds."""
+        if first == last:
+            return self.on_ack(first, slot, bookie)
         if self.ensemble[slot] != bookie or self._slot_unavailable(slot):
             return []
-        if first == last:                # one id (a synchronous add): integer steps only
-            return self._ack_one(first, slot)
         lo = max(first, self.lac + 1)
         for run in self._runs:
             a, b = max(lo, run.first), min(last, run.last)
@@ -191,41 +197,37 @@ class PendingAdds:
             run.acks[a - run.first:b - run.first + 1, slot] |= self.holds(ids, slot)
         return self._release()
 
-    def ack_lone(self, entry_id: int, slot: int, bookie: str) -> None:
-        """``on_ack`` for the answer to a lone add, returning nothing (read
-        ``lac``): when the entry is the oldest pending one, a run of its
-        own, and no change is pending, its ack is a bit set and a count;
-        otherwise ``on_ack`` decides."""
-        if entry_id <= self.lac:         # a straggler's answer (Qw > Qa): nothing to do
+    def ack_one(self, entry_id: int, slot: int, bookie: str) -> None:
+        """A bookie acknowledged one id (a lone add's answer; read ``lac``
+        for what it released).  The hot path of a synchronous add: when no
+        change is pending and the id is the oldest pending one, a run of its
+        own, its ack is a bit set and a count, with no list built."""
+        if entry_id <= self.lac or self.ensemble[slot] != bookie:
+            return                      # a straggler's answer (Qw > Qa), or a stale bookie
+        if self.write_quorum < len(self.ensemble) and slot not in self.write_set(entry_id):
             return
         runs = self._runs
-        if runs:
-            run = runs[0]
-            if (run.first == entry_id and run.acks is None and self.change is None
-                    and not self._queued and self.ensemble[slot] == bookie
-                    and (self.write_quorum == len(self.ensemble)
-                         or slot in self.write_set(entry_id))):
-                run.mask |= 1 << slot
-                if run.mask.bit_count() >= self.ack_quorum and self.lac + 1 == entry_id:
-                    self.lac = entry_id
-                    runs.popleft()
-                    if runs:
-                        self._release()
+        if self.change is not None or self._queued:
+            if self._slot_unavailable(slot):
                 return
-        self.on_ack_range(entry_id, entry_id, slot, bookie)
-
-    def _ack_one(self, entry_id: int, slot: int) -> list[int]:
-        if entry_id <= self.lac or (self.write_quorum < len(self.ensemble)
-                                    and slot not in self.write_set(entry_id)):
-            return []
-        for run in self._runs:
+        elif runs and (run := runs[0]).first == entry_id and run.acks is None:
+            run.mask |= 1 << slot
+            # every id below the oldest pending one is released, so only it
+            # can move the LAC (a front run beyond LAC + 1 follows an abort)
+            if run.mask.bit_count() >= self.ack_quorum and self.lac + 1 == entry_id:
+                self.lac = entry_id
+                runs.popleft()
+                if runs:
+                    self._advance()
+            return
+        for run in runs:
             if run.first <= entry_id <= run.last:
                 if run.acks is None:
                     run.mask |= 1 << slot
                 else:
                     run.acks[entry_id - run.first, slot] = True
-                break
-        return self._release()
+                self._advance()
+                return
 
     def on_ack_ids(self, entry_ids: np.ndarray, slot: int, bookie: str) -> list[int]:
         """A bookie acknowledged exactly ``entry_ids`` (ascending, any gaps)."""
@@ -305,9 +307,15 @@ class PendingAdds:
         return self.change
 
     def _release(self) -> list[int]:
-        if self.change is not None:
-            return []
+        """``_advance``, returning the ids it released."""
         start = self.lac
+        self._advance()
+        return list(range(start + 1, self.lac + 1))
+
+    def _advance(self) -> None:
+        """Move the LAC over every complete id (none while a change is pending)."""
+        if self.change is not None:
+            return
         runs = self._runs
         while runs:
             run = runs[0]
@@ -333,4 +341,3 @@ class PendingAdds:
                 break
             self.lac = run.last
             runs.popleft()
-        return list(range(start + 1, self.lac + 1))

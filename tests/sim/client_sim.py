@@ -430,9 +430,8 @@ class ClientSim:
 class _OutOfOrderAcks(PendingAdds):
     """Releases an entry as soon as it has Qa acks, before its predecessors."""
 
-    def _release(self):
-        start = self.lac
-        super()._release()
+    def _advance(self):
+        super()._advance()
         if self.change is None:
             best = self.lac
             for run in self._runs:
@@ -447,7 +446,6 @@ class _OutOfOrderAcks(PendingAdds):
                 self.lac = best
                 while self._runs and self._runs[0].last <= self.lac:
                     self._runs.popleft()
-        return list(range(start + 1, self.lac + 1))
 
 
 class _FirstAnswerCovers(rd.LacCoverage):
