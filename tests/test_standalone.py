@@ -164,7 +164,13 @@ def test_standalone_json_is_one_document_naming_every_bookie(tmp_path):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
         start_new_session=False)
     err_lines: list[str] = []
-    threading.Thread(target=lambda: err_lines.extend(proc.stderr), daemon=True).start()
+
+    def drain_stderr() -> None:
+        try:
+            err_lines.extend(proc.stderr)
+        except ValueError:      # communicate() below read the rest and closed the pipe
+            pass
+    threading.Thread(target=drain_stderr, daemon=True).start()
     try:
         first = proc.stdout.readline()          # blocks until the cluster serves
         assert first, f"no document; stderr:\n{''.join(err_lines)}"
