@@ -49,12 +49,18 @@ def _ids_read(reader) -> list[int]:
     return res.batch.column("entry_id").to_pylist()
 
 
+def _first_pull(pool: PeerReaders, bp):
+    """(key, maker, the reader) after one pull of ``bp`` that read every entry."""
+    key, make = _maker(bp)
+    with pool.reader(key, make) as reader:
+        assert _ids_read(reader) == list(range(10))
+    return key, make, reader
+
+
 def test_a_kept_reader_reuses_its_connection_across_pulls(peer):
     pool = PeerReaders()
     try:
-        key, make = _maker(peer)
-        with pool.reader(key, make) as first:
-            assert _ids_read(first) == list(range(10))
+        key, make, first = _first_pull(pool, peer)
         with pool.reader(key, make) as second:
             assert second is first
             assert _ids_read(second) == list(range(10))
@@ -68,9 +74,7 @@ def test_a_kept_reader_reuses_its_connection_across_pulls(peer):
 def test_a_kept_connection_the_peer_closed_is_reopened(peer):
     pool = PeerReaders()
     try:
-        key, make = _maker(peer)
-        with pool.reader(key, make) as reader:
-            assert _ids_read(reader) == list(range(10))
+        key, make, reader = _first_pull(pool, peer)
         peer.restart()                           # same ports: the kept connection is dead
         with pool.reader(key, make) as again:
             assert again is reader
@@ -84,9 +88,7 @@ def test_an_idle_reader_is_closed_after_idle_close_s(peer):
     now = [1000.0]
     pool = PeerReaders(idle_close_s=30.0, clock=lambda: now[0])
     try:
-        key, make = _maker(peer)
-        with pool.reader(key, make) as reader:
-            assert _ids_read(reader) == list(range(10))
+        key, make, reader = _first_pull(pool, peer)
         now[0] += 29.0
         pool.expire()
         assert pool.idle_count() == 1 and _lane_connections(peer) == 1.0
