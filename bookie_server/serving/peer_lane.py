@@ -82,24 +82,22 @@ class LanePeerReader:
     def _read(self, req: pb.ReadRequest, timeout: float, ctx: dict[str, Any]) -> ReadResult:
         frame = lane_frames.frame_parts(req.SerializeToString())
         conn: Optional[_Connection] = getattr(self._local, "conn", None)
-        if conn is not None:
+        # A kept connection may have been closed by the peer while it was idle
+        # (a restart): it gets a second attempt on a new connection (reads
+        # change nothing on the peer).  A new connection's failure, or a
+        # timeout on any connection, fails the read.
+        attempts = 2 if conn is not None else 1
+        for attempt in range(1, attempts + 1):
             try:
+                if conn is None:
+                    conn = self._connect(timeout)
                 body = self._exchange(conn, frame, timeout)
-            except TimeoutError as exc:
-                self._drop(conn)
-                raise codes.translate_socket_error(exc, **ctx) from None
-            except (OSError, ValueError, EOFError):
-                # a kept connection the peer closed while it was idle (a
-                # restart): the read is sent once more on a new one
-                self._drop(conn)
-                conn = None
-        if conn is None:
-            try:
-                conn = self._connect(timeout)
-                body = self._exchange(conn, frame, timeout)
+                break
             except (OSError, ValueError, EOFError) as exc:
                 self._drop(conn)
-                raise codes.translate_socket_error(exc, **ctx) from None
+                conn = None
+                if attempt == attempts or isinstance(exc, TimeoutError):
+                    raise codes.translate_socket_error(exc, **ctx) from None
         try:
             resp: Any = framing.parse_read_response(cast(bytes, body))   # parsed in place
         except Exception as exc:  # noqa: BLE001 - broad: a malformed answer
