@@ -324,7 +324,7 @@ def _serve(cfg: BookieConfig, bookie_id: str, store: Optional[MetadataStore],
     if listeners is None:       # run: bound by _locked_main before anything else
         raise ValueError("bookie-server run needs its listeners bound first")
     server, port = listeners.server, listeners.port
-    add_service(server, bookie, cfg, bookie_id)
+    service = add_service(server, bookie, cfg, bookie_id)
     readiness = readiness or health.Readiness(needs_registration=registrar is not None)
     health.add_grpc_health(server, readiness)
     bookie.add_mode_listener(lambda ro: readiness.set(read_only=ro))
@@ -343,6 +343,7 @@ def _serve(cfg: BookieConfig, bookie_id: str, store: Optional[MetadataStore],
             if lane is not None:
                 lane.stop()
             server.stop(None)
+            service.close()
             checker.stop()
             bookie.close()
             raise
@@ -400,6 +401,7 @@ def _serve(cfg: BookieConfig, bookie_id: str, store: Optional[MetadataStore],
     if lane is not None:
         lane.stop()
     server.stop(grace=2).wait()
+    service.close()                    # the readers kept for the next pull of a peer
     checker.stop(timeout=metadata_time_left())
     if ledger_gc is not None:
         ledger_gc.stop(timeout=metadata_time_left())

@@ -76,6 +76,13 @@ class BookieService(pb_grpc.BookieServicer):  # type: ignore[misc]
         self.policy = policy_of(cfg)
         self.peers = PeerReaders()      # the readers of peers this bookie pulls from
 
+    def close(self) -> None:
+        """Close the peer readers kept idle for the next pull
+        (serving/peer_pool.py); a reader still in a pull is closed when the
+        pull gives it back.  The bookie's stop calls it once the server
+        stopped: no connection to a peer outlives the service."""
+        self.peers.close()
+
     def peer(self, context: grpc.ServicerContext) -> access.Peer:
         """Who sent a gRPC request (anonymous without TLS: not looked up)."""
         return grpc_peer(context) if self.policy.tls else access.ANONYMOUS
@@ -406,14 +413,13 @@ def bind_server(cfg: BookieConfig, tls: Optional[ServerTls] = None) -> tuple[grp
     return server, port
 
 
-def add_service(server: grpc.Server, bookie: Bookie, cfg: BookieConfig, bookie_id: str) -> None:
-    framing.add_bookie_servicer(BookieService(bookie, cfg, bookie_id), server)
-
-
-def make_server(bookie: Bookie, cfg: BookieConfig, bookie_id: str) -> tuple[grpc.Server, int]:
-    server, port = bind_server(cfg)
-    add_service(server, bookie, cfg, bookie_id)
-    return server, port
+def add_service(server: grpc.Server, bookie: Bookie, cfg: BookieConfig,
+                bookie_id: str) -> BookieService:
+    """The service ``server`` serves the bookie with; its ``close`` is the
+    caller's once the server stopped."""
+    service = BookieService(bookie, cfg, bookie_id)
+    framing.add_bookie_servicer(service, server)
+    return service
 
 
 def make_add_lane(bookie: Bookie, cfg: BookieConfig, bookie_id: str,

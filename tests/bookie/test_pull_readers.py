@@ -1,16 +1,24 @@
 """The readers a bookie's pulls read their peers with, kept for the next
 pull (bookie_server/serving/peer_pool.py), against a real bookie-server as
 the peer: a kept reader reuses its lane connection, survives a restart of
-the peer, and is closed when it idles too long or the pool closes."""
+the peer, and is closed when it idles too long, the pool closes or the
+pulling bookie stops."""
 from __future__ import annotations
 
 import urllib.request
 
+import grpc
+import numpy as np
 import pytest
 
+from bookie_server.bookie import Bookie
+from bookie_server.config import BookieConfig
+from bookie_server.serving import pull
 from bookie_server.serving.peer_lane import LanePeerReader
 from bookie_server.serving.peer_pool import PeerReaders
+from bookie_server.serving.service import add_service, bind_server
 from pybk_spark.testing.bookie_process import entries_bytes, free_port
+from pybk_spark.wire import bookie_wire_pb2_grpc as pb_grpc
 from pybk_spark.testing.waiting import wait_until
 from pybk_spark.wire import bookie_wire_pb2 as pb
 
@@ -119,3 +127,28 @@ def test_a_pull_that_raises_closes_its_reader_and_pulls_at_once_get_their_own(pe
         wait_until(lambda: _lane_connections(peer) == 1.0, "lane connections == 1.0", 30)
     finally:
         pool.close()
+
+
+def test_a_stopped_bookie_leaves_no_kept_reader_open(peer, tmp_path):
+    """The puller is an in-process bookie served as ``bookie-server`` serves
+    it (its gRPC server and service), stopped in the same order."""
+    cfg = BookieConfig(data_dir=str(tmp_path / "puller"), port=free_port(), grpc_threads=4)
+    bookie = Bookie(cfg).open(background=False)
+    server, port = bind_server(cfg)
+    service = add_service(server, bookie, cfg, "puller")
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            got = pb_grpc.BookieStub(channel).PullEntries(pb.PullRequest(
+                ledger_id=LEDGER, master_key=KEY, source_address=peer.address,
+                source_lane_address=f"127.0.0.1:{peer.conf['add_lane_port']}",
+                source_bookie_id=peer.bookie_id, digest_type="none", read_window=1,
+                wanted_ids=pull.ids_to_bytes(np.arange(10, dtype=np.int64))), timeout=60)
+        assert got.code == pb.OK and got.entries == 10, got
+        assert service.peers.idle_count() == 1 and _lane_connections(peer) == 1.0
+    finally:
+        server.stop(grace=2).wait()
+        service.close()
+        bookie.close()
+    assert service.peers.idle_count() == 0
+    wait_until(lambda: _lane_connections(peer) == 0.0, "lane connections == 0.0", 30)
