@@ -21,7 +21,10 @@ An idle reader is closed after ``idle_close_s`` without a pull (the peer's
 lane keeps no timer on an idle connection: closing it is the client's job),
 by a reaper thread that runs only while readers are idle; at most
 ``max_idle`` are kept.  A connection the peer closed while idle is
-reopened by the reader on its next read (reads are idempotent).
+reopened by the reader on its next read (reads are idempotent).  When the
+bookie stops, its service closes the pool (``BookieService.close``, after
+the gRPC server stopped): every idle reader is closed, and one still in a
+pull is closed when the pull gives it back.
 """
 from __future__ import annotations
 
