@@ -152,3 +152,18 @@ def test_a_stopped_bookie_leaves_no_kept_reader_open(peer, tmp_path):
         bookie.close()
     assert service.peers.idle_count() == 0
     wait_until(lambda: _lane_connections(peer) == 0.0, "lane connections == 0.0", 30)
+
+
+def test_a_bookie_process_that_pulled_stops_cleanly(peer, bookies):
+    """``bookie-server``'s own stop, with a kept reader of a peer: exit 0,
+    and the peer sees the lane connection go."""
+    puller = bookies("puller").start()
+    got = puller.stub().PullEntries(pb.PullRequest(
+        ledger_id=LEDGER, master_key=KEY, source_address=peer.address,
+        source_lane_address=f"127.0.0.1:{peer.conf['add_lane_port']}",
+        source_bookie_id=peer.bookie_id, digest_type="none", read_window=1,
+        wanted_ids=pull.ids_to_bytes(np.arange(10, dtype=np.int64))), timeout=60)
+    assert got.code == pb.OK and got.entries == 10, got
+    assert _lane_connections(peer) == 1.0
+    assert puller.terminate() == 0, puller.log_tail()
+    wait_until(lambda: _lane_connections(peer) == 0.0, "lane connections == 0.0", 30)
