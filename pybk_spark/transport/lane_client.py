@@ -40,7 +40,6 @@ import time
 from typing import Any, Callable
 
 from pybk_spark import errors
-from pybk_spark.transport.lane_readers import lane_readers
 from pybk_spark.transport.request_streams import PendingRequests
 from pybk_spark.wire.frame_socket import (FrameWriter, configure, frame_reader, read_frame,
                                           read_frame_into)
@@ -90,59 +89,24 @@ class LaneConnection(PendingRequests):
         self.writer = FrameWriter(self.sock, f"pybk-lane-send-{bookie_id}", max_backlog_bytes)
         self._send = self.writer.send  # type: ignore[method-assign,assignment]  # a call less per send
         self.writer.send(lane_frames.hello(bookie_id, self.magic))
-        self._done = threading.Event()
-        self._rest = b""           # the start of a frame the last receive cut off
-        self.reader: threading.Thread | None = None
-        if tls is None and self.kind == "add":
-            lane_readers().register(self)
-        else:
-            self.reader = threading.Thread(target=self._read,
-                                           name=f"pybk-{self.kind}-lane-{bookie_id}",
-                                           daemon=True)
-            self.reader.start()
+        self.reader = threading.Thread(target=self._read,
+                                       name=f"pybk-{self.kind}-lane-{bookie_id}", daemon=True)
+        self.reader.start()
 
     def _read(self) -> None:
+        err: errors.BKError
         try:
             with frame_reader(self.sock) as stream:
                 self._serve(stream)
             raise EOFError(f"{self.kind} lane closed by the bookie")
         except Exception as exc:  # noqa: BLE001 - end of stream, socket error, bad frame
-            self.finished(exc)
-
-    def finished(self, exc: BaseException) -> None:
-        """The connection is over: close it and fail what is unanswered."""
-        err = codes.translate_socket_error(self.writer.error or exc, bookie=self.bookie_id)
+            err = codes.translate_socket_error(self.writer.error or exc, bookie=self.bookie_id)
         self.writer.close()
         try:
             self.sock.close()
         except OSError:
             pass
         self.ended(err)
-        self._done.set()
-
-    def received(self, data: bytes) -> None:
-        """Settle the whole frames of ``data`` (the shared reader's receive),
-        as ``_serve`` does; a cut-off frame waits for the next receive."""
-        if self._rest:
-            data = self._rest + data
-        end = len(data)
-        pos = 0
-        header = lane_frames.HEADER_BYTES
-        while end - pos >= header:
-            stop = pos + header + lane_frames.frame_size(data, pos, _MAX_ANSWER_BYTES)
-            if stop > end:
-                break
-            body = data[pos + header:stop]
-            pos = stop
-            if body and body[0] == lane_frames.ENTRY_KIND:
-                request_id, entry_id = lane_frames.entry_answer_ids(body)
-                with self.lock:
-                    item = self.pending.pop(request_id, None)
-                if item is not None:
-                    item[2]((entry_id, entry_id), None)
-                continue
-            self._settle(pb.AddResponse.FromString(body))
-        self._rest = data[pos:] if pos < end else b""
 
     def _serve(self, stream) -> None:
         """Settle answers until the end of the stream.  An entry answer is
@@ -191,8 +155,8 @@ class LaneConnection(PendingRequests):
             self.sock.shutdown(socket.SHUT_WR)
         except OSError:
             pass
-        if threading.current_thread() not in (self.reader, lane_readers().thread):
-            self._done.wait(max(0.0, deadline - time.monotonic()))
+        if self.reader is not threading.current_thread():
+            self.reader.join(max(0.0, deadline - time.monotonic()))
         self.writer.close()
 
 
