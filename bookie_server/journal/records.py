@@ -82,18 +82,14 @@ class EntryRecord(Submission):
     """A lone add, its own submission: its records (an ADD_ENTRY record,
     after the key records of a ledger's first add) and the entry record as
     received, which it applies once durable.  One object per lone add
-    where a payload and a submission would be two; its ``__init__`` sets
-    ``Submission``'s fields itself, without a second call."""
+    where a payload and a submission would be two.  ``Submission.__init__``
+    is the one home of the shared fields; calling it costs a lone add about
+    0.1 us, nothing measurable against its ~35 us of Python."""
     __slots__ = ("ledger_id", "entry_id", "lac", "record")
 
     def __init__(self, records: list[tuple[int, Body]], ledger_id: int, entry_id: int,
                  lac: int, record: Record) -> None:
-        self.records = records
-        self.payload = None
-        self.future = None
-        self.nbytes = HEADER.size + len(record) if len(records) == 1 \
-            else sum(HEADER.size + len(body) for _, body in records)
-        self.error = None
+        Submission.__init__(self, records)
         self.ledger_id = ledger_id
         self.entry_id = entry_id
         self.lac = lac

@@ -20,7 +20,8 @@ grows while a checkpoint writes it.
 A run's list is freed a slice at a time after a checkpoint (``release``):
 freeing thousands of records in one go would hold the GIL against the
 threads serving adds.  So a reader copies the records it reads out of a
-run's list under the store's lock (``Ref.records``), never later.
+run's list under the store's lock (``Ref.records``), never later, and
+nothing decodes a run's list in place (``Ref``).
 """
 from __future__ import annotations
 
@@ -54,29 +55,32 @@ def decode_records(records: Sequence[Record]) -> pa.RecordBatch:
 
 class Ref:
     """One stored batch: in memory (``batch``, or a run of lone adds'
-    ``entries`` as received, decoded only when read or flushed) or in a
-    segment file; a memory ref with ``segment >= 0`` is *located*: already
-    durable there (journal).  ``cached`` is what a memory ref counts in the
-    write cache's bytes (a run's grows with it)."""
-    __slots__ = ("ledger", "_batch", "entries", "segment", "offset", "length", "raw", "cached")
+    ``entries`` as received) or in a segment file; a memory ref with
+    ``segment >= 0`` is *located*: already durable there (journal).
+    ``cached`` is what a memory ref counts in the write cache's bytes (a
+    run's grows with it).
+
+    A run's ``entries`` are never decoded in place: the list grows under the
+    store's lock (``WriteCache.put_entry``) and is freed without it once
+    flushed (``release``), and decoding walks it more than once.  A read
+    takes the rows it wants under the lock (``records``, a copy: the reads
+    of ``EntryStore``) and decodes the copy; a checkpoint decodes a run
+    that ``take`` closed, before ``release`` (``WriteCache.drain``).  So
+    ``batch`` is None for a run, and the readers that take a ref's
+    ``batch`` (``segment_files.batch_of`` / ``batch_whole``, ``drain``)
+    are handed no run."""
+    __slots__ = ("ledger", "batch", "entries", "segment", "offset", "length", "raw", "cached")
 
     def __init__(self, ledger: int, batch: Optional[pa.RecordBatch] = None,
                  segment: int = -1, offset: int = 0, length: int = 0,
                  raw: Optional[bytes] = None, entries: Optional[list[Record]] = None):
-        self.ledger, self._batch, self.raw, self.entries = ledger, batch, raw, entries
+        self.ledger, self.batch, self.raw, self.entries = ledger, batch, raw, entries
         self.segment, self.offset, self.length = segment, offset, length
         self.cached = 0
 
     @property
     def in_memory(self) -> bool:
-        return self._batch is not None or self.entries is not None
-
-    @property
-    def batch(self) -> Optional[pa.RecordBatch]:
-        """The batch held in memory (a run's records decoded now), else None."""
-        if self._batch is None and self.entries is not None:
-            return decode_records(list(self.entries))
-        return self._batch
+        return self.batch is not None or self.entries is not None
 
     def records(self, row: int, count: int) -> Optional[list[Record]]:
         """A run's records of rows ``row`` .. ``row + count - 1`` (a copy: call

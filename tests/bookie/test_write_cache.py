@@ -8,6 +8,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from bookie_server.storage.entry_store import EntryStore
+from bookie_server.storage.write_cache import decode_records
 from pybk_spark.testing.bookie_process import payload_for
 from pybk_spark.wire.entries import entry_record_head
 
@@ -98,3 +99,19 @@ def test_lone_adds_out_of_order_are_read_in_id_order(tmp_path):
     before = _rows(_read(store, 0, 7))
     store.flush()
     assert _rows(_read(store, 0, 7)) == before
+
+
+def test_a_run_is_read_from_a_copy_of_its_rows_and_never_decoded_in_place(tmp_path):
+    # a checkpoint frees a flushed run's list without the store's lock, so a
+    # read decodes the rows it copied under the lock, not the run's list
+    store = EntryStore(str(tmp_path))
+    _add(store, range(0, 10))
+    (ref,) = store.refs.values()
+    assert ref.batch is None and ref.in_memory
+    with store.lock:
+        taken = ref.records(2, 5)
+    store.flush()                               # the run's list is freed
+    assert ref.entries == [] and ref.batch is None
+    assert taken == [_record(e) for e in range(2, 7)]
+    assert [r[1] for r in _rows(decode_records(taken))] == list(range(2, 7))
+    assert [r[1] for r in _rows(_read(store, 0, 9))] == list(range(10))
