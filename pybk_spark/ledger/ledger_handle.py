@@ -68,6 +68,23 @@ log = logging.getLogger("pybk_spark.ledger")
 _F = TypeVar("_F", bound=AddFuture)
 
 
+def _binary_column(values: pa.Array, ledger_id: int) -> pa.Array:
+    """``values`` as the entries' payload column type (binary, no nulls),
+    or ``IncorrectParameter`` saying what to pass instead."""
+    if values.null_count:
+        raise errors.IncorrectParameter(
+            f"add_entries_async: the payload column holds {values.null_count} null(s); an entry "
+            "is bytes (an empty one is b'')", ledger_id=ledger_id)
+    if values.type == pa.binary():
+        return values
+    try:
+        return values.cast(pa.binary())
+    except (pa.ArrowException, ValueError, TypeError):
+        raise errors.IncorrectParameter(
+            f"add_entries_async: a payload column of type {values.type} is not bytes; pass a "
+            "binary column or a list of bytes", ledger_id=ledger_id) from None
+
+
 class LedgerHandle:
     """``ctx``: the client's dependencies; ``on_close(handle)``: called once
     the handle is closed (the client stops ticking it)."""
@@ -259,8 +276,8 @@ class LedgerHandle:
         rather than a join of separate ``bytes``."""
         blobs: list[bytes] | pa.Array
         if isinstance(payloads, pa.Array):
-            blobs = payloads
-            sizes = np.diff(column_ends(payloads), prepend=0).tolist()
+            blobs = _binary_column(payloads, self.ledger_id)
+            sizes = np.diff(column_ends(blobs), prepend=0).tolist()
         else:
             blobs = [bytes(p) for p in payloads]
             sizes = list(map(len, blobs))

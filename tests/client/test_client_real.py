@@ -225,6 +225,12 @@ def test_add_entries_async_of_a_binary_column(cluster, write_quorum):
         lh.close()
         rh = bk.open_ledger(lh.ledger_id, recovery=False)
         assert [e.payload for e in rh.read(0, 29)] == payloads
+        other = bk.create_ledger(3, write_quorum, 2)
+        for bad in (pa.array([b"a", None], pa.binary()), pa.array([1, 2])):
+            with pytest.raises(errors.IncorrectParameter, match="add_entries_async"):
+                other.add_entries_async(bad)
+        assert other.add_entries_async(pa.array(["text"], pa.string()))[0].result() == [0]
+        other.close()
     finally:
         bk.close()
 
