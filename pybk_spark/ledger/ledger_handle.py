@@ -47,6 +47,9 @@ from concurrent.futures import Future
 from types import TracebackType
 from typing import Callable, Iterable, TypeVar
 
+import numpy as np
+import pyarrow as pa
+
 from pybk_spark import errors
 from pybk_spark.ledger.context import ClientContext
 from pybk_spark.wire.digest import Digester
@@ -59,10 +62,27 @@ from pybk_spark.protocol import batch_cuts
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.ledger.read_handle import ReadHandle
 from pybk_spark.ledger.recovery_op import recover
-from pybk_spark.wire.entries import Entry, entry_record_head
+from pybk_spark.wire.entries import Entry, column_ends, entry_record_head
 
 log = logging.getLogger("pybk_spark.ledger")
 _F = TypeVar("_F", bound=AddFuture)
+
+
+def _binary_column(values: pa.Array, ledger_id: int) -> pa.Array:
+    """``values`` as the entries' payload column type (binary, no nulls),
+    or ``IncorrectParameter`` saying what to pass instead."""
+    if values.null_count:
+        raise errors.IncorrectParameter(
+            f"add_entries_async: the payload column holds {values.null_count} null(s); an entry "
+            "is bytes (an empty one is b'')", ledger_id=ledger_id)
+    if values.type == pa.binary():
+        return values
+    try:
+        return values.cast(pa.binary())
+    except (pa.ArrowException, ValueError, TypeError):
+        raise errors.IncorrectParameter(
+            f"add_entries_async: a payload column of type {values.type} is not bytes; pass a "
+            "binary column or a list of bytes", ledger_id=ledger_id) from None
 
 
 class LedgerHandle:
@@ -246,12 +266,21 @@ class LedgerHandle:
             out.extend(f.result())
         return out
 
-    def add_entries_async(self, payloads: Iterable[bytes]) -> list[Future[list[int]]]:
+    def add_entries_async(self, payloads: Iterable[bytes] | pa.Array
+                          ) -> list[Future[list[int]]]:
         """Raises ``TooLarge`` (nothing sent, no id assigned) when any payload
         is over the entry limit; otherwise cuts the payloads into requests
-        each within the bookies' per-request limit."""
-        blobs = [bytes(p) for p in payloads]
-        sizes = list(map(len, blobs))
+        each within the bookies' per-request limit.  ``payloads`` may be a
+        binary Arrow column (entries laid back to back, e.g. the Spark
+        writer's): each request's payloads are then a zero-copy slice of it
+        rather than a join of separate ``bytes``."""
+        blobs: list[bytes] | pa.Array
+        if isinstance(payloads, pa.Array):
+            blobs = _binary_column(payloads, self.ledger_id)
+            sizes = np.diff(column_ends(blobs), prepend=0).tolist()
+        else:
+            blobs = [bytes(p) for p in payloads]
+            sizes = list(map(len, blobs))
         lim = self._writer.limits
         bad = batch_cuts.first_oversized(sizes, lim)
         if bad is not None:
@@ -264,24 +293,25 @@ class LedgerHandle:
             start = end
         return futs
 
-    def _chunk_future(self, chunk: list[bytes]) -> Future[list[int]]:
+    def _chunk_future(self, chunk: list[bytes] | pa.Array) -> Future[list[int]]:
         fut: Future[list[int]] = Future()
         self._submit_chunk(chunk, fut)
         return fut
 
-    def _submit_chunk(self, payloads: list[bytes], fut: Future[list[int]]) -> None:
+    def _submit_chunk(self, payloads: list[bytes] | pa.Array, fut: Future[list[int]]) -> None:
         with self._submit_lock:
             self._send_queued_locked()          # earlier async adds keep their place
             self._assign_and_send(payloads, fut)
 
-    def _assign_and_send(self, payloads: list[bytes],
+    def _assign_and_send(self, payloads: list[bytes] | pa.Array,
                          fut: Future[list[int]] | _CoalescedBatch) -> None:
         """``fut`` gets the list of ids (a ``_CoalescedBatch``: the first id)."""
         if self._closed:
             fut.set_exception(errors.LedgerClosed("ledger handle is closed", ledger_id=self.ledger_id))
             return
         with self._submit_lock:
-            nbytes = sum(map(len, payloads))
+            nbytes = (int(column_ends(payloads)[-1]) if isinstance(payloads, pa.Array) and len(payloads)
+                      else sum(map(len, payloads)))
             try:
                 first, lac, base = self._writer.assign(len(payloads), nbytes)
             except errors.BKError as exc:

@@ -201,36 +201,82 @@ def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
 
 
 # -- entries ---------------------------------------------------------------------------------
-def _ipc(batch: pa.RecordBatch) -> bytes:
-    sink = pa.BufferOutputStream()
+def _write_stream(sink: pa.NativeFile, batch: pa.RecordBatch) -> None:
     with pa.ipc.new_stream(sink, batch.schema) as writer:
         writer.write_batch(batch)
-    return sink.getvalue().to_pybytes()
 
 
-def _fit(batch: pa.RecordBatch, max_bytes: int) -> Iterator[tuple[bytes, int]]:
-    payload = _ipc(batch)
-    if len(payload) <= max_bytes or batch.num_rows <= 1:
-        yield payload, batch.num_rows
+def _stream_size(batch: pa.RecordBatch) -> int:
+    """Bytes of ``batch`` as one IPC stream (counted, nothing copied)."""
+    sink = pa.MockOutputStream()
+    _write_stream(sink, batch)
+    return int(sink.size())
+
+
+def _fit(batch: pa.RecordBatch, max_bytes: int) -> Iterator[pa.RecordBatch]:
+    if batch.num_rows <= 1 or _stream_size(batch) <= max_bytes:
+        yield batch
         return
     half = batch.num_rows // 2
     yield from _fit(batch.slice(0, half), max_bytes)
     yield from _fit(batch.slice(half), max_bytes)
 
 
+class EntryRun:
+    """Entries encoded back to back into one buffer, taken as one binary
+    column (``take``) that ``add_entries_async`` sends as it is: an entry is
+    written once, with no copy into its own ``bytes`` and none to join
+    those into a request."""
+
+    def __init__(self) -> None:
+        self._sink = pa.BufferOutputStream()
+        self._ends: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    @property
+    def nbytes(self) -> int:
+        return self._ends[-1] if self._ends else 0
+
+    def add(self, batch: pa.RecordBatch, max_rows: int, max_bytes: int,
+            time_us: Optional[int] = None) -> list[tuple[int, int]]:
+        """Encode ``batch`` as entries after those already here, in row
+        order -> (entry bytes, rows in it) of each; an empty batch adds none.
+        ``time_us``: the append time every entry records."""
+        n = batch.num_rows
+        if n == 0:
+            return []
+        if time_us is not None:
+            batch = batch.replace_schema_metadata({IPC_TIME_KEY: str(int(time_us)).encode()})
+        row_bytes = max(1, batch.nbytes // n)
+        step = max(1, min(max_rows, (max_bytes * 9 // 10) // row_bytes))
+        added = []
+        for offset in range(0, n, step):
+            for part in _fit(batch.slice(offset, step), max_bytes):
+                start = self.nbytes
+                _write_stream(self._sink, part)
+                self._ends.append(self._sink.tell())
+                added.append((self._ends[-1] - start, part.num_rows))
+        return added
+
+    def take(self) -> pa.Array:
+        """The entries so far as one binary column; the run starts empty again."""
+        ends, data = self._ends, self._sink.getvalue()
+        self._sink, self._ends = pa.BufferOutputStream(), []
+        offsets = np.zeros(len(ends) + 1, dtype=np.int32)
+        offsets[1:] = ends
+        return pa.Array.from_buffers(pa.binary(), len(ends), [None, pa.py_buffer(offsets), data])
+
+
 def encode_entries(batch: pa.RecordBatch, max_rows: int, max_bytes: int,
                    time_us: Optional[int] = None) -> Iterator[tuple[bytes, int]]:
     """-> (entry payload, rows in it), in row order; empty batches yield nothing.
     ``time_us``: the append time every entry records."""
-    n = batch.num_rows
-    if n == 0:
-        return
-    if time_us is not None:
-        batch = batch.replace_schema_metadata({IPC_TIME_KEY: str(int(time_us)).encode()})
-    row_bytes = max(1, batch.nbytes // n)
-    step = max(1, min(max_rows, (max_bytes * 9 // 10) // row_bytes))
-    for offset in range(0, n, step):
-        yield from _fit(batch.slice(offset, step), max_bytes)
+    run = EntryRun()
+    rows = [n for _, n in run.add(batch, max_rows, max_bytes, time_us)]
+    for view, n in zip(payload_views(run.take()), rows):
+        yield bytes(view), n
 
 
 def _open_entry(payload: bytes | pa.Buffer) -> tuple[list[pa.RecordBatch], Optional[int]]:

@@ -15,8 +15,9 @@ Task, ``write(batches)``: on the first non-empty batch reserve a ledger id,
 record it as pending in etcd (pending.py), THEN create the ledger (tagged
 ``spark_job``) with that id - a task lost in between leaves a pending key
 naming no ledger, never an untracked ledger - then add every batch cut into bounded Arrow IPC entries with
-pipelined ``add_entries_async`` (entries of consecutive batches are grouped
-up to ``add_batch_bytes`` per request; an entry over the ledger's entry
+pipelined ``add_entries_async`` (entries of consecutive batches are encoded
+back to back into one buffer and grouped up to ``add_batch_bytes`` per
+request; an entry over the ledger's entry
 limit - one row too big - fails the task with ``TooLarge`` naming the limit
 and the settings, so the job aborts and nothing reaches the log); wait for
 all acks, close the ledger and
@@ -173,10 +174,11 @@ def write_task(opts: WriteOptions, job: str, schema_text: str,
         inflight: list[Future[list[int]]] = []
         # Spark hands over ~1 MB Arrow batches; entries from several of them
         # go out as one add request (one journal record per bookie), because
-        # a bookie's cost is per request as much as per byte.
+        # a bookie's cost is per request as much as per byte.  They are
+        # encoded back to back into one buffer that becomes the requests'
+        # payload column as it is (arrow_codec.EntryRun).
         coalesce_bytes = bk.conf.add_batch_bytes
-        payloads: list[bytes] = []
-        queued = 0
+        run = arrow_codec.EntryRun()
         for batch in batches:
             if batch.num_rows == 0:
                 continue
@@ -191,19 +193,16 @@ def write_task(opts: WriteOptions, job: str, schema_text: str,
                     ensemble=opts.ensemble, write_quorum=opts.write_quorum,
                     ack_quorum=opts.ack_quorum, password=opts.password,
                     custom_metadata={"log": opts.log, "spark_job": job}, ledger_id=ledger_id)
+            if len(run) and run.nbytes + batch.nbytes > coalesce_bytes:
+                _send(handle, run.take(), inflight)
             last_us = append_time.stamp(last_us, wall_clock())
             first_us = last_us if first_us < 0 else first_us
-            for payload, n in arrow_codec.encode_entries(batch, opts.max_rows_per_entry,
-                                                         opts.max_bytes_per_entry, last_us):
-                _check_entry_size(handle, opts, partition, len(payload), n)
-                if payloads and queued + len(payload) > coalesce_bytes:
-                    _send(handle, payloads, inflight)
-                    payloads, queued = [], 0
-                payloads.append(payload)
-                queued += len(payload)
-                nbytes, entries, rows = nbytes + len(payload), entries + 1, rows + n
-        if payloads and handle is not None:
-            _send(handle, payloads, inflight)
+            for size, n in run.add(batch, opts.max_rows_per_entry, opts.max_bytes_per_entry,
+                                   last_us):
+                _check_entry_size(handle, opts, partition, size, n)
+                nbytes, entries, rows = nbytes + size, entries + 1, rows + n
+        if len(run) and handle is not None:
+            _send(handle, run.take(), inflight)
         for fut in inflight:
             fut.result()
         if handle is not None:
@@ -231,7 +230,7 @@ def _check_entry_size(handle: LedgerHandle, opts: WriteOptions, partition: int, 
             f"or raise those limits", log=opts.log)
 
 
-def _send(handle: LedgerHandle, payloads: list[bytes], inflight: list[Future[list[int]]]) -> None:
+def _send(handle: LedgerHandle, payloads: pa.Array, inflight: list[Future[list[int]]]) -> None:
     inflight.extend(handle.add_entries_async(payloads))
     while len(inflight) > MAX_INFLIGHT_ADD_CHUNKS:
         inflight.pop(0).result()

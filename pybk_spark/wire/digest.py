@@ -25,8 +25,8 @@ import pyarrow as pa
 
 from pybk_spark import errors
 from pybk_spark.protocol.ledger_metadata import master_key
-from pybk_spark.wire.entries import (binary_buffers, binary_column, make_batch, one_batch,
-                                     payload_views, run_batch, value_ends)
+from pybk_spark.wire.entries import (binary_buffers, binary_column, column_ends, make_batch,
+                                     one_batch, payload_views, run_batch, value_ends)
 
 _HDR = struct.Struct(">qqqq")
 _CRC = struct.Struct(">I")
@@ -73,24 +73,33 @@ class Digester:
         return [one(ledger_id, e, l, n, p) for e, l, n, p in zip(entry_ids, lacs, lengths, payloads)]
 
     def run_batch(self, ledger_id: int, first: int, lac: int, base: int,
-                  payloads: Sequence[bytes]) -> pa.RecordBatch:
+                  payloads: Sequence[bytes] | pa.Array) -> pa.RecordBatch:
         """The batch a writer sends for ``payloads`` given ids ``first`` on,
         LAC ``lac``, after a ledger length of ``base`` bytes, digests
         computed.  A crc32c run of ``_BATCH_HASH_MIN_ROWS`` or more hashes
         its headers as columns (``header_crcs``), each payload with one
         ``extend``, and keeps the digests as one buffer of big-endian
-        uint32s: per entry, one C call and no objects."""
+        uint32s: per entry, one C call and no objects.  ``payloads`` may be
+        a binary column (the Spark writer's entries, encoded back to back):
+        it becomes the batch's payload column as it is, each value hashed
+        where it lies."""
         n = len(payloads)
-        ends = value_ends(payloads)
+        column = payloads if isinstance(payloads, pa.Array) else None
+        if column is not None:
+            ends = column_ends(column)
+            payloads = payload_views(column)
+        else:
+            ends = value_ends(payloads)
         lengths = ends + base
         if n == 1 or self.digest_type != "crc32c" or n < _BATCH_HASH_MIN_ROWS:
             ids = range(first, first + n)
             lacs = [lac] * n
             lens = lengths.tolist()
             digs = self.compute(ledger_id, ids, lacs, lens, payloads)
-            if n == 1:
+            if n == 1 and column is None:
                 return make_batch(ledger_id, ids, lacs, lens, payloads, digs)
-            return run_batch(ledger_id, first, lac, lengths, payloads, ends,
+            return run_batch(ledger_id, first, lac, lengths,
+                             payloads if column is None else column, ends,
                              binary_column(digs, value_ends(digs)))
         hdr = header_crcs(np.full(n, ledger_id, dtype=np.int64),
                           np.arange(first, first + n, dtype=np.int64),
@@ -100,7 +109,8 @@ class Digester:
         offsets = np.arange(0, _CRC.size * (n + 1), _CRC.size, dtype=np.int32)
         digests = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets),
                                                          pa.py_buffer(crcs)])
-        return run_batch(ledger_id, first, lac, lengths, payloads, ends, digests)
+        return run_batch(ledger_id, first, lac, lengths,
+                         payloads if column is None else column, ends, digests)
 
     def verify_batch(self, batch: pa.RecordBatch | pa.Table) -> np.ndarray:
         """Boolean mask: True where the row's digest is correct.  Payloads are

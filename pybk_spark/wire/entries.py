@@ -95,18 +95,20 @@ def binary_column(values: Sequence[Any], ends: np.ndarray) -> pa.Array:
 
 
 def run_batch(ledger_id: int, first: int, lac: int, lengths: np.ndarray,
-              payloads: Sequence[bytes], payload_ends: np.ndarray,
+              payloads: Sequence[bytes] | pa.Array, payload_ends: np.ndarray,
               digests: pa.Array) -> pa.RecordBatch:
     """The batch of a run of entries a writer sends: ids ``first`` on, one
     LAC, ``lengths`` their cumulative ledger lengths, ``payload_ends`` the
     ``value_ends`` of ``payloads``, ``digests`` their digest column.  The
-    same batch and IPC bytes as ``make_batch`` (tests/unit/test_wire.py)."""
+    same batch and IPC bytes as ``make_batch`` (tests/unit/test_wire.py).
+    ``payloads`` given as a binary column is taken as the batch's column
+    as it is (no join)."""
     n = len(payloads)
     return pa.RecordBatch.from_arrays([
         pa.array(np.full(n, ledger_id, dtype=np.int64)),
         pa.array(np.arange(first, first + n, dtype=np.int64)),
         pa.array(np.full(n, lac, dtype=np.int64)),
-        binary_column(payloads, payload_ends),
+        payloads if isinstance(payloads, pa.Array) else binary_column(payloads, payload_ends),
         digests,
         pa.array(lengths),
     ], schema=ENTRY_SCHEMA)
@@ -285,6 +287,13 @@ def binary_buffers(values: pa.Array) -> tuple[np.ndarray, Any]:
         return np.zeros(len(values) + 1, dtype=np.int32), None
     offsets = np.frombuffer(offsets_buf, dtype=np.int32, count=values.offset + len(values) + 1)
     return offsets[values.offset:], data
+
+
+def column_ends(values: pa.Array) -> np.ndarray:
+    """``value_ends`` of a binary column, from its offsets (int64)."""
+    offsets, _ = binary_buffers(values)
+    ends: np.ndarray = offsets[1:].astype(np.int64) - int(offsets[0])
+    return ends
 
 
 def payload_views(payloads: pa.Array | pa.ChunkedArray) -> list[Any]:

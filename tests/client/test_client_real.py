@@ -11,6 +11,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pyarrow as pa
 import pytest
 
 from pybk_spark import errors
@@ -206,6 +207,30 @@ def test_read_batches_keeps_to_the_byte_budget(cluster, write_quorum):
         assert len(batches) >= 4 and all(b.num_rows <= 3 for b in batches)
         whole = list(rh.read_batches(0, 11))              # default budget: one window
         assert len(whole) == 1 and whole[0].num_rows == 12
+    finally:
+        bk.close()
+
+
+@pytest.mark.parametrize("write_quorum", [3, 2])
+def test_add_entries_async_of_a_binary_column(cluster, write_quorum):
+    """A binary Arrow column (sliced) is added as its values, cut into
+    requests by ``add_batch_bytes`` like a list of bytes."""
+    bk = _bk(cluster)
+    try:
+        lh = bk.create_ledger(3, write_quorum, 2)
+        payloads = [bytes([i]) * 300_000 for i in range(30)]
+        column = pa.array([b"skipped"] + payloads, pa.binary()).slice(1)
+        futs = lh.add_entries_async(column)
+        assert len(futs) > 1 and [i for f in futs for i in f.result()] == list(range(30))
+        lh.close()
+        rh = bk.open_ledger(lh.ledger_id, recovery=False)
+        assert [e.payload for e in rh.read(0, 29)] == payloads
+        other = bk.create_ledger(3, write_quorum, 2)
+        for bad in (pa.array([b"a", None], pa.binary()), pa.array([1, 2])):
+            with pytest.raises(errors.IncorrectParameter, match="add_entries_async"):
+                other.add_entries_async(bad)
+        assert other.add_entries_async(pa.array(["text"], pa.string()))[0].result() == [0]
+        other.close()
     finally:
         bk.close()
 

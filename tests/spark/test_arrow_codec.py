@@ -32,6 +32,21 @@ def test_entries_bounded_by_rows_and_bytes_and_decode_back():
     assert set(out.column("_ledger_id").to_pylist()) == {7}
 
 
+def test_an_entry_run_holds_the_entries_of_its_batches_back_to_back():
+    """``EntryRun`` lays the entries of several batches in one column, each
+    the same bytes ``encode_entries`` makes of it; ``take`` starts it anew."""
+    run = ac.EntryRun()
+    first, second = table_batch(300), table_batch(50)
+    added = run.add(first, 64, 2048, time_us=5) + run.add(second, 64, 2048, time_us=6)
+    assert len(run) == len(added) and run.nbytes == sum(size for size, _ in added)
+    column = run.take()
+    want = (list(ac.encode_entries(first, 64, 2048, time_us=5))
+            + list(ac.encode_entries(second, 64, 2048, time_us=6)))
+    assert column.to_pylist() == [p for p, _ in want]
+    assert [(len(p), rows) for p, rows in want] == added
+    assert len(run) == 0 and run.nbytes == 0 and len(run.take()) == 0
+
+
 def test_one_oversized_row_is_its_own_entry():
     batch = pa.record_batch([pa.array([b"y" * 5000, b"z"], pa.binary())], names=["b"])
     assert [rows for _, rows in ac.encode_entries(batch, 10, 1000)] == [1, 1]

@@ -151,3 +151,20 @@ def test_run_batch_is_the_batch_and_bytes_of_the_row_by_row_path(digest_type, pa
     assert got.equals(want)
     assert batch_to_bytes(got) == batch_to_bytes(want)
     assert d.verify_batch(got).all()
+
+
+@pytest.mark.parametrize("digest_type", ["crc32c", "hmac", "none"])
+@given(payloads=st.lists(st.binary(max_size=200), min_size=1, max_size=150),
+       skip=st.integers(0, 5), base=st.integers(0, 1 << 40))
+@settings(max_examples=40, deadline=None)
+def test_run_batch_of_a_binary_column_is_the_batch_and_bytes_of_its_values(digest_type, payloads,
+                                                                           skip, base):
+    """Payloads given as a binary column (sliced: a non-zero array offset)
+    make the same batch and IPC bytes as the same values given as bytes."""
+    d = Digester(digest_type, b"pw")
+    column = pa.array([b"lead"] * skip + payloads, pa.binary()).slice(skip)
+    want = d.run_batch(7, 40, 39, base, payloads)
+    got = d.run_batch(7, 40, 39, base, column)
+    got.validate(full=True)
+    assert got.equals(want)
+    assert batch_to_bytes(got) == batch_to_bytes(want)
