@@ -222,6 +222,20 @@ def _fit(batch: pa.RecordBatch, max_bytes: int) -> Iterator[pa.RecordBatch]:
     yield from _fit(batch.slice(half), max_bytes)
 
 
+def row_slices(batch: pa.RecordBatch, max_bytes: int) -> Iterator[pa.RecordBatch]:
+    """``batch`` as zero-copy slices of whole rows, each about ``max_bytes``
+    or less (a row over it alone): a batch within it is yielded as it is.
+    An ``EntryRun`` fed slices holds about one request's worth however
+    large a batch Spark hands over, so its 32-bit offsets never overflow."""
+    n = batch.num_rows
+    if batch.nbytes <= max_bytes or n <= 1:
+        yield batch
+        return
+    rows = max(1, max_bytes * n // batch.nbytes)
+    for start in range(0, n, rows):
+        yield batch.slice(start, rows)
+
+
 class EntryRun:
     """Entries encoded back to back into one buffer, taken as one binary
     column (``take``) that ``add_entries_async`` sends as it is: an entry is

@@ -193,14 +193,15 @@ def write_task(opts: WriteOptions, job: str, schema_text: str,
                     ensemble=opts.ensemble, write_quorum=opts.write_quorum,
                     ack_quorum=opts.ack_quorum, password=opts.password,
                     custom_metadata={"log": opts.log, "spark_job": job}, ledger_id=ledger_id)
-            if len(run) and run.nbytes + batch.nbytes > coalesce_bytes:
-                _send(handle, run.take(), inflight)
             last_us = append_time.stamp(last_us, wall_clock())
             first_us = last_us if first_us < 0 else first_us
-            for size, n in run.add(batch, opts.max_rows_per_entry, opts.max_bytes_per_entry,
-                                   last_us):
-                _check_entry_size(handle, opts, partition, size, n)
-                nbytes, entries, rows = nbytes + size, entries + 1, rows + n
+            for piece in arrow_codec.row_slices(batch, coalesce_bytes):
+                if len(run) and run.nbytes + piece.nbytes > coalesce_bytes:
+                    _send(handle, run.take(), inflight)
+                for size, n in run.add(piece, opts.max_rows_per_entry,
+                                       opts.max_bytes_per_entry, last_us):
+                    _check_entry_size(handle, opts, partition, size, n)
+                    nbytes, entries, rows = nbytes + size, entries + 1, rows + n
         if len(run) and handle is not None:
             _send(handle, run.take(), inflight)
         for fut in inflight:

@@ -47,6 +47,32 @@ def test_an_entry_run_holds_the_entries_of_its_batches_back_to_back():
     assert len(run) == 0 and run.nbytes == 0 and len(run.take()) == 0
 
 
+def test_a_batch_larger_than_a_request_is_fed_to_the_run_in_row_slices():
+    """The writer feeds a batch to its ``EntryRun`` in ``row_slices`` and
+    sends the run before a slice would take it past one request: the run
+    (32-bit offsets) stays about one request long for a batch of any size,
+    and every row is encoded once, in order."""
+    batch = table_batch(3000)
+    limit = batch.nbytes // 7
+    pieces = list(ac.row_slices(batch, limit))
+    assert len(pieces) >= 7 and all(p.nbytes <= 2 * limit for p in pieces)
+    assert pa.Table.from_batches(pieces).equals(pa.Table.from_batches([batch]))
+    small = table_batch(10)
+    assert list(ac.row_slices(small, small.nbytes)) == [small]
+    run, longest = ac.EntryRun(), 0
+    columns = []
+    for piece in pieces:
+        if len(run) and run.nbytes + piece.nbytes > limit:
+            columns.append(run.take())
+        run.add(piece, 64, 2048)
+        longest = max(longest, run.nbytes)
+    columns.append(run.take())
+    assert longest <= 3 * limit
+    decoded = [b for col in columns for p in col.to_pylist()
+               for b in ac.decode_entry(p, batch.schema)]
+    assert pa.Table.from_batches(decoded).equals(pa.Table.from_batches([batch]))
+
+
 def test_one_oversized_row_is_its_own_entry():
     batch = pa.record_batch([pa.array([b"y" * 5000, b"z"], pa.binary())], names=["b"])
     assert [rows for _, rows in ac.encode_entries(batch, 10, 1000)] == [1, 1]
