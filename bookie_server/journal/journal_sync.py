@@ -8,7 +8,10 @@ is on disk, a record submitted before another is never durable after it,
 and writing the next groups overlaps the current fdatasync.  A leader
 (journal.py) runs the same ``sync`` step on its own thread for its one
 group, with no lists: the group and its position as they are, the
-page-cache window extended in place (``SyncedWindow.extend``).
+page-cache window extended in place (``SyncedWindow.extend``).  A leader's
+submission has no future: it is answered by its ``applied`` hook, right
+after it is applied and before the metrics and the page-cache advice, so
+that a lone add's answer leaves the bookie first.
 
 A failed fdatasync (or applying after it) poisons the journal
 (journal_failure.py) and fails its groups and every later one: they were
@@ -44,6 +47,15 @@ WrittenGroup = tuple[list[Submission], Position, int, int]
 OnDurable = Callable[[list[Submission], Position], None]
 
 _STOP = object()
+
+
+def _applied(sub: Submission) -> None:
+    """``sub.applied()``: what it runs (answering a client) is not the
+    journal's, and never poisons it, as a future's callbacks do not."""
+    try:
+        sub.applied()
+    except Exception:  # noqa: BLE001 - logged, as concurrent.futures logs a callback's
+        log.exception("event=journal_applied_callback_error")
 
 
 class SyncStage:
@@ -132,16 +144,19 @@ class SyncStage:
                 t0 = time.perf_counter()
                 if self.sync_data:
                     self._fsync(fd)
+                synced_s = time.perf_counter() - t0
                 op = "apply"
-                if self.metrics is not None:
-                    self.metrics.journal_fsync(time.perf_counter() - t0, len(subs), nbytes)
                 for group, position in applies:
                     self.durable_position = position
                     self._on_durable(group, position)
                     for sub in group:
                         fut = sub.future
-                        if fut is not None and not fut.done():
+                        if fut is None:           # led inline: answer before the bookkeeping
+                            _applied(sub)
+                        elif not fut.done():
                             fut.set_result(position)
+                if self.metrics is not None:
+                    self.metrics.journal_fsync(synced_s, len(subs), nbytes)
             except BaseException as exc:  # noqa: BLE001 - poison and fail
                 # the fdatasync (or applying after it) failed: these groups and
                 # every later one - written behind them into the same file,
