@@ -163,13 +163,39 @@ class SyncStage:
                 # whose pages may be gone - fail; nothing is fsynced again
                 self.failure.poison(exc, op, applies[-1][1].seq)
             else:
-                window = self.cache_window
-                if window is not None:     # after the acks: only advice
-                    end = applies[-1][1]
-                    if not window.extend(end.seq, end.offset - nbytes, end.offset):
-                        self._release_pages(window, end, fd, nbytes)
+                self._advise(applies[-1][1], fd, nbytes)
                 return
         fail(subs, self.failure.why())
+
+    def sync_one(self, sub: Submission, position: Position, fd: int, nbytes: int) -> None:
+        """``sync`` of one submission led inline (no future), with no lists:
+        fdatasync, apply, ``applied``, then the metrics and the advice."""
+        if self.failure.error is None:
+            op = "fdatasync"
+            try:
+                t0 = time.perf_counter()
+                if self.sync_data:
+                    self._fsync(fd)
+                synced_s = time.perf_counter() - t0
+                op = "apply"
+                self.durable_position = position
+                self._on_durable([sub], position)
+                _applied(sub)
+                if self.metrics is not None:
+                    self.metrics.journal_fsync(synced_s, 1, nbytes)
+            except BaseException as exc:  # noqa: BLE001 - poison and fail, as ``sync``
+                self.failure.poison(exc, op, position.seq)
+            else:
+                self._advise(position, fd, nbytes)
+                return
+        fail((sub,), self.failure.why())
+
+    def _advise(self, end: Position, fd: int, nbytes: int) -> None:
+        """After the acks, only advice: the ``nbytes`` synced up to ``end``
+        join the page-cache window."""
+        window = self.cache_window
+        if window is not None and not window.extend(end.seq, end.offset - nbytes, end.offset):
+            self._release_pages(window, end, fd, nbytes)
 
     def _release_pages(self, window: page_cache.SyncedWindow, end: Position, fd: int,
                        nbytes: int) -> None:
