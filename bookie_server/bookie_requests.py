@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future
-from typing import Optional
+from typing import Callable, Optional
 
 import pyarrow as pa
 
@@ -78,14 +78,19 @@ class RequestHandlers:
         return fut, first, last
 
     def add_entry(self, record: Record, master_key: bytes, recovery: bool = False,
-                  keyless: bool = False) -> tuple[Optional[Future[Position]], int, int]:
+                  keyless: bool = False,
+                  on_applied: Optional[Callable[[int, int], None]] = None
+                  ) -> tuple[Optional[Future[Position]], int, int]:
         """A lone add as its entry record (wire/entries.py), journaled and
         cached as received: the same checks, admission and decision as
         ``add_async``.  Returns (None, ledger id, entry id) when the add is
         durable and applied already: an idle journal let this thread lead it
-        (``Journal.claim`` / ``lead_now``: no future, no callback); otherwise
-        (future, ledger id, entry id), the add queued behind the journal's
-        work.  ``BookieIOError`` when the inline write or sync fails."""
+        (``Journal.claim`` / ``lead_now``: no future, no callback), and
+        ``on_applied(ledger id, entry id)`` ran on this thread as soon as it
+        was applied (before the journal's bookkeeping); otherwise (future,
+        ledger id, entry id), the add queued behind the journal's work, and
+        ``on_applied`` is not called.  ``BookieIOError`` when the inline
+        write or sync fails."""
         ledger_id, entry_id, lac = validate_entry(record, self.cfg)
         mode = self.mode
         if mode.io_error is not None:
@@ -105,7 +110,7 @@ class RequestHandlers:
                     records = self._key_records(plan, ledger_id, master_key)
                     records.append((RecordType.ADD_ENTRY, record))
                     self.states[ledger_id] = plan.state
-                sub = EntryRecord(records, ledger_id, entry_id, lac, record)
+                sub = EntryRecord(records, ledger_id, entry_id, lac, record, on_applied)
                 if not self.journal.claim(sub):
                     fut = self.journal.enqueue(sub, lead=True)
             if fut is None:

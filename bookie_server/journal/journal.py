@@ -79,7 +79,7 @@ import os
 import threading
 import time
 from concurrent.futures import Future
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional
 
 from bookie_server.journal.journal_failure import JournalFailure, fail
 from bookie_server.journal.journal_file import JournalFile
@@ -192,11 +192,27 @@ class Journal:
 
     def lead_now(self, sub: Submission) -> Position:
         """Write, fdatasync and apply a ``claim``ed submission on this thread
-        (the leader path with nothing to hand over); the position after it
-        once durable, ``BookieIOError`` when it is not."""
-        position = self._lead_group([sub])
-        if position is None or sub.error is not None:
-            raise errors.BookieIOError(sub.error or self._failure.why())
+        (the leader path with nothing to hand over: ``_lead_group`` of one,
+        with no group list); the position after it once durable,
+        ``BookieIOError`` when it is not."""
+        f = self.file
+        try:
+            if self._failure.error is not None:
+                fail((sub,), self._failure.why())
+            else:
+                try:
+                    nbytes = f.write_one(sub)
+                except BaseException as exc:  # noqa: BLE001 - poison and fail, as _write_group
+                    self._write_failed(exc, (sub,))
+                else:
+                    position = Position(f.seq, f.offset)
+                    self._syncer.sync_one(sub, position, f.fd, nbytes)
+                    if f.offset >= f.check_at:
+                        self._roll_or_grow()
+        finally:
+            self._end_lead()
+        if sub.error is not None:
+            raise errors.BookieIOError(sub.error)
         return position
 
     def write(self, records: list[tuple[int, Body]],
@@ -238,10 +254,14 @@ class Journal:
                 self._roll_or_grow()
             return position
         finally:
-            with self._lock:
-                self._leader = False
-                if self._pending or self._stopping:   # only the writer thread waits on it
-                    self._cv.notify_all()
+            self._end_lead()
+
+    def _end_lead(self) -> None:
+        """A leader gives the file back."""
+        with self._lock:
+            self._leader = False
+            if self._pending or self._stopping:   # only the writer thread waits on it
+                self._cv.notify_all()
 
     def queue_depth(self) -> int:
         return len(self._pending)
@@ -317,10 +337,15 @@ class Journal:
         try:
             total = f.write_group(group)
         except BaseException as exc:  # noqa: BLE001 - poison and fail the group
-            self._failure.poison(exc, "write", f.seq)
-            fail(group, f"journal write failed: {exc}")
+            self._write_failed(exc, group)
             return None
         return group, Position(f.seq, f.offset), f.fd, total
+
+    def _write_failed(self, exc: BaseException, group: Iterable[Submission]) -> None:
+        """A write into the file failed: the journal is poisoned (nothing
+        written after it is trusted) and ``group`` fails."""
+        self._failure.poison(exc, "write", self.file.seq)
+        fail(group, f"journal write failed: {exc}")
 
     def _roll_or_grow(self) -> None:
         """The file is full or near its preallocated end (``check_at``,

@@ -8,7 +8,10 @@ is on disk, a record submitted before another is never durable after it,
 and writing the next groups overlaps the current fdatasync.  A leader
 (journal.py) runs the same ``sync`` step on its own thread for its one
 group, with no lists: the group and its position as they are, the
-page-cache window extended in place (``SyncedWindow.extend``).
+page-cache window extended in place (``SyncedWindow.extend``).  A leader's
+submission has no future: it is answered by its ``applied`` hook, right
+after it is applied and before the metrics and the page-cache advice, so
+that a lone add's answer leaves the bookie first.
 
 A failed fdatasync (or applying after it) poisons the journal
 (journal_failure.py) and fails its groups and every later one: they were
@@ -44,6 +47,15 @@ WrittenGroup = tuple[list[Submission], Position, int, int]
 OnDurable = Callable[[list[Submission], Position], None]
 
 _STOP = object()
+
+
+def _applied(sub: Submission) -> None:
+    """``sub.applied()``: what it runs (answering a client) is not the
+    journal's, and never poisons it, as a future's callbacks do not."""
+    try:
+        sub.applied()
+    except Exception:  # noqa: BLE001 - logged, as concurrent.futures logs a callback's
+        log.exception("event=journal_applied_callback_error")
 
 
 class SyncStage:
@@ -132,29 +144,58 @@ class SyncStage:
                 t0 = time.perf_counter()
                 if self.sync_data:
                     self._fsync(fd)
+                synced_s = time.perf_counter() - t0
                 op = "apply"
-                if self.metrics is not None:
-                    self.metrics.journal_fsync(time.perf_counter() - t0, len(subs), nbytes)
                 for group, position in applies:
                     self.durable_position = position
                     self._on_durable(group, position)
                     for sub in group:
                         fut = sub.future
-                        if fut is not None and not fut.done():
+                        if fut is None:           # led inline: answer before the bookkeeping
+                            _applied(sub)
+                        elif not fut.done():
                             fut.set_result(position)
+                if self.metrics is not None:
+                    self.metrics.journal_fsync(synced_s, len(subs), nbytes)
             except BaseException as exc:  # noqa: BLE001 - poison and fail
                 # the fdatasync (or applying after it) failed: these groups and
                 # every later one - written behind them into the same file,
                 # whose pages may be gone - fail; nothing is fsynced again
                 self.failure.poison(exc, op, applies[-1][1].seq)
             else:
-                window = self.cache_window
-                if window is not None:     # after the acks: only advice
-                    end = applies[-1][1]
-                    if not window.extend(end.seq, end.offset - nbytes, end.offset):
-                        self._release_pages(window, end, fd, nbytes)
+                self._advise(applies[-1][1], fd, nbytes)
                 return
         fail(subs, self.failure.why())
+
+    def sync_one(self, sub: Submission, position: Position, fd: int, nbytes: int) -> None:
+        """``sync`` of one submission led inline (no future), with no lists:
+        fdatasync, apply, ``applied``, then the metrics and the advice."""
+        if self.failure.error is None:
+            op = "fdatasync"
+            try:
+                t0 = time.perf_counter()
+                if self.sync_data:
+                    self._fsync(fd)
+                synced_s = time.perf_counter() - t0
+                op = "apply"
+                self.durable_position = position
+                self._on_durable([sub], position)
+                _applied(sub)
+                if self.metrics is not None:
+                    self.metrics.journal_fsync(synced_s, 1, nbytes)
+            except BaseException as exc:  # noqa: BLE001 - poison and fail, as ``sync``
+                self.failure.poison(exc, op, position.seq)
+            else:
+                self._advise(position, fd, nbytes)
+                return
+        fail((sub,), self.failure.why())
+
+    def _advise(self, end: Position, fd: int, nbytes: int) -> None:
+        """After the acks, only advice: the ``nbytes`` synced up to ``end``
+        join the page-cache window."""
+        window = self.cache_window
+        if window is not None and not window.extend(end.seq, end.offset - nbytes, end.offset):
+            self._release_pages(window, end, fd, nbytes)
 
     def _release_pages(self, window: page_cache.SyncedWindow, end: Position, fd: int,
                        nbytes: int) -> None:

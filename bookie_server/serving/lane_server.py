@@ -20,8 +20,9 @@ which is what makes the journal order of one connection its send order.
 
 * Answers are sent by whichever thread completes the add: the connection
   thread itself when the journal's leader path makes the add durable inline
-  (an idle journal: no thread hand-off at all), otherwise the journal's
-  completion callback.  ``FrameWriter`` never blocks that thread: an answer
+  (an idle journal: no thread hand-off at all; the answer leaves the moment
+  the entry is applied, and the journal's metrics and page-cache advice come
+  after it), otherwise the journal's completion callback.  ``FrameWriter`` never blocks that thread: an answer
   that does not fit the socket buffer is queued for a helper thread, and a
   client whose unread answers pass ``_MAX_UNREAD_ANSWER_BYTES`` is cut off.
 * At most ``max_inflight_per_stream`` adds of a connection are unanswered;
@@ -278,7 +279,7 @@ class AddLaneServer:
                         return
             if req is None:
                 answer = submit_entry(request_id, recovery, key, record, respond, who)
-                if answer is not None:          # answered on this thread: the slot is free again
+                if answer:                      # refused on this thread: the slot is free again
                     release(None)
                     send(answer)
             else:

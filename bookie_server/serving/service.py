@@ -56,6 +56,8 @@ log = logging.getLogger("bookie.service")
 
 PROTOCOL_VERSION = 1
 _DONE = object()
+# what ``submit_entry`` returns for an add its ``done`` has answered already
+ANSWERED = b""
 
 
 def _code(exc: BaseException, op: str) -> tuple[int, str]:
@@ -134,22 +136,27 @@ class BookieService(pb_grpc.BookieServicer):  # type: ignore[misc]
                      done: Callable[[bytes], None],
                      peer: access.Peer = access.ANONYMOUS) -> Optional[bytes]:
         """Submit a lone add as its entry record (a lane entry frame:
-        wire/lane_frames.py).  Returns the framed answer when the add is
-        answered already (made durable on this thread, or refused); otherwise
-        None, and ``done(framed answer)`` is called exactly once, later.  An
-        OK answer is an entry answer (``lane_frames.entry_answer``), an error
-        an ``AddResponse``."""
+        wire/lane_frames.py); ``done(framed answer)`` is called exactly once,
+        or the answer is returned.  Made durable on this thread (an idle
+        journal), the add is answered through ``done`` the moment it is
+        applied, before the journal's bookkeeping, and ``ANSWERED`` is
+        returned; refused, the framed refusal is returned; otherwise None,
+        and ``done`` is called later.  An OK answer is an entry answer
+        (``lane_frames.entry_answer``), an error an ``AddResponse``."""
         t0 = time.perf_counter()
+
+        def applied(ledger_id: int, entry_id: int) -> None:
+            done(lane_frames.entry_answer(request_id, ledger_id, entry_id))
         try:
             keyless = self.policy.tls and self.authorize(
                 peer, "recovery_add" if recovery else "add", master_key)
             fut, ledger_id, entry_id = self.bookie.add_entry(record, master_key, recovery,
-                                                             keyless)
+                                                             keyless, applied)
         except BaseException as exc:  # noqa: BLE001 - a request never kills the bookie
             return self._entry_refused(exc, request_id)
         if fut is None:
             self._hot.add_ok(1, len(record), time.perf_counter() - t0)
-            return lane_frames.entry_answer(request_id, ledger_id, entry_id)
+            return ANSWERED
 
         def finished(f: futures.Future[Position]) -> None:
             exc = f.exception()
