@@ -328,8 +328,8 @@ def _serve(cfg: BookieConfig, bookie_id: str, store: Optional[MetadataStore],
     readiness = readiness or health.Readiness(needs_registration=registrar is not None)
     health.add_grpc_health(server, readiness)
     bookie.add_mode_listener(lambda ro: readiness.set(read_only=ro))
-    lane = make_add_lane(bookie, cfg, bookie_id,     # listening before Health answers
-                         listeners.lane_listener, server_tls)
+    lane = make_add_lane(service, listeners.lane_listener,   # listening before Health answers
+                         server_tls)
     server.start()
     readiness.set(serving=True, read_only=bookie.read_only)
     if registrar is not None:          # disk full, journal failure: the registry follows

@@ -429,12 +429,14 @@ def add_service(server: grpc.Server, bookie: Bookie, cfg: BookieConfig,
     return service
 
 
-def make_add_lane(bookie: Bookie, cfg: BookieConfig, bookie_id: str,
-                  listener: Optional[socket.socket] = None,
+def make_add_lane(service: BookieService, listener: Optional[socket.socket] = None,
                   tls: Optional[ServerTls] = None) -> Optional[AddLaneServer]:
-    """The started add lane server (bookie_server/serving/lane_server.py), or None when
-    ``add_lane_port`` is -1.  ``listener``: its socket, bound beforehand;
-    ``tls``: a bookie_server.serving.tls.ServerTls for TLS connections."""
-    if cfg.add_lane_port < 0:
+    """The started add lane server (bookie_server/serving/lane_server.py)
+    serving the bookie through ``service``, the gRPC server's (one service
+    per bookie: its peer readers and their ``close`` are the bookie's, not
+    one per listener), or None when ``add_lane_port`` is -1.
+    ``listener``: its socket, bound beforehand; ``tls``: a
+    bookie_server.serving.tls.ServerTls for TLS connections."""
+    if service.cfg.add_lane_port < 0:
         return None
-    return AddLaneServer(BookieService(bookie, cfg, bookie_id), cfg, listener, tls).start()
+    return AddLaneServer(service, service.cfg, listener, tls).start()

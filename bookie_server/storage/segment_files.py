@@ -138,10 +138,12 @@ class SegmentFiles:
                     return
 
     def batch_of(self, ref: "Ref") -> pa.RecordBatch:
+        """A stored batch, from memory, the decoded-batch cache or its file
+        (then cached); ``ValueError`` for a write-cache run (``_stored_key``)."""
         batch = ref.batch
         if batch is not None:
             return batch
-        key = (ref.segment << 40) | ref.offset
+        key = _stored_key(ref)
         with self.io_lock:
             cached = self._batch_cache.get(key)
             if cached is not None:
@@ -157,12 +159,14 @@ class SegmentFiles:
     def batch_whole(self, ref: "Ref") -> pa.RecordBatch:
         """A stored batch for a read that takes its rows once (module
         docstring): from memory or the decoded-batch cache, else read with
-        ``read_direct`` and not cached."""
+        ``read_direct`` and not cached; ``ValueError`` for a write-cache run
+        (``_stored_key``)."""
         batch = ref.batch
         if batch is not None:
             return batch
+        key = _stored_key(ref)
         with self.io_lock:
-            cached = self._batch_cache.get((ref.segment << 40) | ref.offset)
+            cached = self._batch_cache.get(key)
         if cached is not None:
             return cached
         return pa.ipc.open_stream(self.read_direct(ref.segment, ref.offset, ref.length)
@@ -261,3 +265,18 @@ class SegmentFiles:
             except FileNotFoundError:
                 pass
         self._batch_cache.clear()
+
+
+def _stored_key(ref: "Ref") -> int:
+    """The decoded-batch cache key of the batch ``ref`` names in a file.
+    A write-cache run of lone adds (``entries`` set) is records, not a
+    stored batch, and a memory ref with no segment names no file: reading
+    either would decode the wrong bytes or open segment -1, so it is
+    refused, naming the ref (its readers take ``Ref.records`` instead)."""
+    if ref.entries is not None or ref.segment < 0:
+        what = (f"a write-cache run of {len(ref.entries)} lone add(s)" if ref.entries is not None
+                else "a memory ref with no batch and no segment")
+        raise ValueError(f"segment_files: ref of ledger {ref.ledger} (segment {ref.segment}, "
+                         f"offset {ref.offset}) is {what}, not a stored batch; read a run "
+                         "through Ref.records")
+    return (ref.segment << 40) | ref.offset

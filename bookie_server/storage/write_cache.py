@@ -68,7 +68,8 @@ class Ref:
     that ``take`` closed, before ``release`` (``WriteCache.drain``).  So
     ``batch`` is None for a run, and the readers that take a ref's
     ``batch`` (``segment_files.batch_of`` / ``batch_whole``, ``drain``)
-    are handed no run."""
+    are handed no run (``segment_files`` refuses one with a ValueError
+    naming it)."""
     __slots__ = ("ledger", "batch", "entries", "segment", "offset", "length", "raw", "cached")
 
     def __init__(self, ledger: int, batch: Optional[pa.RecordBatch] = None,

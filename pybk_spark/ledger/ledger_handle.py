@@ -47,7 +47,6 @@ from concurrent.futures import Future
 from types import TracebackType
 from typing import Callable, Iterable, TypeVar
 
-import numpy as np
 import pyarrow as pa
 
 from pybk_spark import errors
@@ -62,7 +61,7 @@ from pybk_spark.protocol import batch_cuts
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.ledger.read_handle import ReadHandle
 from pybk_spark.ledger.recovery_op import recover
-from pybk_spark.wire.entries import Entry, column_ends, entry_record_head
+from pybk_spark.wire.entries import Entry, PayloadColumn, entry_record_head
 
 log = logging.getLogger("pybk_spark.ledger")
 _F = TypeVar("_F", bound=AddFuture)
@@ -274,10 +273,10 @@ class LedgerHandle:
         binary Arrow column (entries laid back to back, e.g. the Spark
         writer's): each request's payloads are then a zero-copy slice of it
         rather than a join of separate ``bytes``."""
-        blobs: list[bytes] | pa.Array
+        blobs: list[bytes] | PayloadColumn
         if isinstance(payloads, pa.Array):
-            blobs = _binary_column(payloads, self.ledger_id)
-            sizes = np.diff(column_ends(blobs), prepend=0).tolist()
+            blobs = PayloadColumn.of(_binary_column(payloads, self.ledger_id))
+            sizes = blobs.sizes()
         else:
             blobs = [bytes(p) for p in payloads]
             sizes = list(map(len, blobs))
@@ -289,28 +288,30 @@ class LedgerHandle:
         start = 0
         futs: list[Future[list[int]]] = []
         for end in batch_cuts.batch_ends(sizes, conf.add_batch_entries, conf.add_batch_bytes, lim):
-            futs.append(self._chunk_future(blobs[start:end]))
+            futs.append(self._chunk_future(blobs[start:end] if isinstance(blobs, list)
+                                           else blobs.slice(start, end)))
             start = end
         return futs
 
-    def _chunk_future(self, chunk: list[bytes] | pa.Array) -> Future[list[int]]:
+    def _chunk_future(self, chunk: list[bytes] | PayloadColumn) -> Future[list[int]]:
         fut: Future[list[int]] = Future()
         self._submit_chunk(chunk, fut)
         return fut
 
-    def _submit_chunk(self, payloads: list[bytes] | pa.Array, fut: Future[list[int]]) -> None:
+    def _submit_chunk(self, payloads: list[bytes] | PayloadColumn,
+                      fut: Future[list[int]]) -> None:
         with self._submit_lock:
             self._send_queued_locked()          # earlier async adds keep their place
             self._assign_and_send(payloads, fut)
 
-    def _assign_and_send(self, payloads: list[bytes] | pa.Array,
+    def _assign_and_send(self, payloads: list[bytes] | PayloadColumn,
                          fut: Future[list[int]] | _CoalescedBatch) -> None:
         """``fut`` gets the list of ids (a ``_CoalescedBatch``: the first id)."""
         if self._closed:
             fut.set_exception(errors.LedgerClosed("ledger handle is closed", ledger_id=self.ledger_id))
             return
         with self._submit_lock:
-            nbytes = (int(column_ends(payloads)[-1]) if isinstance(payloads, pa.Array) and len(payloads)
+            nbytes = (payloads.nbytes if isinstance(payloads, PayloadColumn)
                       else sum(map(len, payloads)))
             try:
                 first, lac, base = self._writer.assign(len(payloads), nbytes)

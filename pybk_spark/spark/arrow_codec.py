@@ -283,16 +283,6 @@ class EntryRun:
         return pa.Array.from_buffers(pa.binary(), len(ends), [None, pa.py_buffer(offsets), data])
 
 
-def encode_entries(batch: pa.RecordBatch, max_rows: int, max_bytes: int,
-                   time_us: Optional[int] = None) -> Iterator[tuple[bytes, int]]:
-    """-> (entry payload, rows in it), in row order; empty batches yield nothing.
-    ``time_us``: the append time every entry records."""
-    run = EntryRun()
-    rows = [n for _, n in run.add(batch, max_rows, max_bytes, time_us)]
-    for view, n in zip(payload_views(run.take()), rows):
-        yield bytes(view), n
-
-
 def _open_entry(payload: bytes | pa.Buffer) -> tuple[list[pa.RecordBatch], Optional[int]]:
     """One entry -> (its record batches, its append time in µs or None)."""
     try:

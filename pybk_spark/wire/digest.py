@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from pybk_spark import errors
 from pybk_spark.protocol.ledger_metadata import master_key
-from pybk_spark.wire.entries import (binary_buffers, binary_column, column_ends, make_batch,
+from pybk_spark.wire.entries import (PayloadColumn, binary_buffers, binary_column, make_batch,
                                      one_batch, payload_views, run_batch, value_ends)
 
 _HDR = struct.Struct(">qqqq")
@@ -73,44 +73,47 @@ class Digester:
         return [one(ledger_id, e, l, n, p) for e, l, n, p in zip(entry_ids, lacs, lengths, payloads)]
 
     def run_batch(self, ledger_id: int, first: int, lac: int, base: int,
-                  payloads: Sequence[bytes] | pa.Array) -> pa.RecordBatch:
+                  payloads: Sequence[bytes] | pa.Array | PayloadColumn) -> pa.RecordBatch:
         """The batch a writer sends for ``payloads`` given ids ``first`` on,
         LAC ``lac``, after a ledger length of ``base`` bytes, digests
         computed.  A crc32c run of ``_BATCH_HASH_MIN_ROWS`` or more hashes
         its headers as columns (``header_crcs``), each payload with one
         ``extend``, and keeps the digests as one buffer of big-endian
         uint32s: per entry, one C call and no objects.  ``payloads`` may be
-        a binary column (the Spark writer's entries, encoded back to back):
-        it becomes the batch's payload column as it is, each value hashed
+        a binary column (the Spark writer's entries, encoded back to back),
+        best as a ``PayloadColumn`` whose ends its caller already has: it
+        becomes the batch's payload column as it is, each value hashed
         where it lies."""
         n = len(payloads)
-        column = payloads if isinstance(payloads, pa.Array) else None
-        if column is not None:
-            ends = column_ends(column)
-            payloads = payload_views(column)
+        if isinstance(payloads, pa.Array):
+            payloads = PayloadColumn.of(payloads)
+        column: pa.Array | None = None
+        values: Sequence[Any]
+        if isinstance(payloads, PayloadColumn):
+            column, ends, values = payloads.values, payloads.ends, payload_views(payloads.values)
         else:
-            ends = value_ends(payloads)
+            ends, values = value_ends(payloads), payloads
         lengths = ends + base
         if n == 1 or self.digest_type != "crc32c" or n < _BATCH_HASH_MIN_ROWS:
             ids = range(first, first + n)
             lacs = [lac] * n
             lens = lengths.tolist()
-            digs = self.compute(ledger_id, ids, lacs, lens, payloads)
+            digs = self.compute(ledger_id, ids, lacs, lens, values)
             if n == 1 and column is None:
-                return make_batch(ledger_id, ids, lacs, lens, payloads, digs)
+                return make_batch(ledger_id, ids, lacs, lens, values, digs)
             return run_batch(ledger_id, first, lac, lengths,
-                             payloads if column is None else column, ends,
+                             values if column is None else column, ends,
                              binary_column(digs, value_ends(digs)))
         hdr = header_crcs(np.full(n, ledger_id, dtype=np.int64),
                           np.arange(first, first + n, dtype=np.int64),
                           np.full(n, lac, dtype=np.int64), lengths)
-        crcs = np.fromiter(map(google_crc32c.extend, hdr.tolist(), payloads),
+        crcs = np.fromiter(map(google_crc32c.extend, hdr.tolist(), values),
                            dtype=np.uint32, count=n).astype(">u4")
         offsets = np.arange(0, _CRC.size * (n + 1), _CRC.size, dtype=np.int32)
         digests = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets),
                                                          pa.py_buffer(crcs)])
         return run_batch(ledger_id, first, lac, lengths,
-                         payloads if column is None else column, ends, digests)
+                         values if column is None else column, ends, digests)
 
     def verify_batch(self, batch: pa.RecordBatch | pa.Table) -> np.ndarray:
         """Boolean mask: True where the row's digest is correct.  Payloads are

@@ -296,6 +296,42 @@ def column_ends(values: pa.Array) -> np.ndarray:
     return ends
 
 
+@dataclass(frozen=True)
+class PayloadColumn:
+    """A binary column of entry payloads with its ``column_ends``, computed
+    once (``of``) and rebased by ``slice``: the sizes that cut a column
+    into requests, each request's bytes (``nbytes``) and its entries'
+    lengths all read these ends."""
+    values: pa.Array
+    ends: np.ndarray
+
+    @classmethod
+    def of(cls, values: pa.Array) -> PayloadColumn:
+        """``values``: a binary column (other binary types are cast)."""
+        if values.type != _BINARY:
+            values = values.cast(_BINARY)
+        return cls(values, column_ends(values))
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.ends[-1]) if len(self.ends) else 0
+
+    def sizes(self) -> list[int]:
+        """Each value's length."""
+        sizes: list[int] = np.diff(self.ends, prepend=0).tolist()
+        return sizes
+
+    def slice(self, start: int, stop: int) -> PayloadColumn:
+        """Values ``start`` .. ``stop - 1`` (zero-copy) with their ends."""
+        if start == 0 and stop >= len(self):
+            return self
+        base = int(self.ends[start - 1]) if start else 0
+        return PayloadColumn(self.values.slice(start, stop - start), self.ends[start:stop] - base)
+
+
 def payload_views(payloads: pa.Array | pa.ChunkedArray) -> list[Any]:
     """Each value of a binary column as a zero-copy pyarrow Buffer slice
     (empty values as b""; nulls, which entries never hold, as b"" too)."""

@@ -16,7 +16,7 @@ from bookie_server.config import BookieConfig
 from bookie_server.serving import pull
 from bookie_server.serving.peer_lane import LanePeerReader
 from bookie_server.serving.peer_pool import PeerReaders
-from bookie_server.serving.service import add_service, bind_server
+from bookie_server.serving.service import add_service, bind_server, make_add_lane
 from pybk_spark.testing.bookie_process import entries_bytes, free_port
 from pybk_spark.wire import bookie_wire_pb2_grpc as pb_grpc
 from pybk_spark.testing.waiting import wait_until
@@ -131,11 +131,15 @@ def test_a_pull_that_raises_closes_its_reader_and_pulls_at_once_get_their_own(pe
 
 def test_a_stopped_bookie_leaves_no_kept_reader_open(peer, tmp_path):
     """The puller is an in-process bookie served as ``bookie-server`` serves
-    it (its gRPC server and service), stopped in the same order."""
-    cfg = BookieConfig(data_dir=str(tmp_path / "puller"), port=free_port(), grpc_threads=4)
+    it (its gRPC server, its lane and the one service both serve it
+    through), stopped in the same order."""
+    cfg = BookieConfig(data_dir=str(tmp_path / "puller"), port=free_port(), grpc_threads=4,
+                       add_lane_port=free_port())
     bookie = Bookie(cfg).open(background=False)
     server, port = bind_server(cfg)
     service = add_service(server, bookie, cfg, "puller")
+    lane = make_add_lane(service)
+    assert lane is not None and lane.service is service     # one set of peer readers
     server.start()
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
@@ -146,7 +150,13 @@ def test_a_stopped_bookie_leaves_no_kept_reader_open(peer, tmp_path):
                 wanted_ids=pull.ids_to_bytes(np.arange(10, dtype=np.int64))), timeout=60)
         assert got.code == pb.OK and got.entries == 10, got
         assert service.peers.idle_count() == 1 and _lane_connections(peer) == 1.0
+        reader = LanePeerReader(f"127.0.0.1:{lane.port}", "puller", 16 << 20, window=1)
+        try:
+            assert _ids_read(reader) == list(range(10))       # the lane serves what was pulled
+        finally:
+            reader.close()
     finally:
+        lane.stop()
         server.stop(grace=2).wait()
         service.close()
         bookie.close()

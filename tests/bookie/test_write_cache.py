@@ -6,9 +6,10 @@ runs, so adds made while it writes go to new ones."""
 from __future__ import annotations
 
 import pyarrow as pa
+import pytest
 
 from bookie_server.storage.entry_store import EntryStore
-from bookie_server.storage.write_cache import decode_records
+from bookie_server.storage.write_cache import Ref, decode_records
 from pybk_spark.testing.bookie_process import payload_for
 from pybk_spark.wire.entries import entry_record_head
 
@@ -115,3 +116,21 @@ def test_a_run_is_read_from_a_copy_of_its_rows_and_never_decoded_in_place(tmp_pa
     assert taken == [_record(e) for e in range(2, 7)]
     assert [r[1] for r in _rows(decode_records(taken))] == list(range(2, 7))
     assert [r[1] for r in _rows(_read(store, 0, 9))] == list(range(10))
+
+
+def test_a_run_handed_to_the_segment_reads_is_refused_naming_it(tmp_path):
+    """A run is records, not a stored batch: ``segment_files``' whole-batch
+    reads refuse it (and a memory ref with no segment) with a ValueError
+    naming the ref, rather than open segment -1; the store still reads the
+    run through its records."""
+    store = EntryStore(str(tmp_path))
+    _add(store, range(0, 5))
+    (run,) = store.refs.values()
+    assert run.entries is not None and run.batch is None and run.segment == -1
+    for read in (store.files.batch_of, store.files.batch_whole):
+        with pytest.raises(ValueError, match=rf"ref of ledger {LEDGER} \(segment -1, offset 0\) "
+                                             r"is a write-cache run of 5 lone add\(s\)"):
+            read(run)
+        with pytest.raises(ValueError, match="a memory ref with no batch and no segment"):
+            read(Ref(LEDGER))
+    assert [r[1] for r in _rows(_read(store, 0, 4, sparse=True))] == list(range(5))

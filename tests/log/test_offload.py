@@ -220,8 +220,9 @@ def _dataframe_log(bk, name, batches):
     text = arrow_codec.encode_schema(schema)
     for i, batch in enumerate(batches):
         handle = bk.create_ledger(3, 2, 2)
-        for payload, _ in arrow_codec.encode_entries(batch, max_rows=7, max_bytes=1 << 20,
-                                                     time_us=1_700_000_000_000_000 + i):
+        run = arrow_codec.EntryRun()
+        run.add(batch, max_rows=7, max_bytes=1 << 20, time_us=1_700_000_000_000_000 + i)
+        for payload in run.take().to_pylist():
             handle.add_entry(payload)
         handle.close()
         meta = bk.get_ledger_metadata(handle.ledger_id)

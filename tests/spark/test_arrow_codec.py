@@ -8,6 +8,14 @@ from pybk_spark import errors
 from pybk_spark.spark import arrow_codec as ac
 
 
+def encode(batch, max_rows, max_bytes, time_us=None):
+    """``batch`` as entries, each ``(payload bytes, rows in it)``, encoded by
+    an ``EntryRun`` of its own as the Spark writer encodes them."""
+    run = ac.EntryRun()
+    rows = [n for _, n in run.add(batch, max_rows, max_bytes, time_us)]
+    return list(zip(run.take().to_pylist(), rows))
+
+
 def table_batch(n):
     return pa.record_batch([pa.array(range(n), pa.int64()),
                             pa.array([b"x" * (i % 50) for i in range(n)], pa.binary())],
@@ -16,7 +24,7 @@ def table_batch(n):
 
 def test_entries_bounded_by_rows_and_bytes_and_decode_back():
     batch = table_batch(1000)
-    entries = list(ac.encode_entries(batch, max_rows=64, max_bytes=2048))
+    entries = encode(batch, max_rows=64, max_bytes=2048)
     assert all(rows <= 64 and (len(p) <= 2048 or rows == 1) for p, rows in entries)
     assert sum(rows for _, rows in entries) == 1000
     raw = pa.record_batch([pa.array([7] * len(entries), pa.int64()),
@@ -34,14 +42,13 @@ def test_entries_bounded_by_rows_and_bytes_and_decode_back():
 
 def test_an_entry_run_holds_the_entries_of_its_batches_back_to_back():
     """``EntryRun`` lays the entries of several batches in one column, each
-    the same bytes ``encode_entries`` makes of it; ``take`` starts it anew."""
+    the same bytes a run of that batch alone makes; ``take`` starts it anew."""
     run = ac.EntryRun()
     first, second = table_batch(300), table_batch(50)
     added = run.add(first, 64, 2048, time_us=5) + run.add(second, 64, 2048, time_us=6)
     assert len(run) == len(added) and run.nbytes == sum(size for size, _ in added)
     column = run.take()
-    want = (list(ac.encode_entries(first, 64, 2048, time_us=5))
-            + list(ac.encode_entries(second, 64, 2048, time_us=6)))
+    want = encode(first, 64, 2048, time_us=5) + encode(second, 64, 2048, time_us=6)
     assert column.to_pylist() == [p for p, _ in want]
     assert [(len(p), rows) for p, rows in want] == added
     assert len(run) == 0 and run.nbytes == 0 and len(run.take()) == 0
@@ -75,7 +82,7 @@ def test_a_batch_larger_than_a_request_is_fed_to_the_run_in_row_slices():
 
 def test_one_oversized_row_is_its_own_entry():
     batch = pa.record_batch([pa.array([b"y" * 5000, b"z"], pa.binary())], names=["b"])
-    assert [rows for _, rows in ac.encode_entries(batch, 10, 1000)] == [1, 1]
+    assert [rows for _, rows in encode(batch, 10, 1000)] == [1, 1]
 
 
 def test_canonical_schema_is_nullable_everywhere_and_round_trips():
@@ -117,8 +124,8 @@ def test_merge_schemas_adds_columns_at_the_end_and_names_other_changes():
 
 def test_entries_record_their_append_time_read_back_as_timestamp_column():
     batch = pa.RecordBatch.from_pydict({"id": list(range(5))})
-    stamped = [p for p, _ in ac.encode_entries(batch, 2, 1 << 20, time_us=1_700_000_000_000_001)]
-    old = [p for p, _ in ac.encode_entries(batch.slice(0, 1), 2, 1 << 20)]   # no time
+    stamped = [p for p, _ in encode(batch, 2, 1 << 20, time_us=1_700_000_000_000_001)]
+    old = [p for p, _ in encode(batch.slice(0, 1), 2, 1 << 20)]   # no time
     assert ac.entry_time(stamped[0]) == 1_700_000_000_000_001 and ac.entry_time(old[0]) is None
     raw = pa.RecordBatch.from_pydict({"ledger_id": [9] * 4, "entry_id": [0, 1, 2, 3],
                                       "payload": pa.array(stamped + old, pa.binary())})

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from pybk_spark.wire.digest import Digester, header_crcs, payload_views
-from pybk_spark.wire.entries import batch_to_bytes, cumulative_lengths, make_batch
+from pybk_spark.wire.entries import (PayloadColumn, batch_to_bytes, column_ends, cumulative_lengths,
+                                     make_batch)
 
 
 @pytest.mark.parametrize("digest_type", ["crc32c", "hmac", "none"])
@@ -168,3 +169,26 @@ def test_run_batch_of_a_binary_column_is_the_batch_and_bytes_of_its_values(diges
     got.validate(full=True)
     assert got.equals(want)
     assert batch_to_bytes(got) == batch_to_bytes(want)
+
+
+@pytest.mark.parametrize("digest_type", ["crc32c", "hmac", "none"])
+@given(payloads=st.lists(st.binary(max_size=200), min_size=2, max_size=150),
+       data=st.data(), base=st.integers(0, 1 << 40))
+@settings(max_examples=40, deadline=None)
+def test_a_payload_column_slice_carries_its_own_ends(digest_type, payloads, data, base):
+    """A ``PayloadColumn``'s ends are computed once and rebased by a slice:
+    a request cut from it (``add_entries_async``) has the sizes and the
+    batch of the same values given as bytes."""
+    column = PayloadColumn.of(pa.array([b"lead"] + payloads, pa.binary()).slice(1))
+    assert column.sizes() == [len(p) for p in payloads]
+    start = data.draw(st.integers(0, len(payloads) - 1))
+    stop = data.draw(st.integers(start + 1, len(payloads)))
+    part = column.slice(start, stop)
+    assert part.ends.tolist() == column_ends(part.values).tolist()
+    assert part.nbytes == sum(map(len, payloads[start:stop]))
+    d = Digester(digest_type, b"pw")
+    got = d.run_batch(7, 40, 39, base, part)
+    got.validate(full=True)
+    assert got.equals(d.run_batch(7, 40, 39, base, payloads[start:stop]))
+    assert d.verify_batch(got).all()
+    assert column.slice(0, len(payloads)) is column
