@@ -145,8 +145,8 @@ class BookieClient(BookieTransport):
         framed = entry.framed
         if framed is None:               # first bookie of the write set: frame it once
             request_id = next_request_id()
-            framed = entry.framed = (request_id, b"".join(lane_frames.entry_frame_parts(
-                request_id, entry.recovery, entry.master_key, entry.head, entry.payload)))
+            framed = entry.framed = (request_id, lane_frames.entry_frame(
+                request_id, entry.recovery, entry.master_key, entry.head, entry.payload))
         self._adds.send_framed(framed[0], framed[1], timeout or self.default_timeout,
                                self._entry_acked, deliver)
 
@@ -276,8 +276,11 @@ class GrpcTransportPool(TransportPool):
                 c.expire()
 
     def get(self, bookie_id: str) -> BookieTransport:
-        with self._lock:
-            client = self._clients.get(bookie_id)
+        # read without the lock: one dict lookup is atomic, ``_lock`` orders
+        # the writers (``_cache``, ``invalidate``, ``close``), and a client a
+        # writer drops right after this read is one the locked read could
+        # have returned as well (every lone add asks three times)
+        client = self._clients.get(bookie_id)
         if client is not None:
             return client
         reg = registration_of(self._store, bookie_id)

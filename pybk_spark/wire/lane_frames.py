@@ -25,7 +25,7 @@ Frames
   Both directions are a sequence of frames: a 4-byte little-endian length n,
   then n bytes of one serialized message.  Client to bookie: ``AddRequest``
   (pre-framed, wire/framing.py), or an *entry frame*: one entry as the
-  bytes its writer framed (:func:`entry_frame_parts`): a zero kind byte
+  bytes its writer framed (:func:`entry_frame`): a zero kind byte
   (an ``AddRequest`` never starts with one: field number 0 does not
   exist), flags (1: a recovery add), the request id (u64), the master
   key's length (u16) and the key, then the entry record
@@ -100,14 +100,17 @@ def frame_parts(*parts: Any) -> list[Any]:
 ENTRY_KIND = 0
 RECOVERY_FLAG = 1
 _ENTRY_FRAME = struct.Struct("<BBQH")
+_FRAMED_ENTRY = struct.Struct("<I" + _ENTRY_FRAME.format[1:])    # the frame header first
 
 
-def entry_frame_parts(request_id: int, recovery: bool, master_key: bytes,
-                      record_head: bytes, payload: Any) -> list[Any]:
-    """An entry frame (header first) for a gathering or joined send."""
-    head = _ENTRY_FRAME.pack(ENTRY_KIND, RECOVERY_FLAG if recovery else 0, request_id,
-                             len(master_key)) + master_key + record_head
-    return [_LENGTH.pack(len(head) + len(payload)), head, payload]
+def entry_frame(request_id: int, recovery: bool, master_key: bytes,
+                record_head: bytes, payload: Any) -> bytes:
+    """An entry frame, header included, as one buffer (framed once per
+    lone add, sent to each bookie of its write set)."""
+    size = _ENTRY_FRAME.size + len(master_key) + len(record_head) + len(payload)
+    return b"".join((_FRAMED_ENTRY.pack(size, ENTRY_KIND, RECOVERY_FLAG if recovery else 0,
+                                        request_id, len(master_key)),
+                     master_key, record_head, payload))
 
 
 def is_entry_frame(body: bytes | memoryview) -> bool:

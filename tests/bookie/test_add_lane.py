@@ -236,7 +236,7 @@ def test_connections_over_the_cap_are_refused_at_accept(bookies):
 def _entry(ledger, entry_id, request_id, key=KEY, size=100, lac=-1, recovery=False) -> bytes:
     payload = bytes([entry_id % 251]) * size
     head = entry_record_head(ledger, entry_id, lac, size * (entry_id + 1), b"dgst")
-    return b"".join(lane_frames.entry_frame_parts(request_id, recovery, key, head, payload))
+    return lane_frames.entry_frame(request_id, recovery, key, head, payload)
 
 
 def test_entry_frames_answer_like_add_requests_and_survive_a_restart(bookie):

@@ -34,7 +34,9 @@ def test_records_decode_to_the_batch_the_batch_path_builds(n):
 
 def test_entry_frame_round_trip_and_checks():
     record = _record(7, b"x" * 50)
-    body = b"".join(lane_frames.entry_frame_parts(42, True, b"key", record[:-50], b"x" * 50)[1:])
+    frame = lane_frames.entry_frame(42, True, b"key", record[:-50], b"x" * 50)
+    body = frame[lane_frames.HEADER_BYTES:]
+    assert lane_frames.frame_length(frame[:lane_frames.HEADER_BYTES], len(frame)) == len(body)
     assert lane_frames.is_entry_frame(body)
     request_id, recovery, key, got = lane_frames.parse_entry_frame(body)
     assert (request_id, recovery, key, bytes(got)) == (42, True, b"key", record)
