@@ -83,7 +83,7 @@ from typing import Callable, Iterable, Optional
 
 from bookie_server.journal.journal_failure import JournalFailure, fail
 from bookie_server.journal.journal_file import JournalFile
-from bookie_server.journal.journal_sync import OnDurable, SyncStage, WrittenGroup
+from bookie_server.journal.journal_sync import OnDurable, OnDurableOne, SyncStage, WrittenGroup
 from bookie_server.journal.records import JournalRecord, Submission
 from bookie_server.serving.metrics import BookieMetrics
 from bookie_server.journal.journal_crc import Body, crc_of  # noqa: F401  (callers import it here)
@@ -138,10 +138,13 @@ class Journal:
         syncer.durable_position = max(syncer.durable_position, Position(self.file.seq, 0))
 
     # -- writing --------------------------------------------------------------
-    def start(self, on_durable: OnDurable) -> None:
+    def start(self, on_durable: OnDurable, on_durable_one: Optional[OnDurableOne] = None) -> None:
+        """Open a fresh file and start the stages; ``on_durable(group,
+        position)`` applies each durable group, ``on_durable_one(sub,
+        position)`` (when given) a leader's lone submission (``lead_now``)."""
         self.file.open_after_existing()
         self._file_started()
-        self._syncer.start(on_durable, self._pipeline_done)
+        self._syncer.start(on_durable, self._pipeline_done, on_durable_one)
         self._thread = threading.Thread(target=self._run, name="journal-writer", daemon=True)
         self._thread.start()
         with self._cv:

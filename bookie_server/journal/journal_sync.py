@@ -45,6 +45,8 @@ log = logging.getLogger("bookie.journal")
 # it, the file's descriptor, the bytes written)
 WrittenGroup = tuple[list[Submission], Position, int, int]
 OnDurable = Callable[[list[Submission], Position], None]
+# ``OnDurable`` for a group of one, with no list: a leader's lone submission
+OnDurableOne = Callable[[Submission, Position], None]
 
 _STOP = object()
 
@@ -76,10 +78,17 @@ class SyncStage:
         self._q: "queue.Queue[Any]" = queue.Queue()
         self._thread: Optional[threading.Thread] = None
 
-    def start(self, on_durable: OnDurable, groups_done: Callable[[int], None]) -> None:
+    def start(self, on_durable: OnDurable, groups_done: Callable[[int], None],
+              on_durable_one: Optional[OnDurableOne] = None) -> None:
         """Start the sync thread: ``on_durable`` per group once durable,
-        ``groups_done(n)`` after each batch of ``n`` handed-over groups."""
+        ``groups_done(n)`` after each batch of ``n`` handed-over groups;
+        ``on_durable_one(sub, position)``, when given, instead of
+        ``on_durable([sub], position)`` for a leader's lone submission
+        (``sync_one``)."""
         self._on_durable = on_durable
+        self._on_durable_one: OnDurableOne = (
+            on_durable_one if on_durable_one is not None
+            else lambda sub, position: on_durable([sub], position))
         self._groups_done = groups_done
         self._thread = threading.Thread(target=self._run, name="journal-sync", daemon=True)
         self._thread.start()
@@ -169,7 +178,9 @@ class SyncStage:
 
     def sync_one(self, sub: Submission, position: Position, fd: int, nbytes: int) -> None:
         """``sync`` of one submission led inline (no future), with no lists:
-        fdatasync, apply, ``applied``, then the metrics and the advice."""
+        fdatasync, apply, ``applied``, then the metrics and the advice.
+        ``_applied`` is inlined: a lone add is answered here, and every call
+        before its answer is a microsecond of its latency."""
         if self.failure.error is None:
             op = "fdatasync"
             try:
@@ -179,8 +190,11 @@ class SyncStage:
                 synced_s = time.perf_counter() - t0
                 op = "apply"
                 self.durable_position = position
-                self._on_durable([sub], position)
-                _applied(sub)
+                self._on_durable_one(sub, position)
+                try:
+                    sub.applied()
+                except Exception:  # noqa: BLE001 - as ``_applied``: never poisons the journal
+                    log.exception("event=journal_applied_callback_error")
                 if self.metrics is not None:
                     self.metrics.journal_fsync(synced_s, 1, nbytes)
             except BaseException as exc:  # noqa: BLE001 - poison and fail, as ``sync``
