@@ -134,8 +134,9 @@ class Bookie:
         self._stop = threading.Event()
         self._flusher: Optional[threading.Thread] = None
         self.replayed_records = 0
+        # the write cache's bytes read with no Python frame: admission asks on every add
         self.admission = AddAdmission(cfg.max_adds_in_progress, cfg.max_add_memory_bytes,
-                                      lambda: self.store.write_cache_bytes,
+                                      functools.partial(getattr, self.store.cache, "nbytes"),
                                       on_refused=self.metrics.adds_refused.inc,
                                       on_full=self._flush_wanted.set)
         self.lost = damage.LostSet()       # filled in place from the checkpoint
@@ -231,12 +232,11 @@ class Bookie:
             return
         with self.ledgers.lock:
             self.store.add_entry(sub.ledger_id, sub.entry_id, sub.record)
-            self.states[sub.ledger_id] = ls.apply_entries(
-                self.ledgers.get(sub.ledger_id), sub.lac, sub.entry_id)
+            self.states[sub.ledger_id] = ls.apply_entries(self.ledgers.get(sub.ledger_id), sub.lac, sub.entry_id)
             self._applied = position
             if self.ledgers.waiters:
                 self.cond.notify_all()
-        if self.store.write_cache_bytes > self.cfg.write_cache_max_bytes:
+        if self.store.cache.nbytes > self.cfg.write_cache_max_bytes:     # write_cache_bytes
             self._flush_wanted.set()
 
     def _apply_batch(self, ledger_id: int, batch: pa.RecordBatch, raw: bytes | None,
