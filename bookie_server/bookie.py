@@ -134,8 +134,9 @@ class Bookie:
         self._stop = threading.Event()
         self._flusher: Optional[threading.Thread] = None
         self.replayed_records = 0
+        # the write cache's bytes read with no Python frame: admission asks on every add
         self.admission = AddAdmission(cfg.max_adds_in_progress, cfg.max_add_memory_bytes,
-                                      lambda: self.store.write_cache_bytes,
+                                      functools.partial(getattr, self.store.cache, "nbytes"),
                                       on_refused=self.metrics.adds_refused.inc,
                                       on_full=self._flush_wanted.set)
         self.lost = damage.LostSet()       # filled in place from the checkpoint

@@ -98,7 +98,6 @@ class RequestHandlers:
         nbytes = len(record)
         admission = self.admission
         admission.enter(nbytes)
-        fut: Optional[Future[Position]] = None
         try:
             with self.lock:
                 plan = ls.admit_add(self.ledgers.get(ledger_id), master_key, recovery,
@@ -111,16 +110,16 @@ class RequestHandlers:
                     records.append((RecordType.ADD_ENTRY, record))
                     self.states[ledger_id] = plan.state
                 sub = EntryRecord(records, ledger_id, entry_id, lac, record, on_applied)
-                if not self.journal.claim(sub):
+                led = self.journal.claim(sub)
+                if not led:
                     fut = self.journal.enqueue(sub, lead=True)
-            if fut is None:
+            if led:             # the inline path: its lines are the add's latency
                 self.journal.lead_now(sub)
+                admission.leave(nbytes)
+                return None, ledger_id, entry_id
         except BaseException:
             admission.leave(nbytes)
             raise
-        if fut is None:
-            admission.leave(nbytes)
-            return None, ledger_id, entry_id
         fut.add_done_callback(lambda _f: admission.leave(nbytes))
         self.journal.lead()
         return fut, ledger_id, entry_id

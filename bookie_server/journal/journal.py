@@ -139,6 +139,8 @@ class Journal:
 
     # -- writing --------------------------------------------------------------
     def start(self, on_durable: OnDurable) -> None:
+        """Open a fresh file and start the stages; ``on_durable(group,
+        position)`` applies each durable group."""
         self.file.open_after_existing()
         self._file_started()
         self._syncer.start(on_durable, self._pipeline_done)
@@ -181,14 +183,14 @@ class Journal:
         when the journal is busy or the submission is large: ``enqueue`` it
         instead.  ``BookieIOError`` once the journal has failed or closed."""
         with self._lock:
+            if self._failure.error is None and not self._closed:
+                if self._pending or sub.nbytes > self.lead_max_bytes or not self._can_lead_locked():
+                    return False
+                self._leader = True
+                return True
             if self._failure.error is not None:
                 raise errors.BookieIOError(self._failure.why())
-            if self._closed:
-                raise errors.BookieIOError("journal closed")
-            if self._pending or sub.nbytes > self.lead_max_bytes or not self._can_lead_locked():
-                return False
-            self._leader = True
-        return True
+        raise errors.BookieIOError("journal closed")
 
     def lead_now(self, sub: Submission) -> Position:
         """Write, fdatasync and apply a ``claim``ed submission on this thread
@@ -223,8 +225,7 @@ class Journal:
         return fut
 
     def _can_lead_locked(self) -> bool:
-        return (self._started and not self._leader and not self._writer_busy
-                and self._pipeline_groups == 0 and not self._stopping)
+        return self._started and not (self._leader or self._writer_busy or self._pipeline_groups or self._stopping)
 
     def lead(self) -> None:
         """Write and sync the queued submissions on this thread if the

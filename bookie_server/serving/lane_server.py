@@ -270,13 +270,11 @@ class AddLaneServer:
             except ValueError as exc:
                 refuse(f"malformed add lane frame: {exc}")
                 return
-            while True:
-                try:
-                    take(True, _SLOT_WAIT_S)
-                    break
-                except queue.Empty:
-                    if writer.closed or stopped():
-                        return
+            try:                        # a free slot, the common case, with no loop around it
+                take(True, _SLOT_WAIT_S)
+            except queue.Empty:
+                if not self._wait_slot(take, writer):
+                    return
             if req is None:
                 answer = submit_entry(request_id, recovery, key, record, respond, who)
                 if answer:                      # refused on this thread: the slot is free again
@@ -284,6 +282,17 @@ class AddLaneServer:
                     send(answer)
             else:
                 self.service.submit_add(req, respond_add, who)
+
+    def _wait_slot(self, take: Callable[[bool, float], None], writer: FrameWriter) -> bool:
+        """Wait for a free add slot; False once the connection or the server
+        is closing."""
+        while not (writer.closed or self._stopped.is_set()):
+            try:
+                take(True, _SLOT_WAIT_S)
+                return True
+            except queue.Empty:
+                pass
+        return False
 
     def _serve_reads(self, conn: socket.socket, frames: Iterator[bytes | memoryview],
                      refuse: Callable[[str], None], who: access.Peer) -> None:
