@@ -141,10 +141,7 @@ class SyncStage:
         if self.failure.error is None:
             op = "fdatasync"
             try:
-                t0 = time.perf_counter()
-                if self.sync_data:
-                    self._fsync(fd)
-                synced_s = time.perf_counter() - t0
+                synced_s = self._fdatasync(fd)
                 op = "apply"
                 for group, position in applies:
                     self.durable_position = position
@@ -173,10 +170,7 @@ class SyncStage:
         if self.failure.error is None:
             op = "fdatasync"
             try:
-                t0 = time.perf_counter()
-                if self.sync_data:
-                    self._fsync(fd)
-                synced_s = time.perf_counter() - t0
+                synced_s = self._fdatasync(fd)
                 op = "apply"
                 self.durable_position = position
                 self._on_durable([sub], position)
@@ -189,6 +183,14 @@ class SyncStage:
                 self._advise(position, fd, nbytes)
                 return
         fail((sub,), self.failure.why())
+
+    def _fdatasync(self, fd: int) -> float:
+        """fdatasync ``fd`` (unless the journal does not sync data); the
+        seconds it took, for the metrics."""
+        t0 = time.perf_counter()
+        if self.sync_data:
+            self._fsync(fd)
+        return time.perf_counter() - t0
 
     def _advise(self, end: Position, fd: int, nbytes: int) -> None:
         """After the acks, only advice: the ``nbytes`` synced up to ``end``
