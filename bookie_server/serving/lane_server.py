@@ -22,9 +22,10 @@ which is what makes the journal order of one connection its send order.
   thread itself when the journal's leader path makes the add durable inline
   (an idle journal: no thread hand-off at all; the answer leaves the moment
   the entry is applied, and the journal's metrics and page-cache advice come
-  after it), otherwise the journal's completion callback.  ``FrameWriter`` never blocks that thread: an answer
-  that does not fit the socket buffer is queued for a helper thread, and a
-  client whose unread answers pass ``_MAX_UNREAD_ANSWER_BYTES`` is cut off.
+  after it), otherwise the journal's completion callback.  ``FrameWriter``
+  never blocks that thread: an answer that does not fit the socket buffer
+  is queued for a helper thread, and a client whose unread answers pass
+  ``_MAX_UNREAD_ANSWER_BYTES`` is cut off.
 * At most ``max_inflight_per_stream`` adds of a connection are unanswered;
   the connection thread waits for a slot before reading on, so a fast
   client is held back by TCP, not buffered without bound.
