@@ -224,7 +224,8 @@ def test_readjournal_and_lastmark(uri, cluster, bk):
     lh = bk.create_ledger(3, 3, 2)
     lh.add_entries([b"journal-%d" % i for i in range(5)])
     lh.close()
-    data_dir = cluster.bookie_data_dir(cluster.bookie_ids[0])
+    # a bookie of the ledger's ensemble: the shared cluster may hold more bookies than E
+    data_dir = cluster.bookie_data_dir(lh.metadata.current_ensemble[0])
     js = pybk("--json", "readjournal", "--data-dir", data_dir, "--ledger", lh.ledger_id)
     assert js.rc == 0, js.err
     adds = [r for r in js.json()["records"] if r["type"] == "ADD_BATCH"]
