@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import framing
-from pybk_spark.wire.entries import batch_from_bytes, batch_to_buffer, make_batch
+from pybk_spark.wire.entries import EXACT_SIZE_FROM, batch_from_bytes, batch_to_buffer, make_batch
 
 
 @pytest.mark.parametrize("size", [0, 1, 127, 128, 16383, 16384, 2_097_151, 2_097_152])
@@ -49,6 +49,20 @@ def test_arrow_buffer_payload_is_framed_without_conversion():
     framed = framing.with_payload(pb.ReadResponse(code=pb.OK), buf)
     back = batch_from_bytes(pb.ReadResponse.FromString(framed).entries)
     assert back.equals(batch)
+
+
+@pytest.mark.parametrize("payload_bytes", [100, EXACT_SIZE_FROM + 1, 3 * EXACT_SIZE_FROM])
+def test_batch_to_buffer_writes_the_same_stream_at_any_size(payload_bytes):
+    """Below ``EXACT_SIZE_FROM`` the stream grows as it is written; from it
+    up it is written into a buffer of its final size: the same bytes."""
+    payloads = [os.urandom(payload_bytes // 4)] * 4
+    batch = make_batch(5, range(4), [-1, 0, 1, 2], list(range(1, 5)), payloads, [b"d"] * 4)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    buf = batch_to_buffer(batch)
+    assert buf.size == sink.getvalue().size
+    assert batch_from_bytes(buf).equals(batch)
 
 
 def test_serialize_accepts_messages_and_bytes():
