@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from pybk_spark import errors
 from pybk_spark.protocol.ledger_metadata import master_key
+from pybk_spark.wire import crc_combine
 from pybk_spark.wire.entries import (PayloadColumn, binary_buffers, binary_column, make_batch,
                                      one_batch, payload_views, run_batch, value_ends)
 
@@ -159,6 +160,11 @@ class Digester:
 # 70 us whatever the row count, so a small batch (a tailing read, a sync
 # read) is hashed row by row, at about 2.5 us a row.
 _BATCH_HASH_MIN_ROWS = 64
+# From this many rows a batch is first checked with one CRC over all its
+# payloads against its digests combined (wire/crc_combine.py), and row by row
+# only when that fails: 5,000 x 1 KiB 1.27 -> 0.52 ms; 256 rows is where the
+# combine's gathers cost what the calls they replace cost.
+_COMBINE_MIN_ROWS = 256
 
 
 @functools.lru_cache(maxsize=1)
@@ -219,15 +225,20 @@ def _verify_crc32c(batch: pa.RecordBatch) -> np.ndarray:
     hdr = header_crcs(batch.column("ledger_id").to_numpy(), batch.column("entry_id").to_numpy(),
                       batch.column("lac").to_numpy(), batch.column("length").to_numpy())
     offsets, data = _column_bytes(batch.column("payload"))
+    d_offsets, d_data = _column_bytes(batch.column("digest"))
+    four_each = bool(n and int(d_offsets[-1]) - int(d_offsets[0]) == 4 * n
+                     and (np.diff(d_offsets) == 4).all())   # every digest 4 bytes, back to back
+    stored4 = d_data[int(d_offsets[0]):int(d_offsets[-1])].view(">u4") if four_each else None
+    if stored4 is not None and n >= _COMBINE_MIN_ROWS and crc_combine.digests_agree(
+            google_crc32c.value(data[int(offsets[0]):int(offsets[-1])]),
+            stored4.astype(np.uint32), hdr, offsets - offsets[0]):
+        return np.ones(n, dtype=bool)       # one CRC over the payloads agrees with every digest
     bounds = offsets.tolist()
     extend = google_crc32c.extend
     got = np.fromiter((extend(h, data[a:b]) for h, a, b in zip(hdr.tolist(), bounds[:-1],
                                                                bounds[1:])),
                       dtype=np.uint32, count=n)
-    d_offsets, d_data = _column_bytes(batch.column("digest"))
-    if n and int(d_offsets[-1]) - int(d_offsets[0]) == 4 * n and bool(
-            (np.diff(d_offsets) == 4).all()):      # every digest 4 bytes, back to back
-        stored4 = d_data[int(d_offsets[0]):int(d_offsets[-1])].view(">u4")
+    if stored4 is not None:
         ok4: np.ndarray = stored4 == got
         return ok4
     starts = d_offsets[:-1].astype(np.int64)

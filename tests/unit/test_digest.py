@@ -38,6 +38,32 @@ def test_verify_batch_agrees_with_one_on_bytes(digest_type, payloads, cut, corru
     assert d.verify_batch(rows).tolist() == want[::-1]
 
 
+@given(sizes=st.lists(st.integers(0, 2000), min_size=300, max_size=700), cut=st.integers(0, 30),
+       fault=st.sampled_from(["none", "payload", "digest", "length", "two"]), data=st.data())
+@settings(max_examples=40, deadline=None)
+def test_a_large_batch_checked_with_one_crc_names_the_same_rows(sizes, cut, fault, data):
+    """From ``_COMBINE_MIN_ROWS`` rows a batch is checked with one CRC over
+    its payloads first, row by row only when that disagrees: the mask is the
+    row-by-row one, whatever is damaged."""
+    d = Digester("crc32c")
+    payloads = [bytes([i % 251]) * s for i, s in enumerate(sizes)]
+    n = len(payloads)
+    lacs = [i - 1 for i in range(n)]
+    lengths = cumulative_lengths(10, payloads)
+    digests = d.compute(9, range(n), lacs, lengths, payloads)
+    bad = data.draw(st.lists(st.integers(cut, n - 1), min_size=1, max_size=2 if fault == "two" else 1))
+    for i in bad if fault != "none" else []:
+        if fault in ("payload", "two") and payloads[i]:
+            payloads[i] = bytes([payloads[i][0] ^ 1]) + payloads[i][1:]
+        elif fault in ("digest", "two"):
+            digests[i] = bytes([digests[i][0] ^ 0x80]) + digests[i][1:]
+        elif fault == "length":
+            lengths[i] += 1
+    batch = make_batch(9, range(n), lacs, lengths, payloads, digests).slice(cut)
+    want = [d.one(9, i, lacs[i], lengths[i], payloads[i]) == digests[i] for i in range(cut, n)]
+    assert d.verify_batch(batch).tolist() == want
+
+
 @pytest.mark.parametrize("digest_type", ["crc32c", "hmac"])
 def test_a_replica_with_the_wrong_length_fails_its_digest(digest_type):
     d = Digester(digest_type, b"pw")
