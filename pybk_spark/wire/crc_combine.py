@@ -79,7 +79,7 @@ def _apply(tables: np.ndarray, values: np.ndarray) -> np.ndarray:
 def _levels() -> np.ndarray:
     """(4, 256, 4, 256): level ``p``, digit ``d`` -> the tables of
     ``Z(d * 256**p)``."""
-    unit = (np.uint32(1) << np.arange(32, dtype=np.uint32)).astype(np.uint32)
+    unit = np.uint32(1) << np.arange(32, dtype=np.uint32)
     base = _byte_tables(_zero_byte_columns())          # Z(1)
     levels = np.empty((4, 256, 4, 256), dtype=np.uint32)
     for p in range(4):
@@ -121,4 +121,4 @@ def digests_agree(whole_crc: int, digests: np.ndarray, header_crcs: np.ndarray,
     after = total - ends[1:]                   # payload bytes after row i
     with_own = total - ends[:-1]               # ... and row i's own
     moved = shift(np.concatenate((digests, header_crcs)), np.concatenate((after, with_own)))
-    return int(np.bitwise_xor.reduce(moved)) == whole_crc if len(moved) else whole_crc == 0
+    return int(np.bitwise_xor.reduce(moved)) == whole_crc     # no rows: XOR of none is 0
