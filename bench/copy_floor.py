@@ -6,9 +6,18 @@ the same bytes moved from one process to another and made durable with
 nothing but the system calls, the way the sync-add floor
 (bench/sync_floor.py) does for a sync add.
 
-* A *source* process per stream (``python -c``) sends its share of a file
-  that is in the page cache with ``os.sendfile`` (no user-space copy: the
-  least a surviving bookie can do to serve its stored batches).
+* A *source* process per stream (``python -c``) sends its share of a
+  stored file, a chunk at a time.  From the disk (``source="disk"``, the
+  floor of ``rereplication_vs_copy_floor``): each chunk is read with
+  ``O_DIRECT`` into one reused page-aligned buffer and sent from it, as a
+  pull's source reads its stored batches (``segment_files.read_direct``:
+  the journal writes big groups around the page cache, so a fragment's
+  bytes are on the disk, not in memory); where the file system refuses
+  ``O_DIRECT``, a buffered ``pread``.  From the page cache
+  (``source="cached"``, printed beside it): ``os.sendfile`` of a file just
+  written, with no read from the disk and no user-space copy.  On one
+  machine the disk source shares the disk between reading and writing, as
+  a pull between two bookies of the same machine does.
 * A *replacement* process per stream receives each ``CHUNK_BYTES`` chunk
   into one reused page-aligned buffer, computes its CRC32C (the digest check
   a pull must make), writes it with ``O_DIRECT`` when the file system allows
@@ -74,15 +83,34 @@ print(mode, t.user + t.system - t0.user - t0.system, flush=True)
 """
 
 _SOURCE = r"""
-import os, socket, sys
-path, port, offset, length, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+import mmap, os, socket, sys
+path, port, offset, length, size, source = (sys.argv[1], int(sys.argv[2]), int(sys.argv[3]),
+                                            int(sys.argv[4]), int(sys.argv[5]), sys.argv[6])
 fd = os.open(path, os.O_RDONLY)
+mode = "sendfile"
+if source == "disk":
+    mode = "direct"
+    try:
+        rfd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    except (OSError, AttributeError):
+        rfd, mode = fd, "buffered"
+    buf = mmap.mmap(-1, size)            # page-aligned, reused for every chunk
+    view = memoryview(buf)
 s = socket.create_connection(("127.0.0.1", port))
 sys.stdin.readline()                     # go
 t0 = os.times()
 end, pos = offset + length, offset
 while pos < end:
-    pos += os.sendfile(s.fileno(), fd, pos, end - pos)
+    if source == "disk":
+        try:
+            n = os.preadv(rfd, [buf], pos)
+        except OSError:                  # a file system that refuses this O_DIRECT read
+            rfd, mode = fd, "buffered"
+            n = os.preadv(rfd, [buf], pos)
+        s.sendall(view[:n])
+        pos += n
+    else:
+        pos += os.sendfile(s.fileno(), fd, pos, end - pos)
 acks = 0
 while acks < length // size * 8:
     got = s.recv(65536)
@@ -90,7 +118,7 @@ while acks < length // size * 8:
         sys.exit("replacement ended early")
     acks += len(got)
 t = os.times()
-print(t.user + t.system - t0.user - t0.system, flush=True)
+print(mode, t.user + t.system - t0.user - t0.system, flush=True)
 """
 
 
@@ -100,24 +128,31 @@ def _out(proc: subprocess.Popen) -> IO[str]:
     return proc.stdout
 
 def measure(work_dir: str, total_bytes: int, streams_list=None) -> dict:
-    """MB/s and CPU-s per GB of the bare copy, one stream and as many as
-    figure 8 copies at once (``orchestrate.DEFAULT_PARALLEL``)."""
+    """MB/s and CPU-s per GB of the bare copy from the disk, one stream and
+    as many as figure 8 copies at once (``orchestrate.DEFAULT_PARALLEL``),
+    under ``str(streams)``; the copy from the page cache at that many at
+    once under ``"cached"``."""
+    from pybk_spark.admin.operations.orchestrate import DEFAULT_PARALLEL
     if streams_list is None:
-        from pybk_spark.admin.operations.orchestrate import DEFAULT_PARALLEL
         streams_list = sorted({1, DEFAULT_PARALLEL})
-    out: dict = {"chunk_bytes": CHUNK_BYTES, "bytes": total_bytes}
+    out: dict = {"chunk_bytes": CHUNK_BYTES, "bytes": total_bytes, "cached": {}}
     with tempfile.TemporaryDirectory(dir=work_dir) as d:
         src = os.path.join(d, "stored")
         block = os.urandom(CHUNK_BYTES)
-        with open(src, "wb") as fh:        # written, so in the page cache, as a
-            for _ in range(total_bytes // CHUNK_BYTES):   # source's recent batches are
+        with open(src, "wb") as fh:
+            for _ in range(total_bytes // CHUNK_BYTES):
                 fh.write(block)
+            fh.flush()
+            os.fsync(fh.fileno())         # on the disk before the disk source reads it
         for streams in streams_list:
-            out[str(streams)] = _run(d, src, total_bytes, streams)
+            out[str(streams)] = _run(d, src, total_bytes, streams, "disk")
+        # the written file's pages stay in the page cache (a direct read
+        # neither uses nor drops them): the cached copy reads them from there
+        out["cached"][str(DEFAULT_PARALLEL)] = _run(d, src, total_bytes, DEFAULT_PARALLEL, "cached")
     return out
 
 
-def _run(d: str, src: str, total: int, streams: int) -> dict:
+def _run(d: str, src: str, total: int, streams: int, source: str) -> dict:
     share = total // streams // CHUNK_BYTES * CHUNK_BYTES
     chunks = share // CHUNK_BYTES
     reps, sources = [], []
@@ -129,7 +164,7 @@ def _run(d: str, src: str, total: int, streams: int) -> dict:
             port = int(_out(rep).readline())
             sources.append(subprocess.Popen(
                 [sys.executable, "-c", _SOURCE, src, str(port), str(i * share), str(share),
-                 str(CHUNK_BYTES)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+                 str(CHUNK_BYTES), source], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
         t0 = time.perf_counter()
         for s in sources:
             go = s.stdin
@@ -138,7 +173,7 @@ def _run(d: str, src: str, total: int, streams: int) -> dict:
             go.flush()
         rep_out = [_out(r).readline().split() for r in reps]
         elapsed = time.perf_counter() - t0
-        src_cpu = sum(float(_out(s).readline()) for s in sources)
+        src_out = [_out(s).readline().split() for s in sources]
     finally:
         for p in reps + sources:
             try:
@@ -148,8 +183,10 @@ def _run(d: str, src: str, total: int, streams: int) -> dict:
                 p.wait()
     copied = share * streams
     rep_cpu = sum(float(cpu) for _mode, cpu in rep_out)
+    src_cpu = sum(float(cpu) for _mode, cpu in src_out)
     gb = copied / 1e9
-    return {"mb_per_s": copied / elapsed / 1e6, "seconds": elapsed,
+    return {"mb_per_s": copied / elapsed / 1e6, "seconds": elapsed, "source": source,
+            "read_mode": sorted({mode for mode, _ in src_out}),
             "write_mode": sorted({mode for mode, _ in rep_out}),
             "cpu_s_per_gb": {"source": src_cpu / gb, "replacement": rep_cpu / gb,
                              "total": (src_cpu + rep_cpu) / gb}}

@@ -34,13 +34,17 @@ reason (the harness still runs).
 from __future__ import annotations
 
 import time
+from typing import Callable, Optional
 
 from bench.client_append import payloads
 from bench.cpu import CpuMeter, cluster_pids
 from pybk_spark.ledger.client import BookKeeper
 
 
-def measure(cluster, quick: bool) -> dict:
+def measure(cluster, quick: bool, floor: Optional[Callable[[], object]] = None) -> dict:
+    """``floor``: run right before the timed pull group (its peer, the bare
+    copy of bench/copy_floor.py, then meets the disk and the machine in the
+    state the pull meets them)."""
     try:
         from pybk_spark.admin.operations import rereplicate as rr
     except Exception as exc:  # noqa: BLE001 - missing component: figure is null
@@ -77,6 +81,8 @@ def measure(cluster, quick: bool) -> dict:
         for g, (path, pull, parallel) in enumerate(groups):
             work = res.work[g::len(groups)]
             mapper = orch.local_mapper(progress=False, parallel=parallel)
+            if path == "pull" and floor is not None:
+                floor()
             t1 = time.perf_counter()
             with CpuMeter(pids) as meter:
                 got = mapper(lambda w, pull=pull: rr.copy_fragment(bk, w, pull=pull), work, path)

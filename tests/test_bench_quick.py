@@ -42,9 +42,13 @@ def test_bench_quick_writes_every_ratio(tmp_path):
     assert rr["available"], rr.get("reason")
     for key in ("copy_mb_per_s", "pull_sequential_mb_per_s", "client_copy_mb_per_s"):
         assert isinstance(rr[key], float), key
-    # ... and its floor, the bare copy, at the same concurrency
+    # ... and its floor, the bare copy read from the disk as a pull's source
+    # reads, at the same concurrency, with the copy from the page cache beside it
     floor = result["figures"]["8_copy_floor"][str(rr["parallel"])]
     assert floor["mb_per_s"] > 0 and floor["cpu_s_per_gb"]["total"] >= 0
+    assert floor["source"] == "disk" and floor["read_mode"]
+    cached = result["figures"]["8_copy_floor"]["cached"][str(rr["parallel"])]
+    assert cached["source"] == "cached" and cached["mb_per_s"] > 0
     assert "bare copy between two processes" in (ROOT / "bench" / "results" / "quick.md").read_text()
     # figure 4 and its floor, measured side by side, each say what else ran meanwhile
     for cpu in (result["figures"]["4_sync_floor"], result["figures"]["4_sync_latency"]["cpu"]):
