@@ -25,6 +25,10 @@ nothing but the system calls, the way the sync-add floor
   8 bytes.
 * one pair, then ``orchestrate.DEFAULT_PARALLEL`` pairs at once, each over
   its own slice of the file (figure 8 copies that many fragments at once).
+  Figure 8 runs the copy from the disk right before its timed pull and
+  again right after it (a big copy slows whatever writes next on this
+  disk, so either alone favours one side), and divides by the mean
+  (``around``).
 
 No Arrow, no protobuf, no index, no digest per entry, no metadata: ours /
 this is how much of a copy's cost is our protocol's and how much is the
@@ -127,15 +131,15 @@ def _out(proc: subprocess.Popen) -> IO[str]:
     assert proc.stdout is not None, "helpers are started with stdout=PIPE"
     return proc.stdout
 
-def measure(work_dir: str, total_bytes: int, streams_list=None) -> dict:
+def measure(work_dir: str, total_bytes: int, streams_list=None, cached: bool = True) -> dict:
     """MB/s and CPU-s per GB of the bare copy from the disk, one stream and
     as many as figure 8 copies at once (``orchestrate.DEFAULT_PARALLEL``),
-    under ``str(streams)``; the copy from the page cache at that many at
-    once under ``"cached"``."""
+    under ``str(streams)``; with ``cached``, the copy from the page cache at
+    that many at once under ``"cached"``."""
     from pybk_spark.admin.operations.orchestrate import DEFAULT_PARALLEL
     if streams_list is None:
         streams_list = sorted({1, DEFAULT_PARALLEL})
-    out: dict = {"chunk_bytes": CHUNK_BYTES, "bytes": total_bytes, "cached": {}}
+    out: dict = {"chunk_bytes": CHUNK_BYTES, "bytes": total_bytes}
     with tempfile.TemporaryDirectory(dir=work_dir) as d:
         src = os.path.join(d, "stored")
         block = os.urandom(CHUNK_BYTES)
@@ -146,10 +150,27 @@ def measure(work_dir: str, total_bytes: int, streams_list=None) -> dict:
             os.fsync(fh.fileno())         # on the disk before the disk source reads it
         for streams in streams_list:
             out[str(streams)] = _run(d, src, total_bytes, streams, "disk")
-        # the written file's pages stay in the page cache (a direct read
-        # neither uses nor drops them): the cached copy reads them from there
-        out["cached"][str(DEFAULT_PARALLEL)] = _run(d, src, total_bytes, DEFAULT_PARALLEL, "cached")
+        if cached:
+            # the written file's pages stay in the page cache (a direct read
+            # neither uses nor drops them): the cached copy reads them from there
+            out["cached"] = {str(DEFAULT_PARALLEL): _run(d, src, total_bytes, DEFAULT_PARALLEL,
+                                                         "cached")}
     return out
+
+
+def around(before: dict, after: dict, streams: int) -> dict:
+    """Figure 8's floor from a copy right before its pull and one right
+    after: at ``streams`` at once the mean of the two (each kept under
+    ``before`` / ``after``), the rest from ``after``."""
+    key = str(streams)
+    b, a = before[key], after[key]
+    mean = {"mb_per_s": (b["mb_per_s"] + a["mb_per_s"]) / 2,
+            "seconds": (b["seconds"] + a["seconds"]) / 2, "source": a["source"],
+            "read_mode": sorted(set(a["read_mode"]) | set(b["read_mode"])),
+            "write_mode": sorted(set(a["write_mode"]) | set(b["write_mode"])),
+            "cpu_s_per_gb": {k: (b["cpu_s_per_gb"][k] + v) / 2 for k, v in a["cpu_s_per_gb"].items()},
+            "before": b, "after": a}
+    return {**after, key: mean}
 
 
 def _run(d: str, src: str, total: int, streams: int, source: str) -> dict:

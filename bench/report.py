@@ -219,7 +219,9 @@ def _copy_floor(f: dict, rr: dict) -> str:
     if not one:
         return "bare copy floor null"
     share = one["mb_per_s"] / disk if disk else None
-    return (f"bare copy between two processes, read from the disk, {_f(one.get('mb_per_s'))} MB/s at "
+    sides = (f" (the mean of {_f(_get(one, 'before', 'mb_per_s'))} before the pull and "
+             f"{_f(_get(one, 'after', 'mb_per_s'))} after it)" if "before" in one else "")
+    return (f"bare copy between two processes, read from the disk, {_f(one.get('mb_per_s'))} MB/s{sides} at "
             f"{_f(_get(one, 'cpu_s_per_gb', 'total'), 2)} CPU-s/GB (= {_f(share, 2)} of the disk; ours: "
             f"{_f(_get(rr, 'cpu_s_per_gb_by_path', 'pull', 'bookies'), 2)} CPU-s/GB in the bookies), "
             f"from the page cache {_f(cached.get('mb_per_s'))} MB/s")

@@ -17,7 +17,8 @@ with its CPU-seconds per GB by process kind:
 
 Setup: on the 3-bookie cluster, the ledgers of the earlier figures are
 deleted (metadata only: the audit then sees only this figure's data),
-``ledgers`` CLOSED E=3 Qw=3 Qa=2 ledgers of 1 KiB entries are written (every
+``ledgers`` CLOSED E=3 Qw=3 Qa=2 ledgers of 1 KiB entries are written (4
+for the client path, 4 for the sequential pull, 12 for the timed pull; every
 ledger's ensemble is bookie-0..2, so the lost slot holds every entry); a 4th
 bookie is added as the replacement; then one ensemble bookie is SIGKILLed (a
 lost disk).  Timed: ``run_audit`` with that bookie named lost (the planner
@@ -41,19 +42,27 @@ from bench.cpu import CpuMeter, cluster_pids
 from pybk_spark.ledger.client import BookKeeper
 
 
-def measure(cluster, quick: bool, floor: Optional[Callable[[], object]] = None) -> dict:
-    """``floor``: run right before the timed pull group (its peer, the bare
-    copy of bench/copy_floor.py, then meets the disk and the machine in the
-    state the pull meets them)."""
+def measure(cluster, quick: bool, floor: Optional[Callable[[str], object]] = None) -> dict:
+    """``floor``: called with "before" and "after" right around the timed
+    pull group (its peer, the bare copy of bench/copy_floor.py, then meets
+    the disk and the machine as the pull does; a big copy slows whatever
+    writes next here, so the peer is the mean of the two)."""
     try:
         from pybk_spark.admin.operations import rereplicate as rr
     except Exception as exc:  # noqa: BLE001 - missing component: figure is null
         return {"available": False, "reason": f"pybk_spark.admin.operations.rereplicate: {exc}"}
     from pybk_spark.admin.operations import orchestrate as orch
-    groups = (("client", False, orch.DEFAULT_PARALLEL), ("pull_sequential", True, 1),
-              ("pull", True, orch.DEFAULT_PARALLEL))
-    per_group, per_ledger = (1, 2_000) if quick else (4, 50_000)
-    n_ledgers = per_group * len(groups)
+    # (path, pull?, fragments at once, ledgers): the timed pull copies 12
+    # fragments (640 MB, about a second, as long as its floor's copy); at 4
+    # (213 MB) its start-up was a third of the figure and the figure swung
+    # with it
+    groups: list[tuple[str, bool, int, int]] = [
+        ("client", False, orch.DEFAULT_PARALLEL, 4), ("pull_sequential", True, 1, 4),
+        ("pull", True, orch.DEFAULT_PARALLEL, 12)]
+    if quick:
+        groups = [(path, pull, par, 1) for path, pull, par, _n in groups]
+    per_ledger = 2_000 if quick else 50_000
+    n_ledgers = sum(g[3] for g in groups)
     uri = cluster.metadata_uri
     with BookKeeper(uri) as bk:
         for lid in bk.list_ledgers():        # only this figure's ledgers are audited
@@ -78,15 +87,19 @@ def measure(cluster, quick: bool, floor: Optional[Callable[[], object]] = None) 
         cpu: dict[str, dict] = {}
         by_path: dict[str, int] = {}
         pids = cluster_pids(cluster)
-        for g, (path, pull, parallel) in enumerate(groups):
-            work = res.work[g::len(groups)]
+        group_of = {lid: g for g, lids in enumerate(_split(ids, [n for *_, n in groups]))
+                    for lid in lids}
+        for g, (path, pull, parallel, _n) in enumerate(groups):
+            work = [w for w in res.work if group_of.get(w.ledger_id) == g]
             mapper = orch.local_mapper(progress=False, parallel=parallel)
             if path == "pull" and floor is not None:
-                floor()
+                floor("before")
             t1 = time.perf_counter()
             with CpuMeter(pids) as meter:
                 got = mapper(lambda w, pull=pull: rr.copy_fragment(bk, w, pull=pull), work, path)
             secs[path] = time.perf_counter() - t1
+            if path == "pull" and floor is not None:
+                floor("after")
             cpu[path] = dict(meter.used)
             want = "pull" if pull else "client"
             for row in got:
@@ -119,6 +132,15 @@ def measure(cluster, quick: bool, floor: Optional[Callable[[], object]] = None) 
         out["available"] = False
         out["reason"] = (f"{len(failed)} fragment copies failed, {len(under)} under-replicated "
                          f"after, {len(rows)} work items")
+    return out
+
+
+def _split(ids: list[int], sizes: list[int]) -> list[list[int]]:
+    """``ids`` cut into consecutive runs of ``sizes``."""
+    out, at = [], 0
+    for n in sizes:
+        out.append(ids[at:at + n])
+        at += n
     return out
 
 
