@@ -54,8 +54,7 @@ def measure(cluster, quick: bool, floor: Optional[Callable[[str], object]] = Non
     from pybk_spark.admin.operations import orchestrate as orch
     # (path, pull?, fragments at once, ledgers): the timed pull copies 12
     # fragments (640 MB, about a second, as long as its floor's copy); at 4
-    # (213 MB) its start-up was a third of the figure and the figure swung
-    # with it
+    # (213 MB, a third of a second) the figure swung by half from run to run
     groups: list[tuple[str, bool, int, int]] = [
         ("client", False, orch.DEFAULT_PARALLEL, 4), ("pull_sequential", True, 1, 4),
         ("pull", True, orch.DEFAULT_PARALLEL, 12)]
