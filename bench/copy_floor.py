@@ -28,7 +28,10 @@ nothing but the system calls, the way the sync-add floor
   Figure 8 runs the copy from the disk right before its timed pull and
   again right after it (a big copy slows whatever writes next on this
   disk, so either alone favours one side), and divides by the mean
-  (``around``).
+  (``around``).  Both read a file written before the pull's ledgers
+  (``stored_file``), so the copy reads bytes as old as the ones the pull
+  reads: a virtual disk's host keeps recent writes, and a file read right
+  after it is written reads faster than one written gigabytes ago.
 
 No Arrow, no protobuf, no index, no digest per entry, no metadata: ours /
 this is how much of a copy's cost is our protocol's and how much is the
@@ -131,29 +134,41 @@ def _out(proc: subprocess.Popen) -> IO[str]:
     assert proc.stdout is not None, "helpers are started with stdout=PIPE"
     return proc.stdout
 
-def measure(work_dir: str, total_bytes: int, streams_list=None, cached: bool = True) -> dict:
+def stored_file(work_dir: str, total_bytes: int) -> str:
+    """A file of ``total_bytes`` in ``work_dir``, written and fsynced: what
+    the copy from the disk reads (the caller removes it)."""
+    fd, path = tempfile.mkstemp(prefix="copy-floor-", dir=work_dir)
+    block = os.urandom(CHUNK_BYTES)
+    with os.fdopen(fd, "wb") as fh:
+        for _ in range(total_bytes // CHUNK_BYTES):
+            fh.write(block)
+        fh.flush()
+        os.fsync(fh.fileno())         # on the disk before the disk source reads it
+    return path
+
+
+def measure(work_dir: str, total_bytes: int, streams_list=None, cached: bool = True,
+            src: str | None = None) -> dict:
     """MB/s and CPU-s per GB of the bare copy from the disk, one stream and
     as many as figure 8 copies at once (``orchestrate.DEFAULT_PARALLEL``),
     under ``str(streams)``; with ``cached``, the copy from the page cache at
-    that many at once under ``"cached"``."""
+    that many at once under ``"cached"``.  ``src``: the stored file the copy
+    from the disk reads (``stored_file``), else one written here first."""
     from pybk_spark.admin.operations.orchestrate import DEFAULT_PARALLEL
     if streams_list is None:
         streams_list = sorted({1, DEFAULT_PARALLEL})
-    out: dict = {"chunk_bytes": CHUNK_BYTES, "bytes": total_bytes}
+    out: dict = {"chunk_bytes": CHUNK_BYTES, "bytes": total_bytes,
+                 "source_file": "written before the pull's ledgers" if src else "just written"}
     with tempfile.TemporaryDirectory(dir=work_dir) as d:
-        src = os.path.join(d, "stored")
-        block = os.urandom(CHUNK_BYTES)
-        with open(src, "wb") as fh:
-            for _ in range(total_bytes // CHUNK_BYTES):
-                fh.write(block)
-            fh.flush()
-            os.fsync(fh.fileno())         # on the disk before the disk source reads it
+        disk_src = src if src is not None else stored_file(d, total_bytes)
         for streams in streams_list:
-            out[str(streams)] = _run(d, src, total_bytes, streams, "disk")
+            out[str(streams)] = _run(d, disk_src, total_bytes, streams, "disk")
         if cached:
-            # the written file's pages stay in the page cache (a direct read
-            # neither uses nor drops them): the cached copy reads them from there
-            out["cached"] = {str(DEFAULT_PARALLEL): _run(d, src, total_bytes, DEFAULT_PARALLEL,
+            # a file just written (after the copies from the disk, which it
+            # would slow): its pages are in the page cache, where the cached
+            # copy reads them (a direct read neither uses nor drops them)
+            fresh = disk_src if src is None else stored_file(d, total_bytes)
+            out["cached"] = {str(DEFAULT_PARALLEL): _run(d, fresh, total_bytes, DEFAULT_PARALLEL,
                                                          "cached")}
     return out
 

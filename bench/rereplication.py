@@ -43,10 +43,11 @@ from pybk_spark.ledger.client import BookKeeper
 
 
 def measure(cluster, quick: bool, floor: Optional[Callable[[str], object]] = None) -> dict:
-    """``floor``: called with "before" and "after" right around the timed
-    pull group (its peer, the bare copy of bench/copy_floor.py, then meets
-    the disk and the machine as the pull does; a big copy slows whatever
-    writes next here, so the peer is the mean of the two)."""
+    """``floor``: called with "setup" before the ledgers are written, then
+    with "before" and "after" right around the timed pull group (its peer,
+    the bare copy of bench/copy_floor.py, then reads bytes as old as the
+    pull's and meets the disk and the machine as the pull does; a big copy
+    slows whatever writes next here, so the peer is the mean of the two)."""
     try:
         from pybk_spark.admin.operations import rereplicate as rr
     except Exception as exc:  # noqa: BLE001 - missing component: figure is null
@@ -63,6 +64,8 @@ def measure(cluster, quick: bool, floor: Optional[Callable[[str], object]] = Non
     per_ledger = 2_000 if quick else 50_000
     n_ledgers = sum(g[3] for g in groups)
     uri = cluster.metadata_uri
+    if floor is not None:
+        floor("setup")
     with BookKeeper(uri) as bk:
         for lid in bk.list_ledgers():        # only this figure's ledgers are audited
             bk.delete_ledger(lid)
