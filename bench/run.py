@@ -302,7 +302,7 @@ def _cluster_figures(r: Run, quick: bool, work: str, redis_sw, client_append, ca
         r.step("11_offload", lambda: offload_bench.measure(uri, quick, work))
         r.step("7_recovery", lambda: recovery_bench.measure(uri, quick))
         # the bare copy right around the pull it is the floor of: the disk's
-        # speed here moves by a quarter from one minute to the next
+        # speed here moves by half from one minute to the next
         from pybk_spark.admin.operations.orchestrate import DEFAULT_PARALLEL
         floors: dict = {}
         size = (32 << 20) if quick else (1 << 30)
