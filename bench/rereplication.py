@@ -89,10 +89,10 @@ def measure(cluster, quick: bool, floor: Optional[Callable[[str], object]] = Non
         cpu: dict[str, dict] = {}
         by_path: dict[str, int] = {}
         pids = cluster_pids(cluster)
-        group_of = {lid: g for g, lids in enumerate(_split(ids, [n for *_, n in groups]))
-                    for lid in lids}
-        for g, (path, pull, parallel, _n) in enumerate(groups):
-            work = [w for w in res.work if group_of.get(w.ledger_id) == g]
+        start = 0
+        for path, pull, parallel, n in groups:      # each group its run of ``ids``
+            mine, start = set(ids[start:start + n]), start + n
+            work = [w for w in res.work if w.ledger_id in mine]
             mapper = orch.local_mapper(progress=False, parallel=parallel)
             if path == "pull" and floor is not None:
                 floor("before")
@@ -134,15 +134,6 @@ def measure(cluster, quick: bool, floor: Optional[Callable[[str], object]] = Non
         out["available"] = False
         out["reason"] = (f"{len(failed)} fragment copies failed, {len(under)} under-replicated "
                          f"after, {len(rows)} work items")
-    return out
-
-
-def _split(ids: list[int], sizes: list[int]) -> list[list[int]]:
-    """``ids`` cut into consecutive runs of ``sizes``."""
-    out, at = [], 0
-    for n in sizes:
-        out.append(ids[at:at + n])
-        at += n
     return out
 
 
