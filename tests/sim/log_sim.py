@@ -101,16 +101,20 @@ class LogSim(ClientSim):
         last leader closed the log), ``until`` then only a safety cap."""
         loop = self.loop
         bk = self.client(who)
-        reader = LogReader(bk, LOG, "earliest", password=PASSWORD, poll_timeout_s=1.0)
+        reader = None
         while loop.now < until:
             try:
+                if reader is None:
+                    # (re)opened from the start; the log may not exist yet:
+                    # its first leader's open can fail and be retried later
+                    reader = LogReader(bk, LOG, "earliest", password=PASSWORD,
+                                       poll_timeout_s=1.0)
+                    out.clear()
                 _index, lid, batch = reader.read_batch(timeout_s=1.0)
             except errors.BKError as exc:
                 loop.note(f"{who} read failed {type(exc).__name__}")
                 loop.sleep(1.0)
-                reader = LogReader(bk, LOG, "earliest", password=PASSWORD,
-                                            poll_timeout_s=1.0)
-                out.clear()
+                reader = None
                 continue
             if batch is not None:
                 out.extend(batch.column("payload").to_pylist())
