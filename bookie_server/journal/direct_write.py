@@ -16,8 +16,10 @@ depends on the page cache's state (measured on that machine: 0.1 against
 What.  ``Journal`` hands a group of at least ``min_bytes`` to
 ``DirectWriter.write_group`` (the journal's own ``write_all`` and
 ``preallocate`` are passed in, so its test seams see every write):
-its frames are copied into one page-aligned staging buffer (an anonymous
-mmap, kept and reused, so its pages are touched once per process) and
+its frames are copied into one staging buffer (an anonymous mapping on
+huge pages, ``direct_buffers.huge_mapping``: the device gets
+requests of 4 MiB, not ~1 MiB; kept and reused, so its pages are touched
+once per process) and
 written with one ``pwritev`` on a second descriptor of the journal file,
 opened with ``O_DIRECT``.  ``O_DIRECT`` needs the file offset, the buffer
 address and the length aligned to the device's logical block; ``ALIGN``
@@ -59,12 +61,13 @@ from typing import Any, Callable
 
 from bookie_server.journal.journal_crc import Body
 from bookie_server.journal.journal_format import HEADER, MIN_BODY, RecordType, frame
+from bookie_server.direct_buffers import HUGE_PAGE, huge_mapping
 
 log = logging.getLogger("bookie.journal")
 
 ALIGN = 4096
 PAD_MIN = HEADER.size + MIN_BODY        # the smallest frame replay accepts as valid
-_STAGING_STEP = 1 << 20
+_STAGING_STEP = HUGE_PAGE
 
 
 def pad_before(offset: int) -> int:
@@ -88,7 +91,8 @@ class DirectWriter:
         self._write_all = write_all          # (fd, pieces, offset) -> bytes written
         self._preallocate = preallocate      # (bytes needed past the journal's end)
         self.fd = -1
-        self._staging: mmap.mmap | None = None
+        self._mapping: mmap.mmap | None = None
+        self._staging: memoryview | None = None      # of ``_mapping``, on a huge page
         self._unavailable_logged = False
 
     def open(self, path: str) -> None:
@@ -143,16 +147,24 @@ class DirectWriter:
         at = 0
         for piece in pieces + (pad_frame(tail) if tail else []):
             n = len(piece)
-            buf[at:at + n] = piece
+            buf[at:at + n] = memoryview(piece).cast("B")   # Arrow buffers export "b"
             at += n
         return memoryview(buf)[:total]
 
-    def _buffer(self, nbytes: int) -> mmap.mmap:
+    def _buffer(self, nbytes: int) -> memoryview:
         if self._staging is None or len(self._staging) < nbytes:
-            if self._staging is not None:
-                self._staging.close()
-            self._staging = mmap.mmap(-1, -(-nbytes // _STAGING_STEP) * _STAGING_STEP)
+            self._release_staging()
+            self._mapping, self._staging = huge_mapping(-(-nbytes // _STAGING_STEP) * _STAGING_STEP)
         return self._staging
+
+    def _release_staging(self) -> None:
+        if self._staging is not None and self._mapping is not None:
+            try:
+                self._staging.release()
+                self._mapping.close()
+            except BufferError:        # a view of it still held: unmapped when let go
+                pass
+        self._mapping = self._staging = None
 
     def refuse(self, exc: OSError) -> None:
         """A direct write was refused (EINVAL): buffered writes from now on,

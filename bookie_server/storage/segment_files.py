@@ -47,11 +47,12 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING, BinaryIO, Callable
+from typing import TYPE_CHECKING, BinaryIO, Callable, cast
 
 import pyarrow as pa
 
 from bookie_server.journal.journal_format import file_name as journal_file_name
+from bookie_server.direct_buffers import HUGE_PAGE, READ_BUFFERS
 from pybk_spark import errors
 from pybk_spark.wire.arrow_memory import wire_pool
 
@@ -64,6 +65,15 @@ JOURNAL_SEGMENT_BASE = 1 << 22     # segment ids >= this are journal files (seq 
 # O_DIRECT's alignment of offset, length and buffer address: the logical
 # block of every common device (the journal's direct writes use the same)
 DIRECT_ALIGN = 4096
+# from one huge page up, a direct read goes into a pooled huge-page buffer
+# (direct_buffers.py: requests of 4 MiB, not ~1 MiB); below it, the
+# wire pool (a small read would pin 2 MiB)
+HUGE_READ_MIN = HUGE_PAGE
+# stored batches read together by ``batches_whole``: at most this far apart
+# (the journal's frame headers and PADs between two adds' batches) and this
+# long in all (a pull's answer is at most 8 MiB)
+COALESCE_GAP = 64 << 10
+COALESCE_MAX = 16 << 20
 
 
 def journal_segment(seq: int) -> int:
@@ -172,15 +182,58 @@ class SegmentFiles:
         return pa.ipc.open_stream(self.read_direct(ref.segment, ref.offset, ref.length)
                                   ).read_next_batch()
 
+    def batches_whole(self, refs: "list[Ref]") -> "list[pa.RecordBatch]":
+        """``batch_whole`` of each of ``refs``, where the stored ones that
+        lie one after the other in a file (at most ``COALESCE_GAP`` bytes
+        apart: the journal's frame headers and PADs between them) are read
+        with one ``read_direct`` of up to ``COALESCE_MAX`` bytes: a huge-page
+        buffer then goes out as requests of 4 MiB, not one per batch."""
+        out: "list[pa.RecordBatch | None]" = [None] * len(refs)
+        todo = []
+        for i, ref in enumerate(refs):
+            if ref.batch is not None:
+                out[i] = ref.batch
+                continue
+            key = _stored_key(ref)
+            with self.io_lock:
+                cached = self._batch_cache.get(key)
+            if cached is not None:
+                out[i] = cached
+            else:
+                todo.append(i)
+        todo.sort(key=lambda i: (refs[i].segment, refs[i].offset))
+        k = 0
+        while k < len(todo):
+            first = refs[todo[k]]
+            end, j = first.offset + first.length, k + 1
+            while j < len(todo):
+                nxt = refs[todo[j]]
+                if (nxt.segment != first.segment or nxt.offset < end
+                        or nxt.offset - end > COALESCE_GAP
+                        or nxt.offset + nxt.length - first.offset > COALESCE_MAX):
+                    break
+                end, j = nxt.offset + nxt.length, j + 1
+            span = self.read_direct(first.segment, first.offset, end - first.offset)
+            for i in todo[k:j]:
+                ref = refs[i]
+                out[i] = pa.ipc.open_stream(span.slice(ref.offset - first.offset, ref.length)
+                                            ).read_next_batch()
+            k = j
+        return cast("list[pa.RecordBatch]", out)
+
     def read_direct(self, seg: int, offset: int, length: int) -> pa.Buffer:
         """``length`` stored bytes at ``offset`` of segment ``seg``, read
         around the page cache into a buffer of the wire pool (whose freed
         blocks stay mapped: no page is faulted in twice)."""
         start = offset - offset % DIRECT_ALIGN
         span = -(-(offset + length - start) // DIRECT_ALIGN) * DIRECT_ALIGN
-        buf = pa.allocate_buffer(span + DIRECT_ALIGN, memory_pool=wire_pool())
-        lead = -buf.address % DIRECT_ALIGN
-        view = memoryview(buf)[lead:lead + span]
+        if span >= HUGE_READ_MIN:
+            view, buf = READ_BUFFERS.take(span)
+            lead = 0
+        else:
+            buf = pa.allocate_buffer(span + DIRECT_ALIGN, memory_pool=wire_pool())
+            lead = -buf.address % DIRECT_ALIGN
+            view = memoryview(buf)[lead:lead + span]
         got = self._pread(self.path(seg), view, start) if self.direct else -1
         if got < 0:
             fd = os.open(self.path(seg), os.O_RDONLY)

@@ -1,0 +1,114 @@
+"""Memory for ``O_DIRECT`` transfers, in 2 MiB pages where the kernel has them.
+
+Theory of operation
+-------------------
+Why.  A direct read or write moves the bytes between the device and the
+process's own pages.  The block layer makes one request of at most
+``max_segments`` physically contiguous runs of those pages
+(``/sys/block/<dev>/queue/max_segments``, 254 on a virtio disk), so a
+buffer of scattered 4 KiB pages goes out as requests of about 1 MiB or
+less, whatever the size of the ``pread``.  A transparent huge page is
+2 MiB of contiguous memory: a buffer of them goes out as requests of
+``max_sectors_kb`` (4 MiB).  Where the device costs about the same per
+request whatever its size (a virtual disk's host), that is the
+difference between the disk's bandwidth and a fraction of it: on the
+machine of docs/performance.md a 4 MiB ``O_DIRECT`` read into 4 KiB pages
+goes out as eight 512 KiB requests at 1.2 GB/s, into a huge page as one
+4 MiB request at 3.5 GB/s.
+
+What.
+  * ``huge_mapping(nbytes)``: a private anonymous mapping advised
+    ``MADV_HUGEPAGE`` (``transparent_hugepage/enabled`` is ``madvise`` on
+    most distributions, so without the advice it gets 4 KiB pages), and a
+    view of ``nbytes`` of it that starts on a 2 MiB boundary.  Python's
+    ``mmap.mmap(-1, n)`` is a *shared* anonymous mapping, which is shmem
+    and takes no transparent huge pages.  Where the kernel has none to give
+    (THP ``never``, no ``madvise``), the view is still page-aligned, which
+    is all ``O_DIRECT`` needs.
+  * ``DirectReadBuffers``: buffers for direct reads whose bytes live on as
+    Arrow data (a stored batch read to be sent).  ``take(nbytes)`` returns
+    a view to read into and the ``pa.Buffer`` over the same memory; the
+    mapping goes back to the pool when the last Arrow object over it is
+    freed, so a steady stream of reads reuses the same pages (faulted once)
+    instead of faulting fresh ones per read.  At most ``max_idle_bytes``
+    wait in the pool; the rest are unmapped.
+"""
+from __future__ import annotations
+
+import ctypes
+import mmap
+import threading
+from collections import defaultdict
+
+import pyarrow as pa
+
+HUGE_PAGE = 2 << 20
+
+
+def huge_mapping(nbytes: int) -> tuple[mmap.mmap, memoryview]:
+    """(the mapping, a view of ``nbytes`` of it starting on a 2 MiB
+    boundary); the caller keeps the mapping as long as it uses the view."""
+    raw = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        raw.madvise(mmap.MADV_HUGEPAGE)
+    except (AttributeError, OSError):      # no THP in this kernel: 4 KiB pages
+        pass
+    lead = -ctypes.addressof(ctypes.c_char.from_buffer(raw)) % HUGE_PAGE
+    return raw, memoryview(raw)[lead:lead + nbytes]
+
+
+class _Lease:
+    """Held by the Arrow buffer over a pooled mapping (its ``base``): freed
+    with the last Arrow object over it, which puts the mapping back."""
+
+    __slots__ = ("pool", "size", "raw", "view")
+
+    def __init__(self, pool: DirectReadBuffers, size: int, raw: mmap.mmap, view: memoryview):
+        self.pool, self.size, self.raw, self.view = pool, size, raw, view
+
+    def __del__(self) -> None:
+        self.pool._put_back(self.size, self.raw, self.view)
+
+
+class DirectReadBuffers:
+    """Reused huge-page buffers for direct reads (module docstring)."""
+
+    def __init__(self, max_idle_bytes: int = 64 << 20):
+        self.max_idle_bytes = max_idle_bytes
+        self._idle: defaultdict[int, list[tuple[mmap.mmap, memoryview]]] = defaultdict(list)
+        self._idle_bytes = 0
+        # re-entrant: a lease freed by the collector inside ``take`` puts back
+        self._lock = threading.RLock()
+
+    def take(self, nbytes: int) -> tuple[memoryview, pa.Buffer]:
+        """(a view of ``nbytes`` to read into, the Arrow buffer over it)."""
+        size = -(-nbytes // HUGE_PAGE) * HUGE_PAGE
+        with self._lock:
+            idle = self._idle.get(size)
+            got = idle.pop() if idle else None
+            if got is not None:
+                self._idle_bytes -= size
+        raw, view = got if got is not None else huge_mapping(size)
+        lease = _Lease(self, size, raw, view)
+        buf = pa.foreign_buffer(ctypes.addressof(ctypes.c_char.from_buffer(view)), nbytes,
+                                base=lease)
+        return view[:nbytes], buf
+
+    def idle_bytes(self) -> int:
+        return self._idle_bytes
+
+    def _put_back(self, size: int, raw: mmap.mmap, view: memoryview) -> None:
+        with self._lock:
+            if self._idle_bytes + size <= self.max_idle_bytes:
+                self._idle[size].append((raw, view))
+                self._idle_bytes += size
+                return
+        try:
+            view.release()
+            raw.close()
+        except BufferError:     # a reader still holds a view of it: unmapped when it lets go
+            pass
+
+
+# one per process: the stored-batch reads of every store and the pulls' answers
+READ_BUFFERS = DirectReadBuffers()
