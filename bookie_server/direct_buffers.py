@@ -110,5 +110,5 @@ class DirectReadBuffers:
             pass
 
 
-# one per process: the stored-batch reads of every store and the pulls' answers
+# one per process: the whole-batch reads of the bookie's store
 READ_BUFFERS = DirectReadBuffers()

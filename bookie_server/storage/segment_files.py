@@ -24,6 +24,9 @@ with ``O_DIRECT`` and ``page_cache`` drops the rest), and faulting them in
 through the map costs the kernel a page-cache page per 4 KiB and user space
 a fault per page touched (measured: 1.9-2.1 CPU-s per GB through the map,
 0.6 with a buffered ``pread``, 0.05 with ``O_DIRECT``; docs/performance.md, (8)).
+Stored batches that lie one after the other in a file are read together
+(``batches_whole``), into buffers on huge pages from 2 MiB up
+(``bookie_server/direct_buffers.py``), so the device gets requests of 4 MiB.
 Where the file system refuses ``O_DIRECT`` (tmpfs) or its alignment, those
 reads are buffered ``pread``s.
 
@@ -223,8 +226,10 @@ class SegmentFiles:
 
     def read_direct(self, seg: int, offset: int, length: int) -> pa.Buffer:
         """``length`` stored bytes at ``offset`` of segment ``seg``, read
-        around the page cache into a buffer of the wire pool (whose freed
-        blocks stay mapped: no page is faulted in twice)."""
+        around the page cache: from ``HUGE_READ_MIN`` up into a pooled
+        buffer on huge pages (``direct_buffers.READ_BUFFERS``), below it
+        into one of the wire pool (whose freed blocks stay mapped: no page
+        is faulted in twice)."""
         start = offset - offset % DIRECT_ALIGN
         span = -(-(offset + length - start) // DIRECT_ALIGN) * DIRECT_ALIGN
         if span >= HUGE_READ_MIN:
