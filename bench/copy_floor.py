@@ -27,8 +27,8 @@ nothing but the system calls, the way the sync-add floor
   reads and journal writes use: in 4 KiB pages the same ``pread`` of 4 MiB
   goes to the disk as requests of 0.5-1 MiB, and this disk's bandwidth
   follows the number of requests, not the bytes (a copy from 4 KiB pages
-  moved 600-1,280 MB/s as the pages' physical order happened to let the
-  block layer merge them; from huge pages 1,070-1,260).
+  moves 600-1,280 MB/s as the pages' physical order lets the block layer
+  merge them; from huge pages 1,070-1,260).
 * one pair, then ``orchestrate.DEFAULT_PARALLEL`` pairs at once, each over
   its own slice of the file (figure 8 copies that many fragments at once).
   Figure 8 runs the copy from the disk right before its timed pull and
