@@ -57,21 +57,9 @@ from typing import IO
 
 CHUNK_BYTES = 4 << 20
 
-# both helpers' buffers: huge pages (bookie_server/direct_buffers.huge_mapping,
-# inline), so the disk gets requests of 4 MiB as a bookie's direct I/O does
-_HUGE = r"""
-import ctypes, mmap
-
-
-def huge(n):
-    raw = mmap.mmap(-1, n + (2 << 20), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    try:
-        raw.madvise(mmap.MADV_HUGEPAGE)
-    except (AttributeError, OSError):
-        pass
-    lead = -ctypes.addressof(ctypes.c_char.from_buffer(raw)) % (2 << 20)
-    return raw, memoryview(raw)[lead:lead + n]
-"""
+# both helpers' buffers: huge pages, as a bookie's direct I/O uses, so the
+# disk gets requests of 4 MiB (bookie_server/direct_buffers.py)
+_HUGE = "from bookie_server.direct_buffers import huge_mapping as huge\n"
 
 _REPLACEMENT = _HUGE + r"""
 import os, socket, sys

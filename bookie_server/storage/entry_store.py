@@ -256,22 +256,20 @@ class EntryStore:
             take_rows, ref_of_row = take_rows[mine], ref_of_row[mine]
             if len(take_rows) == 0:
                 return empty_batch(), limited
-        got: dict[int, pa.RecordBatch] = {}
         if stripe is None:
             # every stored id of the span (a pull, a replicas check): each
             # stored batch is read once, whole, around the page cache, the
             # neighbours in a file together
             used = list(dict.fromkeys(ref_of_row.tolist()))
-            got.update(zip(used, self.files.batches_whole([by_id[r] for r in used])))
-            read_whole = self.files.batch_whole
+            got = dict(zip(used, self.files.batches_whole([by_id[r] for r in used])))
         else:
             self.files.will_need(ref_objs, max_bytes)
-            read_whole = self.files.batch_of
+            got = {}
 
         def stored(ref_id: int) -> pa.RecordBatch:
             batch = got.get(ref_id)
-            if batch is None:
-                batch = got[ref_id] = read_whole(by_id[ref_id])
+            if batch is None:           # a striped read's: through the map, when first used
+                batch = got[ref_id] = self.files.batch_of(by_id[ref_id])
             return batch
 
         if len(take_rows) <= SLICE_READ_MAX_ROWS:

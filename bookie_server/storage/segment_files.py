@@ -174,16 +174,7 @@ class SegmentFiles:
         docstring): from memory or the decoded-batch cache, else read with
         ``read_direct`` and not cached; ``ValueError`` for a write-cache run
         (``_stored_key``)."""
-        batch = ref.batch
-        if batch is not None:
-            return batch
-        key = _stored_key(ref)
-        with self.io_lock:
-            cached = self._batch_cache.get(key)
-        if cached is not None:
-            return cached
-        return pa.ipc.open_stream(self.read_direct(ref.segment, ref.offset, ref.length)
-                                  ).read_next_batch()
+        return self.batches_whole([ref])[0]
 
     def batches_whole(self, refs: "list[Ref]") -> "list[pa.RecordBatch]":
         """``batch_whole`` of each of ``refs``, where the stored ones that
