@@ -209,7 +209,8 @@ class Bookie:
                 if rec is None:
                     continue
                 if isinstance(rec, AddRecord):  # ADD_BATCH is the submission's last record
-                    self._apply_batch(rec.ledger_id, rec.batch, rec.raw, (sub.seq, sub.body_at))
+                    self._apply_batch(rec.ledger_id, rec.batch, rec.raw, (sub.seq, sub.body_at),
+                                      rec.cold)
                 elif isinstance(rec, DeleteRecord):
                     self._apply_delete(rec.ledger_id)
                 elif isinstance(rec, LacRecord):
@@ -222,8 +223,8 @@ class Bookie:
             self._flush_wanted.set()
 
     def _apply_batch(self, ledger_id: int, batch: pa.RecordBatch, raw: bytes | None,
-                     location: tuple[int, int] | None = None) -> None:
-        self.store.add(ledger_id, batch, raw, location)
+                     location: tuple[int, int] | None = None, cold: bool = False) -> None:
+        self.store.add(ledger_id, batch, raw, location, cold)
         lacs = batch.column(2).to_numpy()
         max_lac = int(lacs[0] if len(lacs) == 1 else lacs.max())   # a lone add: no reduction
         max_id = int(batch.column(1).to_numpy()[-1])

@@ -142,7 +142,11 @@ class RequestHandlers:
             records = self._key_records(plan, ledger_id, master_key)
             records.append((RecordType.ADD_BATCH, data))
             self.states[ledger_id] = plan.state
-            return self.journal.submit(records, AddRecord(ledger_id, batch, data), lead=True)
+            # a recovery add copies entries written long before (a pull, a
+            # client's re-replication or ledger recovery): read back from the
+            # journal, not held in memory until the checkpoint
+            return self.journal.submit(records, AddRecord(ledger_id, batch, data, recovery),
+                                       lead=True)
 
     def add(self, ledger_id: int, master_key: bytes, data: bytes, recovery: bool = False,
             timeout: Optional[float] = None) -> tuple[int, int]:

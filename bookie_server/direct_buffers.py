@@ -1,4 +1,5 @@
-"""Memory for ``O_DIRECT`` transfers, in 2 MiB pages where the kernel has them.
+"""Pooled memory for a bookie's big transfers: direct I/O on 2 MiB pages where the
+kernel has them, and read answers on pages used again from answer to answer.
 
 Theory of operation
 -------------------
@@ -25,13 +26,24 @@ What.
     and takes no transparent huge pages.  Where the kernel has none to give
     (THP ``never``, no ``madvise``), the view is still page-aligned, which
     is all ``O_DIRECT`` needs.
-  * ``DirectReadBuffers``: buffers for direct reads whose bytes live on as
-    Arrow data (a stored batch read to be sent).  ``take(nbytes)`` returns
-    a view to read into and the ``pa.Buffer`` over the same memory; the
-    mapping goes back to the pool when the last Arrow object over it is
-    freed, so a steady stream of reads reuses the same pages (faulted once)
-    instead of faulting fresh ones per read.  At most ``max_idle_bytes``
-    wait in the pool; the rest are unmapped.
+  * ``BufferPool``: reused buffers whose bytes live on as Arrow data.
+    ``take(nbytes)`` returns a view to fill and the ``pa.Buffer`` over the
+    same memory; the mapping goes back to the pool when the last Arrow
+    object over it is freed, so a steady stream of reads reuses the same
+    pages (faulted once) instead of faulting fresh ones per read.  At most
+    ``max_idle_bytes`` wait in the pool; the rest are unmapped.  Two per
+    process:
+
+    - ``READ_BUFFERS``, on huge pages: the store's whole-batch direct reads.
+    - ``ANSWER_BUFFERS``, on 4 KiB pages: read answers this bookie joins
+      from several stored batches to send (``EntryStore`` reads) and the
+      answers its pulls receive from a peer (serving/peer_lane.py).  A
+      pull's answer lives until it is journaled; Arrow's jemalloc pool
+      gives such multi-MiB blocks fresh pages each time (the kernel
+      zero-fills every page: a fifth of a pull's source's CPU), and in
+      huge pages a fresh block costs more still wherever the kernel must
+      compact memory to find them (measured: the pull 10% slower).  Its
+      idle cap covers the answers of four pulls in flight.
 """
 from __future__ import annotations
 
@@ -45,12 +57,14 @@ import pyarrow as pa
 HUGE_PAGE = 2 << 20
 
 
-def huge_mapping(nbytes: int) -> tuple[mmap.mmap, memoryview]:
+def huge_mapping(nbytes: int, huge: bool = True) -> tuple[mmap.mmap, memoryview]:
     """(the mapping, a view of ``nbytes`` of it starting on a 2 MiB
-    boundary); the caller keeps the mapping as long as it uses the view."""
+    boundary); the caller keeps the mapping as long as it uses the view.
+    ``huge`` false: advised ``MADV_NOHUGEPAGE`` (4 KiB pages even where THP
+    is ``always``)."""
     raw = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     try:
-        raw.madvise(mmap.MADV_HUGEPAGE)
+        raw.madvise(mmap.MADV_HUGEPAGE if huge else mmap.MADV_NOHUGEPAGE)
     except (AttributeError, OSError):      # no THP in this kernel: 4 KiB pages
         pass
     lead = -ctypes.addressof(ctypes.c_char.from_buffer(raw)) % HUGE_PAGE
@@ -63,18 +77,20 @@ class _Lease:
 
     __slots__ = ("pool", "size", "raw", "view")
 
-    def __init__(self, pool: DirectReadBuffers, size: int, raw: mmap.mmap, view: memoryview):
+    def __init__(self, pool: BufferPool, size: int, raw: mmap.mmap, view: memoryview):
         self.pool, self.size, self.raw, self.view = pool, size, raw, view
 
     def __del__(self) -> None:
         self.pool._put_back(self.size, self.raw, self.view)
 
 
-class DirectReadBuffers:
-    """Reused huge-page buffers for direct reads (module docstring)."""
+class BufferPool:
+    """Reused buffers, on huge pages unless ``huge`` is false (module
+    docstring)."""
 
-    def __init__(self, max_idle_bytes: int = 64 << 20):
+    def __init__(self, max_idle_bytes: int = 64 << 20, huge: bool = True):
         self.max_idle_bytes = max_idle_bytes
+        self.huge = huge
         self._idle: defaultdict[int, list[tuple[mmap.mmap, memoryview]]] = defaultdict(list)
         self._idle_bytes = 0
         # re-entrant: a lease freed by the collector inside ``take`` puts back
@@ -88,7 +104,7 @@ class DirectReadBuffers:
             got = idle.pop() if idle else None
             if got is not None:
                 self._idle_bytes -= size
-        raw, view = got if got is not None else huge_mapping(size)
+        raw, view = got if got is not None else huge_mapping(size, self.huge)
         lease = _Lease(self, size, raw, view)
         buf = pa.foreign_buffer(ctypes.addressof(ctypes.c_char.from_buffer(view)), nbytes,
                                 base=lease)
@@ -110,5 +126,6 @@ class DirectReadBuffers:
             pass
 
 
-# one per process: the whole-batch reads of the bookie's store
-READ_BUFFERS = DirectReadBuffers()
+# one of each per process (module docstring)
+READ_BUFFERS = BufferPool()
+ANSWER_BUFFERS = BufferPool(256 << 20, huge=False)

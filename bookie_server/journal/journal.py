@@ -308,20 +308,26 @@ class Journal:
             group = self._next_group()
             if group is None:
                 break
-            try:
-                written = self._write_group(group)
-                if written is None:
-                    self._pipeline_done(1)
-                    continue
-                self._syncer.put(written)
-                if self.file.offset >= self.file.check_at:    # as in _lead_group
-                    self._roll_or_grow()
-            finally:
-                with self._cv:          # the file is free again: a leader may take it
-                    self._writer_busy = False
-                    self._cv.notify_all()
+            self._write_and_hand_over(group)
+            # let go before waiting: a group's submissions hold their
+            # batches' received buffers (a pull's go back to its pool)
+            del group
         self._syncer.stop()
         self._finish_file()
+
+    def _write_and_hand_over(self, group: list[Submission]) -> None:
+        try:
+            written = self._write_group(group)
+            if written is None:
+                self._pipeline_done(1)
+                return
+            self._syncer.put(written)
+            if self.file.offset >= self.file.check_at:    # as in _lead_group
+                self._roll_or_grow()
+        finally:
+            with self._cv:          # the file is free again: a leader may take it
+                self._writer_busy = False
+                self._cv.notify_all()
 
     def _pipeline_done(self, groups: int) -> None:
         with self._cv:

@@ -124,6 +124,9 @@ class SyncStage:
                     return
                 if isinstance(item, threading.Event):
                     item.set()
+            # let go of the groups before waiting: a group's submissions hold
+            # their batches' received buffers (a pull's go back to its pool)
+            del items, item
 
     def _sync_groups(self, groups: list[WrittenGroup]) -> None:
         if len(groups) == 1:

@@ -29,10 +29,12 @@ from pybk_spark.wire.entries import Record
 @dataclass(slots=True)
 class AddRecord:
     """An ADD_BATCH record (the submission's last record): its validated
-    batch and the bytes as received."""
+    batch and the bytes as received; ``cold``: the store reads it back from
+    the journal instead of keeping it in memory (a recovery add's copy)."""
     ledger_id: int
     batch: pa.RecordBatch
     raw: bytes
+    cold: bool = False
 
 
 @dataclass(slots=True)

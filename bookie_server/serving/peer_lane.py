@@ -5,36 +5,41 @@ registered a lane and the bookies talk plaintext.
 
 Why not gRPC: a peer answers a lane read from where its stored entries lie
 (``batch_to_parts`` + ``sendmsg``) and this bookie receives the answer into
-one pooled buffer (``read_frame_into``), parsed in place; over gRPC the same
+one pooled buffer (``read_frame_into`` with ``direct_buffers.ANSWER_BUFFERS``),
+parsed in place; over gRPC the same
 8 MiB answer is IPC-encoded, joined into ``bytes``, copied into gRPC's
 slices, and copied again on receipt (measured: the lane halves the CPU a
 pull costs the two bookies; docs/performance.md, (8)).
 
-A lane read connection answers one read at a time, in order, so the reads
-a pull keeps in flight (its window) each get a connection and a thread of
-their own: ``read`` hands the request to the next free one.  The reader
-outlives a pull: serving/peer_pool.py hands it to the next pull of the same
-peer, connections and threads included.  A connection that fails is closed
-and its read fails with the typed error of
-``wire.codes.translate_socket_error`` (the pull then counts the peer's ids
-not copied); a refused read fails with its wire code's error, like gRPC.
-A kept connection that fails before its answer (other than by a timeout:
-the peer closed it while idle) is replaced, and the read sent once more on
-the new one (reads change nothing on the peer).
-The same ``read`` / ``close`` shape as ``peer_client.PeerReader``.
+Pipelined, on the pull's own thread.  A lane read connection answers its
+reads one at a time, in the order they were sent, so the reads a pull
+keeps in flight (its window) are all sent ahead on one connection
+(``send``) and their answers received in that order (``receive``) by the
+thread that runs the pull: no reader thread, no future, no hand-off per
+answer (with a thread per read in flight, the threads' turns at the GIL
+were a third of the context switches of a bookie taking four pulls).
+The reader outlives a pull: serving/peer_pool.py hands it to the next pull
+of the same peer, its connection included; a pull that ends with reads
+still unanswered (it stopped on an error) leaves their answers on the
+connection, so ``discard`` closes it and the next read opens a new one.
+A connection that fails is closed and the read fails with the typed error
+of ``wire.codes.translate_socket_error`` (the pull then counts the peer's
+ids not copied); a refused read fails with its wire code's error, like
+gRPC.  A kept connection that fails before its first answer (other than by
+a timeout: the peer closed it while idle) is replaced, and the reads in
+flight sent once more on the new one (reads change nothing on the peer).
 """
 from __future__ import annotations
 
 import socket
-import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections import deque
 from typing import Any, Optional, cast
 
 from pybk_spark import errors
-from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import codes, framing, lane_frames
 from pybk_spark.wire.frame_socket import configure, read_frame_into, send_parts
 from pybk_spark.wire.results import ReadResult
+from bookie_server.direct_buffers import ANSWER_BUFFERS
 from bookie_server.serving.peer_client import read_request, read_result
 
 _CONNECT_TIMEOUT_S = 5.0
@@ -47,6 +52,9 @@ class _Connection:
         self.sock.settimeout(timeout)
         self.stream = self.sock.makefile("rb")
         send_parts(self.sock, [lane_frames.hello(bookie_id, lane_frames.READ_MAGIC)])
+        # reads were answered on it and more are due: a failure now is not
+        # the peer having closed an idle connection
+        self.answered = False
 
     def close(self) -> None:
         try:
@@ -57,84 +65,102 @@ class _Connection:
 
 
 class LanePeerReader:
-    """Sparse reads of one peer bookie over its read lane, each a future of
-    a ``ReadResult``; at most ``window`` at once."""
+    """Sparse reads of one peer bookie over its read lane, pipelined on one
+    connection: ``send`` a read, ``receive`` the oldest read's answer as a
+    ``ReadResult`` (module docstring)."""
+
+    pipelined = True
 
     def __init__(self, lane_address: str, bookie_id: str, max_answer_bytes: int,
-                 window: int, default_timeout: float = 5.0) -> None:
+                 default_timeout: float = 5.0) -> None:
         self.address = lane_address
         self.bookie_id = bookie_id
         self.max_answer_bytes = max_answer_bytes
         self.default_timeout = default_timeout
-        self._local = threading.local()
-        self._lock = threading.Lock()
-        self._open: list[_Connection] = []
-        self._pool = ThreadPoolExecutor(max_workers=max(1, window),
-                                        thread_name_prefix=f"pull-lane-{bookie_id}")
+        self._conn: Optional[_Connection] = None
+        # the reads sent and not yet answered, oldest first: (frame, timeout, context)
+        self._sent: deque[tuple[list[Any], float, dict[str, Any]]] = deque()
+        self._next = 0
 
-    def read(self, ledger_id: int, first: int, last: int, *, max_entries: int = 0,
-             max_bytes: int = 0, timeout: float | None = None,
-             sparse: bool = False) -> "Future[ReadResult]":
+    def send(self, ledger_id: int, first: int, last: int, *, max_entries: int = 0,
+             max_bytes: int = 0, timeout: float | None = None, sparse: bool = False) -> int:
+        """Send a read; its handle (the order it is answered in).  A failure
+        to send shows at its ``receive``."""
         req, ctx = read_request(self.bookie_id, ledger_id, first, last, max_entries=max_entries,
                                 max_bytes=max_bytes, sparse=sparse)
-        return self._pool.submit(self._read, req, timeout or self.default_timeout, ctx)
-
-    def _read(self, req: pb.ReadRequest, timeout: float, ctx: dict[str, Any]) -> ReadResult:
         frame = lane_frames.frame_parts(req.SerializeToString())
-        conn: Optional[_Connection] = getattr(self._local, "conn", None)
-        # A kept connection may have been closed by the peer while it was idle
-        # (a restart): it gets a second attempt on a new connection (reads
-        # change nothing on the peer).  A new connection's failure, or a
-        # timeout on any connection, fails the read.
-        attempts = 2 if conn is not None else 1
-        for attempt in range(1, attempts + 1):
+        self._sent.append((frame, timeout or self.default_timeout, ctx))
+        if self._conn is not None:
             try:
-                if conn is None:
-                    conn = self._connect(timeout)
-                body = self._exchange(conn, frame, timeout)
-                break
-            except (OSError, ValueError, EOFError) as exc:
-                self._drop(conn)
-                conn = None
-                if attempt == attempts or isinstance(exc, TimeoutError):
-                    raise codes.translate_socket_error(exc, **ctx) from None
+                send_parts(self._conn.sock, frame)
+            except OSError:
+                self._drop()          # ``receive`` reconnects or fails
+        handle = self._next
+        self._next += 1
+        return handle
+
+    def receive(self) -> ReadResult:
+        """The answer to the oldest read sent (typed errors as gRPC's)."""
+        _frame, timeout, ctx = self._sent[0]
+        # idle since its last answer: the peer may have closed it meanwhile
+        kept = self._conn is not None and not self._conn.answered
+        try:
+            conn, body = self._next_frame(timeout)
+        except (OSError, ValueError, EOFError) as exc:
+            self._drop()
+            if not kept or isinstance(exc, TimeoutError):
+                self._sent.clear()     # the connection and its unanswered reads are gone
+                raise codes.translate_socket_error(exc, **ctx) from None
+            try:                       # once more, on a new connection
+                conn, body = self._next_frame(timeout)
+            except (OSError, ValueError, EOFError) as again:
+                self._drop()
+                self._sent.clear()
+                raise codes.translate_socket_error(again, **ctx) from None
+        self._sent.popleft()
+        conn.answered = bool(self._sent)
         try:
             resp: Any = framing.parse_read_response(cast(bytes, body))   # parsed in place
         except Exception as exc:  # noqa: BLE001 - broad: a malformed answer
-            self._drop(conn)
+            self.discard()
             raise errors.BadRequest(f"bad bookie response: {exc}", **ctx) from None
         return read_result(resp, ctx)
 
-    def _connect(self, timeout: float) -> _Connection:
-        conn = self._local.conn = _Connection(self.address, self.bookie_id, timeout)
-        with self._lock:
-            self._open.append(conn)
-        return conn
-
-    def _exchange(self, conn: _Connection, frame: list[Any], timeout: float) -> Any:
-        """Send one read on ``conn`` and receive its whole answer frame."""
+    def _next_frame(self, timeout: float) -> tuple[_Connection, memoryview]:
+        """The next answer frame, on the connection (a new one, with every
+        read in flight sent on it, when there is none)."""
+        conn = self._conn
+        if conn is None:
+            conn = self._connect(timeout)
+            for frame, _t, _c in self._sent:
+                send_parts(conn.sock, frame)
         conn.sock.settimeout(timeout)
-        send_parts(conn.sock, frame)
-        body = read_frame_into(conn.stream, self.max_answer_bytes)
+        body = read_frame_into(conn.stream, self.max_answer_bytes, take=ANSWER_BUFFERS.take)
         if body is None:
             raise EOFError("read lane closed by the peer")
-        return body
+        return conn, body
 
-    def _drop(self, conn: Optional[_Connection]) -> None:
+    def discard(self) -> None:
+        """Forget the reads still unanswered: their answers would meet the
+        next pull's reads, so the connection goes too."""
+        if self._sent:
+            self._sent.clear()
+            self._drop()
+
+    def _connect(self, timeout: float) -> _Connection:
+        self._conn = _Connection(self.address, self.bookie_id, timeout)
+        return self._conn
+
+    def _drop(self) -> None:
         """After a failure nothing later on a connection can be trusted."""
-        self._local.conn = None
+        conn, self._conn = self._conn, None
         if conn is not None:
-            with self._lock:
-                if conn in self._open:
-                    self._open.remove(conn)
             conn.close()
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        with self._lock:
-            conns, self._open = self._open, []
-        for conn in conns:
-            # a worker blocked on a read of it wakes with an error
+        self._sent.clear()
+        conn, self._conn = self._conn, None
+        if conn is not None:
             try:
                 conn.sock.shutdown(socket.SHUT_RDWR)
             except OSError:

@@ -42,7 +42,7 @@ import concurrent.futures as cf
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, Union
+from typing import TYPE_CHECKING, Callable, Iterator, Optional, Union, cast
 
 import numpy as np
 import pyarrow as pa
@@ -51,15 +51,15 @@ from pybk_spark import errors
 from pybk_spark.wire.digest import Digester
 from pybk_spark.protocol.sparse_reads import SparseReadWindow
 from pybk_spark.wire.entries import batch_to_buffer
+from bookie_server.serving.peer_client import PeerReader
+from bookie_server.serving.peer_lane import LanePeerReader
 
 if TYPE_CHECKING:
     from bookie_server.bookie import Bookie
     from bookie_server.journal.journal_format import Position
-    from bookie_server.serving.peer_client import PeerReader
-    from bookie_server.serving.peer_lane import LanePeerReader
     from pybk_spark.wire.results import ReadResult
 
-DEFAULT_WINDOW = 4
+DEFAULT_WINDOW = 2
 MAX_WINDOW = 16
 # one read answer = one journaled batch = one stored batch: the size the
 # client path writes (admin/operations/rereplicate.py) and replica checks read
@@ -68,8 +68,12 @@ MAX_WINDOW = 16
 # replicas check after a pull took 2x as long)
 COPY_BATCH_ENTRIES = 5000
 COPY_BATCH_BYTES = 8 << 20
-MAX_ADDS_IN_FLIGHT = 8
+MAX_ADDS_IN_FLIGHT = 2
 _WAKE_EVERY_S = 0.5
+
+
+Handle = Union[int, "cf.Future[ReadResult]"]
+Answer = tuple[Handle, Optional["ReadResult"], Optional[BaseException]]
 
 
 @dataclass
@@ -146,46 +150,104 @@ def pull(bookie: Bookie, peer: Union[PeerReader, LanePeerReader], ledger_id: int
     max_entries = min(COPY_BATCH_ENTRIES, cfg.max_read_entries)
     max_bytes = min(COPY_BATCH_BYTES, cfg.max_read_bytes)
     window = min(window or DEFAULT_WINDOW, MAX_WINDOW)      # a request cannot ask for more
-    win: SparseReadWindow[cf.Future[ReadResult]] = SparseReadWindow(wanted, max_entries, window)
+    win: SparseReadWindow[Handle] = SparseReadWindow(wanted, max_entries, window)
     problem = ""
-
-    def send(a: int, b: int) -> cf.Future[ReadResult]:
-        return peer.read(ledger_id, a, b, max_entries=max_entries, max_bytes=max_bytes,
-                         timeout=timeout, sparse=True)
-
+    ask = _Ask(ledger_id, max_entries, max_bytes, timeout)
+    reads: Union[_PipelinedReads, _FutureReads] = (
+        _PipelinedReads(peer, ask) if isinstance(peer, LanePeerReader) else _FutureReads(peer, ask))
     try:
         while win.busy and not problem:
-            win.fill(send)
-            done, _ = cf.wait(list(win.inflight), timeout=_WAKE_EVERY_S,
-                              return_when=cf.FIRST_COMPLETED)
-            for f in sorted(done, key=lambda x: win.inflight[x][0]):
-                span = win.finished(f)
-                exc = f.exception()
+            win.fill(reads.send)
+            for handle, res, exc in reads.answers(win.inflight):
+                span = win.finished(handle)
                 if isinstance(exc, errors.NoSuchLedger):
                     continue         # the peer holds none of them
                 if exc is not None:
                     problem = f"peer read failed: {type(exc).__name__}: {exc}"
                     break
-                res = f.result()
+                assert res is not None
                 if res.end == "MISSING":
                     raise errors.BadRequest("the peer answered a sparse read with a contiguous "
                                             "run: it predates sparse reads")
                 batch = res.batch
                 if batch.num_rows:
-                    eids = batch.column("entry_id").to_numpy()
+                    # a copy: the ids outlive the answer (``_Adds.copied``),
+                    # whose buffer goes back to the pool once journaled
+                    eids = batch.column("entry_id").to_numpy().copy()
                     keep = win.answered(span, eids, res.end)
                     _copy(adds, digester, batch, eids, keep, res.raw)
                 elif res.end == "LIMIT":
                     problem = "peer answered LIMIT with no rows"
     finally:
-        for f in win.abandon():
-            f.cancel()
+        reads.abandon(win.abandon())
         adds.drain()
     copied = np.concatenate(adds.copied) if adds.copied else np.empty(0, np.int64)
     missing = np.setdiff1d(wanted, copied, assume_unique=True)
     if len(missing) and not problem:
         problem = f"{len(missing)} wanted entries absent or corrupt on the peer"
     return PullOutcome(adds.entries, adds.bytes, missing, problem)
+
+
+@dataclass(frozen=True)
+class _Ask:
+    """What each sparse read of one pull asks for."""
+    ledger_id: int
+    max_entries: int
+    max_bytes: int
+    timeout: float
+
+
+class _Reads:
+    """A pull's reads of its peer through ``request`` (the reader's
+    ``send`` or ``read``): ``send`` one, then take the ``answers``."""
+
+    def __init__(self, request: Callable[..., Handle], ask: _Ask) -> None:
+        self.request, self.ask = request, ask
+
+    def send(self, a: int, b: int) -> Handle:
+        q = self.ask
+        return self.request(q.ledger_id, a, b, max_entries=q.max_entries,
+                            max_bytes=q.max_bytes, timeout=q.timeout, sparse=True)
+
+
+class _PipelinedReads(_Reads):
+    """A lane reader's reads: sent ahead on its connection, answered in the
+    order sent, received on this thread (serving/peer_lane.py)."""
+
+    def __init__(self, peer: LanePeerReader, ask: _Ask) -> None:
+        super().__init__(peer.send, ask)
+        self.peer = peer
+
+    def answers(self, inflight: dict[Handle, tuple[int, int]]) -> Iterator[Answer]:
+        oldest = next(iter(inflight))          # sent first, answered first
+        try:
+            res = self.peer.receive()
+        except errors.BKError as exc:
+            yield oldest, None, exc
+        else:
+            yield oldest, res, None
+
+    def abandon(self, handles: list[Handle]) -> None:
+        self.peer.discard()
+
+
+class _FutureReads(_Reads):
+    """A gRPC reader's reads: each a future, taken as they complete, in
+    span order among those completed together."""
+
+    def __init__(self, peer: PeerReader, ask: _Ask) -> None:
+        super().__init__(peer.read, ask)
+
+    def answers(self, inflight: dict[Handle, tuple[int, int]]) -> Iterator[Answer]:
+        done, _ = cf.wait(cast("list[cf.Future[ReadResult]]", list(inflight)),
+                          timeout=_WAKE_EVERY_S, return_when=cf.FIRST_COMPLETED)
+        for f in sorted(done, key=lambda x: inflight[x][0]):
+            exc = f.exception()
+            yield f, (None if exc is not None else f.result()), exc
+
+    def abandon(self, handles: list[Handle]) -> None:
+        for f in handles:
+            cast("cf.Future[ReadResult]", f).cancel()
 
 
 def _copy(adds: _Adds, digester: Digester, batch: pa.RecordBatch, eids: np.ndarray,

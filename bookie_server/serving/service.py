@@ -361,11 +361,10 @@ class BookieService(pb_grpc.BookieServicer):  # type: ignore[misc]
         and the bookies talk plaintext (serving/peer_lane.py: a third of
         gRPC's CPU per byte), else its gRPC ``ReadEntries``."""
         bookie_id = request.source_bookie_id or request.source_address
-        window = min(request.read_window or pull.DEFAULT_WINDOW, pull.MAX_WINDOW)
         limit = self.cfg.grpc_message_limit()
         if request.source_lane_address and request.source_bookie_id and not self.policy.tls:
-            return (("lane", request.source_lane_address, bookie_id, window),
-                    lambda: LanePeerReader(request.source_lane_address, bookie_id, limit, window))
+            return (("lane", request.source_lane_address, bookie_id),
+                    lambda: LanePeerReader(request.source_lane_address, bookie_id, limit))
         files = peer_tls_files(self.cfg, self.policy.tls)
         return (("grpc", request.source_address, bookie_id, files),
                 lambda: PeerReader(request.source_address, limit, bookie_id=bookie_id,

@@ -78,7 +78,8 @@ from bookie_server.storage.segment_files import (JOURNAL_SEGMENT_BASE, SegmentFi
                                                  is_journal_segment, journal_segment)
 from bookie_server.storage.write_cache import (Ref, WriteCache, WrittenRun, cached_bytes,
                                                 decode_records)
-from pybk_spark.wire.entries import ENTRY_SCHEMA, empty_batch, one_batch, Record
+from bookie_server.direct_buffers import ANSWER_BUFFERS
+from pybk_spark.wire.entries import ENTRY_SCHEMA, empty_batch, one_batch, one_batch_into, Record
 
 log = logging.getLogger("bookie.store")
 
@@ -86,6 +87,7 @@ _EMPTY = empty_batch()
 RAW_MIN_ROWS = 128     # batches with this many rows, or of this many bytes, are
 RAW_MIN_BYTES = 64 << 10   # written to segments as received (no re-encoding)
 
+POOLED_ANSWER_ROWS = 1024   # answers of this many rows are joined in pooled memory
 SLICE_READ_MAX_ROWS = 256  # sparse reads of up to this many rows gather row slices (one copy)
 
 
@@ -99,6 +101,8 @@ def _within_bytes(table: pa.Table, max_bytes: int, limited: bool) -> tuple[pa.Re
         if keep < table.num_rows:
             table = table.slice(0, keep)
             limited = True
+    if table.num_rows >= POOLED_ANSWER_ROWS:
+        return one_batch_into(table, ANSWER_BUFFERS.take), limited
     return one_batch(table), limited
 
 
@@ -156,11 +160,13 @@ class EntryStore:
 
     # -- writes -----------------------------------------------------------------
     def add(self, ledger_id: int, batch: pa.RecordBatch, raw: Optional[bytes] = None,
-            location: Optional[tuple[int, int]] = None) -> int:
+            location: Optional[tuple[int, int]] = None, cold: bool = False) -> int:
         """Index a validated batch (ascending ids).  Returns rows kept.  ``raw``
         (the batch's IPC stream bytes) lets a big batch go to a segment as is;
         ``location`` (journal seq, offset) says where the journal holds ``raw``
-        durably, so a big batch is never copied at all."""
+        durably, so a big batch is never copied at all.  ``cold``: such a
+        located batch is not kept in memory either (``write_cache.Ref``):
+        its reads go to the journal file."""
         if batch.num_rows == 0:
             return 0
         ids = batch.column(1).to_numpy()
@@ -181,10 +187,12 @@ class EntryStore:
                                                or len(raw) >= self.raw_min_bytes)
             if (as_received and raw is not None and location is not None
                     and self.journal_dir is not None):
-                ref = Ref(ledger_id, batch, journal_segment(location[0]), location[1], len(raw))
+                ref = Ref(ledger_id, None if cold else batch, journal_segment(location[0]),
+                          location[1], len(raw), cold=cold)
             else:
                 ref = Ref(ledger_id, batch, raw=raw if as_received else None)
-            ref.cached = cached_bytes(batch)
+            if not ref.cold:
+                ref.cached = cached_bytes(batch)
             ref_id = self.cache.put(ledger_id, ref)
             starts, ends, rows = runs_of(ids)
             refs = np.array([ref_id], np.int64) if len(starts) == 1 else np.full(len(starts), ref_id, np.int64)

@@ -25,7 +25,9 @@ def runs_of(entry_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         e = np.empty(0, np.int64)
         return e, e, e
     if entry_ids[n - 1] - entry_ids[0] == n - 1:    # consecutive ids (every writer's add): one run
-        return entry_ids[:1], entry_ids[n - 1:], _ZERO_ROW
+        # copies: a view would keep the whole batch's buffer alive in the
+        # index after the write cache let go of the batch
+        return entry_ids[:1].copy(), entry_ids[n - 1:].copy(), _ZERO_ROW
     breaks = np.flatnonzero(np.diff(entry_ids) != 1) + 1
     first_rows = np.concatenate(([0], breaks)).astype(np.int64)
     last_rows = np.concatenate((breaks - 1, [len(entry_ids) - 1])).astype(np.int64)

@@ -58,7 +58,11 @@ class Ref:
     ``entries`` as received) or in a segment file; a memory ref with
     ``segment >= 0`` is *located*: already durable there (journal).
     ``cached`` is what a memory ref counts in the write cache's bytes (a
-    run's grows with it).
+    run's grows with it).  A *cold* ref is a located one the write cache
+    holds without its rows (``batch`` None, ``cold`` True): a recovery add's
+    batch, a copy of entries written long before, which readers read back
+    from the journal; it waits for a checkpoint like any memory ref
+    (``in_memory``) and counts no bytes.
 
     A run's ``entries`` are never decoded in place: the list grows under the
     store's lock (``WriteCache.put_entry``) and is freed without it once
@@ -70,18 +74,22 @@ class Ref:
     ``batch`` (``segment_files.batch_of`` / ``batch_whole``, ``drain``)
     are handed no run (``segment_files`` refuses one with a ValueError
     naming it)."""
-    __slots__ = ("ledger", "batch", "entries", "segment", "offset", "length", "raw", "cached")
+    __slots__ = ("ledger", "batch", "entries", "segment", "offset", "length", "raw", "cached",
+                 "cold")
 
     def __init__(self, ledger: int, batch: Optional[pa.RecordBatch] = None,
                  segment: int = -1, offset: int = 0, length: int = 0,
-                 raw: Optional[bytes] = None, entries: Optional[list[Record]] = None):
+                 raw: Optional[bytes] = None, entries: Optional[list[Record]] = None,
+                 cold: bool = False):
         self.ledger, self.batch, self.raw, self.entries = ledger, batch, raw, entries
         self.segment, self.offset, self.length = segment, offset, length
         self.cached = 0
+        self.cold = cold
 
     @property
     def in_memory(self) -> bool:
-        return self.batch is not None or self.entries is not None
+        """Held by the write cache: not yet switched to a file by a checkpoint."""
+        return self.batch is not None or self.entries is not None or self.cold
 
     def records(self, row: int, count: int) -> Optional[list[Record]]:
         """A run's records of rows ``row`` .. ``row + count - 1`` (a copy: call

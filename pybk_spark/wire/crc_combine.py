@@ -93,20 +93,32 @@ def _levels() -> np.ndarray:
     return levels
 
 
+@functools.lru_cache(maxsize=1)
+def _flat_levels() -> np.ndarray:
+    """``_levels`` with each level's tables as one row: index
+    ``digit * 1024 + lane * 256 + byte``."""
+    return _levels().reshape(4, -1)
+
+
 def shift(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """``Z(n)(crc)`` for each CRC of ``values`` (uint32) and its count ``n``
     of ``counts`` (< 2**32): what makes ``crc(A || B)`` of ``crc(A)`` and
     ``crc(B)``, for any ``B`` of ``n`` bytes."""
-    levels = _levels()
+    levels = _flat_levels()
     out = np.asarray(values, dtype=np.uint32)
     counts = np.asarray(counts, dtype=np.int64)
     for p in range(4):
         digits = (counts >> (8 * p)) & 0xFF
         if not digits.any():
             continue
+        # one flat ``take`` per byte lane: indexing the (256, 4, 256) tables
+        # with two index arrays walks numpy's general multi-index path,
+        # about twice as slow
         tables = levels[p]
-        out = (tables[digits, 0, out & 0xFF] ^ tables[digits, 1, (out >> 8) & 0xFF]
-               ^ tables[digits, 2, (out >> 16) & 0xFF] ^ tables[digits, 3, out >> 24])
+        row = (digits << 10).astype(np.intp)
+        out = (tables.take(row + (out & 0xFF)) ^ tables.take(row + (256 + ((out >> 8) & 0xFF)))
+               ^ tables.take(row + (512 + ((out >> 16) & 0xFF)))
+               ^ tables.take(row + (768 + (out >> 24))))
     return out
 
 

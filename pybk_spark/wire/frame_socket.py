@@ -38,7 +38,7 @@ import collections
 import io
 import socket
 import threading
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import pyarrow as pa
 
@@ -79,20 +79,28 @@ def read_frame(reader: io.BufferedIOBase, limit: int) -> Optional[bytes]:
     return body
 
 
-def read_frame_into(reader: io.BufferedIOBase, limit: int) -> Optional[memoryview]:
+def read_frame_into(reader: io.BufferedIOBase, limit: int,
+                    take: Optional[Callable[[int], tuple[memoryview, Any]]] = None
+                    ) -> Optional[memoryview]:
     """Like :func:`read_frame`, but the body lands in one new buffer from
     the wire pool (wire/arrow_memory.py), with no intermediate copy
     (``readinto`` on a buffered reader passes large reads straight to the
     socket).  The pool neither zero-fills it nor returns its pages to the
     kernel between reads, as a ``bytearray`` of MiBs (a fresh mapping) or
     pyarrow's default mimalloc pool would: each would be faulted in again,
-    zero-filled page by page."""
+    zero-filled page by page.  ``take(size)``, where given, supplies the
+    buffer instead: (a writable view of ``size`` bytes, the object the
+    returned body is a view of, which keeps the memory alive)."""
     header = reader.read(lane_frames.HEADER_BYTES)
     if not header:
         return None
     size = lane_frames.frame_length(header, limit)
-    return _fill(reader.readinto, memoryview(pa.allocate_buffer(size, memory_pool=wire_pool())),
-                 0, size)
+    if take is None:
+        return _fill(reader.readinto,
+                     memoryview(pa.allocate_buffer(size, memory_pool=wire_pool())), 0, size)
+    view, owner = take(size)
+    _fill(reader.readinto, view, 0, size)
+    return memoryview(owner)
 
 
 def _fill(readinto: Any, view: memoryview, got: int, size: int) -> memoryview:

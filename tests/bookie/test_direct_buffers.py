@@ -12,7 +12,7 @@ import os
 
 import pyarrow as pa
 
-from bookie_server.direct_buffers import HUGE_PAGE, DirectReadBuffers, huge_mapping
+from bookie_server.direct_buffers import HUGE_PAGE, BufferPool, huge_mapping
 from bookie_server.journal.direct_write import ALIGN, DirectWriter
 from bookie_server.storage import segment_files as sf
 from bookie_server.storage.write_cache import Ref
@@ -37,7 +37,7 @@ def test_a_huge_mapping_view_starts_on_a_huge_page_boundary():
 
 
 def test_a_read_buffer_comes_back_when_its_last_arrow_object_is_freed():
-    pool = DirectReadBuffers(max_idle_bytes=2 * HUGE_PAGE)
+    pool = BufferPool(max_idle_bytes=2 * HUGE_PAGE)
     view, buf = pool.take(HUGE_PAGE + 100)
     assert len(view) == HUGE_PAGE + 100 and buf.size == HUGE_PAGE + 100
     assert _address(view) % ALIGN == 0
@@ -57,7 +57,7 @@ def test_a_read_buffer_comes_back_when_its_last_arrow_object_is_freed():
 
 
 def test_the_pool_keeps_no_more_idle_than_its_cap():
-    pool = DirectReadBuffers(max_idle_bytes=HUGE_PAGE)
+    pool = BufferPool(max_idle_bytes=HUGE_PAGE)
     held = [pool.take(HUGE_PAGE) for _ in range(3)]
     del held
     gc.collect()

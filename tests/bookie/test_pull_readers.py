@@ -47,14 +47,13 @@ def _lane_connections(bp) -> float:
 
 def _maker(bp):
     address = f"127.0.0.1:{bp.conf['add_lane_port']}"
-    return (("lane", address, bp.bookie_id, 1),
-            lambda: LanePeerReader(address, bp.bookie_id, 16 << 20, window=1))
+    return (("lane", address, bp.bookie_id),
+            lambda: LanePeerReader(address, bp.bookie_id, 16 << 20))
 
 
 def _ids_read(reader) -> list[int]:
-    res = reader.read(LEDGER, 0, 9, max_entries=100, max_bytes=1 << 20, timeout=30,
-                      sparse=True).result(timeout=60)
-    return res.batch.column("entry_id").to_pylist()
+    reader.send(LEDGER, 0, 9, max_entries=100, max_bytes=1 << 20, timeout=30, sparse=True)
+    return reader.receive().batch.column("entry_id").to_pylist()
 
 
 def _first_pull(pool: PeerReaders, bp):
@@ -150,7 +149,7 @@ def test_a_stopped_bookie_leaves_no_kept_reader_open(peer, tmp_path):
                 wanted_ids=pull.ids_to_bytes(np.arange(10, dtype=np.int64))), timeout=60)
         assert got.code == pb.OK and got.entries == 10, got
         assert service.peers.idle_count() == 1 and _lane_connections(peer) == 1.0
-        reader = LanePeerReader(f"127.0.0.1:{lane.port}", "puller", 16 << 20, window=1)
+        reader = LanePeerReader(f"127.0.0.1:{lane.port}", "puller", 16 << 20)
         try:
             assert _ids_read(reader) == list(range(10))       # the lane serves what was pulled
         finally:

@@ -98,3 +98,27 @@ def test_timeouts_and_fencing_are_unknown_outcomes():
     assert errors.Timeout().outcome_known is False
     assert errors.LedgerFenced().outcome_known is False
     assert errors.NoSuchEntry().outcome_known is True
+
+
+def test_one_batch_into_joins_chunks_into_the_given_buffer_like_one_batch():
+    payloads = [bytes([i % 251]) * (i % 37) for i in range(300)]   # empty ones too
+    batch = entries.make_batch(7, list(range(300)), [-1] * 300,
+                               entries.cumulative_lengths(0, payloads), payloads,
+                               [b"dg%d" % i for i in range(300)])
+    table = pa.Table.from_batches([batch.slice(0, 40), batch.slice(40, 0), batch.slice(40, 1),
+                                   batch.take(pa.array(range(41, 300, 2))), batch.slice(299, 1)])
+    taken = []
+
+    def take(n):
+        buf = pa.allocate_buffer(n)
+        taken.append(buf)
+        return memoryview(buf).cast("B"), buf
+
+    joined = entries.one_batch_into(table, take)
+    assert joined.equals(entries.one_batch(table))
+    assert len(taken) == 1 and all(
+        b is None or taken[0].address <= b.address < taken[0].address + taken[0].size
+        for col in joined.columns for b in col.buffers())
+    assert entries.batch_from_bytes(entries.batch_to_bytes(joined)).equals(joined)
+    one = table.slice(0, 40)        # a single chunk needs no copy
+    assert entries.one_batch_into(one, take).equals(entries.one_batch(one)) and len(taken) == 1
