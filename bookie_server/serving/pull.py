@@ -59,7 +59,10 @@ if TYPE_CHECKING:
     from bookie_server.journal.journal_format import Position
     from pybk_spark.wire.results import ReadResult
 
-DEFAULT_WINDOW = 2
+# reads in flight per pull and adds outstanding: every one holds a 5 MB
+# answer buffer, and a deeper pipeline fills more of them for the first
+# time; 4 pulls at once copied fastest at 3 and 2 (docs/performance.md, (8))
+DEFAULT_WINDOW = 3
 MAX_WINDOW = 16
 # one read answer = one journaled batch = one stored batch: the size the
 # client path writes (admin/operations/rereplicate.py) and replica checks read
