@@ -25,9 +25,10 @@ connection, so ``discard`` closes it and the next read opens a new one.
 A connection that fails is closed and the read fails with the typed error
 of ``wire.codes.translate_socket_error`` (the pull then counts the peer's
 ids not copied); a refused read fails with its wire code's error, like
-gRPC.  A kept connection that fails before its first answer (other than by
-a timeout: the peer closed it while idle) is replaced, and the reads in
-flight sent once more on the new one (reads change nothing on the peer).
+gRPC.  A connection idle since its last answer that fails at the next read
+(other than by a timeout: the peer closed it meanwhile, a restart) is
+replaced, and the reads in flight sent once more on the new one (reads
+change nothing on the peer).
 """
 from __future__ import annotations
 
@@ -68,8 +69,6 @@ class LanePeerReader:
     """Sparse reads of one peer bookie over its read lane, pipelined on one
     connection: ``send`` a read, ``receive`` the oldest read's answer as a
     ``ReadResult`` (module docstring)."""
-
-    pipelined = True
 
     def __init__(self, lane_address: str, bookie_id: str, max_answer_bytes: int,
                  default_timeout: float = 5.0) -> None:
@@ -122,7 +121,8 @@ class LanePeerReader:
         try:
             resp: Any = framing.parse_read_response(cast(bytes, body))   # parsed in place
         except Exception as exc:  # noqa: BLE001 - broad: a malformed answer
-            self.discard()
+            self._sent.clear()         # nothing later on the connection can be trusted
+            self._drop()
             raise errors.BadRequest(f"bad bookie response: {exc}", **ctx) from None
         return read_result(resp, ctx)
 

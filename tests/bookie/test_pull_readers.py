@@ -176,3 +176,18 @@ def test_a_bookie_process_that_pulled_stops_cleanly(peer, bookies):
     assert _lane_connections(peer) == 1.0
     assert puller.terminate() == 0, puller.log_tail()
     wait_until(lambda: _lane_connections(peer) == 0.0, "lane connections == 0.0", 30)
+
+
+def test_reads_are_pipelined_on_one_connection_and_abandoned_ones_never_answer_later(peer):
+    reader = LanePeerReader(f"127.0.0.1:{peer.conf['add_lane_port']}", peer.bookie_id, 16 << 20)
+    try:
+        for first, last in ((0, 2), (3, 5), (6, 9)):      # three in flight at once
+            reader.send(LEDGER, first, last, max_entries=100, max_bytes=1 << 20, timeout=30,
+                        sparse=True)
+        got = [reader.receive().batch.column("entry_id").to_pylist() for _ in range(2)]
+        assert got == [[0, 1, 2], [3, 4, 5]]
+        assert _lane_connections(peer) == 1.0
+        reader.discard()              # the third is still unanswered: it never shows later
+        assert _ids_read(reader) == list(range(10))
+    finally:
+        reader.close()
