@@ -3,19 +3,19 @@
 Theory of operation
 -------------------
 A pull reads its peer through a reader: serving/peer_lane.py's
-``LanePeerReader`` (one lane connection and one thread per read in flight)
-or serving/peer_client.py's ``PeerReader`` (a gRPC channel).  Re-replication
+``LanePeerReader`` (one lane connection, its reads pipelined on it) or
+serving/peer_client.py's ``PeerReader`` (a gRPC channel).  Re-replication
 pulls one fragment after another from the same few peers, so a reader is
 not opened per pull: :class:`PeerReaders` hands a pull a reader of its peer,
 and takes it back when the pull ends to hand to the next pull of that peer.
 Pulls at the same time each get a reader of their own (a lane connection
-answers one read at a time).
+answers its reads one at a time, in order).
 
 A reader is the same one only for the same peer reached the same way: the
-key is the path (lane or gRPC), the address, the peer's id, the read window
-(the lane reader's connection count) and, on a TLS bookie, the bytes of the
-certificate files it presents and trusts (read per pull, so a pull after a
-SIGHUP reload presents the reloaded certificate, on a reader of its own).
+key is the path (lane or gRPC), the address, the peer's id and, on a TLS
+bookie, the bytes of the certificate files it presents and trusts (read
+per pull, so a pull after a SIGHUP reload presents the reloaded
+certificate, on a reader of its own).
 
 An idle reader is closed after ``idle_close_s`` without a pull (the peer's
 lane keeps no timer on an idle connection: closing it is the client's job),

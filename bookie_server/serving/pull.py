@@ -11,8 +11,9 @@ data path:
    (``ReadRequest.sparse``: every stored id, gaps skipped), over the peer's
    read lane when it registered one and the bookies talk plaintext
    (serving/peer_lane.py: the entries leave the peer from where they are
-   stored and arrive in one pooled buffer), else its gRPC ``ReadEntries``
-   (serving/peer_client.py), up to
+   stored and arrive in one pooled buffer; the reads are pipelined on one
+   connection and answered on this thread), else its gRPC ``ReadEntries``
+   (serving/peer_client.py: futures), up to
    ``window`` reads in flight, each up to ``COPY_BATCH_ENTRIES`` ids and
    ``COPY_BATCH_BYTES`` bytes; a LIMIT answer resumes after its last row
    (the plan is ``protocol.sparse_reads.SparseReadWindow``, shared with the
