@@ -106,15 +106,6 @@ def _within_bytes(table: pa.Table, max_bytes: int, limited: bool) -> tuple[pa.Re
     return one_batch(table), limited
 
 
-def _run_rows(ref: Ref, mine: np.ndarray, rows: np.ndarray, counts: np.ndarray
-              ) -> tuple[int, list[Record]]:
-    """(first row, the records from it to the last row read) of a run of
-    lone adds whose pieces ``mine`` selects (under the store's lock)."""
-    lo = int(rows[mine].min())
-    records = ref.records(lo, int((rows[mine] + counts[mine]).max()) - lo)
-    return lo, records or []
-
-
 @dataclass
 class FlushSnapshot:
     by_ledger: dict[int, list[int]]      # ledger -> memory ref ids
@@ -244,7 +235,7 @@ class EntryStore:
             by_id = {r: self.refs[r] for r in np.unique(refs).tolist()}
             # a run of lone adds: the rows read, copied now (freed in slices
             # once flushed), from its first row read on
-            runs = {r: _run_rows(ref, refs == r, rows, counts) for r, ref in by_id.items()
+            runs = {r: ref.records_read(refs == r, rows, counts) for r, ref in by_id.items()
                     if ref.entries is not None}
         if len(counts) == 0:
             return empty_batch(), False

@@ -97,6 +97,15 @@ class Ref:
         entries = self.entries
         return entries[row:row + count] if entries is not None else None
 
+    def records_read(self, mine: np.ndarray, rows: np.ndarray, counts: np.ndarray
+                     ) -> tuple[int, list[Record]]:
+        """(first row, the records from it to the last row read) of a run
+        whose pieces of a located read ``mine`` selects (``rows``, ``counts``:
+        every piece's first row and row count); a copy, under the store's lock."""
+        lo = int(rows[mine].min())
+        records = self.records(lo, int((rows[mine] + counts[mine]).max()) - lo)
+        return lo, records or []
+
 
 # one run of a flush written to a segment (or located in the journal):
 # (its new Ref, the run starts, ends and rows it holds)
