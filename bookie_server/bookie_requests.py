@@ -60,16 +60,20 @@ class RequestHandlers:
         return recs
 
     def add_async(self, ledger_id: int, master_key: bytes, data: bytes,
-                  recovery: bool = False, keyless: bool = False) -> tuple[Future[Position], int, int]:
+                  recovery: bool = False, keyless: bool = False,
+                  body_crc: Optional[int] = None) -> tuple[Future[Position], int, int]:
         """Returns (future completing when durable+visible, first id, last id).
         ``keyless``: an operator's recovery add without the master key
-        (protocol/access.py)."""
+        (protocol/access.py).  ``body_crc``: the crc32c of ``data``, where
+        the caller took it already (a pull's digest check): the journal
+        frames the record from it."""
         batch = validate_batch(data, ledger_id, self.cfg)
         first, last = batch.column(1)[0].as_py(), batch.column(1)[batch.num_rows - 1].as_py()
         self.mode.check_storage()
         release = self.admission.admit(len(data))      # TooManyRequests past its bounds
         try:
-            fut = self._submit_add(ledger_id, master_key, data, batch, recovery, keyless)
+            fut = self._submit_add(ledger_id, master_key, data, batch, recovery, keyless,
+                                   body_crc)
         except BaseException:
             release()
             raise
@@ -135,7 +139,10 @@ class RequestHandlers:
         return fut, ledger_id, entry_id
 
     def _submit_add(self, ledger_id: int, master_key: bytes, data: bytes,
-                    batch: pa.RecordBatch, recovery: bool, keyless: bool = False) -> Future[Position]:
+                    batch: pa.RecordBatch, recovery: bool, keyless: bool = False,
+                    body_crc: Optional[int] = None) -> Future[Position]:
+        # framed before the lock: a big batch's CRC and copy are this thread's
+        staged = self.journal.stage_ahead(RecordType.ADD_BATCH, data, body_crc)
         with self.cond:
             plan = ls.decide_add(self.ledgers.get(ledger_id), master_key, recovery=recovery,
                                  read_only=self.mode.read_only, keyless=keyless)
@@ -146,7 +153,7 @@ class RequestHandlers:
             # client's re-replication or ledger recovery): read back from the
             # journal, not held in memory until the checkpoint
             return self.journal.submit(records, AddRecord(ledger_id, batch, data, recovery),
-                                       lead=True)
+                                       lead=True, staged=staged)
 
     def add(self, ledger_id: int, master_key: bytes, data: bytes, recovery: bool = False,
             timeout: Optional[float] = None) -> tuple[int, int]:

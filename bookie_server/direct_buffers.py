@@ -31,7 +31,7 @@ What.
     same memory; the mapping goes back to the pool when the last Arrow
     object over it is freed, so a steady stream of reads reuses the same
     pages (faulted once) instead of faulting fresh ones per read.  At most
-    ``max_idle_bytes`` wait in the pool; the rest are unmapped.  Two per
+    ``max_idle_bytes`` wait in the pool; the rest are unmapped.  Three per
     process:
 
     - ``READ_BUFFERS``, on huge pages: the store's whole-batch direct reads.
@@ -44,6 +44,9 @@ What.
       huge pages a fresh block costs more still wherever the kernel must
       compact memory to find them (measured: the pull 10% slower).  Its
       idle cap covers the answers of four pulls in flight.
+    - ``STAGED_RECORDS``, on huge pages: big journal records framed ahead
+      for a direct write (journal/direct_write.py ``stage_record``), each
+      back in the pool once written.
 """
 from __future__ import annotations
 
@@ -129,3 +132,4 @@ class BufferPool:
 # one of each per process (module docstring)
 READ_BUFFERS = BufferPool()
 ANSWER_BUFFERS = BufferPool(256 << 20, huge=False)
+STAGED_RECORDS = BufferPool()

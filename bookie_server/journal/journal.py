@@ -53,6 +53,11 @@ Ordering obligations:
   * A group of at least ``direct_min_bytes`` is written with ``O_DIRECT``
     (direct_write.py): PAD records align it, no byte already written is
     rewritten, and it is acknowledged after the same fdatasync as any group.
+    A big record is framed by its submitter (``stage_ahead``, outside the
+    submitter's locks) into a buffer the writer writes as it is: the CRC
+    and the copy of a big add are not on the writer thread, which every
+    journaled byte waits for.  A staged record is the same frames plus a
+    PAD, so replay and the store see nothing new.
   * Rolling to a new file waits (barrier) until the sync stage is done with
     the old file descriptor.
   * A write or fdatasync failure poisons the journal for good
@@ -84,7 +89,8 @@ from typing import Callable, Iterable, Optional
 from bookie_server.journal.journal_failure import JournalFailure, fail
 from bookie_server.journal.journal_file import JournalFile
 from bookie_server.journal.journal_sync import OnDurable, SyncStage, WrittenGroup
-from bookie_server.journal.records import JournalRecord, Submission
+from bookie_server.journal.direct_write import StagedRecord, stage_record
+from bookie_server.journal.records import JournalRecord, StagedSubmission, Submission
 from bookie_server.serving.metrics import BookieMetrics
 from bookie_server.journal.journal_crc import Body, crc_of  # noqa: F401  (callers import it here)
 from bookie_server.journal.journal_format import (HEADER, LEDGER, LEDGER_LAC,  # noqa: F401
@@ -150,12 +156,27 @@ class Journal:
             self._started = True
 
     def submit(self, records: list[tuple[int, Body]], payload: Optional[JournalRecord] = None, *,
-               lead: bool = False) -> Future[Position]:
+               lead: bool = False, staged: Optional[StagedRecord] = None) -> Future[Position]:
         """Queue records; the future completes with the position after them
         once they are durable.  ``lead=True``: the caller promises to call
         ``lead()`` right after releasing its own locks (the writer thread is
-        then not woken for this submission unless the caller cannot lead)."""
-        return self.enqueue(Submission(records, payload), lead=lead)
+        then not woken for this submission unless the caller cannot lead).
+        ``staged``: the last record, from ``stage_ahead``."""
+        sub = (Submission(records, payload) if staged is None
+               else StagedSubmission(records, payload, staged))
+        return self.enqueue(sub, lead=lead)
+
+    def stage_ahead(self, rtype: int, body: Body,
+                    body_crc: Optional[int] = None) -> Optional[StagedRecord]:
+        """A record big enough for a direct write, framed on the calling
+        thread (``direct_write.stage_record``: its CRC and its copy are
+        then not the writer thread's; ``body_crc``, the body's crc32c
+        where the caller took it already); None where the journal would
+        not write it direct.  Pass it to ``submit`` as that record's
+        ``staged``."""
+        if not self.file.direct.wants(HEADER.size + len(body)):
+            return None
+        return stage_record(rtype, body, body_crc)
 
     def enqueue(self, sub: Submission, *, lead: bool = False) -> Future[Position]:
         """``submit`` for a submission made by the caller (a lone add's

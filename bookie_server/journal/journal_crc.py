@@ -15,6 +15,8 @@ from typing import Callable, Optional, Union
 
 import google_crc32c
 
+from pybk_spark.wire import crc_combine
+
 _fast_crc: Optional[ModuleType]
 try:                                   # optional, same values: the ``fastcrc`` extra
     import crc32c as _fast_crc
@@ -42,6 +44,13 @@ def crc_of_fast(rtype: int, body: Body) -> int:
     # only chosen as ``crc_of`` when the package imported
     crc: int = _fast_crc32c(body, value=_TYPE_CRC[rtype])
     return crc
+
+
+def crc_from_body_crc(rtype: int, body_len: int, body_crc: int) -> int:
+    """``crc_of(rtype, body)`` from the body's own crc32c, where its
+    submitter took that already (a pull's digest check): no pass over
+    the body."""
+    return crc_combine.concat(_TYPE_CRC[rtype], body_crc, body_len)
 
 
 FAST_AVAILABLE = _fast_crc is not None

@@ -26,7 +26,7 @@ from typing import Callable
 from bookie_server.journal.direct_write import DirectWriter, pad_before
 from bookie_server.journal.journal_crc import Body
 from bookie_server.journal.journal_format import HEADER, Position, file_name, frame, list_files
-from bookie_server.journal.records import Submission
+from bookie_server.journal.records import StagedSubmission, Submission
 
 
 def _finish_short(fd: int, pieces: list[Body], written: int, size: int, offset: int) -> None:
@@ -101,16 +101,30 @@ class JournalFile:
         lead_pad = pad_before(self.offset) if direct else 0
         pieces: list[Body] = []
         at = self.offset + lead_pad
+        only_staged = True          # every record of the group staged ahead
         for sub in group:
             sub.seq = self.seq
-            for rtype, body in sub.records:
+            staged = sub.staged if type(sub) is StagedSubmission else None
+            records = sub.records if staged is None else sub.records[:-1]
+            only_staged = only_staged and staged is not None and not records
+            for rtype, body in records:
                 pieces.extend(frame(rtype, body))
                 sub.body_at = at + HEADER.size
                 at += HEADER.size + len(body)
-        if direct:
-            total = self.direct.write_group(pieces, self.offset, lead_pad, self.fd)
-        else:
-            total = self.write_all(self.fd, pieces, self.offset)
+            if staged is not None:
+                pieces.append(staged.view)
+                sub.body_at = at + HEADER.size
+                at += len(staged.view)
+        try:
+            if direct:
+                total = self.direct.write_group(pieces, self.offset, lead_pad, self.fd,
+                                                staged=only_staged)
+            else:
+                total = self.write_all(self.fd, pieces, self.offset)
+        finally:
+            for sub in group:        # written or failed: the staged buffers go back
+                if type(sub) is StagedSubmission:
+                    sub.staged = None
         self.offset += total
         return total
 

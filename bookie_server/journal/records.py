@@ -21,6 +21,7 @@ from typing import Callable, Optional, Union
 
 import pyarrow as pa
 
+from bookie_server.journal.direct_write import StagedRecord
 from bookie_server.journal.journal_crc import Body
 from bookie_server.journal.journal_format import HEADER, Position
 from pybk_spark.wire.entries import Record
@@ -83,6 +84,21 @@ class Submission:
         """Called once the submission is durable and applied, when it has
         no future (its submitter leads it inline: ``Journal.lead_now``);
         nothing to do for most."""
+
+
+class StagedSubmission(Submission):
+    """A submission whose last record its submitter framed ahead for a
+    direct write (``direct_write.stage_record``): the writer writes
+    ``staged`` in that record's place.  ``nbytes`` counts the staged
+    frames, closing PAD included.  The write lets go of ``staged`` (its
+    buffer goes back to its pool)."""
+    __slots__ = ("staged",)
+
+    def __init__(self, records: list[tuple[int, Body]], payload: Optional[JournalRecord],
+                 staged: StagedRecord) -> None:
+        Submission.__init__(self, records, payload)
+        self.staged: Optional[StagedRecord] = staged
+        self.nbytes += len(staged.view) - HEADER.size - len(records[-1][1])
 
 
 class EntryRecord(Submission):

@@ -22,9 +22,11 @@ data path:
    digest is correct (``Digester.verify_batch``: one call per batch);
 3. journals each kept batch as a RECOVERY add under the given key, the
    stored Arrow rows byte for byte (lac, length and digest unchanged; the
-   peer's IPC bytes as received when every row of an answer is kept), up
-   to ``MAX_ADDS_IN_FLIGHT`` adds outstanding (an add refused by admission
-   waits for the older ones and is retried);
+   peer's IPC bytes as received when every row of an answer is kept, their
+   journal record's CRC made from the digest check's CRC over the payloads
+   and the bytes around them: ``Digester.check_batch``,
+   ``crc_combine.around``), up to ``MAX_ADDS_IN_FLIGHT`` adds outstanding
+   (an add refused by admission waits for the older ones and is retried);
 4. answers, once every add it made is durable, the number of entries and
    bytes copied and the wanted ids it did not copy (absent or corrupt on the
    peer, or the peer failed midway: the message says which).
@@ -49,7 +51,8 @@ import numpy as np
 import pyarrow as pa
 
 from pybk_spark import errors
-from pybk_spark.wire.digest import Digester
+from pybk_spark.wire import crc_combine
+from pybk_spark.wire.digest import BatchCheck, Digester
 from pybk_spark.protocol.sparse_reads import SparseReadWindow
 from pybk_spark.wire.entries import batch_to_buffer
 from bookie_server.serving.peer_client import PeerReader
@@ -111,14 +114,17 @@ class _Adds:
         self.entries = self.bytes = 0
         self.copied: list[np.ndarray] = []
 
-    def submit(self, data: Union[bytes, pa.Buffer], ids: np.ndarray, nbytes: int) -> None:
-        """``data``: one Arrow IPC entry batch (bytes or a pyarrow Buffer)."""
+    def submit(self, data: Union[bytes, pa.Buffer], ids: np.ndarray, nbytes: int,
+               data_crc: Optional[int] = None) -> None:
+        """``data``: one Arrow IPC entry batch (bytes or a pyarrow Buffer);
+        ``data_crc``: its crc32c, where known."""
         while True:
             while len(self.inflight) >= MAX_ADDS_IN_FLIGHT:
                 self._settle_oldest()
             try:
                 fut, _first, _last = self.bookie.add_async(self.ledger_id, self.key, data,
-                                                           recovery=True, keyless=self.keyless)
+                                                           recovery=True, keyless=self.keyless,
+                                                           body_crc=data_crc)
                 break
             except errors.TooManyRequests:
                 if self.inflight:
@@ -263,10 +269,26 @@ def _copy(adds: _Adds, digester: Digester, batch: pa.RecordBatch, eids: np.ndarr
         if not keep.any():
             return
         batch, eids, raw = batch.filter(pa.array(keep)), eids[keep], None
-    ok = digester.verify_batch(batch)
+    check = digester.check_batch(batch)
+    ok = check.ok
     if not ok.all():
         if not ok.any():
             return
         batch, eids, raw = batch.filter(pa.array(ok)), eids[ok], None
-    adds.submit(batch_to_buffer(batch) if raw is None or not len(raw) else raw, eids,
-                int(batch.nbytes))
+    if raw is None or not len(raw):
+        adds.submit(batch_to_buffer(batch), eids, int(batch.nbytes))
+    else:
+        adds.submit(raw, eids, int(batch.nbytes), _raw_crc(raw, check))
+
+
+def _raw_crc(raw: pa.Buffer, check: BatchCheck) -> Optional[int]:
+    """The crc32c of the answer's bytes from the digest check's CRC over
+    the payloads within them (``crc_combine.around``: only the bytes around
+    the payloads are read); None where the check took none, or its
+    payloads do not lie within ``raw``."""
+    if check.payloads_crc is None:
+        return None
+    start = check.payloads_at - raw.address
+    if start < 0 or start + check.payloads_len > raw.size:
+        return None
+    return crc_combine.around(raw, start, check.payloads_len, check.payloads_crc)

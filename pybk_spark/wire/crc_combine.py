@@ -32,13 +32,20 @@ every row is taken as correct; when they differ the caller checks row by
 row, which also names the bad rows.  A corrupted batch passes the one check
 with probability 2**-32, as one corrupted row passes its own CRC.
 
+The same algebra gives the CRC of a whole buffer from the CRC of a span
+inside it and the bytes around the span (``around``): a pulled answer's
+journal record is hashed once, by the digest check's CRC over its
+payloads, and the bytes around them.
+
 The tables (4 levels x 256 digits x 4 byte lanes x 256 values, 4 MiB) are
-built on first use, in about 30 ms.
+built on first use, in about 20 ms.
 """
 from __future__ import annotations
 
 import functools
+from typing import Any
 
+import google_crc32c
 import numpy as np
 
 POLY = 0x82F63B78          # CRC-32C, reflected
@@ -55,16 +62,19 @@ def _zero_byte_columns() -> np.ndarray:
     return out
 
 
+_BITS = ((np.arange(256)[:, None] >> np.arange(8)) & 1).astype(bool)    # (value, bit)
+
+
 def _byte_tables(columns: np.ndarray) -> np.ndarray:
     """(..., 4, 256) lookup tables of linear maps given by their images of
-    the 32 unit vectors (``columns``: (..., 32))."""
+    the 32 unit vectors (``columns``: (..., 32)): entry ``value`` of a
+    lane is the XOR of the images of its set bits."""
     lead = columns.shape[:-1]
     tables = np.zeros(lead + (4, 256), dtype=np.uint32)
     for lane in range(4):
-        for value in range(1, 256):
-            low = value & -value                       # lowest set bit
-            tables[..., lane, value] = (tables[..., lane, value ^ low]
-                                        ^ columns[..., 8 * lane + low.bit_length() - 1])
+        for bit in range(8):
+            tables[..., lane, :] ^= np.where(_BITS[:, bit],
+                                             columns[..., 8 * lane + bit, None], np.uint32(0))
     return tables
 
 
@@ -85,8 +95,12 @@ def _levels() -> np.ndarray:
     for p in range(4):
         columns = np.empty((256, 32), dtype=np.uint32)
         columns[0] = unit                              # Z(0): the identity
-        for d in range(1, 256):
-            columns[d] = _apply(base, columns[d - 1])
+        columns[1] = _apply(base, unit)
+        k = 1
+        while k < 255:       # Z((k + j) s) = Z(k s) Z(j s): up to k digits at once
+            j = min(k, 255 - k)
+            columns[k + 1:k + j + 1] = _apply(_byte_tables(columns[k]), columns[1:j + 1])
+            k += j
         levels[p] = _byte_tables(columns)
         # the next level's step, Z(256**(p+1)) = Z(256**p) applied 256 times
         base = _byte_tables(_apply(base, columns[255]))
@@ -120,6 +134,22 @@ def shift(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
                ^ tables.take(row + (512 + ((out >> 16) & 0xFF)))
                ^ tables.take(row + (768 + (out >> 24))))
     return out
+
+
+def concat(head_crc: int, tail_crc: int, tail_len: int) -> int:
+    """``crc(A || B)`` from ``crc(A)``, ``crc(B)`` and ``|B|``."""
+    moved = shift(np.array([head_crc], dtype=np.uint32), np.array([tail_len], dtype=np.int64))
+    return int(moved[0]) ^ tail_crc
+
+
+def around(data: Any, start: int, length: int, inner_crc: int) -> int:
+    """The CRC of all of ``data`` (any buffer ``google_crc32c`` takes: bytes,
+    a pyarrow Buffer, a numpy array) given ``inner_crc``, the CRC of its
+    ``length`` bytes from ``start``: only the bytes around them are read."""
+    end = start + length
+    head = google_crc32c.value(data[:start])
+    tail = google_crc32c.value(data[end:])
+    return concat(concat(head, inner_crc, length), tail, len(data) - end)
 
 
 def digests_agree(whole_crc: int, digests: np.ndarray, header_crcs: np.ndarray,

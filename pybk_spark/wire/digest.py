@@ -17,7 +17,7 @@ import functools
 import hashlib
 import hmac as _hmac
 import struct
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 import google_crc32c
 import numpy as np
@@ -116,6 +116,17 @@ class Digester:
         return run_batch(ledger_id, first, lac, lengths,
                          values if column is None else column, ends, digests)
 
+    def check_batch(self, batch: pa.RecordBatch) -> BatchCheck:
+        """``verify_batch``, and where one CRC over every payload laid end
+        to end agreed with every digest (crc32c, ``_COMBINE_MIN_ROWS`` rows
+        and more), that CRC and where those payloads lie: a caller that
+        stores the batch's bytes hashes them with it (``crc_combine.around``)
+        instead of reading them again."""
+        if (self.digest_type == "crc32c" and batch.num_rows >= _BATCH_HASH_MIN_ROWS
+                and isinstance(batch, pa.RecordBatch)):
+            return _check_crc32c(batch)
+        return BatchCheck(self.verify_batch(batch), None, 0, 0)
+
     def verify_batch(self, batch: pa.RecordBatch | pa.Table) -> np.ndarray:
         """Boolean mask: True where the row's digest is correct.  Payloads are
         hashed where they lie in the batch's data buffer (no per-row copy)."""
@@ -124,11 +135,11 @@ class Digester:
             return np.ones(n, dtype=bool)
         if self.digest_type == "crc32c" and n >= _BATCH_HASH_MIN_ROWS:   # reads, pulls, scrubs
             if isinstance(batch, pa.RecordBatch):
-                return _verify_crc32c(batch)
+                return _check_crc32c(batch).ok
             chunks = batch.to_batches()
             if len(chunks) > 1 and n // len(chunks) >= _BATCH_HASH_MIN_ROWS:
                 return np.concatenate([self.verify_batch(c) for c in chunks])
-            return _verify_crc32c(one_batch(batch))  # many small chunks: one copy, one pass
+            return _check_crc32c(one_batch(batch)).ok  # many small chunks: one copy, one pass
         lids = batch.column("ledger_id").to_pylist()
         eids = batch.column("entry_id").to_pylist()
         lacs = batch.column("lac").to_pylist()
@@ -213,26 +224,49 @@ def header_crcs(ledger_ids: Any, entry_ids: Any, lacs: Any, lengths: Any) -> np.
     return acc
 
 
-def _column_bytes(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """(value offsets, data bytes) of a binary column as numpy arrays."""
+class BatchCheck(NamedTuple):
+    """``Digester.check_batch``: ``ok``, True where the row's digest is
+    correct; ``payloads_crc`` (None where not taken, or where it did not
+    agree with every digest), the crc32c of the ``payloads_len`` payload
+    bytes that start at address ``payloads_at``."""
+    ok: np.ndarray
+    payloads_crc: Optional[int]
+    payloads_at: int
+    payloads_len: int
+
+
+def _column_bytes(col: pa.Array) -> tuple[np.ndarray, np.ndarray, int]:
+    """(value offsets, data bytes, the data's address) of a binary column,
+    the bytes as numpy arrays."""
     offsets, data = binary_buffers(col)
-    return offsets, (np.frombuffer(data, dtype=np.uint8) if data is not None
-                     else np.empty(0, np.uint8))
+    if data is None:
+        return offsets, np.empty(0, np.uint8), 0
+    return offsets, np.frombuffer(data, dtype=np.uint8), data.address
 
 
-def _verify_crc32c(batch: pa.RecordBatch) -> np.ndarray:
+def _check_crc32c(batch: pa.RecordBatch) -> BatchCheck:
     n = batch.num_rows
     hdr = header_crcs(batch.column("ledger_id").to_numpy(), batch.column("entry_id").to_numpy(),
                       batch.column("lac").to_numpy(), batch.column("length").to_numpy())
-    offsets, data = _column_bytes(batch.column("payload"))
-    d_offsets, d_data = _column_bytes(batch.column("digest"))
+    offsets, data, address = _column_bytes(batch.column("payload"))
+    d_offsets, d_data, _ = _column_bytes(batch.column("digest"))
     four_each = bool(n and int(d_offsets[-1]) - int(d_offsets[0]) == 4 * n
                      and (np.diff(d_offsets) == 4).all())   # every digest 4 bytes, back to back
     stored4 = d_data[int(d_offsets[0]):int(d_offsets[-1])].view(">u4") if four_each else None
-    if stored4 is not None and n >= _COMBINE_MIN_ROWS and crc_combine.digests_agree(
-            google_crc32c.value(data[int(offsets[0]):int(offsets[-1])]),
-            stored4.astype(np.uint32), hdr, offsets - offsets[0]):
-        return np.ones(n, dtype=bool)       # one CRC over the payloads agrees with every digest
+    if stored4 is not None and n >= _COMBINE_MIN_ROWS:
+        start, end = int(offsets[0]), int(offsets[-1])
+        whole = google_crc32c.value(data[start:end])
+        if crc_combine.digests_agree(whole, stored4.astype(np.uint32), hdr, offsets - start):
+            # one CRC over the payloads agrees with every digest
+            return BatchCheck(np.ones(n, dtype=bool), whole, address + start, end - start)
+    return BatchCheck(_rows_crc32c(n, hdr, offsets, data, d_offsets, d_data, stored4),
+                      None, 0, 0)
+
+
+def _rows_crc32c(n: int, hdr: np.ndarray, offsets: np.ndarray, data: np.ndarray,
+                 d_offsets: np.ndarray, d_data: np.ndarray,
+                 stored4: Optional[np.ndarray]) -> np.ndarray:
+    """Row by row: True where the row's digest is correct."""
     bounds = offsets.tolist()
     extend = google_crc32c.extend
     got = np.fromiter((extend(h, data[a:b]) for h, a, b in zip(hdr.tolist(), bounds[:-1],

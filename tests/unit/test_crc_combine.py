@@ -95,3 +95,41 @@ def test_empty_payloads_and_no_rows():
     assert crc_combine.digests_agree(0, digests, hcrcs, ends)
     assert crc_combine.digests_agree(0, np.empty(0, np.uint32), np.empty(0, np.uint32),
                                      np.zeros(1, np.int64))
+
+
+@given(data=st.binary(max_size=5000), cut=st.data())
+@settings(max_examples=80, deadline=None)
+def test_around_and_concat_give_the_crc_of_the_whole(data, cut):
+    """``around``: the CRC of a buffer from the CRC of a span in it and the
+    bytes around it; ``concat``: of two buffers from their CRCs."""
+    start = cut.draw(st.integers(0, len(data)))
+    length = cut.draw(st.integers(0, len(data) - start))
+    inner = google_crc32c.value(data[start:start + length])
+    assert crc_combine.around(data, start, length, inner) == google_crc32c.value(data)
+    head, tail = data[:start], data[start:]
+    assert (crc_combine.concat(google_crc32c.value(head), google_crc32c.value(tail), len(tail))
+            == google_crc32c.value(data))
+
+
+def test_a_checked_batch_hashes_its_ipc_bytes_with_the_digest_checks_crc():
+    """``Digester.check_batch`` of a batch read in place from its IPC bytes
+    names its payloads' CRC and where they lie in those bytes, and
+    ``around`` makes the CRC of the whole stream from it (what a pull
+    journals); a corrupt row leaves no CRC to reuse."""
+    from pybk_spark.wire.digest import Digester
+    from pybk_spark.wire.entries import batch_from_bytes, batch_to_buffer
+    rng = np.random.default_rng(3)
+    d = Digester("crc32c")
+    payloads = [rng.bytes(int(n)) for n in rng.integers(0, 2000, 600)]
+    raw = batch_to_buffer(d.run_batch(7, 100, 99, 0, payloads))
+    check = d.check_batch(batch_from_bytes(raw))
+    assert check.ok.all() and check.payloads_crc is not None
+    start = check.payloads_at - raw.address
+    assert 0 <= start and start + check.payloads_len <= raw.size
+    assert check.payloads_len == sum(map(len, payloads))
+    assert (crc_combine.around(raw, start, check.payloads_len, check.payloads_crc)
+            == google_crc32c.value(raw))
+    bad = bytearray(raw.to_pybytes())
+    bad[start + 5] ^= 1
+    check = d.check_batch(batch_from_bytes(bytes(bad)))
+    assert check.payloads_crc is None and not check.ok.all() and check.ok.sum() == 599
