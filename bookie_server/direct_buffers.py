@@ -36,8 +36,10 @@ What.
 
     - ``READ_BUFFERS``, on huge pages: the store's whole-batch direct reads.
     - ``ANSWER_BUFFERS``, on 4 KiB pages: read answers this bookie joins
-      from several stored batches to send (``EntryStore`` reads) and the
-      answers its pulls receive from a peer (serving/peer_lane.py).  A
+      from several stored batches to send (``EntryStore`` reads), the
+      answers its pulls receive from a peer (serving/peer_lane.py) and the
+      add batches of 1 MiB or more its lane receives (serving/lane_server.py;
+      the write cache holds them until the checkpoint).  A
       pull's answer lives until it is journaled; Arrow's jemalloc pool
       gives such multi-MiB blocks fresh pages each time (the kernel
       zero-fills every page: a fifth of a pull's source's CPU), and in

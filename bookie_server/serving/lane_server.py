@@ -17,6 +17,13 @@ which is what makes the journal order of one connection its send order.
   (frames that share a ``recv`` are copied out at their own size: a record
   held in the write cache keeps only itself alive); the magic is read
   with whatever arrived with it, which ``frame_bodies`` starts from.
+  An add frame of ``_POOLED_FRAME_MIN`` bytes or more (a batch) is
+  received into a buffer of ``direct_buffers.ANSWER_BUFFERS``: the write
+  cache holds its batch until the checkpoint, and the pool takes the
+  buffer back then, so the next batches land in pages already faulted in
+  instead of fresh ones (in the wire pool every received byte of a stream
+  of 4 MiB batches faulted in a new page: about a third of a bookie's CPU
+  on a Spark write; docs/performance.md, (6)).
 
 * Answers are sent by whichever thread completes the add: the connection
   thread itself when the journal's leader path makes the add durable inline
@@ -70,6 +77,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Optional, cast
 from google.protobuf.message import DecodeError
 
 from bookie_server.config import BookieConfig
+from bookie_server.direct_buffers import ANSWER_BUFFERS
 from bookie_server.serving.tls import cert_peer
 from pybk_spark.protocol import access
 from pybk_spark.wire.frame_socket import (FrameWriter, configure, frame_bodies, recv_at_least,
@@ -97,6 +105,8 @@ _SLOT_WAIT_S = 1.0
 _DRAIN_S = 5.0
 _MAX_ID_BYTES = 4096
 _MAX_READ_REQUEST_BYTES = 64 << 10     # a ReadRequest is a few dozen bytes and a key
+# an add frame this big is received into a pooled buffer (module docstring)
+_POOLED_FRAME_MIN = 1 << 20
 
 
 def bind_listener(cfg: BookieConfig) -> socket.socket:
@@ -214,7 +224,9 @@ class AddLaneServer:
             if reads:
                 answer_cls = pb.ReadResponse
             frames = frame_bodies(conn, _MAX_READ_REQUEST_BYTES if reads else self.limit,
-                                  _MAX_ID_BYTES, received[len(magic):])
+                                  _MAX_ID_BYTES, received[len(magic):],
+                                  take=None if reads else ANSWER_BUFFERS.take,
+                                  take_min=_POOLED_FRAME_MIN)
             try:
                 wanted = next(frames, None)
             except ValueError as exc:

@@ -132,15 +132,18 @@ def recv_at_least(sock: Any, n: int) -> bytes:
     return got
 
 
-def frame_bodies(sock: Any, limit: int, first_limit: int, received: bytes = b""
-                 ) -> Iterator[bytes | memoryview]:
+def frame_bodies(sock: Any, limit: int, first_limit: int, received: bytes = b"",
+                 take: Optional[Callable[[int], tuple[memoryview, Any]]] = None,
+                 take_min: int = 0) -> Iterator[bytes | memoryview]:
     """The bodies of the frames arriving on ``sock`` (after ``received``,
     bytes of them already read) until a clean end of stream (between
     frames): a frame that one ``recv`` returned alone as a view of it, a
     frame that shared its ``recv`` as ``bytes`` of its own, a frame cut off
     by its ``recv`` received into one buffer of its size (so a body never
     keeps more than itself alive, and a peer sending a frame in many small
-    pieces costs one copy of it, not one per piece).  The first frame (a hello) is held to ``first_limit``, the rest
+    pieces costs one copy of it, not one per piece): from ``take`` (as
+    ``read_frame_into``'s) when it is ``take_min`` bytes or more, else from
+    the wire pool.  The first frame (a hello) is held to ``first_limit``, the rest
     to ``limit``: ``ValueError`` for a frame over its limit or cut off by
     the end of the stream; a socket error or timeout propagates."""
     recv, frame_size, header = sock.recv, lane_frames.frame_size, lane_frames.HEADER_BYTES
@@ -161,7 +164,8 @@ def frame_bodies(sock: Any, limit: int, first_limit: int, received: bytes = b""
             size = frame_size(data, pos, bound)
             stop = pos + header + size
             if stop > end:      # cut off: the rest straight into one buffer of its size
-                yield _receive_body(sock, view[pos + header:], size)
+                yield _receive_body(sock, view[pos + header:], size,
+                                    take if take is not None and size >= take_min else None)
                 bound, pos = limit, end
                 break
             # A view keeps all it points into alive for as long as the bookie
@@ -174,13 +178,19 @@ def frame_bodies(sock: Any, limit: int, first_limit: int, received: bytes = b""
         more = b""
 
 
-def _receive_body(sock: Any, head: memoryview, size: int) -> memoryview:
+def _receive_body(sock: Any, head: memoryview, size: int,
+                  take: Optional[Callable[[int], tuple[memoryview, Any]]]) -> memoryview:
     """A ``size``-byte frame body that starts with ``head``, the rest
-    received from ``sock``, in one buffer of the wire pool (as
-    ``read_frame_into``)."""
-    body = memoryview(pa.allocate_buffer(size, memory_pool=wire_pool())).cast("B")
-    body[:len(head)] = head
-    return _fill(sock.recv_into, body, len(head), size)
+    received from ``sock``, in one buffer of the wire pool or from
+    ``take`` (as ``read_frame_into``)."""
+    if take is None:
+        body = memoryview(pa.allocate_buffer(size, memory_pool=wire_pool())).cast("B")
+        body[:len(head)] = head
+        return _fill(sock.recv_into, body, len(head), size)
+    view, owner = take(size)
+    view[:len(head)] = head
+    _fill(sock.recv_into, view, len(head), size)
+    return memoryview(owner).cast("B")
 
 
 def send_parts(sock: socket.socket, parts: list[Any]) -> None:

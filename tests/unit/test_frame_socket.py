@@ -70,16 +70,18 @@ def _bodies_of(stream: bytes, cuts, limit=1 << 20, first_limit=1 << 20, received
     return [bytes(body) for body in got], errors
 
 
-def _raw_bodies_of(stream: bytes, cuts, limit=1 << 20, first_limit=1 << 20, received=0):
+def _raw_bodies_of(stream: bytes, cuts, limit=1 << 20, first_limit=1 << 20, received=0,
+                   **pool):
     """The bodies ``frame_bodies`` yields, as yielded, and the errors it
-    raised (each piece between ``cuts`` one recv)."""
+    raised (each piece between ``cuts`` one recv); ``pool``: its ``take``
+    and ``take_min``."""
     a, b = socket.socketpair()
     got: list = []
     errors: list = []
 
     def read():
         try:
-            got.extend(frame_bodies(b, limit, first_limit, stream[:received]))
+            got.extend(frame_bodies(b, limit, first_limit, stream[:received], **pool))
         except ValueError as exc:
             errors.append(exc)
 
@@ -168,3 +170,22 @@ def test_the_wire_pool_keeps_freed_blocks_mapped_unless_the_operator_chose_a_poo
     wire, made_default, default = _pool_in_a_fresh_process("")
     assert wire in ("jemalloc", "system") and made_default == default == wire
     assert _pool_in_a_fresh_process("mimalloc") == ["mimalloc"] * 3
+
+
+def test_a_big_frame_cut_off_by_its_recv_lands_in_a_buffer_from_take():
+    """``take``/``take_min``: a body of ``take_min`` bytes or more that its
+    recv cut off is received into the buffer ``take`` gives (a bookie's
+    pooled buffers), smaller ones where they were; the bodies are whole."""
+    import pyarrow as pa
+    taken: list[int] = []
+
+    def take(size):
+        taken.append(size)
+        buf = pa.allocate_buffer(size, resizable=False)
+        return memoryview(buf).cast("B"), buf
+    bodies = [b"s" * 100, b"m" * (100 << 10), bytes(range(256)) * 1200]
+    stream = b"".join(lane_frames.frame(x) for x in bodies)
+    cuts = [len(stream) - len(bodies[2]) + 10, len(stream) - 1000]
+    got, errors = _raw_bodies_of(stream, cuts, take=take, take_min=200_000)
+    assert [bytes(b) for b in got] == bodies and not errors
+    assert taken == [len(bodies[2])]
