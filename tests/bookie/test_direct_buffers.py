@@ -64,6 +64,33 @@ def test_the_pool_keeps_no_more_idle_than_its_cap():
     assert pool.idle_bytes() == HUGE_PAGE
 
 
+def test_past_its_cap_the_pool_lets_go_of_the_buffers_returned_longest_ago():
+    """A size no longer asked for does not hold the pool: the newest
+    returns stay, whatever their size, and are the ones taken again."""
+    pool = BufferPool(max_idle_bytes=6 * HUGE_PAGE)
+    small = [pool.take(HUGE_PAGE) for _ in range(6)]
+    for view, _buf in small:
+        view[:1] = b"s"
+    del small, view, _buf
+    gc.collect()
+    assert pool.idle_bytes() == 6 * HUGE_PAGE
+    big = [pool.take(3 * HUGE_PAGE) for _ in range(2)]      # a new size class: mapped afresh
+    for view, _buf in big:
+        view[:1] = b"b"
+    del big, view, _buf
+    gc.collect()
+    assert pool.idle_bytes() == 6 * HUGE_PAGE                 # the two big ones, no small one
+    again = [pool.take(3 * HUGE_PAGE) for _ in range(2)]
+    assert [bytes(v[:1]) for v, _b in again] == [b"b", b"b"]
+    assert pool.idle_bytes() == 0
+    del again
+    gc.collect()
+    too_big = pool.take(7 * HUGE_PAGE)
+    del too_big
+    gc.collect()
+    assert pool.idle_bytes() == 6 * HUGE_PAGE                 # over the cap alone: unmapped
+
+
 def _files(tmp_path) -> sf.SegmentFiles:
     return sf.SegmentFiles(str(tmp_path), segment_max_bytes=1 << 30, batch_cache_size=4,
                            mmap_cache_size=4, journal_dir=None, fsync=lambda fd: None)
