@@ -118,11 +118,18 @@ def stage_record(rtype: int, body: Body, body_crc: Optional[int] = None) -> Stag
     crc = (crc_of(rtype, body) if body_crc is None
            else crc_from_body_crc(rtype, len(body), body_crc))
     HEADER.pack_into(view, 0, len(body), crc, rtype)
-    # numpy lets go of the GIL for the copy; a memoryview assignment holds it
-    np.frombuffer(view, dtype=np.uint8)[HEADER.size:size] = np.frombuffer(body, dtype=np.uint8)
+    _copy_in(view, HEADER.size, body)
     if total > size:
         view[size:total] = b"".join(pad_frame(total - size))
     return StagedRecord(view, owner)
+
+
+def _copy_in(dst: memoryview, at: int, piece: Any) -> None:
+    """``piece`` (any buffer: bytes, an Arrow buffer, a view) copied into
+    ``dst`` from ``at``; numpy lets go of the GIL for the copy, where a
+    memoryview assignment holds it."""
+    n = len(piece)
+    np.frombuffer(dst, dtype=np.uint8)[at:at + n] = np.frombuffer(piece, dtype=np.uint8)
 
 
 class DirectWriter:
@@ -194,9 +201,8 @@ class DirectWriter:
         buf = self._buffer(total)
         at = 0
         for piece in pieces + (pad_frame(tail) if tail else []):
-            n = len(piece)
-            buf[at:at + n] = memoryview(piece).cast("B")   # Arrow buffers export "b"
-            at += n
+            _copy_in(buf, at, piece)
+            at += len(piece)
         return memoryview(buf)[:total]
 
     def _buffer(self, nbytes: int) -> memoryview:

@@ -95,12 +95,20 @@ def read_frame_into(reader: io.BufferedIOBase, limit: int,
     if not header:
         return None
     size = lane_frames.frame_length(header, limit)
-    if take is None:
-        return _fill(reader.readinto,
-                     memoryview(pa.allocate_buffer(size, memory_pool=wire_pool())), 0, size)
-    view, owner = take(size)
+    view, owner = _body_buffer(size, take)
     _fill(reader.readinto, view, 0, size)
     return memoryview(owner)
+
+
+def _body_buffer(size: int, take: Optional[Callable[[int], tuple[memoryview, Any]]]
+                 ) -> tuple[memoryview, Any]:
+    """(a writable byte view of ``size`` bytes to receive a frame body into,
+    the object that holds it): from ``take`` where given, else a new
+    buffer of the wire pool."""
+    if take is not None:
+        return take(size)
+    buf = pa.allocate_buffer(size, memory_pool=wire_pool())
+    return memoryview(buf).cast("B"), buf
 
 
 def _fill(readinto: Any, view: memoryview, got: int, size: int) -> memoryview:
@@ -183,11 +191,7 @@ def _receive_body(sock: Any, head: memoryview, size: int,
     """A ``size``-byte frame body that starts with ``head``, the rest
     received from ``sock``, in one buffer of the wire pool or from
     ``take`` (as ``read_frame_into``)."""
-    if take is None:
-        body = memoryview(pa.allocate_buffer(size, memory_pool=wire_pool())).cast("B")
-        body[:len(head)] = head
-        return _fill(sock.recv_into, body, len(head), size)
-    view, owner = take(size)
+    view, owner = _body_buffer(size, take)
     view[:len(head)] = head
     _fill(sock.recv_into, view, len(head), size)
     return memoryview(owner).cast("B")
