@@ -19,6 +19,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pybk_spark.cluster import procs
+from pybk_spark.cluster.ports import free_port
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import bookie_wire_pb2_grpc as pb_grpc
 from pybk_spark.wire.channel_options import bookie_channel_options
@@ -26,12 +27,6 @@ from pybk_spark.wire.entries import (batch_from_bytes, batch_to_bytes, cumulativ
                                      make_batch)
 
 _LIVE: set["BookieProcess"] = set()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @atexit.register
