@@ -28,7 +28,9 @@ def _pick_range() -> tuple[int, int]:
             low, high = (int(v) for v in f.read().split())
     except (OSError, ValueError):
         return _PICK
-    if high < _PICK[0] or low > _PICK[1] or high > 65535 - 2000:
+    if high < _PICK[0] or low > _PICK[1]:
+        return _PICK
+    if high > 65535 - 2000:       # no room above it either: the odds of a collision stay
         return _PICK
     return high + 1, 65535
 
