@@ -22,6 +22,7 @@ from pybk_spark.protocol import ledger_state as ls
 from pybk_spark.wire.add_validation import validate_batch, validate_entry
 from bookie_server.bookie_mode import BookieMode
 from bookie_server.config import BookieConfig
+from bookie_server.journal.direct_write import RecordSpace
 from bookie_server.journal.journal import Journal
 from bookie_server.journal.journal_crc import Body
 from bookie_server.journal.journal_format import LEDGER, LEDGER_LAC, Position, RecordType
@@ -61,19 +62,21 @@ class RequestHandlers:
 
     def add_async(self, ledger_id: int, master_key: bytes, data: bytes,
                   recovery: bool = False, keyless: bool = False,
-                  body_crc: Optional[int] = None) -> tuple[Future[Position], int, int]:
+                  body_crc: Optional[int] = None,
+                  space: Optional[RecordSpace] = None) -> tuple[Future[Position], int, int]:
         """Returns (future completing when durable+visible, first id, last id).
         ``keyless``: an operator's recovery add without the master key
         (protocol/access.py).  ``body_crc``: the crc32c of ``data``, where
         the caller took it already (a pull's digest check): the journal
-        frames the record from it."""
+        frames the record from it.  ``space``: the journal record space
+        ``data`` was received into (a pull's answer), framed in place."""
         batch = validate_batch(data, ledger_id, self.cfg)
         first, last = batch.column(1)[0].as_py(), batch.column(1)[batch.num_rows - 1].as_py()
         self.mode.check_storage()
         release = self.admission.admit(len(data))      # TooManyRequests past its bounds
         try:
             fut = self._submit_add(ledger_id, master_key, data, batch, recovery, keyless,
-                                   body_crc)
+                                   body_crc, space)
         except BaseException:
             release()
             raise
@@ -140,9 +143,10 @@ class RequestHandlers:
 
     def _submit_add(self, ledger_id: int, master_key: bytes, data: bytes,
                     batch: pa.RecordBatch, recovery: bool, keyless: bool = False,
-                    body_crc: Optional[int] = None) -> Future[Position]:
+                    body_crc: Optional[int] = None,
+                    space: Optional[RecordSpace] = None) -> Future[Position]:
         # framed before the lock: a big batch's CRC and copy are this thread's
-        staged = self.journal.stage_ahead(RecordType.ADD_BATCH, data, body_crc)
+        staged = self.journal.stage_ahead(RecordType.ADD_BATCH, data, body_crc, space)
         with self.cond:
             plan = ls.decide_add(self.ledgers.get(ledger_id), master_key, recovery=recovery,
                                  read_only=self.mode.read_only, keyless=keyless)

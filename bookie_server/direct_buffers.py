@@ -41,7 +41,7 @@ What.
     - ``READ_BUFFERS``, on huge pages: the store's whole-batch direct reads.
     - ``ANSWER_BUFFERS``, on 4 KiB pages: read answers this bookie joins
       from several stored batches to send (``EntryStore`` reads), the
-      answers its pulls receive from a peer (serving/peer_lane.py) and the
+      small answers its pulls receive from a peer (serving/peer_lane.py) and the
       add batches of 1 MiB or more its lane receives (serving/lane_server.py;
       the write cache holds them until the checkpoint).  A
       pull's answer lives until it is journaled; Arrow's jemalloc pool
@@ -51,8 +51,10 @@ What.
       compact memory to find them (measured: the pull 10% slower).  Its
       idle cap covers the answers of four pulls in flight.
     - ``STAGED_RECORDS``, on huge pages: big journal records framed ahead
-      for a direct write (journal/direct_write.py ``stage_record``), each
-      back in the pool once written.
+      for a direct write (journal/direct_write.py ``RecordSpace``), each
+      back in the pool once written: a pull's answers are received into
+      them, so a pull's reads in flight and its adds outstanding hold
+      them; the same idle cap as the answers'.
 """
 from __future__ import annotations
 
@@ -168,4 +170,4 @@ def _unmap(raw: mmap.mmap, view: memoryview) -> None:
 # one of each per process (module docstring)
 READ_BUFFERS = BufferPool()
 ANSWER_BUFFERS = BufferPool(256 << 20, huge=False)
-STAGED_RECORDS = BufferPool()
+STAGED_RECORDS = BufferPool(256 << 20)

@@ -89,7 +89,7 @@ from typing import Callable, Iterable, Optional
 from bookie_server.journal.journal_failure import JournalFailure, fail
 from bookie_server.journal.journal_file import JournalFile
 from bookie_server.journal.journal_sync import OnDurable, SyncStage, WrittenGroup
-from bookie_server.journal.direct_write import StagedRecord, stage_record
+from bookie_server.journal.direct_write import RecordSpace, StagedRecord, stage_record
 from bookie_server.journal.records import JournalRecord, StagedSubmission, Submission
 from bookie_server.serving.metrics import BookieMetrics
 from bookie_server.journal.journal_crc import Body, crc_of  # noqa: F401  (callers import it here)
@@ -166,16 +166,19 @@ class Journal:
                else StagedSubmission(records, payload, staged))
         return self.enqueue(sub, lead=lead)
 
-    def stage_ahead(self, rtype: int, body: Body,
-                    body_crc: Optional[int] = None) -> Optional[StagedRecord]:
+    def stage_ahead(self, rtype: int, body: Body, body_crc: Optional[int] = None,
+                    space: Optional[RecordSpace] = None) -> Optional[StagedRecord]:
         """A record big enough for a direct write, framed on the calling
         thread (``direct_write.stage_record``: its CRC and its copy are
         then not the writer thread's; ``body_crc``, the body's crc32c
         where the caller took it already); None where the journal would
-        not write it direct.  Pass it to ``submit`` as that record's
-        ``staged``."""
+        not write it direct.  ``space``: the ``RecordSpace`` whose body
+        ``body`` is, framed where it lies instead of copied.  Pass it to
+        ``submit`` as that record's ``staged``."""
         if not self.file.direct.wants(HEADER.size + len(body)):
             return None
+        if space is not None and space.holds(body):
+            return space.staged(rtype, body_crc)
         return stage_record(rtype, body, body_crc)
 
     def enqueue(self, sub: Submission, *, lead: bool = False) -> Future[Position]:

@@ -4,9 +4,14 @@ sparse reads of a pull (bookie_server/serving/pull.py) when the peer
 registered a lane and the bookies talk plaintext.
 
 Why not gRPC: a peer answers a lane read from where its stored entries lie
-(``batch_to_parts`` + ``sendmsg``) and this bookie receives the answer into
-one pooled buffer (``read_frame_into`` with ``direct_buffers.ANSWER_BUFFERS``),
-parsed in place; over gRPC the same
+(``batch_to_parts`` + ``sendmsg``) and this bookie receives the answer's
+entries straight into the place its journal writes them from
+(``read_frame_lead`` reads the answer's other fields,
+``framing.trailing_payload`` says where its entries start, and the rest
+lands in a ``journal.direct_write.RecordSpace``: the pull's recovery add
+is then framed there, with no copy; an answer under ``_SPACE_MIN_BYTES``,
+or one shaped otherwise, lands whole in a ``direct_buffers.ANSWER_BUFFERS``
+buffer), parsed in place; over gRPC the same
 8 MiB answer is IPC-encoded, joined into ``bytes``, copied into gRPC's
 slices, and copied again on receipt (measured: the lane halves the CPU a
 pull costs the two bookies; docs/performance.md, (8)).
@@ -34,16 +39,31 @@ from __future__ import annotations
 
 import socket
 from collections import deque
+from dataclasses import dataclass
 from typing import Any, Optional, cast
 
 from pybk_spark import errors
-from pybk_spark.wire import codes, framing, lane_frames
-from pybk_spark.wire.frame_socket import configure, read_frame_into, send_parts
+from pybk_spark.wire import bookie_wire_pb2 as pb, codes, framing, lane_frames
+from pybk_spark.wire.frame_socket import configure, fill_from, read_frame_lead, send_parts
 from pybk_spark.wire.results import ReadResult
 from bookie_server.direct_buffers import ANSWER_BUFFERS
+from bookie_server.journal.direct_write import RecordSpace
 from bookie_server.serving.peer_client import read_request, read_result
 
 _CONNECT_TIMEOUT_S = 5.0
+# an answer's other fields (code, LAC, end, fenced; a message only when
+# refused) and its entries' key and length lie within its first bytes
+_LEAD_BYTES = 64
+# entries this big are received where the journal writes them from
+_SPACE_MIN_BYTES = 64 << 10
+
+
+@dataclass(frozen=True)
+class PeerAnswer(ReadResult):
+    """A ``ReadResult`` whose ``raw`` entries, where ``space`` is set, were
+    received straight into a journal record's place (``RecordSpace``): a
+    pull that journals them as they are frames them there, with no copy."""
+    space: Optional[RecordSpace] = None
 
 
 class _Connection:
@@ -98,47 +118,67 @@ class LanePeerReader:
         self._next += 1
         return handle
 
-    def receive(self) -> ReadResult:
+    def receive(self) -> PeerAnswer:
         """The answer to the oldest read sent (typed errors as gRPC's)."""
         _frame, timeout, ctx = self._sent[0]
         # idle since its last answer: the peer may have closed it meanwhile
         kept = self._conn is not None and not self._conn.answered
         try:
-            conn, body = self._next_frame(timeout)
+            conn, got = self._next_frame(timeout)
         except (OSError, ValueError, EOFError) as exc:
             self._drop()
             if not kept or isinstance(exc, TimeoutError):
                 self._sent.clear()     # the connection and its unanswered reads are gone
                 raise codes.translate_socket_error(exc, **ctx) from None
             try:                       # once more, on a new connection
-                conn, body = self._next_frame(timeout)
+                conn, got = self._next_frame(timeout)
             except (OSError, ValueError, EOFError) as again:
                 self._drop()
                 self._sent.clear()
                 raise codes.translate_socket_error(again, **ctx) from None
         self._sent.popleft()
         conn.answered = bool(self._sent)
+        body, space = got
         try:
-            resp: Any = framing.parse_read_response(cast(bytes, body))   # parsed in place
+            resp: Any = (framing.parse_read_response(cast(bytes, body)) if space is None
+                         else framing.parse_head(pb.ReadResponse, cast(bytes, body), space.body()))
         except Exception as exc:  # noqa: BLE001 - broad: a malformed answer
             self._sent.clear()         # nothing later on the connection can be trusted
             self._drop()
             raise errors.BadRequest(f"bad bookie response: {exc}", **ctx) from None
-        return read_result(resp, ctx)
+        res = read_result(resp, ctx)
+        return PeerAnswer(res.batch, res.end, res.lac, res.fenced, res.raw, space)
 
-    def _next_frame(self, timeout: float) -> tuple[_Connection, memoryview]:
+    def _next_frame(self, timeout: float
+                    ) -> tuple[_Connection, tuple[Any, Optional[RecordSpace]]]:
         """The next answer frame, on the connection (a new one, with every
-        read in flight sent on it, when there is none)."""
+        read in flight sent on it, when there is none): (the whole body,
+        None), or where its entries are its last field (our peers' answers)
+        (the rest of its fields, the ``RecordSpace`` the entries were
+        received into)."""
         conn = self._conn
         if conn is None:
             conn = self._connect(timeout)
             for frame, _t, _c in self._sent:
                 send_parts(conn.sock, frame)
         conn.sock.settimeout(timeout)
-        body = read_frame_into(conn.stream, self.max_answer_bytes, take=ANSWER_BUFFERS.take)
-        if body is None:
+        got = read_frame_lead(conn.stream, self.max_answer_bytes, _LEAD_BYTES)
+        if got is None:
             raise EOFError("read lane closed by the peer")
-        return conn, body
+        size, lead = got
+        at = framing.trailing_payload(lead, size)
+        if at is None or size - at[1] < _SPACE_MIN_BYTES:
+            view, owner = ANSWER_BUFFERS.take(size)
+            view[:len(lead)] = lead
+            fill_from(conn.stream, view[len(lead):])
+            return conn, (memoryview(owner), None)
+        key_at, value_at = at
+        space = RecordSpace(size - value_at)
+        into = space.body_view()
+        have = len(lead) - value_at
+        into[:have] = lead[value_at:]
+        fill_from(conn.stream, into[have:])
+        return conn, (lead[:key_at], space)
 
     def discard(self) -> None:
         """Forget the reads still unanswered: their answers would meet the

@@ -11,7 +11,8 @@ data path:
    (``ReadRequest.sparse``: every stored id, gaps skipped), over the peer's
    read lane when it registered one and the bookies talk plaintext
    (serving/peer_lane.py: the entries leave the peer from where they are
-   stored and arrive in one pooled buffer; the reads are pipelined on one
+   stored and arrive where this bookie's journal writes them from, a
+   ``RecordSpace``; the reads are pipelined on one
    connection and answered on this thread), else its gRPC ``ReadEntries``
    (serving/peer_client.py: futures), up to
    ``window`` reads in flight, each up to ``COPY_BATCH_ENTRIES`` ids and
@@ -22,8 +23,8 @@ data path:
    digest is correct (``Digester.verify_batch``: one call per batch);
 3. journals each kept batch as a RECOVERY add under the given key, the
    stored Arrow rows byte for byte (lac, length and digest unchanged; the
-   peer's IPC bytes as received when every row of an answer is kept, their
-   journal record's CRC made from the digest check's CRC over the payloads
+   peer's IPC bytes as received when every row of an answer is kept, framed
+   where they were received, their journal record's CRC made from the digest check's CRC over the payloads
    and the bytes around them: ``Digester.check_batch``,
    ``crc_combine.around``), up to ``MAX_ADDS_IN_FLIGHT`` adds outstanding
    (an add refused by admission waits for the older ones and is retried);
@@ -55,8 +56,9 @@ from pybk_spark.wire import crc_combine
 from pybk_spark.wire.digest import BatchCheck, Digester
 from pybk_spark.protocol.sparse_reads import SparseReadWindow
 from pybk_spark.wire.entries import batch_to_buffer
+from bookie_server.journal.direct_write import RecordSpace
 from bookie_server.serving.peer_client import PeerReader
-from bookie_server.serving.peer_lane import LanePeerReader
+from bookie_server.serving.peer_lane import LanePeerReader, PeerAnswer
 
 if TYPE_CHECKING:
     from bookie_server.bookie import Bookie
@@ -115,16 +117,17 @@ class _Adds:
         self.copied: list[np.ndarray] = []
 
     def submit(self, data: Union[bytes, pa.Buffer], ids: np.ndarray, nbytes: int,
-               data_crc: Optional[int] = None) -> None:
+               data_crc: Optional[int] = None, space: Optional[RecordSpace] = None) -> None:
         """``data``: one Arrow IPC entry batch (bytes or a pyarrow Buffer);
-        ``data_crc``: its crc32c, where known."""
+        ``data_crc``: its crc32c, where known; ``space``: the journal
+        record space ``data`` lies in, where it does."""
         while True:
             while len(self.inflight) >= MAX_ADDS_IN_FLIGHT:
                 self._settle_oldest()
             try:
                 fut, _first, _last = self.bookie.add_async(self.ledger_id, self.key, data,
                                                            recovery=True, keyless=self.keyless,
-                                                           body_crc=data_crc)
+                                                           body_crc=data_crc, space=space)
                 break
             except errors.TooManyRequests:
                 if self.inflight:
@@ -185,7 +188,8 @@ def pull(bookie: Bookie, peer: Union[PeerReader, LanePeerReader], ledger_id: int
                     # whose buffer goes back to the pool once journaled
                     eids = batch.column("entry_id").to_numpy().copy()
                     keep = win.answered(span, eids, res.end)
-                    _copy(adds, digester, batch, eids, keep, res.raw)
+                    _copy(adds, digester, batch, eids, keep, res.raw,
+                          res.space if isinstance(res, PeerAnswer) else None)
                 elif res.end == "LIMIT":
                     problem = "peer answered LIMIT with no rows"
     finally:
@@ -261,10 +265,12 @@ class _FutureReads(_Reads):
 
 
 def _copy(adds: _Adds, digester: Digester, batch: pa.RecordBatch, eids: np.ndarray,
-          keep: np.ndarray, raw: Optional[pa.Buffer] = None) -> None:
+          keep: np.ndarray, raw: Optional[pa.Buffer] = None,
+          space: Optional[RecordSpace] = None) -> None:
     """Journal the wanted rows of ``batch`` (``keep``) whose digests are
-    correct: the peer's own Arrow IPC bytes (``raw``) when every row is
-    kept, else the kept rows re-encoded."""
+    correct: the peer's own Arrow IPC bytes (``raw``, framed where they
+    were received when that is a journal record ``space``) when every row
+    is kept, else the kept rows re-encoded."""
     if not keep.all():
         if not keep.any():
             return
@@ -278,7 +284,7 @@ def _copy(adds: _Adds, digester: Digester, batch: pa.RecordBatch, eids: np.ndarr
     if raw is None or not len(raw):
         adds.submit(batch_to_buffer(batch), eids, int(batch.nbytes))
     else:
-        adds.submit(raw, eids, int(batch.nbytes), _raw_crc(raw, check))
+        adds.submit(raw, eids, int(batch.nbytes), _raw_crc(raw, check), space)
 
 
 def _raw_crc(raw: pa.Buffer, check: BatchCheck) -> Optional[int]:

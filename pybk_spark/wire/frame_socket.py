@@ -24,7 +24,9 @@ on the bookie, a blocked writer would outlive its add timeout.  So:
 
 ``read_frame`` reads one frame from a buffered reader of the socket;
 ``read_frame_into`` reads a large one (a read answer) straight into one new
-buffer.  ``frame_bodies`` is the bookie's reader: one C call per frame while
+buffer; ``read_frame_lead`` reads a frame's first bytes only, and
+``fill_from`` the rest into memory the caller chose by them.
+``frame_bodies`` is the bookie's reader: one C call per frame while
 frames arrive one at a time, each such body a view of what its ``recv``
 returned (no copy); frames that share a ``recv`` are copied out at their own
 size and a frame cut off by its ``recv`` is received into one buffer of its
@@ -98,6 +100,29 @@ def read_frame_into(reader: io.BufferedIOBase, limit: int,
     view, owner = _body_buffer(size, take)
     _fill(reader.readinto, view, 0, size)
     return memoryview(owner)
+
+
+def read_frame_lead(reader: io.BufferedIOBase, limit: int, lead_bytes: int
+                    ) -> Optional[tuple[int, bytes]]:
+    """The next frame's body size and its first ``lead_bytes`` bytes (all
+    of a smaller body); ``None`` at a clean end of stream.  The caller
+    receives the rest (``fill_from``) into memory it chooses by what the
+    lead says (a read answer's entries straight into a journal record's
+    place: bookie_server/serving/peer_lane.py)."""
+    header = reader.read(lane_frames.HEADER_BYTES)
+    if not header:
+        return None
+    size = lane_frames.frame_length(header, limit)
+    lead = reader.read(min(size, lead_bytes))
+    if len(lead) != min(size, lead_bytes):
+        raise ValueError(f"connection ended inside a frame ({len(lead)} of {size} bytes)")
+    return size, lead
+
+
+def fill_from(reader: io.BufferedIOBase, view: memoryview) -> None:
+    """``view`` filled from ``reader`` (``ValueError`` when the stream ends
+    first)."""
+    _fill(reader.readinto, view, 0, len(view))
 
 
 def _body_buffer(size: int, take: Optional[Callable[[int], tuple[memoryview, Any]]]

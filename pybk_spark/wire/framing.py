@@ -20,7 +20,11 @@ cuts the payload out as a zero-copy ``pyarrow.Buffer`` view of the received
 bytes, and the generated class parses the small rest (the generated class
 alone would copy the payload once on parse and again on every ``.entries``
 access).  The bookie parses AddRequests this way (:func:`parse_add_request`),
-the client ReadResponses (:func:`parse_read_response`).  Malformed input
+the client ReadResponses (:func:`parse_read_response`).  A receiver that
+wants the payload in memory of its own reads a message's first bytes,
+finds where the payload starts (:func:`trailing_payload`: our framed
+messages put it last), receives the rest there and parses the fields
+before it (:func:`parse_head`).  Malformed input
 raises ``ValueError``, which gRPC turns into a failed call, as it does for
 protobuf's own ``DecodeError``.
 
@@ -38,7 +42,7 @@ that both parsers agree with the generated ones.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Union
+from typing import Any, Callable, Optional, Union
 
 import pyarrow as pa
 from google.protobuf.message import DecodeError, Message
@@ -164,6 +168,53 @@ def split_payload(data: bytes | memoryview, field_number: int = ENTRIES_FIELD
     if view is None:                       # no payload: the whole message is the head
         return bytes(data), payload
     return b"".join(data[a:b] for a, b in kept), payload
+
+
+def trailing_payload(lead: bytes | memoryview, total: int,
+                     field_number: int = ENTRIES_FIELD) -> Optional[tuple[int, int]]:
+    """Where field ``field_number`` lies in a message of ``total`` bytes of
+    which ``lead`` holds the first ones, when that field is the message's
+    last (its value ends at ``total``, as our framed messages put it) and
+    its key and length lie within ``lead``: (the field's key offset, its
+    value's offset).  The bytes before the key are then the rest of the
+    message (``parse_head``), and a receiver may put the value where it
+    chooses.  None otherwise: the caller receives the whole message and
+    parses it with ``split_payload``."""
+    pos, end = 0, len(lead)
+    try:
+        while pos < end:
+            start = pos
+            key, pos = _read_varint(lead, pos, end)
+            field, wire = key >> 3, key & 7
+            if field == 0:
+                return None
+            if wire == 0:
+                _, pos = _read_varint(lead, pos, end)
+            elif wire == _LEN_DELIMITED:
+                size, pos = _read_varint(lead, pos, end)
+                if field == field_number and pos + size == total:
+                    return start, pos
+                pos += size
+            elif wire == 1:
+                pos += 8
+            elif wire == 5:
+                pos += 4
+            else:
+                return None
+    except ValueError:                     # a varint cut off by the end of ``lead``
+        return None
+    return None
+
+
+def parse_head(message_cls: type[Message], head: bytes, payload: pa.Buffer) -> Framed:
+    """A ``Framed`` from a message's fields other than its payload
+    (``head``, the bytes before ``trailing_payload``'s key offset) and the
+    payload received apart; ``ValueError`` where the head does not parse."""
+    try:
+        msg = message_cls.FromString(head)
+    except DecodeError as exc:
+        raise ValueError(f"malformed {message_cls.__name__}: {exc}") from None
+    return Framed(msg, payload)
 
 
 def _parse_framed(message_cls: type[Message], data: bytes | memoryview) -> Framed:

@@ -158,6 +158,34 @@ def test_staged_records_are_written_from_their_buffers_and_replay(tmp_path):
     assert got == want + [(RecordType.FENCE, (1).to_bytes(8, "little"))]
 
 
+def test_a_body_received_into_a_record_space_is_framed_where_it_lies(tmp_path):
+    """A pull's answer lands in a ``RecordSpace``: ``stage_ahead`` frames it
+    there (the staged record is the space's own memory, no copy) into the
+    same bytes ``stage_record`` makes, and it replays like any record."""
+    from bookie_server.journal.direct_write import RecordSpace, stage_record
+    import pyarrow as pa
+    j = _direct_journal(str(tmp_path), _Writes(), prealloc_bytes=0, lead_max_bytes=-1)
+    durable = []
+    j.start(lambda group, pos: durable.extend(group))
+    _need_direct(j)
+    body = os.urandom(300_001)
+    space = RecordSpace(len(body))
+    space.body_view()[:] = body
+    data = space.body()
+    assert space.holds(data) and not space.holds(pa.py_buffer(body))
+    staged = j.stage_ahead(RecordType.ADD_BATCH, data, space=space)
+    assert staged is not None and staged.owner is space.buffer, "framed in place"
+    assert bytes(staged.view) == bytes(stage_record(RecordType.ADD_BATCH, body).view)
+    other = j.stage_ahead(RecordType.ADD_BATCH, body, space=space)     # not its body: copied
+    assert other is not None and other.owner is not space.buffer
+    pos = j.submit([(RecordType.ADD_BATCH, data)], staged=staged).result(10)
+    j.close()
+    assert pos.offset % ALIGN == 0
+    got = [(t, bytes(b)) for _p, t, b in replay(str(tmp_path), Position(0, 0))
+           if t != RecordType.PAD]
+    assert got == [(RecordType.ADD_BATCH, body)]
+
+
 def test_a_small_record_is_not_staged(tmp_path):
     j = _direct_journal(str(tmp_path), _Writes())
     j.start(lambda group, pos: None)

@@ -191,3 +191,24 @@ def test_reads_are_pipelined_on_one_connection_and_abandoned_ones_never_answer_l
         assert _ids_read(reader) == list(range(10))
     finally:
         reader.close()
+
+
+def test_a_big_answer_lands_in_a_journal_record_space_and_a_small_one_in_a_buffer(peer):
+    """Entries of 64 KiB and more are received where the journal writes
+    them from (``RecordSpace``): the answer's ``raw`` is that space's body."""
+    got = peer.stub().AddEntries(pb.AddRequest(ledger_id=LEDGER + 1, master_key=KEY,
+                                               entries=entries_bytes(LEDGER + 1, range(100),
+                                                                     size=2048)), timeout=30)
+    assert got.code == pb.OK, got
+    reader = LanePeerReader(f"127.0.0.1:{peer.conf['add_lane_port']}", peer.bookie_id, 16 << 20)
+    try:
+        reader.send(LEDGER + 1, 0, 99, max_entries=100, max_bytes=1 << 20, timeout=30,
+                    sparse=True)
+        big = reader.receive()
+        assert big.space is not None and big.space.holds(big.raw)
+        assert big.batch.column("entry_id").to_pylist() == list(range(100))
+        reader.send(LEDGER, 0, 9, max_entries=100, max_bytes=1 << 20, timeout=30, sparse=True)
+        small = reader.receive()
+        assert small.space is None and small.batch.num_rows == 10
+    finally:
+        reader.close()

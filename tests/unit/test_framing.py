@@ -145,3 +145,33 @@ def test_split_payload_keeps_other_fields_and_views_the_payload_in_place():
     assert bytes(payload) == b"entries" and payload.address != 0
     assert pb.ReadResponse.FromString(head).lac == 2
     assert b"xy" in head and b"entries" not in head
+
+
+@given(code=st.sampled_from([pb.OK, pb.NO_SUCH_ENTRY]), message=st.text(max_size=30),
+       end=st.sampled_from([pb.COMPLETE, pb.LIMIT, pb.MISSING]),
+       lac=st.integers(-2**63, 2**63 - 1), fenced=st.booleans(),
+       payload=st.binary(max_size=3000), lead=st.integers(0, 120))
+@settings(max_examples=300, deadline=None)
+def test_trailing_payload_finds_a_framed_answers_entries_or_says_none(code, message, end, lac,
+                                                                       fenced, payload, lead):
+    data = framing.with_payload(pb.ReadResponse(code=code, message=message, end=end, lac=lac,
+                                                fenced=fenced), payload)
+    at = framing.trailing_payload(data[:lead], len(data))
+    if at is None:                       # then the whole message is received and split
+        return
+    key_at, value_at = at
+    assert value_at <= lead and bytes(data[value_at:]) == payload
+    got = framing.parse_head(pb.ReadResponse, data[:key_at], pa.py_buffer(payload))
+    want = framing.parse_read_response(data)
+    assert (got.code, got.message, got.end, got.lac, got.fenced, bytes(got.entries)) == \
+        (want.code, want.message, want.end, want.lac, want.fenced, bytes(want.entries))
+
+
+def test_trailing_payload_is_none_unless_the_payload_is_the_last_field():
+    framed = framing.with_payload(pb.ReadResponse(lac=2), b"entries")
+    assert framing.trailing_payload(framed, len(framed)) is not None
+    after = framed + pb.ReadResponse(lac=3).SerializeToString()     # a field after the payload
+    assert framing.trailing_payload(after, len(after)) is None
+    assert framing.trailing_payload(framed[:2], len(framed)) is None   # the key cut off
+    with pytest.raises(ValueError):
+        framing.parse_head(pb.ReadResponse, b"\x08", pa.py_buffer(b""))
