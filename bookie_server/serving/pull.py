@@ -24,10 +24,11 @@ data path:
 3. journals each kept batch as a RECOVERY add under the given key, the
    stored Arrow rows byte for byte (lac, length and digest unchanged; the
    peer's IPC bytes as received when every row of an answer is kept, framed
-   where they were received, their journal record's CRC made from the digest check's CRC over the payloads
-   and the bytes around them: ``Digester.check_batch``,
-   ``crc_combine.around``), up to ``MAX_ADDS_IN_FLIGHT`` adds outstanding
-   (an add refused by admission waits for the older ones and is retried);
+   where they were received, their journal record's CRC made from the
+   digest check's CRC over the payloads and the bytes around them:
+   ``Digester.check_batch``, ``crc_combine.around``), up to
+   ``MAX_ADDS_IN_FLIGHT`` adds outstanding (an add refused by admission
+   waits for the older ones and is retried);
 4. answers, once every add it made is durable, the number of entries and
    bytes copied and the wanted ids it did not copy (absent or corrupt on the
    peer, or the peer failed midway: the message says which).
