@@ -127,6 +127,28 @@ class Framed:
 _EMPTY = pa.py_buffer(b"")
 
 
+def _next_field(data: BytesLike, pos: int, end: int) -> tuple[int, int, int, int]:
+    """(field number, wire type, where its value starts, where it ends) of
+    the field whose key is at ``pos``; the value's end may lie past ``end``
+    (the caller decides).  ``ValueError`` for field number 0, an
+    unsupported wire type, or a varint cut off by ``end``."""
+    key, pos = _read_varint(data, pos, end)
+    field, wire = key >> 3, key & 7
+    if field == 0:
+        raise ValueError("message has a field number 0")
+    if wire == 0:
+        _, stop = _read_varint(data, pos, end)
+        return field, wire, pos, stop
+    if wire == _LEN_DELIMITED:
+        size, pos = _read_varint(data, pos, end)
+        return field, wire, pos, pos + size
+    if wire == 1:
+        return field, wire, pos, pos + 8
+    if wire == 5:
+        return field, wire, pos, pos + 4
+    raise ValueError(f"unsupported wire type {wire}")
+
+
 def split_payload(data: bytes | memoryview, field_number: int = ENTRIES_FIELD
                   ) -> tuple[bytes, pa.Buffer]:
     """(the message without field ``field_number``, that field's value as a
@@ -138,33 +160,17 @@ def split_payload(data: bytes | memoryview, field_number: int = ENTRIES_FIELD
     kept: list[tuple[int, int]] = []
     pos, end = 0, len(data)
     while pos < end:
-        start = pos
-        key, pos = _read_varint(data, pos, end)
-        field, wire = key >> 3, key & 7
-        if field == 0:
-            raise ValueError("message has a field number 0")
-        if wire == 0:
-            _, pos = _read_varint(data, pos, end)
-        elif wire == _LEN_DELIMITED:
-            size, pos = _read_varint(data, pos, end)
-            if pos + size > end:
-                raise ValueError("length-delimited field runs past the end of the message")
-            if field == field_number:
-                if view is None:
-                    view = pa.py_buffer(data)
-                payload = view[pos:pos + size]
-                pos += size
-                continue
-            pos += size
-        elif wire == 1:
-            pos += 8
-        elif wire == 5:
-            pos += 4
+        field, wire, at, stop = _next_field(data, pos, end)
+        if stop > end:
+            raise ValueError("length-delimited field runs past the end of the message"
+                             if wire == _LEN_DELIMITED else "field runs past the end of the message")
+        if wire == _LEN_DELIMITED and field == field_number:
+            if view is None:
+                view = pa.py_buffer(data)
+            payload = view[at:stop]
         else:
-            raise ValueError(f"unsupported wire type {wire}")
-        if pos > end:
-            raise ValueError("field runs past the end of the message")
-        kept.append((start, pos))
+            kept.append((pos, stop))
+        pos = stop
     if view is None:                       # no payload: the whole message is the head
         return bytes(data), payload
     return b"".join(data[a:b] for a, b in kept), payload
@@ -183,25 +189,11 @@ def trailing_payload(lead: bytes | memoryview, total: int,
     pos, end = 0, len(lead)
     try:
         while pos < end:
-            start = pos
-            key, pos = _read_varint(lead, pos, end)
-            field, wire = key >> 3, key & 7
-            if field == 0:
-                return None
-            if wire == 0:
-                _, pos = _read_varint(lead, pos, end)
-            elif wire == _LEN_DELIMITED:
-                size, pos = _read_varint(lead, pos, end)
-                if field == field_number and pos + size == total:
-                    return start, pos
-                pos += size
-            elif wire == 1:
-                pos += 8
-            elif wire == 5:
-                pos += 4
-            else:
-                return None
-    except ValueError:                     # a varint cut off by the end of ``lead``
+            field, wire, at, stop = _next_field(lead, pos, end)
+            if wire == _LEN_DELIMITED and field == field_number and stop == total:
+                return pos, at
+            pos = stop
+    except ValueError:                     # cut off by the end of ``lead``, or malformed
         return None
     return None
 
@@ -209,7 +201,8 @@ def trailing_payload(lead: bytes | memoryview, total: int,
 def parse_head(message_cls: type[Message], head: bytes, payload: pa.Buffer) -> Framed:
     """A ``Framed`` from a message's fields other than its payload
     (``head``, the bytes before ``trailing_payload``'s key offset) and the
-    payload received apart; ``ValueError`` where the head does not parse."""
+    payload received apart; ``ValueError`` where the head does not parse
+    (e.g. a varint field sent with the wrong wire type)."""
     try:
         msg = message_cls.FromString(head)
     except DecodeError as exc:
@@ -219,11 +212,7 @@ def parse_head(message_cls: type[Message], head: bytes, payload: pa.Buffer) -> F
 
 def _parse_framed(message_cls: type[Message], data: bytes | memoryview) -> Framed:
     head, entries = split_payload(data)
-    try:
-        msg = message_cls.FromString(head)
-    except DecodeError as exc:             # e.g. a varint field sent with the wrong wire type
-        raise ValueError(f"malformed {message_cls.__name__}: {exc}") from None
-    return Framed(msg, entries)
+    return parse_head(message_cls, head, entries)
 
 
 def parse_add_request(data: bytes | memoryview) -> Framed:
