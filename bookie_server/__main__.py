@@ -53,7 +53,7 @@ import sys
 import uuid
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
-from bookie_server import cookie, offline
+from bookie_server import cookie, direct_buffers, offline
 from bookie_server.serving import admin_http, health, identity, tls as bookie_tls
 from bookie_server.background import DamagePublisher, DiskChecker, GarbageCollector
 from bookie_server.bookie import Bookie
@@ -313,6 +313,7 @@ def _serve(cfg: BookieConfig, bookie_id: str, store: Optional[MetadataStore],
     signal.signal(signal.SIGHUP, lambda *_: signals.__setitem__("reload", True))
 
     memory_pool = arrow_memory.use_for_process()   # before replay allocates
+    direct_buffers.reserve_read_buffers(cfg.read_buffers_at_start_mb)
     bookie = make_bookie(cfg, metrics=metrics).open()
     publisher = (DamagePublisher(bookie, store, bookie_id, cfg.registration_ttl_s)
                  if store is not None else None)

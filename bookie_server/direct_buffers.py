@@ -55,6 +55,18 @@ What.
       back in the pool once written: a pull's answers are received into
       them, so a pull's reads in flight and its adds outstanding hold
       them; the same idle cap as the answers'.
+
+Reserved at start.  A mapping's pages cost the most the first time they
+are touched: the kernel zero-fills each one, and on a virtual machine
+whose host took the memory back (a balloon) the host must back it again,
+about 2 ms per MiB.  A pull's source needs a read buffer and a joined
+answer per connection it serves, so the first pulls after a start map and
+fault in several of each; those pages are on the pull's critical path (a
+source answers one connection's reads one after the other).
+``reserve_read_buffers`` maps and touches ``read_buffers_at_start_mb``
+of them on a thread of its own when the bookie starts
+(``BufferPool.reserve``), and ``take`` hands a reserved buffer to a
+request down to half its size.
 """
 from __future__ import annotations
 
@@ -62,6 +74,7 @@ import ctypes
 import mmap
 import threading
 from collections import OrderedDict, defaultdict
+from typing import Optional
 
 import pyarrow as pa
 
@@ -111,10 +124,17 @@ class BufferPool:
         self._lock = threading.RLock()
 
     def take(self, nbytes: int) -> tuple[memoryview, pa.Buffer]:
-        """(a view of ``nbytes`` to read into, the Arrow buffer over it)."""
+        """(a view of ``nbytes`` to read into, the Arrow buffer over it):
+        an idle mapping of its size class, else the smallest idle one of
+        at most twice that (a reserved one, ``reserve``), else a new one."""
         size = -(-nbytes // HUGE_PAGE) * HUGE_PAGE
         with self._lock:
             idle = self._idle.get(size)
+            if not idle:
+                larger = [s for s, held in self._idle.items() if held and size < s <= 2 * size]
+                if larger:
+                    size = min(larger)
+                    idle = self._idle[size]
             got = idle.pop() if idle else None
             if got is not None:
                 del self._returned[id(got)]
@@ -127,6 +147,19 @@ class BufferPool:
 
     def idle_bytes(self) -> int:
         return self._idle_bytes
+
+    def reserve(self, nbytes: int, count: int) -> None:
+        """Map ``count`` buffers of ``nbytes`` and touch every page of them,
+        idle in the pool (within its cap): the first transfers that need
+        them find pages the process already has (module docstring,
+        "Reserved at start").  The pages are written with the GIL let go."""
+        size = -(-nbytes // HUGE_PAGE) * HUGE_PAGE
+        for _ in range(min(count, self.max_idle_bytes // size)):
+            raw, view = huge_mapping(size, self.huge)
+            # ctypes.memset is a foreign function (CFUNCTYPE): called with the
+            # GIL let go, so a bookie serves while its reserve is touched
+            ctypes.memset(ctypes.addressof(ctypes.c_char.from_buffer(view)), 0, size)
+            self._put_back(size, raw, view)
 
     def _put_back(self, size: int, raw: mmap.mmap, view: memoryview) -> None:
         """Keep the mapping for the next ``take`` of its size; past the cap,
@@ -171,3 +204,26 @@ def _unmap(raw: mmap.mmap, view: memoryview) -> None:
 READ_BUFFERS = BufferPool()
 ANSWER_BUFFERS = BufferPool(256 << 20, huge=False)
 STAGED_RECORDS = BufferPool(256 << 20)
+
+# the size of a reserved read buffer: a pull asks for at most this much per
+# read (serving/pull.py COPY_BATCH_BYTES), so one stored span and one joined
+# answer of it each fit in one
+RESERVED_READ_BYTES = 8 << 20
+
+
+def reserve_read_buffers(total_mb: int) -> Optional[threading.Thread]:
+    """Reserve ``total_mb`` MiB for a bookie's big reads, half for the
+    store's direct reads (``READ_BUFFERS``), half for the answers joined
+    from them (``ANSWER_BUFFERS``), on a daemon thread so the bookie serves
+    meanwhile (``read_buffers_at_start_mb``); the thread, None for 0."""
+    count = (total_mb << 20) // 2 // RESERVED_READ_BYTES
+    if count <= 0:
+        return None
+
+    def fill() -> None:
+        for pool in (READ_BUFFERS, ANSWER_BUFFERS):
+            pool.reserve(RESERVED_READ_BYTES, count)
+
+    thread = threading.Thread(target=fill, name="bookie-read-buffers", daemon=True)
+    thread.start()
+    return thread

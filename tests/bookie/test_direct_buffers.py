@@ -12,6 +12,7 @@ import os
 
 import pyarrow as pa
 
+from bookie_server import direct_buffers
 from bookie_server.direct_buffers import HUGE_PAGE, BufferPool, huge_mapping
 from bookie_server.journal.direct_write import ALIGN, DirectWriter
 from bookie_server.storage import segment_files as sf
@@ -89,6 +90,43 @@ def test_past_its_cap_the_pool_lets_go_of_the_buffers_returned_longest_ago():
     del too_big
     gc.collect()
     assert pool.idle_bytes() == 6 * HUGE_PAGE                 # over the cap alone: unmapped
+
+
+def test_reserved_buffers_wait_in_the_pool_touched_and_serve_smaller_takes():
+    """A reserve is there before the first transfer that needs it: its
+    pages are written (zeros), and a take of its size class or down to
+    half of it gets one instead of a new mapping."""
+    pool = BufferPool(max_idle_bytes=64 * HUGE_PAGE)
+    pool.reserve(4 * HUGE_PAGE, 3)
+    assert pool.idle_bytes() == 12 * HUGE_PAGE
+    reserved = {_address(idle.view) for idle in pool._idle[4 * HUGE_PAGE]}
+    view, buf = pool.take(2 * HUGE_PAGE + 1)           # down to half the reserve's size
+    assert _address(view) in reserved and len(view) == 2 * HUGE_PAGE + 1
+    assert bytes(view[-4:]) == bytes(4)
+    other, obuf = pool.take(HUGE_PAGE)                 # under half: a mapping of its own
+    assert _address(other) not in reserved
+    assert pool.idle_bytes() == 8 * HUGE_PAGE
+    del view, buf, other, obuf
+    gc.collect()
+    assert pool.idle_bytes() == 13 * HUGE_PAGE         # each back under its own size
+
+
+def test_a_reserve_stays_within_the_pools_cap():
+    pool = BufferPool(max_idle_bytes=5 * HUGE_PAGE)
+    pool.reserve(2 * HUGE_PAGE, 4)
+    assert pool.idle_bytes() == 4 * HUGE_PAGE
+
+
+def test_a_bookie_reserves_its_read_buffers_on_a_thread_of_its_own(monkeypatch):
+    reads, answers = BufferPool(64 << 20), BufferPool(64 << 20, huge=False)
+    monkeypatch.setattr(direct_buffers, "READ_BUFFERS", reads)
+    monkeypatch.setattr(direct_buffers, "ANSWER_BUFFERS", answers)
+    assert direct_buffers.reserve_read_buffers(0) is None
+    thread = direct_buffers.reserve_read_buffers(32)
+    assert thread is not None and thread.daemon
+    thread.join()
+    assert reads.idle_bytes() == answers.idle_bytes() == 16 << 20
+    assert set(reads._idle) == {direct_buffers.RESERVED_READ_BYTES}
 
 
 def _files(tmp_path) -> sf.SegmentFiles:

@@ -130,6 +130,8 @@ def test_conf_rejects_unknown_keys_and_bad_values():
         parse_conf_text("port = eighty")
     assert parse_conf_text("port = 1  # comment\njournal_sync_data = false") == \
         {"port": 1, "journal_sync_data": False}
+    with pytest.raises(ValueError, match="read_buffers_at_start_mb"):
+        load_config(None, {"read_buffers_at_start_mb": -1})
 
 
 # -- journal ------------------------------------------------------------------------------------
