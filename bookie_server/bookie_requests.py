@@ -86,8 +86,8 @@ class RequestHandlers:
 
     def add_entry(self, record: Record, master_key: bytes, recovery: bool = False,
                   keyless: bool = False,
-                  on_applied: Optional[Callable[[int, int], None]] = None
-                  ) -> tuple[Optional[Future[Position]], int, int]:
+                  on_applied: Optional[Callable[[int, int], None]] = None,
+                  lead: bool = True) -> tuple[Optional[Future[Position]], int, int]:
         """A lone add as its entry record (wire/entries.py), journaled and
         cached as received: the same checks, admission and decision as
         ``add_async``.  Returns (None, ledger id, entry id) when the add is
@@ -97,7 +97,10 @@ class RequestHandlers:
         was applied (before the journal's bookkeeping); otherwise (future,
         ledger id, entry id), the add queued behind the journal's work, and
         ``on_applied`` is not called.  ``BookieIOError`` when the inline
-        write or sync fails."""
+        write or sync fails.  ``lead`` false: more adds of the caller are
+        already here; the add only queues (the journal is not woken), and
+        the caller's next add, or its ``Journal.lead()``, leads them all as
+        one group."""
         ledger_id, entry_id, lac = validate_entry(record, self.cfg)
         mode = self.mode
         if mode.io_error is not None:
@@ -117,7 +120,7 @@ class RequestHandlers:
                     records.append((RecordType.ADD_ENTRY, record))
                     self.states[ledger_id] = plan.state
                 sub = EntryRecord(records, ledger_id, entry_id, lac, record, on_applied)
-                led = self.journal.claim(sub)
+                led = lead and self.journal.claim(sub)
                 if not led:
                     fut = self.journal.enqueue(sub, lead=True)
             if led:             # the inline path: its lines are the add's latency
@@ -128,7 +131,8 @@ class RequestHandlers:
             admission.leave(nbytes)
             raise
         fut.add_done_callback(lambda _f: admission.leave(nbytes))
-        self.journal.lead()
+        if lead:
+            self.journal.lead()
         return fut, ledger_id, entry_id
 
     def add_entry_async(self, record: Record, master_key: bytes, recovery: bool = False,

@@ -25,6 +25,16 @@ which is what makes the journal order of one connection its send order.
   of 4 MiB batches faulted in a new page: about a third of a bookie's CPU
   on a Spark write; docs/performance.md, (6)).
 
+* A connection thread that leads each add it reads (an idle journal) would
+  give a pipelining client, whose adds queue on the socket meanwhile, one
+  fdatasync per add.  So a lone add that arrived with more of the stream
+  behind it (``frame_socket.Backlog``: frames that queued while the thread
+  was busy) only queues in the journal, and the burst's last add leads
+  them all as one group (``submit_entry``'s ``lead``).  Whatever became
+  of the frames after it (a batch, a refusal, the end of the stream), the
+  thread leads what it left queued once nothing more is received, and
+  before it waits for a free add slot.
+
 * Answers are sent by whichever thread completes the add: the connection
   thread itself when the journal's leader path makes the add durable inline
   (an idle journal: no thread hand-off at all; the answer leaves the moment
@@ -80,8 +90,8 @@ from bookie_server.config import BookieConfig
 from bookie_server.direct_buffers import ANSWER_BUFFERS
 from bookie_server.serving.tls import cert_peer
 from pybk_spark.protocol import access
-from pybk_spark.wire.frame_socket import (FrameWriter, configure, frame_bodies, recv_at_least,
-                                           send_parts)
+from pybk_spark.wire.frame_socket import (Backlog, FrameWriter, configure, frame_bodies,
+                                           recv_at_least, send_parts)
 from pybk_spark.wire import framing
 from pybk_spark.wire import lane_frames
 from pybk_spark.wire import bookie_wire_pb2 as pb
@@ -223,10 +233,11 @@ class AddLaneServer:
             reads = magic == lane_frames.READ_MAGIC
             if reads:
                 answer_cls = pb.ReadResponse
+            backlog = Backlog()
             frames = frame_bodies(conn, _MAX_READ_REQUEST_BYTES if reads else self.limit,
                                   _MAX_ID_BYTES, received[len(magic):],
                                   take=None if reads else ANSWER_BUFFERS.take,
-                                  take_min=_POOLED_FRAME_MIN)
+                                  take_min=_POOLED_FRAME_MIN, backlog=backlog)
             try:
                 wanted = next(frames, None)
             except ValueError as exc:
@@ -242,7 +253,7 @@ class AddLaneServer:
             if reads:
                 self._serve_reads(conn, frames, refuse, who)
             else:
-                self._serve_adds(frames, writer, slots, refuse, who)
+                self._serve_adds(frames, backlog, writer, slots, refuse, who)
         except TimeoutError:              # only the hello is timed
             self.metrics.lane_refused.inc()
             log.info("event=add_lane_hello_timeout peer=%s", peer)
@@ -256,11 +267,22 @@ class AddLaneServer:
                 log.info("event=add_lane_cut peer=%s reason=%s", peer, writer.error)
             self._finish(conn, writer, slots)
 
-    def _serve_adds(self, frames: Iterator[bytes | memoryview], writer: FrameWriter,
-                    slots: Slots, refuse: Callable[[str], None],
+    def _serve_adds(self, frames: Iterator[bytes | memoryview], backlog: Backlog,
+                    writer: FrameWriter, slots: Slots, refuse: Callable[[str], None],
                     who: access.Peer) -> None:
+        owed = [False]          # adds queued for this thread to lead (module docstring)
+        try:
+            self._serve_add_frames(frames, backlog, writer, slots, refuse, who, owed)
+        finally:
+            if owed[0]:
+                self.service.lead_journal()
+
+    def _serve_add_frames(self, frames: Iterator[bytes | memoryview], backlog: Backlog,
+                          writer: FrameWriter, slots: Slots, refuse: Callable[[str], None],
+                          who: access.Peer, owed: list[bool]) -> None:
         send, release, take = writer.send, slots.put, slots.get
         submit_entry, parse_entry = self.service.submit_entry, lane_frames.parse_entry_frame
+        lead_journal = self.service.lead_journal
         stopped, entry_kind = self._stopped.is_set, lane_frames.ENTRY_KIND
 
         def respond(answer: bytes) -> None:
@@ -283,18 +305,27 @@ class AddLaneServer:
             except ValueError as exc:
                 refuse(f"malformed add lane frame: {exc}")
                 return
+            if owed[0] and slots.empty():   # the slots wait for the adds queued
+                lead_journal()
+                owed[0] = False
             try:                        # a free slot, the common case, with no loop around it
                 take(True, _SLOT_WAIT_S)
             except queue.Empty:
                 if not self._wait_slot(take, writer):
                     return
+            more = backlog.more
             if req is None:
-                answer = submit_entry(request_id, recovery, key, record, respond, who)
+                answer = submit_entry(request_id, recovery, key, record, respond, who, not more)
                 if answer:                      # refused on this thread: the slot is free again
                     release(None)
                     send(answer)
             else:
                 self.service.submit_add(req, respond_add, who)
+            if more:
+                owed[0] = True
+            elif owed[0]:
+                lead_journal()
+                owed[0] = False
 
     def _wait_slot(self, take: Callable[[bool, float], None], writer: FrameWriter) -> bool:
         """Wait for a free add slot; False once the connection or the server

@@ -134,7 +134,7 @@ class BookieService(pb_grpc.BookieServicer):  # type: ignore[misc]
 
     def submit_entry(self, request_id: int, recovery: bool, master_key: bytes, record: Record,
                      done: Callable[[bytes], None],
-                     peer: access.Peer = access.ANONYMOUS) -> Optional[bytes]:
+                     peer: access.Peer = access.ANONYMOUS, lead: bool = True) -> Optional[bytes]:
         """Submit a lone add as its entry record (a lane entry frame:
         wire/lane_frames.py); ``done(framed answer)`` is called exactly once,
         or the answer is returned.  Made durable on this thread (an idle
@@ -142,7 +142,10 @@ class BookieService(pb_grpc.BookieServicer):  # type: ignore[misc]
         applied, before the journal's bookkeeping, and ``ANSWERED`` is
         returned; refused, the framed refusal is returned; otherwise None,
         and ``done`` is called later.  An OK answer is an entry answer
-        (``lane_frames.entry_answer``), an error an ``AddResponse``."""
+        (``lane_frames.entry_answer``), an error an ``AddResponse``.
+        ``lead`` false: the connection holds more adds already (the add
+        queues for the group its last add leads: ``RequestHandlers.add_entry``,
+        ``lead_journal``)."""
         t0 = time.perf_counter()
 
         def applied(ledger_id: int, entry_id: int) -> None:
@@ -151,7 +154,7 @@ class BookieService(pb_grpc.BookieServicer):  # type: ignore[misc]
             keyless = self.policy.tls and self.authorize(
                 peer, "recovery_add" if recovery else "add", master_key)
             fut, ledger_id, entry_id = self.bookie.add_entry(record, master_key, recovery,
-                                                             keyless, applied)
+                                                             keyless, applied, lead)
         except BaseException as exc:  # noqa: BLE001 - a request never kills the bookie
             return self._entry_refused(exc, request_id)
         if fut is None:
@@ -168,6 +171,11 @@ class BookieService(pb_grpc.BookieServicer):  # type: ignore[misc]
 
         fut.add_done_callback(finished)
         return None
+
+    def lead_journal(self) -> None:
+        """Write and sync what the journal holds queued, on this thread if
+        it is idle (the adds a connection submitted with ``lead`` false)."""
+        self.bookie.journal.lead()
 
     def _entry_refused(self, exc: BaseException, request_id: int, ledger_id: int = 0) -> bytes:
         code, msg = _code(exc, "add")

@@ -31,6 +31,9 @@ frames arrive one at a time, each such body a view of what its ``recv``
 returned (no copy); frames that share a ``recv`` are copied out at their own
 size and a frame cut off by its ``recv`` is received into one buffer of its
 size, so no body keeps a larger receive buffer alive in the write cache.
+A ``Backlog`` passed to it says, for each body, whether more of the
+stream arrived with it: a pipelining peer's frames that queued while the
+receiver was busy.
 ``send_parts`` is the blocking gathering send of a bookie's read connection
 thread, which has nothing else to do while a reader takes an answer.
 """
@@ -165,9 +168,22 @@ def recv_at_least(sock: Any, n: int) -> bytes:
     return got
 
 
+class Backlog:
+    """Whether bytes of another frame were already received with the body
+    ``frame_bodies`` last yielded (``more``): its receiver may leave work
+    it does per frame to the next one (a bookie lets the last add of a
+    burst lead the burst's journal group)."""
+
+    __slots__ = ("more",)
+
+    def __init__(self) -> None:
+        self.more = False
+
+
 def frame_bodies(sock: Any, limit: int, first_limit: int, received: bytes = b"",
                  take: Optional[Callable[[int], tuple[memoryview, Any]]] = None,
-                 take_min: int = 0) -> Iterator[bytes | memoryview]:
+                 take_min: int = 0, backlog: Optional[Backlog] = None
+                 ) -> Iterator[bytes | memoryview]:
     """The bodies of the frames arriving on ``sock`` (after ``received``,
     bytes of them already read) until a clean end of stream (between
     frames): a frame that one ``recv`` returned alone as a view of it, a
@@ -178,8 +194,11 @@ def frame_bodies(sock: Any, limit: int, first_limit: int, received: bytes = b"",
     ``read_frame_into``'s) when it is ``take_min`` bytes or more, else from
     the wire pool.  The first frame (a hello) is held to ``first_limit``, the rest
     to ``limit``: ``ValueError`` for a frame over its limit or cut off by
-    the end of the stream; a socket error or timeout propagates."""
+    the end of the stream; a socket error or timeout propagates.  With a
+    ``backlog``, its ``more`` says for each body whether the same ``recv``
+    brought bytes after it."""
     recv, frame_size, header = sock.recv, lane_frames.frame_size, lane_frames.HEADER_BYTES
+    backlog = backlog if backlog is not None else Backlog()
     bound = first_limit
     rest = b""                  # the start of a frame the last recv cut off
     more = received
@@ -197,6 +216,7 @@ def frame_bodies(sock: Any, limit: int, first_limit: int, received: bytes = b"",
             size = frame_size(data, pos, bound)
             stop = pos + header + size
             if stop > end:      # cut off: the rest straight into one buffer of its size
+                backlog.more = False
                 yield _receive_body(sock, view[pos + header:], size,
                                     take if take is not None and size >= take_min else None)
                 bound, pos = limit, end
@@ -205,6 +225,7 @@ def frame_bodies(sock: Any, limit: int, first_limit: int, received: bytes = b"",
             # holds the record (the write cache, until a checkpoint): only a
             # frame that is the whole recv is handed over as a view; a frame
             # that shares its recv is copied out at its own size.
+            backlog.more = stop < end
             yield view[header:] if pos == 0 and stop == end else data[pos + header:stop]
             bound, pos = limit, stop
         rest = data[pos:] if pos < end else b""

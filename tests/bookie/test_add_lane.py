@@ -279,3 +279,33 @@ def test_a_torn_entry_frame_closes_the_connection(bookie):
     assert [(a.request_id, a.code) for a in answers] == [
         (lane_frames.CONNECTION_REQUEST_ID, pb.BAD_REQUEST)]
     assert _serving(bookie)
+
+
+@pytest.mark.parametrize("slots", [64, 4])
+def test_a_burst_of_entry_frames_is_journaled_as_a_group(bookies, slots):
+    """Lone adds that arrive together on one connection (a pipelining
+    client's, queued while the bookie was busy) share fdatasyncs: the
+    burst's last add leads them as one group, not one group per add.  With
+    fewer add slots than the burst, the connection thread leads what it
+    queued before it waits for a slot."""
+    import urllib.request
+    port = free_port()
+    bp = bookies(conf={"metrics_port": port, "add_lane_port": free_port(),
+                       "max_inflight_per_stream": slots}).start()
+
+    def metric(name):
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
+                                      timeout=30).read().decode()
+        return sum(float(ln.split()[1]) for ln in text.splitlines() if ln.startswith(name + " "))
+
+    groups = metric("bookie_journal_group_requests_count")
+    with _connect(bp) as sock:
+        sock.sendall(_entry(40, 0, 1))               # the key record: a group of its own
+        assert _answers(sock, 1)[0].code == pb.OK
+        groups = metric("bookie_journal_group_requests_count")
+        n = 40
+        sock.sendall(b"".join(_entry(40, i, 100 + i, lac=i - 1) for i in range(1, n + 1)))
+        got = _answers(sock, n)
+    assert sorted(a.request_id for a in got) == [100 + i for i in range(1, n + 1)]
+    assert {a.code for a in got} == {pb.OK}
+    assert metric("bookie_journal_group_requests_count") - groups <= n // 4
