@@ -8,7 +8,9 @@ is on disk, a record submitted before another is never durable after it,
 and writing the next groups overlaps the current fdatasync.  A leader
 (journal.py) runs the same ``sync`` step on its own thread for its one
 group, with no lists: the group and its position as they are, the
-page-cache window extended in place (``SyncedWindow.extend``).  A leader's
+page-cache window extended in place (``SyncedWindow.extend``).  The
+answers of what one fdatasync made durable go out together, one send per
+connection (``frame_socket.corked``), in the order they were given.  A leader's
 submission has no future: it is answered by its ``applied`` hook, right
 after it is applied and before the metrics and the page-cache advice, so
 that a lone add's answer leaves the bookie first.
@@ -38,6 +40,7 @@ from bookie_server.journal.journal_format import Position, file_name
 from bookie_server.journal.records import Submission
 from bookie_server.serving.metrics import BookieMetrics
 from bookie_server.storage import page_cache
+from pybk_spark.wire.frame_socket import corked
 
 log = logging.getLogger("bookie.journal")
 
@@ -146,15 +149,16 @@ class SyncStage:
             try:
                 synced_s = self._fdatasync(fd)
                 op = "apply"
-                for group, position in applies:
-                    self.durable_position = position
-                    self._on_durable(group, position)
-                    for sub in group:
-                        fut = sub.future
-                        if fut is None:           # led inline: answer before the bookkeeping
-                            _applied(sub)
-                        elif not fut.done():
-                            fut.set_result(position)
+                with corked():                    # one send per connection for all of them
+                    for group, position in applies:
+                        self.durable_position = position
+                        self._on_durable(group, position)
+                        for sub in group:
+                            fut = sub.future
+                            if fut is None:       # led inline: answer before the bookkeeping
+                                _applied(sub)
+                            elif not fut.done():
+                                fut.set_result(position)
                 if self.metrics is not None:
                     self.metrics.journal_fsync(synced_s, len(subs), nbytes)
             except BaseException as exc:  # noqa: BLE001 - poison and fail

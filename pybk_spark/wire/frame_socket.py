@@ -21,6 +21,11 @@ on the bookie, a blocked writer would outlive its add timeout.  So:
   still unanswered; a send error is handled the same way.
 * ``close`` shuts the socket down, which also wakes a helper thread blocked
   in ``sendall``.
+* Inside ``corked()`` a thread's frames are held back, per writer, and each
+  writer's are sent together as one frame sequence when the block ends: a
+  bookie's journal answers a whole group with one send per connection, and
+  a pipelining client reads the group's answers with one receive, where a
+  send per answer would wake it once per answer.
 
 ``read_frame`` reads one frame from a buffered reader of the socket;
 ``read_frame_into`` reads a large one (a read answer) straight into one new
@@ -51,6 +56,29 @@ from pybk_spark.wire import lane_frames
 from pybk_spark.wire.arrow_memory import wire_pool
 
 _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
+
+# a thread's frames held back inside ``corked()``: writer -> its frames
+_held = threading.local()
+
+
+class corked:
+    """Hold back the frames this thread sends through any ``FrameWriter``
+    until the block ends, then send each writer's together (module
+    docstring).  Nested blocks send when the outermost ends."""
+
+    __slots__ = ("_outer",)
+
+    def __enter__(self) -> None:
+        self._outer = getattr(_held, "frames", None)
+        if self._outer is None:
+            _held.frames = {}
+
+    def __exit__(self, *exc: object) -> None:
+        if self._outer is not None:
+            return
+        frames, _held.frames = _held.frames, None
+        for writer, held in frames.items():
+            writer.send(held[0] if len(held) == 1 else b"".join(held))
 
 
 def configure(sock: socket.socket) -> socket.socket:
@@ -275,7 +303,12 @@ class FrameWriter:
         return self._closed
 
     def send(self, data: bytes | memoryview) -> bool:
-        """Send or queue one frame; False if the connection is already closed."""
+        """Send or queue one frame; False if the connection is already closed
+        (inside ``corked()``: held back, True)."""
+        held = getattr(_held, "frames", None)
+        if held is not None:
+            held.setdefault(self, []).append(data)
+            return True
         with self._lock:
             if self._closed:
                 return False

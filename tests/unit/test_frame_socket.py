@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from pybk_spark.wire.frame_socket import FrameWriter, frame_bodies, read_frame
+from pybk_spark.wire.frame_socket import FrameWriter, corked, frame_bodies, read_frame
 from pybk_spark.wire import lane_frames
 
 
@@ -37,6 +37,31 @@ def test_frames_arrive_whole_and_in_order_through_a_slow_reader():
     writer.close()
     reader.join(60)
     assert got == [f[lane_frames.HEADER_BYTES:] for f in frames]
+
+
+def test_frames_sent_corked_go_out_together_per_writer_in_order():
+    """Inside ``corked()`` nothing leaves until the (outermost) block ends;
+    then each writer's frames arrive as one send, in the order given, and
+    frames of other threads are not held."""
+    (a1, b1), (a2, b2) = _pair(), _pair()
+    w1 = FrameWriter(a1, "t1", max_backlog_bytes=1 << 30)
+    w2 = FrameWriter(a2, "t2", max_backlog_bytes=1 << 30)
+    b1.setblocking(False)
+    with corked():
+        assert w1.send(lane_frames.frame(b"one"))
+        with corked():
+            assert w2.send(lane_frames.frame(b"two"))
+            assert w1.send(lane_frames.frame(b"three"))
+        other = threading.Thread(target=w2.send, args=(lane_frames.frame(b"elsewhere"),))
+        other.start()
+        other.join()
+        with pytest.raises(BlockingIOError):
+            b1.recv(100)                          # held back
+    first = b1.recv(100)                          # both frames, one send
+    assert first == lane_frames.frame(b"one") + lane_frames.frame(b"three")
+    assert b2.recv(100) == lane_frames.frame(b"elsewhere") + lane_frames.frame(b"two")
+    for s in (a1, b1, a2, b2):
+        s.close()
 
 
 def test_a_peer_that_stops_reading_is_cut_off_not_waited_for():
