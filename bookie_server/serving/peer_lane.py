@@ -44,7 +44,8 @@ from typing import Any, Optional, cast
 
 from pybk_spark import errors
 from pybk_spark.wire import bookie_wire_pb2 as pb, codes, framing, lane_frames
-from pybk_spark.wire.frame_socket import configure, fill_from, read_frame_lead, send_parts
+from pybk_spark.wire.frame_socket import (configure, fill_from, read_frame_lead, receive_body,
+                                           send_parts)
 from pybk_spark.wire.results import ReadResult
 from bookie_server.direct_buffers import ANSWER_BUFFERS
 from bookie_server.journal.direct_write import RecordSpace
@@ -168,10 +169,8 @@ class LanePeerReader:
         size, lead = got
         at = framing.trailing_payload(lead, size)
         if at is None or size - at[1] < _SPACE_MIN_BYTES:
-            view, owner = ANSWER_BUFFERS.take(size)
-            view[:len(lead)] = lead
-            fill_from(conn.stream, view[len(lead):])
-            return conn, (memoryview(owner), None)
+            return conn, (receive_body(conn.stream.readinto, lead, size, ANSWER_BUFFERS.take),
+                          None)
         key_at, value_at = at
         space = RecordSpace(size - value_at)
         into = space.body_view()

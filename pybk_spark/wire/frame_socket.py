@@ -30,7 +30,9 @@ on the bookie, a blocked writer would outlive its add timeout.  So:
 ``read_frame`` reads one frame from a buffered reader of the socket;
 ``read_frame_into`` reads a large one (a read answer) straight into one new
 buffer; ``read_frame_lead`` reads a frame's first bytes only, and
-``fill_from`` the rest into memory the caller chose by them.
+``fill_from`` the rest into memory the caller chose by them, or
+``receive_body`` the whole body into one buffer (as ``frame_bodies`` does
+with a frame its ``recv`` cut off).
 ``frame_bodies`` is the bookie's reader: one C call per frame while
 frames arrive one at a time, each such body a view of what its ``recv``
 returned (no copy); frames that share a ``recv`` are copied out at their own
@@ -245,8 +247,8 @@ def frame_bodies(sock: Any, limit: int, first_limit: int, received: bytes = b"",
             stop = pos + header + size
             if stop > end:      # cut off: the rest straight into one buffer of its size
                 backlog.more = False
-                yield _receive_body(sock, view[pos + header:], size,
-                                    take if take is not None and size >= take_min else None)
+                yield receive_body(sock.recv_into, view[pos + header:], size,
+                                   take if take is not None and size >= take_min else None)
                 bound, pos = limit, end
                 break
             # A view keeps all it points into alive for as long as the bookie
@@ -260,14 +262,15 @@ def frame_bodies(sock: Any, limit: int, first_limit: int, received: bytes = b"",
         more = b""
 
 
-def _receive_body(sock: Any, head: memoryview, size: int,
-                  take: Optional[Callable[[int], tuple[memoryview, Any]]]) -> memoryview:
-    """A ``size``-byte frame body that starts with ``head``, the rest
-    received from ``sock``, in one buffer of the wire pool or from
-    ``take`` (as ``read_frame_into``)."""
+def receive_body(readinto: Callable[[memoryview], int], head: Any, size: int,
+                 take: Optional[Callable[[int], tuple[memoryview, Any]]] = None) -> memoryview:
+    """A ``size``-byte frame body that starts with ``head`` (its bytes
+    already read), the rest read by ``readinto`` (a socket's ``recv_into``,
+    a buffered reader's ``readinto``), in one buffer of the wire pool or
+    from ``take`` (as ``read_frame_into``)."""
     view, owner = _body_buffer(size, take)
     view[:len(head)] = head
-    _fill(sock.recv_into, view, len(head), size)
+    _fill(readinto, view, len(head), size)
     return memoryview(owner).cast("B")
 
 
