@@ -270,16 +270,6 @@ class AddLaneServer:
     def _serve_adds(self, frames: Iterator[bytes | memoryview], backlog: Backlog,
                     writer: FrameWriter, slots: Slots, refuse: Callable[[str], None],
                     who: access.Peer) -> None:
-        owed = [False]          # adds queued for this thread to lead (module docstring)
-        try:
-            self._serve_add_frames(frames, backlog, writer, slots, refuse, who, owed)
-        finally:
-            if owed[0]:
-                self.service.lead_journal()
-
-    def _serve_add_frames(self, frames: Iterator[bytes | memoryview], backlog: Backlog,
-                          writer: FrameWriter, slots: Slots, refuse: Callable[[str], None],
-                          who: access.Peer, owed: list[bool]) -> None:
         send, release, take = writer.send, slots.put, slots.get
         submit_entry, parse_entry = self.service.submit_entry, lane_frames.parse_entry_frame
         lead_journal = self.service.lead_journal
@@ -292,40 +282,45 @@ class AddLaneServer:
         def respond_add(resp: pb.AddResponse) -> None:
             respond(lane_frames.frame(resp.SerializeToString()))
 
-        while not stopped():
-            try:
-                body = next(frames, None)
-                if body is None:
+        owed = False            # adds queued for this thread to lead (module docstring)
+        try:
+            while not stopped():
+                try:
+                    body = next(frames, None)
+                    if body is None:
+                        return
+                    if body and body[0] == entry_kind:   # ``is_entry_frame``, inline: a lone add
+                        req = None
+                        request_id, recovery, key, record = parse_entry(body)
+                    else:
+                        req = parse_add_request(body)
+                except ValueError as exc:
+                    refuse(f"malformed add lane frame: {exc}")
                     return
-                if body and body[0] == entry_kind:   # ``is_entry_frame``, inline: a lone add
-                    req = None
-                    request_id, recovery, key, record = parse_entry(body)
+                if owed and slots.empty():      # the slots wait for the adds queued
+                    lead_journal()
+                    owed = False
+                try:                        # a free slot, the common case, with no loop around it
+                    take(True, _SLOT_WAIT_S)
+                except queue.Empty:
+                    if not self._wait_slot(take, writer):
+                        return
+                more = backlog.more
+                if req is None:
+                    answer = submit_entry(request_id, recovery, key, record, respond, who, not more)
+                    if answer:                      # refused on this thread: the slot is free again
+                        release(None)
+                        send(answer)
                 else:
-                    req = parse_add_request(body)
-            except ValueError as exc:
-                refuse(f"malformed add lane frame: {exc}")
-                return
-            if owed[0] and slots.empty():   # the slots wait for the adds queued
+                    self.service.submit_add(req, respond_add, who)
+                if more:
+                    owed = True
+                elif owed:
+                    lead_journal()
+                    owed = False
+        finally:
+            if owed:
                 lead_journal()
-                owed[0] = False
-            try:                        # a free slot, the common case, with no loop around it
-                take(True, _SLOT_WAIT_S)
-            except queue.Empty:
-                if not self._wait_slot(take, writer):
-                    return
-            more = backlog.more
-            if req is None:
-                answer = submit_entry(request_id, recovery, key, record, respond, who, not more)
-                if answer:                      # refused on this thread: the slot is free again
-                    release(None)
-                    send(answer)
-            else:
-                self.service.submit_add(req, respond_add, who)
-            if more:
-                owed[0] = True
-            elif owed[0]:
-                lead_journal()
-                owed[0] = False
 
     def _wait_slot(self, take: Callable[[bool, float], None], writer: FrameWriter) -> bool:
         """Wait for a free add slot; False once the connection or the server
