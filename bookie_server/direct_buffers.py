@@ -95,6 +95,11 @@ def huge_mapping(nbytes: int, huge: bool = True) -> tuple[mmap.mmap, memoryview]
     return raw, memoryview(raw)[lead:lead + nbytes]
 
 
+def _size_class(nbytes: int) -> int:
+    """The mapping size that holds ``nbytes``: whole huge pages."""
+    return -(-nbytes // HUGE_PAGE) * HUGE_PAGE
+
+
 class _Lease:
     """Held by the Arrow buffer over a pooled mapping (its ``base``): freed
     with the last Arrow object over it, which puts the mapping back."""
@@ -127,7 +132,7 @@ class BufferPool:
         """(a view of ``nbytes`` to read into, the Arrow buffer over it):
         an idle mapping of its size class, else the smallest idle one of
         at most twice that (a reserved one, ``reserve``), else a new one."""
-        size = -(-nbytes // HUGE_PAGE) * HUGE_PAGE
+        size = _size_class(nbytes)
         with self._lock:
             idle = self._idle.get(size)
             if not idle:
@@ -153,7 +158,7 @@ class BufferPool:
         idle in the pool (within its cap): the first transfers that need
         them find pages the process already has (module docstring,
         "Reserved at start").  The pages are written with the GIL let go."""
-        size = -(-nbytes // HUGE_PAGE) * HUGE_PAGE
+        size = _size_class(nbytes)
         for _ in range(min(count, self.max_idle_bytes // size)):
             raw, view = huge_mapping(size, self.huge)
             # ctypes.memset is a foreign function (CFUNCTYPE): called with the
