@@ -63,13 +63,17 @@ class RequestHandlers:
     def add_async(self, ledger_id: int, master_key: bytes, data: bytes,
                   recovery: bool = False, keyless: bool = False,
                   body_crc: Optional[int] = None,
-                  space: Optional[RecordSpace] = None) -> tuple[Future[Position], int, int]:
+                  space: Optional[RecordSpace] = None,
+                  lead: bool = True) -> tuple[Future[Position], int, int]:
         """Returns (future completing when durable+visible, first id, last id).
         ``keyless``: an operator's recovery add without the master key
         (protocol/access.py).  ``body_crc``: the crc32c of ``data``, where
         the caller took it already (a pull's digest check): the journal
         frames the record from it.  ``space``: the journal record space
-        ``data`` was received into (a pull's answer), framed in place."""
+        ``data`` was received into (a pull's answer), framed in place.
+        ``lead`` false: the caller's connection holds more adds already, or
+        another of its threads leads (``add_entry``'s ``lead``); the add
+        only queues."""
         batch = validate_batch(data, ledger_id, self.cfg)
         first, last = batch.column(1)[0].as_py(), batch.column(1)[batch.num_rows - 1].as_py()
         self.mode.check_storage()
@@ -81,7 +85,8 @@ class RequestHandlers:
             release()
             raise
         fut.add_done_callback(lambda _f: release())
-        self.journal.lead()      # an idle journal: write + sync on this thread
+        if lead:
+            self.journal.lead()      # an idle journal: write + sync on this thread
         return fut, first, last
 
     def add_entry(self, record: Record, master_key: bytes, recovery: bool = False,

@@ -27,10 +27,11 @@ which is what makes the journal order of one connection its send order.
 
 * A connection thread that leads each add it reads (an idle journal) would
   give a pipelining client, whose adds queue on the socket meanwhile, one
-  fdatasync per add.  So a lone add that arrived with more of the stream
-  behind it (``frame_socket.Backlog``: frames that queued while the thread
-  was busy) only queues in the journal, and the burst's last add leads
-  them all as one group (``submit_entry``'s ``lead``).  Whatever became
+  fdatasync per add.  So an add (a lone add or a batch) that arrived with
+  more of the stream behind it (``frame_socket.Backlog``: frames that
+  queued while the thread was busy) only queues in the journal, and the
+  burst's last add leads them all as one group (``submit_entry``'s and
+  ``submit_add``'s ``lead``).  Whatever became
   of the frames after it (a batch, a refusal, the end of the stream), the
   thread leads what it left queued once nothing more is received, and
   before it waits for a free add slot.
@@ -295,6 +296,9 @@ class AddLaneServer:
                     else:
                         req = parse_add_request(body)
                 except ValueError as exc:
+                    if owed:                # the adds before the bad frame are answered first
+                        lead_journal()
+                        owed = False
                     refuse(f"malformed add lane frame: {exc}")
                     return
                 if owed and slots.empty():      # the slots wait for the adds queued
@@ -312,7 +316,7 @@ class AddLaneServer:
                         release(None)
                         send(answer)
                 else:
-                    self.service.submit_add(req, respond_add, who)
+                    self.service.submit_add(req, respond_add, who, not more)
                 if more:
                     owed = True
                 elif owed:

@@ -56,6 +56,7 @@ log = logging.getLogger("bookie.service")
 
 PROTOCOL_VERSION = 1
 _DONE = object()
+_LEAD = object()     # an AddStream's reader queued an add for its handler thread to lead
 # what ``submit_entry`` returns for an add its ``done`` has answered already
 ANSWERED = b""
 
@@ -98,8 +99,10 @@ class BookieService(pb_grpc.BookieServicer):  # type: ignore[misc]
     # -- adds ---------------------------------------------------------------------------
     def submit_add(self, req: AddMessage,
                    done: Callable[[pb.AddResponse], None],
-                   peer: access.Peer = access.ANONYMOUS) -> None:
-        """Submit one add; ``done(response)`` is called exactly once."""
+                   peer: access.Peer = access.ANONYMOUS, lead: bool = True) -> None:
+        """Submit one add; ``done(response)`` is called exactly once.
+        ``lead`` false: the add only queues, for the caller's next
+        ``lead_journal`` (``submit_entry``'s ``lead``)."""
         t0 = time.perf_counter()
         if isinstance(req, framing.Malformed):     # an AddStream message that did not parse
             self._hot.add_error()
@@ -109,7 +112,8 @@ class BookieService(pb_grpc.BookieServicer):  # type: ignore[misc]
             keyless = self.authorize(peer, "recovery_add" if req.recovery else "add",
                                      req.master_key)
             fut, first, last = self.bookie.add_async(req.ledger_id, req.master_key,
-                                                     req.entries, req.recovery, keyless)
+                                                     req.entries, req.recovery, keyless,
+                                                     lead=lead)
         except BaseException as exc:  # noqa: BLE001 - a request never kills the bookie
             code, msg = _code(exc, "add")
             self._hot.add_error()
@@ -194,45 +198,25 @@ class BookieService(pb_grpc.BookieServicer):  # type: ignore[misc]
 
     def AddStream(self, request_iterator: Iterator[AddMessage], context: grpc.ServicerContext
                   ) -> Iterator[pb.AddResponse]:
-        """Two modes, one per stream.  Lone adds: while every add is answered
-        by the time it is submitted (an idle journal writes and syncs it on
-        the submitting thread: the journal's leader path), this handler
-        thread receives, submits and answers each add itself, with no
-        hand-off to another thread.  Pipelined: the first add that is not
-        answered at once (a busy journal, a pipelining client) moves the
-        stream for good to a reader thread that receives and submits, while
-        this thread sends the answers as their groups become durable.
-        Answers leave in completion order, each carrying its request_id."""
-        out: queue.SimpleQueue[object] = queue.SimpleQueue()     # answers, then _DONE
+        """A reader thread receives each add and queues it in the journal
+        without leading it; this handler thread leads the journal for what
+        is queued and sends the answers as their groups become durable.
+        While this thread writes and syncs one group, the adds that reach
+        the stream meanwhile queue for the next: one fdatasync per group,
+        however many of a client's threads share the stream (a handler that
+        received, led and answered each add in turn gave a client's queued
+        adds an idle journal one at a time, one fdatasync per add).  Answers
+        go out before the next group is led, in completion order, each with
+        its request_id."""
+        out: queue.SimpleQueue[object] = queue.SimpleQueue()   # answers, _LEAD, then _DONE
         slots = threading.BoundedSemaphore(max(1, self.cfg.max_inflight_per_stream))
+        pending = [0]                  # submitted, not yet sent back
+        lock = threading.Lock()
+        peer = self.peer(context)
 
         def respond(resp: pb.AddResponse) -> None:
             slots.release()
             out.put(resp)
-
-        peer = self.peer(context)
-        try:
-            for req in request_iterator:
-                slots.acquire()
-                self.submit_add(req, respond, peer)
-                try:
-                    # only answers so far: _DONE comes from the pipelined reader
-                    yield cast(pb.AddResponse, out.get_nowait())
-                except queue.Empty:          # not durable yet: go pipelined
-                    yield from self._pipelined_answers(request_iterator, context, out, slots,
-                                                       respond, peer)
-                    return
-        except Exception as exc:  # noqa: BLE001 - client went away / cancelled
-            if context.is_active():
-                log.debug("event=add_stream_error error=%r", exc)
-
-    def _pipelined_answers(self, request_iterator: Iterator[AddMessage], context: grpc.ServicerContext,
-                           out: queue.SimpleQueue[object], slots: threading.BoundedSemaphore,
-                           respond: Callable[[pb.AddResponse], None], peer: access.Peer
-                           ) -> Iterator[pb.AddResponse]:
-        """The rest of an AddStream with one add already outstanding."""
-        pending = [1]
-        lock = threading.Lock()
 
         def reader() -> None:
             try:
@@ -240,7 +224,8 @@ class BookieService(pb_grpc.BookieServicer):  # type: ignore[misc]
                     slots.acquire()
                     with lock:
                         pending[0] += 1
-                    self.submit_add(req, respond, peer)
+                    self.submit_add(req, respond, peer, lead=False)
+                    out.put(_LEAD)
             except BaseException as exc:  # noqa: BLE001 - client went away / cancelled
                 if context.is_active():
                     log.debug("event=add_stream_reader_error error=%r", exc)
@@ -248,18 +233,31 @@ class BookieService(pb_grpc.BookieServicer):  # type: ignore[misc]
                 out.put(_DONE)
 
         threading.Thread(target=reader, name="add-stream-reader", daemon=True).start()
-        reader_done = False
-        while True:
-            with lock:
-                if reader_done and pending[0] == 0:
-                    return
-            item = out.get()
-            if item is _DONE:
-                reader_done = True
-                continue
-            with lock:
-                pending[0] -= 1
-            yield cast(pb.AddResponse, item)     # everything else put is an answer
+        owed = reader_done = False
+        try:
+            while True:
+                with lock:
+                    if reader_done and pending[0] == 0:
+                        return
+                try:
+                    item = out.get_nowait()
+                except queue.Empty:
+                    if owed:                 # every answer ready is sent: lead the next group
+                        owed = False
+                        self.lead_journal()
+                        continue
+                    item = out.get()
+                if item is _LEAD:
+                    owed = True
+                    continue
+                if item is _DONE:
+                    reader_done = True
+                    continue
+                with lock:
+                    pending[0] -= 1
+                yield cast(pb.AddResponse, item)     # everything else put is an answer
+        finally:          # the stream ended or was cancelled: nothing it queued waits
+            self.lead_journal()
 
     # -- reads ----------------------------------------------------------------------------
     def ReadEntries(self, request: pb.ReadRequest, context: grpc.ServicerContext) -> Union[pb.ReadResponse, bytes]:

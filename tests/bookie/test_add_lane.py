@@ -281,13 +281,13 @@ def test_a_torn_entry_frame_closes_the_connection(bookie):
     assert _serving(bookie)
 
 
-@pytest.mark.parametrize("slots", [64, 4])
-def test_a_burst_of_entry_frames_is_journaled_as_a_group(bookies, slots):
-    """Lone adds that arrive together on one connection (a pipelining
-    client's, queued while the bookie was busy) share fdatasyncs: the
-    burst's last add leads them as one group, not one group per add.  With
-    fewer add slots than the burst, the connection thread leads what it
-    queued before it waits for a slot."""
+@pytest.mark.parametrize("slots,kind", [(64, "entry"), (4, "entry"), (64, "batch")])
+def test_a_burst_of_add_frames_is_journaled_as_a_group(bookies, slots, kind):
+    """Adds that arrive together on one connection (a pipelining client's,
+    queued while the bookie was busy), lone adds or batches, share
+    fdatasyncs: the burst's last add leads them as one group, not one group
+    per add.  With fewer add slots than the burst, the connection thread
+    leads what it queued before it waits for a slot."""
     import urllib.request
     port = free_port()
     bp = bookies(conf={"metrics_port": port, "add_lane_port": free_port(),
@@ -304,7 +304,11 @@ def test_a_burst_of_entry_frames_is_journaled_as_a_group(bookies, slots):
         assert _answers(sock, 1)[0].code == pb.OK
         groups = metric("bookie_journal_group_requests_count")
         n = 40
-        sock.sendall(b"".join(_entry(40, i, 100 + i, lac=i - 1) for i in range(1, n + 1)))
+        if kind == "entry":
+            burst = [_entry(40, i, 100 + i, lac=i - 1) for i in range(1, n + 1)]
+        else:
+            burst = [_request(40, [i], 100 + i) for i in range(1, n + 1)]
+        sock.sendall(b"".join(burst))
         got = _answers(sock, n)
     assert sorted(a.request_id for a in got) == [100 + i for i in range(1, n + 1)]
     assert {a.code for a in got} == {pb.OK}

@@ -271,10 +271,11 @@ def test_cancelled_stream_and_concurrent_clients(bookie):
     assert stub.Health(pb.HealthRequest()).serving
 
 
-def test_stream_moves_from_lone_adds_to_pipelined_answers(bookie):
-    """AddStream answers lone adds on its handler thread (journal leader path)
-    and switches for good to pipelined answers at the first add that is not
-    durable at once; every request is answered once, with its own id."""
+def test_stream_answers_lone_adds_and_bursts_each_once(bookie):
+    """One AddStream carries lone adds (each waits for its answer), a burst
+    of batches past the leader path's size (the journal's writer thread
+    takes them) and lone adds again: every request is answered once, with
+    its own id."""
     stub = bookie.stub()
     answered = threading.Semaphore(0)
 
@@ -287,7 +288,7 @@ def test_stream_moves_from_lone_adds_to_pipelined_answers(bookie):
             yield pb.AddRequest(                # leader path's 64 KiB: journal pipeline)
                 ledger_id=61, master_key=KEY, request_id=i,
                 entries=entries_bytes(61, range((i - 5) * 50, (i - 4) * 50), size=1400))
-        for i in range(45, 50):               # lone again, now answered by the pipeline
+        for i in range(45, 50):               # lone again
             yield pb.AddRequest(ledger_id=60, master_key=KEY, request_id=i,
                                 entries=entries_bytes(60, [i - 40]))
 
