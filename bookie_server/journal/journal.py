@@ -251,6 +251,15 @@ class Journal:
     def _can_lead_locked(self) -> bool:
         return self._started and not (self._leader or self._writer_busy or self._pipeline_groups or self._stopping)
 
+    def hand_over(self) -> None:
+        """Leave what is queued to the writer thread: wake it.  For a
+        submitter that queued with ``lead=True`` and does not lead after
+        all (a connection with more adds arriving: the writer thread writes
+        these while that connection reads on)."""
+        with self._cv:
+            if self._pending:
+                self._cv.notify_all()
+
     def lead(self) -> None:
         """Write and sync the queued submissions on this thread if the
         journal is idle; otherwise leave them to the writer thread."""

@@ -27,11 +27,14 @@ which is what makes the journal order of one connection its send order.
 
 * A connection thread that leads each add it reads (an idle journal) would
   give a pipelining client, whose adds queue on the socket meanwhile, one
-  fdatasync per add.  So an add (a lone add or a batch) that arrived with
-  more of the stream behind it (``frame_socket.Backlog``: frames that
-  queued while the thread was busy) only queues in the journal, and the
-  burst's last add leads them all as one group (``submit_entry``'s and
-  ``submit_add``'s ``lead``).  Whatever became
+  fdatasync per add.  So a lone add that arrived with more of the stream
+  behind it (``frame_socket.Backlog``: frames that queued while the thread
+  was busy) only queues in the journal, and the burst's last add leads
+  them all as one group (``submit_entry``'s ``lead``).  A batch that did
+  is handed to the journal's writer thread (``submit_add``'s ``lead``,
+  ``hand_journal_over``), which writes it while this thread reads on: a
+  batch's group is big enough that this thread, leading it, would leave
+  the socket unread for a while.  Whatever became
   of the frames after it (a batch, a refusal, the end of the stream), the
   thread leads what it left queued once nothing more is received, and
   before it waits for a free add slot.
@@ -53,7 +56,9 @@ which is what makes the journal order of one connection its send order.
 * A frame over the bookie's message limit or a request that does not parse
   gets an answer with request_id 0 and the BAD_REQUEST code, then the
   connection is closed: after a framing error nothing later on it can be
-  trusted.  Nothing a client sends can stop the bookie.
+  trusted.  The adds before that frame are answered too, before or after
+  that answer (the drain below).  Nothing a client sends can stop the
+  bookie.
 * When the client stops sending (or the connection breaks), the adds it
   already submitted are still answered, for at most ``_DRAIN_S``, before the
   connection is closed.
@@ -273,7 +278,7 @@ class AddLaneServer:
                     who: access.Peer) -> None:
         send, release, take = writer.send, slots.put, slots.get
         submit_entry, parse_entry = self.service.submit_entry, lane_frames.parse_entry_frame
-        lead_journal = self.service.lead_journal
+        lead_journal, hand_over = self.service.lead_journal, self.service.hand_journal_over
         stopped, entry_kind = self._stopped.is_set, lane_frames.ENTRY_KIND
 
         def respond(answer: bytes) -> None:
@@ -296,7 +301,7 @@ class AddLaneServer:
                     else:
                         req = parse_add_request(body)
                 except ValueError as exc:
-                    if owed:                # the adds before the bad frame are answered first
+                    if owed:                # the adds before the bad frame: led, not left waiting
                         lead_journal()
                         owed = False
                     refuse(f"malformed add lane frame: {exc}")
@@ -317,6 +322,8 @@ class AddLaneServer:
                         send(answer)
                 else:
                     self.service.submit_add(req, respond_add, who, not more)
+                    if more:                # the writer thread takes it while this one reads on
+                        hand_over()
                 if more:
                     owed = True
                 elif owed:

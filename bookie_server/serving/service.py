@@ -181,6 +181,11 @@ class BookieService(pb_grpc.BookieServicer):  # type: ignore[misc]
         it is idle (the adds a connection submitted with ``lead`` false)."""
         self.bookie.journal.lead()
 
+    def hand_journal_over(self) -> None:
+        """Wake the journal's writer thread for what is queued (batches a
+        connection submitted with ``lead`` false while it reads on)."""
+        self.bookie.journal.hand_over()
+
     def _entry_refused(self, exc: BaseException, request_id: int, ledger_id: int = 0) -> bytes:
         code, msg = _code(exc, "add")
         self._hot.add_error()
