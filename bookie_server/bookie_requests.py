@@ -71,9 +71,10 @@ class RequestHandlers:
         the caller took it already (a pull's digest check): the journal
         frames the record from it.  ``space``: the journal record space
         ``data`` was received into (a pull's answer), framed in place.
-        ``lead`` false: the caller's connection holds more adds already, or
-        another of its threads leads (``add_entry``'s ``lead``); the add
-        only queues."""
+        ``lead`` false: the add only queues, and the caller leads it later
+        or hands it to the journal's writer thread (``Journal.hand_over``):
+        its connection holds more adds already, or another of its threads
+        leads (``add_entry``'s ``lead``)."""
         batch = validate_batch(data, ledger_id, self.cfg)
         first, last = batch.column(1)[0].as_py(), batch.column(1)[batch.num_rows - 1].as_py()
         self.mode.check_storage()

@@ -102,7 +102,8 @@ class BookieService(pb_grpc.BookieServicer):  # type: ignore[misc]
                    peer: access.Peer = access.ANONYMOUS, lead: bool = True) -> None:
         """Submit one add; ``done(response)`` is called exactly once.
         ``lead`` false: the add only queues, for the caller's next
-        ``lead_journal`` (``submit_entry``'s ``lead``)."""
+        ``lead_journal`` or ``hand_journal_over`` (``submit_entry``'s
+        ``lead``)."""
         t0 = time.perf_counter()
         if isinstance(req, framing.Malformed):     # an AddStream message that did not parse
             self._hot.add_error()
