@@ -23,7 +23,7 @@ from pybk_spark.wire.add_validation import validate_batch, validate_entry
 from bookie_server.bookie_mode import BookieMode
 from bookie_server.config import BookieConfig
 from bookie_server.journal.direct_write import RecordSpace
-from bookie_server.journal.journal import Journal
+from bookie_server.journal.journal import Journal, Lead
 from bookie_server.journal.journal_crc import Body
 from bookie_server.journal.journal_format import LEDGER, LEDGER_LAC, Position, RecordType
 from bookie_server.journal.records import AddRecord, EntryRecord, LacRecord
@@ -64,36 +64,40 @@ class RequestHandlers:
                   recovery: bool = False, keyless: bool = False,
                   body_crc: Optional[int] = None,
                   space: Optional[RecordSpace] = None,
-                  lead: bool = True) -> tuple[Future[Position], int, int]:
+                  lead: Lead = Lead.NOW) -> tuple[Future[Position], int, int]:
         """Returns (future completing when durable+visible, first id, last id).
         ``keyless``: an operator's recovery add without the master key
         (protocol/access.py).  ``body_crc``: the crc32c of ``data``, where
         the caller took it already (a pull's digest check): the journal
         frames the record from it.  ``space``: the journal record space
         ``data`` was received into (a pull's answer), framed in place.
-        ``lead`` false: the add only queues, and the caller leads it later
-        or hands it to the journal's writer thread (``Journal.hand_over``):
-        its connection holds more adds already, or another of its threads
-        leads (``add_entry``'s ``lead``)."""
+        ``lead``: who writes the add (``journal.Lead``).  ``Lead.NOW``:
+        this thread, before it returns (write + sync inline when the
+        journal is idle).  ``Lead.LATER``: the add only queues, and the
+        caller's later ``Journal.lead()`` leads it with what queued behind
+        it (an AddStream's handler thread leads what its reader thread
+        queued).  ``Lead.WRITER``: the
+        journal's writer thread, woken as the add queues, writes it while
+        the caller reads on."""
         batch = validate_batch(data, ledger_id, self.cfg)
         first, last = batch.column(1)[0].as_py(), batch.column(1)[batch.num_rows - 1].as_py()
         self.mode.check_storage()
         release = self.admission.admit(len(data))      # TooManyRequests past its bounds
         try:
             fut = self._submit_add(ledger_id, master_key, data, batch, recovery, keyless,
-                                   body_crc, space)
+                                   body_crc, space, lead)
         except BaseException:
             release()
             raise
         fut.add_done_callback(lambda _f: release())
-        if lead:
+        if lead is Lead.NOW:
             self.journal.lead()      # an idle journal: write + sync on this thread
         return fut, first, last
 
     def add_entry(self, record: Record, master_key: bytes, recovery: bool = False,
                   keyless: bool = False,
                   on_applied: Optional[Callable[[int, int], None]] = None,
-                  lead: bool = True) -> tuple[Optional[Future[Position]], int, int]:
+                  lead: Lead = Lead.NOW) -> tuple[Optional[Future[Position]], int, int]:
         """A lone add as its entry record (wire/entries.py), journaled and
         cached as received: the same checks, admission and decision as
         ``add_async``.  Returns (None, ledger id, entry id) when the add is
@@ -103,10 +107,11 @@ class RequestHandlers:
         was applied (before the journal's bookkeeping); otherwise (future,
         ledger id, entry id), the add queued behind the journal's work, and
         ``on_applied`` is not called.  ``BookieIOError`` when the inline
-        write or sync fails.  ``lead`` false: more adds of the caller are
-        already here; the add only queues (the journal is not woken), and
-        the caller's next add, or its ``Journal.lead()``, leads them all as
-        one group."""
+        write or sync fails.  ``lead``: as ``add_async``'s; only
+        ``Lead.NOW`` may make the add durable inline.  ``Lead.LATER``: more
+        adds of the caller are already here; the add only queues (the
+        journal is not woken), and the caller's next add, or its
+        ``Journal.lead()``, leads them all as one group."""
         ledger_id, entry_id, lac = validate_entry(record, self.cfg)
         mode = self.mode
         if mode.io_error is not None:
@@ -126,9 +131,9 @@ class RequestHandlers:
                     records.append((RecordType.ADD_ENTRY, record))
                     self.states[ledger_id] = plan.state
                 sub = EntryRecord(records, ledger_id, entry_id, lac, record, on_applied)
-                led = lead and self.journal.claim(sub)
+                led = lead is Lead.NOW and self.journal.claim(sub)
                 if not led:
-                    fut = self.journal.enqueue(sub, lead=True)
+                    fut = self.journal.enqueue(sub, lead=lead)
             if led:             # the inline path: its lines are the add's latency
                 self.journal.lead_now(sub)
                 admission.leave(nbytes)
@@ -137,7 +142,7 @@ class RequestHandlers:
             admission.leave(nbytes)
             raise
         fut.add_done_callback(lambda _f: admission.leave(nbytes))
-        if lead:
+        if lead is Lead.NOW:
             self.journal.lead()
         return fut, ledger_id, entry_id
 
@@ -154,7 +159,10 @@ class RequestHandlers:
     def _submit_add(self, ledger_id: int, master_key: bytes, data: bytes,
                     batch: pa.RecordBatch, recovery: bool, keyless: bool = False,
                     body_crc: Optional[int] = None,
-                    space: Optional[RecordSpace] = None) -> Future[Position]:
+                    space: Optional[RecordSpace] = None,
+                    lead: Lead = Lead.NOW) -> Future[Position]:
+        """Decide and queue the add (``add_async``); with ``Lead.NOW`` or
+        ``Lead.LATER`` the caller leads it (``Journal.lead()``)."""
         # framed before the lock: a big batch's CRC and copy are this thread's
         staged = self.journal.stage_ahead(RecordType.ADD_BATCH, data, body_crc, space)
         with self.cond:
@@ -167,7 +175,7 @@ class RequestHandlers:
             # client's re-replication or ledger recovery): read back from the
             # journal, not held in memory until the checkpoint
             return self.journal.submit(records, AddRecord(ledger_id, batch, data, recovery),
-                                       lead=True, staged=staged)
+                                       lead=lead, staged=staged)
 
     def add(self, ledger_id: int, master_key: bytes, data: bytes, recovery: bool = False,
             timeout: Optional[float] = None) -> tuple[int, int]:
@@ -181,7 +189,7 @@ class RequestHandlers:
             plan = ls.decide_fence(self.ledgers.get(ledger_id), master_key, keyless)
             records = self._key_records(plan, ledger_id, master_key)
             self.states[ledger_id] = plan.state
-            fut = self.journal.submit(records, lead=True) if records else None
+            fut = self.journal.submit(records, lead=Lead.NOW) if records else None
         if fut is not None:
             self.journal.lead()
             fut.result()
@@ -202,7 +210,7 @@ class RequestHandlers:
             records = self._key_records(plan, ledger_id, master_key)
             records.append((RecordType.EXPLICIT_LAC, LEDGER_LAC.pack(ledger_id, lac)))
             self.states[ledger_id] = ls.apply_key(self.ledgers.get(ledger_id), master_key)
-            fut = self.journal.submit(records, LacRecord(ledger_id, lac), lead=True)
+            fut = self.journal.submit(records, LacRecord(ledger_id, lac), lead=Lead.NOW)
         self.journal.lead()
         fut.result()
 

@@ -24,13 +24,18 @@ Ordering obligations:
     (``journal_sync.SyncStage``), which makes every group written so far
     durable with ONE ``os.fdatasync`` and only then applies and answers them
     in order.
+  * Who leads a submission is the submitter's choice (``Lead``): it leads
+    it itself right after releasing its own locks (``Lead.NOW``), leads it
+    later together with more of its own (``Lead.LATER``), or leaves it to
+    the writer thread, which ``submit`` wakes for it (``Lead.WRITER``).
   * Leader fast path (leader/follower group commit).  A submitter that asks
-    for it (``submit(..., lead=True)`` then ``lead()``, outside its own locks)
-    does the work itself when the journal is idle: no group in the background
-    pipeline and no other leader.  It takes every queued submission (its own
-    and whatever queued behind it) as one group, writes, fdatasyncs, runs
-    ``on_durable`` and completes the futures on its own thread, which saves
-    the two thread hand-offs that dominate a lone add's latency.  Mutual
+    for it (``submit(..., lead=Lead.NOW)`` then ``lead()``, outside its
+    own locks) does the work itself when the journal is idle: no group in
+    the background pipeline and no other leader.  It takes every queued
+    submission (its own and whatever queued behind it) as one group,
+    writes, fdatasyncs, runs ``on_durable`` and completes the futures on
+    its own thread, which saves the two thread hand-offs that dominate a
+    lone add's latency.  Mutual
     exclusion keeps the order: the leader takes a group only while the
     background pipeline holds none, and the writer thread takes one only
     while there is no leader; both take from the one FIFO under one lock.
@@ -80,6 +85,7 @@ Ordering obligations:
 from __future__ import annotations
 
 import collections
+import enum
 import os
 import threading
 import time
@@ -97,6 +103,20 @@ from bookie_server.journal.journal_format import (HEADER, LEDGER, LEDGER_LAC,  #
                                                   MAX_RECORD, Position, RecordType, file_name,
                                                   frame, list_files)
 from pybk_spark import errors
+
+
+class Lead(enum.Enum):
+    """Who writes and syncs a submission once it is queued."""
+    # the submitter, with ``lead()`` right after releasing its own locks:
+    # inline when the journal is idle, else the writer thread, which
+    # ``lead()`` then wakes
+    NOW = "now"
+    # the submitter, with a later ``lead()``, once the rest of its burst is
+    # queued behind it (one group for all of them); ``submit`` wakes nothing
+    LATER = "later"
+    # the writer thread, which ``submit`` wakes for it: the submitter reads
+    # on while the writer thread writes
+    WRITER = "writer"
 
 
 class Journal:
@@ -156,11 +176,13 @@ class Journal:
             self._started = True
 
     def submit(self, records: list[tuple[int, Body]], payload: Optional[JournalRecord] = None, *,
-               lead: bool = False, staged: Optional[StagedRecord] = None) -> Future[Position]:
+               lead: Lead = Lead.WRITER, staged: Optional[StagedRecord] = None) -> Future[Position]:
         """Queue records; the future completes with the position after them
-        once they are durable.  ``lead=True``: the caller promises to call
-        ``lead()`` right after releasing its own locks (the writer thread is
-        then not woken for this submission unless the caller cannot lead).
+        once they are durable.  ``lead``: who writes them (``Lead``).  With
+        ``Lead.NOW`` or ``Lead.LATER`` the caller promises to call ``lead()``
+        after releasing its own locks, and the writer thread is not woken
+        for this submission unless the caller cannot lead (a busy journal,
+        a submission past ``lead_max_bytes``); ``Lead.WRITER`` wakes it.
         ``staged``: the last record, from ``stage_ahead``."""
         sub = (Submission(records, payload) if staged is None
                else StagedSubmission(records, payload, staged))
@@ -181,7 +203,7 @@ class Journal:
             return space.staged(rtype, body_crc)
         return stage_record(rtype, body, body_crc)
 
-    def enqueue(self, sub: Submission, *, lead: bool = False) -> Future[Position]:
+    def enqueue(self, sub: Submission, *, lead: Lead = Lead.WRITER) -> Future[Position]:
         """``submit`` for a submission made by the caller (a lone add's
         ``EntryRecord``); it must not be queued or claimed already."""
         future: Future[Position] = Future()
@@ -194,7 +216,8 @@ class Journal:
                 future.set_exception(errors.BookieIOError("journal closed"))
                 return future
             self._pending.append(sub)
-            if not (lead and sub.nbytes <= self.lead_max_bytes and self._can_lead_locked()):
+            if not (lead is not Lead.WRITER and sub.nbytes <= self.lead_max_bytes
+                    and self._can_lead_locked()):
                 self._cv.notify_all()
         return future
 
@@ -244,21 +267,12 @@ class Journal:
     def write(self, records: list[tuple[int, Body]],
               payload: Optional[JournalRecord] = None) -> Future[Position]:
         """``submit`` + ``lead``, for a caller that holds no lock of its own."""
-        fut = self.submit(records, payload, lead=True)
+        fut = self.submit(records, payload, lead=Lead.NOW)
         self.lead()
         return fut
 
     def _can_lead_locked(self) -> bool:
         return self._started and not (self._leader or self._writer_busy or self._pipeline_groups or self._stopping)
-
-    def hand_over(self) -> None:
-        """Leave what is queued to the writer thread: wake it.  For a
-        submitter that queued with ``lead=True`` and does not lead after
-        all (a connection with more adds arriving: the writer thread writes
-        these while that connection reads on)."""
-        with self._cv:
-            if self._pending:
-                self._cv.notify_all()
 
     def lead(self) -> None:
         """Write and sync the queued submissions on this thread if the
@@ -321,7 +335,8 @@ class Journal:
                 if self._stopping and not self._pending and not self._leader:
                     return None
                 # the timeout is a safety net only: a submitter that said it
-                # would lead always calls lead(), which wakes us if it cannot
+                # would lead (Lead.NOW, Lead.LATER) always calls lead(), which
+                # wakes us if it cannot; Lead.WRITER woke us at enqueue
                 self._cv.wait(0.1)
             if not self.flush_when_queue_empty:
                 deadline = self.clock() + self.max_group_wait_s

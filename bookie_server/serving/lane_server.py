@@ -27,17 +27,20 @@ which is what makes the journal order of one connection its send order.
 
 * A connection thread that leads each add it reads (an idle journal) would
   give a pipelining client, whose adds queue on the socket meanwhile, one
-  fdatasync per add.  So a lone add that arrived with more of the stream
-  behind it (``frame_socket.Backlog``: frames that queued while the thread
-  was busy) only queues in the journal, and the burst's last add leads
-  them all as one group (``submit_entry``'s ``lead``).  A batch that did
-  is handed to the journal's writer thread (``submit_add``'s ``lead``,
-  ``hand_journal_over``), which writes it while this thread reads on: a
-  batch's group is big enough that this thread, leading it, would leave
-  the socket unread for a while.  Whatever became
-  of the frames after it (a batch, a refusal, the end of the stream), the
-  thread leads what it left queued once nothing more is received, and
-  before it waits for a free add slot.
+  fdatasync per add.  So who leads a frame's add is the journal's ``Lead``
+  passed to ``submit_entry`` / ``submit_add``, chosen by whether more of
+  the stream is behind it (``frame_socket.Backlog``: frames that queued
+  while the thread was busy).  A lone add with more behind it only queues
+  in the journal (``Lead.LATER``), and the burst's last add leads them all
+  as one group.  A batch with more behind it goes to the journal's writer
+  thread (``Lead.WRITER``, woken as the batch queues), which writes it
+  while this thread reads on: a batch's group is big enough that this
+  thread, leading it, would leave the socket unread for a while.  The last
+  frame of a burst is led by this thread (``Lead.NOW``).  Whatever became
+  of the frames after a lone add it queued (a batch, a refusal, the end of
+  the stream), the thread leads what it left queued once nothing more is
+  received, before it waits for a free add slot and before it refuses a
+  malformed frame.
 
 * Answers are sent by whichever thread completes the add: the connection
   thread itself when the journal's leader path makes the add durable inline
@@ -94,6 +97,7 @@ from google.protobuf.message import DecodeError
 
 from bookie_server.config import BookieConfig
 from bookie_server.direct_buffers import ANSWER_BUFFERS
+from bookie_server.journal.journal import Lead
 from bookie_server.serving.tls import cert_peer
 from pybk_spark.protocol import access
 from pybk_spark.wire.frame_socket import (Backlog, FrameWriter, configure, frame_bodies,
@@ -278,7 +282,7 @@ class AddLaneServer:
                     who: access.Peer) -> None:
         send, release, take = writer.send, slots.put, slots.get
         submit_entry, parse_entry = self.service.submit_entry, lane_frames.parse_entry_frame
-        lead_journal, hand_over = self.service.lead_journal, self.service.hand_journal_over
+        submit_add, lead_journal = self.service.submit_add, self.service.lead_journal
         stopped, entry_kind = self._stopped.is_set, lane_frames.ENTRY_KIND
 
         def respond(answer: bytes) -> None:
@@ -288,7 +292,7 @@ class AddLaneServer:
         def respond_add(resp: pb.AddResponse) -> None:
             respond(lane_frames.frame(resp.SerializeToString()))
 
-        owed = False            # adds queued for this thread to lead (module docstring)
+        owed = False            # lone adds queued for this thread to lead (module docstring)
         try:
             while not stopped():
                 try:
@@ -316,17 +320,16 @@ class AddLaneServer:
                         return
                 more = backlog.more
                 if req is None:
-                    answer = submit_entry(request_id, recovery, key, record, respond, who, not more)
+                    answer = submit_entry(request_id, recovery, key, record, respond, who,
+                                          Lead.LATER if more else Lead.NOW)
                     if answer:                      # refused on this thread: the slot is free again
                         release(None)
                         send(answer)
-                else:
-                    self.service.submit_add(req, respond_add, who, not more)
-                    if more:                # the writer thread takes it while this one reads on
-                        hand_over()
-                if more:
-                    owed = True
-                elif owed:
+                    if more:                # this thread leads it with the rest of the burst
+                        owed = True
+                else:                       # with more behind it, the writer thread writes it
+                    submit_add(req, respond_add, who, Lead.WRITER if more else Lead.NOW)
+                if owed and not more:       # the burst's last frame: lead what this thread queued
                     lead_journal()
                     owed = False
         finally:

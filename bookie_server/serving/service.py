@@ -30,6 +30,7 @@ from bookie_server.serving.peer_lane import LanePeerReader
 from bookie_server.serving.lane_server import AddLaneServer
 from bookie_server.bookie import Bookie
 from bookie_server.config import BookieConfig
+from bookie_server.journal.journal import Lead
 from bookie_server.serving.peer_client import PeerReader, credentials_of, peer_tls_files
 from bookie_server.serving.peer_pool import PeerReaders, Reader
 from bookie_server.serving.tls import grpc_peer, policy_of
@@ -56,7 +57,7 @@ log = logging.getLogger("bookie.service")
 
 PROTOCOL_VERSION = 1
 _DONE = object()
-_LEAD = object()     # an AddStream's reader queued an add for its handler thread to lead
+_LEAD = object()     # an AddStream's reader queued adds for its handler thread to lead
 # what ``submit_entry`` returns for an add its ``done`` has answered already
 ANSWERED = b""
 
@@ -99,11 +100,11 @@ class BookieService(pb_grpc.BookieServicer):  # type: ignore[misc]
     # -- adds ---------------------------------------------------------------------------
     def submit_add(self, req: AddMessage,
                    done: Callable[[pb.AddResponse], None],
-                   peer: access.Peer = access.ANONYMOUS, lead: bool = True) -> None:
+                   peer: access.Peer = access.ANONYMOUS, lead: Lead = Lead.NOW) -> None:
         """Submit one add; ``done(response)`` is called exactly once.
-        ``lead`` false: the add only queues, for the caller's next
-        ``lead_journal`` or ``hand_journal_over`` (``submit_entry``'s
-        ``lead``)."""
+        ``lead``: who writes it (``RequestHandlers.add_async``):
+        ``Lead.NOW``, this thread; ``Lead.LATER``, the caller's next
+        ``lead_journal``; ``Lead.WRITER``, the journal's writer thread."""
         t0 = time.perf_counter()
         if isinstance(req, framing.Malformed):     # an AddStream message that did not parse
             self._hot.add_error()
@@ -139,7 +140,7 @@ class BookieService(pb_grpc.BookieServicer):  # type: ignore[misc]
 
     def submit_entry(self, request_id: int, recovery: bool, master_key: bytes, record: Record,
                      done: Callable[[bytes], None],
-                     peer: access.Peer = access.ANONYMOUS, lead: bool = True) -> Optional[bytes]:
+                     peer: access.Peer = access.ANONYMOUS, lead: Lead = Lead.NOW) -> Optional[bytes]:
         """Submit a lone add as its entry record (a lane entry frame:
         wire/lane_frames.py); ``done(framed answer)`` is called exactly once,
         or the answer is returned.  Made durable on this thread (an idle
@@ -148,9 +149,9 @@ class BookieService(pb_grpc.BookieServicer):  # type: ignore[misc]
         returned; refused, the framed refusal is returned; otherwise None,
         and ``done`` is called later.  An OK answer is an entry answer
         (``lane_frames.entry_answer``), an error an ``AddResponse``.
-        ``lead`` false: the connection holds more adds already (the add
-        queues for the group its last add leads: ``RequestHandlers.add_entry``,
-        ``lead_journal``)."""
+        ``lead``: as ``submit_add``'s; ``Lead.LATER`` where the connection
+        holds more adds already (the add queues for the group its last add
+        leads: ``RequestHandlers.add_entry``, ``lead_journal``)."""
         t0 = time.perf_counter()
 
         def applied(ledger_id: int, entry_id: int) -> None:
@@ -179,13 +180,8 @@ class BookieService(pb_grpc.BookieServicer):  # type: ignore[misc]
 
     def lead_journal(self) -> None:
         """Write and sync what the journal holds queued, on this thread if
-        it is idle (the adds a connection submitted with ``lead`` false)."""
+        it is idle (the adds a connection submitted with ``Lead.LATER``)."""
         self.bookie.journal.lead()
-
-    def hand_journal_over(self) -> None:
-        """Wake the journal's writer thread for what is queued (batches a
-        connection submitted with ``lead`` false while it reads on)."""
-        self.bookie.journal.hand_over()
 
     def _entry_refused(self, exc: BaseException, request_id: int, ledger_id: int = 0) -> bytes:
         code, msg = _code(exc, "add")
@@ -205,19 +201,25 @@ class BookieService(pb_grpc.BookieServicer):  # type: ignore[misc]
     def AddStream(self, request_iterator: Iterator[AddMessage], context: grpc.ServicerContext
                   ) -> Iterator[pb.AddResponse]:
         """A reader thread receives each add and queues it in the journal
-        without leading it; this handler thread leads the journal for what
-        is queued and sends the answers as their groups become durable.
-        While this thread writes and syncs one group, the adds that reach
-        the stream meanwhile queue for the next: one fdatasync per group,
-        however many of a client's threads share the stream (a handler that
-        received, led and answered each add in turn gave a client's queued
-        adds an idle journal one at a time, one fdatasync per add).  Answers
-        go out before the next group is led, in completion order, each with
-        its request_id."""
+        without leading it (``Lead.LATER``); this handler thread leads the
+        journal for what is queued and sends the answers as their groups
+        become durable.  While this thread writes and syncs one group, the
+        adds that reach the stream meanwhile queue for the next: one
+        fdatasync per group, however many of a client's threads share the
+        stream, where a handler that received, led and answered each add
+        in turn would give a client's queued adds an idle journal one at a
+        time, one fdatasync per add.  The reader wakes this thread with one
+        ``_LEAD`` per burst, not per add, and this thread leads the burst
+        with one ``lead_journal``.  Answers go out before the next group is
+        led, in completion order, each with its request_id."""
         out: queue.SimpleQueue[object] = queue.SimpleQueue()   # answers, _LEAD, then _DONE
         slots = threading.BoundedSemaphore(max(1, self.cfg.max_inflight_per_stream))
         pending = [0]                  # submitted, not yet sent back
         lock = threading.Lock()
+        # set by the reader when it puts a _LEAD, cleared by this thread just
+        # before it leads: while it is set, a lead is coming that covers every
+        # add queued so far, so the reader puts no other _LEAD
+        lead_pending = threading.Event()
         peer = self.peer(context)
 
         def respond(resp: pb.AddResponse) -> None:
@@ -230,8 +232,18 @@ class BookieService(pb_grpc.BookieServicer):  # type: ignore[misc]
                     slots.acquire()
                     with lock:
                         pending[0] += 1
-                    self.submit_add(req, respond, peer, lead=False)
-                    out.put(_LEAD)
+                    self.submit_add(req, respond, peer, Lead.LATER)
+                    # No lock beyond the Event's: only this thread sets the
+                    # flag, only the handler clears it, and the handler
+                    # clears it after taking this thread's _LEAD and before
+                    # calling lead_journal.  The add is queued before the
+                    # flag is read, so either the flag is clear (this thread
+                    # sets it and puts a _LEAD: a lead follows) or it is set
+                    # and not yet cleared, so the lead that follows its
+                    # clearing comes after this add was queued and covers it.
+                    if not lead_pending.is_set():
+                        lead_pending.set()
+                        out.put(_LEAD)
             except BaseException as exc:  # noqa: BLE001 - client went away / cancelled
                 if context.is_active():
                     log.debug("event=add_stream_reader_error error=%r", exc)
@@ -250,6 +262,7 @@ class BookieService(pb_grpc.BookieServicer):  # type: ignore[misc]
                 except queue.Empty:
                     if owed:                 # every answer ready is sent: lead the next group
                         owed = False
+                        lead_pending.clear()     # before leading (the reader's comment)
                         self.lead_journal()
                         continue
                     item = out.get()
