@@ -60,7 +60,7 @@ from pybk_spark.protocol.distribution import holds
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.protocol.pending_adds import EnsembleChange, PendingAdds, Resend
 from pybk_spark.transport.base import LoneEntry
-from pybk_spark.wire.entries import batch_to_buffer
+from pybk_spark.wire.entries import Payload, add_payload
 
 
 Ids = Union[np.ndarray, range]     # the ids of one request: a lone add's is a range
@@ -270,9 +270,10 @@ class LedgerWriter:
               wait: bool, only_slots: set[int] | None = None) -> None:
         E, Qw = len(ensemble), self.md.write_quorum
         ids = batch.column("entry_id").to_numpy()
-        # the full batch is serialized once (Qw == E); requests stay Arrow
-        # buffers up to the framing, which copies them once into the message
-        whole: list[pa.Buffer] = []
+        # the full batch is encoded once (Qw == E) and a striped part per
+        # bookie; large ones as buffers whose payloads are sent from where
+        # they lie in ``batch`` (wire/entries.py ``add_payload``)
+        whole: list[Payload] = []
         for slot, bookie in enumerate(ensemble):
             if slot in bad or (only_slots is not None and slot not in only_slots):
                 continue
@@ -285,11 +286,11 @@ class LedgerWriter:
                 continue
             if count == len(ids):
                 if not whole:
-                    whole.append(batch_to_buffer(batch))
+                    whole.append(add_payload(batch))
                 data, sent_ids = whole[0], ids
             else:
                 # a bookie stores contiguous-by-id runs; a filtered part is still ascending
-                data, sent_ids = batch_to_buffer(batch.filter(pa.array(mask))), ids[mask]
+                data, sent_ids = add_payload(batch, mask), ids[mask]
             try:
                 self._send_one(slot, bookie, data, sent_ids, wait)
             except errors.BKError as exc:
@@ -298,7 +299,7 @@ class LedgerWriter:
                 # already assigned never strand behind it
                 self._on_failed(slot, bookie, exc)
 
-    def _send_one(self, slot: int, bookie: str, data: pa.Buffer | LoneEntry, ids: Ids,
+    def _send_one(self, slot: int, bookie: str, data: Payload | LoneEntry, ids: Ids,
                   wait: bool, overload: tuple[float, int] | None = None) -> None:
         """``overload``: (time of the first TooManyRequests, retries so far)
         when this is a re-send to an overloaded bookie."""
@@ -331,7 +332,7 @@ class LedgerWriter:
                 self._on_failed(slot, bookie, exc)
         fut.add_done_callback(done)
 
-    def _retry_overloaded(self, slot: int, bookie: str, data: pa.Buffer | LoneEntry, ids: Ids,
+    def _retry_overloaded(self, slot: int, bookie: str, data: Payload | LoneEntry, ids: Ids,
                           overload: tuple[float, int] | None) -> bool:
         """The bookie refused the request as overloaded: send it again later.
         False when it has refused for too long (the caller treats it as a

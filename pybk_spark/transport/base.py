@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from pybk_spark import errors
-from pybk_spark.wire.entries import batch_to_buffer, parse_entry_record, records_to_batch
+from pybk_spark.wire.entries import Payload, batch_to_buffer, parse_entry_record, records_to_batch
 from pybk_spark.wire.results import LacResult, ReadResult
 
 
@@ -117,7 +117,7 @@ def failed_future(exc: BaseException) -> Future:
 
 class BookieTransport(abc.ABC):
     @abc.abstractmethod
-    def add(self, ledger_id: int, master_key: bytes, entries: bytes,
+    def add(self, ledger_id: int, master_key: bytes, entries: Payload,
             recovery: bool = False, timeout: float | None = None) -> "Future[tuple[int, int]]":
         """Future of the (first, last) entry ids made durable."""
 

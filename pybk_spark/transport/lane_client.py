@@ -52,9 +52,13 @@ from pybk_spark.wire.tls_socket import handshake
 _MAX_ANSWER_BYTES = 1 << 20
 
 
-def frame_add(head: pb.AddRequest, entries) -> bytes:
-    """An AddRequest as one lane frame (header + pre-framed message)."""
-    return lane_frames.frame(*framing.payload_parts(head, entries))
+def frame_add(head: pb.AddRequest, entries) -> bytes | list:
+    """An AddRequest as one lane frame (header + pre-framed message): one
+    buffer, or for entries given as a list of buffers (``add_payload``) the
+    frame's buffers, which ``FrameWriter.send`` gathers."""
+    parts = framing.payload_parts(head, entries)
+    return lane_frames.frame_parts(*parts) if isinstance(entries, list) \
+        else lane_frames.frame(*parts)
 
 
 def frame_read(head: pb.ReadRequest, _entries=b"") -> bytes:

@@ -26,7 +26,7 @@ from pybk_spark.protocol import ledger_state as ls
 from pybk_spark.transport.base import BookieTransport, TransportPool, failed_future
 from pybk_spark.wire.add_validation import (AddBatchLimits, BatchLimits, validate_batch,
                                             validate_entry)
-from pybk_spark.wire.entries import ENTRY_SCHEMA, empty_batch, records_to_batch
+from pybk_spark.wire.entries import ENTRY_SCHEMA, Payload, empty_batch, joined, records_to_batch
 from pybk_spark.wire.results import LacResult, ReadResult
 
 
@@ -76,8 +76,8 @@ class MemoryBookie:
         led = self._led(lid)
         led.state = ls.decide_fence(led.state, key).state
 
-    def add(self, lid: int, key: bytes, data: bytes, recovery: bool) -> tuple[int, int]:
-        batch = validate_batch(data, lid, self.limits)         # the real bookie's checks
+    def add(self, lid: int, key: bytes, data: Payload, recovery: bool) -> tuple[int, int]:
+        batch = validate_batch(joined(data), lid, self.limits)   # the real bookie's checks
         return self._add_batch(lid, key, batch, recovery)
 
     def add_entry(self, key: bytes, record: bytes, recovery: bool) -> tuple[int, int]:

@@ -58,6 +58,7 @@ from pybk_spark.wire import lane_frames
 from pybk_spark.wire.arrow_memory import wire_pool
 
 _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
+_IOV_MAX = 1024     # buffers one sendmsg takes (Linux's UIO_MAXIOV)
 
 # a thread's frames held back inside ``corked()``: writer -> its frames
 _held = threading.local()
@@ -80,7 +81,13 @@ class corked:
             return
         frames, _held.frames = _held.frames, None
         for writer, held in frames.items():
-            writer.send(held[0] if len(held) == 1 else b"".join(held))
+            if len(held) == 1:
+                writer.send(held[0])
+            elif any(isinstance(frame, list) for frame in held):
+                writer.send([p for frame in held
+                             for p in (frame if isinstance(frame, list) else (frame,))])
+            else:
+                writer.send(b"".join(held))
 
 
 def configure(sock: socket.socket) -> socket.socket:
@@ -300,18 +307,25 @@ class FrameWriter:
         self._sending = False          # the helper thread holds a frame outside the lock
         self._helper: Optional[threading.Thread] = None
         self._closed = False
+        self._gathers = isinstance(sock, socket.socket)    # a TlsSocket cannot gather
 
     @property
     def closed(self) -> bool:
         return self._closed
 
-    def send(self, data: bytes | memoryview) -> bool:
-        """Send or queue one frame; False if the connection is already closed
-        (inside ``corked()``: held back, True)."""
+    def send(self, data: Any) -> bool:
+        """Send or queue one frame: one buffer, or a list of buffers whose
+        large parts go from where they lie (``sendmsg`` gathers them; over
+        TLS they are joined first).  False if the connection is already
+        closed (inside ``corked()``: held back, True)."""
         held = getattr(_held, "frames", None)
         if held is not None:
             held.setdefault(self, []).append(data)
             return True
+        if isinstance(data, list):
+            if self._gathers:
+                return self._send_parts(data)
+            data = b"".join(data)
         with self._lock:
             if self._closed:
                 return False
@@ -326,15 +340,41 @@ class FrameWriter:
                 if sent == len(data):
                     return True
                 data = memoryview(data)[sent:]
-            self._queue.append(memoryview(data))
-            self._queued_bytes += len(data)
-            if self._queued_bytes > self._max_backlog:
-                self._break(BufferError(f"peer not reading: {self._queued_bytes} bytes queued"))
+            return self._queue_locked([memoryview(data)])
+
+    def _send_parts(self, parts: list[Any]) -> bool:
+        views = [memoryview(p).cast("B") for p in parts if len(p)]
+        with self._lock:
+            if self._closed:
                 return False
-            if self._helper is None:
-                self._helper = threading.Thread(target=self._drain, name=self._name, daemon=True)
-                self._helper.start()
-            self._cond.notify()
+            if not self._queue and not self._sending:
+                while views:
+                    try:
+                        sent = self._sock.sendmsg(views[:_IOV_MAX], (), _DONTWAIT)
+                    except BlockingIOError:
+                        break
+                    except OSError as exc:
+                        self._break(exc)
+                        return False
+                    while views and sent >= len(views[0]):
+                        sent -= len(views.pop(0))
+                    if sent:
+                        views[0] = views[0][sent:]
+                if not views:
+                    return True
+            return self._queue_locked(views)
+
+    def _queue_locked(self, views: list[memoryview]) -> bool:
+        """Queue what was not sent for the helper thread (lock held)."""
+        self._queue.extend(views)
+        self._queued_bytes += sum(len(v) for v in views)
+        if self._queued_bytes > self._max_backlog:
+            self._break(BufferError(f"peer not reading: {self._queued_bytes} bytes queued"))
+            return False
+        if self._helper is None:
+            self._helper = threading.Thread(target=self._drain, name=self._name, daemon=True)
+            self._helper.start()
+        self._cond.notify()
         return True
 
     def _drain(self) -> None:

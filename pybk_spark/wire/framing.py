@@ -70,9 +70,15 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
-def payload_parts(head: Message, payload: BytesLike, field_number: int = ENTRIES_FIELD) -> tuple[BytesLike, ...]:
+def payload_parts(head: Message, payload: BytesLike | list[BytesLike],
+                  field_number: int = ENTRIES_FIELD) -> tuple[BytesLike, ...]:
     """The pieces of :func:`with_payload`, not yet joined (a caller that adds
-    its own header joins once)."""
+    its own header joins once); ``payload`` may be a list of buffers, sent
+    one after the other."""
+    if isinstance(payload, list):
+        size = sum(len(p) for p in payload)
+        return (*payload_prefix(head, size, field_number), *payload) if size \
+            else (head.SerializeToString(),)
     size = len(payload)
     if size == 0:
         return (head.SerializeToString(),)
@@ -87,7 +93,7 @@ def payload_prefix(head: Message, size: int, field_number: int = ENTRIES_FIELD) 
     return head.SerializeToString(), tag, _varint(size)
 
 
-def with_payload(head: Message, payload: BytesLike, field_number: int = ENTRIES_FIELD) -> bytes:
+def with_payload(head: Message, payload: BytesLike | list[BytesLike], field_number: int = ENTRIES_FIELD) -> bytes:
     """``head`` (a generated message whose payload field is unset) serialized,
     followed by ``payload`` as length-delimited field ``field_number``.  An
     empty payload is left out, as protobuf itself does for proto3 bytes."""

@@ -36,7 +36,7 @@ import pyarrow as pa
 
 from pybk_spark import errors
 from pybk_spark.wire.digest import Digester
-from pybk_spark.wire.entries import ENTRY_SCHEMA, batch_from_bytes, batch_to_buffer
+from pybk_spark.wire.entries import ENTRY_SCHEMA, batch_from_bytes, batch_to_buffer, joined
 
 
 class _UnfencedTransport:
@@ -85,6 +85,7 @@ class _Rewinds:
 
     def outgoing(self, lid: int, key: bytes, data):
         """The bytes the faulty writer sends for ``data`` (client ids)."""
+        data = joined(data)
         batch = batch_from_bytes(data)
         if batch.num_rows == 0:
             return data, None

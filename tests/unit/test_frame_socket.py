@@ -39,6 +39,36 @@ def test_frames_arrive_whole_and_in_order_through_a_slow_reader():
     assert got == [f[lane_frames.HEADER_BYTES:] for f in frames]
 
 
+def test_frames_given_as_parts_arrive_whole_and_in_order_among_whole_frames():
+    """A frame given as a list of buffers is gathered by ``sendmsg``; what
+    the socket does not take at once queues as views, behind which later
+    frames wait: the reader sees every frame whole and in order, however
+    the two kinds interleave and wherever a send stopped."""
+    a, b = _pair()
+    writer = FrameWriter(a, "t", max_backlog_bytes=1 << 30)
+    bodies = [bytes([i % 251]) * (1000 + 7919 * i % 70000) for i in range(200)]
+    got = []
+
+    def read():
+        with b.makefile("rb") as stream:
+            while (body := read_frame(stream, 1 << 20)) is not None:
+                got.append(body)
+
+    for i, body in enumerate(bodies):
+        if i % 3:                          # cut into parts of 0..3 KiB, empty ones included
+            cuts = list(range(0, len(body), 1024 * (i % 4))) if i % 4 else [0]
+            parts = [memoryview(body)[c:c + 1024 * (i % 4)] for c in cuts] if i % 4 else [body]
+            assert writer.send(lane_frames.frame_parts(*parts, b""))
+        else:
+            assert writer.send(lane_frames.frame(body))
+    reader = threading.Thread(target=read)  # the first frames went at once, the rest queued
+    reader.start()
+    assert writer.flush(60)
+    writer.close()
+    reader.join(60)
+    assert got == bodies
+
+
 def test_frames_sent_corked_go_out_together_per_writer_in_order():
     """Inside ``corked()`` nothing leaves until the (outermost) block ends;
     then each writer's frames arrive as one send, in the order given, and
@@ -60,6 +90,10 @@ def test_frames_sent_corked_go_out_together_per_writer_in_order():
     first = b1.recv(100)                          # both frames, one send
     assert first == lane_frames.frame(b"one") + lane_frames.frame(b"three")
     assert b2.recv(100) == lane_frames.frame(b"elsewhere") + lane_frames.frame(b"two")
+    with corked():                                # a frame given as parts among them
+        assert w1.send(lane_frames.frame(b"four"))
+        assert w1.send(lane_frames.frame_parts(b"fi", b"ve"))
+    assert b1.recv(100) == lane_frames.frame(b"four") + lane_frames.frame(b"five")
     for s in (a1, b1, a2, b2):
         s.close()
 

@@ -12,7 +12,10 @@ from hypothesis import given, settings, strategies as st
 
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import framing
-from pybk_spark.wire.entries import EXACT_SIZE_FROM, batch_from_bytes, batch_to_buffer, make_batch
+from pybk_spark.protocol.distribution import holds
+from pybk_spark.wire.entries import (EXACT_SIZE_FROM, GATHER_FROM, GATHER_MAX_RUNS, add_payload,
+                                     batch_from_bytes, batch_parts, batch_to_buffer, joined,
+                                     make_batch)
 
 
 @pytest.mark.parametrize("size", [0, 1, 127, 128, 16383, 16384, 2_097_151, 2_097_152])
@@ -63,6 +66,42 @@ def test_batch_to_buffer_writes_the_same_stream_at_any_size(payload_bytes):
     buf = batch_to_buffer(batch)
     assert buf.size == sink.getvalue().size
     assert batch_from_bytes(buf).equals(batch)
+
+
+@pytest.mark.parametrize("ensemble,write_quorum", [(3, 2), (5, 2), (4, 3), (3, 3)])
+@pytest.mark.parametrize("entries,size", [(4, 300_000), (7, 0), (3 * GATHER_MAX_RUNS + 6, 700),
+                                          (40, 4_000)])
+def test_a_bookies_part_as_buffers_is_the_stream_of_its_rows(ensemble, write_quorum, entries,
+                                                             size):
+    """``batch_parts`` of a striped bookie's rows is byte for byte the IPC
+    stream of ``batch.filter(mask)``, for a batch sliced out of a larger one
+    (offsets not at 0), with gathered payload views where it gathers, and
+    ``add_payload`` (one buffer below ``GATHER_FROM``) agrees."""
+    payloads = [os.urandom(size + i % 5) for i in range(entries + 2)]
+    lengths = [sum(map(len, payloads[:i + 1])) for i in range(len(payloads))]
+    big = make_batch(9, range(100, 100 + len(payloads)), [99] * len(payloads), lengths, payloads,
+                     [b"d%d" % i for i in range(len(payloads))])
+    batch = big.slice(1, entries)
+    ids = batch.column("entry_id").to_numpy()
+    for slot in range(ensemble):
+        mask = holds(ids, ensemble, write_quorum, slot)
+        want = batch_to_buffer(batch.filter(pa.array(mask))).to_pybytes()
+        parts = batch_parts(batch, mask)
+        assert b"".join(parts) == want
+        assert bytes(joined(add_payload(batch, mask))) == want
+        assert batch_from_bytes(joined(parts)).equals(batch.filter(pa.array(mask)))
+    assert b"".join(batch_parts(batch)) == batch_to_buffer(batch).to_pybytes()
+    if size * entries >= GATHER_FROM:
+        assert isinstance(add_payload(batch, mask), list)
+
+
+def test_a_request_given_as_buffers_is_framed_as_the_same_message():
+    batch = make_batch(3, range(10, 13), [9, 9, 9], [101, 103, 106], [b"a", b"bb", b"ccc"],
+                       [b"", b"", b""])
+    head = pb.AddRequest(ledger_id=3, master_key=b"k", request_id=5)
+    parts = batch_parts(batch)
+    assert b"".join(framing.payload_parts(head, parts)) == framing.with_payload(head, b"".join(parts))
+    assert framing.with_payload(head, []) == framing.with_payload(head, b"")
 
 
 def test_serialize_accepts_messages_and_bytes():
