@@ -213,9 +213,12 @@ def _stream_size(batch: pa.RecordBatch) -> int:
     return int(sink.size())
 
 
-def _fit(batch: pa.RecordBatch, max_bytes: int) -> Iterator[pa.RecordBatch]:
-    if batch.num_rows <= 1 or _stream_size(batch) <= max_bytes:
-        yield batch
+def _fit(batch: pa.RecordBatch, max_bytes: int) -> Iterator[tuple[pa.RecordBatch, int]]:
+    """``batch`` halved until each part's stream fits ``max_bytes`` (a
+    single row as it is) -> (part, bytes of its stream)."""
+    size = _stream_size(batch)
+    if batch.num_rows <= 1 or size <= max_bytes:
+        yield batch, size
         return
     half = batch.num_rows // 2
     yield from _fit(batch.slice(0, half), max_bytes)
@@ -240,10 +243,12 @@ class EntryRun:
     """Entries encoded back to back into one buffer, taken as one binary
     column (``take``) that ``add_entries_async`` sends as it is: an entry is
     written once, with no copy into its own ``bytes`` and none to join
-    those into a request."""
+    those into a request.  The stream sizes ``_fit`` measures place each
+    entry, so the buffer is allocated once at its final size when taken,
+    where a growing stream would copy what it holds at every doubling."""
 
     def __init__(self) -> None:
-        self._sink = pa.BufferOutputStream()
+        self._parts: list[pa.RecordBatch] = []
         self._ends: list[int] = []
 
     def __len__(self) -> int:
@@ -267,17 +272,22 @@ class EntryRun:
         step = max(1, min(max_rows, (max_bytes * 9 // 10) // row_bytes))
         added = []
         for offset in range(0, n, step):
-            for part in _fit(batch.slice(offset, step), max_bytes):
-                start = self.nbytes
-                _write_stream(self._sink, part)
-                self._ends.append(self._sink.tell())
-                added.append((self._ends[-1] - start, part.num_rows))
+            for part, size in _fit(batch.slice(offset, step), max_bytes):
+                self._parts.append(part)
+                self._ends.append(self.nbytes + size)
+                added.append((size, part.num_rows))
         return added
 
     def take(self) -> pa.Array:
         """The entries so far as one binary column; the run starts empty again."""
-        ends, data = self._ends, self._sink.getvalue()
-        self._sink, self._ends = pa.BufferOutputStream(), []
+        parts, ends = self._parts, self._ends
+        self._parts, self._ends = [], []
+        data = pa.allocate_buffer(ends[-1] if ends else 0)
+        sink = pa.FixedSizeBufferWriter(data)
+        for part in parts:
+            _write_stream(sink, part)
+        if sink.tell() != data.size:       # the measured sizes place every entry
+            raise RuntimeError(f"entries wrote {sink.tell()} bytes, measured {data.size}")
         offsets = np.zeros(len(ends) + 1, dtype=np.int32)
         offsets[1:] = ends
         return pa.Array.from_buffers(pa.binary(), len(ends), [None, pa.py_buffer(offsets), data])
