@@ -41,9 +41,9 @@ What.
     - ``READ_BUFFERS``, on huge pages: the store's whole-batch direct reads.
     - ``ANSWER_BUFFERS``, on 4 KiB pages: read answers this bookie joins
       from several stored batches to send (``EntryStore`` reads), the
-      small answers its pulls receive from a peer (serving/peer_lane.py) and the
-      add batches of 1 MiB or more its lane receives (serving/lane_server.py;
-      the write cache holds them until the checkpoint).  A
+      small answers its pulls receive from a peer (serving/peer_lane.py) and
+      the lane's frames of 1 MiB or more that are not received into a
+      journal record (serving/lane_server.py).  A
       pull's answer lives until it is journaled; Arrow's jemalloc pool
       gives such multi-MiB blocks fresh pages each time (the kernel
       zero-fills every page: a fifth of a pull's source's CPU), and in
@@ -52,9 +52,11 @@ What.
       idle cap covers the answers of four pulls in flight.
     - ``STAGED_RECORDS``, on huge pages: big journal records framed ahead
       for a direct write (journal/direct_write.py ``RecordSpace``), each
-      back in the pool once written: a pull's answers are received into
-      them, so a pull's reads in flight and its adds outstanding hold
-      them; the same idle cap as the answers'.
+      back in the pool once written: a pull's answers and the add lane's
+      batches of 1 MiB or more are received into them, so a pull's reads
+      in flight and its adds outstanding hold them, and the write cache
+      holds a lane's batch until the checkpoint; the same idle cap as the
+      answers'.
 
 Reserved at start.  A mapping's pages cost the most the first time they
 are touched: the kernel zero-fills each one, and on a virtual machine

@@ -17,13 +17,17 @@ which is what makes the journal order of one connection its send order.
   (frames that share a ``recv`` are copied out at their own size: a record
   held in the write cache keeps only itself alive); the magic is read
   with whatever arrived with it, which ``frame_bodies`` starts from.
-  An add frame of ``_POOLED_FRAME_MIN`` bytes or more (a batch) is
-  received into a buffer of ``direct_buffers.ANSWER_BUFFERS``: the write
-  cache holds its batch until the checkpoint, and the pool takes the
-  buffer back then, so the next batches land in pages already faulted in
-  instead of fresh ones (in the wire pool every received byte of a stream
-  of 4 MiB batches faulted in a new page: about a third of a bookie's CPU
-  on a Spark write; docs/performance.md, (6)).
+  An AddRequest frame of ``_POOLED_FRAME_MIN`` bytes or more (a batch)
+  whose first ``recv`` holds its other fields is received apart from its
+  entries: they land in a journal ``RecordSpace`` (``_place_add``), the
+  place the journal frames and writes them from, as a pull's answers do
+  (serving/peer_lane.py), so the journal neither copies them nor the
+  pages they land in are new.  Any other frame of that size is received
+  into a buffer of ``direct_buffers.ANSWER_BUFFERS``, which the pool takes
+  back when the write cache lets go of it: the next ones land in pages
+  already faulted in (in the wire pool every received byte of a stream of
+  4 MiB batches faulted in a new page: about a third of a bookie's CPU on
+  a Spark write; docs/performance.md, (6)).
 
 * A connection thread that leads each add it reads (an idle journal) would
   give a pipelining client, whose adds queue on the socket meanwhile, one
@@ -97,11 +101,12 @@ from google.protobuf.message import DecodeError
 
 from bookie_server.config import BookieConfig
 from bookie_server.direct_buffers import ANSWER_BUFFERS
+from bookie_server.journal.direct_write import RecordSpace
 from bookie_server.journal.journal import Lead
 from bookie_server.serving.tls import cert_peer
 from pybk_spark.protocol import access
-from pybk_spark.wire.frame_socket import (Backlog, FrameWriter, configure, frame_bodies,
-                                           recv_at_least, send_parts)
+from pybk_spark.wire.frame_socket import (Backlog, FrameWriter, configure, fill_by,
+                                           frame_bodies, recv_at_least, send_parts)
 from pybk_spark.wire import framing
 from pybk_spark.wire import lane_frames
 from pybk_spark.wire import bookie_wire_pb2 as pb
@@ -127,6 +132,39 @@ _MAX_ID_BYTES = 4096
 _MAX_READ_REQUEST_BYTES = 64 << 10     # a ReadRequest is a few dozen bytes and a key
 # an add frame this big is received into a pooled buffer (module docstring)
 _POOLED_FRAME_MIN = 1 << 20
+
+
+class PlacedAdd:
+    """An AddRequest frame received apart: its fields other than the
+    entries (``head``), and the journal record space the entries were
+    received into (``_place_add``)."""
+    __slots__ = ("head", "space")
+
+    def __init__(self, head: bytes, space: RecordSpace) -> None:
+        self.head, self.space = head, space
+
+
+def _place_add(head: memoryview, size: int, recv_into: Callable[[memoryview], int]
+               ) -> Optional[PlacedAdd]:
+    """``frame_bodies``' ``place`` for the add lane: an AddRequest frame of
+    ``size`` bytes, ``head`` its first ones, whose entries' key and length
+    lie within ``head``, received with its entries in a ``RecordSpace``;
+    None for any other frame (an entry frame, a message cut otherwise)."""
+    if head[:1] == _ENTRY_KIND_BYTE:
+        return None
+    at = framing.trailing_payload(head, size)
+    if at is None:
+        return None
+    key_at, value_at = at
+    space = RecordSpace(size - value_at)
+    into = space.body_view()
+    have = len(head) - value_at
+    into[:have] = head[value_at:]
+    fill_by(recv_into, into, have)
+    return PlacedAdd(bytes(head[:key_at]), space)
+
+
+_ENTRY_KIND_BYTE = bytes([lane_frames.ENTRY_KIND])
 
 
 def bind_listener(cfg: BookieConfig) -> socket.socket:
@@ -247,7 +285,8 @@ class AddLaneServer:
             frames = frame_bodies(conn, _MAX_READ_REQUEST_BYTES if reads else self.limit,
                                   _MAX_ID_BYTES, received[len(magic):],
                                   take=None if reads else ANSWER_BUFFERS.take,
-                                  take_min=_POOLED_FRAME_MIN, backlog=backlog)
+                                  take_min=_POOLED_FRAME_MIN, backlog=backlog,
+                                  place=None if reads else _place_add)
             try:
                 wanted = next(frames, None)
             except ValueError as exc:
@@ -299,7 +338,11 @@ class AddLaneServer:
                     body = next(frames, None)
                     if body is None:
                         return
-                    if body and body[0] == entry_kind:   # ``is_entry_frame``, inline: a lone add
+                    space = None
+                    if isinstance(body, PlacedAdd):     # a batch, its entries in the journal's place
+                        space = body.space
+                        req = framing.parse_head(pb.AddRequest, body.head, space.body())
+                    elif body and body[0] == entry_kind:   # ``is_entry_frame``, inline: a lone add
                         req = None
                         request_id, recovery, key, record = parse_entry(body)
                     else:
@@ -328,7 +371,7 @@ class AddLaneServer:
                     if more:                # this thread leads it with the rest of the burst
                         owed = True
                 else:                       # with more behind it, the writer thread writes it
-                    submit_add(req, respond_add, who, Lead.WRITER if more else Lead.NOW)
+                    submit_add(req, respond_add, who, Lead.WRITER if more else Lead.NOW, space)
                 if owed and not more:       # the burst's last frame: lead what this thread queued
                     lead_journal()
                     owed = False

@@ -30,6 +30,7 @@ from bookie_server.serving.peer_lane import LanePeerReader
 from bookie_server.serving.lane_server import AddLaneServer
 from bookie_server.bookie import Bookie
 from bookie_server.config import BookieConfig
+from bookie_server.journal.direct_write import RecordSpace
 from bookie_server.journal.journal import Lead
 from bookie_server.serving.peer_client import PeerReader, credentials_of, peer_tls_files
 from bookie_server.serving.peer_pool import PeerReaders, Reader
@@ -100,11 +101,14 @@ class BookieService(pb_grpc.BookieServicer):  # type: ignore[misc]
     # -- adds ---------------------------------------------------------------------------
     def submit_add(self, req: AddMessage,
                    done: Callable[[pb.AddResponse], None],
-                   peer: access.Peer = access.ANONYMOUS, lead: Lead = Lead.NOW) -> None:
+                   peer: access.Peer = access.ANONYMOUS, lead: Lead = Lead.NOW,
+                   space: Optional[RecordSpace] = None) -> None:
         """Submit one add; ``done(response)`` is called exactly once.
         ``lead``: who writes it (``RequestHandlers.add_async``):
         ``Lead.NOW``, this thread; ``Lead.LATER``, the caller's next
-        ``lead_journal``; ``Lead.WRITER``, the journal's writer thread."""
+        ``lead_journal``; ``Lead.WRITER``, the journal's writer thread.
+        ``space``: the journal record space its entries were received into
+        (the add lane's large frames), framed where they lie."""
         t0 = time.perf_counter()
         if isinstance(req, framing.Malformed):     # an AddStream message that did not parse
             self._hot.add_error()
@@ -115,7 +119,7 @@ class BookieService(pb_grpc.BookieServicer):  # type: ignore[misc]
                                      req.master_key)
             fut, first, last = self.bookie.add_async(req.ledger_id, req.master_key,
                                                      req.entries, req.recovery, keyless,
-                                                     lead=lead)
+                                                     space=space, lead=lead)
         except BaseException as exc:  # noqa: BLE001 - a request never kills the bookie
             code, msg = _code(exc, "add")
             self._hot.add_error()

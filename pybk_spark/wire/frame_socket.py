@@ -165,6 +165,12 @@ def fill_from(reader: io.BufferedIOBase, view: memoryview) -> None:
     _fill(reader.readinto, view, 0, len(view))
 
 
+def fill_by(readinto: Callable[[memoryview], int], view: memoryview, got: int = 0) -> None:
+    """``view``, its first ``got`` bytes already there, filled by
+    ``readinto`` calls (``ValueError`` when the stream ends first)."""
+    _fill(readinto, view, got, len(view))
+
+
 def _body_buffer(size: int, take: Optional[Callable[[int], tuple[memoryview, Any]]]
                  ) -> tuple[memoryview, Any]:
     """(a writable byte view of ``size`` bytes to receive a frame body into,
@@ -219,8 +225,9 @@ class Backlog:
 
 def frame_bodies(sock: Any, limit: int, first_limit: int, received: bytes = b"",
                  take: Optional[Callable[[int], tuple[memoryview, Any]]] = None,
-                 take_min: int = 0, backlog: Optional[Backlog] = None
-                 ) -> Iterator[bytes | memoryview]:
+                 take_min: int = 0, backlog: Optional[Backlog] = None,
+                 place: Optional[Callable[[memoryview, int, Callable[[memoryview], int]], Any]]
+                 = None) -> Iterator[Any]:
     """The bodies of the frames arriving on ``sock`` (after ``received``,
     bytes of them already read) until a clean end of stream (between
     frames): a frame that one ``recv`` returned alone as a view of it, a
@@ -233,7 +240,10 @@ def frame_bodies(sock: Any, limit: int, first_limit: int, received: bytes = b"",
     to ``limit``: ``ValueError`` for a frame over its limit or cut off by
     the end of the stream; a socket error or timeout propagates.  With a
     ``backlog``, its ``more`` says for each body whether the same ``recv``
-    brought bytes after it."""
+    brought bytes after it.  ``place(head, size, recv_into)``, where given,
+    is offered each such cut-off frame of ``take_min`` bytes or more first:
+    it receives the body where it chooses and returns what stands for it
+    (yielded as it is), or None to leave it to the above."""
     recv, frame_size, header = sock.recv, lane_frames.frame_size, lane_frames.HEADER_BYTES
     backlog = backlog if backlog is not None else Backlog()
     bound = first_limit
@@ -254,8 +264,12 @@ def frame_bodies(sock: Any, limit: int, first_limit: int, received: bytes = b"",
             stop = pos + header + size
             if stop > end:      # cut off: the rest straight into one buffer of its size
                 backlog.more = False
-                yield receive_body(sock.recv_into, view[pos + header:], size,
-                                   take if take is not None and size >= take_min else None)
+                head = view[pos + header:]
+                placed = place(head, size, sock.recv_into) \
+                    if place is not None and size >= take_min else None
+                yield placed if placed is not None else receive_body(
+                    sock.recv_into, head, size,
+                    take if take is not None and size >= take_min else None)
                 bound, pos = limit, end
                 break
             # A view keeps all it points into alive for as long as the bookie

@@ -6,10 +6,11 @@ or a closed connection, never a stopped bookie."""
 from __future__ import annotations
 
 import socket
+import threading
 
 import pytest
 
-from pybk_spark.testing.bookie_process import entries_bytes, free_port, payload_for
+from pybk_spark.testing.bookie_process import entries_bytes, free_port, payload_for, read_all
 from pybk_spark.wire.entries import batch_from_bytes, entry_record_head, to_entries
 from pybk_spark.wire.frame_socket import read_frame, read_frame_into
 from pybk_spark.wire import lane_frames
@@ -310,3 +311,54 @@ def test_a_burst_of_entry_frames_is_journaled_as_a_group(bookies, slots):
     assert sorted(a.request_id for a in got) == [100 + i for i in range(1, n + 1)]
     assert {a.code for a in got} == {pb.OK}
     assert metric("bookie_journal_group_requests_count") - groups <= n // 4
+
+
+def test_batches_of_megabytes_land_where_the_journal_writes_them_and_read_back(bookies):
+    """AddRequest frames of ``_POOLED_FRAME_MIN`` and more are received with
+    their entries in a journal record space (lane_server ``_place_add``):
+    pipelined with small ones and a lone add between them, each is answered
+    in order and reads back byte for byte, before and after a restart."""
+    bp = bookies(conf={"add_lane_port": free_port()}).start()
+    sizes = {0: 600_000, 1: 700_000, 2: 16, 3: 900_000, 4: 1_200_000}   # entries 0-1, 3-4: 2+ MiB
+    with _connect(bp) as sock:
+        frames = [_request(30, [0, 1], 1, payloads=[payload_for(30, 0, sizes[0]),
+                                                    payload_for(30, 1, sizes[1])]),
+                  lane_frames.entry_frame(2, False, KEY, entry_record_head(30, 2, -1, 0, b"d"),
+                                          payload_for(30, 2, sizes[2])),
+                  _request(30, [3, 4], 3, payloads=[payload_for(30, 3, sizes[3]),
+                                                    payload_for(30, 4, sizes[4])])]
+        sock.sendall(b"".join(frames))
+        got = _answers(sock, 3)
+    assert [a.code for a in got] == [pb.OK] * 3
+    for restarted in (False, True):
+        if restarted:
+            bp.restart()
+        back = read_all(bp.stub(), 30, 0, 4)
+        assert back == {e: payload_for(30, e, n) for e, n in sizes.items()}, restarted
+
+
+def test_a_large_add_frame_is_received_apart_into_a_record_space():
+    """``frame_bodies`` offers ``_place_add`` each large frame its ``recv``
+    cut off: an AddRequest comes back as its other fields and a
+    ``RecordSpace`` holding its entries; an entry frame of the same size is
+    left to the pool as a whole body."""
+    from bookie_server.serving.lane_server import _POOLED_FRAME_MIN, PlacedAdd, _place_add
+    from pybk_spark.wire.frame_socket import frame_bodies
+
+    entries = entries_bytes(40, [0, 1], size=_POOLED_FRAME_MIN)
+    add = _request(40, [0, 1], 9, size=_POOLED_FRAME_MIN)
+    lone = lane_frames.entry_frame(10, False, KEY, entry_record_head(40, 2, -1, 0, b"d"),
+                                   b"x" * _POOLED_FRAME_MIN)
+    a, b = socket.socketpair()
+    with a, b:
+        sender = threading.Thread(target=a.sendall, args=(add + lone + _request(40, [3], 11),))
+        sender.start()
+        bodies = frame_bodies(b, LIMIT, LIMIT, take_min=_POOLED_FRAME_MIN, place=_place_add)
+        placed, whole, small = next(bodies), next(bodies), next(bodies)
+        sender.join()
+    assert isinstance(placed, PlacedAdd)
+    req = framing.parse_head(pb.AddRequest, placed.head, placed.space.body())
+    assert (req.ledger_id, req.request_id, req.master_key) == (40, 9, KEY)
+    assert bytes(req.entries) == entries and placed.space.holds(req.entries)
+    assert bytes(whole) == lone[lane_frames.HEADER_BYTES:]
+    assert framing.parse_add_request(small).request_id == 11
