@@ -81,7 +81,7 @@ import pyarrow as pa
 
 from bookie_server.journal.journal_crc import Body, crc_from_body_crc, crc_of
 from bookie_server.journal.journal_format import HEADER, MIN_BODY, RecordType, frame
-from bookie_server.direct_buffers import HUGE_PAGE, STAGED_RECORDS, huge_mapping
+from bookie_server.direct_buffers import HUGE_PAGE, STAGED_RECORDS, BufferPool, huge_mapping
 
 log = logging.getLogger("bookie.journal")
 
@@ -118,13 +118,16 @@ class RecordSpace:
     before it is framed: the body at ``HEADER.size`` from a page boundary
     and room for the closing PAD after it, so ``staged`` frames it where it
     lies.  A pull receives a peer's answer straight into one
-    (serving/peer_lane.py): the record is then written with no copy at
-    all, where ``stage_record`` copies its body in."""
+    (serving/peer_lane.py), and the add lane a large batch
+    (serving/lane_server.py): the record is then written with no copy at
+    all, where ``stage_record`` copies its body in.  From ``pool``:
+    ``STAGED_RECORDS``, or for the lane's batches, which the write cache
+    holds until the checkpoint, ``LANE_BATCHES``."""
     __slots__ = ("view", "buffer", "body_len")
 
-    def __init__(self, body_len: int) -> None:
+    def __init__(self, body_len: int, pool: BufferPool = STAGED_RECORDS) -> None:
         size = HEADER.size + body_len
-        self.view, self.buffer = STAGED_RECORDS.take(size + pad_before(size))
+        self.view, self.buffer = pool.take(size + pad_before(size))
         self.body_len = body_len
 
     def body_view(self) -> memoryview:

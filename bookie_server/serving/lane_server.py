@@ -19,7 +19,8 @@ which is what makes the journal order of one connection its send order.
   with whatever arrived with it, which ``frame_bodies`` starts from.
   An AddRequest frame of ``_POOLED_FRAME_MIN`` bytes or more (a batch)
   whose first ``recv`` holds its other fields is received apart from its
-  entries: they land in a journal ``RecordSpace`` (``_place_add``), the
+  entries: they land in a journal ``RecordSpace`` (``_place_add``; from
+  ``direct_buffers.LANE_BATCHES``, since the write cache holds them), the
   place the journal frames and writes them from, as a pull's answers do
   (serving/peer_lane.py), so the journal neither copies them nor the
   pages they land in are new.  Any other frame of that size is received
@@ -100,7 +101,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Optional, cast
 from google.protobuf.message import DecodeError
 
 from bookie_server.config import BookieConfig
-from bookie_server.direct_buffers import ANSWER_BUFFERS
+from bookie_server.direct_buffers import ANSWER_BUFFERS, LANE_BATCHES
 from bookie_server.journal.direct_write import RecordSpace
 from bookie_server.journal.journal import Lead
 from bookie_server.serving.tls import cert_peer
@@ -156,7 +157,7 @@ def _place_add(head: memoryview, size: int, recv_into: Callable[[memoryview], in
     if at is None:
         return None
     key_at, value_at = at
-    space = RecordSpace(size - value_at)
+    space = RecordSpace(size - value_at, LANE_BATCHES)
     into = space.body_view()
     have = len(head) - value_at
     into[:have] = head[value_at:]
