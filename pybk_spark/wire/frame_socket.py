@@ -10,7 +10,10 @@ on the bookie, a blocked writer would outlive its add timeout.  So:
 
 * With nothing queued, ``send`` tries the whole frame at once without
   blocking (``MSG_DONTWAIT``).  On loopback and small frames that is the
-  only path: no thread hand-off.
+  only path: no thread hand-off.  A frame given as a list of buffers (a
+  large add: its payloads where they lie) goes with ``sendmsg``, gathered;
+  what it did not take queues as views, in order.  A TLS socket cannot
+  gather, so there the list is joined first.
 * Whatever did not fit is queued, in order, and a helper thread started on
   first need sends the queue with blocking sends.  While anything is queued
   or being sent, later frames queue behind it, so frames never interleave
