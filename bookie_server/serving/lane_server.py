@@ -102,12 +102,12 @@ from google.protobuf.message import DecodeError
 
 from bookie_server.config import BookieConfig
 from bookie_server.direct_buffers import ANSWER_BUFFERS, LANE_BATCHES
-from bookie_server.journal.direct_write import RecordSpace
+from bookie_server.journal.direct_write import RecordSpace, receive_into_space
 from bookie_server.journal.journal import Lead
 from bookie_server.serving.tls import cert_peer
 from pybk_spark.protocol import access
-from pybk_spark.wire.frame_socket import (Backlog, FrameWriter, configure, fill_by,
-                                           frame_bodies, recv_at_least, send_parts)
+from pybk_spark.wire.frame_socket import (Backlog, FrameWriter, configure, frame_bodies,
+                                           recv_at_least, send_parts)
 from pybk_spark.wire import framing
 from pybk_spark.wire import lane_frames
 from pybk_spark.wire import bookie_wire_pb2 as pb
@@ -153,16 +153,11 @@ def _place_add(head: memoryview, size: int, recv_into: Callable[[memoryview], in
     None for any other frame (an entry frame, a message cut otherwise)."""
     if head[:1] == _ENTRY_KIND_BYTE:
         return None
-    at = framing.trailing_payload(head, size)
-    if at is None:
+    placed = receive_into_space(head, size, recv_into, pool=LANE_BATCHES)
+    if placed is None:
         return None
-    key_at, value_at = at
-    space = RecordSpace(size - value_at, LANE_BATCHES)
-    into = space.body_view()
-    have = len(head) - value_at
-    into[:have] = head[value_at:]
-    fill_by(recv_into, into, have)
-    return PlacedAdd(bytes(head[:key_at]), space)
+    rest, space = placed
+    return PlacedAdd(bytes(rest), space)
 
 
 _ENTRY_KIND_BYTE = bytes([lane_frames.ENTRY_KIND])

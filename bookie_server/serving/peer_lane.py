@@ -44,11 +44,11 @@ from typing import Any, Optional, cast
 
 from pybk_spark import errors
 from pybk_spark.wire import bookie_wire_pb2 as pb, codes, framing, lane_frames
-from pybk_spark.wire.frame_socket import (configure, fill_from, read_frame_lead, receive_body,
+from pybk_spark.wire.frame_socket import (configure, read_frame_lead, receive_body,
                                            send_parts)
 from pybk_spark.wire.results import ReadResult
 from bookie_server.direct_buffers import ANSWER_BUFFERS
-from bookie_server.journal.direct_write import RecordSpace
+from bookie_server.journal.direct_write import RecordSpace, receive_into_space
 from bookie_server.serving.peer_client import read_request, read_result
 
 _CONNECT_TIMEOUT_S = 5.0
@@ -167,17 +167,11 @@ class LanePeerReader:
         if got is None:
             raise EOFError("read lane closed by the peer")
         size, lead = got
-        at = framing.trailing_payload(lead, size)
-        if at is None or size - at[1] < _SPACE_MIN_BYTES:
+        placed = receive_into_space(lead, size, conn.stream.readinto, _SPACE_MIN_BYTES)
+        if placed is None:
             return conn, (receive_body(conn.stream.readinto, lead, size, ANSWER_BUFFERS.take),
                           None)
-        key_at, value_at = at
-        space = RecordSpace(size - value_at)
-        into = space.body_view()
-        have = len(lead) - value_at
-        into[:have] = lead[value_at:]
-        fill_from(conn.stream, into[have:])
-        return conn, (lead[:key_at], space)
+        return conn, placed
 
     def discard(self) -> None:
         """Forget the reads still unanswered: their answers would meet the

@@ -9,8 +9,9 @@ futures (never completing a future while holding the lock).
 * ``submit(batch)``: a contiguous run of entries (ENTRY_SCHEMA, ids assigned
   by the caller via ``assign``) is split per bookie and sent as one Add per
   bookie (``wire.entries.add_payload``: a large part as the buffers of its
-  IPC stream, its payloads sent from where they lie in ``batch``).  ``Waiter``s are completed in id
-  order when the core's LAC passes their last id.
+  IPC stream, its payloads sent from where they lie in ``batch``).
+  ``Waiter``s are completed in id order when the core's LAC passes their
+  last id.
 * ``submit_entry``: a lone add (one id, sent as its entry record); each
   bookie's answer arrives in ``_lone_answered`` on the transport's reader,
   which acks it with ``core.ack_one``.

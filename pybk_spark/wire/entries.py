@@ -242,7 +242,7 @@ def batch_parts(batch: pa.RecordBatch, mask: Any = None) -> list[Any]:
         return batch_to_parts(batch)
     selected = np.flatnonzero(mask)
     breaks = np.flatnonzero(np.diff(selected) != 1) + 1
-    if not 0 < len(breaks) + 1 <= GATHER_MAX_RUNS or not len(selected) \
+    if len(breaks) + 1 > GATHER_MAX_RUNS or not len(selected) \
             or any(col.buffers()[0] is not None for col in batch.columns):
         return batch_to_parts(batch.filter(pa.array(mask)))
     runs = list(zip(selected[np.r_[0, breaks]].tolist(),

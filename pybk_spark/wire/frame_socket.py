@@ -33,7 +33,7 @@ on the bookie, a blocked writer would outlive its add timeout.  So:
 ``read_frame`` reads one frame from a buffered reader of the socket;
 ``read_frame_into`` reads a large one (a read answer) straight into one new
 buffer; ``read_frame_lead`` reads a frame's first bytes only, and
-``fill_from`` the rest into memory the caller chose by them, or
+``fill_by`` the rest into memory the caller chose by them, or
 ``receive_body`` the whole body into one buffer (as ``frame_bodies`` does
 with a frame its ``recv`` cut off).
 ``frame_bodies`` is the bookie's reader: one C call per frame while
@@ -149,9 +149,9 @@ def read_frame_lead(reader: io.BufferedIOBase, limit: int, lead_bytes: int
                     ) -> Optional[tuple[int, bytes]]:
     """The next frame's body size and its first ``lead_bytes`` bytes (all
     of a smaller body); ``None`` at a clean end of stream.  The caller
-    receives the rest (``fill_from``) into memory it chooses by what the
-    lead says (a read answer's entries straight into a journal record's
-    place: bookie_server/serving/peer_lane.py)."""
+    receives the rest (``fill_by(reader.readinto, ...)``) into memory it
+    chooses by what the lead says (a read answer's entries straight into a
+    journal record's place: bookie_server/serving/peer_lane.py)."""
     header = reader.read(lane_frames.HEADER_BYTES)
     if not header:
         return None
@@ -160,12 +160,6 @@ def read_frame_lead(reader: io.BufferedIOBase, limit: int, lead_bytes: int
     if len(lead) != min(size, lead_bytes):
         raise ValueError(f"connection ended inside a frame ({len(lead)} of {size} bytes)")
     return size, lead
-
-
-def fill_from(reader: io.BufferedIOBase, view: memoryview) -> None:
-    """``view`` filled from ``reader`` (``ValueError`` when the stream ends
-    first)."""
-    _fill(reader.readinto, view, 0, len(view))
 
 
 def fill_by(readinto: Callable[[memoryview], int], view: memoryview, got: int = 0) -> None:
