@@ -105,7 +105,7 @@ class Bookie:
         self.store = EntryStore(os.path.join(self.data_dir, "store"),
                                 segment_max_bytes=cfg.segment_max_bytes,
                                 journal_dir=os.path.join(self.data_dir, "journal"),
-                                fsync=store_fsync)
+                                fsync=store_fsync, sync_every_bytes=cfg.checkpoint_sync_bytes)
         self.journal = Journal(os.path.join(self.data_dir, "journal"),
                                max_group_wait_s=cfg.journal_max_group_wait_ms / 1000.0,
                                max_group_bytes=cfg.journal_max_group_bytes,

@@ -48,6 +48,7 @@ class BookieConfig:
     # entry store
     segment_max_bytes: int = 256 * MiB
     write_cache_max_bytes: int = 128 * MiB
+    checkpoint_sync_bytes: int = 1 * MiB    # a checkpoint syncs its segment writes this often
     read_buffers_at_start_mb: int = 96     # big-read buffers touched at start; 0 = on demand
     flush_interval_s: float = 5.0
     compaction_min_live_ratio: float = 0.5
@@ -161,6 +162,8 @@ def validate(cfg: BookieConfig) -> None:
     validate_tls(cfg)                    # TlsConfigError is a ValueError naming the setting
     if cfg.journal_direct_write_min_bytes < 0:
         raise ValueError("journal_direct_write_min_bytes must be >= 0 (0 = never)")
+    if cfg.checkpoint_sync_bytes < 0:
+        raise ValueError("checkpoint_sync_bytes must be >= 0 (0 = once per segment file)")
     if cfg.read_buffers_at_start_mb < 0:
         raise ValueError("read_buffers_at_start_mb must be >= 0 (0 = on demand)")
     if cfg.journal_page_cache_keep_mb < -1:

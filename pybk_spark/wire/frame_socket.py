@@ -63,8 +63,15 @@ from pybk_spark.wire.arrow_memory import wire_pool
 _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
 _IOV_MAX = 1024     # buffers one sendmsg takes (Linux's UIO_MAXIOV)
 
-# a thread's frames held back inside ``corked()``: writer -> its frames
-_held = threading.local()
+class _Held(threading.local):
+    """A thread's frames held back inside ``corked()`` (writer -> its
+    frames), None outside.  The class default answers a thread that never
+    corked without the ``AttributeError`` a bare ``threading.local`` raises
+    and ``getattr`` catches (0.4 us, on every send)."""
+    frames: Optional[dict[Any, list[Any]]] = None
+
+
+_held = _Held()
 
 
 class corked:
@@ -75,14 +82,14 @@ class corked:
     __slots__ = ("_outer",)
 
     def __enter__(self) -> None:
-        self._outer = getattr(_held, "frames", None)
+        self._outer = _held.frames
         if self._outer is None:
             _held.frames = {}
 
     def __exit__(self, *exc: object) -> None:
         if self._outer is not None:
             return
-        frames, _held.frames = _held.frames, None
+        frames, _held.frames = _held.frames or {}, None
         for writer, held in frames.items():
             if len(held) == 1:
                 writer.send(held[0])
@@ -329,7 +336,7 @@ class FrameWriter:
         large parts go from where they lie (``sendmsg`` gathers them; over
         TLS they are joined first).  False if the connection is already
         closed (inside ``corked()``: held back, True)."""
-        held = getattr(_held, "frames", None)
+        held = _held.frames
         if held is not None:
             held.setdefault(self, []).append(data)
             return True
