@@ -65,16 +65,14 @@ def compact(store: EntryStore, min_live_ratio: float, journal_below_seq: int = 0
         return 0
     fh = store.files.open_for_append()
     moved = []
-    unsynced = [0]
     try:
         for rid, ref in moving:
             data = store.files.read_bytes(ref.segment, ref.offset, ref.length)
             off = store.segment_size[store.files.current]
-            store.append_synced(fh, data, unsynced)     # the journal shares the disk
+            fh.write(data)
             store.segment_size[store.files.current] = off + ref.length
             moved.append((rid, ref, store.files.current, off))
-        fh.flush()
-        store.fsync(fh.fileno())
+        fh.sync()
     finally:
         fh.close()
     store.files.fsync_dir()         # the copy may be a new file: its name must survive too

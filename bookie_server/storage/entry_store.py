@@ -66,7 +66,7 @@ import logging
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Callable, Optional
+from typing import Callable, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -123,12 +123,11 @@ class EntryStore:
         # the checkpoint's fsync, injected like a clock (fault tests); a failure
         # propagates: the caller must not persist an index past it
         self.fsync = fsync
-        self.sync_every_bytes = sync_every_bytes      # 0: once per segment file
         self.journal_dir = journal_dir          # None: big batches are copied as before
         self.files = SegmentFiles(directory, segment_max_bytes=segment_max_bytes,
                                   batch_cache_size=batch_cache_size,
                                   mmap_cache_size=mmap_cache_size, journal_dir=journal_dir,
-                                  fsync=fsync)
+                                  fsync=fsync, sync_every_bytes=sync_every_bytes)
         self.seg_dir = self.files.seg_dir
         self.segment_max_bytes = segment_max_bytes
         self.raw_min_rows = RAW_MIN_ROWS
@@ -318,19 +317,12 @@ class EntryStore:
         """Append the snapshot to segments; fsync.  No lock held but for a
         slice of refs at a time (``flush_slices``: the threads serving adds
         take the GIL and the lock between slices).  Big batches are written
-        as received; small ones are merged per ledger.
-
-        The writes are synced every ``sync_every_bytes`` (``append_synced``)
-        rather than once at the end: the journal shares the disk, and its
-        fdatasync waits for whatever the device holds queued: beside one
-        fsync after 128 MiB of segment writes, a 1 KiB write + fdatasync
-        loop waited up to 76-82 ms, beside 1 MiB steps up to 24-30 ms
-        (docs/performance.md, (4))."""
+        as received; small ones are merged per ledger.  The appender syncs
+        every ``sync_every_bytes`` on the way (``segment_files.SegmentAppend``)."""
         results: dict[int, list[WrittenRun]] = {}
         snap.results = results
         touched: set[int] = set()
         fh = None
-        unsynced = [0]
         try:
             for ledger_id, ref_ids in snap.by_ledger.items():
                 with self.lock:     # the index's arrays are replaced, never changed
@@ -344,13 +336,11 @@ class EntryStore:
                     if (fh is None or self.segment_size.get(self.files.current, 0)
                             >= self.segment_max_bytes):
                         if fh is not None:
-                            fh.flush()
-                            self.fsync(fh.fileno())
+                            fh.sync()
                             fh.close()
-                            unsynced[0] = 0
                         fh = self.files.open_for_append()
                     offset = self.segment_size[self.files.current]
-                    self.append_synced(fh, data, unsynced)
+                    fh.write(data)
                     self.segment_size[self.files.current] = offset + len(data)
                     touched.add(self.files.current)
                     written.append((Ref(ledger_id, None, self.files.current, offset, len(data)),
@@ -359,34 +349,12 @@ class EntryStore:
                 snap.cached[ledger_id] = (idx, cached)
                 flush_slices.pause()
             if fh is not None:
-                fh.flush()
-                self.fsync(fh.fileno())
+                fh.sync()
         finally:
             if fh is not None:
                 fh.close()
         if touched:
             self.files.fsync_dir()
-
-    def append_synced(self, fh: BinaryIO, data: Any, unsynced: list[int]) -> None:
-        """``data`` appended to ``fh`` (a segment file: the checkpoint's,
-        compaction's), synced each time ``sync_every_bytes`` more have been
-        written to it (``unsynced[0]``: the bytes written since the last
-        sync, across calls)."""
-        step = self.sync_every_bytes
-        if not step:
-            fh.write(data)
-            return
-        view = memoryview(data).cast("B")
-        at = 0
-        while at < len(view):
-            take = min(len(view) - at, step - unsynced[0])
-            fh.write(view[at:at + take])
-            at += take
-            unsynced[0] += take
-            if unsynced[0] >= step:
-                fh.flush()
-                self.fsync(fh.fileno())
-                unsynced[0] = 0
 
     def flush_commit(self, snap: FlushSnapshot) -> None:
         """Swap the snapshot's memory runs for its segment runs, under the

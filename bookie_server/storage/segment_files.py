@@ -14,6 +14,11 @@ Appends go to the ``current`` segment, opened by ``open_for_append``, which
 moves on to a fresh file when there is none or it has reached
 ``segment_max_bytes``; ``roll()`` forces that (a sparse current segment
 being compacted, or a restart: a file of unknown tail is never appended to).
+An appender (``SegmentAppend``) syncs what it wrote every
+``sync_every_bytes``, not only when closed: the journal shares the disk, and
+its fdatasync waits for whatever the device holds queued (beside one fsync
+after 128 MiB of segment writes, a 1 KiB write + fdatasync loop waited up
+to 76-82 ms, beside 1 MiB steps up to 24-30 ms; docs/performance.md, (4)).
 A stored batch is read through a memory map (``map``) and decoded once into
 a small LRU cache (``batch_of``).  A read that takes every stored row of a
 span (``batch_whole``: a pull's or a replicas check's sparse read, each
@@ -50,7 +55,7 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING, BinaryIO, Callable, cast
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 import pyarrow as pa
 
@@ -87,11 +92,51 @@ def is_journal_segment(seg: int) -> bool:
     return seg >= JOURNAL_SEGMENT_BASE
 
 
+class SegmentAppend:
+    """The current segment opened for appends (module docstring): ``write``
+    syncs each time ``step`` more bytes have been written (0: never),
+    ``sync`` syncs what is left, ``close`` closes without a sync."""
+
+    def __init__(self, path: str, fsync: Callable[[int], None], step: int):
+        self._fh = open(path, "ab")
+        self._fh.seek(0, os.SEEK_END)
+        self._fsync = fsync
+        self._step = step
+        self._unsynced = 0
+
+    def tell(self) -> int:
+        return self._fh.tell()
+
+    def write(self, data: Any) -> None:
+        step = self._step
+        if not step:
+            self._fh.write(data)
+            return
+        view = memoryview(data).cast("B")
+        at = 0
+        while at < len(view):
+            take = min(len(view) - at, step - self._unsynced)
+            self._fh.write(view[at:at + take])
+            at += take
+            self._unsynced += take
+            if self._unsynced >= step:
+                self.sync()
+
+    def sync(self) -> None:
+        self._fh.flush()
+        self._fsync(self._fh.fileno())
+        self._unsynced = 0
+
+    def close(self) -> None:
+        self._fh.close()
+
+
 class SegmentFiles:
     def __init__(self, directory: str, *, segment_max_bytes: int, batch_cache_size: int,
                  mmap_cache_size: int, journal_dir: str | None,
-                 fsync: Callable[[int], None]):
+                 fsync: Callable[[int], None], sync_every_bytes: int = 0):
         self.fsync = fsync
+        self.sync_every_bytes = sync_every_bytes      # 0: an appender syncs when told only
         self.journal_dir = journal_dir
         self.seg_dir = os.path.join(directory, "segments")
         os.makedirs(self.seg_dir, exist_ok=True)
@@ -271,14 +316,13 @@ class SegmentFiles:
         self._batch_cache.pop((seg << 40) | offset, None)
 
     # -- appends ----------------------------------------------------------------------
-    def open_for_append(self) -> BinaryIO:
+    def open_for_append(self) -> SegmentAppend:
         if self.current < 0 or self.size.get(self.current, 0) >= self.segment_max_bytes:
             self.current = max((s for s in self.size if not is_journal_segment(s)),
                                default=0) + 1
             self.size[self.current] = 0
             self.live.setdefault(self.current, 0)
-        fh = open(self.path(self.current), "ab")
-        fh.seek(0, os.SEEK_END)
+        fh = SegmentAppend(self.path(self.current), self.fsync, self.sync_every_bytes)
         self.size[self.current] = fh.tell()
         return fh
 
