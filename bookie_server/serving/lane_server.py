@@ -151,7 +151,7 @@ def _place_add(head: memoryview, size: int, recv_into: Callable[[memoryview], in
     ``size`` bytes, ``head`` its first ones, whose entries' key and length
     lie within ``head``, received with its entries in a ``RecordSpace``;
     None for any other frame (an entry frame, a message cut otherwise)."""
-    if head[:1] == _ENTRY_KIND_BYTE:
+    if lane_frames.is_entry_frame(head):
         return None
     placed = receive_into_space(head, size, recv_into, pool=LANE_BATCHES)
     if placed is None:
@@ -159,8 +159,6 @@ def _place_add(head: memoryview, size: int, recv_into: Callable[[memoryview], in
     rest, space = placed
     return PlacedAdd(bytes(rest), space)
 
-
-_ENTRY_KIND_BYTE = bytes([lane_frames.ENTRY_KIND])
 
 
 def bind_listener(cfg: BookieConfig) -> socket.socket:

@@ -26,6 +26,7 @@ from pybk_spark.spark.client_options import ClientSettings, client_conf
 
 if TYPE_CHECKING:
     from pybk_spark.ledger.port import LedgerClient
+    from pybk_spark.metadata.security import EtcdSecurity
     from pybk_spark.ledger.read_handle import ReadHandle
     from pybk_spark.metadata.store import MetadataStore
 
@@ -40,7 +41,18 @@ def new_client(uri: str, conf: ClientSettings = (), *, store: Optional[MetadataS
     caller opened already (and closes)."""
     # why: gRPC, etcd and the ledger client cost a Spark worker's start-up; registering needs none
     from pybk_spark.ledger.client import BookKeeper
+    freeze_long_lived_objects()
     return BookKeeper(uri, conf=client_conf(conf), store=store, rng=rng)
+
+
+def worker_store(uri: str, security: Optional[EtcdSecurity] = None) -> MetadataStore:
+    """The metadata store at ``uri``, opened in a Python worker that plans
+    or commits (schema, partitions, a writer's commit): the etcd client's
+    modules, imported here, are frozen with the rest
+    (``freeze_long_lived_objects``)."""
+    from pybk_spark.metadata import open_store
+    freeze_long_lived_objects()
+    return open_store(uri, security)
 
 
 def worker_client(uri: str, conf: ClientSettings = ()) -> LedgerClient:
@@ -63,7 +75,9 @@ def freeze_long_lived_objects() -> None:
     Spark's worker daemon runs a full ``gc.collect()`` after EVERY task of a
     reused worker.  With grpc, pyarrow, the etcd client and their modules
     loaded that walk costs 25-60 ms of CPU per task on this machine, and a
-    1,000,000-row scan is two tasks.  Frozen objects are never collected,
+    1,000,000-row scan is two tasks.  The workers on the driver's side
+    (a write's ``writer()`` and its commit, a read's planning) pay it too,
+    once per write or read.  Frozen objects are never collected,
     which is right for modules and the per-process client; anything created
     later is collected as before.  ``gc.collect()`` first, so no garbage is
     frozen with them."""

@@ -26,9 +26,9 @@ from pyspark.sql.types import StructType
 
 from pybk_spark import errors
 from pybk_spark.logs.log import read_log
-from pybk_spark.metadata import open_store
 from pybk_spark.spark import arrow_codec
 from pybk_spark.spark import option_names as names
+from pybk_spark.spark.client_cache import worker_store
 from pybk_spark.spark.multi_log import (BookKeeperMultiLogReader, common_schema, is_multi,
                                         log_names, with_log_column)
 from pybk_spark.spark.multi_stream import BookKeeperMultiLogStreamReader
@@ -49,7 +49,7 @@ def _table_schema(uri: str, log: Optional[str]) -> Optional[str]:
     """The DataFrame schema recorded in log metadata (None: raw ledgers/log)."""
     if log is None:
         return None
-    store = open_store(uri)
+    store = worker_store(uri)
     try:
         return read_log(store, log)[0].schema
     finally:
@@ -58,7 +58,7 @@ def _table_schema(uri: str, log: Optional[str]) -> Optional[str]:
 
 def _multi_schema(opts: ReadOptions) -> tuple[Optional[str], StructType]:
     """(the logs' common recorded schema, the output schema with ``_log``)."""
-    store = open_store(opts.metadata_uri)
+    store = worker_store(opts.metadata_uri)
     try:
         table_schema = common_schema(store, log_names(store, opts))
     finally:

@@ -54,7 +54,6 @@ from pybk_spark import errors
 from pybk_spark.config import ClientConfig, as_config
 from pybk_spark.logs.log import read_log
 from pybk_spark.logs.log_reader import with_append_time
-from pybk_spark.metadata import open_store
 from pybk_spark.metadata.security import EtcdSecurity
 from pybk_spark.metadata.store import MetadataStore, read_ledger_metadata
 from pybk_spark.protocol import ledger_metadata as lm
@@ -62,7 +61,7 @@ from pybk_spark.protocol import log_identity
 from pybk_spark.protocol.ledger_metadata import password_for
 from pybk_spark.spark import arrow_codec, data_loss, time_seek
 from pybk_spark.spark.client_cache import (catch_up_lac, close_handle, drop_client, new_client,
-                                           open_handle, worker_client)
+                                           open_handle, worker_client, worker_store)
 from pybk_spark.spark.client_options import ClientSettings, client_conf
 from pybk_spark.spark.options import ReadOptions
 from pybk_spark.spark.planning import LedgerView, Slice, plan_slices, split_to_min
@@ -194,7 +193,7 @@ class PlanningClient:
         self.conf: ClientConfig = as_config(client_conf(conf))
         self.rng = rng or random.Random()
         # the etcd settings given as bk.* options, as BookKeeper takes them
-        self.metadata_store: MetadataStore = open_store(uri, EtcdSecurity.from_config(self.conf))
+        self.metadata_store: MetadataStore = worker_store(uri, EtcdSecurity.from_config(self.conf))
         self._bk: Optional[LedgerClient] = None
 
     def _client(self) -> LedgerClient:

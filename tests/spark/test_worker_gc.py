@@ -1,0 +1,30 @@
+"""The Python workers that plan and commit (a write's ``writer()`` and
+commit, a read's schema and partitions) freeze their long-lived objects out
+of the cyclic garbage collector before they open a store or a client, as
+the task workers do: Spark's worker daemon runs a full ``gc.collect()``
+after every task (spark/client_cache.py ``freeze_long_lived_objects``)."""
+import subprocess
+import sys
+
+
+def _freeze_count_after(code: str) -> int:
+    probe = code + "\nimport gc\nprint(gc.get_freeze_count())"
+    out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True,
+                         text=True, timeout=300)
+    return int(out.stdout.strip().splitlines()[-1])
+
+
+def test_nothing_is_frozen_by_importing_the_source():
+    assert _freeze_count_after("import pyspark_bookkeeper") == 0
+
+
+def test_a_planning_workers_store_freezes_what_is_loaded():
+    code = ("from pybk_spark.spark.client_cache import worker_store\n"
+            "worker_store('memory://gc-probe').close()")
+    assert _freeze_count_after(code) > 0
+
+
+def test_a_committing_workers_client_freezes_what_is_loaded():
+    code = ("from pybk_spark.spark.client_cache import new_client\n"
+            "try:\n    new_client('memory://gc-probe').close()\nexcept Exception:\n    pass")
+    assert _freeze_count_after(code) > 0
