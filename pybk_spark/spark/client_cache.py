@@ -61,7 +61,7 @@ def worker_client(uri: str, conf: ClientSettings = ()) -> LedgerClient:
     if bk is None:
         bk = new_client(uri, conf)
         _CLIENTS[(uri, conf)] = bk
-        freeze_long_lived_objects()
+        _freeze()                # the cached client lives as long as the worker
     return bk
 
 
@@ -69,8 +69,9 @@ _FROZEN = [False]
 
 
 def freeze_long_lived_objects() -> None:
-    """Once per Python worker: move everything alive now (imported modules,
-    the cached client) out of the cyclic garbage collector's sight.
+    """Once per Python worker: move everything alive now (imported modules)
+    out of the cyclic garbage collector's sight; ``worker_client`` freezes
+    each client it caches as well.
 
     Spark's worker daemon runs a full ``gc.collect()`` after EVERY task of a
     reused worker.  With grpc, pyarrow, the etcd client and their modules
@@ -83,9 +84,13 @@ def freeze_long_lived_objects() -> None:
     frozen with them."""
     if _FROZEN[0]:
         return
+    _freeze()
+    _FROZEN[0] = True
+
+
+def _freeze() -> None:
     gc.collect()
     gc.freeze()
-    _FROZEN[0] = True
 
 
 def drop_client(uri: str, conf: ClientSettings = ()) -> None:

@@ -28,3 +28,11 @@ def test_a_committing_workers_client_freezes_what_is_loaded():
     code = ("from pybk_spark.spark.client_cache import new_client\n"
             "try:\n    new_client('memory://gc-probe').close()\nexcept Exception:\n    pass")
     assert _freeze_count_after(code) > 0
+
+
+def test_a_task_workers_cached_client_is_frozen_with_it():
+    code = ("import gc\n"
+            "from pybk_spark.spark.client_cache import worker_client\n"
+            "bk = worker_client('memory://gc-probe')\n"
+            "assert not any(o is bk for o in gc.get_objects())\n")
+    assert _freeze_count_after(code) > 0
