@@ -160,7 +160,6 @@ def _place_add(head: memoryview, size: int, recv_into: Callable[[memoryview], in
     return PlacedAdd(bytes(rest), space)
 
 
-
 def bind_listener(cfg: BookieConfig) -> socket.socket:
     """The add lane's listening socket on ``add_lane_port`` (OSError if taken)."""
     family = socket.AF_INET6 if ":" in cfg.bind_address else socket.AF_INET

@@ -2,9 +2,11 @@
 
 DataSource and reader objects are pickled between processes, so no client is
 held on them; each Python worker keeps one lazily opened client per
-(metadata URI, ``bk.*`` settings) (workers are reused across tasks), and
-freezes its long-lived objects out of the garbage collector once (Spark
-collects after every task).  The batch reader, the writer and the stream
+(metadata URI, ``bk.*`` settings) (workers are reused across tasks).  A
+worker freezes its long-lived objects out of the garbage collector (Spark
+collects after every task): its modules once, before it opens its first
+store or client (``worker_store``, ``new_client``), and each client it
+caches.  The batch reader, the writer and the stream
 reader share it; ``open_handle``/``close_handle`` open and close one ledger
 on such a client, ``catch_up_lac`` brings an open handle's LAC up to what
 the driver planned.
@@ -26,8 +28,8 @@ from pybk_spark.spark.client_options import ClientSettings, client_conf
 
 if TYPE_CHECKING:
     from pybk_spark.ledger.port import LedgerClient
-    from pybk_spark.metadata.security import EtcdSecurity
     from pybk_spark.ledger.read_handle import ReadHandle
+    from pybk_spark.metadata.security import EtcdSecurity
     from pybk_spark.metadata.store import MetadataStore
 
 LAC_CATCH_UP_TIMEOUT_S = 30.0
