@@ -54,6 +54,9 @@ from pybk_spark.transport.base import TransportPool
 from pybk_spark.transport.grpc_bookie import GrpcTransportPool
 from pybk_spark.transport.tls import ClientTls
 
+# how long ``close`` waits for the explicit-LAC ticker's current tick
+_TICKER_JOIN_S = 1.0
+
 
 class BookKeeper:
     def __init__(self, metadata_uri: str | None = None, *, conf: ClientConfLike = None,
@@ -256,6 +259,9 @@ class BookKeeper:
             return
         self._closed = True
         self._stop.set()
+        if self._ticker is not None and self._ticker is not threading.current_thread():
+            # at most one tick long: a closed client leaves no thread behind
+            self._ticker.join(_TICKER_JOIN_S)
         self.executor.shutdown(wait=False)
         self.transports.close()
         if self._own_store:

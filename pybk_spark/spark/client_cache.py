@@ -6,7 +6,8 @@ held on them; each Python worker keeps one lazily opened client per
 worker freezes its long-lived objects out of the garbage collector (Spark
 collects after every task): its modules once, before it opens its first
 store or client (``worker_store``, ``new_client``), and each client it
-caches.  The batch reader, the writer and the stream
+caches; dropping a cached client (``drop_client``, after a failed task)
+unfreezes them, so that the dropped one is collected.  The batch reader, the writer and the stream
 reader share it; ``open_handle``/``close_handle`` open and close one ledger
 on such a client, ``catch_up_lac`` brings an open handle's LAC up to what
 the driver planned.
@@ -102,6 +103,13 @@ def drop_client(uri: str, conf: ClientSettings = ()) -> None:
             bk.close()
         except Exception:  # noqa: BLE001 - closing a broken client must not hide the real error
             pass
+        # frozen with the worker (``worker_client``), the dropped client's
+        # cycles would never be collected: a worker that drops a client
+        # after every failed task would keep each one.  Everything goes
+        # back to the collector; the next client this worker opens
+        # freezes what is alive then.
+        gc.unfreeze()
+        _FROZEN[0] = False
 
 
 @atexit.register

@@ -79,17 +79,20 @@ class corked:
     until the block ends, then send each writer's together (module
     docstring).  Nested blocks send when the outermost ends."""
 
-    __slots__ = ("_outer",)
+    __slots__ = ("_frames",)
+    # the outermost block's frames (it sends them); None in a nested block
+    _frames: Optional[dict[Any, list[Any]]]
 
     def __enter__(self) -> None:
-        self._outer = _held.frames
-        if self._outer is None:
-            _held.frames = {}
+        self._frames = None
+        if _held.frames is None:
+            self._frames = _held.frames = {}
 
     def __exit__(self, *exc: object) -> None:
-        if self._outer is not None:
+        frames = self._frames
+        if frames is None:
             return
-        frames, _held.frames = _held.frames or {}, None
+        _held.frames = None
         for writer, held in frames.items():
             if len(held) == 1:
                 writer.send(held[0])

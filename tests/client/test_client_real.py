@@ -26,6 +26,19 @@ def _bk(cluster, **conf):
     return BookKeeper(cluster.metadata_uri, conf=base)
 
 
+def _wait_stored(bk, bookie, ledger_id, entry_id, timeout=30.0):
+    """Until ``bookie`` holds ``entry_id``: an async add leaves from the
+    writer's executor thread after ``add_entry_async`` returned, so a
+    recovery started at once may fence the bookie first (and then rightly
+    close the ledger before the entry)."""
+    deadline = time.monotonic() + timeout
+    transport = bk.transports.get(bookie)
+    while not transport.read(ledger_id, entry_id, entry_id,
+                             sparse=True).result(timeout).batch.num_rows:
+        assert time.monotonic() < deadline, f"entry {entry_id} never reached {bookie}"
+        time.sleep(0.01)
+
+
 def _ensure_bookies(cluster, n):
     while len(cluster.bookie_ids) < n:
         cluster.add_bookie()
@@ -96,6 +109,7 @@ def test_fencing_and_recovery_scenario(cluster):
         stopped = ens[write_set(12, 3, 2)[1]]
         cluster.stop_bookie(stopped)
         fut12 = lh.add_entry_async(b"e12")   # reaches one bookie only: partial
+        _wait_stored(reader_bk, ens[write_set(12, 3, 2)[0]], lh.ledger_id, 12)
         rh = reader_bk.open_ledger(lh.ledger_id)    # fencing open, hung bookie
         md = reader_bk.get_ledger_metadata(lh.ledger_id)
         assert md.state == lm.CLOSED

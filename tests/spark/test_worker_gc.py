@@ -36,3 +36,17 @@ def test_a_task_workers_cached_client_is_frozen_with_it():
             "bk = worker_client('memory://gc-probe')\n"
             "assert not any(o is bk for o in gc.get_objects())\n")
     assert _freeze_count_after(code) > 0
+
+
+def test_a_dropped_client_is_collected_and_the_next_one_frozen():
+    """A failed task drops the worker's client (reader.py, writer.py): the
+    frozen client must not stay in memory for the worker's life."""
+    code = ("import gc, weakref\n"
+            "from pybk_spark.spark.client_cache import drop_client, worker_client\n"
+            "ref = weakref.ref(worker_client('memory://gc-probe'))\n"
+            "drop_client('memory://gc-probe')\n"
+            "gc.collect()\n"
+            "assert ref() is None, 'the dropped client is still alive'\n"
+            "bk = worker_client('memory://gc-probe')\n"
+            "assert not any(o is bk for o in gc.get_objects())\n")
+    assert _freeze_count_after(code) > 0
