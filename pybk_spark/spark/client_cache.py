@@ -7,10 +7,11 @@ worker freezes its long-lived objects out of the garbage collector (Spark
 collects after every task): its modules once, before it opens its first
 store or client (``worker_store``, ``new_client``), and each client it
 caches; dropping a cached client (``drop_client``, after a failed task)
-unfreezes them, so that the dropped one is collected.  The batch reader, the writer and the stream
-reader share it; ``open_handle``/``close_handle`` open and close one ledger
-on such a client, ``catch_up_lac`` brings an open handle's LAC up to what
-the driver planned.
+unfreezes them, so that the dropped one is collected.  The batch reader,
+the writer and the stream reader share the cache;
+``open_handle``/``close_handle`` open and close one ledger on such a
+client, ``catch_up_lac`` brings an open handle's LAC up to what the driver
+planned.
 
 :func:`new_client` is the one place the data source builds a ``BookKeeper``:
 the module Spark imports to register and plan the source
