@@ -17,6 +17,7 @@ import collections
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -206,6 +207,9 @@ def run(duration: float, seed: int, *, workdir: str | None = None, bookies: int 
         etcd_members: int = 3, worker_args: dict | None = None, out=print) -> dict:
     """One chaos run; returns a summary dict (``violations`` is a list of str)."""
     t_start = time.time()
+    # a directory of the run's own goes when the run finds no violation
+    # (hundreds of MB of journals, segments and logs); one it was given stays
+    own_dir = workdir is None
     base = Path(workdir or tempfile.mkdtemp(prefix="pybk-chaos-"))
     hist_dir, log_dir = base / "history", base / "logs"
     hist_dir.mkdir(parents=True, exist_ok=True)
@@ -324,6 +328,9 @@ def run(duration: float, seed: int, *, workdir: str | None = None, bookies: int 
         if workers is not None:
             workers.wait_all(grace=0.1)
         cluster.stop()
+        if own_dir and summary.get("violations") == []:
+            shutil.rmtree(base, ignore_errors=True)
+            out(f"chaos: removed {base} (no violation; --workdir DIR keeps a run's files)")
 
 
 HANG_GRACE_S = 100.0
