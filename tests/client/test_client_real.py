@@ -18,6 +18,7 @@ from pybk_spark import errors
 from pybk_spark.ledger.client import BookKeeper
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.protocol.distribution import write_set
+from pybk_spark.testing.waiting import wait_until
 
 
 def _bk(cluster, **conf):
@@ -31,12 +32,10 @@ def _wait_stored(bk, bookie, ledger_id, entry_id, timeout=30.0):
     writer's executor thread after ``add_entry_async`` returned, so a
     recovery started at once may fence the bookie first (and then rightly
     close the ledger before the entry)."""
-    deadline = time.monotonic() + timeout
     transport = bk.transports.get(bookie)
-    while not transport.read(ledger_id, entry_id, entry_id,
-                             sparse=True).result(timeout).batch.num_rows:
-        assert time.monotonic() < deadline, f"entry {entry_id} never reached {bookie}"
-        time.sleep(0.01)
+    wait_until(lambda: transport.read(ledger_id, entry_id, entry_id,
+                                      sparse=True).result(timeout).batch.num_rows,
+               f"entry {entry_id} on {bookie}", timeout)
 
 
 def _ensure_bookies(cluster, n):
