@@ -177,7 +177,7 @@ class BufferPool:
         """Keep the mapping for the next ``take`` of its size; past the cap,
         unmap the mappings returned longest ago, whatever their size: the
         pool follows the sizes in use (a bookie's batched adds of 1 MiB
-        then a Spark job's of 4 MiB), where refusing the newest would keep
+        then a Spark job's of 16 MiB), where refusing the newest would keep
         a size no longer asked for and map every new one afresh."""
         if size > self.max_idle_bytes:
             _unmap(raw, view)

@@ -29,7 +29,7 @@ class ClientConfig:
     speculative_read_timeout_ms: int = 500
     explicit_lac_interval_ms: int = 100
     add_batch_entries: int = 1000
-    add_batch_bytes: int = 4 << 20
+    add_batch_bytes: int = 16 << 20
     max_inflight_adds: int = 64
     async_add_window: int = 8
     add_stream_idle_close_s: float = 30.0

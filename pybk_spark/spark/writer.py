@@ -47,8 +47,9 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, List, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Deque, Iterable, Iterator, List, Optional, Sequence
 
 import pyarrow as pa
 from pyspark import TaskContext
@@ -78,7 +79,11 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger("pybk_spark.spark")
 
-MAX_INFLIGHT_ADD_CHUNKS = 8
+# A task's entries sent and not yet acknowledged, at most: enough to keep
+# every bookie of the ensemble busy while the task encodes the next request
+# (two of the client's 16 MiB ones), and bounded, since the client's buffers
+# and the bookies' admission hold them.
+MAX_INFLIGHT_ADD_BYTES = 32 << 20
 
 
 @dataclass
@@ -171,7 +176,7 @@ def write_task(opts: WriteOptions, job: str, schema_text: str,
     entries = nbytes = rows = 0
     first_us = last_us = -1
     try:
-        inflight: list[Future[list[int]]] = []
+        inflight: Deque[tuple[list[Future[list[int]]], int]] = deque()
         # Spark hands over ~1 MB Arrow batches; entries from several of them
         # go out as one add request (one journal record per bookie), because
         # a bookie's cost is per request as much as per byte.  They are
@@ -204,8 +209,9 @@ def write_task(opts: WriteOptions, job: str, schema_text: str,
                     nbytes, entries, rows = nbytes + size, entries + 1, rows + n
         if len(run) and handle is not None:
             _send(handle, run.take(), inflight)
-        for fut in inflight:
-            fut.result()
+        for futures, _ in inflight:
+            for fut in futures:
+                fut.result()
         if handle is not None:
             handle.close()
     except BaseException:
@@ -231,10 +237,14 @@ def _check_entry_size(handle: LedgerHandle, opts: WriteOptions, partition: int, 
             f"or raise those limits", log=opts.log)
 
 
-def _send(handle: LedgerHandle, payloads: pa.Array, inflight: list[Future[list[int]]]) -> None:
-    inflight.extend(handle.add_entries_async(payloads))
-    while len(inflight) > MAX_INFLIGHT_ADD_CHUNKS:
-        inflight.pop(0).result()
+def _send(handle: LedgerHandle, payloads: pa.Array,
+          inflight: Deque[tuple[list[Future[list[int]]], int]]) -> None:
+    """Send ``payloads``; then wait for the oldest sends until at most
+    ``MAX_INFLIGHT_ADD_BYTES`` are unacknowledged."""
+    inflight.append((handle.add_entries_async(payloads), payloads.nbytes))
+    while sum(n for _, n in inflight) > MAX_INFLIGHT_ADD_BYTES:
+        for fut in inflight.popleft()[0]:
+            fut.result()
 
 
 def _abandon(bk: LedgerClient, handle: Optional[LedgerHandle], key: Optional[str]) -> None:

@@ -228,7 +228,7 @@ def test_read_batches_keeps_to_the_byte_budget(cluster, write_quorum):
 def test_add_entries_async_of_a_binary_column(cluster, write_quorum):
     """A binary Arrow column (sliced) is added as its values, cut into
     requests by ``add_batch_bytes`` like a list of bytes."""
-    bk = _bk(cluster)
+    bk = _bk(cluster, add_batch_bytes=4 << 20)
     try:
         lh = bk.create_ledger(3, write_quorum, 2)
         payloads = [bytes([i]) * 300_000 for i in range(30)]
