@@ -313,7 +313,8 @@ def _serve(cfg: BookieConfig, bookie_id: str, store: Optional[MetadataStore],
     signal.signal(signal.SIGHUP, lambda *_: signals.__setitem__("reload", True))
 
     memory_pool = arrow_memory.use_for_process()   # before replay allocates
-    direct_buffers.reserve_read_buffers(cfg.read_buffers_at_start_mb)
+    direct_buffers.reserve_read_buffers(cfg.read_buffers_at_start_mb,
+                                        cfg.pull_buffers_at_start_mb)
     bookie = make_bookie(cfg, metrics=metrics).open()
     publisher = (DamagePublisher(bookie, store, bookie_id, cfg.registration_ttl_s)
                  if store is not None else None)

@@ -50,6 +50,7 @@ class BookieConfig:
     write_cache_max_bytes: int = 128 * MiB
     checkpoint_sync_bytes: int = 1 * MiB    # a checkpoint syncs its segment writes this often
     read_buffers_at_start_mb: int = 96     # big-read buffers touched at start; 0 = on demand
+    pull_buffers_at_start_mb: int = 128    # a pull's received answers, touched at start; 0 = on demand
     flush_interval_s: float = 5.0
     compaction_min_live_ratio: float = 0.5
     # scrubber: re-check stored batches' digests in the background (scrubber.py)
@@ -166,6 +167,8 @@ def validate(cfg: BookieConfig) -> None:
         raise ValueError("checkpoint_sync_bytes must be >= 0 (0 = once per segment file)")
     if cfg.read_buffers_at_start_mb < 0:
         raise ValueError("read_buffers_at_start_mb must be >= 0 (0 = on demand)")
+    if cfg.pull_buffers_at_start_mb < 0:
+        raise ValueError("pull_buffers_at_start_mb must be >= 0 (0 = on demand)")
     if cfg.journal_page_cache_keep_mb < -1:
         raise ValueError("journal_page_cache_keep_mb must be -1 (never drop) or >= 0")
 

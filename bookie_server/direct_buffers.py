@@ -69,11 +69,14 @@ whose host took the memory back (a balloon) the host must back it again,
 about 2 ms per MiB.  A pull's source needs a read buffer and a joined
 answer per connection it serves, so the first pulls after a start map and
 fault in several of each; those pages are on the pull's critical path (a
-source answers one connection's reads one after the other).
-``reserve_read_buffers`` maps and touches ``read_buffers_at_start_mb``
-of them on a thread of its own when the bookie starts
-(``BufferPool.reserve``), and ``take`` hands a reserved buffer to a
-request down to half its size.
+source answers one connection's reads one after the other).  A pull's
+replacement receives its answers into journal records
+(``STAGED_RECORDS``), one per answer in flight, and faults those in
+the same way during its first pulls.  ``reserve_read_buffers`` maps and
+touches ``read_buffers_at_start_mb`` of read buffers and
+``pull_buffers_at_start_mb`` of records on a thread of its own when the
+bookie starts (``BufferPool.reserve``), and ``take`` hands a reserved
+buffer to a request down to half its size.
 """
 from __future__ import annotations
 
@@ -224,18 +227,22 @@ LANE_BATCHES = BufferPool(256 << 20)
 RESERVED_READ_BYTES = 8 << 20
 
 
-def reserve_read_buffers(total_mb: int) -> Optional[threading.Thread]:
+def reserve_read_buffers(total_mb: int, pull_mb: int = 0) -> Optional[threading.Thread]:
     """Reserve ``total_mb`` MiB for a bookie's big reads, half for the
     store's direct reads (``READ_BUFFERS``), half for the answers joined
-    from them (``ANSWER_BUFFERS``), on a daemon thread so the bookie serves
-    meanwhile (``read_buffers_at_start_mb``); the thread, None for 0."""
+    from them (``ANSWER_BUFFERS``) (``read_buffers_at_start_mb``), and
+    ``pull_mb`` MiB for the answers its pulls receive (``STAGED_RECORDS``,
+    ``pull_buffers_at_start_mb``), on a daemon thread so the bookie serves
+    meanwhile; the thread, None when there is nothing to reserve."""
     count = (total_mb << 20) // 2 // RESERVED_READ_BYTES
-    if count <= 0:
+    pull_count = (pull_mb << 20) // RESERVED_READ_BYTES
+    if count <= 0 and pull_count <= 0:
         return None
 
     def fill() -> None:
         for pool in (READ_BUFFERS, ANSWER_BUFFERS):
             pool.reserve(RESERVED_READ_BYTES, count)
+        STAGED_RECORDS.reserve(RESERVED_READ_BYTES, pull_count)
 
     thread = threading.Thread(target=fill, name="bookie-read-buffers", daemon=True)
     thread.start()

@@ -119,14 +119,31 @@ def test_a_reserve_stays_within_the_pools_cap():
 
 def test_a_bookie_reserves_its_read_buffers_on_a_thread_of_its_own(monkeypatch):
     reads, answers = BufferPool(64 << 20), BufferPool(64 << 20, huge=False)
+    records = BufferPool(64 << 20)
     monkeypatch.setattr(direct_buffers, "READ_BUFFERS", reads)
     monkeypatch.setattr(direct_buffers, "ANSWER_BUFFERS", answers)
-    assert direct_buffers.reserve_read_buffers(0) is None
+    monkeypatch.setattr(direct_buffers, "STAGED_RECORDS", records)
+    assert direct_buffers.reserve_read_buffers(0, 0) is None
     thread = direct_buffers.reserve_read_buffers(32)
     assert thread is not None and thread.daemon
     thread.join()
     assert reads.idle_bytes() == answers.idle_bytes() == 16 << 20
     assert set(reads._idle) == {direct_buffers.RESERVED_READ_BYTES}
+    assert records.idle_bytes() == 0
+
+
+def test_a_bookie_reserves_the_records_its_pulls_receive_into(monkeypatch):
+    """A replacement's first pulls find the journal records their answers
+    land in already touched (``pull_buffers_at_start_mb``)."""
+    reads, answers, records = BufferPool(64 << 20), BufferPool(64 << 20), BufferPool(64 << 20)
+    monkeypatch.setattr(direct_buffers, "READ_BUFFERS", reads)
+    monkeypatch.setattr(direct_buffers, "ANSWER_BUFFERS", answers)
+    monkeypatch.setattr(direct_buffers, "STAGED_RECORDS", records)
+    thread = direct_buffers.reserve_read_buffers(0, 24)
+    assert thread is not None
+    thread.join()
+    assert records.idle_bytes() == 24 << 20 and reads.idle_bytes() == answers.idle_bytes() == 0
+    assert set(records._idle) == {direct_buffers.RESERVED_READ_BYTES}
 
 
 def _files(tmp_path) -> sf.SegmentFiles:

@@ -132,6 +132,8 @@ def test_conf_rejects_unknown_keys_and_bad_values():
         {"port": 1, "journal_sync_data": False}
     with pytest.raises(ValueError, match="read_buffers_at_start_mb"):
         load_config(None, {"read_buffers_at_start_mb": -1})
+    with pytest.raises(ValueError, match="pull_buffers_at_start_mb"):
+        load_config(None, {"pull_buffers_at_start_mb": -1})
 
 
 # -- journal ------------------------------------------------------------------------------------
