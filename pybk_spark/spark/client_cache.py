@@ -69,7 +69,8 @@ def worker_client(uri: str, conf: ClientSettings = ()) -> LedgerClient:
     return bk
 
 
-_FROZEN = [False]
+# whether this process has frozen what it had loaded (``freeze_long_lived_objects``)
+_modules_frozen = False
 
 
 def freeze_long_lived_objects() -> None:
@@ -86,10 +87,11 @@ def freeze_long_lived_objects() -> None:
     which is right for modules and the per-process client; anything created
     later is collected as before.  ``gc.collect()`` first, so no garbage is
     frozen with them."""
-    if _FROZEN[0]:
+    global _modules_frozen
+    if _modules_frozen:
         return
     _freeze()
-    _FROZEN[0] = True
+    _modules_frozen = True
 
 
 def _freeze() -> None:
@@ -98,6 +100,7 @@ def _freeze() -> None:
 
 
 def drop_client(uri: str, conf: ClientSettings = ()) -> None:
+    global _modules_frozen
     bk = _CLIENTS.pop((uri, conf), None)
     if bk is not None:
         try:
@@ -110,7 +113,7 @@ def drop_client(uri: str, conf: ClientSettings = ()) -> None:
         # back to the collector; the next client this worker opens
         # freezes what is alive then.
         gc.unfreeze()
-        _FROZEN[0] = False
+        _modules_frozen = False
 
 
 @atexit.register
