@@ -227,14 +227,14 @@ LANE_BATCHES = BufferPool(256 << 20)
 RESERVED_READ_BYTES = 8 << 20
 
 
-def reserve_read_buffers(total_mb: int, pull_mb: int = 0) -> Optional[threading.Thread]:
-    """Reserve ``total_mb`` MiB for a bookie's big reads, half for the
+def reserve_read_buffers(read_mb: int, pull_mb: int = 0) -> Optional[threading.Thread]:
+    """Reserve ``read_mb`` MiB for a bookie's big reads, half for the
     store's direct reads (``READ_BUFFERS``), half for the answers joined
     from them (``ANSWER_BUFFERS``) (``read_buffers_at_start_mb``), and
     ``pull_mb`` MiB for the answers its pulls receive (``STAGED_RECORDS``,
     ``pull_buffers_at_start_mb``), on a daemon thread so the bookie serves
     meanwhile; the thread, None when there is nothing to reserve."""
-    count = (total_mb << 20) // 2 // RESERVED_READ_BYTES
+    count = (read_mb << 20) // 2 // RESERVED_READ_BYTES
     pull_count = (pull_mb << 20) // RESERVED_READ_BYTES
     if count <= 0 and pull_count <= 0:
         return None
