@@ -399,13 +399,20 @@ class AddLaneServer:
             except (ValueError, DecodeError) as exc:
                 refuse(f"malformed read lane frame: {exc}")
                 return
-            head, batch = self.service.read_answer(req, who)
-            if batch is None:
-                send_parts(conn, lane_frames.frame_parts(head.SerializeToString()))
-            else:
-                ipc = batch_to_parts(batch)
-                prefix = framing.payload_prefix(head, sum(len(p) for p in ipc))
-                send_parts(conn, lane_frames.frame_parts(*prefix, *ipc))
+            self._answer_read(conn, req, who)
+
+    def _answer_read(self, conn: socket.socket, req: pb.ReadRequest, who: access.Peer) -> None:
+        """Read and send one answer.  Its buffers go back to their pool when
+        this returns, before the connection waits for its next request: the
+        next answer then takes the same pages, and a connection kept open
+        idle (a pull's reader, serving/peer_pool.py) holds none."""
+        head, batch = self.service.read_answer(req, who)
+        if batch is None:
+            send_parts(conn, lane_frames.frame_parts(head.SerializeToString()))
+        else:
+            ipc = batch_to_parts(batch)
+            prefix = framing.payload_prefix(head, sum(len(p) for p in ipc))
+            send_parts(conn, lane_frames.frame_parts(*prefix, *ipc))
 
     def _finish(self, conn: socket.socket, writer: FrameWriter, slots: Slots) -> None:
         """The client stopped sending (or broke off): answer the adds already

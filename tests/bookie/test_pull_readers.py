@@ -212,3 +212,43 @@ def test_a_big_answer_lands_in_a_journal_record_space_and_a_small_one_in_a_buffe
         assert small.space is None and small.batch.num_rows == 10
     finally:
         reader.close()
+
+
+def test_a_read_connection_holds_no_answer_while_it_waits(tmp_path, monkeypatch):
+    """A source joins a pull's answer into a pooled buffer; the buffer is
+    back in its pool once the answer is sent, before the connection waits
+    for its next read: the next answer takes the same pages, and a reader
+    kept open idle holds none."""
+    from bookie_server.direct_buffers import BufferPool
+    from bookie_server.storage import entry_store
+
+    answers = BufferPool(64 << 20, huge=False)
+    monkeypatch.setattr(entry_store, "ANSWER_BUFFERS", answers)
+    cfg = BookieConfig(data_dir=str(tmp_path / "source"), port=0, add_lane_port=0)
+    bookie = Bookie(cfg).open(background=False)
+    server, _port = bind_server(cfg)
+    service = add_service(server, bookie, cfg, "source")
+    lane = make_add_lane(service)
+    assert lane is not None
+    rows = entry_store.POOLED_ANSWER_ROWS * 2
+    try:
+        for first in range(0, rows, 512):        # several stored batches: the answer is joined
+            bookie.add(LEDGER, KEY, entries_bytes(LEDGER, range(first, first + 512), size=1024))
+        reader = LanePeerReader(f"127.0.0.1:{lane.port}", "source", 16 << 20)
+        try:
+            for _ in range(3):
+                reader.send(LEDGER, 0, rows - 1, max_entries=rows, max_bytes=16 << 20,
+                            timeout=30, sparse=True)
+                got = reader.receive()
+                assert got.batch.num_rows == rows
+                del got
+                # the answer is sent whole before the source lets go of it
+                wait_until(lambda: answers.idle_bytes() > 0, "the answer back in its pool", 30)
+                assert len(answers._idle) == 1 and sum(map(len, answers._idle.values())) == 1
+        finally:
+            reader.close()
+    finally:
+        lane.stop()
+        server.stop(None)
+        service.close()
+        bookie.close()
