@@ -5,7 +5,9 @@ the peer, and is closed when it idles too long, the pool closes or the
 pulling bookie stops."""
 from __future__ import annotations
 
+import contextlib
 import urllib.request
+from typing import Iterator
 
 import grpc
 import numpy as np
@@ -128,19 +130,33 @@ def test_a_pull_that_raises_closes_its_reader_and_pulls_at_once_get_their_own(pe
         pool.close()
 
 
-def test_a_stopped_bookie_leaves_no_kept_reader_open(peer, tmp_path):
-    """The puller is an in-process bookie served as ``bookie-server`` serves
-    it (its gRPC server, its lane and the one service both serve it
-    through), stopped in the same order."""
-    cfg = BookieConfig(data_dir=str(tmp_path / "puller"), port=free_port(), grpc_threads=4,
-                       add_lane_port=free_port())
+@contextlib.contextmanager
+def _served(cfg: BookieConfig, bookie_id: str) -> Iterator[tuple]:
+    """(the bookie, its service, its lane, its gRPC port): an in-process
+    bookie served as ``bookie-server`` serves it (its gRPC server, its lane
+    and the one service both serve it through), stopped in the same order."""
     bookie = Bookie(cfg).open(background=False)
     server, port = bind_server(cfg)
-    service = add_service(server, bookie, cfg, "puller")
+    service = add_service(server, bookie, cfg, bookie_id)
     lane = make_add_lane(service)
-    assert lane is not None and lane.service is service     # one set of peer readers
     server.start()
     try:
+        assert lane is not None
+        yield bookie, service, lane, port
+    finally:
+        if lane is not None:
+            lane.stop()
+        server.stop(grace=2).wait()
+        service.close()
+        bookie.close()
+
+
+def test_a_stopped_bookie_leaves_no_kept_reader_open(peer, tmp_path):
+    """The puller is an in-process bookie (``_served``)."""
+    cfg = BookieConfig(data_dir=str(tmp_path / "puller"), port=free_port(), grpc_threads=4,
+                       add_lane_port=free_port())
+    with _served(cfg, "puller") as (_bookie, service, lane, port):
+        assert lane.service is service     # one set of peer readers
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             got = pb_grpc.BookieStub(channel).PullEntries(pb.PullRequest(
                 ledger_id=LEDGER, master_key=KEY, source_address=peer.address,
@@ -154,11 +170,6 @@ def test_a_stopped_bookie_leaves_no_kept_reader_open(peer, tmp_path):
             assert _ids_read(reader) == list(range(10))       # the lane serves what was pulled
         finally:
             reader.close()
-    finally:
-        lane.stop()
-        server.stop(grace=2).wait()
-        service.close()
-        bookie.close()
     assert service.peers.idle_count() == 0
     wait_until(lambda: _lane_connections(peer) == 0.0, "lane connections == 0.0", 30)
 
@@ -225,13 +236,8 @@ def test_a_read_connection_holds_no_answer_while_it_waits(tmp_path, monkeypatch)
     answers = BufferPool(64 << 20, huge=False)
     monkeypatch.setattr(entry_store, "ANSWER_BUFFERS", answers)
     cfg = BookieConfig(data_dir=str(tmp_path / "source"), port=0, add_lane_port=0)
-    bookie = Bookie(cfg).open(background=False)
-    server, _port = bind_server(cfg)
-    service = add_service(server, bookie, cfg, "source")
-    lane = make_add_lane(service)
-    assert lane is not None
     rows = entry_store.POOLED_ANSWER_ROWS * 2
-    try:
+    with _served(cfg, "source") as (bookie, _service, lane, _port):
         for first in range(0, rows, 512):        # several stored batches: the answer is joined
             bookie.add(LEDGER, KEY, entries_bytes(LEDGER, range(first, first + 512), size=1024))
         reader = LanePeerReader(f"127.0.0.1:{lane.port}", "source", 16 << 20)
@@ -247,8 +253,3 @@ def test_a_read_connection_holds_no_answer_while_it_waits(tmp_path, monkeypatch)
                 assert len(answers._idle) == 1 and sum(map(len, answers._idle.values())) == 1
         finally:
             reader.close()
-    finally:
-        lane.stop()
-        server.stop(None)
-        service.close()
-        bookie.close()
