@@ -34,6 +34,9 @@ TARGETS = {
     "spark_read_vs_python_floor": (">=", 0.95, "(6) Spark full scan / no-op Python source scan"),
     "spark_write_vs_python_floor": (">=", 0.9, "(6) Spark write / no-op Python sink write (the floor "
                                     "of a Python data source's write)"),
+    "spark_write_vs_bare_sink": (">=", 0.9, "(6) Spark write / the bare replicated Python sink "
+                                 "(bench/bare_sink.py: every row to two receivers that write it "
+                                 "durably, no protocol)"),
     "spark_count_vs_python_floor": (">=", 0.95, "(6) Spark count / no-op Python source count"),
     "rereplication_vs_disk": (">=", 0.5, "(8) re-replication copy MB/s / disk sequential, overwriting allocated blocks"),
     "rereplication_vs_copy_floor": (">=", 0.8, "(8) re-replication copy MB/s / the bare copy between two "
@@ -155,13 +158,19 @@ def markdown(r: dict) -> str:
     lines.append(f"| 6 | Spark write {_f(rows)} rows x {sp.get('payload_bytes')} B | "
                  f"{_f(_get(sp, 'bookkeeper_write', 'median_s'), 2, ' s') if sp.get('bookkeeper_write') else 'null (' + str(sp.get('bookkeeper_write_error')) + ')'} | "
                  f"Parquet {_f(_get(sp, 'parquet_write', 'median_s'), 2, ' s')}; no-op Python sink "
-                 f"{_f(_get(sp, 'noop_write', 'median_s'), 2, ' s')} |")
+                 f"{_f(_get(sp, 'noop_write', 'median_s'), 2, ' s')}; bare replicated sink "
+                 f"{_f(_get(sp, 'bare_write', 'median_s'), 2, ' s')} (no-op / bare = "
+                 f"{_f(sp.get('bare_write_vs_floor'), 2)}x: what storing the rows twice leaves "
+                 f"any sink here) |")
     if _get(sp, "bookkeeper_write", "cpu_s"):
-        lines.append(f"| 6 | Spark write, CPU-s of a round: machine / bookies+etcd | "
+        lines.append(f"| 6 | Spark write, CPU-s of a round: machine / stores (bookies+etcd; "
+                     f"the bare sink's receivers) | "
                      f"{_f(_get(sp, 'bookkeeper_write', 'cpu_s', 'machine'), 2)} / "
                      f"{_f(_get(sp, 'bookkeeper_write', 'cpu_s', 'cluster'), 2)} | no-op Python sink "
                      f"{_f(_get(sp, 'noop_write', 'cpu_s', 'machine'), 2)} / "
-                     f"{_f(_get(sp, 'noop_write', 'cpu_s', 'cluster'), 2)} |")
+                     f"{_f(_get(sp, 'noop_write', 'cpu_s', 'cluster'), 2)}; bare replicated sink "
+                     f"{_f(_get(sp, 'bare_write', 'cpu_s', 'machine'), 2)} / "
+                     f"{_f(_get(sp, 'bare_write', 'cpu_s', 'cluster'), 2)} |")
     lines.append(f"| 6 | Spark count | {_f(_get(sp, 'bookkeeper_count', 'median_s'), 2, ' s')} | "
                  f"Parquet {_f(_get(sp, 'parquet_count', 'median_s'), 2, ' s')}; no-op Python source "
                  f"{_f(_get(sp, 'noop_count', 'median_s'), 2, ' s')} |")

@@ -25,7 +25,8 @@ the floor of a replicated sync add written in Python (bench/sync_floor.py,
 measured on the cluster right before figure 4: on a shared machine the CPU
 per add of both moves with the load of the moment, up to 2x within minutes,
 so a ratio of two figures measured minutes apart measures the load), figure 6 a no-op
-Python data source timed beside ours (bench/noop_source.py), figure 8 the
+Python data source timed beside ours (bench/noop_source.py) and, beside the write, a
+bare sink that stores every row twice with no protocol (bench/bare_sink.py), figure 8 the
 bookie-to-bookie and the client path side by side and, as their floor, the
 bare copy between two processes, read from the disk (bench/copy_floor.py, measured right
 before and right after figure 8's timed pull, the mean of the two, from a file written
@@ -64,7 +65,8 @@ RATIO_KEYS = ("append_vs_redis_pipelined_1c", "append_vs_redis_50c", "sync_add_p
               "spark_write_vs_python_floor", "rereplication_vs_copy_floor", "offload_vs_disk",
               "spark_offloaded_scan_vs_parquet", "spark_read_log_vs_parquet",
               "sync_add_p50_vs_python_floor",
-              "sync_add_p999_vs_python_floor", "append_async_vs_redis_pipelined_1c")
+              "sync_add_p999_vs_python_floor", "append_async_vs_redis_pipelined_1c",
+              "spark_write_vs_bare_sink")
 
 
 def _log(msg: str) -> None:
@@ -134,6 +136,8 @@ def compute_ratios(f: dict, errors: dict) -> tuple[dict, dict]:
         "sync_add_cpu_ms": _ms(_g(f, "4_sync_latency", "cpu", "cpu_s_per_m_entries", "total")),
         "spark_read_vs_python_floor": spark.get("read_scan_vs_floor"),
         "spark_write_vs_python_floor": spark.get("write_vs_floor"),
+        # ours / a sink that stores the rows twice with no protocol (bench/bare_sink.py)
+        "spark_write_vs_bare_sink": spark.get("write_vs_bare_sink"),
         "spark_count_vs_python_floor": spark.get("read_count_vs_floor"),
         # ours / the Python floor's (bench/sync_floor.py): lower is better, 1.0 = the floor
         "sync_add_cpu_vs_python_floor": _ratio(
@@ -169,6 +173,7 @@ def compute_ratios(f: dict, errors: dict) -> tuple[dict, dict]:
              "append_async_vs_redis_pipelined_1c": ("3_append", "peers_redis"),
              "spark_read_vs_python_floor": ("6_spark",),
              "spark_write_vs_python_floor": ("6_spark",),
+             "spark_write_vs_bare_sink": ("6_spark",),
              "spark_count_vs_python_floor": ("6_spark",),
              "rereplication_vs_disk": ("8_rereplication", "2_bookie_ingest"),
              "rereplication_vs_copy_floor": ("8_rereplication", "8_copy_floor")}

@@ -15,6 +15,13 @@ before any clock starts; both sinks get exactly that DataFrame.
   over from memory) is timed in the same rounds: the floor of any Python
   source, so ``read_scan_vs_floor`` / ``read_count_vs_floor`` say how much
   of the gap to Parquet is ours.
+* the write is timed beside two Python sinks of the same rows: the no-op
+  sink (bench/noop_source.py, what any Python sink costs before it stores
+  anything) and the bare replicated sink (bench/bare_sink.py: every row sent
+  to two receiver processes that CRC it and write it durably, with no
+  protocol), so ``write_vs_floor`` / ``write_vs_bare_sink`` say how far ours
+  is from each, and ``bare_write_vs_floor`` how close storing the rows twice
+  can come to the no-op sink on this machine.
 
 The first write and the first read of the session through the ``bookkeeper``
 source (Spark starting the Python workers a Python data source runs in) are
@@ -162,11 +169,17 @@ def measure(spark, uri: str, quick: bool, work_dir: str, pids: dict | None = Non
     log_name = None
     names: list[str] = []
 
-    from bench import noop_source
+    from bench import bare_sink, noop_source
     noop_source.register(spark)
+    bare_sink.register(spark)
+    receivers = bare_sink.Receivers(work_dir)
 
     def write_noop():          # the floor of a Python sink (bench/noop_source.py)
         df.write.format(noop_source.NAME).mode("append").save()
+
+    def write_bare():          # the floor of a sink that stores its rows twice (bench/bare_sink.py)
+        df.write.format(bare_sink.NAME).option("ports", ",".join(map(str, receivers.ports))) \
+            .mode("append").save()
 
     def write_bk():
         name = f"bench-log-{os.getpid()}-{next(counter)}"
@@ -177,8 +190,14 @@ def measure(spark, uri: str, quick: bool, work_dir: str, pids: dict | None = Non
         t0 = time.perf_counter()
         write_bk()
         out["bookkeeper_cold_write_s"] = time.perf_counter() - t0
-        out["parquet_write"], out["noop_write"], out["bookkeeper_write"] = _timed_group(
-            (write_parquet, write_noop, write_bk), warmups, reps, pids)
+        with receivers:
+            # the receivers count with the stores: each side's "cluster" CPU is
+            # what its stores spent (the other side's sit idle)
+            stores = {**(pids or {}), "bare_receivers": [p.pid for p in receivers.procs]}
+            (out["parquet_write"], out["noop_write"], out["bare_write"],
+             out["bookkeeper_write"]) = _timed_group(
+                (write_parquet, write_noop, write_bare, write_bk), warmups, reps,
+                stores if pids is not None else None)
         log_name = names[-1]
         out["bookkeeper_write_available"] = True
     except Exception as exc:   # noqa: BLE001 - any Spark failure is recorded in the figure
@@ -234,6 +253,8 @@ def measure(spark, uri: str, quick: bool, work_dir: str, pids: dict | None = Non
     out["write_vs_floor"] = ratio("noop_write", "bookkeeper_write") if "noop_write" in out else None
     out["floor_write_vs_parquet"] = (ratio("parquet_write", "noop_write")
                                      if "noop_write" in out else None)
+    out["write_vs_bare_sink"] = ratio("bare_write", "bookkeeper_write") if "bare_write" in out else None
+    out["bare_write_vs_floor"] = ratio("noop_write", "bare_write") if "bare_write" in out else None
     df.unpersist()
     shutil.rmtree(pq_dir, ignore_errors=True)
     return out

@@ -50,6 +50,11 @@ def test_bench_quick_writes_every_ratio(tmp_path):
     cached = result["figures"]["8_copy_floor"]["cached"][str(rr["parallel"])]
     assert cached["source"] == "cached" and cached["mb_per_s"] > 0
     assert "bare copy between two processes" in (ROOT / "bench" / "results" / "quick.md").read_text()
+    # figure 6's write beside its two floors: the no-op sink and the bare replicated sink
+    spark = result["figures"]["6_spark"]
+    for side in ("noop_write", "bare_write", "bookkeeper_write"):
+        assert spark[side]["median_s"] > 0 and spark[side]["cpu_s"]["machine"] >= 0, side
+    assert "bare replicated sink" in (ROOT / "bench" / "results" / "quick.md").read_text()
     # figure 4 and its floor, measured side by side, each say what else ran meanwhile
     for cpu in (result["figures"]["4_sync_floor"], result["figures"]["4_sync_latency"]["cpu"]):
         assert cpu["others_cores"] is None or cpu["others_cores"] >= 0
