@@ -86,7 +86,10 @@ which is what makes the journal order of one connection its send order.
 * A read connection (``READ_MAGIC``) is served by its thread alone: read a
   ReadRequest, answer it through ``BookieService.read_answer`` (the same
   code, codes and metrics as gRPC's ``ReadEntries``), send the answer whole,
-  read the next.  A malformed request is refused like a malformed add.
+  read the next.  The answer goes out as the buffers of its IPC stream with
+  one gathering send; a pull's answer of several stored batches is sent
+  from the buffers they were read into (``wire.entries.rows_parts``), with
+  no join.  A malformed request is refused like a malformed add.
 """
 from __future__ import annotations
 
@@ -111,7 +114,7 @@ from pybk_spark.wire.frame_socket import (Backlog, FrameWriter, configure, frame
 from pybk_spark.wire import framing
 from pybk_spark.wire import lane_frames
 from pybk_spark.wire import bookie_wire_pb2 as pb
-from pybk_spark.wire.entries import batch_to_parts
+from pybk_spark.wire.entries import rows_parts
 from pybk_spark.wire.framing import parse_add_request
 from pybk_spark.wire.tls_socket import TlsSocket, handshake
 
@@ -410,7 +413,7 @@ class AddLaneServer:
         if batch is None:
             send_parts(conn, lane_frames.frame_parts(head.SerializeToString()))
         else:
-            ipc = batch_to_parts(batch)
+            ipc = rows_parts(batch)
             prefix = framing.payload_prefix(head, sum(len(p) for p in ipc))
             send_parts(conn, lane_frames.frame_parts(*prefix, *ipc))
 

@@ -35,6 +35,7 @@ from bookie_server.journal.journal import Lead
 from bookie_server.serving.peer_client import PeerReader, credentials_of, peer_tls_files
 from bookie_server.serving.peer_pool import PeerReaders, Reader
 from bookie_server.serving.tls import grpc_peer, policy_of
+from bookie_server.storage.entry_store import answer_batch
 from pybk_spark import errors
 from pybk_spark.protocol import access
 from pybk_spark.wire import bookie_wire_pb2 as pb
@@ -288,10 +289,10 @@ class BookieService(pb_grpc.BookieServicer):  # type: ignore[misc]
         if batch is None:
             return head
         # pre-framed: see pybk_spark/wire/framing.py
-        return framing.with_payload(head, batch_to_buffer(batch))
+        return framing.with_payload(head, batch_to_buffer(answer_batch(batch)))
 
     def read_answer(self, request: pb.ReadRequest, peer: access.Peer = access.ANONYMOUS
-                    ) -> tuple[pb.ReadResponse, Optional[pa.RecordBatch]]:
+                    ) -> tuple[pb.ReadResponse, Optional[pa.RecordBatch | pa.Table]]:
         """(ReadResponse without its entries, the entries as a record batch or
         None): the answer to a read, for gRPC's ``ReadEntries`` and for a
         read lane connection, which encodes the batch itself."""

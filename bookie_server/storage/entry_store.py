@@ -91,9 +91,14 @@ POOLED_ANSWER_ROWS = 1024   # answers of this many rows are joined in pooled mem
 SLICE_READ_MAX_ROWS = 256  # sparse reads of up to this many rows gather row slices (one copy)
 
 
-def _within_bytes(table: pa.Table, max_bytes: int, limited: bool) -> tuple[pa.RecordBatch, bool]:
+def _within_bytes(table: pa.Table, max_bytes: int, limited: bool, gather: bool = False
+                  ) -> tuple[pa.RecordBatch | pa.Table, bool]:
     """A read's rows as one batch, cut after the last row within ``max_bytes``
-    of payload (at least one row); ``limited`` turns true if cut."""
+    of payload (at least one row); ``limited`` turns true if cut.  ``gather``
+    (rows in anonymous memory, never a file's mapping): an answer of
+    ``POOLED_ANSWER_ROWS`` or more stays a table of its stored batches, which
+    the lane sends from where they lie (``wire.entries.rows_parts``) and
+    other uses join (``answer_batch``)."""
     sizes = pc.binary_length(table.column("payload")).to_numpy(zero_copy_only=False)
     cum = np.cumsum(sizes)
     if cum[-1] > max_bytes:
@@ -101,9 +106,16 @@ def _within_bytes(table: pa.Table, max_bytes: int, limited: bool) -> tuple[pa.Re
         if keep < table.num_rows:
             table = table.slice(0, keep)
             limited = True
-    if table.num_rows >= POOLED_ANSWER_ROWS:
-        return one_batch_into(table, ANSWER_BUFFERS.take), limited
-    return one_batch(table), limited
+    if gather and table.num_rows >= POOLED_ANSWER_ROWS:
+        return table, limited
+    return answer_batch(table), limited
+
+
+def answer_batch(rows: pa.RecordBatch | pa.Table) -> pa.RecordBatch:
+    """A read answer as one record batch: a large one joined in pooled memory."""
+    if isinstance(rows, pa.Table) and rows.num_rows >= POOLED_ANSWER_ROWS:
+        return one_batch_into(rows, ANSWER_BUFFERS.take)
+    return one_batch(rows)
 
 
 @dataclass
@@ -213,8 +225,9 @@ class EntryStore:
 
     def read(self, ledger_id: int, first: int, last: int, max_entries: int,
              max_bytes: int, sparse: bool = False,
-             stripe: Optional[tuple[int, int]] = None) -> tuple[pa.RecordBatch, bool]:
-        """Contiguous entries from ``first``; (batch, hit_limit).  Empty batch
+             stripe: Optional[tuple[int, int]] = None) -> tuple[pa.RecordBatch | pa.Table, bool]:
+        """Contiguous entries from ``first``; (batch, hit_limit); a large
+        sparse read's whole stored batches as a table (``_within_bytes``).  Empty batch
         means ``first`` is not stored here.  ``sparse``: every stored entry in
         [first, last] instead, gaps skipped (re-replication / replicas check,
         striped reads); ``stripe=(E, slot)`` keeps only ids e % E == slot."""
@@ -226,7 +239,7 @@ class EntryStore:
 
     def _read_sparse(self, ledger_id: int, first: int, last: int, max_entries: int,
                      max_bytes: int, stripe: Optional[tuple[int, int]] = None
-                     ) -> tuple[pa.RecordBatch, bool]:
+                     ) -> tuple[pa.RecordBatch | pa.Table, bool]:
         with self.lock:
             idx = self.ledgers.get(ledger_id)
             if idx is None:
@@ -288,7 +301,9 @@ class EntryStore:
                 parts.append(rows_of.take(pa.array(take_rows[a:b])) if g
                              else rows_of.slice(int(take_rows[a]), b - a))
         table = pa.Table.from_batches(parts, schema=ENTRY_SCHEMA)
-        return _within_bytes(table, max_bytes, limited)
+        # whole stored batches lie in pooled read buffers (``batches_whole``):
+        # an answer can be sent from them; a striped read's, from the file map
+        return _within_bytes(table, max_bytes, limited, gather=stripe is None)
 
     def _read(self, ledger_id: int, first: int, last: int, max_entries: int,
               max_bytes: int) -> tuple[pa.RecordBatch, bool]:

@@ -277,6 +277,72 @@ def batch_parts(batch: pa.RecordBatch, mask: Any = None) -> list[Any]:
     return batch_to_parts(batch.filter(pa.array(mask)))     # the writer copied it
 
 
+# the stand-in of ``rows_parts``: address space reserved, never written or
+# read (a private anonymous mapping: untouched, it holds no memory), so an
+# answer's payload buffer has an address of its own that no real buffer has
+_STAND_IN_BYTES = 1 << 30
+_stand_in: list[pa.Buffer] = []
+
+
+def _stand_in_of(nbytes: int) -> pa.Buffer | None:
+    if nbytes > _STAND_IN_BYTES:
+        return None
+    if not _stand_in:
+        import mmap
+        _stand_in.append(pa.py_buffer(mmap.mmap(-1, _STAND_IN_BYTES, prot=mmap.PROT_READ)))
+    return _stand_in[0].slice(0, nbytes)
+
+
+def rows_parts(rows: pa.RecordBatch | pa.Table) -> list[Any]:
+    """The IPC stream of ``rows`` as one batch, as buffers for a gathering
+    send: the same bytes as ``batch_to_buffer(one_batch(rows))``, with the
+    payloads of a table's chunks sent from where they lie instead of copied
+    together.
+
+    A read answer of several stored batches (a pull's) is joined from them.
+    Its other columns are a few bytes per entry and are joined with numpy;
+    its payload column is written with a stand-in of the joined length
+    (``_stand_in_of``), whose place in the writer's output the chunks'
+    payload bytes then take, as :func:`batch_parts` does.  Where that does
+    not apply (one chunk, nulls, more chunks than a send gathers, or the
+    writer copied the stand-in), the rows are joined as before."""
+    if isinstance(rows, pa.RecordBatch):
+        return batch_to_parts(rows)
+    chunks = [c for c in rows.to_batches() if c.num_rows]
+    if not 2 <= len(chunks) <= GATHER_MAX_RUNS \
+            or any(col.buffers()[0] is not None for c in chunks for col in c.columns):
+        return batch_to_parts(one_batch(rows))
+    n = rows.num_rows
+    columns: list[pa.Array] = []
+    stand_in: Any = None
+    views: list[pa.Buffer] = []
+    for i, field in enumerate(ENTRY_SCHEMA):
+        if field.type != pa.binary():
+            columns.append(pa.array(np.concatenate([c.column(i).to_numpy() for c in chunks])))
+            continue
+        ends = [binary_buffers(c.column(i)) for c in chunks]
+        joined_ends = np.zeros(n + 1, dtype=np.int32)
+        np.cumsum(np.concatenate([np.diff(o) for o, _ in ends]), out=joined_ends[1:])
+        pieces = [data.slice(int(o[0]), int(o[-1]) - int(o[0])) for o, data in ends
+                  if data is not None and o[-1] > o[0]]
+        if i == _PAYLOAD:
+            stand_in = _stand_in_of(int(joined_ends[-1]))
+            if stand_in is None or not stand_in.size:
+                return batch_to_parts(one_batch(rows))
+            values, views = stand_in, pieces
+        else:
+            values = pa.py_buffer(b"".join(pieces))
+        columns.append(pa.Array.from_buffers(pa.binary(), n,
+                                             [None, pa.py_buffer(joined_ends), values]))
+    parts = batch_to_parts(pa.RecordBatch.from_arrays(columns, schema=ENTRY_SCHEMA))
+    for i, part in enumerate(parts):
+        if isinstance(part, pa.Buffer) and part.address == stand_in.address \
+                and part.size == stand_in.size:
+            parts[i:i + 1] = views
+            return parts
+    return batch_to_parts(one_batch(rows))        # the writer copied it
+
+
 def batch_to_bytes(batch: pa.RecordBatch) -> bytes:
     return cast(bytes, batch_to_buffer(batch).to_pybytes())
 

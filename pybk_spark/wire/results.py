@@ -11,7 +11,9 @@ import pyarrow as pa
 
 @dataclass(frozen=True)
 class ReadResult:
-    batch: pa.RecordBatch     # ENTRY_SCHEMA rows, contiguous from the first id asked
+    # ENTRY_SCHEMA rows, contiguous from the first id asked; in a bookie, a
+    # large pull's answer is a table of its stored batches (``rows_parts``)
+    batch: pa.RecordBatch | pa.Table
     end: str                  # "COMPLETE" | "LIMIT" | "MISSING"
     lac: int
     fenced: bool

@@ -11,6 +11,7 @@ from typing import Iterator
 
 import grpc
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from bookie_server.bookie import Bookie
@@ -23,6 +24,7 @@ from pybk_spark.testing.bookie_process import entries_bytes, free_port
 from pybk_spark.wire import bookie_wire_pb2_grpc as pb_grpc
 from pybk_spark.testing.waiting import wait_until
 from pybk_spark.wire import bookie_wire_pb2 as pb
+from pybk_spark.wire.entries import batch_from_bytes
 
 pytestmark = pytest.mark.slow
 
@@ -226,8 +228,8 @@ def test_a_big_answer_lands_in_a_journal_record_space_and_a_small_one_in_a_buffe
 
 
 def test_a_read_connection_holds_no_answer_while_it_waits(tmp_path, monkeypatch):
-    """A source joins a pull's answer into a pooled buffer; the buffer is
-    back in its pool once the answer is sent, before the connection waits
+    """A bookie joins a large read's answer into a pooled buffer; the buffer
+    is back in its pool once the answer is sent, before the connection waits
     for its next read: the next answer takes the same pages, and a reader
     kept open idle holds none."""
     from bookie_server.direct_buffers import BufferPool
@@ -244,7 +246,7 @@ def test_a_read_connection_holds_no_answer_while_it_waits(tmp_path, monkeypatch)
         try:
             for _ in range(3):
                 reader.send(LEDGER, 0, rows - 1, max_entries=rows, max_bytes=16 << 20,
-                            timeout=30, sparse=True)
+                            timeout=30)
                 got = reader.receive()
                 assert got.batch.num_rows == rows
                 del got
@@ -253,3 +255,40 @@ def test_a_read_connection_holds_no_answer_while_it_waits(tmp_path, monkeypatch)
                 assert len(answers._idle) == 1 and sum(map(len, answers._idle.values())) == 1
         finally:
             reader.close()
+
+
+def test_a_pulls_answer_is_sent_from_its_stored_batches(tmp_path, monkeypatch):
+    """A pull's read (sparse, every stored id) of several stored batches is
+    sent from where they lie: no answer is joined, and what arrives is every
+    entry, in order, digests included."""
+    from bookie_server.direct_buffers import BufferPool
+    from bookie_server.storage import entry_store
+
+    from pybk_spark.wire import entries
+
+    answers = BufferPool(64 << 20, huge=False)
+    monkeypatch.setattr(entry_store, "ANSWER_BUFFERS", answers)
+    joined_rows = []
+    real_one_batch = entries.one_batch
+    monkeypatch.setattr(entries, "one_batch",
+                        lambda rows: joined_rows.append(rows.num_rows) or real_one_batch(rows))
+    cfg = BookieConfig(data_dir=str(tmp_path / "source"), port=0, add_lane_port=0)
+    rows = entry_store.POOLED_ANSWER_ROWS * 2
+    sent = [entries_bytes(LEDGER, range(first, first + 512), size=1024)
+            for first in range(0, rows, 512)]
+    with _served(cfg, "source") as (bookie, _service, lane, _port):
+        for batch in sent:
+            bookie.add(LEDGER, KEY, batch)
+        reader = LanePeerReader(f"127.0.0.1:{lane.port}", "source", 16 << 20)
+        try:
+            reader.send(LEDGER, 0, rows - 1, max_entries=rows, max_bytes=16 << 20,
+                        timeout=30, sparse=True)
+            got = reader.receive().batch
+        finally:
+            reader.close()
+    want = pa.Table.from_batches([batch_from_bytes(b) for b in sent]).combine_chunks()
+    assert got.num_rows == rows
+    for name in ("entry_id", "payload", "digest", "length"):
+        assert got.column(name).equals(want.column(name).chunk(0)), name
+    assert answers.idle_bytes() == 0 and not answers._idle        # nothing was joined
+    assert rows not in joined_rows

@@ -15,7 +15,7 @@ from pybk_spark.wire import framing
 from pybk_spark.protocol.distribution import holds
 from pybk_spark.wire.entries import (EXACT_SIZE_FROM, GATHER_FROM, GATHER_MAX_RUNS, add_payload,
                                      batch_from_bytes, batch_parts, batch_to_buffer, joined,
-                                     make_batch)
+                                     make_batch, one_batch, rows_parts)
 
 
 @pytest.mark.parametrize("size", [0, 1, 127, 128, 16383, 16384, 2_097_151, 2_097_152])
@@ -93,6 +93,33 @@ def test_a_bookies_part_as_buffers_is_the_stream_of_its_rows(ensemble, write_quo
     assert b"".join(batch_parts(batch)) == batch_to_buffer(batch).to_pybytes()
     if size * entries >= GATHER_FROM:
         assert isinstance(add_payload(batch, mask), list)
+
+
+@pytest.mark.parametrize("chunks", [[(0, 1000, 1000, 3, 990), (990, 1000, 1000, 0, 1000),
+                                     (1990, 500, 2000, 0, 400)],
+                                    [(0, 2, 0, 0, 2), (2, 3, 50, 1, 2)],
+                                    [(10 * i, 10, 10, 0, 10) for i in range(GATHER_MAX_RUNS + 1)],
+                                    [(0, 700, 100, 0, 700)]])
+def test_a_tables_rows_as_buffers_are_the_stream_of_them_joined(chunks):
+    """``rows_parts`` of a table of stored batches (slices among them) is
+    byte for byte the IPC stream of its rows joined, with the chunks'
+    payloads among the buffers where it gathers (2 to GATHER_MAX_RUNS
+    chunks with payload bytes)."""
+    batches = []
+    for first, n, size, at, keep in chunks:
+        payloads = [os.urandom(size + i % 5) if size else b"" for i in range(n)]
+        lengths = [sum(map(len, payloads[:i + 1])) for i in range(n)]
+        batches.append(make_batch(9, range(first, first + n), [first] * n, lengths, payloads,
+                                  [b"d%d" % i for i in range(n)]).slice(at, keep))
+    table = pa.Table.from_batches(batches)
+    parts = rows_parts(table)
+    assert b"".join(parts) == batch_to_buffer(one_batch(table)).to_pybytes()
+    datas = [b.column("payload").buffers()[2] for b in batches]
+    from_chunks = [p for p in parts if isinstance(p, pa.Buffer) and p.size
+                   and any(d.address <= p.address < d.address + d.size for d in datas)]
+    if 2 <= len(batches) <= GATHER_MAX_RUNS and any(d.size for d in datas):
+        assert from_chunks, "the payloads are gathered from the chunks"
+    assert b"".join(rows_parts(batches[0])) == batch_to_buffer(batches[0]).to_pybytes()
 
 
 def test_a_request_given_as_buffers_is_framed_as_the_same_message():
