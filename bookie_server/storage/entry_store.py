@@ -95,10 +95,10 @@ def _within_bytes(table: pa.Table, max_bytes: int, limited: bool, gather: bool =
                   ) -> tuple[pa.RecordBatch | pa.Table, bool]:
     """A read's rows as one batch, cut after the last row within ``max_bytes``
     of payload (at least one row); ``limited`` turns true if cut.  ``gather``
-    (rows in anonymous memory, never a file's mapping): an answer of
+    (a pull's read of whole stored batches): an answer of
     ``POOLED_ANSWER_ROWS`` or more stays a table of its stored batches, which
     the lane sends from where they lie (``wire.entries.rows_parts``) and
-    other uses join (``answer_batch``)."""
+    gRPC joins (``answer_batch``); other reads are joined here."""
     sizes = pc.binary_length(table.column("payload")).to_numpy(zero_copy_only=False)
     cum = np.cumsum(sizes)
     if cum[-1] > max_bytes:
@@ -301,8 +301,8 @@ class EntryStore:
                 parts.append(rows_of.take(pa.array(take_rows[a:b])) if g
                              else rows_of.slice(int(take_rows[a]), b - a))
         table = pa.Table.from_batches(parts, schema=ENTRY_SCHEMA)
-        # whole stored batches lie in pooled read buffers (``batches_whole``):
-        # an answer can be sent from them; a striped read's, from the file map
+        # a pull's answer (every stored id of a span, whole stored batches) is
+        # sent from where its batches lie, measured in docs/performance.md (8)
         return _within_bytes(table, max_bytes, limited, gather=stripe is None)
 
     def _read(self, ledger_id: int, first: int, last: int, max_entries: int,
