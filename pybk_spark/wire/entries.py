@@ -278,8 +278,9 @@ def batch_parts(batch: pa.RecordBatch, mask: Any = None) -> list[Any]:
 
 
 # the stand-in of ``rows_parts``: address space reserved, never written or
-# read (a private anonymous mapping: untouched, it holds no memory), so an
-# answer's payload buffer has an address of its own that no real buffer has
+# read (a private, read-only anonymous mapping: untouched, it holds no
+# memory and no commit charge), so an answer's payload buffer has an
+# address of its own that no real buffer has
 _STAND_IN_BYTES = 1 << 30
 _stand_in: list[pa.Buffer] = []
 
@@ -289,7 +290,8 @@ def _stand_in_of(nbytes: int) -> pa.Buffer | None:
         return None
     if not _stand_in:
         import mmap
-        _stand_in.append(pa.py_buffer(mmap.mmap(-1, _STAND_IN_BYTES, prot=mmap.PROT_READ)))
+        _stand_in.append(pa.py_buffer(mmap.mmap(-1, _STAND_IN_BYTES, prot=mmap.PROT_READ,
+                                                flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)))
     return _stand_in[0].slice(0, nbytes)
 
 
