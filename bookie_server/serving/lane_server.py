@@ -88,7 +88,7 @@ which is what makes the journal order of one connection its send order.
   code, codes and metrics as gRPC's ``ReadEntries``), send the answer whole,
   read the next.  The answer goes out as the buffers of its IPC stream with
   one gathering send; a pull's answer of several stored batches is sent
-  from the buffers they were read into (``wire.entries.rows_parts``), with
+  from the buffers they were read into (``wire.entry_parts.rows_parts``), with
   no join.  A malformed request is refused like a malformed add.
 """
 from __future__ import annotations
@@ -114,7 +114,7 @@ from pybk_spark.wire.frame_socket import (Backlog, FrameWriter, configure, frame
 from pybk_spark.wire import framing
 from pybk_spark.wire import lane_frames
 from pybk_spark.wire import bookie_wire_pb2 as pb
-from pybk_spark.wire.entries import rows_parts
+from pybk_spark.wire.entry_parts import rows_parts
 from pybk_spark.wire.framing import parse_add_request
 from pybk_spark.wire.tls_socket import TlsSocket, handshake
 

@@ -97,7 +97,7 @@ def _within_bytes(table: pa.Table, max_bytes: int, limited: bool, gather: bool =
     of payload (at least one row); ``limited`` turns true if cut.  ``gather``
     (a pull's read of whole stored batches): an answer of
     ``POOLED_ANSWER_ROWS`` or more stays a table of its stored batches, which
-    the lane sends from where they lie (``wire.entries.rows_parts``) and
+    the lane sends from where they lie (``wire.entry_parts.rows_parts``) and
     gRPC joins (``answer_batch``); other reads are joined here."""
     sizes = pc.binary_length(table.column("payload")).to_numpy(zero_copy_only=False)
     cum = np.cumsum(sizes)

@@ -8,7 +8,7 @@ futures (never completing a future while holding the lock).
 
 * ``submit(batch)``: a contiguous run of entries (ENTRY_SCHEMA, ids assigned
   by the caller via ``assign``) is split per bookie and sent as one Add per
-  bookie (``wire.entries.add_payload``: a large part as the buffers of its
+  bookie (``wire.entry_parts.add_payload``: a large part as the buffers of its
   IPC stream, its payloads sent from where they lie in ``batch``).
   ``Waiter``s are completed in id order when the core's LAC passes their
   last id.
@@ -62,7 +62,8 @@ from pybk_spark.protocol.distribution import holds
 from pybk_spark.protocol import ledger_metadata as lm
 from pybk_spark.protocol.pending_adds import EnsembleChange, PendingAdds, Resend
 from pybk_spark.transport.base import LoneEntry
-from pybk_spark.wire.entries import Payload, add_payload
+from pybk_spark.wire.entries import Payload
+from pybk_spark.wire.entry_parts import add_payload
 
 
 Ids = Union[np.ndarray, range]     # the ids of one request: a lone add's is a range
@@ -274,7 +275,7 @@ class LedgerWriter:
         ids = batch.column("entry_id").to_numpy()
         # the full batch is encoded once (Qw == E) and a striped part per
         # bookie; large ones as buffers whose payloads are sent from where
-        # they lie in ``batch`` (wire/entries.py ``add_payload``)
+        # they lie in ``batch`` (wire/entry_parts.py ``add_payload``)
         whole: list[Payload] = []
         for slot, bookie in enumerate(ensemble):
             if slot in bad or (only_slots is not None and slot not in only_slots):

@@ -13,9 +13,10 @@ from hypothesis import given, settings, strategies as st
 from pybk_spark.wire import bookie_wire_pb2 as pb
 from pybk_spark.wire import framing
 from pybk_spark.protocol.distribution import holds
-from pybk_spark.wire.entries import (EXACT_SIZE_FROM, GATHER_FROM, GATHER_MAX_RUNS, add_payload,
-                                     batch_from_bytes, batch_parts, batch_to_buffer, joined,
-                                     make_batch, one_batch, rows_parts)
+from pybk_spark.wire.entries import (EXACT_SIZE_FROM, batch_from_bytes, batch_to_buffer, joined,
+                                     make_batch, one_batch)
+from pybk_spark.wire.entry_parts import (GATHER_FROM, GATHER_MAX_RUNS, add_payload, batch_parts,
+                                         rows_parts)
 
 
 @pytest.mark.parametrize("size", [0, 1, 127, 128, 16383, 16384, 2_097_151, 2_097_152])
