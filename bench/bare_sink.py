@@ -23,6 +23,12 @@ No entries, digests per entry, ledgers, metadata or commit: ours / this is
 what our protocol costs beyond storing the rows twice on this machine, and
 this / the no-op sink is how close any sink that stores them twice can
 come to the no-op sink here.
+
+``store_floor`` times less still: the write's bytes sent from one reused
+buffer (no Spark, no serialization) to the same receivers, which write them
+durably without a CRC.  Its CPU is the least that storing the rows twice
+costs on this machine, whatever the sink; ``write_bound`` turns it into the
+most any such sink can reach of the no-op sink when both share its cores.
 """
 from __future__ import annotations
 
@@ -31,7 +37,9 @@ import socket
 import struct
 import subprocess
 import sys
+import statistics
 import threading
+import time
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
@@ -43,6 +51,7 @@ MAX_CHUNK_BYTES = 64 << 20          # a chunk is at most chunk_bytes plus one ba
 FILE_BYTES = 256 << 20              # each connection's preallocated file, written round
 _ALIGN = 4096                       # O_DIRECT writes whole blocks
 _ACK = 8
+NO_CHECK = 1 << 63                  # in a chunk's header: store it without its CRC (store_floor)
 
 
 def _recv_into(conn: socket.socket, view: memoryview) -> bool:
@@ -154,6 +163,52 @@ class Receivers:
             p.wait()
 
 
+def store_floor(receivers: Receivers, nbytes: int, warmups: int, reps: int,
+                busy_s) -> dict:
+    """Send ``nbytes`` to every receiver in chunks of ``CHUNK_BYTES`` from one
+    reused buffer, ``WINDOW`` chunks unanswered, the receivers writing them
+    durably without a CRC: ``warmups`` untimed rounds, then ``reps`` timed
+    -> the median wall seconds and machine CPU-seconds (``busy_s``: the
+    machine's busy CPU-seconds so far) of a round."""
+    data = memoryview(bytearray(CHUNK_BYTES))
+    socks = [socket.create_connection(("127.0.0.1", p)) for p in receivers.ports]
+    ack = memoryview(bytearray(_ACK))
+    walls, cpus = [], []
+    try:
+        for rep in range(warmups + reps):
+            c0, t0 = busy_s(), time.perf_counter()
+            left = nbytes
+            unanswered = 0
+            while left > 0 or unanswered:
+                if left > 0 and unanswered < WINDOW:
+                    n = min(CHUNK_BYTES, left)
+                    for s in socks:
+                        s.sendall(struct.pack("<Q", n | NO_CHECK))
+                        s.sendall(data[:n])
+                    left, unanswered = left - n, unanswered + 1
+                    continue
+                for s in socks:
+                    if not _recv_into(s, ack):
+                        raise ConnectionError("a bare receiver closed its connection")
+                unanswered -= 1
+            if rep >= warmups:
+                walls.append(time.perf_counter() - t0)
+                cpus.append(busy_s() - c0)
+    finally:
+        for s in socks:
+            s.close()
+    return {"bytes_each": nbytes, "copies": len(socks), "median_s": statistics.median(walls),
+            "cpu_s": statistics.median(cpus)}
+
+
+def write_bound(noop_s: float, noop_cpu_s: float, store_cpu_s: float, cores: int) -> float:
+    """The most a sink that stores the rows twice can reach of the no-op
+    sink's speed: it spends the no-op sink's CPU and at least
+    ``store_cpu_s`` more on the same ``cores``, so a write takes at least
+    their sum spread over every core (and no less than the no-op write)."""
+    return noop_s / max(noop_s, (noop_cpu_s + store_cpu_s) / cores)
+
+
 def _serve(conn: socket.socket, work_dir: str, buffers: list, lock: threading.Lock) -> None:
     import google_crc32c
 
@@ -176,9 +231,12 @@ def _serve(conn: socket.socket, work_dir: str, buffers: list, lock: threading.Lo
         pos = 0
         while _recv_into(conn, head):
             n = struct.unpack("<Q", head)[0]
+            check = not n & NO_CHECK
+            n &= ~NO_CHECK
             if n > MAX_CHUNK_BYTES or not _recv_into(conn, view[:n]):
                 break
-            google_crc32c.value(whole.slice(0, n))   # the check a receiver makes; not needed after
+            if check:                         # the check a receiver makes; not needed after
+                google_crc32c.value(whole.slice(0, n))
             whole_blocks = -(-n // _ALIGN) * _ALIGN
             if pos + whole_blocks > FILE_BYTES:
                 pos = 0

@@ -85,6 +85,8 @@ def markdown(r: dict) -> str:
         v = r["ratios"].get(key)
         why = r.get("missing", {}).get(key)
         shown = _f(v, 2) if v is not None else f"null ({why})" if why else "null"
+        if key == "spark_write_vs_python_floor" and _get(f, "6_spark", "write_bound_vs_floor"):
+            shown += f" (at most {_f(f['6_spark']['write_bound_vs_floor'], 2)} on this machine, (6))"
         lines.append(f"| `{key}`: {what} | {shown} | {op} {target} | {verdict(key, v)} |")
     lines += ["", "### Figures", "", "| # | What | Ours | Peer |", "|---|---|---|---|"]
     d = f.get("1_disk") or {}
@@ -172,6 +174,15 @@ def markdown(r: dict) -> str:
                      f"{_f(_get(sp, 'noop_write', 'cpu_s', 'cluster'), 2)}; bare replicated sink "
                      f"{_f(_get(sp, 'bare_write', 'cpu_s', 'machine'), 2)} / "
                      f"{_f(_get(sp, 'bare_write', 'cpu_s', 'cluster'), 2)} |")
+    if sp.get("store_floor"):
+        lines.append(f"| 6 | storing the write's bytes twice, the least CPU here (bench/bare_sink.py "
+                     f"store_floor: {_f(_get(sp, 'store_floor', 'bytes_each'))} B from one buffer to "
+                     f"each receiver, written durably, no Spark, serialization or CRC) | "
+                     f"{_f(_get(sp, 'store_floor', 'cpu_s'), 2)} CPU-s in "
+                     f"{_f(_get(sp, 'store_floor', 'median_s'), 2, ' s')} | with the no-op sink's "
+                     f"{_f(_get(sp, 'noop_write', 'cpu_s', 'machine'), 2)} CPU-s on {sp.get('cores')} "
+                     f"cores, no sink that stores the rows twice passes "
+                     f"{_f(sp.get('write_bound_vs_floor'), 2)}x of the no-op sink here |")
     lines.append(f"| 6 | Spark count | {_f(_get(sp, 'bookkeeper_count', 'median_s'), 2, ' s')} | "
                  f"Parquet {_f(_get(sp, 'parquet_count', 'median_s'), 2, ' s')}; no-op Python source "
                  f"{_f(_get(sp, 'noop_count', 'median_s'), 2, ' s')} |")

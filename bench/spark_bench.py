@@ -21,7 +21,10 @@ before any clock starts; both sinks get exactly that DataFrame.
   to two receiver processes that CRC it and write it durably, with no
   protocol), so ``write_vs_floor`` / ``write_vs_bare_sink`` say how far ours
   is from each, and ``bare_write_vs_floor`` how close storing the rows twice
-  can come to the no-op sink on this machine.
+  can come to the no-op sink on this machine.  ``store_floor`` is the least
+  CPU that storing the write's bytes twice costs here (bench/bare_sink.py),
+  and ``write_bound_vs_floor`` the most any sink that does so can reach of
+  the no-op sink's speed when it shares the no-op sink's cores.
 
 The first write and the first read of the session through the ``bookkeeper``
 source (Spark starting the Python workers a Python data source runs in) are
@@ -198,6 +201,8 @@ def measure(spark, uri: str, quick: bool, work_dir: str, pids: dict | None = Non
              out["bookkeeper_write"]) = _timed_group(
                 (write_parquet, write_noop, write_bare, write_bk), warmups, reps,
                 stores if pids is not None else None)
+            out["store_floor"] = bare_sink.store_floor(receivers, table.nbytes, warmups,
+                                                       max(reps, 1), machine_busy_s)
         log_name = names[-1]
         out["bookkeeper_write_available"] = True
     except Exception as exc:   # noqa: BLE001 - any Spark failure is recorded in the figure
@@ -255,6 +260,11 @@ def measure(spark, uri: str, quick: bool, work_dir: str, pids: dict | None = Non
                                      if "noop_write" in out else None)
     out["write_vs_bare_sink"] = ratio("bare_write", "bookkeeper_write") if "bare_write" in out else None
     out["bare_write_vs_floor"] = ratio("noop_write", "bare_write") if "bare_write" in out else None
+    noop_cpu = (out.get("noop_write") or {}).get("cpu_s", {}).get("machine")
+    if noop_cpu is not None and "store_floor" in out:
+        out["cores"] = len(os.sched_getaffinity(0))
+        out["write_bound_vs_floor"] = bare_sink.write_bound(
+            out["noop_write"]["median_s"], noop_cpu, out["store_floor"]["cpu_s"], out["cores"])
     df.unpersist()
     shutil.rmtree(pq_dir, ignore_errors=True)
     return out

@@ -55,6 +55,11 @@ def test_bench_quick_writes_every_ratio(tmp_path):
     for side in ("noop_write", "bare_write", "bookkeeper_write"):
         assert spark[side]["median_s"] > 0 and spark[side]["cpu_s"]["machine"] >= 0, side
     assert "bare replicated sink" in (ROOT / "bench" / "results" / "quick.md").read_text()
+    # ... and the least CPU storing its bytes twice costs, with the bound that puts on any sink
+    assert spark["store_floor"]["cpu_s"] >= 0 and spark["store_floor"]["copies"] == 2
+    assert 0 < spark["write_bound_vs_floor"] <= 1
+    assert "no sink that stores the rows twice passes" in (
+        ROOT / "bench" / "results" / "quick.md").read_text()
     # figure 4 and its floor, measured side by side, each say what else ran meanwhile
     for cpu in (result["figures"]["4_sync_floor"], result["figures"]["4_sync_latency"]["cpu"]):
         assert cpu["others_cores"] is None or cpu["others_cores"] >= 0
