@@ -14,7 +14,10 @@ data has been written yet.
 Task, ``write(batches)``: on the first non-empty batch reserve a ledger id,
 record it as pending in etcd (pending.py), THEN create the ledger (tagged
 ``spark_job``) with that id - a task lost in between leaves a pending key
-naming no ledger, never an untracked ledger - then add every batch cut into bounded Arrow IPC entries with
+naming no ledger, never an untracked ledger.  It does so on a thread of its
+own while the task encodes its first request, which waits for the ledger
+before it is sent.  Then it adds every batch, cut into bounded Arrow IPC
+entries, with
 pipelined ``add_entries_async`` (entries of consecutive batches are encoded
 back to back into one buffer and grouped up to ``add_batch_bytes`` per
 request; an entry over the ledger's entry
@@ -45,6 +48,7 @@ batch's ledgers, with the batch id; informational, protocol/positions.py).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections import deque
@@ -171,8 +175,9 @@ def write_task(opts: WriteOptions, job: str, schema_text: str,
     partition, attempt = _task_ids()
     schema = arrow_codec.decode_schema(schema_text)
     bk = worker_client(opts.metadata_uri, opts.client_conf)
+    opening: Optional[_OpeningLedger] = None
     handle: Optional[LedgerHandle] = None
-    key: Optional[str] = None
+    unchecked: list[tuple[int, int]] = []       # entries encoded before the ledger was open
     entries = nbytes = rows = 0
     first_us = last_us = -1
     try:
@@ -188,26 +193,25 @@ def write_task(opts: WriteOptions, job: str, schema_text: str,
             if batch.num_rows == 0:
                 continue
             batch = arrow_codec.conform(batch, schema)
-            if handle is None:
-                # pending first, ledger second: a task that dies in between
-                # leaves a pending key naming no ledger, never an unnamed ledger
-                ledger_id = bk.reserve_ledger_id()
-                key = pending.record(bk.metadata_store, opts.log, job, partition, attempt,
-                                     ledger_id)
-                handle = bk.create_ledger(
-                    ensemble=opts.ensemble, write_quorum=opts.write_quorum,
-                    ack_quorum=opts.ack_quorum, password=opts.password,
-                    custom_metadata={"log": opts.log, "spark_job": job}, ledger_id=ledger_id)
+            if opening is None:
+                opening = _OpeningLedger(bk, opts, job, partition, attempt)
             last_us = append_time.stamp(last_us, wall_clock())
             first_us = last_us if first_us < 0 else first_us
             for piece in arrow_codec.row_slices(batch, coalesce_bytes):
                 if len(run) and run.nbytes + piece.nbytes > coalesce_bytes:
+                    if handle is None:
+                        handle = _opened(opening, opts, partition, unchecked)
                     _send(handle, run.take(), inflight)
                 for size, n in run.add(piece, opts.max_rows_per_entry,
                                        opts.max_bytes_per_entry, last_us):
-                    _check_entry_size(handle, opts, partition, size, n)
+                    if handle is None:
+                        unchecked.append((size, n))
+                    else:
+                        _check_entry_size(handle, opts, partition, size, n)
                     nbytes, entries, rows = nbytes + size, entries + 1, rows + n
-        if len(run) and handle is not None:
+        if len(run) and opening is not None:
+            if handle is None:
+                handle = _opened(opening, opts, partition, unchecked)
             _send(handle, run.take(), inflight)
         for futures, _ in inflight:
             for fut in futures:
@@ -215,12 +219,68 @@ def write_task(opts: WriteOptions, job: str, schema_text: str,
         if handle is not None:
             handle.close()
     except BaseException:
+        handle, key = opening.settled() if opening is not None else (None, None)
         _abandon(bk, handle, key)
         drop_client(opts.metadata_uri, opts.client_conf)
         raise
     ledger_id = handle.ledger_id if handle is not None else -1
     return LedgerCommitMessage(partition, attempt, ledger_id, entries, nbytes, rows,
                                first_us, last_us)
+
+
+class _OpeningLedger:
+    """A task's ledger, opened on a thread of its own while the task encodes
+    its first request (the three fsynced metadata writes it takes would
+    otherwise stall the task, and Spark's feed with it).  Pending first,
+    ledger second: a task that dies in between leaves a pending key naming
+    no ledger, never an unnamed ledger.  Each is kept here once made, so a
+    task that fails abandons exactly what exists (``settled``)."""
+
+    def __init__(self, bk: LedgerClient, opts: WriteOptions, job: str, partition: int,
+                 attempt: int) -> None:
+        self.key: Optional[str] = None
+        self.handle: Optional[LedgerHandle] = None
+        self._error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._open, name="pybk-ledger-open", daemon=True,
+                                        args=(bk, opts, job, partition, attempt))
+        self._thread.start()
+
+    def _open(self, bk: LedgerClient, opts: WriteOptions, job: str, partition: int,
+              attempt: int) -> None:
+        try:
+            ledger_id = bk.reserve_ledger_id()
+            self.key = pending.record(bk.metadata_store, opts.log, job, partition, attempt,
+                                      ledger_id)
+            self.handle = bk.create_ledger(
+                ensemble=opts.ensemble, write_quorum=opts.write_quorum,
+                ack_quorum=opts.ack_quorum, password=opts.password,
+                custom_metadata={"log": opts.log, "spark_job": job}, ledger_id=ledger_id)
+        except BaseException as exc:    # noqa: BLE001 - raised again on the task's thread
+            self._error = exc
+
+    def result(self) -> LedgerHandle:
+        """The open ledger, once it is; its opening's error raised here."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self.handle is not None, "opened without an error"
+        return self.handle
+
+    def settled(self) -> tuple[Optional[LedgerHandle], Optional[str]]:
+        """(ledger, pending key) as far as the opening got, once it has ended."""
+        self._thread.join()
+        return self.handle, self.key
+
+
+def _opened(opening: _OpeningLedger, opts: WriteOptions, partition: int,
+            unchecked: list[tuple[int, int]]) -> LedgerHandle:
+    """The task's ledger, open, with every entry encoded before it opened
+    checked against its limit: still before anything is sent."""
+    handle = opening.result()
+    for size, n in unchecked:
+        _check_entry_size(handle, opts, partition, size, n)
+    unchecked.clear()
+    return handle
 
 
 def _check_entry_size(handle: LedgerHandle, opts: WriteOptions, partition: int, size: int, rows: int) -> None:

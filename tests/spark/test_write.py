@@ -171,6 +171,26 @@ def test_abort_leaves_log_unchanged(spark, metadata_uri, bk):
     assert bk.metadata_store.list_prefix(f"spark/pending/{log}/") == []
 
 
+def test_a_task_that_fails_while_its_ledger_opens_leaves_nothing_behind(spark, metadata_uri, bk):
+    """A task opens its ledger on a thread of its own while it encodes; when
+    its input fails meanwhile, it waits for the opening to end and deletes
+    the ledger and its pending key."""
+    import pyarrow as pa
+    log = log_name("fails-opening")
+    write(spark.range(0, 10), metadata_uri, log)
+    before = set(bk.list_ledgers())
+    writer = BookKeeperDataSource({"metadataServiceUri": metadata_uri, "log": log}).writer(
+        StructType([StructField("id", LongType(), False)]), False)
+
+    def failing_input():
+        yield pa.record_batch([pa.array(range(5), pa.int64())], names=["id"])
+        raise RuntimeError("the task's input failed")
+    with pytest.raises(RuntimeError, match="input failed"):
+        writer.write(failing_input())
+    assert set(bk.list_ledgers()) == before
+    assert bk.metadata_store.list_prefix(f"spark/pending/{log}/") == []
+
+
 def test_two_concurrent_appenders_both_land(spark, metadata_uri, bk):
     """Two writers of one log interleave: both tasks' ledgers are written before
     either commits; each commit is one CAS, so both land complete."""
