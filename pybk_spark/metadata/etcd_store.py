@@ -30,7 +30,7 @@ from pybk_spark.metadata import etcd_watch, keys
 from pybk_spark.metadata.etcd_connection import EtcdConnection
 from pybk_spark.metadata.etcd_leases import EtcdLease, EtcdLeases
 from pybk_spark.metadata.security import EtcdSecurity
-from pybk_spark.metadata.store import Lease, MetadataStore, Versioned
+from pybk_spark.metadata.store import MAX_TXN_OPS, Lease, MetadataStore, Versioned
 
 
 class EtcdMetadataStore(MetadataStore):
@@ -145,6 +145,15 @@ class EtcdMetadataStore(MetadataStore):
             raise errors.MetadataVersion("version conflict on delete", key=key,
                                          expected=expected_version)
         return responses[0].response_delete_range.deleted >= 1
+
+    def delete_all(self, keys: Iterable[str]) -> int:
+        self._check()
+        full = [self._k(k) for k in keys]
+        deleted = 0
+        for at in range(0, len(full), MAX_TXN_OPS):
+            _, responses = self._txn([], [self._tx.delete(k) for k in full[at:at + MAX_TXN_OPS]])
+            deleted += sum(r.response_delete_range.deleted for r in responses)
+        return deleted
 
     def list_prefix(self, prefix: str) -> list[tuple[str, Versioned]]:
         self._check()

@@ -27,7 +27,7 @@ from typing import Callable, Iterable, Mapping, Optional
 
 from pybk_spark import errors
 from pybk_spark.metadata import keys
-from pybk_spark.metadata.store import Lease, MetadataStore, Versioned
+from pybk_spark.metadata.store import MAX_TXN_OPS, Lease, MetadataStore, Versioned
 
 
 class _Shared:
@@ -272,6 +272,24 @@ class MemoryMetadataStore(MetadataStore):
             del sh.data[k]
             _bump(sh, k)
             return True
+
+    def delete_all(self, keys: Iterable[str]) -> int:
+        self._check()
+        keys = [self._k(k) for k in keys]
+        sh = self._shared
+        deleted = 0
+        for at in range(0, len(keys), MAX_TXN_OPS):
+            with sh.cond:
+                present = [k for k in dict.fromkeys(keys[at:at + MAX_TXN_OPS]) if k in sh.data]
+                if not present:                 # a transaction that changes nothing: no revision
+                    continue
+                rev = _bump(sh, present[0])     # one transaction, one revision (as etcd)
+                for k in present:
+                    del sh.data[k]
+                    if k != present[0]:
+                        sh.changes.append((rev, k))
+                deleted += len(present)
+        return deleted
 
     def list_prefix(self, prefix: str) -> list[tuple[str, Versioned]]:
         self._check()

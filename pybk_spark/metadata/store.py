@@ -58,6 +58,8 @@ class Versioned:
 
 
 KEEPALIVE_MAX_PERIOD_S = 2.0
+# etcd caps a transaction's operations (--max-txn-ops, 128 by default)
+MAX_TXN_OPS = 128
 
 
 def keepalive_period(ttl: float) -> float:
@@ -134,6 +136,13 @@ class MetadataStore(abc.ABC):
     def delete(self, key: str, expected_version: int | None = None) -> bool:
         """Delete; with expected_version a CAS delete (MetadataVersion on
         mismatch).  Returns False if the key was already absent."""
+
+    @abc.abstractmethod
+    def delete_all(self, keys: Iterable[str]) -> int:
+        """Delete every key of ``keys`` (one that is absent is no error), in
+        transactions of at most ``MAX_TXN_OPS`` keys, each one revision: one
+        round trip where a loop of ``delete`` takes one per key.  Returns
+        how many existed."""
 
     @abc.abstractmethod
     def list_prefix(self, prefix: str) -> list[tuple[str, Versioned]]:

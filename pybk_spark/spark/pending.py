@@ -82,6 +82,5 @@ def clean_job(bk: LedgerClient, log: str, job: str, in_log: Iterable[int],
     pending = pending_ledgers(store, log, job)
     doomed = sorted({lid for lid in list(pending.values()) + list(extra) if lid not in keep})
     delete_ledgers(bk, doomed)
-    for key in pending:
-        store.delete(key)
+    store.delete_all(pending)     # exactly the keys listed: a later attempt's key stays
     return doomed

@@ -351,6 +351,23 @@ def test_swap_with_is_one_atomic_step(store):
         store.swap_with("nope", b"x", v2, {})
 
 
+def test_delete_all_deletes_the_keys_named_in_one_revision_per_transaction(store):
+    from pybk_spark.metadata.store import MAX_TXN_OPS
+    store.put_if_absent("keep", b"k")
+    names = [f"many/{i:04d}" for i in range(MAX_TXN_OPS + 5)]
+    for name in names:
+        store.put_if_absent(name, b"v")
+    before = store.current_revision()
+    assert store.delete_all(names[:3] + ["many/absent"]) == 3
+    assert store.current_revision() == before + 1               # one transaction, one revision
+    assert [store.get(n) for n in names[:3]] == [None] * 3
+    assert store.delete_all(["many/absent", names[0]]) == 0
+    assert store.current_revision() == before + 1               # nothing changed: no revision
+    assert store.delete_all(iter(names)) == len(names) - 3      # over etcd's cap: more transactions
+    assert store.list_prefix("many/") == [] and store.get("keep").value == b"k"
+    assert store.delete_all([]) == 0
+
+
 def _sibling(store, scope: str):
     """Another scope of the same keyspace (the same etcd, the same twin)."""
     if isinstance(store, MemoryMetadataStore):
