@@ -34,10 +34,10 @@ from __future__ import annotations
 
 import os
 import socket
+import statistics
 import struct
 import subprocess
 import sys
-import statistics
 import threading
 import time
 

@@ -148,7 +148,7 @@ class EtcdMetadataStore(MetadataStore):
 
     def delete_all(self, keys: Iterable[str]) -> int:
         self._check()
-        full = [self._k(k) for k in keys]
+        full = list(dict.fromkeys(self._k(k) for k in keys))   # etcd refuses a key twice in a txn
         deleted = 0
         for at in range(0, len(full), MAX_TXN_OPS):
             _, responses = self._txn([], [self._tx.delete(k) for k in full[at:at + MAX_TXN_OPS]])

@@ -275,12 +275,12 @@ class MemoryMetadataStore(MetadataStore):
 
     def delete_all(self, keys: Iterable[str]) -> int:
         self._check()
-        keys = [self._k(k) for k in keys]
+        full = list(dict.fromkeys(self._k(k) for k in keys))   # as etcd's adapter sends them
         sh = self._shared
         deleted = 0
-        for at in range(0, len(keys), MAX_TXN_OPS):
+        for at in range(0, len(full), MAX_TXN_OPS):
             with sh.cond:
-                present = [k for k in dict.fromkeys(keys[at:at + MAX_TXN_OPS]) if k in sh.data]
+                present = [k for k in full[at:at + MAX_TXN_OPS] if k in sh.data]
                 if not present:                 # a transaction that changes nothing: no revision
                     continue
                 rev = _bump(sh, present[0])     # one transaction, one revision (as etcd)
