@@ -209,10 +209,11 @@ def write_task(opts: WriteOptions, job: str, schema_text: str,
                     else:
                         _check_entry_size(handle, opts, partition, size, n)
                     nbytes, entries, rows = nbytes + size, entries + 1, rows + n
-        if len(run) and opening is not None:
+        if opening is not None:
             if handle is None:
                 handle = _opened(opening, opts, partition, unchecked)
-            _send(handle, run.take(), inflight)
+            if len(run):
+                _send(handle, run.take(), inflight)
         for futures, _ in inflight:
             for fut in futures:
                 fut.result()
