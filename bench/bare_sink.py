@@ -70,6 +70,36 @@ class BareCommit(WriterCommitMessage):
         self.rows = rows
 
 
+class _Replicas:
+    """One connection to each receiver: chunks sent to all, each answered by all."""
+
+    def __init__(self, ports: list[int]):
+        self.socks = [socket.create_connection(("127.0.0.1", p)) for p in ports]
+        self.unanswered = 0
+        self._ack = memoryview(bytearray(_ACK))
+
+    def send(self, parts: list, size: int, flags: int = 0) -> None:
+        """``parts`` (``size`` bytes in all) as one chunk to every receiver,
+        with one gathered ``sendmsg`` each."""
+        head = struct.pack("<Q", size | flags)
+        for s in self.socks:
+            sent = s.sendmsg([head, *parts])
+            if sent < size + len(head):        # a gathered send cut short: the rest
+                s.sendall(b"".join([head, *map(bytes, parts)])[sent:])
+        self.unanswered += 1
+
+    def receive_acks(self) -> None:
+        """The oldest unanswered chunk's answer from every receiver."""
+        for s in self.socks:
+            if not _recv_into(s, self._ack):
+                raise ConnectionError("a bare receiver closed its connection")
+        self.unanswered -= 1
+
+    def close(self) -> None:
+        for s in self.socks:
+            s.close()
+
+
 class BareWriter(DataSourceArrowWriter):
     def __init__(self, options):
         self.ports = [int(p) for p in options["ports"].split(",")]
@@ -77,29 +107,9 @@ class BareWriter(DataSourceArrowWriter):
         self.window = int(options.get("window", WINDOW))
 
     def write(self, iterator):
-        socks = [socket.create_connection(("127.0.0.1", p)) for p in self.ports]
-        ack = memoryview(bytearray(_ACK))
+        replicas = _Replicas(self.ports)
         parts: list = []
-        size = rows = unanswered = 0
-
-        def send() -> None:
-            nonlocal parts, size, unanswered
-            head = struct.pack("<Q", size)
-            for s in socks:
-                sent = s.sendmsg([head, *parts])
-                if sent < size + len(head):        # a gathered send cut short: the rest
-                    s.sendall(b"".join([head, *map(bytes, parts)])[sent:])
-            parts, size, unanswered = [], 0, unanswered + 1
-            while unanswered > self.window:
-                receive_acks()
-
-        def receive_acks() -> None:
-            nonlocal unanswered
-            for s in socks:
-                if not _recv_into(s, ack):
-                    raise ConnectionError("a bare receiver closed its connection")
-            unanswered -= 1
-
+        size = rows = 0
         try:
             for batch in iterator:
                 rows += batch.num_rows
@@ -107,14 +117,16 @@ class BareWriter(DataSourceArrowWriter):
                 parts.append(msg)
                 size += msg.size
                 if size >= self.chunk:
-                    send()
+                    replicas.send(parts, size)
+                    parts, size = [], 0
+                    while replicas.unanswered > self.window:
+                        replicas.receive_acks()
             if parts:
-                send()
-            while unanswered:
-                receive_acks()
+                replicas.send(parts, size)
+            while replicas.unanswered:
+                replicas.receive_acks()
         finally:
-            for s in socks:
-                s.close()
+            replicas.close()
         return BareCommit(rows)
 
 
@@ -171,33 +183,25 @@ def store_floor(receivers: Receivers, nbytes: int, warmups: int, reps: int,
     -> the median wall seconds and machine CPU-seconds (``busy_s``: the
     machine's busy CPU-seconds so far) of a round."""
     data = memoryview(bytearray(CHUNK_BYTES))
-    socks = [socket.create_connection(("127.0.0.1", p)) for p in receivers.ports]
-    ack = memoryview(bytearray(_ACK))
+    replicas = _Replicas(receivers.ports)
     walls, cpus = [], []
     try:
         for rep in range(warmups + reps):
             c0, t0 = busy_s(), time.perf_counter()
             left = nbytes
-            unanswered = 0
-            while left > 0 or unanswered:
-                if left > 0 and unanswered < WINDOW:
+            while left > 0 or replicas.unanswered:
+                if left > 0 and replicas.unanswered < WINDOW:
                     n = min(CHUNK_BYTES, left)
-                    for s in socks:
-                        s.sendall(struct.pack("<Q", n | NO_CHECK))
-                        s.sendall(data[:n])
-                    left, unanswered = left - n, unanswered + 1
-                    continue
-                for s in socks:
-                    if not _recv_into(s, ack):
-                        raise ConnectionError("a bare receiver closed its connection")
-                unanswered -= 1
+                    replicas.send([data[:n]], n, NO_CHECK)
+                    left -= n
+                else:
+                    replicas.receive_acks()
             if rep >= warmups:
                 walls.append(time.perf_counter() - t0)
                 cpus.append(busy_s() - c0)
     finally:
-        for s in socks:
-            s.close()
-    return {"bytes_each": nbytes, "copies": len(socks), "median_s": statistics.median(walls),
+        replicas.close()
+    return {"bytes_each": nbytes, "copies": len(replicas.socks), "median_s": statistics.median(walls),
             "cpu_s": statistics.median(cpus)}
 
 
